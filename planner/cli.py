@@ -1,0 +1,150 @@
+"""`meshplan`: plan, explain and run hybrid-parallel training.
+
+Every bad input ends in one line on stderr and exit code 2 (3 when no plan
+fits); --debug shows the traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from .errors import UserError
+
+DEFAULT_MODEL = "llama3-8b"
+DEFAULT_CLUSTER = "h100-80g"
+
+EPILOG_PLAN = """\
+examples:
+  meshplan plan                                   # Llama-3 8B on one DGX H100 node, everything searched
+  meshplan plan --model gpt3-175b --cluster a100-80g --gpus 1024 --global-batch 1536
+  meshplan plan --model llama3-70b --gpus 64 --tp 8 --pp 4      # fix some knobs, search the rest
+  meshplan plan --model path/to/config.json --cluster my-cluster.toml --gpus 16 --json
+  meshplan plan --model gpt-1.7b --cluster a100-80g --gpus 32 --dp 32 --tp 1 --pp 1 \\
+                --micro-batch 4 --recompute full --zero 0      # fully fixed: just estimate it
+
+Knobs you leave out are searched: dp, tp, pp, cp (data, tensor, pipeline, context
+parallel degrees), --zero, --micro-batch, --vpp, --schedule, --recompute,
+--sequence-parallel, --offload. A fully fixed plan that does not fit is still
+reported, with "fits": false. Exit codes: 0 ok, 2 bad input, 3 nothing fits.
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag on one line, exit code 2."""
+
+    def error(self, message: str):
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        sys.exit(2)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _on_off(text: str) -> bool:
+    if text.lower() in ("on", "true", "yes", "1"):
+        return True
+    if text.lower() in ("off", "false", "no", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"zoo name (see `meshplan models`) or a Hugging Face config.json (default {DEFAULT_MODEL})")
+    p.add_argument("--cluster", default=DEFAULT_CLUSTER,
+                   help=f"built-in profile (see `meshplan clusters`) or a profile TOML (default {DEFAULT_CLUSTER})")
+    p.add_argument("--gpus", type=_positive_int, help="number of GPUs (default: one node of the cluster)")
+    p.add_argument("--global-batch", type=_positive_int,
+                   help="sequences per optimizer step (default: about 1M tokens, a multiple of the GPUs)")
+    p.add_argument("--seq-len", type=_positive_int, help="tokens per sequence (default: the model's)")
+    p.add_argument("--precision", choices=("bf16", "fp16", "fp32"),
+                   help="compute dtype, mixed precision with fp32 master weights (default: bf16, or what the "
+                        "device supports)")
+    p.add_argument("--framework", choices=("torch", "megatron", "deepspeed"), default="torch",
+                   help="whose memory layout is modelled: torch = meshplan's executor (FSDP2/DDP), megatron = fp32 "
+                        "main grads (18 B/param), deepspeed = the ZeRO paper's 2+2+12 B/param (default torch)")
+    p.add_argument("--attention", choices=("flash", "unfused"), default="flash",
+                   help="attention kernels: fused (FlashAttention) or materialised scores (default flash)")
+    p.add_argument("--no-overlap-grad-reduce", action="store_true",
+                   help="model a runtime that reduces gradients after backward instead of overlapping")
+    p.add_argument("--tp-comm-overlap", action="store_true",
+                   help="model TP collectives overlapped with GEMMs (TransformerEngine userbuffers)")
+
+
+def _add_knob_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("knobs (each one given is fixed; the rest are searched)")
+    g.add_argument("--dp", type=_positive_int, help="data-parallel degree")
+    g.add_argument("--tp", type=_positive_int, help="tensor-parallel degree (divides the attention heads)")
+    g.add_argument("--pp", type=_positive_int, help="pipeline stages")
+    g.add_argument("--cp", type=_positive_int, help="context-parallel degree (splits the sequence)")
+    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage: 1 optimizer, 2 +grads, 3 +params")
+    g.add_argument("--micro-batch", type=_positive_int, help="sequences per micro-batch per replica")
+    g.add_argument("--vpp", type=_positive_int, help="virtual stages per pipeline rank (interleaved schedule)")
+    g.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved-1f1b"), help="pipeline schedule")
+    g.add_argument("--recompute", choices=("none", "selective", "full"), help="activation recomputation")
+    g.add_argument("--sequence-parallel", type=_on_off, metavar="on|off", help="sequence parallelism (tp >= 2)")
+    g.add_argument("--offload", choices=("none", "optimizer"), help="optimizer states in host memory")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="meshplan", description="Plan, explain and run hybrid-parallel PyTorch training.",
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    p = sub.add_parser("plan", help="find the fastest plan that fits (or estimate a fixed one)",
+                       description="Find the fastest hybrid-parallel plan that fits in memory, or estimate a "
+                                   "fixed one.", epilog=EPILOG_PLAN,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_model_args(p)
+    _add_knob_args(p)
+    p.add_argument("--top-k", type=_positive_int, default=5, help="runners-up to keep (default 5)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--out", metavar="PLAN.json", help="also write plan.json (the executor's input)")
+    p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    m = sub.add_parser("models", help="list the model zoo with parameter counts")
+    m.add_argument("--json", action="store_true")
+    m.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    c = sub.add_parser("clusters", help="list the built-in cluster profiles")
+    c.add_argument("--json", action="store_true")
+    c.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        if args.command == "plan":
+            from .commands import plan_command
+            return plan_command(args)
+        if args.command == "models":
+            from .commands import models_command
+            return models_command(args)
+        if args.command == "clusters":
+            from .commands import clusters_command
+            return clusters_command(args)
+    except UserError as e:
+        if args.debug:
+            raise
+        sys.stderr.write(f"meshplan {args.command}: error: {e}\n")
+        return e.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write("meshplan: interrupted\n")
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

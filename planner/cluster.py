@@ -1,0 +1,284 @@
+"""What it runs on: devices, nodes and the network, read from a profile TOML.
+
+A ``Cluster`` is a plain value. ``Cluster.graph()`` builds the topology as a
+networkx graph (GPUs, NVSwitch or PCIe switches, NICs, leaf and spine switches,
+edges carrying bandwidth and latency). The collective cost functions in
+``planner.network`` read their bandwidths off that graph's edges.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+from .errors import UserError, one_of
+
+GiB = 2**30
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Device:
+    """One accelerator (or one CPU process for cpu-gloo)."""
+
+    name: str
+    memory_bytes: float
+    hbm_bytes_per_s: float
+    peak_flops: tuple[tuple[str, float], ...]   # dense FLOP/s per dtype, e.g. (("bf16", 312e12),)
+    sm_count: int
+    gemm_tile: tuple[int, int]            # (rows, cols) of the output tile one SM computes
+    gemm_efficiency: float                # achieved fraction of peak on large training GEMMs
+    hbm_efficiency: float                 # achieved fraction of HBM bandwidth, streaming kernels
+    attention_efficiency: float           # fused attention kernels, fraction of peak
+    reserved_bytes: float                 # runtime memory not available to tensors
+
+    def peak(self, precision: str) -> float:
+        return dict(self.peak_flops)[precision]
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        return tuple(d for d, _ in self.peak_flops)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Link:
+    """A kind of link: bandwidth per direction, achievable fraction, latency per hop."""
+
+    bytes_per_s: float
+    efficiency: float
+    latency_s: float
+
+    @property
+    def effective_bytes_per_s(self) -> float:
+        return self.bytes_per_s * self.efficiency
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cluster:
+    name: str
+    description: str
+    num_gpus: int
+    gpus_per_node: int
+    device: Device
+    fabric: Literal["nvswitch", "pcie", "loopback"]
+    intra: Link                           # GPU to GPU inside a node (per GPU, per direction)
+    nvls_allreduce_bytes_per_s: float     # NVLink SHARP all-reduce algorithm bandwidth (0: none)
+    nics_per_node: int
+    nic: Link                             # one NIC
+    host: Link                            # GPU to host memory (offload)
+    host_memory_bytes: float              # per node
+    host_dram: Link                       # host DRAM bandwidth per node (CPU optimizer step)
+    oversubscription: float               # leaf-to-spine oversubscription of the fat tree
+    max_nodes: int = 0                    # 0: unlimited
+    source: str = ""
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, math.ceil(self.num_gpus / self.gpus_per_node))
+
+    def peak_flops(self, precision: str) -> float:
+        return self.device.peak(precision)
+
+    def graph(self):
+        """The topology as a networkx graph (built on first use, then shared)."""
+        return _build_graph(self)
+
+    def with_gpus(self, num_gpus: int) -> "Cluster":
+        from dataclasses import replace
+        return replace(self, num_gpus=num_gpus)
+
+
+# -- the topology graph -------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=16)
+def _build_graph(cluster: Cluster):
+    """GPUs, their node switch (NVSwitch or PCIe), NICs, leaf and spine switches.
+
+    Edge attributes: ``bytes_per_s`` (per direction), ``efficiency``, ``latency_s``,
+    ``kind`` (nvlink, pcie, network). Rail-optimised: GPU i of every node shares
+    NIC i * nics / gpus_per_node with its neighbours, and NICs of the same rail
+    meet on one leaf switch (the DGX SuperPOD layout).
+    """
+    import networkx as nx
+
+    g = nx.Graph(name=cluster.name)
+    per_node = cluster.gpus_per_node
+    nics = cluster.nics_per_node
+    intra_kind = "nvlink" if cluster.fabric == "nvswitch" else cluster.fabric
+    for node in range(cluster.num_nodes):
+        switch = f"node{node}/switch"
+        g.add_node(switch, kind=f"{cluster.fabric}-switch", node=node)
+        first = node * per_node
+        for local in range(min(per_node, cluster.num_gpus - first)):
+            gpu = f"gpu{first + local}"
+            g.add_node(gpu, kind="gpu", node=node, local=local)
+            g.add_edge(gpu, switch, kind=intra_kind, bytes_per_s=cluster.intra.bytes_per_s,
+                       efficiency=cluster.intra.efficiency, latency_s=cluster.intra.latency_s)
+            if nics:
+                nic = f"node{node}/nic{local * nics // per_node}"
+                if nic not in g:
+                    g.add_node(nic, kind="nic", node=node)
+                g.add_edge(gpu, nic, kind="pcie", bytes_per_s=cluster.host.bytes_per_s,
+                           efficiency=cluster.host.efficiency, latency_s=cluster.host.latency_s)
+        for rail in range(nics):
+            nic, leaf = f"node{node}/nic{rail}", f"leaf{rail}"
+            if nic in g:
+                g.add_node(leaf, kind="leaf-switch")
+                g.add_edge(nic, leaf, kind="network", bytes_per_s=cluster.nic.bytes_per_s,
+                           efficiency=cluster.nic.efficiency, latency_s=cluster.nic.latency_s)
+    if nics and cluster.num_nodes > 1:   # spine: full bisection divided by the oversubscription
+        g.add_node("spine", kind="spine-switch")
+        uplink = cluster.nic.bytes_per_s * cluster.num_nodes / cluster.oversubscription
+        for rail in range(nics):
+            g.add_edge(f"leaf{rail}", "spine", kind="network", bytes_per_s=uplink,
+                       efficiency=cluster.nic.efficiency, latency_s=cluster.nic.latency_s)
+    return g
+
+
+# -- loading profiles ---------------------------------------------------------------------------
+
+def builtin_profiles() -> dict[str, Path]:
+    folder = resources.files("profiles")
+    return {p.name[:-5]: Path(str(p)) for p in folder.iterdir() if p.name.endswith(".toml")}
+
+
+def load_cluster(source: str, num_gpus: int | None = None) -> Cluster:
+    """A built-in profile name or a path to a profile TOML; ``num_gpus`` defaults to one node."""
+    profiles = builtin_profiles()
+    if source in profiles:
+        path = profiles[source]
+    else:
+        path = Path(source)
+        if not path.exists():
+            if source.endswith(".toml") or "/" in source:
+                raise UserError("no such file", source=source)
+            raise UserError(f"unknown cluster {source!r}; known: {one_of(sorted(profiles))}, "
+                            "or a path to a profile TOML", field="--cluster")
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as e:
+        raise UserError(f"cannot read: {e.strerror}", source=str(path)) from None
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"not valid TOML: {e}", source=str(path)) from None
+    cluster = parse_cluster(data, str(path))
+    gpus = cluster.gpus_per_node if num_gpus is None else num_gpus
+    return _check_gpus(cluster.with_gpus(gpus), gpus)
+
+
+def _check_gpus(cluster: Cluster, gpus) -> Cluster:
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus <= 0:
+        raise UserError(f"must be a positive integer, got {gpus!r}", field="--gpus")
+    per_node = cluster.gpus_per_node
+    if gpus > per_node and gpus % per_node:
+        raise UserError(f"{gpus} GPUs do not fill whole nodes of {per_node} on {cluster.name}; "
+                        f"use a multiple of {per_node} (or at most {per_node})", field="--gpus")
+    if cluster.max_nodes and cluster.num_nodes > cluster.max_nodes:
+        raise UserError(f"{cluster.name} is {cluster.max_nodes} host(s) of {per_node} processes: "
+                        f"at most {cluster.max_nodes * per_node}, got {gpus}", field="--gpus")
+    return cluster
+
+
+class _Table:
+    """Typed access to a TOML table with errors that name the file and the dotted field."""
+
+    def __init__(self, data, source: str, prefix: str = ""):
+        if not isinstance(data, dict):
+            raise UserError(f"must be a table, got {type(data).__name__}", source=source, field=prefix or "<root>")
+        self.data, self.source, self.prefix = data, source, prefix
+
+    def _name(self, key: str) -> str:
+        return f"{self.prefix}.{key}" if self.prefix else key
+
+    def table(self, key: str) -> "_Table":
+        if key not in self.data:
+            raise UserError("missing table (required)", source=self.source, field=self._name(key))
+        return _Table(self.data[key], self.source, self._name(key))
+
+    def number(self, key: str, *, minimum: float = 0.0, allow_zero: bool = False, default=None) -> float:
+        if key not in self.data:
+            if default is not None:
+                return default
+            raise UserError("missing (required)", source=self.source, field=self._name(key))
+        value = self.data[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise UserError(f"must be a number, got {value!r}", source=self.source, field=self._name(key))
+        if value < minimum or (value == 0 and not allow_zero):
+            allowed = f">= {minimum}" if allow_zero else "> 0"
+            raise UserError(f"must be {allowed}, got {value!r}", source=self.source, field=self._name(key))
+        return float(value)
+
+    def integer(self, key: str, *, allow_zero: bool = False, default=None) -> int:
+        value = self.number(key, allow_zero=allow_zero, default=default)
+        if value != int(value) or isinstance(self.data.get(key), float):
+            raise UserError(f"must be an integer, got {self.data[key]!r}", source=self.source, field=self._name(key))
+        return int(value)
+
+    def fraction(self, key: str) -> float:
+        value = self.number(key)
+        if value > 1:
+            raise UserError(f"must be a fraction in (0, 1], got {value!r}", source=self.source, field=self._name(key))
+        return value
+
+    def string(self, key: str, *, choices=None, default=None) -> str:
+        value = self.data.get(key, default)
+        if value is None:
+            raise UserError("missing (required)", source=self.source, field=self._name(key))
+        if not isinstance(value, str):
+            raise UserError(f"must be a string, got {value!r}", source=self.source, field=self._name(key))
+        if choices and value not in choices:
+            raise UserError(f"{value!r} is not allowed; allowed: {one_of(choices)}", source=self.source,
+                            field=self._name(key))
+        return value
+
+
+def parse_cluster(data: dict, source: str) -> Cluster:
+    """Validate a profile document (see profiles/*.toml for the schema) into a Cluster."""
+    root = _Table(data, source)
+    schema = root.integer("schema", default=1)
+    if schema != 1:
+        raise UserError(f"unsupported schema {schema}; this meshplan reads schema 1", source=source, field="schema")
+    gpu, kernels = root.table("gpu"), root.table("gpu").table("kernels")
+    peaks = gpu.table("peak_tflops")
+    peak_flops = {}
+    for dtype, value in peaks.data.items():
+        if dtype not in DTYPE_BYTES:
+            raise UserError(f"unknown dtype {dtype!r}; allowed: {one_of(DTYPE_BYTES)}", source=source,
+                            field=f"gpu.peak_tflops.{dtype}")
+        peak_flops[dtype] = peaks.number(dtype) * 1e12
+    if not peak_flops:
+        raise UserError("needs at least one dtype", source=source, field="gpu.peak_tflops")
+    tile = kernels.data.get("gemm_tile", [128, 128])
+    if (not isinstance(tile, list) or len(tile) != 2
+            or not all(isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in tile)):
+        raise UserError(f"must be two positive integers [rows, cols], got {tile!r}", source=source,
+                        field="gpu.kernels.gemm_tile")
+    device = Device(
+        name=gpu.string("name"), memory_bytes=gpu.number("memory_GiB") * GiB,
+        hbm_bytes_per_s=gpu.number("hbm_GBps") * 1e9, peak_flops=tuple(peak_flops.items()),
+        sm_count=gpu.integer("sm_count"), gemm_tile=(tile[0], tile[1]),
+        gemm_efficiency=kernels.fraction("gemm_efficiency"), hbm_efficiency=kernels.fraction("hbm_efficiency"),
+        attention_efficiency=kernels.fraction("attention_efficiency"),
+        reserved_bytes=root.table("runtime").number("reserved_GiB", allow_zero=True) * GiB)
+    intra, host, net = root.table("intra_node"), root.table("host"), root.table("network")
+    nics = net.integer("nics_per_node", allow_zero=True)
+    return Cluster(
+        name=root.string("name"), description=root.string("description", default=""),
+        num_gpus=root.integer("gpus_per_node"), gpus_per_node=root.integer("gpus_per_node"), device=device,
+        fabric=intra.string("fabric", choices=("nvswitch", "pcie", "loopback")),
+        intra=Link(bytes_per_s=intra.number("link_GBps") * 1e9, efficiency=intra.fraction("efficiency"),
+                   latency_s=intra.number("latency_us", allow_zero=True) * 1e-6),
+        nvls_allreduce_bytes_per_s=intra.number("nvls_allreduce_algbw_GBps", allow_zero=True, default=0.0) * 1e9,
+        nics_per_node=nics,
+        nic=Link(bytes_per_s=net.number("nic_Gbps", allow_zero=not nics) / 8 * 1e9,
+                 efficiency=net.fraction("efficiency"),
+                 latency_s=net.number("latency_us", allow_zero=True) * 1e-6),
+        host=Link(bytes_per_s=host.number("pcie_GBps") * 1e9, efficiency=1.0, latency_s=10e-6),
+        host_memory_bytes=host.number("memory_GiB") * GiB,
+        host_dram=Link(bytes_per_s=host.number("memory_GBps") * 1e9, efficiency=host.fraction("memory_efficiency"),
+                       latency_s=0.0),
+        oversubscription=net.number("oversubscription", default=1.0),
+        max_nodes=root.integer("max_nodes", allow_zero=True, default=0), source=source)

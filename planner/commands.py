@@ -1,0 +1,208 @@
+"""What the CLI subcommands do: read inputs, call the library, print."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+
+from .cluster import GiB, builtin_profiles, load_cluster
+from .config import ParallelConfig, Workload
+from .errors import NoFeasiblePlan, UserError
+from .layers import LayerGraph, build_layer_graph
+from .model import ALIASES, ZOO, load_model
+from .plan import Plan, config_json
+from .search.enumerate import Candidate, SearchResult, evaluate, search
+from .search.space import Knobs
+
+KNOB_NAMES = ("dp", "tp", "pp", "cp", "zero", "micro_batch", "vpp", "schedule", "recompute", "sequence_parallel",
+              "offload")
+
+
+def default_global_batch(seq_len: int, gpus: int) -> int:
+    """About 2^20 tokens per step, rounded up to a multiple of the GPUs."""
+    sequences = max(1, round(2**20 / seq_len))
+    return max(gpus, math.ceil(sequences / gpus) * gpus)
+
+
+def default_precision(cluster) -> str:
+    for dtype in ("bf16", "fp16", "fp32"):
+        if dtype in cluster.device.dtypes:
+            return dtype
+    return cluster.device.dtypes[0]
+
+
+def load_inputs(args) -> tuple[str, LayerGraph, object, Workload]:
+    """Model, cluster and workload from the parsed flags."""
+    spec = load_model(args.model, seq_len=args.seq_len)
+    graph = build_layer_graph(spec)
+    cluster = load_cluster(args.cluster, args.gpus)
+    precision = args.precision or default_precision(cluster)
+    if precision not in cluster.device.dtypes:
+        raise UserError(f"{cluster.name}'s {cluster.device.name} has no {precision} peak; "
+                        f"allowed: {', '.join(cluster.device.dtypes)}", field="--precision")
+    seq = spec.seq_len
+    global_batch = args.global_batch or default_global_batch(seq, cluster.num_gpus)
+    workload = Workload(global_batch=global_batch, seq_len=seq, precision=precision, framework=args.framework,
+                        attention=args.attention, overlap_grad_reduce=not args.no_overlap_grad_reduce,
+                        tp_comm_overlap=args.tp_comm_overlap)
+    return spec.name, graph, cluster, workload
+
+
+def _knobs(args) -> Knobs:
+    return Knobs(**{name: getattr(args, name) for name in KNOB_NAMES})
+
+
+def _fully_fixed(knobs: Knobs, workload: Workload, num_gpus: int) -> ParallelConfig | None:
+    """A ParallelConfig when every knob that matters is given (dp may be implied)."""
+    k = knobs
+    if None in (k.tp, k.pp, k.micro_batch, k.zero, k.recompute):
+        return None
+    cp = k.cp or 1
+    dp = k.dp if k.dp is not None else num_gpus // max(1, k.tp * k.pp * cp)
+    schedule = k.schedule or ("interleaved-1f1b" if (k.vpp or 1) > 1 else "1f1b")
+    if k.pp > 1 and k.schedule is None and k.vpp is None:
+        return None
+    m = workload.global_batch // max(1, dp * k.micro_batch)
+    return ParallelConfig(dp=dp, tp=k.tp, pp=k.pp, cp=cp, zero=k.zero, micro_batch=k.micro_batch,
+                          num_microbatches=max(1, m), vpp=k.vpp or 1, schedule=schedule, recompute=k.recompute,
+                          sequence_parallel=bool(k.sequence_parallel), offload=k.offload or "none")
+
+
+def _no_fit_message(result: SearchResult, cluster, workload: Workload) -> str:
+    least = result.least_memory
+    capacity = cluster.device.memory_bytes / GiB
+    if least is None:
+        return "no legal configuration exists for these knobs"
+    need = least.estimate.memory.total / GiB
+    c = least.config
+    hints = []
+    if c.recompute != "full":
+        hints.append("--recompute full")
+    if c.micro_batch > 1:
+        hints.append("a smaller --micro-batch")
+    hints.append(f"a shorter --seq-len than {workload.seq_len}")
+    if c.zero < 3 and workload.framework != "megatron":
+        hints.append("--zero 3")
+    if c.offload == "none":
+        hints.append("--offload optimizer")
+    hints.append(f"more GPUs than {cluster.num_gpus}")
+    if cluster.device.memory_bytes < 100 * GiB:
+        hints.append("GPUs with more memory (e.g. --cluster h200)")
+    return (f"no plan fits: the least memory any candidate needs is {need:.1f} GiB per GPU "
+            f"(dp {c.dp} tp {c.tp} pp {c.pp} cp {c.cp}, ZeRO-{c.zero}, recompute {c.recompute}, "
+            f"micro-batch {c.micro_batch}) against {capacity:.1f} GiB; try {', '.join(hints)}")
+
+
+def plan_command(args) -> int:
+    t0 = time.perf_counter()
+    model_name, graph, cluster, workload = load_inputs(args)
+    knobs = _knobs(args)
+    fixed = _fully_fixed(knobs, workload, cluster.num_gpus)
+    if fixed is not None:
+        cand = evaluate(graph, cluster, workload, fixed)
+        result = SearchResult(best=cand, alternatives=(), candidates=1, evaluated=1,
+                              seconds=time.perf_counter() - t0)
+    else:
+        result = search(graph, cluster, workload, knobs, top_k=args.top_k)
+        if result.best is None:
+            raise NoFeasiblePlan(_no_fit_message(result, cluster, workload))
+    plan = Plan.from_search(result, model_name=model_name, graph=graph, cluster=cluster, workload=workload,
+                            seconds=time.perf_counter() - t0)
+    if args.out:
+        try:
+            plan.write(args.out)
+        except OSError as e:
+            raise UserError(f"cannot write: {e.strerror}", source=args.out) from None
+    if args.json:
+        json.dump(plan.to_json(), sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(format_plan(plan))
+    return 0
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / GiB:.1f}"
+
+
+def describe_config(c: ParallelConfig) -> str:
+    sched = c.schedule + (f" (vpp {c.vpp})" if c.vpp > 1 else "") if c.pp > 1 else "no pipeline"
+    return (f"dp {c.dp} x tp {c.tp} x pp {c.pp} x cp {c.cp}, ZeRO-{c.zero}, micro-batch {c.micro_batch} "
+            f"x {c.num_microbatches}, {sched}, recompute {c.recompute}, "
+            f"sequence parallel {'on' if c.sequence_parallel else 'off'}, offload {c.offload}")
+
+
+def format_plan(plan: Plan) -> str:
+    c, e, w = plan.best.config, plan.best.estimate, plan.workload
+    mem = e.memory
+    t = e.time
+    lines = [
+        f"{plan.model_name} ({plan.model_params / 1e9:.2f}B params) on {plan.cluster.name} x {plan.cluster.num_gpus} "
+        f"GPUs: {w.global_batch} sequences x {w.seq_len} tokens per step, {w.precision}, {w.framework} runtime",
+        "",
+        f"plan      {describe_config(c)}",
+        f"step      {e.step_time_s:.3f} s   {e.tokens_per_s:,.0f} tokens/s   "
+        f"{e.model_tflops_per_gpu:.1f} model TFLOP/s per GPU   MFU {100 * e.mfu:.1f}%",
+        f"memory    {_gib(mem.total)} of {_gib(e.capacity_bytes)} GiB on the most loaded GPU (stage {e.peak_stage}): "
+        f"params {_gib(mem.params)}, grads {_gib(mem.grads)}, optimizer {_gib(mem.optimizer)}, "
+        f"activations {_gib(mem.activations)}, other {_gib(mem.other)}" + ("" if e.fits else "   DOES NOT FIT"),
+        f"time      compute {t.compute:.3f} s, recompute {t.recompute:.3f}, TP comm {t.tp_comm:.3f}, "
+        f"CP comm {t.cp_comm:.3f}, PP comm {t.pp_comm:.3f}, bubble {t.bubble:.3f}, DP comm {t.dp_comm:.3f}, "
+        f"optimizer {t.optimizer:.3f}",
+    ]
+    if plan.alternatives:
+        lines += ["", "runners-up"]
+        for alt in plan.alternatives:
+            slower = alt.estimate.step_time_s / e.step_time_s - 1
+            lines.append(f"  +{100 * slower:5.1f}%  {describe_config(alt.config)}  "
+                         f"({_gib(alt.estimate.memory.total)} GiB)")
+    lines += ["", f"searched {plan.candidates:,} candidates ({plan.evaluated:,} estimated in full) "
+                  f"in {plan.search_seconds:.2f} s"]
+    return "\n".join(lines) + "\n"
+
+
+def models_command(args) -> int:
+    rows = [(name, spec.num_params(), spec) for name, spec in ZOO.items()]
+    if args.json:
+        json.dump([{"name": n, "params": p, "layers": s.num_layers, "hidden": s.hidden, "heads": s.num_heads,
+                    "kv_heads": s.num_kv_heads, "ffn_hidden": s.ffn_hidden, "vocab": s.vocab_size,
+                    "seq_len": s.seq_len, "experts": s.num_experts, "source": s.source} for n, p, s in rows],
+                  sys.stdout)
+        sys.stdout.write("\n")
+        return 0
+    aliases = {}
+    for alias, target in ALIASES.items():
+        aliases.setdefault(target, []).append(alias)
+    print(f"{'name':<14} {'params':>9} {'layers':>6} {'hidden':>6} {'heads':>9} {'ffn':>6} {'vocab':>7} {'seq':>6}")
+    for name, params, s in rows:
+        heads = f"{s.num_heads}/{s.num_kv_heads}" if s.num_kv_heads != s.num_heads else str(s.num_heads)
+        extra = f"  MoE {s.num_experts}x top-{s.experts_per_token}" if s.is_moe else ""
+        also = f"  (also: {', '.join(aliases[name])})" if name in aliases else ""
+        print(f"{name:<14} {params / 1e9:>8.2f}B {s.num_layers:>6} {s.hidden:>6} {heads:>9} {s.ffn_hidden:>6} "
+              f"{s.vocab_size:>7} {s.seq_len:>6}{extra}{also}")
+    print("\nor --model path/to/config.json (Hugging Face model_type gpt2, llama, mistral, qwen2, mixtral)")
+    return 0
+
+
+def clusters_command(args) -> int:
+    rows = []
+    for name in sorted(builtin_profiles()):
+        c = load_cluster(name)
+        rows.append(c)
+    if args.json:
+        json.dump([{"name": c.name, "description": c.description, "gpus_per_node": c.gpus_per_node,
+                    "device": c.device.name, "memory_bytes": c.device.memory_bytes,
+                    "peak_tflops": {d: f / 1e12 for d, f in c.device.peak_flops},
+                    "intra_node_GBps": c.intra.bytes_per_s / 1e9, "nics_per_node": c.nics_per_node,
+                    "nic_Gbps": c.nic.bytes_per_s * 8 / 1e9} for c in rows], sys.stdout)
+        sys.stdout.write("\n")
+        return 0
+    print(f"{'name':<10} {'GPU':<24} {'mem GiB':>7} {'TFLOPS':>7} {'per node':>8} {'intra GB/s':>10} {'network':>14}")
+    for c in rows:
+        peak = max(f for _, f in c.device.peak_flops) / 1e12
+        net = f"{c.nics_per_node}x{c.nic.bytes_per_s * 8 / 1e9:.0f} Gb/s" if c.nics_per_node else "-"
+        print(f"{c.name:<10} {c.device.name:<24} {c.device.memory_bytes / GiB:>7.1f} {peak:>7.1f} "
+              f"{c.gpus_per_node:>8} {c.intra.bytes_per_s / 1e9:>6.0f} {c.fabric:<3.3} {net:>14}")
+    print("\nor --cluster path/to/profile.toml (see profiles/*.toml for the format)")
+    return 0

@@ -1,0 +1,161 @@
+"""The knobs: what a training job runs (Workload) and how it is split (ParallelConfig)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Literal
+
+from .errors import UserError, one_of
+
+Precision = Literal["bf16", "fp16", "fp32"]
+Framework = Literal["torch", "megatron", "deepspeed"]
+Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
+Recompute = Literal["none", "selective", "full"]
+Offload = Literal["none", "optimizer"]
+
+PRECISIONS = ("bf16", "fp16", "fp32")
+FRAMEWORKS = ("torch", "megatron", "deepspeed")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+RECOMPUTES = ("none", "selective", "full")
+OFFLOADS = ("none", "optimizer")
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """What one optimizer step processes and with which runtime."""
+
+    global_batch: int                      # sequences per optimizer step
+    seq_len: int                           # tokens per sequence
+    precision: Precision = "bf16"          # compute dtype; bf16/fp16 are mixed precision with fp32 master weights
+    framework: Framework = "torch"         # whose memory layout and overlap behaviour is modelled
+    attention: Literal["flash", "unfused"] = "flash"   # fused attention kernels (Dao et al. 2022) or
+                                           # materialised scores (Megatron-LM before 2022)
+    overlap_grad_reduce: bool = True       # data-parallel gradient reduction overlaps backward (DDP buckets,
+                                           # FSDP, Megatron-Core --overlap-grad-reduce)
+    tp_comm_overlap: bool = False          # TP collectives overlap the GEMMs (TransformerEngine userbuffers,
+                                           # Megatron-Core --tp-comm-overlap)
+    optimizer: Literal["adamw"] = "adamw"  # Adam(W): two fp32 moments per parameter (Loshchilov & Hutter 2019)
+
+    @property
+    def tokens(self) -> int:
+        return self.global_batch * self.seq_len
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelConfig:
+    """One candidate: the degrees and per-job choices of a hybrid-parallel plan."""
+
+    dp: int                                # data-parallel replicas
+    tp: int                                # tensor parallel (Shoeybi et al. 2019)
+    pp: int                                # pipeline stages (Narayanan et al. 2021)
+    cp: int = 1                            # context parallel: the sequence split across ranks (ring attention)
+    zero: int = 0                          # ZeRO stage (Rajbhandari et al. 2020): 1 optimizer, 2 + grads, 3 + params
+    micro_batch: int = 1                   # sequences per micro-batch per replica
+    num_microbatches: int = 1              # micro-batches per step per replica (gradient accumulation)
+    vpp: int = 1                           # virtual stages per pipeline rank (interleaved 1F1B)
+    schedule: Schedule = "1f1b"
+    recompute: Recompute = "none"          # activation recomputation (Korthikanti et al. 2022)
+    sequence_parallel: bool = False        # shard norms/dropout along the sequence inside the TP group
+    offload: Offload = "none"              # optimizer states (and fp32 master weights) in host memory
+    # Per-layer choices made by the ILP planner; None means uniform.
+    recompute_layers: tuple[str, ...] | None = None    # one Recompute per layer of the layer graph
+    stage_layers: tuple[int, ...] | None = None        # layers per (virtual) stage, in order
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        for key in ("recompute_layers", "stage_layers"):
+            if out[key] is None:
+                del out[key]
+            else:
+                out[key] = list(out[key])
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict, source: str = "plan.json") -> "ParallelConfig":
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise UserError(f"unknown field(s) {', '.join(unknown)}; allowed: {one_of(sorted(names))}",
+                            source=source, field="config")
+        kwargs = dict(data)
+        for key in ("recompute_layers", "stage_layers"):
+            if kwargs.get(key) is not None:
+                kwargs[key] = tuple(kwargs[key])
+        try:
+            return cls(**kwargs)
+        except TypeError as e:
+            raise UserError(str(e), source=source, field="config") from None
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def check_config(config: ParallelConfig, *, num_gpus: int, global_batch: int, seq_len: int, num_heads: int,
+                 num_kv_heads: int, num_blocks: int, framework: str, dtypes: tuple[str, ...] = (),
+                 precision: str = "bf16") -> None:
+    """Raise UserError (naming the flag) when the knobs cannot work together."""
+    c = config
+    for name in ("dp", "tp", "pp", "cp", "micro_batch", "num_microbatches", "vpp"):
+        value = getattr(c, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserError(f"must be a positive integer, got {value!r}", field=f"--{name.replace('_', '-')}")
+    if c.world_size != num_gpus:
+        raise UserError(f"dp x tp x pp x cp = {c.dp} x {c.tp} x {c.pp} x {c.cp} = {c.world_size} "
+                        f"but the cluster has {num_gpus} GPUs", field="--dp/--tp/--pp/--cp")
+    if num_heads % c.tp:
+        raise UserError(f"tp {c.tp} does not divide the {num_heads} attention heads; "
+                        f"allowed: {one_of([d for d in _divisors(num_heads) if num_gpus % d == 0])}", field="--tp")
+    if num_kv_heads % c.tp and c.tp % num_kv_heads:
+        raise UserError(f"tp {c.tp} neither divides nor is a multiple of the {num_kv_heads} key/value heads",
+                        field="--tp")
+    if c.pp > num_blocks:
+        raise UserError(f"pp {c.pp} is more stages than the model's {num_blocks} layers", field="--pp")
+    if c.cp > 1 and seq_len % (2 * c.cp):
+        raise UserError(f"cp {c.cp} needs the sequence length ({seq_len}) to be a multiple of 2 x cp "
+                        "(load-balanced causal chunks)", field="--cp")
+    if global_batch % (c.dp * c.micro_batch):
+        raise UserError(f"global batch {global_batch} is not a multiple of dp x micro-batch = "
+                        f"{c.dp} x {c.micro_batch}", field="--micro-batch")
+    if c.num_microbatches * c.micro_batch * c.dp != global_batch:
+        raise UserError(f"num_microbatches {c.num_microbatches} x micro-batch {c.micro_batch} x dp {c.dp} "
+                        f"!= global batch {global_batch}", field="num_microbatches")
+    if c.zero not in ZERO_STAGES:
+        raise UserError(f"{c.zero!r} is not a ZeRO stage; allowed: {one_of(ZERO_STAGES)}", field="--zero")
+    if framework == "megatron" and c.zero > 1:
+        raise UserError(f"Megatron-LM's distributed optimizer is ZeRO-1; ZeRO-{c.zero} needs "
+                        "--framework torch or deepspeed", field="--zero")
+    if framework == "deepspeed" and c.zero > 1 and c.pp > 1:
+        raise UserError(f"DeepSpeed does not combine ZeRO-{c.zero} with pipeline parallelism; "
+                        "use --zero 0 or 1 with --pp > 1", field="--zero")
+    if c.schedule not in SCHEDULES:
+        raise UserError(f"{c.schedule!r} is not a schedule; allowed: {one_of(SCHEDULES)}", field="--schedule")
+    if c.schedule == "interleaved-1f1b":
+        if c.pp < 2:
+            raise UserError("the interleaved schedule needs pp >= 2", field="--schedule")
+        if c.vpp < 2:
+            raise UserError("the interleaved schedule needs --vpp >= 2 virtual stages per rank", field="--vpp")
+        if c.num_microbatches % c.pp:
+            raise UserError(f"the interleaved schedule needs the micro-batches per step "
+                            f"({c.num_microbatches}) to be a multiple of pp ({c.pp})", field="--micro-batch")
+        if c.pp * c.vpp > num_blocks:
+            raise UserError(f"pp x vpp = {c.pp * c.vpp} virtual stages exceed the {num_blocks} layers",
+                            field="--vpp")
+    elif c.vpp != 1:
+        raise UserError(f"--vpp {c.vpp} needs --schedule interleaved-1f1b", field="--vpp")
+    if c.recompute not in RECOMPUTES:
+        raise UserError(f"{c.recompute!r} is not allowed; allowed: {one_of(RECOMPUTES)}", field="--recompute")
+    if c.sequence_parallel and c.tp == 1:
+        raise UserError("sequence parallelism shards along the TP group: it needs tp >= 2",
+                        field="--sequence-parallel")
+    if c.offload not in OFFLOADS:
+        raise UserError(f"{c.offload!r} is not allowed; allowed: {one_of(OFFLOADS)}", field="--offload")
+    if c.offload == "optimizer" and c.zero == 0:
+        raise UserError("optimizer offload (ZeRO-Offload) needs ZeRO stage 1, 2 or 3", field="--offload")
+    if dtypes and precision not in dtypes:
+        raise UserError(f"the cluster's devices have no {precision} peak; allowed: {one_of(dtypes)}",
+                        field="--precision")

@@ -1,0 +1,78 @@
+"""Kernel times on one device. Each formula names its source.
+
+GEMM: the tile/wave-quantization model of NVIDIA's Matrix Multiplication
+Background User's Guide (DU-09799): a GEMM's output is cut into tiles of
+``gemm_tile``; tiles run in waves of ``sm_count``; the last partial tile and the
+last partial wave do full work. On top, a roofline (Williams et al. 2009):
+time is the larger of math at the achieved GEMM rate and bytes at HBM speed.
+"""
+from __future__ import annotations
+
+import math
+
+from ..cluster import DTYPE_BYTES, Device
+
+
+def gemm_s(m: float, n: float, k: float, device: Device, precision: str, batch: int = 1) -> float:
+    """Time of ``batch`` products (m x k) @ (k x n)."""
+    if m <= 0 or n <= 0 or k <= 0:
+        return 0.0
+    tile_m, tile_n = device.gemm_tile
+    tiles = math.ceil(m / tile_m) * math.ceil(n / tile_n) * batch
+    waves = math.ceil(tiles / device.sm_count)
+    useful = m * n * batch / (waves * device.sm_count * tile_m * tile_n)   # tile and wave quantization
+    math_s = 2.0 * m * n * k * batch / (device.peak(precision) * device.gemm_efficiency * useful)
+    memory_s = DTYPE_BYTES[precision] * (m * k + k * n + m * n) * batch / (device.hbm_bytes_per_s * device.hbm_efficiency)
+    return max(math_s, memory_s)
+
+
+def memory_bound_s(nbytes: float, device: Device) -> float:
+    """An elementwise or reduction kernel that streams ``nbytes`` through HBM."""
+    return nbytes / (device.hbm_bytes_per_s * device.hbm_efficiency) if nbytes > 0 else 0.0
+
+
+def attention_flops(batch: float, heads: float, q_len: float, kv_len: float, head_dim: int, *,
+                    causal: bool, window: int = 0) -> float:
+    """Forward matmul FLOPs a fused kernel really does: QK^T and PV, skipping masked blocks.
+
+    Full attention is 4 b a s_q s_kv d (two matmuls); a causal mask halves it
+    (FlashAttention-2, Dao 2023, Sec 3.1.1: blocks above the diagonal are skipped);
+    a sliding window of w keys costs 4 b a s_q d w (1 - w / 2 s).
+    """
+    full = 4.0 * batch * heads * q_len * kv_len * head_dim
+    if window and window < kv_len:
+        return 4.0 * batch * heads * q_len * head_dim * window * (1 - window / (2 * kv_len))
+    return full * (0.5 if causal else 1.0)
+
+
+def flash_attention_s(batch: float, heads: float, q_len: float, kv_len: float, head_dim: int, device: Device,
+                      precision: str, *, causal: bool = True, window: int = 0) -> tuple[float, float]:
+    """(forward, backward) of a FlashAttention-style kernel.
+
+    Backward does 2.5x the forward's matmul FLOPs (5 matmuls against 2, the
+    scores recomputed): Dao 2023, FlashAttention-2, Sec 3.2.
+    """
+    flops = attention_flops(batch, heads, q_len, kv_len, head_dim, causal=causal, window=window)
+    rate = device.peak(precision) * device.attention_efficiency
+    return flops / rate, 2.5 * flops / rate
+
+
+def unfused_attention_s(batch: float, heads: float, q_len: float, kv_len: float, head_dim: int, device: Device,
+                        precision: str, *, dropout: bool) -> tuple[float, float]:
+    """(forward, backward) of attention with materialised scores (Megatron-LM 2021).
+
+    Batched GEMMs QK^T and PV over b x heads, a fused scale-mask-softmax and a
+    dropout over the s_q x s_kv scores (Shoeybi et al. 2019; Korthikanti et al.
+    2022 Sec 4.1 count the same tensors). Bytes per score element: softmax reads
+    and writes 2+2, dropout reads 2 and writes 2 plus a 1-byte mask; backward:
+    softmax reads grad and probs, writes grad (6), dropout 5.
+    """
+    b = int(round(batch * heads)) or 1
+    dt = DTYPE_BYTES[precision]
+    scores = batch * heads * q_len * kv_len
+    fwd = gemm_s(q_len, kv_len, head_dim, device, precision, b) + gemm_s(q_len, head_dim, kv_len, device, precision, b)
+    fwd += memory_bound_s(scores * (2 * dt + (2 * dt + 1 if dropout else 0)), device)
+    bwd = (gemm_s(q_len, head_dim, kv_len, device, precision, b) + gemm_s(kv_len, head_dim, q_len, device, precision, b)
+           + gemm_s(q_len, kv_len, head_dim, device, precision, b) + gemm_s(kv_len, head_dim, q_len, device, precision, b))
+    bwd += memory_bound_s(scores * (3 * dt + (2 * dt + 1 if dropout else 0)), device)
+    return fwd, bwd

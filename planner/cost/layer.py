@@ -1,0 +1,188 @@
+"""One layer under one parallel context: time per micro-batch and saved activations.
+
+Tensor parallelism follows Megatron-LM (Shoeybi et al. 2019, Sec 3): column-
+parallel linears split their output features, row-parallel ones their input
+features, attention splits heads; each block all-reduces twice in forward and
+twice in backward. Sequence parallelism (Korthikanti et al. 2022, Sec 4.2.2)
+turns each all-reduce into a reduce-scatter plus an all-gather of the same
+volume and shards the norms, dropout and residuals along the sequence.
+Context parallelism splits the sequence across ``cp`` ranks; attention passes
+key/value blocks around a ring (Liu et al. 2023, Ring Attention), overlapped with
+the attention kernel of the block at hand.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ..cluster import DTYPE_BYTES, Cluster
+from ..config import RECOMPUTES
+from ..layers import Layer, Op, Saved
+from .. import network
+from .compute import flash_attention_s, gemm_s, memory_bound_s, unfused_attention_s
+
+POLICY_INDEX = {name: i for i, name in enumerate(RECOMPUTES)}
+
+
+class Context(NamedTuple):
+    """The parallel context a layer runs in (everything its per-micro-batch cost depends on)."""
+
+    micro_batch: int
+    seq_len: int
+    tp: int
+    cp: int
+    sequence_parallel: bool
+    precision: str
+    attention: str              # "flash" | "unfused"
+    framework: str
+    tp_comm_overlap: bool
+
+    @property
+    def tokens(self) -> float:
+        """Tokens one rank processes per micro-batch."""
+        return self.micro_batch * self.seq_len / self.cp
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerCost:
+    fwd_s: float                          # forward, exposed TP/CP communication included
+    bwd_s: float                          # backward, exposed communication included
+    recompute_s: tuple[float, float, float]   # extra forward before backward: none, selective, full
+    act_bytes: tuple[float, float, float]     # saved for backward per micro-batch: none, selective, full
+    peak_extra_bytes: tuple[float, float, float]  # transient on top while this layer runs backward
+    tp_comm_s: float                      # exposed TP collective time, forward + backward
+    cp_comm_s: float                      # exposed context-parallel exchange, forward + backward
+    params: float                         # parameters held by one TP rank
+    matmul_flops_fwd: float               # matmul FLOPs of one forward on one rank (hardware FLOPs)
+
+
+def _split(split: str, ctx: Context) -> int:
+    if split == "tp" or (split == "sp" and ctx.sequence_parallel):
+        return ctx.tp
+    return 1
+
+
+def _op_divisor(op: Op, ctx: Context) -> int:
+    """How many ranks share one operator's work under TP/SP."""
+    if op.kind == "attention" or (op.kind == "linear" and op.tp != "replicate"):
+        return ctx.tp
+    return _split(op.split, ctx)
+
+
+def _saved_bytes(saved: Saved, ctx: Context) -> float:
+    divide = _split(saved.split, ctx)
+    if saved.gathered_input and ctx.sequence_parallel and ctx.framework == "torch":
+        divide = 1      # DTensor's ColwiseParallel keeps the all-gathered input for the weight gradient
+    dtype = saved.dtype_bytes or DTYPE_BYTES[ctx.precision]
+    return saved.elems * ctx.tokens * dtype / divide
+
+
+def _linear(op: Op, ctx: Context, cluster: Cluster) -> tuple[float, float, float]:
+    """(fwd_s, bwd_s, fwd matmul FLOPs) of a linear; backward is dgrad + wgrad."""
+    dev, prec = cluster.device, ctx.precision
+    n = op.out_features / (ctx.tp if op.tp == "column" else 1)
+    k = op.in_features / (ctx.tp if op.tp == "row" else 1)
+    m = ctx.tokens * op.tokens_factor / op.num_gemms
+    fwd = op.num_gemms * gemm_s(m, n, k, dev, prec)
+    bwd = op.num_gemms * (gemm_s(m, k, n, dev, prec) + gemm_s(k, n, m, dev, prec))
+    return fwd, bwd, 2.0 * m * n * k * op.num_gemms
+
+
+def _attention(op: Op, ctx: Context, cluster: Cluster) -> tuple[float, float, float, float, float]:
+    """(fwd_s, bwd_s, exposed cp comm fwd, bwd, score bytes kept by an unfused kernel)."""
+    dev, prec, dt = cluster.device, ctx.precision, DTYPE_BYTES[ctx.precision]
+    heads = op.heads / ctx.tp
+    kv_heads = max(1.0, op.kv_heads / ctx.tp)
+    q_len, kv_len, b = ctx.seq_len / ctx.cp, ctx.seq_len, ctx.micro_batch
+    if ctx.attention == "flash":
+        fwd, bwd = flash_attention_s(b, heads, q_len, kv_len, op.head_dim, dev, prec, causal=op.causal,
+                                     window=op.window)
+        kept = 4.0 * heads * ctx.tokens                       # fp32 log-sum-exp per head and query
+    else:
+        fwd, bwd = unfused_attention_s(b, heads, q_len, kv_len, op.head_dim, dev, prec, dropout=op.attn_dropout)
+        # softmax output (2 bytes) and, with dropout, its mask (1) and output (2): Korthikanti's 5 a s^2 b
+        kept = b * heads * q_len * kv_len * ((2 * dt + 1) if op.attn_dropout else dt)
+    cp_fwd = cp_bwd = 0.0
+    if ctx.cp > 1:
+        block = b * q_len * 2 * kv_heads * op.head_dim * dt           # one rank's K and V
+        same_node = ctx.tp * ctx.cp <= cluster.gpus_per_node
+        comm_fwd = (ctx.cp - 1) * network.p2p_s(cluster, block, same_node=same_node)
+        comm_bwd = 2 * comm_fwd                                       # K, V again plus dK, dV
+        cp_fwd = max(0.0, comm_fwd - fwd * (ctx.cp - 1) / ctx.cp)     # each step hides behind one block
+        cp_bwd = max(0.0, comm_bwd - bwd * (ctx.cp - 1) / ctx.cp)
+    return fwd, bwd, cp_fwd, cp_bwd, kept
+
+
+def _tp_comm(layer: Layer, ctx: Context, cluster: Cluster, elems: float) -> float:
+    """One direction's TP collectives: all-reduces, or reduce-scatter + all-gather with SP."""
+    if ctx.tp == 1 or elems <= 0:
+        return 0.0
+    grp = network.group(cluster, ctx.tp, 1)
+    count = max(1, round(elems / layer.output_elems)) if layer.output_elems else 1
+    nbytes = elems / count * ctx.tokens * DTYPE_BYTES[ctx.precision]
+    if ctx.sequence_parallel:
+        one = network.reduce_scatter_s(cluster, nbytes, grp) + network.all_gather_s(cluster, nbytes, grp)
+    else:
+        one = network.all_reduce_s(cluster, nbytes, grp)
+    return count * one
+
+
+def _exposed(comm_s: float, overlap_with_s: float, ctx: Context) -> float:
+    """TP communication left on the critical path.
+
+    Without overlap all of it. With TransformerEngine-style userbuffers the
+    collective is split into tp chunks pipelined with the GEMM that consumes or
+    produces it (Wang et al. 2023, 'Overlap communication with dependent
+    computation'): what exceeds the GEMM stays exposed, and at least one chunk.
+    """
+    if not ctx.tp_comm_overlap:
+        return comm_s
+    return max(comm_s - overlap_with_s, comm_s / ctx.tp)
+
+
+def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
+    """Time, recompute and saved activations of one layer for one micro-batch on one rank."""
+    dev, dt = cluster.device, DTYPE_BYTES[ctx.precision]
+    fwd = bwd = flops = tp_gemm_fwd = tp_gemm_bwd = 0.0
+    core_fwd = cp_fwd = cp_bwd = kept = 0.0
+    saved = workspace = 0.0
+    params = layer.params_replicated + (layer.params - layer.params_replicated) / ctx.tp
+    for op in layer.ops:
+        if op.measured_fwd_s is not None:        # measured by `meshplan profile --ops`, per token
+            share = ctx.tokens / _op_divisor(op, ctx)
+            fwd += op.measured_fwd_s * share
+            bwd += (op.measured_bwd_s if op.measured_bwd_s is not None else 2 * op.measured_fwd_s) * share
+        elif op.kind == "linear":
+            f, b, fl = _linear(op, ctx, cluster)
+            fwd, bwd, flops = fwd + f, bwd + b, flops + fl
+            if op.tp != "replicate":
+                tp_gemm_fwd, tp_gemm_bwd = tp_gemm_fwd + f, tp_gemm_bwd + b
+        elif op.kind == "attention":
+            f, b, cf, cb, kept = _attention(op, ctx, cluster)
+            fwd, bwd, core_fwd, cp_fwd, cp_bwd = fwd + f, bwd + b, f, cf, cb
+        else:   # elementwise and embedding: memory-bound; byte counts are given for 2-byte activations
+            scale = ctx.tokens * dt / 2 / _split(op.split, ctx)
+            fwd += memory_bound_s(op.bytes_fwd * scale, dev)
+            bwd += memory_bound_s(op.bytes_bwd * scale, dev)
+        saved += sum(_saved_bytes(s, ctx) for s in op.saved)
+        workspace = max(workspace, sum(_saved_bytes(s, ctx) for s in op.workspace))
+    tp_fwd = _exposed(_tp_comm(layer, ctx, cluster, layer.tp_allreduce_fwd_elems), tp_gemm_fwd, ctx)
+    tp_bwd = _exposed(_tp_comm(layer, ctx, cluster, layer.tp_allreduce_bwd_elems), tp_gemm_bwd, ctx)
+    fwd_total = fwd + tp_fwd + cp_fwd
+    bwd_total = bwd + tp_bwd + cp_bwd
+    # what each recompute policy keeps (Korthikanti et al. 2022, Sec 5): selective drops the
+    # attention core's internals and recomputes the core; full keeps only the layer's input
+    if layer.kind == "embedding":
+        full_keep = 8.0 * ctx.tokens                  # the int64 token ids
+    else:
+        full_keep = layer.output_elems * ctx.tokens * dt / (ctx.tp if ctx.sequence_parallel else 1)
+    none_keep = saved + kept
+    select_keep = saved + (kept if ctx.attention == "flash" else 0.0)
+    select_extra = core_fwd + cp_fwd if ctx.attention == "unfused" and core_fwd else 0.0
+    return LayerCost(
+        fwd_s=fwd_total, bwd_s=bwd_total,
+        recompute_s=(0.0, select_extra, fwd_total),
+        act_bytes=(none_keep, select_keep, min(full_keep, none_keep)),
+        # full recompute rebuilds the layer's activations while its backward runs
+        peak_extra_bytes=(workspace, workspace + none_keep - select_keep, workspace + none_keep),
+        tp_comm_s=tp_fwd + tp_bwd, cp_comm_s=cp_fwd + cp_bwd, params=params, matmul_flops_fwd=flops)

@@ -1,0 +1,387 @@
+"""A whole training step of one ParallelConfig: the Estimate.
+
+Composition, in order: layers are placed on pipeline ranks (and virtual
+chunks); each rank's forward/backward time per micro-batch is the sum of its
+layers' costs plus pipeline sends; the schedule turns those into the pipeline
+time; data-parallel/ZeRO communication and the optimizer step follow.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..cluster import DTYPE_BYTES, Cluster
+from ..config import ParallelConfig, Workload
+from ..layers import LayerGraph
+from .. import network
+from .layer import POLICY_INDEX, Context, LayerCost, layer_cost
+from .memory import grad_comm_bytes_per_param, inflight_microbatches, state_bytes_per_param
+
+# Adam(W) step, per parameter it updates: reads fp32 param, grad, two moments (16 B),
+# writes param and moments (12 B); mixed precision also writes the 16-bit copy (2 B).
+# Streams through memory (fused/foreach kernels are bandwidth-bound).
+ADAM_BYTES_PER_PARAM = 28.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Memory:
+    """Bytes on one GPU, by category."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    other: float                   # runtime reserve, communication and pipeline buffers
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.other
+
+    def to_json(self) -> dict:
+        out = {k: int(round(v)) for k, v in asdict(self).items()}
+        out["total"] = int(round(self.total))
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepTime:
+    """Where one step's time goes on the critical path (seconds)."""
+
+    compute: float                 # forward and backward kernels of the slowest stage, all micro-batches
+    recompute: float               # forward work redone before backward
+    tp_comm: float                 # exposed tensor/sequence-parallel collectives
+    cp_comm: float                 # exposed context-parallel exchange
+    pp_comm: float                 # pipeline sends and receives
+    bubble: float                  # pipeline fill and drain
+    dp_comm: float                 # exposed data-parallel / ZeRO communication
+    optimizer: float               # optimizer step (and offload transfers)
+
+    @property
+    def total(self) -> float:
+        return (self.compute + self.recompute + self.tp_comm + self.cp_comm + self.pp_comm + self.bubble
+                + self.dp_comm + self.optimizer)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Estimate:
+    step_time_s: float
+    tokens_per_s: float
+    model_tflops_per_gpu: float    # model FLOPs (no recompute) per second per GPU
+    mfu: float                     # model FLOPs utilisation against the dense peak
+    hardware_tflops_per_gpu: float # matmul FLOPs actually executed (recompute included)
+    memory: Memory                 # the most loaded GPU
+    memory_per_stage: tuple[Memory, ...]
+    time: StepTime
+    capacity_bytes: float
+    host_bytes_per_node: float     # offloaded optimizer states per node
+    host_capacity_bytes: float
+    fits: bool
+
+    @property
+    def peak_stage(self) -> int:
+        totals = [m.total for m in self.memory_per_stage]
+        return totals.index(max(totals))
+
+    def to_json(self) -> dict:
+        return {
+            "step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s,
+            "model_tflops_per_gpu": self.model_tflops_per_gpu, "mfu": self.mfu,
+            "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
+            "memory_per_gpu_bytes": self.memory.to_json(), "fits": self.fits,
+            "capacity_bytes": int(self.capacity_bytes),
+            "time_breakdown_s": asdict(self.time),
+            "memory_per_stage_bytes": [m.to_json() for m in self.memory_per_stage],
+        }
+
+
+# -- placing layers on pipeline ranks ----------------------------------------------------------
+
+def balanced_stage_layers(graph: LayerGraph, stages: int) -> tuple[int, ...]:
+    """Layers per virtual stage: blocks as even as possible (the extra ones in the middle
+    stages), the embedding with the first stage, the final norm and head with the last."""
+    blocks = graph.num_blocks
+    base, extra = divmod(blocks, stages)
+    order = sorted(range(stages), key=lambda s: (abs(s - (stages - 1) / 2), s))
+    counts = [base + (1 if s in order[:extra] else 0) for s in range(stages)]
+    first_block = next(i for i, layer in enumerate(graph.layers) if layer.is_block)
+    last_block = max(i for i, layer in enumerate(graph.layers) if layer.is_block)
+    counts[0] += first_block
+    counts[-1] += len(graph.layers) - 1 - last_block
+    return tuple(counts)
+
+
+def assign_layers(graph: LayerGraph, config: ParallelConfig) -> list[list[list[int]]]:
+    """[rank][chunk] -> layer indices. Virtual stage j runs on rank j % pp as its chunk j // pp."""
+    stages = config.pp * config.vpp
+    counts = config.stage_layers or balanced_stage_layers(graph, stages)
+    out: list[list[list[int]]] = [[] for _ in range(config.pp)]
+    start = 0
+    for j, count in enumerate(counts):
+        out[j % config.pp].append(list(range(start, start + count)))
+        start += count
+    return out
+
+
+def layer_policies(graph: LayerGraph, config: ParallelConfig) -> tuple[str, ...]:
+    """Recompute policy per layer: the ILP's choice, else the uniform one on transformer blocks."""
+    if config.recompute_layers is not None:
+        return config.recompute_layers
+    return tuple(config.recompute if layer.is_block else "none" for layer in graph.layers)
+
+
+# -- the estimate -------------------------------------------------------------------------------
+
+class CostCache:
+    """Memo of costs for one (graph, cluster, workload): pure results only, so it never
+    changes an answer, only how often the same sums are computed."""
+
+    def __init__(self, graph: LayerGraph, cluster: Cluster, workload: Workload):
+        self.graph, self.cluster, self.workload = graph, cluster, workload
+        self.signatures = [layer.signature for layer in graph.layers]
+        self.representative: dict[str, int] = {}
+        self.signature_counts: dict[str, int] = {}
+        for i, sig in enumerate(self.signatures):
+            self.representative.setdefault(sig, i)
+            self.signature_counts[sig] = self.signature_counts.get(sig, 0) + 1
+        self.model_flops_per_token = graph.model_flops_per_token(workload.seq_len)
+        self._layer: dict[tuple, LayerCost] = {}
+        self._groups: dict[tuple, list] = {}
+        self._ranks: dict[tuple, list] = {}
+        self._largest: dict[Context, float] = {}
+
+    def context(self, config: ParallelConfig) -> Context:
+        w = self.workload
+        return Context(micro_batch=config.micro_batch, seq_len=w.seq_len, tp=config.tp, cp=config.cp,
+                       sequence_parallel=config.sequence_parallel, precision=w.precision, attention=w.attention,
+                       framework=w.framework, tp_comm_overlap=w.tp_comm_overlap)
+
+    def signature_cost(self, signature: str, ctx: Context) -> LayerCost:
+        key = (signature, ctx)
+        cost = self._layer.get(key)
+        if cost is None:
+            layer = self.graph.layers[self.representative[signature]]
+            cost = self._layer[key] = layer_cost(layer, ctx, self.cluster)
+        return cost
+
+    def layer(self, index: int, ctx: Context) -> LayerCost:
+        return self.signature_cost(self.signatures[index], ctx)
+
+    def largest_layer_params(self, ctx: Context) -> float:
+        if ctx not in self._largest:
+            self._largest[ctx] = max(self.signature_cost(sig, ctx).params for sig in self.representative)
+        return self._largest[ctx]
+
+    def groups(self, config: ParallelConfig) -> list:
+        """Per rank: {(signature, policy): count}, chunks, layers (placement and policies only)."""
+        policies_key = config.recompute_layers if config.recompute_layers is not None else config.recompute
+        key = (config.pp, config.vpp, config.stage_layers, policies_key)
+        out = self._groups.get(key)
+        if out is None:
+            policies = layer_policies(self.graph, config)
+            out = []
+            for chunks in assign_layers(self.graph, config):
+                counts: dict[tuple[str, str], int] = {}
+                for chunk in chunks:
+                    for i in chunk:
+                        k = (self.signatures[i], policies[i])
+                        counts[k] = counts.get(k, 0) + 1
+                out.append((counts, len(chunks), sum(len(c) for c in chunks)))
+            self._groups[key] = out
+        return out
+
+
+@dataclass(frozen=True)
+class RankCost:
+    """One pipeline rank for one micro-batch (all its chunks)."""
+
+    fwd_s: float
+    bwd_s: float                 # recompute included
+    recompute_s: float
+    tp_comm_s: float
+    cp_comm_s: float
+    p2p_s: float                 # sends and receives per micro-batch, forward + backward
+    act_bytes: float
+    peak_extra_bytes: float
+    params: float
+    matmul_flops: float          # per micro-batch, forward + backward + recompute
+    num_layers: int
+
+
+def rank_costs(cache: CostCache, config: ParallelConfig) -> list[RankCost]:
+    ctx = cache.context(config)
+    policies_key = config.recompute_layers if config.recompute_layers is not None else config.recompute
+    key = (ctx, config.dp, config.pp, config.vpp, config.stage_layers, policies_key)
+    out = cache._ranks.get(key)
+    if out is None:
+        out = cache._ranks[key] = _rank_costs(cache, config, ctx)
+    return out
+
+
+def _rank_costs(cache: CostCache, config: ParallelConfig, ctx: Context) -> list[RankCost]:
+    graph, cluster, w = cache.graph, cache.cluster, cache.workload
+    dt = DTYPE_BYTES[w.precision]
+    # a stage boundary sends the hidden states; Megatron's scatter/gather optimisation and
+    # sequence parallelism send 1/tp of them per rank (Narayanan et al. 2021, Sec 4.1)
+    p2p_bytes = ctx.tokens * graph.hidden * dt
+    if config.sequence_parallel or w.framework == "megatron":
+        p2p_bytes /= config.tp
+    same_node = config.tp * config.cp * config.dp < cluster.gpus_per_node
+    one_p2p = network.p2p_s(cluster, p2p_bytes, same_node=same_node) if config.pp > 1 else 0.0
+    out = []
+    for rank, (counts, chunks, layers) in enumerate(cache.groups(config)):
+        fwd = bwd = rec = tp = cp = act = extra = params = flops = 0.0
+        for (sig, policy), n in counts.items():
+            cost = cache.signature_cost(sig, ctx)
+            p = POLICY_INDEX[policy]
+            fwd += n * cost.fwd_s
+            bwd += n * (cost.bwd_s + cost.recompute_s[p])
+            rec += n * cost.recompute_s[p]
+            tp += n * cost.tp_comm_s
+            cp += n * cost.cp_comm_s
+            act += n * cost.act_bytes[p]
+            extra = max(extra, cost.peak_extra_bytes[p])
+            params += n * cost.params
+            flops += n * cost.matmul_flops_fwd * (4 if policy == "full" else 3)
+        if graph.tied_embeddings and config.pp > 1 and rank == config.pp - 1 and rank != 0:
+            params += graph.tied_params / config.tp      # the head's copy of the shared embedding
+        # per micro-batch each chunk receives/sends once forward and once backward
+        out.append(RankCost(fwd_s=fwd, bwd_s=bwd, recompute_s=rec, tp_comm_s=tp, cp_comm_s=cp,
+                            p2p_s=2 * chunks * one_p2p, act_bytes=act, peak_extra_bytes=extra, params=params,
+                            matmul_flops=flops, num_layers=max(1, layers)))
+    return out
+
+
+def pipeline_s(per_rank_s: list[float], config: ParallelConfig) -> float:
+    """Time of the pipeline for m micro-batches given each rank's forward + backward time.
+
+    1F1B and GPipe: (m - 1) * slowest + sum over ranks (exact for the fill and drain
+    of a linear pipeline; Narayanan et al. 2021, Sec 2.2: bubble (p - 1) t for equal
+    stages). Interleaved with v chunks: m * slowest + (p - 1) / v * slowest
+    (bubble fraction (p - 1) / (v m), ibid. Sec 2.2.2).
+    """
+    m, slowest = config.num_microbatches, max(per_rank_s)
+    if config.pp == 1:
+        return m * per_rank_s[0]
+    if config.schedule == "interleaved-1f1b":
+        return (m + (config.pp - 1) / config.vpp) * slowest
+    return (m - 1) * slowest + sum(per_rank_s)
+
+
+def _dp_comm(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[float, float]:
+    """(total, exposed) data-parallel / ZeRO communication of one rank per step."""
+    cluster, w = cache.cluster, cache.workload
+    shard = config.dp * config.cp
+    if shard == 1:
+        return 0.0, 0.0
+    grp = network.group(cluster, shard, config.tp)
+    m = config.num_microbatches
+    grads = rank.params * grad_comm_bytes_per_param(w.framework, w.precision)
+    params16 = rank.params * DTYPE_BYTES[w.precision]
+    per_micro = once = after = 0.0
+    if config.zero == 0:
+        once = network.all_reduce_s(cluster, grads, grp)
+    elif config.zero == 1:
+        once = network.reduce_scatter_s(cluster, grads, grp)
+        after = network.all_gather_s(cluster, params16, grp)
+    elif config.zero == 2:
+        per_micro = network.reduce_scatter_s(cluster, grads, grp)
+        if w.framework == "torch":      # FSDP2 re-gathers the parameters every forward
+            per_micro += network.all_gather_s(cluster, params16, grp)
+        else:
+            after = network.all_gather_s(cluster, params16, grp)
+    else:                               # ZeRO-3: gather for forward and again for backward
+        per_micro = 2 * network.all_gather_s(cluster, params16, grp) + network.reduce_scatter_s(cluster, grads, grp)
+    total = m * per_micro + once + after
+    if not w.overlap_grad_reduce:
+        return total, total
+    # overlapped, bucket by bucket (a layer at a time): what exceeds the compute it hides behind
+    # stays exposed, and at least the last bucket (the first layer's) cannot hide
+    layer_share = 1.0 / rank.num_layers
+    micro_s = rank.fwd_s + rank.bwd_s
+    exposed = m * max(per_micro - micro_s, per_micro * layer_share) if per_micro else 0.0
+    if once:
+        exposed += max(once - rank.bwd_s, once * layer_share)
+    if after:   # the parameter all-gather overlaps the next step's forward (Megatron --overlap-param-gather)
+        exposed += max(after - rank.fwd_s, after * layer_share)
+    return total, exposed
+
+
+def _optimizer_s(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[float, float]:
+    """(seconds, host bytes per node) of the optimizer step of one rank."""
+    cluster, w = cache.cluster, cache.workload
+    local = rank.params / (config.dp * config.cp if config.zero >= 1 else 1)
+    if config.offload == "none":
+        dev = cluster.device
+        return local * ADAM_BYTES_PER_PARAM / (dev.hbm_bytes_per_s * dev.hbm_efficiency), 0.0
+    # ZeRO-Offload (Ren et al. 2021): gradients down, Adam on the CPU, parameters up.
+    # All GPUs of a node share the host's DRAM bandwidth.
+    states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
+                                   shard=config.dp * config.cp, offload="optimizer")
+    per_node = min(cluster.gpus_per_node, cluster.num_gpus)
+    cpu_s = per_node * local * ADAM_BYTES_PER_PARAM / (cluster.host_dram.effective_bytes_per_s)
+    transfer_s = network.host_transfer_s(cluster, local * (4.0 + DTYPE_BYTES[w.precision]))
+    return cpu_s + transfer_s, per_node * rank.params * states.host_optimizer
+
+
+def _memory(cache: CostCache, config: ParallelConfig, rank_index: int, rank: RankCost) -> Memory:
+    cluster, w = cache.cluster, cache.workload
+    states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
+                                   shard=config.dp * config.cp, offload=config.offload)
+    inflight = inflight_microbatches(config.schedule, rank=rank_index, pp=config.pp, vpp=config.vpp,
+                                     num_microbatches=config.num_microbatches)
+    ctx = cache.context(config)
+    dt = DTYPE_BYTES[w.precision]
+    other = cluster.device.reserved_bytes
+    if config.pp > 1:       # send and receive buffers of the stage boundary, forward and backward
+        other += 4 * ctx.tokens * cache.graph.hidden * dt / (config.tp if config.sequence_parallel else 1)
+    if config.zero == 3 and config.dp * config.cp > 1:
+        # FSDP/ZeRO-3 gathers a layer's parameters (and prefetches the next); backward
+        # also holds the layer's unsharded gradient before the reduce-scatter
+        largest = cache.largest_layer_params(ctx)
+        other += largest * (2 * dt + grad_comm_bytes_per_param(w.framework, w.precision))
+    return Memory(params=rank.params * states.params, grads=rank.params * states.grads,
+                  optimizer=rank.params * states.optimizer,
+                  activations=rank.act_bytes * inflight + rank.peak_extra_bytes, other=other)
+
+
+def estimate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: ParallelConfig,
+             cache: CostCache | None = None) -> Estimate:
+    """Step time, throughput and per-GPU memory of ``config`` (pure; ``cache`` only memoises)."""
+    cache = cache or CostCache(graph, cluster, workload)
+    ranks = rank_costs(cache, config)
+    m = config.num_microbatches
+    per_rank = [r.fwd_s + r.bwd_s + r.p2p_s for r in ranks]
+    pipe = pipeline_s(per_rank, config)
+    slow = ranks[per_rank.index(max(per_rank))]
+    # data-parallel sync starts when a rank's last backward ends; in 1F1B rank r finishes
+    # about r backward passes before rank 0, which hides that much of its sync
+    dp_exposed = 0.0
+    for r, rank in enumerate(ranks):
+        _, exposed = _dp_comm(cache, config, rank)
+        slack = r * rank.bwd_s if config.pp > 1 else 0.0
+        dp_exposed = max(dp_exposed, exposed - slack)
+    opt = [_optimizer_s(cache, config, rank) for rank in ranks]
+    opt_s = max(o[0] for o in opt)
+    host_bytes = max(o[1] for o in opt)
+    tied_s = 0.0
+    if graph.tied_embeddings and config.pp > 1:      # first and last stage sum the shared embedding's grads
+        tied_bytes = graph.tied_params / config.tp * grad_comm_bytes_per_param(workload.framework, workload.precision)
+        tied_s = network.all_reduce_s(cluster, tied_bytes, network.Group(2, 1))
+    step = pipe + dp_exposed + opt_s + tied_s
+    compute = m * (slow.fwd_s + slow.bwd_s - slow.recompute_s - slow.tp_comm_s - slow.cp_comm_s)
+    time = StepTime(compute=compute, recompute=m * slow.recompute_s, tp_comm=m * slow.tp_comm_s,
+                    cp_comm=m * slow.cp_comm_s, pp_comm=m * slow.p2p_s, bubble=pipe - m * max(per_rank),
+                    dp_comm=dp_exposed + tied_s, optimizer=opt_s)
+    memories = tuple(_memory(cache, config, r, rank) for r, rank in enumerate(ranks))
+    peak = max(memories, key=lambda mem: mem.total)
+    n = cluster.num_gpus
+    tokens = workload.global_batch * workload.seq_len
+    model_flops = cache.model_flops_per_token * tokens
+    hw_flops = sum(r.matmul_flops for r in ranks) * m * config.dp * config.cp * config.tp
+    capacity = cluster.device.memory_bytes
+    host_capacity = cluster.host_memory_bytes
+    fits = peak.total <= capacity and host_bytes <= host_capacity
+    return Estimate(step_time_s=step, tokens_per_s=tokens / step, model_tflops_per_gpu=model_flops / step / n / 1e12,
+                    mfu=model_flops / step / n / cluster.peak_flops(workload.precision),
+                    hardware_tflops_per_gpu=hw_flops / step / n / 1e12, memory=peak, memory_per_stage=memories,
+                    time=time, capacity_bytes=capacity, host_bytes_per_node=host_bytes,
+                    host_capacity_bytes=host_capacity, fits=fits)

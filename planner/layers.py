@@ -1,0 +1,274 @@
+"""What is computed: a model as an ordered list of layers of operators.
+
+The layer graph is the one type the cost model and the search consume. Config
+models get theirs analytically here (``build_layer_graph``); traced modules get
+the same type from ``planner.trace``. Quantities are *per token* (one position
+of one sequence) so one graph serves every micro-batch size and every context-
+parallel split; only attention depends on the sequence length, and it keeps
+its shape (heads, head size, causal) so the cost model can price each kernel.
+
+Saved activations follow Korthikanti et al. 2022 ("Reducing Activation
+Recomputation in Large Transformer Models", arXiv:2205.05198, Sec 4.1): each
+saved tensor says how tensor/sequence parallelism splits it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .model import ModelSpec
+
+Split = Literal["tp", "sp", "none"]
+"""How tensor parallelism of degree t divides a per-rank quantity:
+``tp``: always by t (inside the column/row-parallel region); ``sp``: by t only
+with sequence parallelism (layer inputs, norms, residual dropout), replicated
+otherwise; ``none``: never."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Saved:
+    """One tensor autograd keeps for backward, per token."""
+
+    elems: float                    # elements per token
+    split: Split
+    dtype_bytes: int = 0            # 0: the activation dtype; 1: masks; 4: fp32 statistics
+    gathered_input: bool = False    # input of a column-parallel linear: with sequence parallel,
+                                    # Megatron saves the shard, torch's DTensor keeps the gathered copy
+
+
+@dataclass(frozen=True, kw_only=True)
+class Op:
+    """One operator. ``kind`` decides which fields matter.
+
+    linear:      y = x W with W of shape (in_features, out_features); ``tp`` is
+                 ``column`` (splits out_features), ``row`` (splits in_features) or
+                 ``replicate``; ``tokens_factor`` is the share of tokens that reach it
+                 (top-k over experts for a mixture of experts).
+    attention:   scaled dot-product attention of ``heads`` query heads and
+                 ``kv_heads`` key/value heads of size ``head_dim`` (split by tp).
+    elementwise: memory-bound work of ``bytes_fwd``/``bytes_bwd`` per token at
+                 2-byte activations (norms, activations, dropout, residual adds,
+                 the loss), split as ``split`` says.
+    embedding:   a table lookup of ``params`` parameters (vocab-parallel under tp).
+    """
+
+    name: str
+    kind: Literal["linear", "attention", "elementwise", "embedding"]
+    params: int = 0
+    in_features: int = 0
+    out_features: int = 0
+    tp: Literal["column", "row", "replicate"] = "replicate"
+    tokens_factor: float = 1.0
+    num_gemms: int = 1              # experts of a MoE layer are num_gemms GEMMs sharing the tokens
+    heads: int = 0
+    kv_heads: int = 0
+    head_dim: int = 0
+    causal: bool = True
+    window: int = 0                 # sliding-window attention span (0: full)
+    attn_dropout: bool = False
+    bytes_fwd: float = 0.0
+    bytes_bwd: float = 0.0
+    split: Split = "none"
+    saved: tuple[Saved, ...] = ()
+    workspace: tuple[Saved, ...] = ()     # transient tensors its backward allocates (freed after)
+    measured_fwd_s: float | None = None   # per token, from `meshplan profile --ops` (preferred when set)
+    measured_bwd_s: float | None = None
+
+    @property
+    def fwd_flops_per_token(self) -> float:
+        """Matrix-multiply FLOPs of the forward pass per token (attention: per unit of kv length)."""
+        if self.kind == "linear":
+            return 2.0 * self.in_features * self.out_features * self.tokens_factor
+        return 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layer:
+    """A unit the pipeline split places whole on one stage."""
+
+    name: str                                   # module path, e.g. "layers.3"
+    kind: Literal["embedding", "block", "norm", "head"]
+    signature: str                              # equal signatures: identical blocks, costed once
+    ops: tuple[Op, ...]
+    # Tensor-parallel collectives (Megatron's pattern, Shoeybi et al. 2019 Sec 3):
+    # all-reduces of this many activation elements per token in forward / backward.
+    tp_allreduce_fwd_elems: float = 0.0
+    tp_allreduce_bwd_elems: float = 0.0
+    # elements per token that leave this layer (what a pipeline stage boundary sends)
+    output_elems: float = 0.0
+    # parameters that TP cannot split (norms, biases of row-parallel linears, routers)
+    params_replicated: int = 0
+
+    @property
+    def params(self) -> int:
+        return sum(op.params for op in self.ops)
+
+    @property
+    def is_block(self) -> bool:
+        return self.kind == "block"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerGraph:
+    """The model as the cost model sees it."""
+
+    name: str
+    layers: tuple[Layer, ...]
+    seq_len: int                    # default sequence length
+    hidden: int                     # width of the activations between layers
+    vocab_size: int
+    num_heads: int                  # the smallest head count: tp must divide it
+    num_kv_heads: int
+    tied_embeddings: bool           # first and last stage all-reduce the shared embedding's gradient
+    tied_params: int = 0            # parameters shared between embedding and head
+    source: str = ""
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def num_params(self) -> int:
+        return sum(layer.params for layer in self.layers)
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(1 for layer in self.layers if layer.is_block)
+
+    def model_flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token without recompute: 3x the forward matmuls.
+
+        The convention of Korthikanti et al. 2022 (Appendix A) and PaLM (Chowdhery
+        et al. 2022, Appendix B): attention scores count in full (no causal halving).
+        """
+        fwd = 0.0
+        for layer in self.layers:
+            for op in layer.ops:
+                if op.kind == "linear":
+                    fwd += op.fwd_flops_per_token
+                elif op.kind == "attention":
+                    kv = min(seq_len, op.window) if op.window else seq_len
+                    fwd += 4.0 * op.heads * op.head_dim * kv
+        return 3.0 * fwd
+
+
+# -- analytical layer graph of a config model ----------------------------------------------------
+
+def _norm(name: str, spec: ModelSpec) -> Op:
+    """LayerNorm/RMSNorm: reads and writes h; backward reads grad and input, writes grad."""
+    h = spec.hidden
+    params = 2 * h if spec.norm == "layernorm" else h
+    stats = 2 if spec.norm == "layernorm" else 1      # mean and rstd, or rstd: fp32 per token
+    return Op(name=name, kind="elementwise", params=params, bytes_fwd=4 * h, bytes_bwd=6 * h, split="sp",
+              saved=(Saved(elems=h, split="sp"), Saved(elems=stats, split="sp", dtype_bytes=4)))
+
+
+def _linear(name: str, spec: ModelSpec, k: int, n: int, tp: str, *, bias: bool, saves_input: bool = True,
+            input_split: Split = "tp", tokens_factor: float = 1.0, num_gemms: int = 1) -> Op:
+    saved = (Saved(elems=k * tokens_factor, split=input_split, gathered_input=(tp == "column")),) \
+        if saves_input else ()
+    return Op(name=name, kind="linear", params=num_gemms * (k * n + (n if bias else 0)), in_features=k,
+              out_features=n, tp=tp, tokens_factor=tokens_factor, num_gemms=num_gemms, saved=saved)
+
+
+def _dropout_add(name: str, spec: ModelSpec) -> Op:
+    """Residual add (fused with bias and dropout where the model has dropout)."""
+    h = spec.hidden
+    if spec.dropout:   # reads x and residual, writes out and a 1-byte mask
+        return Op(name=name, kind="elementwise", bytes_fwd=6 * h + h / 2, bytes_bwd=4 * h + h / 2, split="sp",
+                  saved=(Saved(elems=h, split="sp", dtype_bytes=1),))
+    return Op(name=name, kind="elementwise", bytes_fwd=6 * h, bytes_bwd=4 * h, split="sp")
+
+
+def _attention_ops(prefix: str, spec: ModelSpec) -> list[Op]:
+    h, q, kv = spec.hidden, spec.q_dim, spec.kv_dim
+    bias = spec.linear_bias or spec.qkv_bias
+    ops = [_linear(f"{prefix}.qkv", spec, h, q + 2 * kv, "column", bias=bias, input_split="sp")]
+    if spec.mlp == "swiglu":   # RoPE on q and k: elementwise, saves only its cos/sin tables
+        ops.append(Op(name=f"{prefix}.rope", kind="elementwise", bytes_fwd=4 * (q + kv), bytes_bwd=4 * (q + kv),
+                      split="tp"))
+    # the core saves q, k, v (its inputs) and its output (the projection's input, one tensor)
+    ops.append(Op(name=f"{prefix}.core", kind="attention", heads=spec.num_heads, kv_heads=spec.num_kv_heads,
+                  head_dim=spec.head_dim, causal=True, window=spec.sliding_window, attn_dropout=spec.dropout,
+                  saved=(Saved(elems=q + 2 * kv, split="tp"), Saved(elems=q, split="tp"))))
+    ops.append(_linear(f"{prefix}.proj", spec, q, h, "row", bias=spec.linear_bias, saves_input=False))
+    return ops
+
+
+def _mlp_ops(prefix: str, spec: ModelSpec) -> list[Op]:
+    h, f = spec.hidden, spec.ffn_hidden
+    if spec.mlp == "gelu":
+        return [
+            _linear(f"{prefix}.fc1", spec, h, f, "column", bias=spec.linear_bias, input_split="sp"),
+            Op(name=f"{prefix}.gelu", kind="elementwise", bytes_fwd=4 * f, bytes_bwd=6 * f, split="tp",
+               saved=(Saved(elems=f, split="tp"),)),
+            _linear(f"{prefix}.fc2", spec, f, h, "row", bias=spec.linear_bias),
+        ]
+    k = spec.experts_per_token if spec.is_moe else 1
+    e = spec.num_experts if spec.is_moe else 1
+    ops = []
+    if spec.is_moe:    # router: a replicated h x E linear, softmax and top-k; tokens are permuted to experts
+        ops.append(_linear(f"{prefix}.router", spec, h, spec.num_experts, "replicate", bias=False,
+                           input_split="sp"))
+        ops.append(Op(name=f"{prefix}.permute", kind="elementwise", bytes_fwd=4 * h * k, bytes_bwd=4 * h * k,
+                      split="sp", saved=(Saved(elems=h * k, split="sp"),)))
+    ops += [
+        # gate and up share their input: one saved copy (on the up projection's entry)
+        _linear(f"{prefix}.gate", spec, h, f, "column", bias=False, saves_input=not spec.is_moe,
+                input_split="sp", tokens_factor=k, num_gemms=e),
+        _linear(f"{prefix}.up", spec, h, f, "column", bias=False, saves_input=False, tokens_factor=k, num_gemms=e),
+        # silu saves the gate output; the product saves silu's output and up's output
+        Op(name=f"{prefix}.act", kind="elementwise", bytes_fwd=10 * f * k, bytes_bwd=16 * f * k, split="tp",
+           saved=(Saved(elems=3 * f * k, split="tp"),)),
+        _linear(f"{prefix}.down", spec, f, h, "row", bias=False, tokens_factor=k, num_gemms=e),
+    ]
+    return ops
+
+
+def _block(index: int, spec: ModelSpec) -> Layer:
+    prefix = f"layers.{index}"
+    h = spec.hidden
+    ops = [_norm(f"{prefix}.norm1", spec), *_attention_ops(f"{prefix}.attn", spec),
+           _dropout_add(f"{prefix}.residual1", spec), _norm(f"{prefix}.norm2", spec),
+           *_mlp_ops(f"{prefix}.mlp", spec), _dropout_add(f"{prefix}.residual2", spec)]
+    replicated = sum(op.params for op in ops if op.kind == "elementwise")
+    replicated += sum(op.params - op.num_gemms * op.in_features * op.out_features
+                      for op in ops if op.kind == "linear" and op.tp == "row")
+    replicated += sum(op.params for op in ops if op.kind == "linear" and op.tp == "replicate")
+    return Layer(name=prefix, kind="block", signature="block", ops=tuple(ops),
+                 tp_allreduce_fwd_elems=2 * h, tp_allreduce_bwd_elems=2 * h, output_elems=h,
+                 params_replicated=replicated)
+
+
+def build_layer_graph(spec: ModelSpec) -> LayerGraph:
+    """The analytical layer graph of a config model: embedding, blocks, final norm, LM head."""
+    h, v = spec.hidden, spec.vocab_size
+    embed_ops = [Op(name="embed.tokens", kind="embedding", params=v * h, bytes_fwd=2 * h + 8, bytes_bwd=4 * h,
+                    split="sp", saved=(Saved(elems=1, split="none", dtype_bytes=8),))]
+    if spec.max_positions:
+        embed_ops.append(Op(name="embed.positions", kind="elementwise", params=spec.max_positions * h,
+                            bytes_fwd=6 * h, bytes_bwd=4 * h, split="sp"))
+    if spec.dropout:
+        embed_ops.append(Op(name="embed.dropout", kind="elementwise", bytes_fwd=4 * h + h / 2,
+                            bytes_bwd=4 * h + h / 2, split="sp", saved=(Saved(elems=h, split="sp", dtype_bytes=1),)))
+    embed = Layer(name="embed", kind="embedding", signature="embed", ops=tuple(embed_ops),
+                  tp_allreduce_fwd_elems=h, output_elems=h,
+                  params_replicated=sum(op.params for op in embed_ops if op.kind != "embedding"))
+    blocks = [_block(i, spec) for i in range(spec.num_layers)]
+    final_norm = Layer(name="norm", kind="norm", signature="norm", ops=(_norm("norm", spec),), output_elems=h,
+                       params_replicated=spec.final_norm_params())
+    # LM head: a vocab-parallel linear; the loss upcasts the logits to fp32 and keeps
+    # its softmax (4 bytes x V per token) for backward. Forward: 3 small all-reduces
+    # (max, sum, target logit) per token; backward: the input gradient all-reduce.
+    head_ops = (
+        _linear("lm_head", spec, h, v, "column", bias=False, input_split="sp") if not spec.tied_embeddings else
+        Op(name="lm_head", kind="linear", params=0, in_features=h, out_features=v, tp="column",
+           saved=(Saved(elems=h, split="sp", gathered_input=True),)),
+        Op(name="loss", kind="elementwise", bytes_fwd=2 * v + 8 * v, bytes_bwd=4 * v + 2 * v, split="tp",
+           saved=(Saved(elems=v, split="tp", dtype_bytes=4),),
+           # backward: the fp32 gradient of the logits, then its cast to the activation dtype
+           workspace=(Saved(elems=v, split="tp", dtype_bytes=4), Saved(elems=v, split="tp"))),
+    )
+    head = Layer(name="lm_head", kind="head", signature="head", ops=head_ops, tp_allreduce_fwd_elems=3 * 2,
+                 tp_allreduce_bwd_elems=h, output_elems=0)
+    return LayerGraph(name=spec.name, layers=(embed, *blocks, final_norm, head), seq_len=spec.seq_len,
+                      hidden=h, vocab_size=v, num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
+                      tied_embeddings=spec.tied_embeddings,
+                      tied_params=v * h if spec.tied_embeddings else 0, source=spec.source)

@@ -1,0 +1,190 @@
+"""Exact search by enumeration, pruned only by bounds and dominance (never by guesses).
+
+Candidates are grouped by layout (tp, pp, cp, dp, micro-batch). For each layout a
+lower bound on the step time is computed from the layers alone (compute and TP
+communication at their cheapest, the least pipeline bubble any schedule allows);
+layouts are visited in order of that bound and the search stops when the bound
+reaches the k-th best step time found. Inside a layout, choices whose time can
+only be higher and memory no lower than a fitting choice are skipped:
+
+- recompute none <= selective <= full in time, >= in memory;
+- no offload is faster than optimizer offload;
+- GPipe takes the same time as 1F1B and holds more micro-batches.
+
+``prune=False`` evaluates every legal candidate (the reference the tests use).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+from ..cluster import Cluster
+from ..config import ParallelConfig, Workload
+from ..cost.memory import state_bytes_per_param
+from ..cost.step import CostCache, Estimate, estimate
+from ..layers import LayerGraph
+from .space import Knobs, Layout, Space
+
+RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}
+OFFLOAD_ORDER = {"none": 0, "optimizer": 1}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    config: ParallelConfig
+    estimate: Estimate
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchResult:
+    best: Candidate | None                 # fastest that fits
+    alternatives: tuple[Candidate, ...]    # the runners-up that fit, fastest first
+    candidates: int                        # legal configurations covered (evaluated or pruned exactly)
+    evaluated: int                         # configurations estimated in full
+    seconds: float
+    least_memory: Candidate | None = None  # when nothing fits: what needs the least memory
+
+
+def _sort_key(c: Candidate) -> tuple:
+    """Fastest first; ties go to less memory, then to the simpler config."""
+    cfg = c.config
+    return (round(c.estimate.step_time_s, 12), round(c.estimate.memory.total), cfg.tp, cfg.pp, cfg.cp, cfg.zero,
+            RECOMPUTE_ORDER[cfg.recompute], cfg.vpp, cfg.sequence_parallel, OFFLOAD_ORDER[cfg.offload],
+            cfg.micro_batch)
+
+
+class _TopK:
+    def __init__(self, k: int):
+        self.k, self.items = k, []
+
+    def add(self, c: Candidate) -> None:
+        self.items.append(c)
+        self.items.sort(key=_sort_key)
+        del self.items[self.k:]
+
+    @property
+    def threshold(self) -> float:
+        return self.items[-1].estimate.step_time_s if len(self.items) >= self.k else float("inf")
+
+
+def _layout_bounds(space: Space, cache: CostCache, layout: Layout) -> tuple[float, float]:
+    """(time lower bound, memory lower bound) over every candidate of a layout."""
+    graph, w, cluster = space.graph, space.w, cache.cluster
+    m = layout.num_microbatches(w.global_batch)
+    best_time = float("inf")
+    best_act = float("inf")
+    params = 0.0
+    for sp in space.sequence_parallel(layout):
+        cfg = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, micro_batch=layout.micro_batch,
+                             num_microbatches=m, sequence_parallel=sp)
+        ctx = cache.context(cfg)
+        counts = cache.signature_counts
+        costs = [(cache.signature_cost(sig, ctx), n) for sig, n in counts.items()]
+        work = sum(n * (c.fwd_s + c.bwd_s) for c, n in costs) / layout.pp        # mean rank, recompute none
+        vmax = max([v for _, v in space.schedules(layout)] or [1])
+        best_time = min(best_time, (m + (layout.pp - 1) / vmax) * work if layout.pp > 1 else m * work)
+        best_act = min(best_act, sum(n * min(c.act_bytes) for c, n in costs) / layout.pp)
+        params = sum(n * c.params for c, n in costs) / layout.pp
+    per_param = min(
+        s.params + s.grads + s.optimizer
+        for zero in space.zeros(layout) for offload in space.offloads(zero)
+        for s in [state_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
+                                        shard=layout.dp * layout.cp, offload=offload)])
+    memory = params * per_param + best_act + cluster.device.reserved_bytes
+    return best_time, memory
+
+
+def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs = Knobs(), *,
+           top_k: int = 5, prune: bool = True, progress=None) -> SearchResult:
+    """The fastest config that fits, the runners-up, and how much of the space was covered."""
+    t0 = time.perf_counter()
+    space = Space(graph, cluster.num_gpus, workload, knobs, cluster.device.dtypes)
+    cache = CostCache(graph, cluster, workload)
+    top = _TopK(top_k + 1)
+    covered = evaluated = 0
+    least: Candidate | None = None
+    layouts = list(space.layouts())
+    bounds = {lay: _layout_bounds(space, cache, lay) for lay in layouts}
+    order = sorted(layouts, key=lambda lay: bounds[lay][0])
+    capacity = cluster.device.memory_bytes
+    infeasible_layouts = []
+    for index, layout in enumerate(order):
+        if progress:
+            progress(index, len(order))
+        lb_time, lb_memory = bounds[layout]
+        size = _layout_size(space, layout)
+        if prune and lb_time >= top.threshold:
+            covered += sum(_layout_size(space, lay) for lay in order[index:])
+            break
+        covered += size
+        if prune and lb_memory > capacity:
+            infeasible_layouts.append(layout)
+            continue
+        for cand in _layout_candidates(space, cache, layout, prune, top):
+            evaluated += 1
+            if cand.estimate.fits:
+                top.add(cand)
+            elif least is None or cand.estimate.memory.total < least.estimate.memory.total:
+                least = cand
+    if not top.items and prune:
+        # nothing fits: find the candidate that needs the least memory, for the error message
+        for layout in infeasible_layouts:
+            for cand in _frugal_candidates(space, cache, layout):
+                evaluated += 1
+                if least is None or cand.estimate.memory.total < least.estimate.memory.total:
+                    least = cand
+    best = top.items[0] if top.items else None
+    return SearchResult(best=best, alternatives=tuple(top.items[1:top_k + 1]), candidates=covered,
+                        evaluated=evaluated, seconds=time.perf_counter() - t0,
+                        least_memory=None if best else least)
+
+
+def _layout_size(space: Space, layout: Layout) -> int:
+    """Number of legal configs in a layout (for the coverage count)."""
+    n = 0
+    for _ in space.schedules(layout):
+        for _ in space.sequence_parallel(layout):
+            for zero in space.zeros(layout):
+                n += len(space.offloads(zero)) * len(space.recomputes())
+    return n
+
+
+def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bool, top: _TopK):
+    """Estimate the candidates of a layout, skipping those dominated by a fitting one."""
+    for schedule, vpp in space.schedules(layout):
+        if prune and schedule == "gpipe" and space.k.schedule is None:
+            continue      # same time as 1F1B, more activations in flight: never better
+        for sp in space.sequence_parallel(layout):
+            for zero in space.zeros(layout):
+                fitting: list[tuple[int, int]] = []
+                for config in space.configs(layout, schedule, vpp, sp, zero):
+                    o, r = OFFLOAD_ORDER[config.offload], RECOMPUTE_ORDER[config.recompute]
+                    if prune and any(fo <= o and fr <= r for fo, fr in fitting):
+                        continue
+                    est = estimate(space.graph, cache.cluster, space.w, config, cache)
+                    if est.fits:
+                        fitting.append((o, r))
+                    yield Candidate(config=config, estimate=est)
+
+
+def _frugal_candidates(space: Space, cache: CostCache, layout: Layout):
+    """The least-memory choices of a layout: full recompute, offload where allowed, each ZeRO stage."""
+    for schedule, vpp in space.schedules(layout):
+        if schedule == "gpipe" and space.k.schedule is None:
+            continue
+        for sp in space.sequence_parallel(layout):
+            for zero in space.zeros(layout):
+                configs = list(space.configs(layout, schedule, vpp, sp, zero))
+                frugal = max(configs, key=lambda c: (OFFLOAD_ORDER[c.offload], RECOMPUTE_ORDER[c.recompute]))
+                yield Candidate(config=frugal, estimate=estimate(space.graph, cache.cluster, space.w, frugal, cache))
+
+
+def evaluate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: ParallelConfig) -> Candidate:
+    """A fully fixed config: check it and estimate it (it may not fit)."""
+    space = Space(graph, cluster.num_gpus, workload, Knobs(), cluster.device.dtypes)
+    space.check(config)
+    return Candidate(config=config, estimate=estimate(graph, cluster, workload, config))
+
+
+def with_microbatches(config: ParallelConfig, global_batch: int) -> ParallelConfig:
+    return replace(config, num_microbatches=global_batch // (config.dp * config.micro_batch))

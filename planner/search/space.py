@@ -1,0 +1,203 @@
+"""The legal search space: which knob values can work together for one job."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Iterator
+
+from ..config import FRAMEWORKS, OFFLOADS, RECOMPUTES, SCHEDULES, ParallelConfig, Workload, check_config
+from ..errors import UserError, one_of
+from ..layers import LayerGraph
+
+
+@dataclass(frozen=True, kw_only=True)
+class Knobs:
+    """Knobs the user fixed; None means 'search it'."""
+
+    dp: int | None = None
+    tp: int | None = None
+    pp: int | None = None
+    cp: int | None = None
+    zero: int | None = None
+    micro_batch: int | None = None
+    vpp: int | None = None
+    schedule: str | None = None
+    recompute: str | None = None
+    sequence_parallel: bool | None = None
+    offload: str | None = None
+
+    def fixed(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The global degrees and micro-batch: one group of candidates sharing a compute lower bound."""
+
+    tp: int
+    pp: int
+    cp: int
+    dp: int
+    micro_batch: int
+
+    def num_microbatches(self, global_batch: int) -> int:
+        return global_batch // (self.dp * self.micro_batch)
+
+
+class Space:
+    """All legal ParallelConfigs for (graph, gpus, workload) under the fixed knobs."""
+
+    def __init__(self, graph: LayerGraph, num_gpus: int, workload: Workload, knobs: Knobs,
+                 dtypes: tuple[str, ...] = ()):
+        self.graph, self.n, self.w, self.k = graph, num_gpus, workload, knobs
+        self.blocks = graph.num_blocks
+        self._check_fixed(dtypes)
+
+    # -- validation of what the user fixed ------------------------------------------------------
+    def _check_fixed(self, dtypes) -> None:
+        k, g, w, n = self.k, self.graph, self.w, self.n
+        for name in ("dp", "tp", "pp", "cp", "micro_batch", "vpp"):
+            value = getattr(k, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise UserError(f"must be a positive integer, got {value!r}", field=f"--{name.replace('_', '-')}")
+        if k.zero is not None and k.zero not in (0, 1, 2, 3):
+            raise UserError(f"{k.zero!r} is not a ZeRO stage; allowed: 0, 1, 2 or 3", field="--zero")
+        for name, allowed in (("schedule", SCHEDULES), ("recompute", RECOMPUTES), ("offload", OFFLOADS)):
+            value = getattr(k, name)
+            if value is not None and value not in allowed:
+                raise UserError(f"{value!r} is not allowed; allowed: {one_of(allowed)}", field=f"--{name}")
+        if w.framework not in FRAMEWORKS:
+            raise UserError(f"{w.framework!r} is not allowed; allowed: {one_of(FRAMEWORKS)}", field="--framework")
+        if dtypes and w.precision not in dtypes:
+            raise UserError(f"the cluster's devices have no {w.precision} peak; allowed: {one_of(dtypes)}",
+                            field="--precision")
+        product = 1
+        for name in ("dp", "tp", "pp", "cp"):
+            value = getattr(k, name)
+            if value is not None:
+                product *= value
+                if n % value:
+                    raise UserError(f"{name} {value} does not divide the {n} GPUs", field=f"--{name}")
+        if n % product:
+            fixed = " x ".join(f"{name} {getattr(k, name)}" for name in ("dp", "tp", "pp", "cp")
+                               if getattr(k, name) is not None)
+            raise UserError(f"{fixed} = {product} does not divide the {n} GPUs", field="--dp/--tp/--pp/--cp")
+        if all(getattr(k, name) is not None for name in ("dp", "tp", "pp", "cp")) and product != n:
+            raise UserError(f"dp x tp x pp x cp = {product} but the cluster has {n} GPUs", field="--dp/--tp/--pp/--cp")
+        if k.tp is not None:
+            if g.num_heads % k.tp:
+                allowed = [d for d in divisors(g.num_heads) if n % d == 0]
+                raise UserError(f"tp {k.tp} does not divide the {g.num_heads} attention heads; allowed: "
+                                f"{one_of(allowed)}", field="--tp")
+            if g.num_kv_heads % k.tp and k.tp % g.num_kv_heads:
+                raise UserError(f"tp {k.tp} neither divides nor is a multiple of the {g.num_kv_heads} "
+                                "key/value heads", field="--tp")
+        if k.pp is not None and k.pp > self.blocks:
+            raise UserError(f"pp {k.pp} is more stages than the model's {self.blocks} layers", field="--pp")
+        if k.cp is not None and k.cp > 1 and w.seq_len % (2 * k.cp):
+            raise UserError(f"cp {k.cp} needs the sequence length ({w.seq_len}) to be a multiple of 2 x cp",
+                            field="--cp")
+        if k.micro_batch is not None and w.global_batch % k.micro_batch:
+            raise UserError(f"micro-batch {k.micro_batch} does not divide the global batch {w.global_batch}",
+                            field="--micro-batch")
+        if k.dp is not None and w.global_batch % k.dp:
+            raise UserError(f"dp {k.dp} does not divide the global batch {w.global_batch}", field="--dp")
+        if k.dp is not None and k.micro_batch is not None and w.global_batch % (k.dp * k.micro_batch):
+            raise UserError(f"global batch {w.global_batch} is not a multiple of dp x micro-batch = "
+                            f"{k.dp} x {k.micro_batch}", field="--micro-batch")
+        if k.vpp is not None and k.vpp > 1 and k.schedule not in (None, "interleaved-1f1b"):
+            raise UserError(f"--vpp {k.vpp} needs --schedule interleaved-1f1b", field="--vpp")
+        if k.schedule == "interleaved-1f1b" and k.pp == 1:
+            raise UserError("the interleaved schedule needs pp >= 2", field="--schedule")
+        if k.schedule == "interleaved-1f1b" and k.vpp == 1:
+            raise UserError("the interleaved schedule needs --vpp >= 2 virtual stages per rank", field="--vpp")
+        if k.sequence_parallel and k.tp == 1:
+            raise UserError("sequence parallelism shards along the TP group: it needs tp >= 2",
+                            field="--sequence-parallel")
+        if k.offload == "optimizer" and k.zero == 0:
+            raise UserError("optimizer offload (ZeRO-Offload) needs ZeRO stage 1, 2 or 3", field="--offload")
+        if w.framework == "megatron" and k.zero is not None and k.zero > 1:
+            raise UserError(f"Megatron-LM's distributed optimizer is ZeRO-1; ZeRO-{k.zero} needs "
+                            "--framework torch or deepspeed", field="--zero")
+        if w.framework == "deepspeed" and k.zero is not None and k.zero > 1 and k.pp is not None and k.pp > 1:
+            raise UserError(f"DeepSpeed does not combine ZeRO-{k.zero} with pipeline parallelism; "
+                            "use --zero 0 or 1 with --pp > 1", field="--zero")
+
+    # -- enumeration ----------------------------------------------------------------------------
+    def _options(self, name: str, values: list) -> list:
+        fixed = getattr(self.k, name)
+        return [fixed] if fixed is not None else values
+
+    def layouts(self) -> Iterator[Layout]:
+        """(tp, pp, cp, dp, micro-batch) combinations that can work."""
+        g, w, n = self.graph, self.w, self.n
+        for tp in self._options("tp", divisors(n)):
+            if g.num_heads % tp or (g.num_kv_heads % tp and tp % g.num_kv_heads):
+                continue
+            for pp in self._options("pp", divisors(n // tp)):
+                if pp > self.blocks or (n // tp) % pp:
+                    continue
+                for cp in self._options("cp", divisors(n // (tp * pp))):
+                    if (n // (tp * pp)) % cp or (cp > 1 and w.seq_len % (2 * cp)):
+                        continue
+                    dp = n // (tp * pp * cp)
+                    if (self.k.dp is not None and dp != self.k.dp) or w.global_batch % dp:
+                        continue
+                    for mb in self._options("micro_batch", divisors(w.global_batch // dp)):
+                        if (w.global_batch // dp) % mb == 0:
+                            yield Layout(tp, pp, cp, dp, mb)
+
+    def schedules(self, layout: Layout) -> list[tuple[str, int]]:
+        """(schedule, vpp) pairs legal for a layout."""
+        if layout.pp == 1:
+            if self.k.schedule == "interleaved-1f1b":
+                return []
+            return [(self.k.schedule or "1f1b", 1)] if (self.k.vpp or 1) == 1 else []
+        m = layout.num_microbatches(self.w.global_batch)
+        out = []
+        for schedule in self._options("schedule", list(SCHEDULES)):
+            if schedule == "interleaved-1f1b":
+                if m % layout.pp:
+                    continue
+                for vpp in self._options("vpp", divisors(self.blocks // layout.pp)):
+                    if vpp >= 2 and layout.pp * vpp <= self.blocks:
+                        out.append((schedule, vpp))
+            elif (self.k.vpp or 1) == 1:
+                out.append((schedule, 1))
+        return out
+
+    def zeros(self, layout: Layout) -> list[int]:
+        allowed = [0, 1] if self.w.framework == "megatron" else [0, 1, 2, 3]
+        if self.w.framework == "deepspeed" and layout.pp > 1:
+            allowed = [0, 1]
+        if layout.dp * layout.cp == 1:
+            allowed = [0]     # nothing to shard over: the stages are all equal to ZeRO-0
+            if self.k.zero is not None:
+                return [self.k.zero]
+        return self._options("zero", allowed)
+
+    def sequence_parallel(self, layout: Layout) -> list[bool]:
+        return self._options("sequence_parallel", [False, True] if layout.tp > 1 else [False])
+
+    def offloads(self, zero: int) -> list[str]:
+        return self._options("offload", ["none", "optimizer"] if zero >= 1 else ["none"])
+
+    def recomputes(self) -> list[str]:
+        return self._options("recompute", list(RECOMPUTES))
+
+    def configs(self, layout: Layout, schedule: str, vpp: int, sp: bool, zero: int) -> Iterator[ParallelConfig]:
+        m = layout.num_microbatches(self.w.global_batch)
+        for offload in self.offloads(zero):
+            for recompute in self.recomputes():
+                yield ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, zero=zero,
+                                     micro_batch=layout.micro_batch, num_microbatches=m, vpp=vpp,
+                                     schedule=schedule, recompute=recompute, sequence_parallel=sp,
+                                     offload=offload)
+
+    def check(self, config: ParallelConfig) -> None:
+        check_config(config, num_gpus=self.n, global_batch=self.w.global_batch, seq_len=self.w.seq_len,
+                     num_heads=self.graph.num_heads, num_kv_heads=self.graph.num_kv_heads, num_blocks=self.blocks,
+                     framework=self.w.framework, precision=self.w.precision)
