@@ -32,8 +32,8 @@ def default_precision(cluster) -> str:
     return cluster.device.dtypes[0]
 
 
-def load_inputs(args) -> tuple[str, LayerGraph, object, Workload]:
-    """Model, cluster and workload from the parsed flags."""
+def load_inputs(args):
+    """(spec, graph, cluster, workload) from the parsed flags."""
     spec = load_model(args.model, seq_len=args.seq_len)
     graph = build_layer_graph(spec)
     cluster = load_cluster(args.cluster, args.gpus)
@@ -46,7 +46,7 @@ def load_inputs(args) -> tuple[str, LayerGraph, object, Workload]:
     workload = Workload(global_batch=global_batch, seq_len=seq, precision=precision, framework=args.framework,
                         attention=args.attention, overlap_grad_reduce=not args.no_overlap_grad_reduce,
                         tp_comm_overlap=args.tp_comm_overlap)
-    return spec.name, graph, cluster, workload
+    return spec, graph, cluster, workload
 
 
 def _knobs(args) -> Knobs:
@@ -96,7 +96,7 @@ def _no_fit_message(result: SearchResult, cluster, workload: Workload) -> str:
 
 def plan_command(args) -> int:
     t0 = time.perf_counter()
-    model_name, graph, cluster, workload = load_inputs(args)
+    spec, graph, cluster, workload = load_inputs(args)
     knobs = _knobs(args)
     fixed = _fully_fixed(knobs, workload, cluster.num_gpus)
     if fixed is not None:
@@ -107,8 +107,8 @@ def plan_command(args) -> int:
         result = search(graph, cluster, workload, knobs, top_k=args.top_k)
         if result.best is None:
             raise NoFeasiblePlan(_no_fit_message(result, cluster, workload))
-    plan = Plan.from_search(result, model_name=model_name, graph=graph, cluster=cluster, workload=workload,
-                            seconds=time.perf_counter() - t0)
+    plan = Plan.from_search(result, model_name=spec.name, model_source=args.model, spec=spec, graph=graph,
+                            cluster=cluster, workload=workload, seconds=time.perf_counter() - t0)
     if args.out:
         try:
             plan.write(args.out)

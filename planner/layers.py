@@ -71,6 +71,7 @@ class Op:
     split: Split = "none"
     saved: tuple[Saved, ...] = ()
     workspace: tuple[Saved, ...] = ()     # transient tensors its backward allocates (freed after)
+    norm: bool = False                    # a LayerNorm/RMSNorm (sharded along the sequence with SP)
     measured_fwd_s: float | None = None   # per token, from `meshplan profile --ops` (preferred when set)
     measured_bwd_s: float | None = None
 
@@ -156,7 +157,7 @@ def _norm(name: str, spec: ModelSpec) -> Op:
     h = spec.hidden
     params = 2 * h if spec.norm == "layernorm" else h
     stats = 2 if spec.norm == "layernorm" else 1      # mean and rstd, or rstd: fp32 per token
-    return Op(name=name, kind="elementwise", params=params, bytes_fwd=4 * h, bytes_bwd=6 * h, split="sp",
+    return Op(name=name, kind="elementwise", params=params, bytes_fwd=4 * h, bytes_bwd=6 * h, split="sp", norm=True,
               saved=(Saved(elems=h, split="sp"), Saved(elems=stats, split="sp", dtype_bytes=4)))
 
 
@@ -178,9 +179,13 @@ def _dropout_add(name: str, spec: ModelSpec) -> Op:
 
 
 def _attention_ops(prefix: str, spec: ModelSpec) -> list[Op]:
+    """q/k/v projections (column parallel), the attention core, the output projection (row)."""
     h, q, kv = spec.hidden, spec.q_dim, spec.kv_dim
     bias = spec.linear_bias or spec.qkv_bias
-    ops = [_linear(f"{prefix}.qkv", spec, h, q + 2 * kv, "column", bias=bias, input_split="sp")]
+    # q, k and v read the same normed input: it is saved once (on q_proj)
+    ops = [_linear(f"{prefix}.q_proj", spec, h, q, "column", bias=bias, input_split="sp"),
+           _linear(f"{prefix}.k_proj", spec, h, kv, "column", bias=bias, saves_input=False),
+           _linear(f"{prefix}.v_proj", spec, h, kv, "column", bias=bias, saves_input=False)]
     if spec.mlp == "swiglu":   # RoPE on q and k: elementwise, saves only its cos/sin tables
         ops.append(Op(name=f"{prefix}.rope", kind="elementwise", bytes_fwd=4 * (q + kv), bytes_bwd=4 * (q + kv),
                       split="tp"))
@@ -188,7 +193,7 @@ def _attention_ops(prefix: str, spec: ModelSpec) -> list[Op]:
     ops.append(Op(name=f"{prefix}.core", kind="attention", heads=spec.num_heads, kv_heads=spec.num_kv_heads,
                   head_dim=spec.head_dim, causal=True, window=spec.sliding_window, attn_dropout=spec.dropout,
                   saved=(Saved(elems=q + 2 * kv, split="tp"), Saved(elems=q, split="tp"))))
-    ops.append(_linear(f"{prefix}.proj", spec, q, h, "row", bias=spec.linear_bias, saves_input=False))
+    ops.append(_linear(f"{prefix}.o_proj", spec, q, h, "row", bias=spec.linear_bias, saves_input=False))
     return ops
 
 
@@ -211,13 +216,14 @@ def _mlp_ops(prefix: str, spec: ModelSpec) -> list[Op]:
                       split="sp", saved=(Saved(elems=h * k, split="sp"),)))
     ops += [
         # gate and up share their input: one saved copy (on the up projection's entry)
-        _linear(f"{prefix}.gate", spec, h, f, "column", bias=False, saves_input=not spec.is_moe,
+        _linear(f"{prefix}.gate_proj", spec, h, f, "column", bias=False, saves_input=not spec.is_moe,
                 input_split="sp", tokens_factor=k, num_gemms=e),
-        _linear(f"{prefix}.up", spec, h, f, "column", bias=False, saves_input=False, tokens_factor=k, num_gemms=e),
+        _linear(f"{prefix}.up_proj", spec, h, f, "column", bias=False, saves_input=False, tokens_factor=k,
+                num_gemms=e),
         # silu saves the gate output; the product saves silu's output and up's output
         Op(name=f"{prefix}.act", kind="elementwise", bytes_fwd=10 * f * k, bytes_bwd=16 * f * k, split="tp",
            saved=(Saved(elems=3 * f * k, split="tp"),)),
-        _linear(f"{prefix}.down", spec, f, h, "row", bias=False, tokens_factor=k, num_gemms=e),
+        _linear(f"{prefix}.down_proj", spec, f, h, "row", bias=False, tokens_factor=k, num_gemms=e),
     ]
     return ops
 
@@ -225,8 +231,8 @@ def _mlp_ops(prefix: str, spec: ModelSpec) -> list[Op]:
 def _block(index: int, spec: ModelSpec) -> Layer:
     prefix = f"layers.{index}"
     h = spec.hidden
-    ops = [_norm(f"{prefix}.norm1", spec), *_attention_ops(f"{prefix}.attn", spec),
-           _dropout_add(f"{prefix}.residual1", spec), _norm(f"{prefix}.norm2", spec),
+    ops = [_norm(f"{prefix}.attn_norm", spec), *_attention_ops(f"{prefix}.attn", spec),
+           _dropout_add(f"{prefix}.residual1", spec), _norm(f"{prefix}.mlp_norm", spec),
            *_mlp_ops(f"{prefix}.mlp", spec), _dropout_add(f"{prefix}.residual2", spec)]
     replicated = sum(op.params for op in ops if op.kind == "elementwise")
     replicated += sum(op.params - op.num_gemms * op.in_features * op.out_features

@@ -12,9 +12,35 @@ from pathlib import Path
 from .cluster import Cluster
 from .config import ParallelConfig, Workload
 from .layers import LayerGraph
+from .model import ModelSpec
 from .search.enumerate import Candidate, SearchResult
 
 PLAN_SCHEMA_VERSION = 1
+MESHPLAN_VERSION = "0.1.0"
+
+# How the executor shards a module under tensor parallelism (torch.distributed.tensor.parallel):
+#   colwise  ColwiseParallel (output features split)      rowwise   RowwiseParallel (input features split)
+#   vocab    RowwiseParallel on an embedding (vocabulary split)
+#   colwise_loss  ColwiseParallel keeping the logits sharded for a vocab-parallel loss
+#   sequence SequenceParallel (norms, with sequence parallelism on)
+TP_STYLES = ("colwise", "rowwise", "vocab", "colwise_loss", "sequence")
+
+
+def tp_plan(graph: LayerGraph, config: ParallelConfig) -> dict[str, str]:
+    """Module path -> TP style for every module that holds parameters (empty without TP)."""
+    if config.tp == 1:
+        return {}
+    plan = {}
+    for layer in graph.layers:
+        for op in layer.ops:
+            if op.kind == "embedding":
+                plan[op.name] = "vocab"
+            elif op.kind == "linear" and op.tp != "replicate":
+                plan[op.name] = ("colwise_loss" if layer.kind == "head" else
+                                 "colwise" if op.tp == "column" else "rowwise")
+            elif config.sequence_parallel and op.norm:
+                plan[op.name] = "sequence"
+    return plan
 
 
 def config_json(config: ParallelConfig) -> dict:
@@ -33,6 +59,8 @@ def config_json(config: ParallelConfig) -> dict:
 class Plan:
     model_name: str
     model_params: int
+    model_source: str                 # what --model was: a zoo name, a config.json path, file.py:factory
+    spec: ModelSpec | None            # the architecture of a config model (None for traced modules)
     graph: LayerGraph
     cluster: Cluster
     workload: Workload
@@ -43,10 +71,12 @@ class Plan:
     evaluated: int
 
     @classmethod
-    def from_search(cls, result: SearchResult, *, model_name: str, graph: LayerGraph, cluster: Cluster,
-                    workload: Workload, seconds: float | None = None) -> "Plan":
+    def from_search(cls, result: SearchResult, *, model_name: str, model_source: str, spec: ModelSpec | None,
+                    graph: LayerGraph, cluster: Cluster, workload: Workload,
+                    seconds: float | None = None) -> "Plan":
         assert result.best is not None
-        return cls(model_name=model_name, model_params=graph.num_params, graph=graph, cluster=cluster,
+        return cls(model_name=model_name, model_params=graph.num_params, model_source=model_source, spec=spec,
+                   graph=graph, cluster=cluster,
                    workload=workload, best=result.best, alternatives=result.alternatives,
                    search_seconds=result.seconds if seconds is None else seconds, candidates=result.candidates,
                    evaluated=result.evaluated)
@@ -61,17 +91,25 @@ class Plan:
                 stages.append([self.graph.layers[i].name for i in placement[rank][chunk]])
         return stages
 
+    def recompute_per_layer(self) -> dict[str, str]:
+        from .cost.step import layer_policies
+        return {layer.name: policy for layer, policy in zip(self.graph.layers, layer_policies(self.graph, self.best.config))}
+
     def to_json(self) -> dict:
         """The document `meshplan plan --json` prints and `--out` writes."""
         return {
             "schema_version": PLAN_SCHEMA_VERSION,
-            "model": {"name": self.model_name, "params": int(self.model_params)},
+            "meshplan_version": MESHPLAN_VERSION,
+            "model": {"name": self.model_name, "params": int(self.model_params), "source": self.model_source,
+                      **({"spec": asdict(self.spec)} if self.spec else {})},
             "cluster": {"name": self.cluster.name, "gpus": self.cluster.num_gpus,
                         "gpus_per_node": self.cluster.gpus_per_node},
             "workload": asdict(self.workload),
             "config": config_json(self.best.config),
             "estimate": self.best.estimate.to_json(),
             "stages": self.stage_modules(),
+            "tp_plan": tp_plan(self.graph, self.best.config),
+            "recompute_per_layer": self.recompute_per_layer(),
             "alternatives": [{"config": config_json(c.config), "estimate": c.estimate.to_json()}
                              for c in self.alternatives],
             "search": {"seconds": self.search_seconds, "candidates": self.candidates, "evaluated": self.evaluated},
