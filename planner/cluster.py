@@ -74,6 +74,7 @@ class Cluster:
     host_dram: Link                       # host DRAM bandwidth per node (CPU optimizer step)
     oversubscription: float               # leaf-to-spine oversubscription of the fat tree
     max_nodes: int = 0                    # 0: unlimited
+    comm_sm_fraction: float = 0.0         # share of the device's SMs a running collective occupies
     source: str = ""
 
     @property
@@ -260,7 +261,8 @@ def parse_cluster(data: dict, source: str) -> Cluster:
         name=gpu.string("name"), memory_bytes=gpu.number("memory_GiB") * GiB,
         hbm_bytes_per_s=gpu.number("hbm_GBps") * 1e9, peak_flops=tuple(peak_flops.items()),
         sm_count=gpu.integer("sm_count"), gemm_tile=(tile[0], tile[1]),
-        gemm_efficiency=kernels.fraction("gemm_efficiency"), hbm_efficiency=kernels.fraction("hbm_efficiency"),
+        gemm_efficiency=kernels.fraction("gemm_efficiency"),
+        hbm_efficiency=kernels.fraction("hbm_efficiency"),
         attention_efficiency=kernels.fraction("attention_efficiency"),
         reserved_bytes=root.table("runtime").number("reserved_GiB", allow_zero=True) * GiB)
     intra, host, net = root.table("intra_node"), root.table("host"), root.table("network")
@@ -281,4 +283,7 @@ def parse_cluster(data: dict, source: str) -> Cluster:
         host_dram=Link(bytes_per_s=host.number("memory_GBps") * 1e9, efficiency=host.fraction("memory_efficiency"),
                        latency_s=0.0),
         oversubscription=net.number("oversubscription", default=1.0),
-        max_nodes=root.integer("max_nodes", allow_zero=True, default=0), source=source)
+        max_nodes=root.integer("max_nodes", allow_zero=True, default=0),
+        comm_sm_fraction=min(1.0, root.table("runtime").number("comm_sms", allow_zero=True, default=0.0)
+                             / gpu.integer("sm_count")),
+        source=source)

@@ -260,14 +260,16 @@ def build_layer_graph(spec: ModelSpec) -> LayerGraph:
     blocks = [_block(i, spec) for i in range(spec.num_layers)]
     final_norm = Layer(name="norm", kind="norm", signature="norm", ops=(_norm("norm", spec),), output_elems=h,
                        params_replicated=spec.final_norm_params())
-    # LM head: a vocab-parallel linear; the loss upcasts the logits to fp32 and keeps
-    # its softmax (4 bytes x V per token) for backward. Forward: 3 small all-reduces
-    # (max, sum, target logit) per token; backward: the input gradient all-reduce.
+    # LM head: a vocab-parallel linear, then the loss in fp32. Forward: 3 small all-reduces
+    # (max, sum, target logit) per token. Bytes per logit of Megatron-LM's vocab-parallel
+    # cross-entropy (megatron/core/tensor_parallel/cross_entropy.py): upcast r2 w4, max r4,
+    # subtract r4 w4, exp r4 w4, sum r4, divide r4 w4 = 38; backward multiply r4 w4 and the
+    # cast back r4 w2 = 14. It keeps the fp32 softmax (4 bytes per logit) for backward.
     head_ops = (
         _linear("lm_head", spec, h, v, "column", bias=False, input_split="sp") if not spec.tied_embeddings else
         Op(name="lm_head", kind="linear", params=0, in_features=h, out_features=v, tp="column",
            saved=(Saved(elems=h, split="sp", gathered_input=True),)),
-        Op(name="loss", kind="elementwise", bytes_fwd=2 * v + 8 * v, bytes_bwd=4 * v + 2 * v, split="tp",
+        Op(name="loss", kind="elementwise", bytes_fwd=38 * v, bytes_bwd=14 * v, split="tp",
            saved=(Saved(elems=v, split="tp", dtype_bytes=4),),
            # backward: the fp32 gradient of the logits, then its cast to the activation dtype
            workspace=(Saved(elems=v, split="tp", dtype_bytes=4), Saved(elems=v, split="tp"))),

@@ -165,6 +165,20 @@ class CostCache:
     def layer(self, index: int, ctx: Context) -> LayerCost:
         return self.signature_cost(self.signatures[index], ctx)
 
+    def hop_s(self, config: ParallelConfig) -> float:
+        """One stage-boundary transfer of a micro-batch's hidden states.
+
+        Megatron's scatter/gather optimisation and sequence parallelism send 1/tp of
+        them per rank (Narayanan et al. 2021, Sec 4.1)."""
+        if config.pp == 1:
+            return 0.0
+        w = self.workload
+        nbytes = config.micro_batch * w.seq_len / config.cp * self.graph.hidden * DTYPE_BYTES[w.precision]
+        if config.sequence_parallel or w.framework == "megatron":
+            nbytes /= config.tp
+        same_node = config.tp * config.cp * config.dp < self.cluster.gpus_per_node
+        return network.p2p_s(self.cluster, nbytes, same_node=same_node)
+
     def largest_layer_params(self, ctx: Context) -> float:
         if ctx not in self._largest:
             self._largest[ctx] = max(self.signature_cost(sig, ctx).params for sig in self.representative)
@@ -217,15 +231,8 @@ def rank_costs(cache: CostCache, config: ParallelConfig) -> list[RankCost]:
 
 
 def _rank_costs(cache: CostCache, config: ParallelConfig, ctx: Context) -> list[RankCost]:
-    graph, cluster, w = cache.graph, cache.cluster, cache.workload
-    dt = DTYPE_BYTES[w.precision]
-    # a stage boundary sends the hidden states; Megatron's scatter/gather optimisation and
-    # sequence parallelism send 1/tp of them per rank (Narayanan et al. 2021, Sec 4.1)
-    p2p_bytes = ctx.tokens * graph.hidden * dt
-    if config.sequence_parallel or w.framework == "megatron":
-        p2p_bytes /= config.tp
-    same_node = config.tp * config.cp * config.dp < cluster.gpus_per_node
-    one_p2p = network.p2p_s(cluster, p2p_bytes, same_node=same_node) if config.pp > 1 else 0.0
+    graph = cache.graph
+    one_p2p = cache.hop_s(config)
     out = []
     for rank, (counts, chunks, layers) in enumerate(cache.groups(config)):
         fwd = bwd = rec = tp = cp = act = extra = params = flops = 0.0
@@ -243,66 +250,85 @@ def _rank_costs(cache: CostCache, config: ParallelConfig, ctx: Context) -> list[
             flops += n * cost.matmul_flops_fwd * (4 if policy == "full" else 3)
         if graph.tied_embeddings and config.pp > 1 and rank == config.pp - 1 and rank != 0:
             params += graph.tied_params / config.tp      # the head's copy of the shared embedding
-        # per micro-batch each chunk receives/sends once forward and once backward
+        # per micro-batch each chunk receives/sends once forward and once backward. 1F1B and
+        # GPipe wait for them; the interleaved schedule posts them asynchronously and runs
+        # another chunk meanwhile (Megatron-LM overlap_p2p_comm; torch's interleaved
+        # schedule likewise), so only what exceeds a chunk's compute is exposed
+        p2p = 2 * chunks * one_p2p
+        if config.schedule == "interleaved-1f1b":
+            p2p = 2 * chunks * max(0.0, one_p2p - (fwd + bwd) / (2 * chunks))
         out.append(RankCost(fwd_s=fwd, bwd_s=bwd, recompute_s=rec, tp_comm_s=tp, cp_comm_s=cp,
-                            p2p_s=2 * chunks * one_p2p, act_bytes=act, peak_extra_bytes=extra, params=params,
+                            p2p_s=p2p, act_bytes=act, peak_extra_bytes=extra, params=params,
                             matmul_flops=flops, num_layers=max(1, layers)))
     return out
 
 
-def pipeline_s(per_rank_s: list[float], config: ParallelConfig) -> float:
+def pipeline_s(per_rank_s: list[float], config: ParallelConfig, hop_s: float = 0.0) -> float:
     """Time of the pipeline for m micro-batches given each rank's forward + backward time.
 
     1F1B and GPipe: (m - 1) * slowest + sum over ranks (exact for the fill and drain
     of a linear pipeline; Narayanan et al. 2021, Sec 2.2: bubble (p - 1) t for equal
-    stages). Interleaved with v chunks: m * slowest + (p - 1) / v * slowest
-    (bubble fraction (p - 1) / (v m), ibid. Sec 2.2.2).
+    stages); their sends are already in each rank's time. Interleaved with v chunks:
+    m * slowest + (p - 1) / v * slowest (bubble fraction (p - 1) / (v m), ibid.
+    Sec 2.2.2), plus one stage-boundary transfer (``hop_s``) per hop of the fill and
+    of the drain, 2 (p v - 1) hops that wait for their data and cannot overlap.
     """
     m, slowest = config.num_microbatches, max(per_rank_s)
     if config.pp == 1:
         return m * per_rank_s[0]
     if config.schedule == "interleaved-1f1b":
-        return (m + (config.pp - 1) / config.vpp) * slowest
+        return (m + (config.pp - 1) / config.vpp) * slowest + 2 * (config.pp * config.vpp - 1) * hop_s
     return (m - 1) * slowest + sum(per_rank_s)
 
 
 def _dp_comm(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[float, float]:
-    """(total, exposed) data-parallel / ZeRO communication of one rank per step."""
+    """(total, exposed) data-parallel / ZeRO communication of one rank per step.
+
+    Runtimes issue these collectives a layer (an FSDP unit, a DDP/Megatron bucket)
+    at a time, so each pays its own latency: we price one collective per layer.
+    """
     cluster, w = cache.cluster, cache.workload
     shard = config.dp * config.cp
     if shard == 1:
         return 0.0, 0.0
     grp = network.group(cluster, shard, config.tp)
-    m = config.num_microbatches
-    grads = rank.params * grad_comm_bytes_per_param(w.framework, w.precision)
-    params16 = rank.params * DTYPE_BYTES[w.precision]
+    m, n = config.num_microbatches, rank.num_layers
+    grads = rank.params * grad_comm_bytes_per_param(w.framework, w.precision) / n
+    params16 = rank.params * DTYPE_BYTES[w.precision] / n
+    all_reduce = n * network.all_reduce_s(cluster, grads, grp)
+    reduce_scatter = n * network.reduce_scatter_s(cluster, grads, grp)
+    all_gather = n * network.all_gather_s(cluster, params16, grp)
     per_micro = once = after = 0.0
     if config.zero == 0:
-        once = network.all_reduce_s(cluster, grads, grp)
+        once = all_reduce
     elif config.zero == 1:
-        once = network.reduce_scatter_s(cluster, grads, grp)
-        after = network.all_gather_s(cluster, params16, grp)
+        once, after = reduce_scatter, all_gather
     elif config.zero == 2:
-        per_micro = network.reduce_scatter_s(cluster, grads, grp)
+        per_micro = reduce_scatter
         if w.framework == "torch":      # FSDP2 re-gathers the parameters every forward
-            per_micro += network.all_gather_s(cluster, params16, grp)
+            per_micro += all_gather
         else:
-            after = network.all_gather_s(cluster, params16, grp)
+            after = all_gather
     else:                               # ZeRO-3: gather for forward and again for backward
-        per_micro = 2 * network.all_gather_s(cluster, params16, grp) + network.reduce_scatter_s(cluster, grads, grp)
+        per_micro = 2 * all_gather + reduce_scatter
     total = m * per_micro + once + after
     if not w.overlap_grad_reduce:
         return total, total
-    # overlapped, bucket by bucket (a layer at a time): what exceeds the compute it hides behind
-    # stays exposed, and at least the last bucket (the first layer's) cannot hide
-    layer_share = 1.0 / rank.num_layers
+    # Overlapped a layer at a time: what exceeds the compute it hides behind stays exposed,
+    # and at least one layer's share (the first gather, the last reduction) cannot hide.
+    # The compute it overlaps slows down by the SMs the collective occupies.
+    contention = cache.cluster.comm_sm_fraction
     micro_s = rank.fwd_s + rank.bwd_s
-    exposed = m * max(per_micro - micro_s, per_micro * layer_share) if per_micro else 0.0
+
+    def exposed(comm: float, window: float) -> float:
+        return max(comm - window, comm / n) + contention * min(comm, window)
+
+    out = m * exposed(per_micro, micro_s) if per_micro else 0.0
     if once:
-        exposed += max(once - rank.bwd_s, once * layer_share)
+        out += exposed(once, rank.bwd_s)
     if after:   # the parameter all-gather overlaps the next step's forward (Megatron --overlap-param-gather)
-        exposed += max(after - rank.fwd_s, after * layer_share)
-    return total, exposed
+        out += exposed(after, rank.fwd_s)
+    return total, out
 
 
 def _optimizer_s(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[float, float]:
@@ -350,7 +376,7 @@ def estimate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: Pa
     ranks = rank_costs(cache, config)
     m = config.num_microbatches
     per_rank = [r.fwd_s + r.bwd_s + r.p2p_s for r in ranks]
-    pipe = pipeline_s(per_rank, config)
+    pipe = pipeline_s(per_rank, config, hop_s=cache.hop_s(config))
     slow = ranks[per_rank.index(max(per_rank))]
     # data-parallel sync starts when a rank's last backward ends; in 1F1B rank r finishes
     # about r backward passes before rank 0, which hides that much of its sync
