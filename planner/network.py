@@ -12,7 +12,6 @@ so a group is described by its size and how many of its ranks share a node.
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -51,9 +50,17 @@ class Fabric:
     host_bytes_per_s: float       # GPU to host memory (offload)
 
 
-@functools.lru_cache(maxsize=64)
 def fabric(cluster: Cluster) -> Fabric:
-    """Bottleneck bandwidths from the edges of a two-node slice of the cluster graph."""
+    """Bottleneck bandwidths from the edges of a two-node slice of the cluster graph
+    (computed once per cluster value and kept on it: it depends on nothing else)."""
+    cached = cluster.__dict__.get("_fabric")
+    if cached is None:
+        cached = _fabric(cluster)
+        object.__setattr__(cluster, "_fabric", cached)
+    return cached
+
+
+def _fabric(cluster: Cluster) -> Fabric:
     import networkx as nx
 
     sample = cluster.with_gpus(min(cluster.num_gpus, 2 * cluster.gpus_per_node))

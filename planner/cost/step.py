@@ -147,6 +147,7 @@ class CostCache:
         self._groups: dict[tuple, list] = {}
         self._ranks: dict[tuple, list] = {}
         self._largest: dict[Context, float] = {}
+        self._dp: dict[tuple, tuple[float, float]] = {}
 
     def context(self, config: ParallelConfig) -> Context:
         w = self.workload
@@ -282,6 +283,15 @@ def pipeline_s(per_rank_s: list[float], config: ParallelConfig, hop_s: float = 0
 
 
 def _dp_comm(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[float, float]:
+    key = (config.dp, config.cp, config.tp, config.zero, config.num_microbatches, rank.params, rank.num_layers,
+           rank.fwd_s, rank.bwd_s)
+    out = cache._dp.get(key)
+    if out is None:
+        out = cache._dp[key] = _dp_comm_uncached(cache, config, rank)
+    return out
+
+
+def _dp_comm_uncached(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[float, float]:
     """(total, exposed) data-parallel / ZeRO communication of one rank per step.
 
     Runtimes issue these collectives a layer (an FSDP unit, a DDP/Megatron bucket)
@@ -348,25 +358,55 @@ def _optimizer_s(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tu
     return cpu_s + transfer_s, per_node * rank.params * states.host_optimizer
 
 
-def _memory(cache: CostCache, config: ParallelConfig, rank_index: int, rank: RankCost) -> Memory:
-    cluster, w = cache.cluster, cache.workload
-    states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
-                                   shard=config.dp * config.cp, offload=config.offload)
-    inflight = inflight_microbatches(config.schedule, rank=rank_index, pp=config.pp, vpp=config.vpp,
-                                     num_microbatches=config.num_microbatches)
-    ctx = cache.context(config)
+def _other_bytes(cache: CostCache, config: ParallelConfig) -> float:
+    """Runtime reserve plus communication buffers (the same on every rank)."""
+    w = cache.workload
     dt = DTYPE_BYTES[w.precision]
-    other = cluster.device.reserved_bytes
+    other = cache.cluster.device.reserved_bytes
     if config.pp > 1:       # send and receive buffers of the stage boundary, forward and backward
-        other += 4 * ctx.tokens * cache.graph.hidden * dt / (config.tp if config.sequence_parallel else 1)
+        tokens = config.micro_batch * w.seq_len / config.cp
+        other += 4 * tokens * cache.graph.hidden * dt / (config.tp if config.sequence_parallel else 1)
     if config.zero == 3 and config.dp * config.cp > 1:
         # FSDP/ZeRO-3 gathers a layer's parameters (and prefetches the next); backward
         # also holds the layer's unsharded gradient before the reduce-scatter
-        largest = cache.largest_layer_params(ctx)
+        largest = cache.largest_layer_params(cache.context(config))
         other += largest * (2 * dt + grad_comm_bytes_per_param(w.framework, w.precision))
-    return Memory(params=rank.params * states.params, grads=rank.params * states.grads,
-                  optimizer=rank.params * states.optimizer,
-                  activations=rank.act_bytes * inflight + rank.peak_extra_bytes, other=other)
+    return other
+
+
+def _memories(cache: CostCache, config: ParallelConfig, ranks: list[RankCost]) -> list[Memory]:
+    w = cache.workload
+    states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
+                                   shard=config.dp * config.cp, offload=config.offload)
+    other = _other_bytes(cache, config)
+    out = []
+    for r, rank in enumerate(ranks):
+        inflight = inflight_microbatches(config.schedule, rank=r, pp=config.pp, vpp=config.vpp,
+                                         num_microbatches=config.num_microbatches)
+        out.append(Memory(params=rank.params * states.params, grads=rank.params * states.grads,
+                          optimizer=rank.params * states.optimizer,
+                          activations=rank.act_bytes * inflight + rank.peak_extra_bytes, other=other))
+    return out
+
+
+def peak_memory(cache: CostCache, config: ParallelConfig) -> tuple[float, float]:
+    """(bytes on the most loaded GPU, offloaded bytes per node): what `fits` is decided on."""
+    ranks = rank_costs(cache, config)
+    w = cache.workload
+    states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
+                                   shard=config.dp * config.cp, offload=config.offload)
+    per_param = states.params + states.grads + states.optimizer
+    device = _other_bytes(cache, config) + max(
+        rank.params * per_param + rank.peak_extra_bytes + rank.act_bytes * inflight_microbatches(
+            config.schedule, rank=r, pp=config.pp, vpp=config.vpp, num_microbatches=config.num_microbatches)
+        for r, rank in enumerate(ranks))
+    host = max(_optimizer_s(cache, config, rank)[1] for rank in ranks) if config.offload != "none" else 0.0
+    return device, host
+
+
+def fits(cache: CostCache, config: ParallelConfig) -> bool:
+    device, host = peak_memory(cache, config)
+    return device <= cache.cluster.device.memory_bytes and host <= cache.cluster.host_memory_bytes
 
 
 def estimate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: ParallelConfig,
@@ -397,7 +437,7 @@ def estimate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: Pa
     time = StepTime(compute=compute, recompute=m * slow.recompute_s, tp_comm=m * slow.tp_comm_s,
                     cp_comm=m * slow.cp_comm_s, pp_comm=m * slow.p2p_s, bubble=pipe - m * max(per_rank),
                     dp_comm=dp_exposed + tied_s, optimizer=opt_s)
-    memories = tuple(_memory(cache, config, r, rank) for r, rank in enumerate(ranks))
+    memories = tuple(_memories(cache, config, ranks))
     peak = max(memories, key=lambda mem: mem.total)
     n = cluster.num_gpus
     tokens = workload.global_batch * workload.seq_len

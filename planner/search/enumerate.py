@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from ..cluster import Cluster
 from ..config import ParallelConfig, Workload
 from ..cost.memory import state_bytes_per_param
-from ..cost.step import CostCache, Estimate, estimate
+from ..cost.step import CostCache, Estimate, estimate, peak_memory
 from ..layers import LayerGraph
 from .space import Knobs, Layout, Space
 
@@ -40,7 +40,8 @@ class SearchResult:
     best: Candidate | None                 # fastest that fits
     alternatives: tuple[Candidate, ...]    # the runners-up that fit, fastest first
     candidates: int                        # legal configurations covered (evaluated or pruned exactly)
-    evaluated: int                         # configurations estimated in full
+    evaluated: int                         # configurations estimated in full (time and memory)
+    memory_checked: int = 0                # configurations rejected on memory alone
     seconds: float
     least_memory: Candidate | None = None  # when nothing fits: what needs the least memory
 
@@ -101,8 +102,9 @@ def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs
     space = Space(graph, cluster.num_gpus, workload, knobs, cluster.device.dtypes)
     cache = CostCache(graph, cluster, workload)
     top = _TopK(top_k + 1)
-    covered = evaluated = 0
+    covered = evaluated = checked = 0
     least: Candidate | None = None
+    least_unfit: _Unfit | None = None
     layouts = list(space.layouts())
     bounds = {lay: _layout_bounds(space, cache, lay) for lay in layouts}
     order = sorted(layouts, key=lambda lay: bounds[lay][0])
@@ -121,11 +123,20 @@ def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs
             infeasible_layouts.append(layout)
             continue
         for cand in _layout_candidates(space, cache, layout, prune, top):
-            evaluated += 1
-            if cand.estimate.fits:
+            if isinstance(cand, _Unfit):
+                checked += 1
+                if least_unfit is None or cand.memory < least_unfit.memory:
+                    least_unfit = cand
+            elif cand.estimate.fits:
+                evaluated += 1
                 top.add(cand)
-            elif least is None or cand.estimate.memory.total < least.estimate.memory.total:
-                least = cand
+            else:
+                evaluated += 1
+                if least is None or cand.estimate.memory.total < least.estimate.memory.total:
+                    least = cand
+    if least_unfit is not None and (least is None or least_unfit.memory < least.estimate.memory.total):
+        least = Candidate(config=least_unfit.config,
+                          estimate=estimate(space.graph, cache.cluster, space.w, least_unfit.config, cache))
     if not top.items and prune:
         # nothing fits: find the candidate that needs the least memory, for the error message
         for layout in infeasible_layouts:
@@ -135,7 +146,7 @@ def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs
                     least = cand
     best = top.items[0] if top.items else None
     return SearchResult(best=best, alternatives=tuple(top.items[1:top_k + 1]), candidates=covered,
-                        evaluated=evaluated, seconds=time.perf_counter() - t0,
+                        evaluated=evaluated, memory_checked=checked, seconds=time.perf_counter() - t0,
                         least_memory=None if best else least)
 
 
@@ -150,7 +161,11 @@ def _layout_size(space: Space, layout: Layout) -> int:
 
 
 def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bool, top: _TopK):
-    """Estimate the candidates of a layout, skipping those dominated by a fitting one."""
+    """Estimate the candidates of a layout, skipping those dominated by a fitting one.
+
+    Memory is checked first: a candidate that does not fit is only kept (estimated)
+    when it needs less memory than any seen so far (for the no-fit message)."""
+    capacity, host_capacity = cache.cluster.device.memory_bytes, cache.cluster.host_memory_bytes
     for schedule, vpp in space.schedules(layout):
         if prune and schedule == "gpipe" and space.k.schedule is None:
             continue      # same time as 1F1B, more activations in flight: never better
@@ -161,10 +176,22 @@ def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bo
                     o, r = OFFLOAD_ORDER[config.offload], RECOMPUTE_ORDER[config.recompute]
                     if prune and any(fo <= o and fr <= r for fo, fr in fitting):
                         continue
-                    est = estimate(space.graph, cache.cluster, space.w, config, cache)
-                    if est.fits:
+                    if prune:
+                        device, host = peak_memory(cache, config)
+                        if device > capacity or host > host_capacity:
+                            yield _Unfit(config=config, memory=device)
+                            continue
                         fitting.append((o, r))
-                    yield Candidate(config=config, estimate=est)
+                    yield Candidate(config=config, estimate=estimate(space.graph, cache.cluster, space.w, config,
+                                                                     cache))
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Unfit:
+    """A candidate known not to fit, with the memory it needs (no time estimated)."""
+
+    config: ParallelConfig
+    memory: float
 
 
 def _frugal_candidates(space: Space, cache: CostCache, layout: Layout):
