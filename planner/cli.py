@@ -109,13 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=_positive_int, default=5, help="runners-up to keep (default 5)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--out", metavar="PLAN.json", help="also write plan.json (the executor's input)")
-    p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     m = sub.add_parser("models", help="list the model zoo with parameter counts")
     m.add_argument("--json", action="store_true")
-    m.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    m.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     c = sub.add_parser("clusters", help="list the built-in cluster profiles")
     c.add_argument("--json", action="store_true")
-    c.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    c.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
 
 

@@ -1,0 +1,205 @@
+"""`meshplan` as a user runs it: outputs, and every bad input ending in one clear line."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+SMALL = ["--model", "gpt-1.7b", "--cluster", "a100-80g", "--gpus", "8", "--global-batch", "64"]
+
+
+def one_line_error(out, code=2):
+    assert out.returncode == code, (out.returncode, out.stdout, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert "Traceback" not in out.stderr
+    return lines[0]
+
+
+def test_plan_json_has_the_documented_shape(cli):
+    out = cli("plan", *SMALL, "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["model"] == {"name": "gpt-1.7b", "params": 1652230656, "source": "gpt-1.7b",
+                            "spec": doc["model"]["spec"]}
+    assert doc["cluster"]["name"] == "a100-80g" and doc["cluster"]["gpus"] == 8
+    assert set(doc["config"]) >= {"dp", "tp", "pp", "cp", "zero", "micro_batch", "num_microbatches", "vpp",
+                                  "schedule", "recompute", "sequence_parallel", "offload"}
+    est = doc["estimate"]
+    assert set(est) >= {"step_time_s", "tokens_per_s", "model_tflops_per_gpu", "mfu", "memory_per_gpu_bytes", "fits"}
+    mem = est["memory_per_gpu_bytes"]
+    assert set(mem) >= {"params", "grads", "optimizer", "activations", "other", "total"}
+    assert mem["total"] == sum(mem[k] for k in ("params", "grads", "optimizer", "activations", "other"))
+    assert est["fits"] is True and mem["total"] <= 80 * 2**30
+    c = doc["config"]
+    assert c["dp"] * c["tp"] * c["pp"] * c["cp"] == 8
+    assert c["num_microbatches"] * c["micro_batch"] * c["dp"] == 64
+    assert set(doc["search"]) >= {"seconds", "candidates"} and doc["search"]["candidates"] > 100
+
+
+def test_table_output_and_plan_file(cli, tmp_path):
+    out = cli("plan", *SMALL, "--out", str(tmp_path / "plan.json"))
+    assert out.returncode == 0, out.stderr
+    assert "step" in out.stdout and "memory" in out.stdout and "runners-up" in out.stdout
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["schema_version"] == 1 and plan["stages"] and plan["recompute_per_layer"]
+
+
+def test_fully_fixed_plan_that_does_not_fit_is_reported(cli):
+    out = cli("plan", "--model", "gpt3-175b", "--cluster", "a100-80g", "--gpus", "8", "--dp", "8", "--tp", "1",
+              "--pp", "1", "--zero", "0", "--micro-batch", "1", "--recompute", "none", "--global-batch", "8",
+              "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["estimate"]["fits"] is False
+    assert doc["estimate"]["memory_per_gpu_bytes"]["total"] > 80 * 2**30
+
+
+def test_defaults_just_work(cli):
+    out = cli("plan")
+    assert out.returncode == 0, out.stderr
+    assert "llama3-8b" in out.stdout and "h100-80g" in out.stdout
+
+
+def test_models_and_clusters_lists(cli):
+    out = cli("models")
+    assert out.returncode == 0
+    for name in ("gpt-1.7b", "gpt-1t", "gpt3-175b", "llama2-70b", "llama3-405b", "mixtral-8x7b"):
+        assert name in out.stdout
+    assert "1.65B" in out.stdout
+    out = cli("clusters")
+    for name in ("a100-40g", "a100-80g", "h100-80g", "h200", "v100-32g", "l40s", "cpu-gloo"):
+        assert name in out.stdout
+
+
+def test_config_json_model(cli, write_json):
+    path = write_json({"model_type": "llama", "hidden_size": 1024, "num_hidden_layers": 4,
+                       "num_attention_heads": 8, "intermediate_size": 2816, "vocab_size": 32000,
+                       "max_position_embeddings": 2048})
+    out = cli("plan", "--model", path, "--cluster", "a100-40g", "--gpus", "8", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["model"]["params"] > 0
+
+
+def test_planning_a_config_model_does_not_import_torch():
+    code = ("import sys; from planner.cli import main; "
+            "rc = main(['plan', '--model', 'gpt3-175b', '--cluster', 'a100-80g', '--gpus', '64', '--json']); "
+            "assert rc == 0; assert 'torch' not in sys.modules, 'torch imported'")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+# -- bad input: (arguments, what the one error line must say) -------------------------------------
+
+BAD_FLAGS = [
+    (["--model", "gpt-2b"], ["unknown model", "gpt-1.7b", "llama3-8b"]),
+    (["--model", "nonexistent/config.json"], ["nonexistent/config.json", "no such file"]),
+    (["--cluster", "tpu-v5"], ["unknown cluster", "a100-80g", "cpu-gloo"]),
+    (["--cluster", "missing.toml"], ["missing.toml", "no such file"]),
+    (["--gpus", "12"], ["--gpus", "multiple of 8"]),
+    (["--gpus", "0"], ["--gpus", "positive integer"]),
+    (["--tp", "abc"], ["--tp", "positive integer"]),
+    (["--tp", "3"], ["--tp", "does not divide"]),
+    (["--tp", "5", "--gpus", "40", "--model", "gpt-1.7b"], ["--tp"]),
+    (["--dp", "2", "--tp", "2", "--pp", "1", "--cp", "1"], ["dp x tp x pp x cp", "8 GPUs"]),
+    (["--micro-batch", "3"], ["micro-batch 3", "global batch"]),
+    (["--pp", "64", "--gpus", "64"], ["--pp", "more stages than"]),
+    (["--vpp", "2", "--schedule", "1f1b"], ["--vpp", "interleaved"]),
+    (["--schedule", "interleaved-1f1b", "--pp", "1"], ["--schedule", "pp >= 2"]),
+    (["--sequence-parallel", "on", "--tp", "1"], ["--sequence-parallel", "tp >= 2"]),
+    (["--sequence-parallel", "maybe"], ["--sequence-parallel", "on or off"]),
+    (["--offload", "optimizer", "--zero", "0"], ["--offload", "ZeRO stage 1, 2 or 3"]),
+    (["--framework", "megatron", "--zero", "3"], ["--zero", "distributed optimizer is ZeRO-1"]),
+    (["--framework", "deepspeed", "--zero", "3", "--pp", "2"], ["--zero", "pipeline"]),
+    (["--cluster", "v100-32g", "--gpus", "16", "--precision", "bf16"], ["--precision", "bf16", "fp16"]),
+    (["--cp", "3"], ["--cp"]),
+    (["--zero", "4"], ["--zero", "invalid choice"]),
+    (["--schedule", "zigzag"], ["--schedule", "invalid choice"]),
+]
+
+
+@pytest.mark.parametrize("args,says", BAD_FLAGS, ids=[" ".join(a) for a, _ in BAD_FLAGS])
+def test_bad_flags(cli, args, says):
+    base = ["--model", "llama3-8b", "--cluster", "h100-80g", "--gpus", "8"]
+    line = one_line_error(cli("plan", *base, *args))
+    for text in says:
+        assert text in line, line
+
+
+BAD_CONFIGS = [
+    ("{oops", ["line 1"]),
+    ('["a list"]', ["JSON object"]),
+    ('{"model_type": "t5"}', ["model_type", "gpt2, llama, mistral, qwen2 or mixtral"]),
+    ('{"model_type": "llama", "hidden_size": 4096}', ["num_attention_heads", "missing"]),
+    ('{"model_type": "llama", "hidden_size": -1, "num_attention_heads": 8}', ["hidden_size", "positive integer"]),
+    ('{"model_type": "gpt2", "n_embd": 100, "n_head": 3, "n_layer": 2, "vocab_size": 10}', ["n_embd", "multiple"]),
+]
+
+
+@pytest.mark.parametrize("text,says", BAD_CONFIGS)
+def test_bad_model_configs(cli, write_json, text, says):
+    path = write_json(text)
+    line = one_line_error(cli("plan", "--model", path))
+    assert path in line
+    for s in says:
+        assert s in line, line
+
+
+def good_profile() -> str:
+    return (ROOT / "profiles" / "a100-80g.toml").read_text()
+
+
+BAD_PROFILES = [
+    (lambda t: t + "\n[[[", ["not valid TOML"]),
+    (lambda t: t.replace("[network]", "[networks]"), ["network", "missing table"]),
+    (lambda t: t.replace("hbm_GBps = 2039", 'hbm_GBps = "fast"'), ["gpu.hbm_GBps", "must be a number"]),
+    (lambda t: t.replace("hbm_GBps = 2039", "hbm_GBps = -5"), ["gpu.hbm_GBps", "> 0"]),
+    (lambda t: t.replace("gemm_efficiency = 0.68", "gemm_efficiency = 1.7"), ["gpu.kernels.gemm_efficiency",
+                                                                              "fraction"]),
+    (lambda t: t.replace("bf16 = 312.0", "bf17 = 312.0"), ["gpu.peak_tflops.bf17", "unknown dtype"]),
+    (lambda t: t.replace('fabric = "nvswitch"', 'fabric = "ethernet"'), ["intra_node.fabric", "nvswitch"]),
+    (lambda t: t.replace("gpus_per_node = 8", "gpus_per_node = 8.5"), ["gpus_per_node", "integer"]),
+    (lambda t: t.replace("schema = 1", "schema = 7"), ["schema", "schema 1"]),
+]
+
+
+@pytest.mark.parametrize("edit,says", BAD_PROFILES)
+def test_bad_cluster_profiles(cli, tmp_path, edit, says):
+    path = tmp_path / "cluster.toml"
+    path.write_text(edit(good_profile()))
+    line = one_line_error(cli("plan", "--cluster", str(path)))
+    assert str(path) in line
+    for s in says:
+        assert s in line, line
+
+
+def test_custom_profile_works(cli, tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text(good_profile().replace('name = "a100-80g"', 'name = "mine"'))
+    out = cli("plan", "--cluster", str(path), "--gpus", "16", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["cluster"]["name"] == "mine"
+
+
+def test_nothing_fits_exits_3_with_what_would_help(cli):
+    out = cli("plan", "--model", "llama3-405b", "--cluster", "a100-40g", "--gpus", "8")
+    line = one_line_error(out, code=3)
+    assert "no plan fits" in line and "GiB" in line and "40.0 GiB" in line
+    assert "more GPUs" in line
+
+
+def test_debug_shows_a_traceback(cli):
+    out = cli("--debug", "plan", "--model", "gpt-2b")
+    assert out.returncode != 0 and "Traceback" in out.stderr
+
+
+def test_help_teaches(cli):
+    out = cli("plan", "--help")
+    assert out.returncode == 0
+    for text in ("examples:", "--global-batch", "searched", "Exit codes"):
+        assert text in out.stdout

@@ -1,0 +1,61 @@
+"""Kernel-time functions against hand-computed values."""
+import math
+
+import pytest
+
+from planner.cluster import load_cluster
+from planner.cost.compute import attention_flops, flash_attention_s, gemm_s, memory_bound_s, unfused_attention_s
+
+A100 = load_cluster("a100-80g").device        # 312 TFLOP/s bf16, tile 128x256, 108 SMs, efficiency 0.68
+
+
+def test_gemm_tile_and_wave_quantization():
+    m = n = k = 4096
+    tiles = (4096 // 128) * (4096 // 256)          # 512 tiles
+    waves = math.ceil(tiles / 108)                 # 5 waves of 108 SMs
+    useful = tiles / (waves * 108)                 # 512 / 540
+    expected = 2 * m * n * k / (312e12 * 0.68 * useful)
+    assert gemm_s(m, n, k, A100, "bf16") == pytest.approx(expected, rel=1e-12)
+
+
+def test_gemm_partial_tiles_cost_full_tiles():
+    # m = 129 rows need two 128-row tiles: the same time as m = 256
+    assert gemm_s(129, 256, 4096, A100, "bf16") == pytest.approx(gemm_s(256, 256, 4096, A100, "bf16"))
+
+
+def test_gemm_with_tiny_k_is_memory_bound():
+    m, n, k = 65536, 65536, 8
+    bytes_moved = 2 * (m * k + k * n + m * n)
+    assert gemm_s(m, n, k, A100, "bf16") == pytest.approx(bytes_moved / (2039e9 * 0.90), rel=1e-12)
+
+
+def test_memory_bound_kernel():
+    assert memory_bound_s(1e9, A100) == pytest.approx(1e9 / (2039e9 * 0.9))
+
+
+def test_causal_attention_flops_are_half():
+    full = 4 * 2 * 16 * 1024 * 1024 * 128
+    assert attention_flops(2, 16, 1024, 1024, 128, causal=False) == full
+    assert attention_flops(2, 16, 1024, 1024, 128, causal=True) == full / 2
+
+
+def test_sliding_window_attention_flops():
+    # each query sees w keys, minus the triangle at the start: 4 b a s d w (1 - w / 2s)
+    assert attention_flops(1, 8, 8192, 8192, 128, causal=True, window=4096) == pytest.approx(
+        4 * 8 * 8192 * 128 * 4096 * (1 - 4096 / (2 * 8192)))
+
+
+def test_flash_attention_backward_is_two_and_a_half_forward():
+    fwd, bwd = flash_attention_s(1, 32, 4096, 4096, 128, A100, "bf16")
+    assert fwd == pytest.approx(4 * 32 * 4096 * 4096 * 128 / 2 / (312e12 * 0.60))
+    assert bwd == pytest.approx(2.5 * fwd)
+
+
+def test_unfused_attention_pays_for_the_scores():
+    fwd, bwd = unfused_attention_s(1, 16, 2048, 2048, 128, A100, "fp16", dropout=True)
+    scores = 16 * 2048 * 2048
+    gemm = gemm_s(2048, 2048, 128, A100, "fp16", 16)
+    # two batched GEMMs of equal FLOPs and the softmax + dropout traffic: 9 bytes per score
+    assert fwd > 2 * gemm * 0.99
+    assert fwd - gemm - gemm_s(2048, 128, 2048, A100, "fp16", 16) == pytest.approx(
+        scores * 9 / (2039e9 * 0.9))

@@ -1,0 +1,84 @@
+"""Model-state memory per runtime and activation in-flight counts per schedule."""
+import json
+
+import pytest
+
+from planner.cost.memory import inflight_microbatches, state_bytes_per_param
+
+# Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+# Models", Table 1: model-state memory per GPU in GB (1e9 bytes) for stages 1 (P_os),
+# 2 (P_os+g) and 3 (P_os+g+p), as printed.
+ZERO_TABLE1 = {
+    # (params in billions, Nd): (stage 1, stage 2, stage 3)
+    (7.5, 1): (120, 120, 120), (7.5, 4): (52.5, 41.3, 30), (7.5, 16): (35.6, 21.6, 7.5),
+    (7.5, 64): (31.4, 16.6, 1.88), (7.5, 256): (30.4, 15.4, 0.47), (7.5, 1024): (30.1, 15.1, 0.12),
+    (128, 1): (2048, 2048, 2048), (128, 4): (896, 704, 512), (128, 16): (608, 368, 128),
+    (128, 64): (536, 284, 32), (128, 256): (518, 263, 8), (128, 1024): (513, 257, 2),
+    (1000, 1): (16000, 16000, 16000), (1000, 4): (7000, 5500, 4000), (1000, 16): (4750, 2875, 1000),
+    (1000, 64): (4187, 2218, 250), (1000, 256): (4046, 2054, 62.5), (1000, 1024): (4011, 2013, 15.6),
+}
+
+
+def close_to_printed(value: float, printed: float) -> bool:
+    """Within 1%, or within the rounding of the printed value (0.12 stands for 0.115..0.125)."""
+    text = repr(float(printed))
+    decimals = len(text.split(".")[1].rstrip("0")) if "." in text else 0
+    return abs(value - printed) <= max(0.01 * printed, 0.5 * 10 ** -decimals)
+
+
+@pytest.mark.parametrize("key", ZERO_TABLE1)
+def test_zero_paper_table1_with_deepspeed_layout(key):
+    psi, nd = key
+    for stage, published in zip((1, 2, 3), ZERO_TABLE1[key]):
+        s = state_bytes_per_param(framework="deepspeed", precision="fp16", zero=stage, shard=nd, offload="none")
+        assert close_to_printed((s.params + s.grads + s.optimizer) * psi, published), (stage, published)
+
+
+@pytest.mark.parametrize("nd", [4, 64, 1024])
+def test_zero_table_through_the_cli(cli, nd):
+    """`meshplan plan --framework deepspeed` reports the same bytes per parameter."""
+    for stage in (1, 2, 3):
+        out = cli("plan", "--model", "gpt-1.7b", "--cluster", "a100-80g", "--gpus", str(nd), "--framework",
+                  "deepspeed", "--precision", "fp16", "--dp", str(nd), "--tp", "1", "--pp", "1", "--zero",
+                  str(stage), "--micro-batch", "1", "--recompute", "full", "--global-batch", str(nd), "--json")
+        assert out.returncode == 0, out.stderr
+        mem = json.loads(out.stdout)["estimate"]["memory_per_gpu_bytes"]
+        params = json.loads(out.stdout)["model"]["params"]
+        per_param = (mem["params"] + mem["grads"] + mem["optimizer"]) / params
+        for psi in (7.5, 128, 1000):
+            assert close_to_printed(per_param * psi, ZERO_TABLE1[(psi, nd)][stage - 1])
+
+
+def test_megatron_keeps_fp32_main_grads():
+    s = state_bytes_per_param(framework="megatron", precision="bf16", zero=0, shard=8, offload="none")
+    assert s.params + s.grads + s.optimizer == 18          # Megatron-LM docs: 18 bytes/param
+    d = state_bytes_per_param(framework="megatron", precision="bf16", zero=1, shard=8, offload="none")
+    assert d.params + d.grads + d.optimizer == 6 + 12 / 8  # distributed optimizer: 6 + 12/d
+
+
+def test_torch_layouts():
+    ddp = state_bytes_per_param(framework="torch", precision="bf16", zero=0, shard=8, offload="none")
+    assert (ddp.params, ddp.grads, ddp.optimizer) == (6, 4, 8)      # fp32 + autocast bf16 copy
+    fsdp3 = state_bytes_per_param(framework="torch", precision="bf16", zero=3, shard=8, offload="none")
+    assert (fsdp3.params, fsdp3.grads, fsdp3.optimizer) == (0.5, 0.5, 1)
+    fsdp2 = state_bytes_per_param(framework="torch", precision="bf16", zero=2, shard=8, offload="none")
+    assert fsdp2.params == 0.5 + 2                                     # + unsharded bf16 held fwd->bwd
+    fp32 = state_bytes_per_param(framework="torch", precision="fp32", zero=0, shard=1, offload="none")
+    assert (fp32.params, fp32.grads, fp32.optimizer) == (4, 4, 8)
+
+
+def test_offload_moves_the_optimizer_to_the_host():
+    s = state_bytes_per_param(framework="deepspeed", precision="fp16", zero=2, shard=4, offload="optimizer")
+    assert s.optimizer == 0 and s.host_optimizer == 12 / 4
+
+
+def test_inflight_microbatches_per_schedule():
+    assert inflight_microbatches("gpipe", rank=0, pp=4, vpp=1, num_microbatches=16) == 16
+    assert [inflight_microbatches("1f1b", rank=r, pp=4, vpp=1, num_microbatches=16) for r in range(4)] == \
+        [4, 3, 2, 1]
+    assert inflight_microbatches("1f1b", rank=0, pp=8, vpp=1, num_microbatches=3) == 3
+    # interleaved, first rank: p (1 + (p - 1)/(p v)) micro-batches' worth (Korthikanti et al. Sec 4.2.3)
+    p, v = 4, 3
+    assert inflight_microbatches("interleaved-1f1b", rank=0, pp=p, vpp=v, num_microbatches=16) == \
+        pytest.approx(p * (1 + (p - 1) / (p * v)))
+    assert inflight_microbatches("1f1b", rank=0, pp=1, vpp=1, num_microbatches=16) == 1

@@ -1,0 +1,81 @@
+"""Composition of a step: pipeline formulas and whole-step properties."""
+from dataclasses import replace
+
+import pytest
+
+from planner.cluster import load_cluster
+from planner.config import ParallelConfig, Workload
+from planner.cost.step import assign_layers, balanced_stage_layers, estimate, pipeline_s
+from planner.layers import build_layer_graph
+from planner.model import ZOO
+
+
+def cfg(**kw):
+    base = dict(dp=1, tp=1, pp=4, micro_batch=1, num_microbatches=8, schedule="1f1b")
+    base.update(kw)
+    return ParallelConfig(**base)
+
+
+def test_1f1b_equal_stages_has_p_minus_1_bubble():
+    assert pipeline_s([2.0] * 4, cfg()) == pytest.approx((8 + 4 - 1) * 2.0)
+
+
+def test_1f1b_unequal_stages():
+    # (m - 1) * slowest + sum of stages
+    assert pipeline_s([1.0, 2.0, 1.0, 1.5], cfg()) == pytest.approx(7 * 2.0 + 5.5)
+
+
+def test_interleaved_bubble_shrinks_by_v():
+    c = cfg(schedule="interleaved-1f1b", vpp=2)
+    assert pipeline_s([2.0] * 4, c) == pytest.approx((8 + 3 / 2) * 2.0)
+    assert pipeline_s([2.0] * 4, c, hop_s=0.01) == pytest.approx((8 + 3 / 2) * 2.0 + 2 * 7 * 0.01)
+
+
+def test_stage_placement():
+    graph = build_layer_graph(ZOO["gpt-1.7b"])         # embed, 24 blocks, norm, head
+    counts = balanced_stage_layers(graph, 5)
+    assert sum(counts) == len(graph.layers)
+    blocks = [counts[0] - 1] + list(counts[1:-1]) + [counts[-1] - 2]
+    # the extra blocks go to the middle stages; the last stage also holds the LM head
+    assert sorted(blocks) == [4, 5, 5, 5, 5] and blocks[-1] == 4
+    placed = assign_layers(graph, cfg(pp=2, vpp=2, schedule="interleaved-1f1b"))
+    assert [len(chunks) for chunks in placed] == [2, 2]
+    assert placed[0][0][0] == 0 and placed[1][1][-1] == len(graph.layers) - 1   # embed first, head last
+
+
+GRAPH = build_layer_graph(ZOO["llama3-8b"])
+CLUSTER = load_cluster("h100-80g", 8)
+WORK = Workload(global_batch=64, seq_len=4096)
+
+
+def test_more_microbatches_cost_proportionally_more_compute():
+    c = ParallelConfig(dp=8, tp=1, pp=1, zero=3, micro_batch=1, num_microbatches=8)
+    a = estimate(GRAPH, CLUSTER, WORK, c)
+    b = estimate(GRAPH, CLUSTER, replace(WORK, global_batch=128), replace(c, num_microbatches=16))
+    assert b.time.compute == pytest.approx(2 * a.time.compute)
+    assert b.memory.activations == pytest.approx(a.memory.activations)
+
+
+def test_full_recompute_trades_time_for_memory():
+    c = ParallelConfig(dp=8, tp=1, pp=1, zero=3, micro_batch=1, num_microbatches=8)
+    none = estimate(GRAPH, CLUSTER, WORK, c)
+    full = estimate(GRAPH, CLUSTER, WORK, replace(c, recompute="full"))
+    assert full.step_time_s > none.step_time_s and full.memory.activations < none.memory.activations / 4
+    # the recomputed forward is one more forward of every block
+    assert full.time.recompute == pytest.approx(none.time.compute / 3, rel=0.25)
+
+
+def test_mfu_definition():
+    c = ParallelConfig(dp=8, tp=1, pp=1, zero=1, micro_batch=1, num_microbatches=8)
+    e = estimate(GRAPH, CLUSTER, WORK, c)
+    flops = GRAPH.model_flops_per_token(4096) * 64 * 4096
+    assert e.mfu == pytest.approx(flops / e.step_time_s / 8 / 989.4e12)
+    assert e.tokens_per_s == pytest.approx(64 * 4096 / e.step_time_s)
+
+
+def test_zero3_shards_states_over_dp():
+    c = ParallelConfig(dp=8, tp=1, pp=1, zero=0, micro_batch=1, num_microbatches=8)
+    z0 = estimate(GRAPH, CLUSTER, WORK, c).memory
+    z3 = estimate(GRAPH, CLUSTER, WORK, replace(c, zero=3)).memory
+    assert z3.optimizer == pytest.approx(z0.optimizer / 8)
+    assert z0.params + z0.grads + z0.optimizer == pytest.approx(18 * GRAPH.num_params, rel=1e-9)
