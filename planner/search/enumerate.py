@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from ..cluster import Cluster
 from ..config import ParallelConfig, Workload
 from ..cost.memory import state_bytes_per_param
-from ..cost.step import CostCache, Estimate, estimate, peak_memory
+from ..cost.step import CostCache, Estimate, estimate, peak_memory, pipeline_s, rank_costs
 from ..layers import LayerGraph
 from .space import Knobs, Layout, Space
 
@@ -123,6 +123,10 @@ def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs
             infeasible_layouts.append(layout)
             continue
         for cand in _layout_candidates(space, cache, layout, prune, top):
+            if isinstance(cand, _SkippedForMemory):
+                if not infeasible_layouts or infeasible_layouts[-1] != layout:
+                    infeasible_layouts.append(layout)
+                continue
             if isinstance(cand, _Unfit):
                 checked += 1
                 if least_unfit is None or cand.memory < least_unfit.memory:
@@ -160,6 +164,28 @@ def _layout_size(space: Space, layout: Layout) -> int:
     return n
 
 
+def _group_bounds(space: Space, cache: CostCache, layout: Layout, schedule: str, vpp: int, sp: bool) -> tuple:
+    """(time, memory) lower bounds over the ZeRO/offload/recompute choices of one group.
+
+    Time: the pipeline with recompute none (the other choices only add to it).
+    Memory: the least model-state bytes any ZeRO/offload choice gives, plus the
+    full-recompute activations and the runtime reserve."""
+    m = layout.num_microbatches(space.w.global_batch)
+    base = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, micro_batch=layout.micro_batch,
+                          num_microbatches=m, vpp=vpp, schedule=schedule, sequence_parallel=sp)
+    ranks = rank_costs(cache, base)
+    time_lb = pipeline_s([r.fwd_s + r.bwd_s + r.p2p_s for r in ranks], base, hop_s=cache.hop_s(base))
+    w = space.w
+    per_param = min(
+        s.params + s.grads + s.optimizer
+        for zero in space.zeros(layout) for offload in space.offloads(zero)
+        for s in [state_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
+                                        shard=layout.dp * layout.cp, offload=offload)])
+    full = rank_costs(cache, replace(base, recompute="full"))
+    memory_lb = cache.cluster.device.reserved_bytes + max(r.params * per_param + r.act_bytes for r in full)
+    return time_lb, memory_lb
+
+
 def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bool, top: _TopK):
     """Estimate the candidates of a layout, skipping those dominated by a fitting one.
 
@@ -170,6 +196,13 @@ def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bo
         if prune and schedule == "gpipe" and space.k.schedule is None:
             continue      # same time as 1F1B, more activations in flight: never better
         for sp in space.sequence_parallel(layout):
+            if prune:
+                time_lb, memory_lb = _group_bounds(space, cache, layout, schedule, vpp, sp)
+                if time_lb >= top.threshold:
+                    continue
+                if memory_lb > capacity:
+                    yield _SkippedForMemory()
+                    continue
             for zero in space.zeros(layout):
                 fitting: list[tuple[int, int]] = []
                 for config in space.configs(layout, schedule, vpp, sp, zero):
@@ -184,6 +217,10 @@ def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bo
                         fitting.append((o, r))
                     yield Candidate(config=config, estimate=estimate(space.graph, cache.cluster, space.w, config,
                                                                      cache))
+
+
+class _SkippedForMemory:
+    """A group of candidates whose memory lower bound exceeds the device."""
 
 
 @dataclass(frozen=True, kw_only=True)
