@@ -1,0 +1,115 @@
+"""Communication and optimizer terms of the cost model against hand-computed values."""
+from dataclasses import replace
+
+import pytest
+
+from planner.cluster import load_cluster
+from planner.config import ParallelConfig, Workload
+from planner.cost.layer import Context, layer_cost
+from planner.cost.step import ADAM_BYTES_PER_PARAM, CostCache, RankCost, _dp_comm, _optimizer_s, rank_costs
+from planner.layers import build_layer_graph
+from planner.model import ZOO
+from planner.network import Group, all_gather_s, all_reduce_s, p2p_s, reduce_scatter_s
+
+A100 = load_cluster("a100-80g", 64)
+SPEC = ZOO["gpt-7.5b"]                      # h 4096
+BLOCK = build_layer_graph(SPEC).layers[1]
+TOKENS, H = 2 * 2048, 4096
+
+
+def ctx(**kw):
+    base = dict(micro_batch=2, seq_len=2048, tp=8, cp=1, sequence_parallel=False, precision="bf16",
+                attention="flash", framework="megatron", tp_comm_overlap=False)
+    base.update(kw)
+    return Context(**base)
+
+
+def test_block_tp_comm_is_two_all_reduces_each_way():
+    one = all_reduce_s(A100, TOKENS * H * 2, Group(8, 8))
+    assert layer_cost(BLOCK, ctx(), A100).tp_comm_s == pytest.approx(4 * one)
+
+
+def test_sequence_parallel_turns_each_all_reduce_into_rs_plus_ag():
+    one = reduce_scatter_s(A100, TOKENS * H * 2, Group(8, 8)) + all_gather_s(A100, TOKENS * H * 2, Group(8, 8))
+    assert layer_cost(BLOCK, ctx(sequence_parallel=True), A100).tp_comm_s == pytest.approx(4 * one)
+
+
+def test_tp_comm_overlap_exposes_what_the_gemms_cannot_hide():
+    plain = layer_cost(BLOCK, ctx(), A100)
+    overlapped = layer_cost(BLOCK, ctx(tp_comm_overlap=True), A100)
+    # the GEMMs of a 7.5B block at tp 8 take longer than its collectives: one chunk in 8 stays
+    assert overlapped.tp_comm_s == pytest.approx(plain.tp_comm_s / 8)
+
+
+def test_context_parallel_ring_exchange_overlaps_attention():
+    c = layer_cost(BLOCK, ctx(tp=1, cp=2), A100)
+    # K and V of one rank: b * s/cp * 2 * kv_heads * d * 2 bytes, sent cp - 1 = 1 time over NVLink
+    comm = p2p_s(A100, 2 * 1024 * 2 * 32 * 128 * 2, same_node=True)
+    # causal flash attention of 1024 queries against 2048 keys, 32 heads of 128, batch 2
+    fwd = 4 * 2 * 32 * 1024 * 2048 * 128 / 2 / (312e12 * 0.60)
+    bwd = 2.5 * fwd
+    # each ring step hides behind the attention of one block: (cp - 1)/cp of the kernel
+    expected = max(0, comm - fwd / 2) + max(0, 2 * comm - bwd / 2)
+    assert c.cp_comm_s == pytest.approx(expected)
+    assert 0 < c.cp_comm_s < 2 * comm
+
+
+def test_no_tp_no_comm():
+    assert layer_cost(BLOCK, ctx(tp=1), A100).tp_comm_s == 0.0
+
+
+GRAPH = build_layer_graph(SPEC)
+WORK = Workload(global_batch=64, seq_len=2048, framework="megatron", overlap_grad_reduce=False)
+CACHE = CostCache(GRAPH, A100, WORK)
+
+
+def fake_rank(params=1e9, layers=10):
+    return RankCost(fwd_s=1.0, bwd_s=2.0, recompute_s=0.0, tp_comm_s=0.0, cp_comm_s=0.0, p2p_s=0.0, act_bytes=0.0,
+                    peak_extra_bytes=0.0, params=params, matmul_flops=0.0, num_layers=layers)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_data_parallel_comm_per_zero_stage(zero):
+    config = ParallelConfig(dp=8, tp=8, pp=1, zero=zero, micro_batch=1, num_microbatches=4)
+    grp = Group(8, 1)                         # tp 8 fills the node: DP peers one per node
+    grads = 1e9 * 2 / 10                      # megatron reduces 16-bit gradients, one bucket per layer
+    params = 1e9 * 2 / 10
+    ar, rs, ag = (10 * f(A100, b, grp) for f, b in
+                  ((all_reduce_s, grads), (reduce_scatter_s, grads), (all_gather_s, params)))
+    expected = {0: ar, 1: rs + ag, 2: 4 * rs + ag, 3: 4 * (2 * ag + rs)}[zero]
+    total, exposed = _dp_comm(CACHE, config, fake_rank())
+    assert total == pytest.approx(expected)
+    assert exposed == pytest.approx(expected)        # this workload does not overlap
+
+
+def test_overlapped_all_reduce_hides_behind_backward():
+    cache = CostCache(GRAPH, A100, replace(WORK, overlap_grad_reduce=True))
+    config = ParallelConfig(dp=8, tp=8, pp=1, zero=0, micro_batch=1, num_microbatches=4)
+    total, exposed = _dp_comm(cache, config, fake_rank())
+    # shorter than the 2 s backward: one bucket of ten stays exposed, plus the SMs it takes
+    assert exposed == pytest.approx(total / 10 + A100.comm_sm_fraction * total)
+
+
+def test_optimizer_step_streams_adam_state():
+    config = ParallelConfig(dp=8, tp=8, pp=1, zero=1, micro_batch=1, num_microbatches=4)
+    seconds, host = _optimizer_s(CACHE, config, fake_rank())
+    assert seconds == pytest.approx(1e9 / 8 * ADAM_BYTES_PER_PARAM / (2039e9 * 0.9))
+    assert host == 0
+
+
+def test_offloaded_optimizer_runs_on_the_host():
+    config = ParallelConfig(dp=8, tp=8, pp=1, zero=1, micro_batch=1, num_microbatches=4, offload="optimizer")
+    seconds, host = _optimizer_s(CACHE, config, fake_rank())
+    local = 1e9 / 8
+    cpu = 8 * local * ADAM_BYTES_PER_PARAM / (409.6e9 * 0.5)         # 8 GPUs share the host DRAM
+    pcie = local * (4 + 2) / 25e9                                    # grads down, params up
+    assert seconds == pytest.approx(cpu + pcie)
+    assert host == pytest.approx(8 * 1e9 * 12 / 8)                  # fp32 master + Adam, sharded over 8
+
+
+def test_pipeline_sends_are_exposed_in_1f1b():
+    config = ParallelConfig(dp=2, tp=8, pp=4, zero=1, micro_batch=1, num_microbatches=8)
+    ranks = rank_costs(CACHE, config)
+    hop = p2p_s(A100, 2048 * H * 2 / 8, same_node=False)      # megatron scatter/gather: 1/tp per rank
+    assert all(r.p2p_s == pytest.approx(2 * hop) for r in ranks)
+    assert CACHE.hop_s(config) == pytest.approx(hop)
