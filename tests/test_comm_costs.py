@@ -64,8 +64,10 @@ CACHE = CostCache(GRAPH, A100, WORK)
 
 
 def fake_rank(params=1e9, layers=10):
+    """A rank of ten identical layers, one data-parallel collective each."""
     return RankCost(fwd_s=1.0, bwd_s=2.0, recompute_s=0.0, tp_comm_s=0.0, cp_comm_s=0.0, p2p_s=0.0, act_bytes=0.0,
-                    peak_extra_bytes=0.0, params=params, matmul_flops=0.0, num_layers=layers)
+                    peak_extra_bytes=0.0, params=params, matmul_flops=0.0, num_layers=layers,
+                    buckets=((params / layers, layers),), first_bucket=params / layers)
 
 
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
@@ -86,8 +88,10 @@ def test_overlapped_all_reduce_hides_behind_backward():
     cache = CostCache(GRAPH, A100, replace(WORK, overlap_grad_reduce=True))
     config = ParallelConfig(dp=8, tp=8, pp=1, zero=0, micro_batch=1, num_microbatches=4)
     total, exposed = _dp_comm(cache, config, fake_rank())
-    # shorter than the 2 s backward: one bucket of ten stays exposed, plus the SMs it takes
+    # shorter than the 2 s backward: the first layer's bucket stays exposed, plus the SMs all of it takes
+    assert total < 2.0
     assert exposed == pytest.approx(total / 10 + A100.comm_sm_fraction * total)
+    assert A100.comm_sm_fraction == pytest.approx(16 / 108)
 
 
 def test_optimizer_step_streams_adam_state():

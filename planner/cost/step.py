@@ -199,7 +199,8 @@ class CostCache:
                     for i in chunk:
                         k = (self.signatures[i], policies[i])
                         counts[k] = counts.get(k, 0) + 1
-                out.append((counts, len(chunks), sum(len(c) for c in chunks)))
+                first = next((self.signatures[c[0]] for c in chunks if c), None)
+                out.append((counts, len(chunks), sum(len(c) for c in chunks), first))
             self._groups[key] = out
         return out
 
@@ -219,6 +220,10 @@ class RankCost:
     params: float
     matmul_flops: float          # per micro-batch, forward + backward + recompute
     num_layers: int
+    buckets: tuple[tuple[float, int], ...] = ()   # (parameters of one layer, layers like it): one
+                                                  # data-parallel collective per layer
+    first_bucket: float = 0.0    # parameters of the rank's first layer: its gather opens the forward,
+                                 # its reduction closes the backward
 
 
 def rank_costs(cache: CostCache, config: ParallelConfig) -> list[RankCost]:
@@ -235,10 +240,12 @@ def _rank_costs(cache: CostCache, config: ParallelConfig, ctx: Context) -> list[
     graph = cache.graph
     one_p2p = cache.hop_s(config)
     out = []
-    for rank, (counts, chunks, layers) in enumerate(cache.groups(config)):
+    for rank, (counts, chunks, layers, first) in enumerate(cache.groups(config)):
         fwd = bwd = rec = tp = cp = act = extra = params = flops = 0.0
+        buckets: dict[float, int] = {}
         for (sig, policy), n in counts.items():
             cost = cache.signature_cost(sig, ctx)
+            buckets[cost.params] = buckets.get(cost.params, 0) + n
             p = POLICY_INDEX[policy]
             fwd += n * cost.fwd_s
             bwd += n * (cost.bwd_s + cost.recompute_s[p])
@@ -251,6 +258,7 @@ def _rank_costs(cache: CostCache, config: ParallelConfig, ctx: Context) -> list[
             flops += n * cost.matmul_flops_fwd * (4 if policy == "full" else 3)
         if graph.tied_embeddings and config.pp > 1 and rank == config.pp - 1 and rank != 0:
             params += graph.tied_params / config.tp      # the head's copy of the shared embedding
+            buckets[graph.tied_params / config.tp] = buckets.get(graph.tied_params / config.tp, 0) + 1
         # per micro-batch each chunk receives/sends once forward and once backward. 1F1B and
         # GPipe wait for them; the interleaved schedule posts them asynchronously and runs
         # another chunk meanwhile (Megatron-LM overlap_p2p_comm; torch's interleaved
@@ -260,7 +268,9 @@ def _rank_costs(cache: CostCache, config: ParallelConfig, ctx: Context) -> list[
             p2p = 2 * chunks * max(0.0, one_p2p - (fwd + bwd) / (2 * chunks))
         out.append(RankCost(fwd_s=fwd, bwd_s=bwd, recompute_s=rec, tp_comm_s=tp, cp_comm_s=cp,
                             p2p_s=p2p, act_bytes=act, peak_extra_bytes=extra, params=params,
-                            matmul_flops=flops, num_layers=max(1, layers)))
+                            matmul_flops=flops, num_layers=max(1, layers),
+                            buckets=tuple(sorted(buckets.items())),
+                            first_bucket=cache.signature_cost(first, ctx).params if first else 0.0))
     return out
 
 
@@ -283,7 +293,7 @@ def pipeline_s(per_rank_s: list[float], config: ParallelConfig, hop_s: float = 0
 
 
 def _dp_comm(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[float, float]:
-    key = (config.dp, config.cp, config.tp, config.zero, config.num_microbatches, rank.params, rank.num_layers,
+    key = (config.dp, config.cp, config.tp, config.zero, config.num_microbatches, rank.buckets, rank.first_bucket,
            rank.fwd_s, rank.bwd_s)
     out = cache._dp.get(key)
     if out is None:
@@ -291,53 +301,60 @@ def _dp_comm(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[
     return out
 
 
+def dp_collectives(cache: CostCache, config: ParallelConfig, params: float) -> tuple[float, float, float]:
+    """(per micro-batch, once after backward, once after the optimizer) seconds of the
+    data-parallel collectives for one layer of ``params`` parameters (per TP rank).
+
+    ZeRO-0 all-reduces gradients; ZeRO-1 reduce-scatters them and all-gathers the
+    updated parameters; ZeRO-2 reduce-scatters every micro-batch (FSDP2 also re-gathers
+    the parameters every forward); ZeRO-3 gathers for forward and again for backward and
+    reduce-scatters every micro-batch (Rajbhandari et al. 2020, Sec 5 and 7).
+    """
+    cluster, w = cache.cluster, cache.workload
+    grp = network.group(cluster, config.dp * config.cp, config.tp)
+    grads = params * grad_comm_bytes_per_param(w.framework, w.precision)
+    weights = params * DTYPE_BYTES[w.precision]
+    if config.zero == 0:
+        return 0.0, network.all_reduce_s(cluster, grads, grp), 0.0
+    rs = network.reduce_scatter_s(cluster, grads, grp)
+    ag = network.all_gather_s(cluster, weights, grp)
+    if config.zero == 1:
+        return 0.0, rs, ag
+    if config.zero == 2:
+        return (rs + ag, 0.0, 0.0) if w.framework == "torch" else (rs, 0.0, ag)
+    return 2 * ag + rs, 0.0, 0.0
+
+
 def _dp_comm_uncached(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[float, float]:
     """(total, exposed) data-parallel / ZeRO communication of one rank per step.
 
-    Runtimes issue these collectives a layer (an FSDP unit, a DDP/Megatron bucket)
-    at a time, so each pays its own latency: we price one collective per layer.
+    Runtimes issue these collectives a layer at a time (an FSDP unit, a DDP or
+    Megatron bucket), each at its own size and latency. Overlapped with compute, what
+    exceeds the compute it hides behind stays exposed, and at least the first layer's
+    share (its gather opens the forward, its reduction closes the backward) cannot
+    hide; the compute it runs beside slows down by the SMs the collectives occupy.
     """
-    cluster, w = cache.cluster, cache.workload
-    shard = config.dp * config.cp
-    if shard == 1:
+    if config.dp * config.cp == 1:
         return 0.0, 0.0
-    grp = network.group(cluster, shard, config.tp)
-    m, n = config.num_microbatches, rank.num_layers
-    grads = rank.params * grad_comm_bytes_per_param(w.framework, w.precision) / n
-    params16 = rank.params * DTYPE_BYTES[w.precision] / n
-    all_reduce = n * network.all_reduce_s(cluster, grads, grp)
-    reduce_scatter = n * network.reduce_scatter_s(cluster, grads, grp)
-    all_gather = n * network.all_gather_s(cluster, params16, grp)
+    m = config.num_microbatches
     per_micro = once = after = 0.0
-    if config.zero == 0:
-        once = all_reduce
-    elif config.zero == 1:
-        once, after = reduce_scatter, all_gather
-    elif config.zero == 2:
-        per_micro = reduce_scatter
-        if w.framework == "torch":      # FSDP2 re-gathers the parameters every forward
-            per_micro += all_gather
-        else:
-            after = all_gather
-    else:                               # ZeRO-3: gather for forward and again for backward
-        per_micro = 2 * all_gather + reduce_scatter
+    for params, count in rank.buckets:
+        a, b, c = dp_collectives(cache, config, params)
+        per_micro, once, after = per_micro + count * a, once + count * b, after + count * c
     total = m * per_micro + once + after
-    if not w.overlap_grad_reduce:
+    if not cache.workload.overlap_grad_reduce:
         return total, total
-    # Overlapped a layer at a time: what exceeds the compute it hides behind stays exposed,
-    # and at least one layer's share (the first gather, the last reduction) cannot hide.
-    # The compute it overlaps slows down by the SMs the collective occupies.
+    first = dp_collectives(cache, config, rank.first_bucket)
     contention = cache.cluster.comm_sm_fraction
-    micro_s = rank.fwd_s + rank.bwd_s
 
-    def exposed(comm: float, window: float) -> float:
-        return max(comm - window, comm / n) + contention * min(comm, window)
+    def exposed(comm: float, window: float, last: float) -> float:
+        return max(comm - window, last) + contention * comm
 
-    out = m * exposed(per_micro, micro_s) if per_micro else 0.0
+    out = m * exposed(per_micro, rank.fwd_s + rank.bwd_s, first[0]) if per_micro else 0.0
     if once:
-        out += exposed(once, rank.bwd_s)
+        out += exposed(once, rank.bwd_s, first[1])
     if after:   # the parameter all-gather overlaps the next step's forward (Megatron --overlap-param-gather)
-        out += exposed(after, rank.fwd_s)
+        out += exposed(after, rank.fwd_s, first[2])
     return total, out
 
 
