@@ -107,6 +107,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     _add_knob_args(p)
     p.add_argument("--top-k", type=_positive_int, default=5, help="runners-up to keep (default 5)")
+    p.add_argument("--solver", choices=("cbc", "highs"), default="cbc",
+                   help="ILP solver for stage sizes, per-layer recompute and ZeRO/offload (default cbc)")
+    p.add_argument("--exhaustive", action="store_true",
+                   help="enumerate every stage split and recompute assignment instead of the ILP (the "
+                        "reference solver: exact and slow, for small models)")
+    p.add_argument("--uniform-stages", action="store_true",
+                   help="only balanced stages with one recompute policy for every layer (as Megatron-LM runs)")
+    p.add_argument("--time-limit", type=float, default=20.0, metavar="SECONDS",
+                   help="time limit of each stage ILP (default 20)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--out", metavar="PLAN.json", help="also write plan.json (the executor's input)")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)

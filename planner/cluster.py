@@ -37,7 +37,11 @@ class Device:
     reserved_bytes: float                 # runtime memory not available to tensors
 
     def peak(self, precision: str) -> float:
-        return dict(self.peak_flops)[precision]
+        return self._peaks[precision]
+
+    @functools.cached_property
+    def _peaks(self) -> dict[str, float]:
+        return dict(self.peak_flops)
 
     @property
     def dtypes(self) -> tuple[str, ...]:

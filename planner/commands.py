@@ -11,8 +11,9 @@ from .config import ParallelConfig, Workload
 from .errors import NoFeasiblePlan, UserError
 from .layers import LayerGraph, build_layer_graph
 from .model import ALIASES, ZOO, load_model
+from .explain import limits, lost_on
 from .plan import Plan, config_json
-from .search.enumerate import Candidate, SearchResult, evaluate, search
+from .search import Candidate, SearchResult, evaluate, search
 from .search.space import Knobs
 
 KNOB_NAMES = ("dp", "tp", "pp", "cp", "zero", "micro_batch", "vpp", "schedule", "recompute", "sequence_parallel",
@@ -104,11 +105,16 @@ def plan_command(args) -> int:
         result = SearchResult(best=cand, alternatives=(), candidates=1, evaluated=1,
                               seconds=time.perf_counter() - t0)
     else:
-        result = search(graph, cluster, workload, knobs, top_k=args.top_k)
+        solver = "exhaustive" if args.exhaustive else "uniform" if args.uniform_stages else args.solver
+        if args.exhaustive and args.uniform_stages:
+            raise UserError("choose --exhaustive or --uniform-stages, not both", field="--exhaustive")
+        result = search(graph, cluster, workload, knobs, top_k=args.top_k, solver=solver,
+                        time_limit_s=args.time_limit, progress=_progress_bar() if not args.json else None)
         if result.best is None:
             raise NoFeasiblePlan(_no_fit_message(result, cluster, workload))
     plan = Plan.from_search(result, model_name=spec.name, model_source=args.model, spec=spec, graph=graph,
-                            cluster=cluster, workload=workload, seconds=time.perf_counter() - t0)
+                            cluster=cluster, workload=workload, seconds=time.perf_counter() - t0,
+                            solver="exhaustive" if args.exhaustive else args.solver)
     if args.out:
         try:
             plan.write(args.out)
@@ -122,14 +128,47 @@ def plan_command(args) -> int:
     return 0
 
 
+def _progress_bar():
+    """A one-line progress indicator on stderr for searches that take more than a moment."""
+    if not sys.stderr.isatty():
+        return None
+    start = time.perf_counter()
+
+    def show(done: int, total: int) -> None:
+        if time.perf_counter() - start > 1.0 and total:
+            sys.stderr.write(f"\rsearching: {done}/{total} layouts")
+            if done + 1 >= total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+    return show
+
+
 def _gib(nbytes: float) -> str:
     return f"{nbytes / GiB:.1f}"
+
+
+def describe_recompute(c: ParallelConfig) -> str:
+    if not c.recompute_layers:
+        return c.recompute
+    used = [p for p in c.recompute_layers]
+    counts = {p: used.count(p) for p in ("selective", "full") if used.count(p)}
+    if not counts:
+        return "none"
+    blocks = len(used)
+    return ", ".join(f"{p} on {n} of {blocks} layers" for p, n in counts.items())
+
+
+def describe_stages(c: ParallelConfig) -> str:
+    if not c.stage_layers or c.pp == 1:
+        return ""
+    sizes = list(c.stage_layers)
+    return f", layers per stage {sizes}" if len(set(sizes[1:-1] or sizes)) > 1 or len(sizes) <= 8 else ""
 
 
 def describe_config(c: ParallelConfig) -> str:
     sched = c.schedule + (f" (vpp {c.vpp})" if c.vpp > 1 else "") if c.pp > 1 else "no pipeline"
     return (f"dp {c.dp} x tp {c.tp} x pp {c.pp} x cp {c.cp}, ZeRO-{c.zero}, micro-batch {c.micro_batch} "
-            f"x {c.num_microbatches}, {sched}, recompute {c.recompute}, "
+            f"x {c.num_microbatches}, {sched}, recompute {describe_recompute(c)}, "
             f"sequence parallel {'on' if c.sequence_parallel else 'off'}, offload {c.offload}")
 
 
@@ -151,14 +190,16 @@ def format_plan(plan: Plan) -> str:
         f"CP comm {t.cp_comm:.3f}, PP comm {t.pp_comm:.3f}, bubble {t.bubble:.3f}, DP comm {t.dp_comm:.3f}, "
         f"optimizer {t.optimizer:.3f}",
     ]
+    if c.stage_layers and c.pp > 1:
+        lines.append(f"stages    layers per virtual stage {list(c.stage_layers)} (embedding first, head last)")
+    lines.append(f"limits    {limits(c, e, plan.cluster)}")
     if plan.alternatives:
-        lines += ["", "runners-up"]
+        lines += ["", "runners-up (the best plan of each other layout)"]
         for alt in plan.alternatives:
-            slower = alt.estimate.step_time_s / e.step_time_s - 1
-            lines.append(f"  +{100 * slower:5.1f}%  {describe_config(alt.config)}  "
-                         f"({_gib(alt.estimate.memory.total)} GiB)")
-    lines += ["", f"searched {plan.candidates:,} candidates ({plan.evaluated:,} estimated in full) "
-                  f"in {plan.search_seconds:.2f} s"]
+            lines.append(f"  {describe_config(alt.config)}")
+            lines.append(f"      lost on: {lost_on(e, alt.estimate)}")
+    lines += ["", f"searched {plan.candidates:.3g} candidates ({plan.groups:,} global choices, "
+                  f"{plan.ilp_solves} stage ILPs, {plan.evaluated:,} estimated in full) in {plan.search_seconds:.2f} s"]
     return "\n".join(lines) + "\n"
 
 

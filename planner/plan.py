@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .cluster import Cluster
+from .explain import limits, lost_on
 from .config import ParallelConfig, Workload
 from .layers import LayerGraph
 from .model import ModelSpec
@@ -69,17 +70,20 @@ class Plan:
     search_seconds: float
     candidates: int
     evaluated: int
+    solver: str = "cbc"
+    groups: int = 0
+    ilp_solves: int = 0
 
     @classmethod
     def from_search(cls, result: SearchResult, *, model_name: str, model_source: str, spec: ModelSpec | None,
                     graph: LayerGraph, cluster: Cluster, workload: Workload,
-                    seconds: float | None = None) -> "Plan":
+                    seconds: float | None = None, solver: str = "cbc") -> "Plan":
         assert result.best is not None
         return cls(model_name=model_name, model_params=graph.num_params, model_source=model_source, spec=spec,
                    graph=graph, cluster=cluster,
                    workload=workload, best=result.best, alternatives=result.alternatives,
                    search_seconds=result.seconds if seconds is None else seconds, candidates=result.candidates,
-                   evaluated=result.evaluated)
+                   evaluated=result.evaluated, solver=solver, groups=result.groups, ilp_solves=result.ilp_solves)
 
     def stage_modules(self) -> list[list[str]]:
         """Module paths of each virtual stage, in order (what the executor splits on)."""
@@ -110,9 +114,11 @@ class Plan:
             "stages": self.stage_modules(),
             "tp_plan": tp_plan(self.graph, self.best.config),
             "recompute_per_layer": self.recompute_per_layer(),
-            "alternatives": [{"config": config_json(c.config), "estimate": c.estimate.to_json()}
-                             for c in self.alternatives],
-            "search": {"seconds": self.search_seconds, "candidates": self.candidates, "evaluated": self.evaluated},
+            "alternatives": [{"config": config_json(c.config), "estimate": c.estimate.to_json(),
+                              "lost_on": lost_on(self.best.estimate, c.estimate)} for c in self.alternatives],
+            "limits": limits(self.best.config, self.best.estimate, self.cluster),
+            "search": {"seconds": self.search_seconds, "candidates": self.candidates, "evaluated": self.evaluated,
+                       "solver": self.solver, "global_choices": self.groups, "ilp_solves": self.ilp_solves},
         }
 
     def write(self, path: str | Path) -> None:

@@ -18,12 +18,13 @@ def gemm_s(m: float, n: float, k: float, device: Device, precision: str, batch: 
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
     tile_m, tile_n = device.gemm_tile
-    tiles = math.ceil(m / tile_m) * math.ceil(n / tile_n) * batch
-    waves = math.ceil(tiles / device.sm_count)
-    useful = m * n * batch / (waves * device.sm_count * tile_m * tile_n)   # tile and wave quantization
-    math_s = 2.0 * m * n * k * batch / (device.peak(precision) * device.gemm_efficiency * useful)
+    sms = device.sm_count
+    waves = math.ceil(math.ceil(m / tile_m) * math.ceil(n / tile_n) * batch / sms)
+    # tile and wave quantization: every wave runs sms full tiles, m n batch of them useful;
+    # math time = 2 m n k batch / (peak * efficiency * useful share)
+    math_s = 2.0 * k * waves * sms * tile_m * tile_n / (device.peak(precision) * device.gemm_efficiency)
     memory_s = DTYPE_BYTES[precision] * (m * k + k * n + m * n) * batch / (device.hbm_bytes_per_s * device.hbm_efficiency)
-    return max(math_s, memory_s)
+    return math_s if math_s > memory_s else memory_s
 
 
 def memory_bound_s(nbytes: float, device: Device) -> float:

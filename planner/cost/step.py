@@ -143,7 +143,8 @@ class CostCache:
             self.representative.setdefault(sig, i)
             self.signature_counts[sig] = self.signature_counts.get(sig, 0) + 1
         self.model_flops_per_token = graph.model_flops_per_token(workload.seq_len)
-        self._layer: dict[tuple, LayerCost] = {}
+        self._layer: dict[Context, dict[str, LayerCost]] = {}
+        self._collectives: dict[tuple, tuple[float, float, float]] = {}
         self._groups: dict[tuple, list] = {}
         self._ranks: dict[tuple, list] = {}
         self._largest: dict[Context, float] = {}
@@ -156,11 +157,13 @@ class CostCache:
                        framework=w.framework, tp_comm_overlap=w.tp_comm_overlap)
 
     def signature_cost(self, signature: str, ctx: Context) -> LayerCost:
-        key = (signature, ctx)
-        cost = self._layer.get(key)
+        costs = self._layer.get(ctx)
+        if costs is None:
+            costs = self._layer[ctx] = {}
+        cost = costs.get(signature)
         if cost is None:
             layer = self.graph.layers[self.representative[signature]]
-            cost = self._layer[key] = layer_cost(layer, ctx, self.cluster)
+            cost = costs[signature] = layer_cost(layer, ctx, self.cluster)
         return cost
 
     def layer(self, index: int, ctx: Context) -> LayerCost:
@@ -302,6 +305,14 @@ def _dp_comm(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[
 
 
 def dp_collectives(cache: CostCache, config: ParallelConfig, params: float) -> tuple[float, float, float]:
+    key = (config.dp * config.cp, config.tp, config.zero, params)
+    out = cache._collectives.get(key)
+    if out is None:
+        out = cache._collectives[key] = _dp_collectives(cache, config, params)
+    return out
+
+
+def _dp_collectives(cache: CostCache, config: ParallelConfig, params: float) -> tuple[float, float, float]:
     """(per micro-batch, once after backward, once after the optimizer) seconds of the
     data-parallel collectives for one layer of ``params`` parameters (per TP rank).
 

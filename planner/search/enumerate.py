@@ -44,6 +44,9 @@ class SearchResult:
     memory_checked: int = 0                # configurations rejected on memory alone
     seconds: float
     least_memory: Candidate | None = None  # when nothing fits: what needs the least memory
+    groups: int = 0                        # global choices the stage search looked at
+    ilp_solves: int = 0                    # stage ILPs run (the others were bounded out)
+    ilp_improved: int = 0                  # of which beat every balanced-stage candidate
 
 
 def _sort_key(c: Candidate) -> tuple:
@@ -54,12 +57,23 @@ def _sort_key(c: Candidate) -> tuple:
             cfg.micro_batch)
 
 
+def layout_key(config: ParallelConfig) -> tuple[int, int, int, int]:
+    return (config.dp, config.tp, config.pp, config.cp)
+
+
 class _TopK:
+    """The best candidate of each distinct parallel layout (dp, tp, pp, cp), the k fastest
+    layouts kept: the runners-up are other ways to split the job, not near-copies."""
+
     def __init__(self, k: int):
         self.k, self.items = k, []
 
     def add(self, c: Candidate) -> None:
-        self.items.append(c)
+        key = layout_key(c.config)
+        same = [x for x in self.items if layout_key(x.config) == key]
+        if same and _sort_key(same[0]) <= _sort_key(c):
+            return
+        self.items = [x for x in self.items if layout_key(x.config) != key] + [c]
         self.items.sort(key=_sort_key)
         del self.items[self.k:]
 
@@ -95,63 +109,70 @@ def _layout_bounds(space: Space, cache: CostCache, layout: Layout) -> tuple[floa
     return best_time, memory
 
 
-def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs = Knobs(), *,
-           top_k: int = 5, prune: bool = True, progress=None) -> SearchResult:
-    """The fastest config that fits, the runners-up, and how much of the space was covered."""
-    t0 = time.perf_counter()
-    space = Space(graph, cluster.num_gpus, workload, knobs, cluster.device.dtypes)
-    cache = CostCache(graph, cluster, workload)
-    top = _TopK(top_k + 1)
-    covered = evaluated = checked = 0
+@dataclass
+class _Stats:
+    covered: int = 0          # uniform configurations covered
+    evaluated: int = 0        # estimated in full
+    checked: int = 0          # rejected on memory alone
     least: Candidate | None = None
-    least_unfit: _Unfit | None = None
-    layouts = list(space.layouts())
-    bounds = {lay: _layout_bounds(space, cache, lay) for lay in layouts}
-    order = sorted(layouts, key=lambda lay: bounds[lay][0])
-    capacity = cluster.device.memory_bytes
-    infeasible_layouts = []
+    least_unfit: "_Unfit | None" = None
+    infeasible_layouts: list = None
+
+
+def uniform_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout], bounds: dict, prune: bool,
+                  progress=None) -> _Stats:
+    """Every candidate with balanced stages and one recompute policy for all blocks,
+    pruned only by bounds and dominance: a strong incumbent for the stage ILPs."""
+    stats = _Stats(infeasible_layouts=[])
+    capacity = cache.cluster.device.memory_bytes
     for index, layout in enumerate(order):
         if progress:
             progress(index, len(order))
         lb_time, lb_memory = bounds[layout]
-        size = _layout_size(space, layout)
         if prune and lb_time >= top.threshold:
-            covered += sum(_layout_size(space, lay) for lay in order[index:])
+            stats.covered += sum(_layout_size(space, lay) for lay in order[index:])
             break
-        covered += size
+        stats.covered += _layout_size(space, layout)
         if prune and lb_memory > capacity:
-            infeasible_layouts.append(layout)
+            stats.infeasible_layouts.append(layout)
             continue
         for cand in _layout_candidates(space, cache, layout, prune, top):
             if isinstance(cand, _SkippedForMemory):
-                if not infeasible_layouts or infeasible_layouts[-1] != layout:
-                    infeasible_layouts.append(layout)
+                if not stats.infeasible_layouts or stats.infeasible_layouts[-1] != layout:
+                    stats.infeasible_layouts.append(layout)
                 continue
             if isinstance(cand, _Unfit):
-                checked += 1
-                if least_unfit is None or cand.memory < least_unfit.memory:
-                    least_unfit = cand
+                stats.checked += 1
+                if stats.least_unfit is None or cand.memory < stats.least_unfit.memory:
+                    stats.least_unfit = cand
             elif cand.estimate.fits:
-                evaluated += 1
+                stats.evaluated += 1
                 top.add(cand)
             else:
-                evaluated += 1
-                if least is None or cand.estimate.memory.total < least.estimate.memory.total:
-                    least = cand
-    if least_unfit is not None and (least is None or least_unfit.memory < least.estimate.memory.total):
-        least = Candidate(config=least_unfit.config,
-                          estimate=estimate(space.graph, cache.cluster, space.w, least_unfit.config, cache))
-    if not top.items and prune:
-        # nothing fits: find the candidate that needs the least memory, for the error message
-        for layout in infeasible_layouts:
-            for cand in _frugal_candidates(space, cache, layout):
-                evaluated += 1
-                if least is None or cand.estimate.memory.total < least.estimate.memory.total:
-                    least = cand
-    best = top.items[0] if top.items else None
-    return SearchResult(best=best, alternatives=tuple(top.items[1:top_k + 1]), candidates=covered,
-                        evaluated=evaluated, memory_checked=checked, seconds=time.perf_counter() - t0,
-                        least_memory=None if best else least)
+                stats.evaluated += 1
+                if stats.least is None or cand.estimate.memory.total < stats.least.estimate.memory.total:
+                    stats.least = cand
+    return stats
+
+
+def least_memory_candidate(space: Space, cache: CostCache, stats: _Stats) -> Candidate | None:
+    """When nothing fits: the candidate that needs the least memory, for the error message."""
+    least = stats.least
+    if stats.least_unfit is not None and (least is None or stats.least_unfit.memory < least.estimate.memory.total):
+        least = Candidate(config=stats.least_unfit.config,
+                          estimate=estimate(space.graph, cache.cluster, space.w, stats.least_unfit.config, cache))
+    for layout in stats.infeasible_layouts:
+        for cand in _frugal_candidates(space, cache, layout):
+            stats.evaluated += 1
+            if least is None or cand.estimate.memory.total < least.estimate.memory.total:
+                least = cand
+    return least
+
+
+def layout_order(space: Space, cache: CostCache) -> tuple[list[Layout], dict]:
+    layouts = list(space.layouts())
+    bounds = {lay: _layout_bounds(space, cache, lay) for lay in layouts}
+    return sorted(layouts, key=lambda lay: bounds[lay][0]), bounds
 
 
 def _layout_size(space: Space, layout: Layout) -> int:

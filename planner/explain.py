@@ -1,0 +1,69 @@
+"""Why a plan won: what each runner-up lost on, and what limits the winner."""
+from __future__ import annotations
+
+from dataclasses import fields
+
+from .cluster import GiB, Cluster
+from .config import ParallelConfig
+from .cost.step import Estimate, StepTime
+from . import network
+
+PARTS = {
+    "compute": "compute", "recompute": "recompute", "tp_comm": "exposed TP communication",
+    "cp_comm": "exposed CP communication", "pp_comm": "pipeline sends", "bubble": "pipeline bubble",
+    "dp_comm": "exposed data-parallel communication", "optimizer": "optimizer step",
+}
+
+
+def time_deltas(winner: StepTime, other: StepTime) -> list[tuple[str, float]]:
+    """(part, seconds the other plan spends more than the winner), largest first."""
+    out = [(f.name, getattr(other, f.name) - getattr(winner, f.name)) for f in fields(StepTime)]
+    return sorted(out, key=lambda item: -item[1])
+
+
+def lost_on(winner: Estimate, other: Estimate) -> str:
+    """One sentence with numbers: where the runner-up's extra time goes, and its memory."""
+    slower = other.step_time_s - winner.step_time_s
+    worse = [(name, d) for name, d in time_deltas(winner.time, other.time) if d > 1e-3 * winner.step_time_s]
+    parts = ", ".join(f"{PARTS[name]} +{d:.3g} s" for name, d in worse[:3]) or "no single part"
+    gained = [(name, -d) for name, d in time_deltas(winner.time, other.time) if -d > 1e-3 * winner.step_time_s]
+    saved = (", though it saves " + ", ".join(f"{PARTS[n]} {d:.3g} s" for n, d in gained[:2])) if gained else ""
+    headroom = (other.capacity_bytes - other.memory.total) / GiB
+    return (f"{slower:+.3g} s per step ({100 * slower / winner.step_time_s:+.1f}%): {parts}{saved}; "
+            f"{headroom:.1f} GiB memory headroom against the winner's "
+            f"{(winner.capacity_bytes - winner.memory.total) / GiB:.1f}")
+
+
+def _link(cluster: Cluster, size: int, stride: int) -> str:
+    """Which fabric a group of ``size`` ranks spaced ``stride`` apart crosses."""
+    grp = network.group(cluster, size, stride)
+    if grp.nodes > 1:
+        return f"the network ({cluster.nics_per_node} x {cluster.nic.bytes_per_s * 8 / 1e9:.0f} Gb/s per node)"
+    return {"nvswitch": "NVLink", "pcie": "PCIe", "loopback": "loopback"}[cluster.fabric]
+
+
+def limits(config: ParallelConfig, est: Estimate, cluster: Cluster) -> str:
+    """The binding constraints of a plan: memory of its fullest stage, and where time goes."""
+    stage = est.peak_stage
+    mem = est.memory_per_stage[stage]
+    used = 100 * mem.total / est.capacity_bytes
+    t = est.time
+    step = est.step_time_s
+    parts = sorted(((getattr(t, f.name), f.name) for f in fields(StepTime) if f.name != "compute"), reverse=True)
+    links = {
+        "tp_comm": _link(cluster, config.tp, 1),
+        "cp_comm": _link(cluster, config.cp, config.tp),
+        "dp_comm": _link(cluster, config.dp * config.cp, config.tp),
+        "pp_comm": _link(cluster, 2, config.tp * config.cp * config.dp),
+    }
+    overheads = []
+    for seconds, name in parts[:3]:
+        if seconds <= 1e-4 * step:
+            continue
+        where = f" over {links[name]}" if name in links else ""
+        overheads.append(f"{PARTS[name]} {100 * seconds / step:.1f}%{where}")
+    biggest = max(("activations", mem.activations), ("model states", mem.params + mem.grads + mem.optimizer),
+                  key=lambda x: x[1])
+    return (f"memory: stage {stage} uses {mem.total / GiB:.1f} of {est.capacity_bytes / GiB:.1f} GiB ({used:.0f}%), "
+            f"mostly {biggest[0]} ({biggest[1] / GiB:.1f} GiB); time: compute {100 * t.compute / step:.1f}%"
+            + ("".join(f", {o}" for o in overheads)))

@@ -1,0 +1,152 @@
+"""The two-level search: global choices enumerated, per-stage choices by an ILP.
+
+1. Global choices (tp, pp, cp, dp, micro-batch, schedule, virtual stages, sequence
+   parallelism) are enumerated (``space.py``).
+2. Uniform candidates (balanced stages, one recompute policy) are estimated first,
+   pruned only by bounds and dominance (``enumerate.py``): a strong incumbent.
+3. For every group of global choices whose lower bound (``stages.group_lower_bound``:
+   the exact memory-free pipeline optimum, the least recompute memory forces, the
+   optimizer, rank 0's own data-parallel time) is below the k-th best found, the
+   stage ILP (``ilp.py``) chooses stage sizes, recompute per block and the ZeRO /
+   offload option, with the k-th best as its cutoff.
+
+Nothing is pruned by a guess: every skipped group has a lower bound within
+``OPTIMALITY_GAP`` of a candidate already found, so the winner is the cost model's
+optimum over the space to within that gap (``exhaustive.py`` enumerates the same
+space one candidate at a time to prove it). The stage ILPs run only where they could
+beat the winner; the runners-up are the best plans found for the other layouts (each
+layout's best balanced-stage plan, improved where an ILP ran).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from ..cluster import Cluster
+from ..config import ParallelConfig, Workload
+from ..cost.step import CostCache, estimate, rank_costs
+from ..layers import LayerGraph
+from .enumerate import Candidate, SearchResult, _TopK, layout_order, least_memory_candidate, uniform_phase
+from .space import Knobs, Layout, Space
+from .stages import GroupProblem, graph_shape, group_lower_bound
+
+SOLVER_CHOICES = ("cbc", "highs", "exhaustive", "uniform")
+OPTIMALITY_GAP = 1e-3     # a group is skipped when its bound is within 0.1% of the winner
+
+
+@dataclass
+class StageStats:
+    groups: int = 0           # global choices (layout x schedule x vpp x sp)
+    bounded: int = 0          # of which a stage bound was computed
+    solved: int = 0           # stage ILPs (or exhaustive enumerations) run
+    improved: int = 0         # of which found a better plan than the uniform ones
+    space: int = 0            # candidates of the full space (closed form), all groups
+
+
+def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs = Knobs(), *, top_k: int = 5,
+           solver: str = "cbc", prune: bool = True, time_limit_s: float = 20.0, progress=None) -> SearchResult:
+    """The fastest plan that fits, the best plan of each of the next ``top_k`` layouts,
+    and how much of the space was covered.
+
+    ``solver``: "cbc" or "highs" for the stage ILPs, "exhaustive" to enumerate every
+    stage split and recompute assignment instead (small models only), "uniform" for
+    balanced stages and one recompute policy only."""
+    t0 = time.perf_counter()
+    space = Space(graph, cluster.num_gpus, workload, knobs, cluster.device.dtypes)
+    cache = CostCache(graph, cluster, workload)
+    top = _TopK(top_k + 1)
+    order, bounds = layout_order(space, cache)
+    stats = uniform_phase(space, cache, top, order, bounds, prune, progress)
+    stage = StageStats()
+    shape = graph_shape(cache)
+    if solver != "uniform" and shape is not None:
+        stage = _stage_phase(space, cache, top, order, bounds, shape, solver, prune, time_limit_s)
+    best = top.items[0] if top.items else None
+    least = None if best else least_memory_candidate(space, cache, stats)
+    return SearchResult(best=best, alternatives=tuple(top.items[1:top_k + 1]),
+                        candidates=max(stats.covered, stage.space), evaluated=stats.evaluated + stage.solved,
+                        memory_checked=stats.checked, seconds=time.perf_counter() - t0, least_memory=least,
+                        groups=stage.groups, ilp_solves=stage.solved, ilp_improved=stage.improved)
+
+
+def _group_cheap_bound(space: Space, cache: CostCache, layout: Layout, schedule: str, vpp: int, sp: bool) -> float:
+    """Any split, any recompute: the pipeline with the average rank's work (Tmax >= mean)."""
+    m = layout.num_microbatches(space.w.global_batch)
+    config = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, micro_batch=layout.micro_batch,
+                            num_microbatches=m, vpp=vpp, schedule=schedule, sequence_parallel=sp)
+    work = sum(r.fwd_s + r.bwd_s for r in rank_costs(cache, config))
+    p = layout.pp
+    if p == 1:
+        return m * work
+    if schedule == "interleaved-1f1b":
+        return (m + (p - 1) / vpp) * work / p
+    return (m + p - 1) * work / p
+
+
+def _space_size(pr: GroupProblem) -> int:
+    """Stage splits x recompute assignments x options of a group, in closed form: the
+    p x |policies| non-negative integer matrices with row sums >= v adding up to L."""
+    cells = pr.p * len(pr.policies)
+    free = pr.num_blocks - pr.p * pr.v
+    return math.comb(free + cells - 1, cells - 1) * len(pr.options) if free >= 0 else 0
+
+
+def _stage_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout], bounds: dict, shape, solver: str,
+                 prune: bool, time_limit_s: float) -> StageStats:
+    from .exhaustive import solve_group_exhaustively
+    from .ilp import solve_group
+    stats = StageStats()
+
+    def threshold() -> float:
+        """What a group must beat to be worth solving: the winner, less the gap."""
+        if not prune or not top.items:
+            return math.inf
+        return top.items[0].estimate.step_time_s * (1 - OPTIMALITY_GAP)
+
+    for layout in order:
+        for schedule, vpp in space.schedules(layout):
+            if schedule == "gpipe" and space.k.schedule is None:
+                continue      # same time as 1F1B, more in flight: never better
+            for sp in space.sequence_parallel(layout):
+                stats.groups += 1
+                if layout.pp * vpp > len(shape.blocks):
+                    continue
+                if prune and (bounds[layout][0] >= threshold()
+                              or _group_cheap_bound(space, cache, layout, schedule, vpp, sp) >= threshold()):
+                    stats.space += _estimated_space(space, layout, vpp, shape)
+                    continue
+                pr = GroupProblem(space, cache, layout, schedule, vpp, sp, shape)
+                stats.space += _space_size(pr)
+                stats.bounded += 1
+                if prune:
+                    lower, _ = group_lower_bound(pr)
+                    if lower >= threshold():
+                        continue
+                stats.solved += 1
+                cutoff = top.items[0].estimate.step_time_s if prune and top.items else None
+                if solver == "exhaustive":
+                    found = solve_group_exhaustively(pr)
+                else:
+                    found = solve_group(pr, solver, time_limit_s, cutoff_s=cutoff)
+                if found is None:
+                    continue
+                counts, option, _ = found
+                config = pr.config(counts, option)
+                est = estimate(space.graph, cache.cluster, space.w, config, cache)
+                if est.fits:
+                    before = top.items[0].estimate.step_time_s if top.items else math.inf
+                    top.add(Candidate(config=config, estimate=est))
+                    if est.step_time_s < before * (1 - 1e-9):
+                        stats.improved += 1
+    return stats
+
+
+def _estimated_space(space: Space, layout: Layout, vpp: int, shape) -> int:
+    """The closed-form size of a pruned group (3 policies, all options)."""
+    p, blocks = layout.pp, len(shape.blocks)
+    policies = 1 if space.k.recompute is not None else 3
+    options = sum(len(space.offloads(z)) for z in space.zeros(layout))
+    cells = p * policies
+    free = blocks - p * vpp
+    return math.comb(free + cells - 1, cells - 1) * options if free >= 0 else 0

@@ -1,0 +1,173 @@
+"""The stage ILP: block placement, per-block recompute and ZeRO/offload for one group.
+
+Write-up (all times per step, seconds; memory per GPU, bytes). Indices: virtual
+stage j = 0..S-1 (S = p v), rank r = j mod p, recompute policy c, option k
+(a ZeRO stage with or without optimizer offload).
+
+Variables
+    n[r,c] >= 0 integer   blocks of rank r that use recompute policy c (spread over its
+                          v virtual stages: the cost model sums a rank's chunks)
+    z[k] in {0,1}         the ZeRO/offload option
+    h[r,c] in {0,1}       rank r has a block with policy c (for its transient peak)
+    T_max >= 0            the slowest rank's forward + backward per micro-batch
+    y[r] >= 0             exposed pipeline sends of rank r (interleaved schedule)
+    x1,x2,x3[k,r] >= 0    exposed data-parallel terms of rank r under option k
+    D >= 0, O >= 0        exposed data-parallel time, optimizer time
+
+Rank quantities (linear in n): F[r] = sum n f + F_fixed, B[r] = sum n (b + rc_c) +
+B_fixed, P[r] params, A[r] saved activations per micro-batch.
+
+Constraints
+    (a) sum_{r,c} n[r,c] = L                               every block placed
+    (b) sum_c n[r,c] >= v                                  every virtual stage holds a block
+    (c) sum_k z[k] = 1                                     one ZeRO/offload option
+    (d) T_max >= F[r] + B[r] + sends[r]                    the slowest rank
+    (e) y[r] >= 2 v hop - (F[r] + B[r])                    interleaved sends not hidden
+    (f) P[r] s_k + A[r] inflight_r + E[r] + other_k <= cap + M (1 - z[k])     GPU memory (GiB)
+    (g) nodes' offloaded optimizer <= host memory + M (1 - z[k])
+    (h) E[r] >= e_c h[r,c], n[j,c] <= L h[r,c]             transient of recomputed blocks
+    (i) x1 >= per_micro - (F + B), x1 >= first layer's;   x2, x3 alike for the
+        reduction after backward and the gather after the optimizer (overlap)
+    (j) D >= exposed_k[r] - slack[r] - M (1 - z[k])        data-parallel time on the path
+    (k) O >= optimizer_k(P[r]) - M (1 - z[k])              optimizer step
+    (l) objective <= the best step time found so far       (optional cutoff)
+
+Objective: pipeline(T_max, sum of rank times) + D + O + tied-embedding sync, where
+pipeline is (m - 1) T_max + sum_r (F + B + sends) for 1F1B/GPipe (Narayanan et al.
+2021), (m + (p - 1)/v) T_max + 2 (p v - 1) hop for interleaved 1F1B, m T_max without
+a pipeline. Every term is the cost model's own (planner/cost/step.py), linear in the
+decisions, so the optimum here is the cost model's optimum over this space.
+"""
+from __future__ import annotations
+
+import pulp
+
+from ..cost.layer import POLICY_INDEX
+from ..errors import UserError
+from .stages import GroupProblem, Option
+
+SOLVERS = ("cbc", "highs")
+
+
+def make_solver(name: str, time_limit_s: float):
+    if name == "cbc":
+        return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=1e-6)
+    if name == "highs":
+        try:
+            import highspy  # noqa: F401
+        except ImportError:
+            raise UserError("HiGHS is not installed; pip install highspy, or use --solver cbc",
+                            field="--solver") from None
+        return pulp.HiGHS(msg=False, timeLimit=time_limit_s, gapRel=1e-6)
+    raise UserError(f"unknown solver {name!r}; allowed: cbc or highs", field="--solver")
+
+
+def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float = 20.0,
+                cutoff_s: float | None = None):
+    """(counts per virtual stage by policy, option, objective seconds), or None when
+    nothing fits (or nothing beats ``cutoff_s``).
+
+    Variables are per rank: the cost model is indifferent to how a rank spreads its
+    blocks over its virtual stages (each gets at least one, the rest evenly)."""
+    pr, cache = problem, problem.cache
+    block, L, p, v, m = pr.block, pr.num_blocks, pr.p, pr.v, pr.m
+    gib = 2.0**30                                      # memory rows in GiB: well-scaled coefficients
+    cap, host_cap = cache.cluster.device.memory_bytes / gib, cache.cluster.host_memory_bytes / gib
+    schedule = pr.base.schedule
+    prob = pulp.LpProblem("stages", pulp.LpMinimize)
+    n = {(r, c): pulp.LpVariable(f"n_{r}_{c}", 0, L, cat="Integer") for r in range(p) for c in pr.policies}
+    z = {k: pulp.LpVariable(f"z_{k}", cat="Binary") for k in range(len(pr.options))}
+    t_max = pulp.LpVariable("T_max", 0)
+    D = pulp.LpVariable("D", 0)
+    O = pulp.LpVariable("O", 0)
+    rc = {c: block.recompute_s[POLICY_INDEX[c]] for c in pr.policies}
+    act = {c: block.act_bytes[POLICY_INDEX[c]] / gib for c in pr.policies}
+    transient = {c: block.peak_extra_bytes[POLICY_INDEX[c]] / gib for c in pr.policies}
+
+    prob += pulp.lpSum(n.values()) == L, "a_every_block_placed"
+    for r in range(p):
+        prob += pulp.lpSum(n[r, c] for c in pr.policies) >= v, f"b_rank_{r}_one_block_per_stage"
+    prob += pulp.lpSum(z.values()) == 1, "c_one_zero_option"
+
+    total_params = L * block.params + sum(f.params for f in pr.fixed)
+    big_time = 2.0 * (m + p) * (L * (block.fwd_s + block.bwd_s + max(rc.values())) + sum(
+        f.fwd_s + f.bwd_s for f in pr.fixed) + 2 * v * pr.hop_s) + 1.0
+    rank_time = []
+    for r in range(p):
+        nb = pulp.lpSum(n[r, c] for c in pr.policies)
+        fixed = pr.fixed[r]
+        F = block.fwd_s * nb + fixed.fwd_s
+        B = pulp.lpSum((block.bwd_s + rc[c]) * n[r, c] for c in pr.policies) + fixed.bwd_s
+        P = block.params * nb + fixed.params
+        sends = 2 * v * pr.hop_s if p > 1 else 0.0
+        if schedule == "interleaved-1f1b":
+            y = pulp.LpVariable(f"y_{r}", 0)
+            prob += y >= sends - (F + B), f"e_rank_{r}_sends"
+            sends = y
+        rank_time.append(F + B + sends)
+        prob += t_max >= rank_time[r], f"d_rank_{r}_slowest"
+        # (h) the rank's transient peak: the largest of its layers' while they run backward
+        E = pulp.LpVariable(f"E_{r}", fixed.extra_bytes / gib)
+        for c in pr.policies:
+            if transient[c] > fixed.extra_bytes / gib:
+                h = pulp.LpVariable(f"h_{r}_{c}", cat="Binary")
+                prob += n[r, c] <= L * h, f"h_rank_{r}_uses_{c}"
+                prob += E >= transient[c] * h, f"h_rank_{r}_transient_{c}"
+        A = pulp.lpSum(act[c] * n[r, c] for c in pr.policies) + fixed.act_bytes / gib
+        for k, opt in enumerate(pr.options):
+            most = (opt.state_bytes * total_params / gib + L * max(act.values()) * max(pr.inflight)
+                    + max(transient.values()) + opt.other_bytes / gib + fixed.act_bytes / gib * pr.inflight[r])
+            prob += (opt.state_bytes / gib * P + pr.inflight[r] * A + E + opt.other_bytes / gib
+                     <= cap + max(0.0, most - cap) * (1 - z[k])), f"f_rank_{r}_memory_{k}"
+            if opt.host_bytes:
+                per_node = min(cache.cluster.gpus_per_node, cache.cluster.num_gpus)
+                host = per_node * opt.host_bytes / gib
+                prob += (host * P <= host_cap + max(0.0, host * total_params - host_cap) * (1 - z[k])), \
+                    f"g_rank_{r}_host_{k}"
+            _data_parallel(prob, pr, opt, k, r, nb, F, B, D, z[k], big_time)
+            prob += O >= opt.optimizer_s_per_param * P - big_time * (1 - z[k]), f"k_rank_{r}_optimizer_{k}"
+
+    if p == 1:
+        pipeline = m * t_max
+    elif schedule == "interleaved-1f1b":
+        pipeline = (m + (p - 1) / v) * t_max + 2 * (p * v - 1) * pr.hop_s
+    else:
+        pipeline = (m - 1) * t_max + pulp.lpSum(rank_time)
+    objective = pipeline + D + O + pr.tied_s
+    prob += objective
+    if cutoff_s is not None:
+        prob += objective <= cutoff_s, "l_beats_the_best_so_far"
+    status = prob.solve(make_solver(solver, time_limit_s))
+    if pulp.LpStatus[status] != "Optimal":
+        return None
+    per_rank = [{c: int(round(n[r, c].value() or 0)) for c in pr.policies} for r in range(p)]
+    chosen = max(z, key=lambda k: z[k].value() or 0)
+    return pr.spread_counts(per_rank), pr.options[chosen], pulp.value(prob.objective)
+
+
+def _data_parallel(prob, pr: GroupProblem, opt: Option, k: int, r: int, nb, F, B, D, z, big: float) -> None:
+    """(i)-(j): the rank's exposed data-parallel time under option k, as the cost model
+    prices it (planner/cost/step.py::_dp_comm_uncached), layer by layer."""
+    if pr.layout.dp * pr.layout.cp == 1:
+        return
+    blk = pr.collectives(opt, pr.block.params)
+    fixed = [pr.collectives(opt, params) for params in pr.fixed[r].buckets]
+    totals = [blk[i] * nb + sum(f[i] for f in fixed) for i in range(3)]    # per micro, once, after
+    m = pr.m
+    cache = pr.cache
+    if not cache.workload.overlap_grad_reduce:
+        exposed = m * totals[0] + totals[1] + totals[2]
+    else:
+        first = pr.collectives(opt, pr.first_layer_params(r))
+        kappa = cache.cluster.comm_sm_fraction
+        windows = (F + B, B, F)
+        exposed = 0
+        for i, weight in enumerate((m, 1, 1)):
+            if blk[i] == 0 and all(f[i] == 0 for f in fixed):
+                continue
+            x = pulp.LpVariable(f"x{i}_{k}_{r}", 0)
+            prob += x >= totals[i] - windows[i], f"i_rank_{r}_opt_{k}_term_{i}_exceeds_window"
+            prob += x >= first[i], f"i_rank_{r}_opt_{k}_term_{i}_first_layer"
+            exposed += weight * (x + kappa * totals[i])
+    slack = r * B if pr.p > 1 else 0
+    prob += D >= exposed - slack - big * (1 - z), f"j_rank_{r}_data_parallel_{k}"

@@ -1,0 +1,433 @@
+"""The per-group stage problem: what the ILP and the exhaustive reference decide.
+
+A *group* fixes the global choices (tp, pp, cp, dp, micro-batch, schedule, vpp,
+sequence parallelism). Within it, the decisions are:
+
+- how many transformer blocks each virtual stage holds (contiguous, at least one
+  each; the layers before the first block go with the first stage, those after the
+  last block with the last stage: Megatron-LM's and torchtitan's convention);
+- the recompute policy of each block (how many blocks of each stage recompute);
+- the ZeRO stage and optimizer offload.
+
+Blocks are identical (one signature), so a stage is described by counts, and the
+order of blocks inside a stage does not change any cost. ``GroupProblem`` gathers
+every constant of the cost model that these decisions combine linearly.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from ..config import RECOMPUTES, ParallelConfig
+from ..cost.layer import POLICY_INDEX, LayerCost
+from ..cost.memory import inflight_microbatches, state_bytes_per_param
+from ..cost.step import ADAM_BYTES_PER_PARAM, CostCache, dp_collectives
+from .space import Layout, Space
+from .. import network
+from ..cluster import DTYPE_BYTES
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A layer graph as prefix layers, ``blocks`` identical blocks, suffix layers."""
+
+    prefix: tuple[int, ...]
+    blocks: tuple[int, ...]
+    suffix: tuple[int, ...]
+
+
+def graph_shape(cache: CostCache) -> Shape | None:
+    """The prefix/blocks/suffix decomposition, or None when blocks are not all identical."""
+    layers = cache.graph.layers
+    idx = [i for i, layer in enumerate(layers) if layer.is_block]
+    if not idx or idx != list(range(idx[0], idx[-1] + 1)):
+        return None
+    if len({layers[i].signature for i in idx}) != 1:
+        return None
+    return Shape(prefix=tuple(range(idx[0])), blocks=tuple(idx), suffix=tuple(range(idx[-1] + 1, len(layers))))
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """The non-block layers' share of a rank (zero when the rank holds none)."""
+
+    fwd_s: float = 0.0
+    bwd_s: float = 0.0
+    act_bytes: float = 0.0
+    extra_bytes: float = 0.0
+    params: float = 0.0
+    buckets: tuple[float, ...] = ()      # parameters of each non-block layer (one collective each)
+
+
+_EMPTY = Fixed()
+
+
+@dataclass(frozen=True)
+class Option:
+    """One (ZeRO stage, offload) choice with its per-parameter and per-layer constants."""
+
+    zero: int
+    offload: str
+    state_bytes: float            # params + grads + optimizer bytes per parameter on the GPU
+    host_bytes: float             # optimizer bytes per parameter in host memory
+    other_bytes: float            # runtime reserve and communication buffers
+    optimizer_s_per_param: float  # optimizer step seconds per parameter of the rank
+
+
+class GroupProblem:
+    """Every constant the stage decisions combine, for one group of candidates."""
+
+    def __init__(self, space: Space, cache: CostCache, layout: Layout, schedule: str, vpp: int, sp: bool,
+                 shape: Shape, policies: tuple[str, ...] | None = None):
+        self.space, self.cache, self.layout, self.shape = space, cache, layout, shape
+        self.m = layout.num_microbatches(space.w.global_batch)
+        self.p, self.v = layout.pp, vpp
+        self.stages = self.p * self.v
+        self.base = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp,
+                                   micro_batch=layout.micro_batch, num_microbatches=self.m, vpp=vpp,
+                                   schedule=schedule, sequence_parallel=sp)
+        ctx = cache.context(self.base)
+        self.block: LayerCost = cache.layer(shape.blocks[0], ctx)
+        self.num_blocks = len(shape.blocks)
+        self.policies = policies or self._useful_policies(space)
+        self.hop_s = cache.hop_s(self.base)
+        self.inflight = [inflight_microbatches(schedule, rank=r, pp=self.p, vpp=vpp, num_microbatches=self.m)
+                         for r in range(self.p)]
+        self.fixed = [self._fixed(r, ctx) for r in range(self.p)]
+        self.options = [self._option(z, o) for z in space.zeros(layout) for o in space.offloads(z)]
+        self.tied_s = 0.0
+        graph, w = cache.graph, cache.workload
+        if graph.tied_embeddings and self.p > 1:
+            from ..cost.memory import grad_comm_bytes_per_param
+            nbytes = graph.tied_params / layout.tp * grad_comm_bytes_per_param(w.framework, w.precision)
+            self.tied_s = network.all_reduce_s(cache.cluster, nbytes, network.Group(2, 1))
+
+    # -- constants ----------------------------------------------------------------------------
+    def _useful_policies(self, space: Space) -> tuple[str, ...]:
+        """Recompute policies worth deciding: a fixed --recompute, else those not dominated
+        (selective with fused attention keeps what none keeps and costs nothing extra)."""
+        if space.k.recompute is not None:
+            return (space.k.recompute,)
+        b = self.block
+        out = ["none"]
+        sel, full = POLICY_INDEX["selective"], POLICY_INDEX["full"]
+        if b.act_bytes[sel] < b.act_bytes[0]:
+            out.append("selective")
+        out.append("full")
+        return tuple(out)
+
+    def _fixed(self, rank: int, ctx) -> Fixed:
+        """Prefix layers sit on virtual stage 0 (rank 0), suffix layers on the last stage."""
+        if rank != 0 and rank != (self.stages - 1) % self.p and not (
+                self.cache.graph.tied_embeddings and rank == self.p - 1):
+            return _EMPTY
+        layers = []
+        if rank == 0:
+            layers += self.shape.prefix
+        if (self.stages - 1) % self.p == rank:
+            layers += self.shape.suffix
+        costs = [self.cache.layer(i, ctx) for i in layers]
+        params = sum(c.params for c in costs)
+        buckets = tuple(c.params for c in costs)
+        graph = self.cache.graph
+        if graph.tied_embeddings and self.p > 1 and rank == self.p - 1 and rank != 0:
+            params += graph.tied_params / self.layout.tp
+            buckets += (graph.tied_params / self.layout.tp,)
+        return Fixed(fwd_s=sum(c.fwd_s for c in costs), bwd_s=sum(c.bwd_s for c in costs),
+                     act_bytes=sum(c.act_bytes[0] for c in costs),
+                     extra_bytes=max([c.peak_extra_bytes[0] for c in costs] or [0.0]), params=params,
+                     buckets=buckets)
+
+    def _option(self, zero: int, offload: str) -> Option:
+        cache, w, lay = self.cache, self.cache.workload, self.layout
+        states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
+                                       shard=lay.dp * lay.cp, offload=offload)
+        config = replace(self.base, zero=zero, offload=offload)
+        from ..cost.step import _other_bytes
+        other = _other_bytes(cache, config)
+        local = 1.0 / (lay.dp * lay.cp if zero >= 1 else 1)
+        if offload == "none":
+            dev = cache.cluster.device
+            opt = local * ADAM_BYTES_PER_PARAM / (dev.hbm_bytes_per_s * dev.hbm_efficiency)
+        else:
+            cluster = cache.cluster
+            per_node = min(cluster.gpus_per_node, cluster.num_gpus)
+            opt = (per_node * local * ADAM_BYTES_PER_PARAM / cluster.host_dram.effective_bytes_per_s
+                   + local * (4.0 + DTYPE_BYTES[w.precision]) / network.fabric(cluster).host_bytes_per_s)
+        return Option(zero=zero, offload=offload, state_bytes=states.params + states.grads + states.optimizer,
+                      host_bytes=states.host_optimizer, other_bytes=other, optimizer_s_per_param=opt)
+
+    def collectives(self, option: Option, params: float) -> tuple[float, float, float]:
+        config = replace(self.base, zero=option.zero, offload=option.offload)
+        return dp_collectives(self.cache, config, params)
+
+    def first_layer_params(self, rank: int) -> float:
+        """The rank's first layer: the prefix's first on rank 0, else a block."""
+        if rank == 0 and self.shape.prefix:
+            return self.cache.layer(self.shape.prefix[0], self.cache.context(self.base)).params
+        return self.block.params
+
+    # -- solutions ----------------------------------------------------------------------------
+    def config(self, counts: list[dict[str, int]], option: Option) -> ParallelConfig:
+        """The ParallelConfig of per-stage block counts by policy."""
+        stage_layers = []
+        policies: list[str] = ["none"] * len(self.shape.prefix)
+        for j, stage in enumerate(counts):
+            n = sum(stage.values())
+            extra = (len(self.shape.prefix) if j == 0 else 0) + (len(self.shape.suffix) if j == self.stages - 1 else 0)
+            stage_layers.append(n + extra)
+            for policy in RECOMPUTES:
+                policies += [policy] * stage.get(policy, 0)
+        policies += ["none"] * len(self.shape.suffix)
+        used = {p for stage in counts for p, k in stage.items() if k}
+        uniform = next(iter(used)) if len(used) == 1 else ("full" if "full" in used else "selective")
+        return replace(self.base, zero=option.zero, offload=option.offload, recompute=uniform,
+                       recompute_layers=tuple(policies), stage_layers=tuple(stage_layers))
+
+    def memory_free_split(self) -> list[int]:
+        """Blocks per virtual stage minimising the slowest rank with no recompute and no
+        memory limit: the exact optimum of the pipeline term when memory does not bind
+        (binary search on the slowest rank's time, at least one block per stage)."""
+        t_block = self.block.fwd_s + self.block.bwd_s
+        fixed = [f.fwd_s + f.bwd_s for f in self.fixed]
+        ranks = self.p
+        chunks = [self.v] * ranks
+
+        def capacity(cap: float) -> list[int] | None:
+            out = []
+            for r in range(ranks):
+                k = math.floor((cap - fixed[r]) / t_block + 1e-9)
+                if k < chunks[r]:
+                    return None
+                out.append(k)
+            return out
+
+        lo = max(fixed[r] + chunks[r] * t_block for r in range(ranks))
+        hi = max(fixed) + self.num_blocks * t_block
+        for _ in range(40):
+            mid = (lo + hi) / 2
+            caps = capacity(mid)
+            if caps is not None and sum(caps) >= self.num_blocks:
+                hi = mid
+            else:
+                lo = mid
+        caps = capacity(hi)
+        per_rank = list(chunks)
+        left = self.num_blocks - sum(per_rank)
+        for r in sorted(range(ranks), key=lambda r: fixed[r]):      # fill the lightest ranks first
+            add = min(left, caps[r] - per_rank[r])
+            per_rank[r] += add
+            left -= add
+        return self._spread(per_rank)
+
+    def spread_counts(self, per_rank: list[dict[str, int]]) -> list[dict[str, int]]:
+        """Per-rank counts by policy to per-virtual-stage counts (full recompute first)."""
+        stages = [{c: 0 for c in self.policies} for _ in range(self.stages)]
+        for r, counts in enumerate(per_rank):
+            sizes = self._spread_one(sum(counts.values()))
+            left = dict(counts)
+            for size, j in zip(sizes, [j for j in range(self.stages) if j % self.p == r]):
+                for c in sorted(self.policies, key=lambda c: c != "full"):
+                    take = min(left[c], size)
+                    stages[j][c] += take
+                    left[c] -= take
+                    size -= take
+        return stages
+
+    def _spread_one(self, total: int) -> list[int]:
+        base, extra = divmod(total, self.v)
+        return [base + (1 if i < extra else 0) for i in range(self.v)]
+
+    def _spread(self, per_rank: list[int]) -> list[int]:
+        """Per-rank block counts to per-virtual-stage counts (a rank's blocks across its chunks)."""
+        stages = [0] * self.stages
+        for r, total in enumerate(per_rank):
+            chunks = [j for j in range(self.stages) if j % self.p == r]
+            base, extra = divmod(total, len(chunks))
+            for i, j in enumerate(chunks):
+                stages[j] = base + (1 if i < extra else 0)
+        return stages
+
+
+def group_lower_bound(pr: GroupProblem) -> tuple[float, list[int]]:
+    """A lower bound on the step time of every candidate in the group, and the
+    memory-free split it is built on.
+
+    For each ZeRO/offload option k (the bound is the least over them):
+    - pipeline: the exact memory-free optimum (``memory_free_split``), combined with
+      the recompute that memory forces at least (below) spread as evenly as possible;
+    - recompute: a continuous relaxation. Rank r can hold C0 blocks without recompute;
+      each block beyond costs at least (bytes it needs) x (cheapest recompute seconds
+      per byte freed), up to the blocks it holds fully recomputed; blocks go greedily
+      to the cheapest ranks. Infeasible when even full recompute everywhere cannot fit;
+    - optimizer: at least the average rank's parameters;
+    - data parallel: rank 0 waits for its own exposed share with at least v blocks.
+    """
+    block, L, p, v, m = pr.block, pr.num_blocks, pr.p, pr.v, pr.m
+    cap = pr.cache.cluster.device.memory_bytes
+    split = pr.memory_free_split()
+    t_block = block.fwd_s + block.bwd_s
+    fixed_t = [f.fwd_s + f.bwd_s for f in pr.fixed]
+    per_rank = [sum(split[j] for j in range(pr.stages) if j % p == r) for r in range(p)]
+    times = [per_rank[r] * t_block + fixed_t[r] for r in range(p)]
+    work = sum(times)
+    sends = 2 * v * pr.hop_s if p > 1 and pr.base.schedule != "interleaved-1f1b" else 0.0
+    a_none = block.act_bytes[0]
+    savers = [(block.recompute_s[POLICY_INDEX[c]], a_none - block.act_bytes[POLICY_INDEX[c]])
+              for c in pr.policies if block.act_bytes[POLICY_INDEX[c]] < a_none]
+    a_min = min(block.act_bytes[POLICY_INDEX[c]] for c in pr.policies)
+    best = math.inf
+    for opt in pr.options:
+        recompute = 0.0
+        cheap = []      # (seconds per extra block, how many) per rank
+        free_total = 0.0
+        feasible = True
+        for r in range(p):
+            inf_r = pr.inflight[r]
+            base = opt.other_bytes + pr.fixed[r].params * opt.state_bytes + pr.fixed[r].act_bytes * inf_r
+            per_block_none = block.params * opt.state_bytes + a_none * inf_r
+            per_block_min = block.params * opt.state_bytes + a_min * inf_r
+            if pr.fixed[r].extra_bytes:
+                base += pr.fixed[r].extra_bytes
+            c0 = max(0.0, (cap - base) / per_block_none)
+            c_full = max(0.0, (cap - base) / per_block_min)
+            if c_full < v:
+                feasible = False
+                break
+            free_total += c0
+            if savers and c_full > c0:
+                per_byte = min(rc / (saved * inf_r) for rc, saved in savers)
+                cheap.append((per_block_none * per_byte, c_full - c0))
+        if not feasible:
+            continue
+        extra = max(0.0, L - free_total)
+        for cost, room in sorted(cheap):
+            take = min(extra, room)
+            recompute += take * cost
+            extra -= take
+        if extra > 1e-9:
+            continue                                  # cannot fit even with recompute
+        total = work + recompute
+        if p == 1:
+            pipe = m * total
+        elif pr.base.schedule == "interleaved-1f1b":
+            pipe = (m + (p - 1) / v) * max(max(times), total / p) + 2 * (p * v - 1) * pr.hop_s
+        else:
+            pipe = (m - 1) * max(max(times), total / p) + total + p * sends
+        optimizer = opt.optimizer_s_per_param * (L * block.params + sum(f.params for f in pr.fixed)) / p
+        best = min(best, max(pipe, _rank0_scan(pr, opt, recompute)) + optimizer)
+    return best + pr.tied_s, split
+
+
+def _rank0_scan(pr: GroupProblem, opt: Option, recompute: float) -> float:
+    """Pipeline plus rank 0's exposed data-parallel time, least over rank 0's block count.
+
+    Rank 0 finishes last and has no slack, so its exposed share is on the path. Its
+    exposure grows with its blocks while the pipeline wants them balanced: scanning
+    rank 0's count b gives a bound on both together. The backward window is taken at
+    its largest (every block fully recomputed), which only lowers the exposure."""
+    block, L, p, v, m = pr.block, pr.num_blocks, pr.p, pr.v, pr.m
+    t_block = block.fwd_s + block.bwd_s
+    rc_max = max(block.recompute_s[POLICY_INDEX[c]] for c in pr.policies)
+    fixed_t = [f.fwd_s + f.bwd_s for f in pr.fixed]
+    work = L * t_block + sum(fixed_t) + recompute
+    dp = _Rank0Collectives(pr, opt)
+    lo, hi = (v, L - (p - 1) * v) if p > 1 else (L, L)
+
+    def total(b: int) -> float:
+        t0 = b * t_block + fixed_t[0]
+        if p == 1:
+            pipe = m * (t0 + recompute)
+        else:
+            slowest = max(t0, ((L - b) * t_block + sum(fixed_t[1:])) / (p - 1), work / p)
+            if pr.base.schedule == "interleaved-1f1b":
+                pipe = (m + (p - 1) / v) * slowest + 2 * (p * v - 1) * pr.hop_s
+            else:
+                pipe = (m - 1) * slowest + work + 2 * v * pr.hop_s * p
+        fwd = b * block.fwd_s + pr.fixed[0].fwd_s
+        return pipe + dp.floor(b, fwd, b * (block.bwd_s + rc_max) + pr.fixed[0].bwd_s)
+
+    # both parts are maxima of linear functions of b plus linear terms: convex, so the
+    # first b whose next step does not decrease the total is the minimum
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if total(mid + 1) >= total(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return total(lo)
+
+
+class _Rank0Collectives:
+    """Rank 0's data-parallel collectives under one option, as a function of its blocks."""
+
+    def __init__(self, pr: GroupProblem, opt: Option):
+        self.active = pr.layout.dp * pr.layout.cp > 1
+        if not self.active:
+            return
+        self.m = pr.m
+        self.blk = pr.collectives(opt, pr.block.params)
+        fixed = [pr.collectives(opt, params) for params in pr.fixed[0].buckets]
+        self.fixed = [sum(f[i] for f in fixed) for i in range(3)]
+        self.overlap = pr.cache.workload.overlap_grad_reduce
+        self.first = pr.collectives(opt, pr.first_layer_params(0))
+        self.kappa = pr.cache.cluster.comm_sm_fraction
+
+    def floor(self, blocks: int, fwd_s: float, bwd_s: float) -> float:
+        """Exposed seconds with ``blocks`` blocks and the given compute windows."""
+        if not self.active:
+            return 0.0
+        totals = [self.blk[i] * blocks + self.fixed[i] for i in range(3)]
+        if not self.overlap:
+            return self.m * totals[0] + totals[1] + totals[2]
+        windows = (fwd_s + bwd_s, bwd_s, fwd_s)
+        out = 0.0
+        for i, weight in enumerate((self.m, 1, 1)):
+            if totals[i]:
+                out += weight * (max(totals[i] - windows[i], self.first[i]) + self.kappa * totals[i])
+        return out
+
+
+def structured_counts(pr: GroupProblem, split: list[int], option: Option) -> list[dict[str, int]] | None:
+    """The split with the fewest recomputed blocks per rank that make it fit under
+    ``option`` (the cheapest policy per byte freed first), or None if it cannot fit."""
+    block, p = pr.block, pr.p
+    cap = pr.cache.cluster.device.memory_bytes
+    counts = [{c: 0 for c in pr.policies} for _ in split]
+    for j, nb in enumerate(split):
+        counts[j]["none" if "none" in pr.policies else pr.policies[0]] = nb
+    order = sorted((c for c in pr.policies if c != "none"),
+                   key=lambda c: block.recompute_s[POLICY_INDEX[c]] /
+                   max(1e-30, block.act_bytes[0] - block.act_bytes[POLICY_INDEX[c]]))
+    for r in range(p):
+        inf_r = pr.inflight[r]
+        mine = [j for j in range(pr.stages) if j % p == r]
+        nb = sum(split[j] for j in mine)
+        base = opt_base = option.other_bytes + (pr.fixed[r].params + nb * block.params) * option.state_bytes \
+            + pr.fixed[r].act_bytes * inf_r
+        acts = {c: block.act_bytes[POLICY_INDEX[c]] for c in pr.policies}
+
+        def memory(assign: dict[str, int]) -> float:
+            extra = max([pr.fixed[r].extra_bytes] + [block.peak_extra_bytes[POLICY_INDEX[c]]
+                                                     for c, k in assign.items() if k])
+            return opt_base + inf_r * sum(acts[c] * k for c, k in assign.items()) + extra
+
+        assign = {c: 0 for c in pr.policies}
+        assign[pr.policies[0] if "none" not in pr.policies else "none"] = nb
+        for c in order:
+            while memory(assign) > cap and assign.get("none", 0) > 0:
+                assign["none"] -= 1
+                assign[c] += 1
+        if memory(assign) > cap:
+            return None
+        # spread the rank's recompute over its chunks
+        left = dict(assign)
+        for j in mine:
+            take_total = split[j]
+            counts[j] = {c: 0 for c in pr.policies}
+            for c in sorted(pr.policies, key=lambda c: c != "full"):
+                take = min(left[c], take_total)
+                counts[j][c] += take
+                left[c] -= take
+                take_total -= take
+    return counts
