@@ -11,7 +11,7 @@ from .config import ParallelConfig, Workload
 from .errors import NoFeasiblePlan, UserError
 from .layers import LayerGraph, build_layer_graph
 from .model import ALIASES, ZOO, load_model
-from .explain import limits, lost_on
+from .explain import gains, limits, lost_on
 from .plan import Plan, config_json
 from .search import Candidate, SearchResult, evaluate, search
 from .search.space import Knobs
@@ -128,6 +128,19 @@ def plan_command(args) -> int:
     return 0
 
 
+def _runs(values) -> str:
+    """[2, 1, 1, 1, 3] as "2, 1 x3, 3"."""
+    out, values = [], list(values)
+    i = 0
+    while i < len(values):
+        j = i
+        while j < len(values) and values[j] == values[i]:
+            j += 1
+        out.append(f"{values[i]}" + (f" x{j - i}" if j - i > 1 else ""))
+        i = j
+    return "[" + ", ".join(out) + "]"
+
+
 def _progress_bar():
     """A one-line progress indicator on stderr for searches that take more than a moment."""
     if not sys.stderr.isatty():
@@ -190,8 +203,17 @@ def format_plan(plan: Plan) -> str:
         f"CP comm {t.cp_comm:.3f}, PP comm {t.pp_comm:.3f}, bubble {t.bubble:.3f}, DP comm {t.dp_comm:.3f}, "
         f"optimizer {t.optimizer:.3f}",
     ]
+    won = gains(plan.graph, plan.cluster, plan.workload, c, e)
     if c.stage_layers and c.pp > 1:
-        lines.append(f"stages    layers per virtual stage {list(c.stage_layers)} (embedding first, head last)")
+        lines.append(f"stages    layers per virtual stage {_runs(c.stage_layers)} (embedding first, head last)")
+    if "non_uniform_stages" in won:
+        g = won["non_uniform_stages"]
+        lines.append(f"          unequal stages save {g['saved_s']:.3g} s per step ({g['saved_pct']:.1f}%) against "
+                     f"balanced ones" + ("" if g["balanced_fits"] else ", which would not even fit"))
+    if "partial_recompute" in won:
+        g = won["partial_recompute"]
+        lines.append(f"recompute {g['recomputed_layers']} of {g['blocks']} blocks: {g['saved_s']:.3g} s per step "
+                     f"({g['saved_pct']:.1f}%) faster than recomputing every block")
     lines.append(f"limits    {limits(c, e, plan.cluster)}")
     if plan.alternatives:
         lines += ["", "runners-up (the best plan of each other layout)"]

@@ -67,3 +67,45 @@ def limits(config: ParallelConfig, est: Estimate, cluster: Cluster) -> str:
     return (f"memory: stage {stage} uses {mem.total / GiB:.1f} of {est.capacity_bytes / GiB:.1f} GiB ({used:.0f}%), "
             f"mostly {biggest[0]} ({biggest[1] / GiB:.1f} GiB); time: compute {100 * t.compute / step:.1f}%"
             + ("".join(f", {o}" for o in overheads)))
+
+
+def gains(graph, cluster, workload, config: ParallelConfig, est: Estimate) -> dict:
+    """What the per-stage choices bought, against the plain alternatives of the same
+    global choice: balanced stages, and every block recomputed (the cost model's numbers)."""
+    from dataclasses import replace
+
+    from .cost.step import balanced_stage_layers, estimate, layer_policies
+
+    out = {}
+    stages = config.pp * config.vpp
+    if config.stage_layers is not None and tuple(config.stage_layers) != balanced_stage_layers(graph, stages):
+        balanced = estimate(graph, cluster, workload, replace(config, stage_layers=None,
+                                                            recompute_layers=_rebalanced(graph, config)))
+        out["non_uniform_stages"] = {
+            "layers_per_stage": list(config.stage_layers),
+            "balanced_step_time_s": balanced.step_time_s, "balanced_fits": balanced.fits,
+            "saved_s": balanced.step_time_s - est.step_time_s,
+            "saved_pct": 100 * (balanced.step_time_s / est.step_time_s - 1)}
+    policies = layer_policies(graph, config)
+    blocks = [p for p, layer in zip(policies, graph.layers) if layer.is_block]
+    if "full" in blocks and "none" in blocks:
+        everything = estimate(graph, cluster, workload, replace(config, recompute="full", recompute_layers=None))
+        out["partial_recompute"] = {
+            "recomputed_layers": blocks.count("full"), "blocks": len(blocks),
+            "full_recompute_step_time_s": everything.step_time_s,
+            "saved_s": everything.step_time_s - est.step_time_s,
+            "saved_pct": 100 * (everything.step_time_s / est.step_time_s - 1)}
+    return out
+
+
+def _rebalanced(graph, config: ParallelConfig):
+    """The same number of recomputed blocks per policy, laid over balanced stages."""
+    from .cost.step import layer_policies
+
+    policies = layer_policies(graph, config)
+    blocks = sorted((p for p, layer in zip(policies, graph.layers) if layer.is_block),
+                    key=lambda p: {"full": 0, "selective": 1, "none": 2}[p])
+    out, it = [], iter(blocks)
+    for layer in graph.layers:
+        out.append(next(it) if layer.is_block else "none")
+    return tuple(out)

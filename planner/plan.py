@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .cluster import Cluster
-from .explain import limits, lost_on
+from .explain import gains, limits, lost_on
 from .config import ParallelConfig, Workload
 from .layers import LayerGraph
 from .model import ModelSpec
@@ -117,6 +117,7 @@ class Plan:
             "alternatives": [{"config": config_json(c.config), "estimate": c.estimate.to_json(),
                               "lost_on": lost_on(self.best.estimate, c.estimate)} for c in self.alternatives],
             "limits": limits(self.best.config, self.best.estimate, self.cluster),
+            "gains": gains(self.graph, self.cluster, self.workload, self.best.config, self.best.estimate),
             "search": {"seconds": self.search_seconds, "candidates": self.candidates, "evaluated": self.evaluated,
                        "solver": self.solver, "global_choices": self.groups, "ilp_solves": self.ilp_solves},
         }

@@ -90,8 +90,6 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
     prob += pulp.lpSum(z.values()) == 1, "c_one_zero_option"
 
     total_params = L * block.params + sum(f.params for f in pr.fixed)
-    big_time = 2.0 * (m + p) * (L * (block.fwd_s + block.bwd_s + max(rc.values())) + sum(
-        f.fwd_s + f.bwd_s for f in pr.fixed) + 2 * v * pr.hop_s) + 1.0
     rank_time = []
     for r in range(p):
         nb = pulp.lpSum(n[r, c] for c in pr.policies)
@@ -115,8 +113,11 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
                 prob += E >= transient[c] * h, f"h_rank_{r}_transient_{c}"
         A = pulp.lpSum(act[c] * n[r, c] for c in pr.policies) + fixed.act_bytes / gib
         for k, opt in enumerate(pr.options):
-            most = (opt.state_bytes * total_params / gib + L * max(act.values()) * max(pr.inflight)
-                    + max(transient.values()) + opt.other_bytes / gib + fixed.act_bytes / gib * pr.inflight[r])
+            # big-M: the row's left-hand side at its largest (every block on this rank, the
+            # largest activations and transient), so the row is slack when option k is not chosen
+            most = (opt.state_bytes * (L * block.params + fixed.params) / gib
+                    + pr.inflight[r] * (L * max(act.values()) + fixed.act_bytes / gib)
+                    + max([fixed.extra_bytes / gib] + list(transient.values())) + opt.other_bytes / gib)
             prob += (opt.state_bytes / gib * P + pr.inflight[r] * A + E + opt.other_bytes / gib
                      <= cap + max(0.0, most - cap) * (1 - z[k])), f"f_rank_{r}_memory_{k}"
             if opt.host_bytes:
@@ -124,8 +125,9 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
                 host = per_node * opt.host_bytes / gib
                 prob += (host * P <= host_cap + max(0.0, host * total_params - host_cap) * (1 - z[k])), \
                     f"g_rank_{r}_host_{k}"
-            _data_parallel(prob, pr, opt, k, r, nb, F, B, D, z[k], big_time)
-            prob += O >= opt.optimizer_s_per_param * P - big_time * (1 - z[k]), f"k_rank_{r}_optimizer_{k}"
+            _data_parallel(prob, pr, opt, k, r, nb, F, B, D, z[k])
+            most_opt = opt.optimizer_s_per_param * (L * block.params + fixed.params)
+            prob += O >= opt.optimizer_s_per_param * P - most_opt * (1 - z[k]), f"k_rank_{r}_optimizer_{k}"
 
     if p == 1:
         pipeline = m * t_max
@@ -145,7 +147,7 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
     return pr.spread_counts(per_rank), pr.options[chosen], pulp.value(prob.objective)
 
 
-def _data_parallel(prob, pr: GroupProblem, opt: Option, k: int, r: int, nb, F, B, D, z, big: float) -> None:
+def _data_parallel(prob, pr: GroupProblem, opt: Option, k: int, r: int, nb, F, B, D, z) -> None:
     """(i)-(j): the rank's exposed data-parallel time under option k, as the cost model
     prices it (planner/cost/step.py::_dp_comm_uncached), layer by layer."""
     if pr.layout.dp * pr.layout.cp == 1:
@@ -155,11 +157,15 @@ def _data_parallel(prob, pr: GroupProblem, opt: Option, k: int, r: int, nb, F, B
     totals = [blk[i] * nb + sum(f[i] for f in fixed) for i in range(3)]    # per micro, once, after
     m = pr.m
     cache = pr.cache
+    first = pr.collectives(opt, pr.first_layer_params(r))
+    kappa = cache.cluster.comm_sm_fraction
+    # big-M: the exposure at its largest (every block on this rank, nothing to hide behind)
+    L = pr.num_blocks
+    big = sum(w * ((blk[i] * L + sum(f[i] for f in fixed)) * (1 + kappa) + first[i])
+              for i, w in enumerate((m, 1, 1)))
     if not cache.workload.overlap_grad_reduce:
         exposed = m * totals[0] + totals[1] + totals[2]
     else:
-        first = pr.collectives(opt, pr.first_layer_params(r))
-        kappa = cache.cluster.comm_sm_fraction
         windows = (F + B, B, F)
         exposed = 0
         for i, weight in enumerate((m, 1, 1)):

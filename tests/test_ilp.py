@@ -1,0 +1,162 @@
+"""The stage ILP against the exhaustive reference, and what its choices buy."""
+import json
+import random
+from dataclasses import replace
+
+import pytest
+
+from planner.cluster import load_cluster
+from planner.config import Workload
+from planner.layers import build_layer_graph
+from planner.model import ModelSpec, ZOO
+from planner.search import search
+from planner.search.space import Knobs, Layout, Space
+from planner.search.stages import GroupProblem, graph_shape
+from planner.search.ilp import solve_group
+from planner.search.exhaustive import solve_group_exhaustively
+from planner.cost.step import CostCache
+
+
+def tiny(rng: random.Random, i: int) -> ModelSpec:
+    heads = rng.choice([2, 4])
+    hidden = heads * rng.choice([64, 128, 256])
+    gpt = rng.random() < 0.5
+    return ModelSpec(name=f"tiny{i}", num_layers=rng.choice([4, 5, 6]), hidden=hidden, num_heads=heads,
+                     num_kv_heads=heads, head_dim=hidden // heads, ffn_hidden=4 * hidden,
+                     vocab_size=rng.choice([512, 50000, 150000]), seq_len=rng.choice([512, 2048]),
+                     max_positions=2048 if gpt else 0, mlp="gelu" if gpt else "swiglu",
+                     norm="layernorm" if gpt else "rmsnorm", linear_bias=gpt, qkv_bias=False,
+                     tied_embeddings=gpt and rng.random() < 0.5, dropout=gpt)
+
+
+def scenario(i: int):
+    """A small model on a small cluster; most fix a pipeline depth (tiny models would
+    never choose one) so that stage sizes, per-stage recompute and the schedule matter;
+    about half squeeze the device memory so that recompute and ZeRO choices bind."""
+    rng = random.Random(1000 + i)
+    spec = tiny(rng, i)
+    graph = build_layer_graph(spec)
+    cluster = load_cluster(rng.choice(["a100-40g", "h100-80g", "l40s", "v100-32g"]), rng.choice([2, 4]))
+    precision = "fp16" if cluster.name == "v100-32g" else "bf16"
+    workload = Workload(global_batch=cluster.num_gpus * rng.choice([2, 4]), seq_len=spec.seq_len,
+                        precision=precision, framework=rng.choice(["torch", "megatron", "deepspeed"]),
+                        attention=rng.choice(["flash", "unfused"]))
+    pp = rng.choice([None, 2, 2, cluster.num_gpus])
+    knobs = Knobs(pp=pp, tp=1 if pp else None,
+                  schedule=rng.choice([None, "1f1b", "interleaved-1f1b"]) if pp else None,
+                  vpp=2 if pp and rng.random() < 0.3 and pp * 2 <= spec.num_layers else None)
+    if knobs.vpp:
+        knobs = replace(knobs, schedule="interleaved-1f1b")
+    if knobs.schedule == "interleaved-1f1b" and knobs.vpp is None:
+        knobs = replace(knobs, schedule=None)
+    if rng.random() < 0.6:
+        uniform = search(graph, cluster, workload, knobs, top_k=1, solver="uniform")
+        if uniform.best is not None:
+            squeeze = uniform.best.estimate.memory.total * rng.uniform(0.8, 1.0)
+            cluster = replace(cluster, device=replace(cluster.device, memory_bytes=squeeze))
+    return graph, cluster, workload, knobs
+
+
+SCENARIOS = 32
+
+
+@pytest.mark.parametrize("i", range(SCENARIOS))
+def test_ilp_search_equals_exhaustive_optimum(i):
+    graph, cluster, workload, knobs = scenario(i)
+    ilp = search(graph, cluster, workload, knobs, top_k=1, solver="cbc")
+    reference = search(graph, cluster, workload, knobs, top_k=1, solver="exhaustive", prune=False)
+    if reference.best is None:
+        assert ilp.best is None
+        return
+    assert ilp.best is not None
+    assert ilp.best.estimate.step_time_s == pytest.approx(reference.best.estimate.step_time_s, rel=1e-3)
+
+
+GROUPS = [  # (model, cluster, gpus, layout, schedule, vpp, memory squeeze)
+    ("gpt", "a100-40g", 4, Layout(tp=1, pp=4, cp=1, dp=1, micro_batch=1), "1f1b", 1, 0.9),
+    ("llama", "h100-80g", 4, Layout(tp=1, pp=2, cp=1, dp=2, micro_batch=2), "interleaved-1f1b", 2, 0.85),
+    ("llama", "l40s", 4, Layout(tp=1, pp=4, cp=1, dp=1, micro_batch=1), "gpipe", 1, 0.95),
+    ("gpt", "v100-32g", 4, Layout(tp=2, pp=2, cp=1, dp=1, micro_batch=1), "1f1b", 1, 0.8),
+    ("llama", "a100-40g", 8, Layout(tp=1, pp=4, cp=1, dp=2, micro_batch=1), "1f1b", 1, 1.0),
+]
+
+
+@pytest.mark.parametrize("case", GROUPS)
+def test_group_ilp_equals_group_enumeration(case):
+    """One group at a time: the ILP's optimum is the best of every stage split, recompute
+    assignment and ZeRO/offload option, under tight memory."""
+    kind, cluster_name, gpus, layout, schedule, vpp, squeeze = case
+    base = ZOO["gpt-1.7b" if kind == "gpt" else "llama3-8b"]
+    spec = replace(base, num_layers=6, hidden=512, num_heads=4, num_kv_heads=4, head_dim=128, ffn_hidden=2048,
+                   seq_len=1024, max_positions=1024 if kind == "gpt" else 0)
+    graph = build_layer_graph(spec)
+    cluster = load_cluster(cluster_name, gpus)
+    workload = Workload(global_batch=8, seq_len=1024, precision="fp16" if cluster_name == "v100-32g" else "bf16")
+    cache = CostCache(graph, cluster, workload)
+    space = Space(graph, gpus, workload, Knobs(), cluster.device.dtypes)
+    loose = GroupProblem(space, cache, layout, schedule, vpp, False, graph_shape(cache))
+    found = solve_group_exhaustively(loose)
+    assert found is not None
+    # squeeze memory to the exhaustive optimum's need: recompute and ZeRO choices must bind
+    from planner.cost.step import estimate
+    need = estimate(graph, cluster, workload, loose.config(found[0], found[1])).memory.total
+    cluster = replace(cluster, device=replace(cluster.device, memory_bytes=need * squeeze))
+    cache = CostCache(graph, cluster, workload)
+    pr = GroupProblem(space, cache, layout, schedule, vpp, False, graph_shape(cache))
+    reference = solve_group_exhaustively(pr)
+    ilp = solve_group(pr, "cbc")
+    if reference is None:
+        assert ilp is None
+        return
+    assert ilp is not None
+    config = pr.config(ilp[0], ilp[1])
+    est = estimate(graph, cluster, workload, config)
+    assert est.fits
+    assert est.step_time_s == pytest.approx(reference[2], rel=1e-6)
+    assert ilp[2] == pytest.approx(est.step_time_s, rel=1e-6)      # the ILP prices it as the cost model does
+
+
+def test_large_vocabulary_pipeline_gets_unequal_stages(cli):
+    """Llama-3 8B (vocabulary 128256) on 8 pipeline stages: the head makes the last stage
+    heavy, so it gets fewer blocks, and the estimate says how much that saves."""
+    out = cli("plan", "--model", "llama3-8b", "--cluster", "h100-80g", "--gpus", "64", "--pp", "8", "--tp", "1",
+              "--global-batch", "256", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    stages = doc["config"]["stage_layers"]
+    gain = doc["gains"]["non_uniform_stages"]
+    assert gain["saved_s"] > 0 and gain["balanced_step_time_s"] > doc["estimate"]["step_time_s"]
+    # blocks per stage (embedding on the first, norm + head on the last): the last has fewer
+    blocks = [stages[0] - 1] + stages[1:-1] + [stages[-1] - 2]
+    assert blocks[-1] < max(blocks)
+    assert len(set(blocks)) > 1
+
+
+def test_partial_recompute_when_memory_needs_only_some(cli):
+    out = cli("plan", "--model", "llama2-13b", "--cluster", "a100-40g", "--gpus", "16", "--global-batch", "64",
+              "--pp", "4", "--tp", "2", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    layers = doc["config"]["recompute_layers"]
+    assert "full" in layers and layers.count("none") > layers.count("full")
+    gain = doc["gains"]["partial_recompute"]
+    assert gain["recomputed_layers"] < gain["blocks"]
+    assert gain["full_recompute_step_time_s"] > doc["estimate"]["step_time_s"]
+
+
+def test_why_it_won_is_in_the_json(cli):
+    out = cli("plan", "--model", "gpt-7.5b", "--cluster", "a100-80g", "--gpus", "32", "--global-batch", "256",
+              "--json")
+    doc = json.loads(out.stdout)
+    assert doc["alternatives"] and all("lost_on" in a and " s per step" in a["lost_on"] for a in doc["alternatives"])
+    assert doc["limits"].startswith("memory: stage") and "GiB" in doc["limits"]
+    times = [doc["estimate"]["step_time_s"]] + [a["estimate"]["step_time_s"] for a in doc["alternatives"]]
+    assert times == sorted(times)
+
+
+def test_highs_and_cbc_agree(cli):
+    args = ["plan", "--model", "llama2-13b", "--cluster", "a100-40g", "--gpus", "16", "--global-batch", "64",
+            "--pp", "4", "--tp", "2", "--json"]
+    cbc = json.loads(cli(*args).stdout)
+    highs = json.loads(cli(*args, "--solver", "highs").stdout)
+    assert highs["estimate"]["step_time_s"] == pytest.approx(cbc["estimate"]["step_time_s"], rel=1e-6)
