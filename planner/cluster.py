@@ -30,7 +30,7 @@ class Device:
     hbm_bytes_per_s: float
     peak_flops: tuple[tuple[str, float], ...]   # dense FLOP/s per dtype, e.g. (("bf16", 312e12),)
     sm_count: int
-    gemm_tile: tuple[int, int]            # (rows, cols) of the output tile one SM computes
+    gemm_tiles: tuple[tuple[int, int], ...]   # output tile shapes (rows, cols) the GEMM library picks from
     gemm_efficiency: float                # achieved fraction of peak on large training GEMMs
     hbm_efficiency: float                 # achieved fraction of HBM bandwidth, streaming kernels
     attention_efficiency: float           # fused attention kernels, fraction of peak
@@ -256,15 +256,17 @@ def parse_cluster(data: dict, source: str) -> Cluster:
         peak_flops[dtype] = peaks.number(dtype) * 1e12
     if not peak_flops:
         raise UserError("needs at least one dtype", source=source, field="gpu.peak_tflops")
-    tile = kernels.data.get("gemm_tile", [128, 128])
-    if (not isinstance(tile, list) or len(tile) != 2
-            or not all(isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in tile)):
-        raise UserError(f"must be two positive integers [rows, cols], got {tile!r}", source=source,
-                        field="gpu.kernels.gemm_tile")
+    tiles = kernels.data.get("gemm_tiles", [kernels.data.get("gemm_tile", [128, 128])])
+    field = "gpu.kernels.gemm_tiles" if "gemm_tiles" in kernels.data else "gpu.kernels.gemm_tile"
+    if not isinstance(tiles, list) or not tiles or not all(
+            isinstance(t, list) and len(t) == 2 and all(isinstance(x, int) and not isinstance(x, bool) and x > 0
+                                                        for x in t) for t in tiles):
+        raise UserError(f"must be a list of [rows, cols] pairs of positive integers, got {tiles!r}", source=source,
+                        field=field)
     device = Device(
         name=gpu.string("name"), memory_bytes=gpu.number("memory_GiB") * GiB,
         hbm_bytes_per_s=gpu.number("hbm_GBps") * 1e9, peak_flops=tuple(peak_flops.items()),
-        sm_count=gpu.integer("sm_count"), gemm_tile=(tile[0], tile[1]),
+        sm_count=gpu.integer("sm_count"), gemm_tiles=tuple((t[0], t[1]) for t in tiles),
         gemm_efficiency=kernels.fraction("gemm_efficiency"),
         hbm_efficiency=kernels.fraction("hbm_efficiency"),
         attention_efficiency=kernels.fraction("attention_efficiency"),

@@ -27,12 +27,40 @@ MESHPLAN_VERSION = "0.1.0"
 TP_STYLES = ("colwise", "rowwise", "vocab", "colwise_loss", "sequence")
 
 
-def tp_plan(graph: LayerGraph, config: ParallelConfig) -> dict[str, str]:
-    """Module path -> TP style for every module that holds parameters (empty without TP)."""
+def block_shardings(graph: LayerGraph, config: ParallelConfig, cluster: Cluster, workload: Workload) -> dict:
+    """The TP sharding ILP's choice for each distinct block signature (solved once each)."""
+    from .opgraph import block_graph
+    from .search.tp_ilp import Context, solve_sharding
+
     if config.tp == 1:
         return {}
+    ctx = Context(tp=config.tp, tokens=config.micro_batch * workload.seq_len / config.cp,
+                  micro_batch=config.micro_batch, seq_len=workload.seq_len // config.cp,
+                  precision=workload.precision, attention=workload.attention,
+                  sequence_parallel=config.sequence_parallel)
+    out = {}
+    for layer in graph.layers:
+        if layer.is_block and layer.signature not in out:
+            out[layer.signature] = (layer, solve_sharding(block_graph(layer, graph.hidden), ctx, cluster))
+    return out
+
+
+def tp_plan(graph: LayerGraph, config: ParallelConfig, shardings: dict) -> dict[str, str]:
+    """Module path -> TP style for every module that holds parameters (empty without TP):
+    blocks as their sharding ILP chose, the embedding vocabulary-parallel, the head
+    column-parallel with a vocabulary-parallel loss."""
+    if config.tp == 1:
+        return {}
+    styles = {"column": "colwise", "row": "rowwise", "sequence": "sequence"}
     plan = {}
     for layer in graph.layers:
+        if layer.is_block and layer.signature in shardings:
+            model, sharding = shardings[layer.signature]
+            for op, ref in zip(layer.ops, model.ops):
+                style = styles.get(sharding.strategies.get(ref.name, "replicate"))
+                if style and (op.params or style != "sequence"):
+                    plan[op.name] = style
+            continue
         for op in layer.ops:
             if op.kind == "embedding":
                 plan[op.name] = "vocab"
@@ -101,6 +129,7 @@ class Plan:
 
     def to_json(self) -> dict:
         """The document `meshplan plan --json` prints and `--out` writes."""
+        shardings = block_shardings(self.graph, self.best.config, self.cluster, self.workload)
         return {
             "schema_version": PLAN_SCHEMA_VERSION,
             "meshplan_version": MESHPLAN_VERSION,
@@ -112,7 +141,9 @@ class Plan:
             "config": config_json(self.best.config),
             "estimate": self.best.estimate.to_json(),
             "stages": self.stage_modules(),
-            "tp_plan": tp_plan(self.graph, self.best.config),
+            "tp_plan": tp_plan(self.graph, self.best.config, shardings),
+            "tp_sharding": {model.name: {"boundary": sh.boundary, "strategies": sh.strategies}
+                            for model, sh in shardings.values()},
             "recompute_per_layer": self.recompute_per_layer(),
             "alternatives": [{"config": config_json(c.config), "estimate": c.estimate.to_json(),
                               "lost_on": lost_on(self.best.estimate, c.estimate)} for c in self.alternatives],

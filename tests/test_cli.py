@@ -159,7 +159,7 @@ BAD_PROFILES = [
     (lambda t: t.replace("[network]", "[networks]"), ["network", "missing table"]),
     (lambda t: t.replace("hbm_GBps = 2039", 'hbm_GBps = "fast"'), ["gpu.hbm_GBps", "must be a number"]),
     (lambda t: t.replace("hbm_GBps = 2039", "hbm_GBps = -5"), ["gpu.hbm_GBps", "> 0"]),
-    (lambda t: t.replace("gemm_efficiency = 0.68", "gemm_efficiency = 1.7"), ["gpu.kernels.gemm_efficiency",
+    (lambda t: t.replace("gemm_efficiency = 0.64", "gemm_efficiency = 1.7"), ["gpu.kernels.gemm_efficiency",
                                                                               "fraction"]),
     (lambda t: t.replace("bf16 = 312.0", "bf17 = 312.0"), ["gpu.peak_tflops.bf17", "unknown dtype"]),
     (lambda t: t.replace('fabric = "nvswitch"', 'fabric = "ethernet"'), ["intra_node.fabric", "nvswitch"]),

@@ -6,21 +6,28 @@ import pytest
 from planner.cluster import load_cluster
 from planner.cost.compute import attention_flops, flash_attention_s, gemm_s, memory_bound_s, unfused_attention_s
 
-A100 = load_cluster("a100-80g").device        # 312 TFLOP/s bf16, tile 128x256, 108 SMs, efficiency 0.68
+A100 = load_cluster("a100-80g").device        # 312 TFLOP/s bf16, 108 SMs, efficiency 0.64,
+                                              # tiles 256x128, 128x256, 128x128
 
 
 def test_gemm_tile_and_wave_quantization():
     m = n = k = 4096
-    tiles = (4096 // 128) * (4096 // 256)          # 512 tiles
-    waves = math.ceil(tiles / 108)                 # 5 waves of 108 SMs
-    useful = tiles / (waves * 108)                 # 512 / 540
-    expected = 2 * m * n * k / (312e12 * 0.68 * useful)
+    # 256x128 or 128x256: 512 tiles in ceil(512/108) = 5 waves of 108; 128x128: 1024 in 10 waves
+    useful_big = 512 / (5 * 108)
+    useful_small = 1024 / (10 * 108)
+    expected = 2 * m * n * k / (312e12 * 0.64 * max(useful_big, useful_small))
     assert gemm_s(m, n, k, A100, "bf16") == pytest.approx(expected, rel=1e-12)
 
 
 def test_gemm_partial_tiles_cost_full_tiles():
     # m = 129 rows need two 128-row tiles: the same time as m = 256
-    assert gemm_s(129, 256, 4096, A100, "bf16") == pytest.approx(gemm_s(256, 256, 4096, A100, "bf16"))
+    assert gemm_s(129, 128, 4096, A100, "bf16") == pytest.approx(gemm_s(256, 128, 4096, A100, "bf16"))
+
+
+def test_gemm_picks_the_least_wasteful_tile():
+    # n = 128 fits a 128x128 tile exactly; a 128x256 tile would waste half its columns
+    one_wave = 2 * 128 * 128 * 4096 / (312e12 * 0.64 * (1 / 108))
+    assert gemm_s(128, 128, 4096, A100, "bf16") == pytest.approx(one_wave, rel=1e-12)
 
 
 def test_gemm_with_tiny_k_is_memory_bound():

@@ -1,9 +1,9 @@
 """Kernel times on one device. Each formula names its source.
 
 GEMM: the tile/wave-quantization model of NVIDIA's Matrix Multiplication
-Background User's Guide (DU-09799): a GEMM's output is cut into tiles of
-``gemm_tile``; tiles run in waves of ``sm_count``; the last partial tile and the
-last partial wave do full work. On top, a roofline (Williams et al. 2009):
+Background User's Guide (DU-09799): a GEMM's output is cut into tiles; tiles run
+in waves of ``sm_count``; the last partial tile and the last partial wave do full
+work. The library picks the tile shape (``gemm_tiles``) that wastes least. On top, a roofline (Williams et al. 2009):
 time is the larger of math at the achieved GEMM rate and bytes at HBM speed.
 """
 from __future__ import annotations
@@ -17,12 +17,12 @@ def gemm_s(m: float, n: float, k: float, device: Device, precision: str, batch: 
     """Time of ``batch`` products (m x k) @ (k x n)."""
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
-    tile_m, tile_n = device.gemm_tile
     sms = device.sm_count
-    waves = math.ceil(math.ceil(m / tile_m) * math.ceil(n / tile_n) * batch / sms)
     # tile and wave quantization: every wave runs sms full tiles, m n batch of them useful;
     # math time = 2 m n k batch / (peak * efficiency * useful share)
-    math_s = 2.0 * k * waves * sms * tile_m * tile_n / (device.peak(precision) * device.gemm_efficiency)
+    padded = min(math.ceil(math.ceil(m / tm) * math.ceil(n / tn) * batch / sms) * tm * tn
+                 for tm, tn in device.gemm_tiles)
+    math_s = 2.0 * k * padded * sms / (device.peak(precision) * device.gemm_efficiency)
     memory_s = DTYPE_BYTES[precision] * (m * k + k * n + m * n) * batch / (device.hbm_bytes_per_s * device.hbm_efficiency)
     return math_s if math_s > memory_s else memory_s
 
