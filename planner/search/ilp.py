@@ -136,15 +136,18 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
     else:
         pipeline = (m - 1) * t_max + pulp.lpSum(rank_time)
     objective = pipeline + D + O + pr.tied_s
-    prob += objective
+    # state the objective in units of a rough step time so that its coefficients sit far
+    # above the solver's tolerances whatever the model's size (milliseconds to minutes)
+    unit = max(1e-12, m * (L * (block.fwd_s + block.bwd_s) + sum(f.fwd_s + f.bwd_s for f in pr.fixed)) / p)
+    prob += objective * (1.0 / unit)
     if cutoff_s is not None:
-        prob += objective <= cutoff_s, "l_beats_the_best_so_far"
+        prob += objective * (1.0 / unit) <= cutoff_s / unit, "l_beats_the_best_so_far"
     status = prob.solve(make_solver(solver, time_limit_s))
     if pulp.LpStatus[status] != "Optimal":
         return None
     per_rank = [{c: int(round(n[r, c].value() or 0)) for c in pr.policies} for r in range(p)]
     chosen = max(z, key=lambda k: z[k].value() or 0)
-    return pr.spread_counts(per_rank), pr.options[chosen], pulp.value(prob.objective)
+    return pr.spread_counts(per_rank), pr.options[chosen], pulp.value(prob.objective) * unit
 
 
 def _data_parallel(prob, pr: GroupProblem, opt: Option, k: int, r: int, nb, F, B, D, z) -> None:

@@ -206,7 +206,8 @@ def solve_sharding(graph: nx.DiGraph, ctx: Context, cluster: Cluster, *, solver:
     prob = pulp.LpProblem("tp_sharding", pulp.LpMinimize)
     x = {(v, s): pulp.LpVariable(f"x_{i}_{s}", cat="Binary") for i, v in enumerate(nodes) for s in pr.options[v]}
     name = {v: i for i, v in enumerate(nodes)}
-    objective = [pr.op_cost(v, s) * x[v, s] for v, s in x]
+    us = 1e6          # the objective in microseconds: per-block costs are 1e-6..1e-2 s, below solver tolerances
+    objective = [us * pr.op_cost(v, s) * x[v, s] for v, s in x]
     for v in nodes:
         prob += pulp.lpSum(x[v, s] for s in pr.options[v]) == 1, f"a_one_strategy_{name[v]}"
     for b in pr.options[INPUT]:
@@ -228,7 +229,7 @@ def solve_sharding(graph: nx.DiGraph, ctx: Context, cluster: Cluster, *, solver:
                     elif cost > 0:
                         link = pulp.LpVariable(f"{'d' if backward else 'c'}_{name[u]}_{su}_{L}", 0)
                         prob += link >= x[u, su] + m - 1, f"d_{tag}_{name[u]}_{su}_{L}"
-                        objective.append(cost * link)
+                        objective.append(us * cost * link)
     prob += pulp.lpSum(objective)
     status = prob.solve(make_solver(solver, time_limit_s))
     if pulp.LpStatus[status] != "Optimal":
