@@ -76,19 +76,44 @@ class ParallelConfig:
 
     @classmethod
     def from_json(cls, data: dict, source: str = "plan.json") -> "ParallelConfig":
+        """Read a config written by ``to_json``; every field checked, errors name it."""
+        if not isinstance(data, dict):
+            raise UserError(f"must be an object, got {type(data).__name__}", source=source, field="config")
         names = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - names)
+        unknown = sorted(set(data) - names, key=str)
         if unknown:
-            raise UserError(f"unknown field(s) {', '.join(unknown)}; allowed: {one_of(sorted(names))}",
+            raise UserError(f"unknown field(s) {', '.join(map(str, unknown))}; allowed: {one_of(sorted(names))}",
                             source=source, field="config")
-        kwargs = dict(data)
-        for key in ("recompute_layers", "stage_layers"):
-            if kwargs.get(key) is not None:
-                kwargs[key] = tuple(kwargs[key])
-        try:
-            return cls(**kwargs)
-        except TypeError as e:
-            raise UserError(str(e), source=source, field="config") from None
+        kwargs = {}
+        for name, value in data.items():
+            where = f"config.{name}"
+            if name in ("dp", "tp", "pp", "cp", "zero", "micro_batch", "num_microbatches", "vpp"):
+                if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "zero" else 1):
+                    raise UserError(f"must be a {'non-negative' if name == 'zero' else 'positive'} integer, "
+                                    f"got {value!r}", source=source, field=where)
+            elif name in ("schedule", "recompute", "offload"):
+                allowed = {"schedule": SCHEDULES, "recompute": RECOMPUTES, "offload": OFFLOADS}[name]
+                if value not in allowed:
+                    raise UserError(f"{value!r} is not allowed; allowed: {one_of(allowed)}", source=source,
+                                    field=where)
+            elif name == "sequence_parallel":
+                if not isinstance(value, bool):
+                    raise UserError(f"must be true or false, got {value!r}", source=source, field=where)
+            elif name == "stage_layers" and value is not None:
+                if not isinstance(value, list) or not value or not all(
+                        isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
+                    raise UserError(f"must be a list of positive integers, got {value!r}", source=source, field=where)
+                value = tuple(value)
+            elif name == "recompute_layers" and value is not None:
+                if not isinstance(value, list) or not all(v in RECOMPUTES for v in value):
+                    raise UserError(f"must be a list of {one_of(RECOMPUTES)}, got {value!r}", source=source,
+                                    field=where)
+                value = tuple(value)
+            kwargs[name] = value
+        missing = sorted({"dp", "tp", "pp"} - set(kwargs))
+        if missing:
+            raise UserError(f"missing {', '.join(missing)}", source=source, field="config")
+        return cls(**kwargs)
 
 
 def _divisors(n: int) -> list[int]:
