@@ -18,6 +18,8 @@ class TraceResult:
     capture: Capture
     tokens: int                   # tokens (or samples) of the example input: the per-token divisor
     warnings: tuple[str, ...]
+    # (layer name, op name) -> (forward op indices, backward op indices) in capture.records
+    op_records: dict[tuple[str, str], tuple[tuple[int, ...], tuple[int, ...]]]
 
     @property
     def saved_activation_bytes(self) -> int:
@@ -70,7 +72,10 @@ def trace_module(module, example_inputs, *, name: str | None = None, loss_fn=Non
     layer_names = {i: spans[li].path for i, li in layer_of.items()}
     group_names = {i: builder.names[key] for i, key in builder.group_of.items()}
     op_graph = build_op_graph(cap, cls.kind, layer_names, group_names)
-    return TraceResult(graph=graph, op_graph=op_graph, capture=cap, tokens=tokens.tokens, warnings=cap.warnings)
+    op_records = {(spans[g.layer].path, builder.names[key]): (tuple(g.records), tuple(g.bwd))
+                  for key, g in builder.groups.items()}
+    return TraceResult(graph=graph, op_graph=op_graph, capture=cap, tokens=tokens.tokens, warnings=graph.warnings,
+                       op_records=op_records)
 
 
 def trace(module, example_inputs, **kwargs) -> LayerGraph:

@@ -132,11 +132,11 @@ def run_opaque(state, path: str, module: torch.nn.Module, args, kwargs, error: E
     params = sum(p.numel() * p.element_size() for p in module.parameters())
     if params > state.real_budget_bytes:
         return _estimated(state, path, module, args, kwargs, error)
-    real = _real_state(state, path, module)
     state.real_mode += 1
     state.opaque_path = path
     try:
         with unset_fake_temporarily():
+            real = _real_state(state, path, module)
             real_out, fwd_s, bwd_s = _run_real(state, module, real, args, kwargs)
     except UserError:
         raise
