@@ -49,6 +49,8 @@ def load_inputs(args):
     seq = spec.seq_len if spec else (args.seq_len or graph.seq_len)
     if spec is None:                        # measured op times beside the profile (meshplan profile --ops)
         graph = attach_measured_ops(graph, cluster.source, precision, seq)
+        for warning in graph.warnings:
+            sys.stderr.write(f"meshplan: warning: {warning}\n")
     global_batch = args.global_batch or default_global_batch(seq, cluster.num_gpus)
     workload = Workload(global_batch=global_batch, seq_len=seq, precision=precision, framework=args.framework,
                         attention=args.attention, overlap_grad_reduce=not args.no_overlap_grad_reduce,

@@ -58,7 +58,7 @@ def trace_module(module, example_inputs, *, name: str | None = None, loss_fn=Non
 
     cap = capture(module, example_inputs, loss_fn=loss_fn, device=device, dtype=dtype, keep_replays=keep_replays,
                   real_budget_bytes=real_budget_bytes)
-    cls = classify(cap.records, cap.batch)
+    cls = classify(cap.records, cap.batch, cap.windows)
     spans = layer_spans(cap)
     layer_of = assign_ops(cap, spans)
     norm_modules = {p for p, c in cap.classes.items() if any(n in c for n in NORM_CLASSES)}

@@ -302,7 +302,7 @@ def _linear_op(b: Builder, g: _Group, name: str, saved: list[Saved]) -> tuple[Op
 def _attention_op(b: Builder, g: _Group, name: str, saved: list[Saved]) -> Op:
     info = b.cls.attention[g.key[1]]
     return Op(name=name, kind="attention", heads=info.heads, kv_heads=info.kv_heads, head_dim=info.head_dim,
-              causal=info.causal, attn_dropout=info.dropout, saved=tuple(saved))
+              causal=info.causal, window=info.window, attn_dropout=info.dropout, saved=tuple(saved))
 
 
 def _bytes(b: Builder, indices) -> float:

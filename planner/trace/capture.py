@@ -101,8 +101,10 @@ class TraceState:
         self.opaque: list[OpaqueLeaf] = []
         self.warnings: list[str] = []
         self.original_params: dict[str, torch.Tensor] = {}
+        self.aliases: dict[str, str] = {}
         self.original_buffers: dict[str, torch.Tensor] = {}
         self.classes: dict[str, str] = {}
+        self.windows: dict[str, int] = {}
 
     # -- tensors ----------------------------------------------------------------------------
     def storage_id(self, t: torch.Tensor) -> int:
@@ -123,6 +125,10 @@ class TraceState:
                           producer=-1 if backward else self.producer.get(id(t), -1),
                           param=self.param_of.get(id(t), ""), buffer=id(t) in self.buffer_ids,
                           model_input=id(t) in self.input_ids)
+
+    def canonical(self, path: str) -> str:
+        """The first path of a shared parameter."""
+        return self.aliases.get(path, path)
 
     def register_param(self, t: torch.Tensor, path: str, *, buffer: bool) -> None:
         self.keep.append(t)
@@ -373,6 +379,18 @@ def _call(func, args, kwargs):
 
 # -- the module wrappers -------------------------------------------------------------------------
 
+def _sliding_window(module) -> int:
+    """The span a module's attention is limited to, as Hugging Face attention modules declare it
+    (``self.sliding_window``, else their config's ``sliding_window``); 0 for full attention. Masks
+    are tensors without values on fake tensors, so the window is read from the declaration."""
+    if "sliding_window" in vars(module) or hasattr(type(module), "sliding_window"):
+        window = getattr(module, "sliding_window", None)
+    else:
+        config = vars(module).get("config")
+        window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
+    return window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else 0
+
+
 class _Wrappers:
     """Wrap every submodule's forward for the duration of a trace (restored on exit)."""
 
@@ -382,6 +400,9 @@ class _Wrappers:
     def __enter__(self):
         for path, module in self.root.named_modules():
             self.state.classes[path] = type(module).__name__
+            window = _sliding_window(module)
+            if window:
+                self.state.windows[path] = window
             had = "forward" in module.__dict__
             self.saved.append((module, had, module.__dict__.get("forward")))
             module.forward = self._wrap(path, module, module.forward)
@@ -484,13 +505,10 @@ def capture(module: torch.nn.Module, example_inputs, *, loss_fn=None, device: st
     for x in _tensors((args, kwargs)):
         state.keep.append(x)
         state.input_ids.add(id(x))
+    state.aliases = _param_aliases(module)
     tensors = _fake_state(module, state, fake_mode, device, dtype)
     training = {m: m.training for m in module.modules()}
     module.train()
-    config = getattr(module, "config", None)
-    use_cache = getattr(config, "use_cache", None)
-    if use_cache:          # Hugging Face models: training keeps no key/value cache
-        config.use_cache = False
     try:
         with _Wrappers(module, state), fake_mode, Recorder(state):
             with torch.autograd.graph.saved_tensors_hooks(state.pack, lambda t: t):
@@ -512,15 +530,13 @@ def capture(module: torch.nn.Module, example_inputs, *, loss_fn=None, device: st
     finally:
         for m, was in training.items():
             m.training = was
-        if use_cache:
-            config.use_cache = use_cache
     first = _tensors((args, kwargs))
     return Capture(records=tuple(state.records), saved=tuple(state.saved), modules=dict(state.modules),
                    classes=dict(state.classes), params={n: tuple(p.shape) for n, p in state.original_params.items()},
-                   param_aliases=_param_aliases(module), batch=int(first[0].shape[0]) if first and first[0].dim() else 1,
+                   param_aliases=dict(state.aliases), batch=int(first[0].shape[0]) if first and first[0].dim() else 1,
                    input_shapes=tuple((tuple(int(s) for s in t.shape), str(t.dtype)) for t in first),
                    activation_dtype=_activation_dtype(tensors), device=device, opaque=tuple(state.opaque),
-                   warnings=tuple(state.warnings), replays=state.replays)
+                   warnings=tuple(state.warnings), replays=state.replays, windows=dict(state.windows))
 
 
 def _activation_dtype(tensors: dict) -> str:

@@ -11,7 +11,7 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .flops import CONVOLUTIONS, EMBEDDINGS, MATMULS, SDPA_FORWARD
 from .records import OpRecord
@@ -32,6 +32,7 @@ class AttentionInfo:
     batch: int
     causal: bool
     dropout: bool
+    window: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,7 +126,7 @@ def _unfused_attention(records, free: list[int], batch: int):
     return groups
 
 
-def classify(records: tuple[OpRecord, ...], batch: int) -> Classified:
+def classify(records: tuple[OpRecord, ...], batch: int, windows: dict[str, int] | None = None) -> Classified:
     kind, weight, attention_of, attention = {}, {}, {}, {}
     internal: set[int] = set()
     free = []
@@ -145,7 +146,7 @@ def classify(records: tuple[OpRecord, ...], batch: int) -> Classified:
         elif rec.name in SDPA_FORWARD:
             kind[i] = "attention"
             attention_of[i] = i
-            attention[i] = _sdpa_info(records, rec)
+            attention[i] = replace(_sdpa_info(records, rec), window=(windows or {}).get(rec.module, 0))
             internal.update(m.storage for m in rec.outputs[1:])
         elif rec.name in MATMULS:
             kind[i] = "matmul"
@@ -155,7 +156,7 @@ def classify(records: tuple[OpRecord, ...], batch: int) -> Classified:
         else:
             kind[i] = "elementwise"
     for leader, (members, info) in _unfused_attention(records, free, batch).items():
-        attention[leader] = info
+        attention[leader] = replace(info, window=(windows or {}).get(records[leader].module, 0))
         for k in members:
             kind[k] = "attention"
             attention_of[k] = leader

@@ -72,9 +72,11 @@ def _real_state(state, path: str, module: torch.nn.Module) -> dict:
     out = {}
     with state.suppressed():
         for name, p in module.named_parameters():
-            out[name] = _real_tensor(p, state.original_params.get(prefix + name))
+            out[name] = _real_tensor(p, state.original_params.get(state.canonical(prefix + name)))
+            state.register_param(out[name], state.canonical(prefix + name), buffer=False)
         for name, b in module.named_buffers():
             out[name] = _real_tensor(b, state.original_buffers.get(prefix + name))
+            state.register_param(out[name], prefix + name, buffer=True)
     return out
 
 

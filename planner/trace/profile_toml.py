@@ -27,6 +27,8 @@ def _q(text: str) -> str:
 
 
 def _num(x: float, digits: int = 4) -> str:
+    if isinstance(x, int) and not isinstance(x, bool):
+        return str(x)
     if x == 0:
         return "0.0"
     return repr(float(f"{x:.{digits}g}"))
@@ -140,7 +142,7 @@ def _attn_text(attn: dict) -> str:
 
 
 def _raw(m: dict, comm: dict | None) -> str:
-    out = ["[measured]", f"threads_per_process = {m['threads']}"]
+    out = ["", "[measured]", f"threads_per_process = {m['threads']}"]
     for row in m["gemm"]:
         out += ["", "[[measured.gemm]]"] + [f"{k} = {_q(v) if isinstance(v, str) else _num(v, 6)}"
                                             for k, v in row.items()]

@@ -113,5 +113,6 @@ class Capture:
     activation_dtype: str                    # dtype of the floating-point parameters
     device: str
     opaque: tuple[OpaqueLeaf, ...] = ()
+    windows: dict[str, int] = field(default_factory=dict)     # module path -> sliding-window span it declares
     warnings: tuple[str, ...] = field(default=())
     replays: dict[int, object] = field(default_factory=dict)   # op index -> (func, args with TensorMeta)
