@@ -92,9 +92,11 @@ class Builder:
         self.tied_params = 0
         self.tied_layers = False
         self.names: dict[tuple, str] = {}
+        self._by_module: dict[str, tuple] = {}
 
     # -- grouping ------------------------------------------------------------------------------
-    def split_of(self, state: str, layer: int) -> str:
+    def split_of(self, state: str) -> str:
+        """How tensor parallelism splits a tensor of this state (the layer graph's ``Split``)."""
         if state == S:
             return "tp"
         if state == R and self.tp.tp_layers:     # sequence parallelism shards every replicated activation
@@ -109,33 +111,40 @@ class Builder:
             return ("attn", self.cls.attention_of[rec.index]), "attention"
         if kind in ("matmul", "opaque"):
             return (kind, rec.index), "linear"
-        split = self.split_of(self.tp.state.get(rec.index, N), self.layer_of[rec.index])
-        return ("ew", rec.module, split, rec.in_loss), "elementwise"
+        return ("ew", rec.module, self.split_of(self.tp.state.get(rec.index, N)), rec.in_loss), "elementwise"
+
+    def _add(self, key: tuple, kind: str, rec: OpRecord) -> None:
+        g = self.groups.get(key)
+        if g is None:
+            g = self.groups[key] = _Group(key=key, layer=self.layer_of[rec.index], first=rec.index, kind=kind,
+                                          module=rec.module, weight=key[2] if key[0] == "w" else "",
+                                          split=key[2] if key[0] == "ew" else "none")
+        g.first = min(g.first, rec.index)
+        g.records.append(rec.index)
+        self.group_of[rec.index] = key
 
     def group(self) -> None:
+        forward = [rec for rec in self.records if rec.phase == "fwd"]
+        for rec in forward:                      # the weights, attention kernels and products first
+            key, kind = self._key(rec)
+            if key[0] != "ew":
+                self._add(key, kind, rec)
         # a module that is one weight (nn.Linear, Conv1D, nn.Embedding): its reshapes and bias adds join it
         weights: dict[str, set[tuple]] = {}
-        for rec in self.records:
-            if rec.phase == "fwd" and rec.index in self.cls.weight:
-                weights.setdefault(rec.module, set()).add(self._key(rec)[0])
-        for rec in self.records:
-            if rec.phase != "fwd":
-                continue
+        for key, g in self.groups.items():
+            if key[0] == "w":
+                weights.setdefault(g.module, set()).add(key)
+        for rec in forward:
             key, kind = self._key(rec)
-            if key[0] == "ew" and len(weights.get(rec.module, ())) == 1 and not rec.in_loss:
-                key = next(iter(weights[rec.module]))
-                kind = "embedding" if self.cls.kind.get(rec.index) == "embedding" else None
-            g = self.groups.get(key)
-            if g is None:
-                g = self.groups[key] = _Group(key=key, layer=self.layer_of[rec.index], first=rec.index,
-                                              kind=kind or "linear", module=rec.module,
-                                              weight=key[2] if key[0] == "w" else "",
-                                              split=key[2] if key[0] == "ew" else "none")
-            if self.cls.kind.get(rec.index) == "embedding":
-                g.kind = "embedding"
-            g.first = min(g.first, rec.index)
-            g.records.append(rec.index)
-            self.group_of[rec.index] = key
+            if key[0] != "ew":
+                continue
+            mine = weights.get(rec.module, ())
+            if len(mine) == 1 and not rec.in_loss:
+                key = next(iter(mine))
+                kind = self.groups[key].kind
+            self._add(key, kind, rec)
+        for g in self.groups.values():
+            g.records.sort()
         for rec in self.records:
             if rec.phase == "bwd":
                 key = self.group_of.get(rec.fwd_op) or self._module_group(rec.module)
@@ -143,16 +152,16 @@ class Builder:
 
     def _module_group(self, module: str) -> tuple:
         """A backward op no forward op claimed: the module's elementwise work (the head's for the root)."""
-        for key, g in self.groups.items():
-            if key[0] == "ew" and g.module == module:
-                return key
-        for key, g in self.groups.items():
-            if g.module == module:
-                return key
-        layer = layer_of_module(module, self.spans) if module else None
-        layer = len(self.spans) - 1 if layer is None else layer
-        key = ("ew", module, "none", False)
-        self.groups[key] = _Group(key=key, layer=layer, first=len(self.records), kind="elementwise", module=module)
+        if module in self._by_module:
+            return self._by_module[module]
+        mine = [key for key, g in self.groups.items() if g.module == module]
+        key = next((k for k in mine if k[0] == "ew"), mine[0] if mine else None)
+        if key is None:
+            layer = layer_of_module(module, self.spans) if module else None
+            key = ("ew", module, "none", False)
+            self.groups[key] = _Group(key=key, layer=len(self.spans) - 1 if layer is None else layer,
+                                      first=len(self.records), kind="elementwise", module=module)
+        self._by_module[module] = key
         return key
 
     # -- parameters ------------------------------------------------------------------------------
@@ -200,10 +209,8 @@ class Builder:
                 op = s.producer          # shared by several layers (RoPE tables): held once, where it was made
             key = self.group_of.get(op) or self._module_group(s.module)
             g = self.groups[key]
-            if s.producer >= 0:
-                split = self.split_of(self.tp.state.get(s.producer, N), self.layer_of.get(s.producer, g.layer))
-            else:
-                split = self.split_of(R if s.is_float else N, g.layer)
+            state = self.tp.state.get(s.producer, N) if s.producer >= 0 else (R if s.is_float else N)
+            split = self.split_of(state)
             dtype = 0 if (s.is_float and s.dtype == self.cap.activation_dtype) else s.itemsize
             gathered = (g.kind == "linear" and self.tp.style.get(op) == "column"
                         and any(m.storage == s.storage for m in self.records[op].inputs))
