@@ -21,7 +21,10 @@ Modules:
   load.py       --model file.py:factory / package.module:factory and --example-input
   measured.py   per-op measured times (meshplan profile --ops): storage and attachment (no torch)
   replay.py     time each traced operator on the local device
-  profile_*.py  meshplan profile: device measurements and the profile TOML
+  profile_device.py, profile_toml.py, profile_cmd.py
+                meshplan profile: device measurements, the profile TOML, the command
+                (collectives: executor/profile_comm.py, run as a subprocess)
+  zoo.py        a zoo model or config.json as a transformers module to trace
   cli.py        meshplan trace / meshplan profile
 """
 from __future__ import annotations

@@ -26,6 +26,7 @@ module where it happens.
 from __future__ import annotations
 
 import collections
+import logging
 import re
 from dataclasses import dataclass
 
@@ -509,13 +510,20 @@ def capture(module: torch.nn.Module, example_inputs, *, loss_fn=None, device: st
     tensors = _fake_state(module, state, fake_mode, device, dtype)
     training = {m: m.training for m in module.modules()}
     module.train()
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    log_level = fake_log.level
+    fake_log.setLevel(logging.CRITICAL)     # a failing meta kernel is reported as an opaque leaf, not a log
     try:
         with _Wrappers(module, state), fake_mode, Recorder(state):
             with torch.autograd.graph.saved_tensors_hooks(state.pack, lambda t: t):
                 out = functional_call(module, tensors, args, kwargs, tie_weights=True, strict=False)
                 state.flush()
                 state.in_loss = True
-                loss = training_loss(out, (args, kwargs), loss_fn)
+                try:
+                    loss = training_loss(out, (args, kwargs), loss_fn)
+                except ValueError as e:
+                    raise UserError(f"cannot train on the module's output: {e}; pass loss_fn",
+                                    source=type(module).__name__) from None
                 state.flush()
                 state.in_loss = False
             state.stamp([loss], "")
@@ -528,6 +536,7 @@ def capture(module: torch.nn.Module, example_inputs, *, loss_fn=None, device: st
                                       f"{str(e).splitlines()[0] if str(e) else ''}); backward costs are "
                                       "estimated from the forward")
     finally:
+        fake_log.setLevel(log_level)
         for m, was in training.items():
             m.training = was
     first = _tensors((args, kwargs))
