@@ -116,8 +116,8 @@ def plan_command(args) -> int:
         result = search(graph, cluster, workload, knobs, top_k=args.top_k)
         if result.best is None:
             raise NoFeasiblePlan(_no_fit_message(result, cluster, workload))
-    plan = Plan.from_search(result, model_name=spec.name if spec else graph.name, model_source=args.model, spec=spec, graph=graph,
-                            cluster=cluster, workload=workload, seconds=time.perf_counter() - t0)
+    plan = Plan.from_search(result, model_name=spec.name if spec else graph.name, model_source=args.model, spec=spec,
+                            graph=graph, cluster=cluster, workload=workload, seconds=time.perf_counter() - t0)
     if args.out:
         try:
             plan.write(args.out)

@@ -45,7 +45,8 @@ def test_every_number_says_it_was_measured_and_by_which_command(profile):
     assert data["runtime"]["reserved_source"].startswith("measured: `" + command)
     assert data["gpu"]["kernels"]["attention_efficiency_source"].startswith("measured: `" + command)
     for key in ("gemm_tile", "gemm_efficiency", "hbm_efficiency"):
-        assert data["gpu"]["kernels"][key + "_source"].startswith("derived: the ") and "measured" in data["gpu"]["kernels"][key + "_source"]
+        source = data["gpu"]["kernels"][key + "_source"]
+        assert source.startswith("derived: the ") and "measured" in source
     # the derived fields follow from the raw measurements written beside them
     measured = data["measured"]
     assert data["gpu"]["peak_tflops"]["fp32"] == pytest.approx(max(r["tflops"] for r in measured["gemm"]), rel=1e-3)

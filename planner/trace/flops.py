@@ -17,7 +17,6 @@ Conventions (the same as the analytical layer graph, ``planner.layers``):
 """
 from __future__ import annotations
 
-import math
 
 import torch
 
@@ -118,20 +117,8 @@ def matmul_flops(func, args, out) -> float:
     return 0.0
 
 
-def tensor_bytes(tensors) -> int:
-    return sum(addressed_bytes(t) for t in tensors)
-
-
 def storage_nbytes(t: torch.Tensor) -> int:
     try:
         return int(t.untyped_storage().nbytes())
     except (RuntimeError, NotImplementedError):
         return addressed_bytes(t)
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b) if b else 0
-
-
-def prod(values) -> int:
-    return math.prod(int(v) for v in values)

@@ -73,6 +73,9 @@ def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, da
     best = max(m["gemm"], key=lambda r: r["tflops"])
     gpu_src = (f"{measured}: GEMM {best['m']}x{best['n']}x{best['k']} {best['dtype']}: "
                f"{best['tflops'] * 1e3:.1f} GFLOP/s; copy {m['copy']['GBps']:.1f} GB/s")
+    attn_src = f"{measured}: causal SDPA {first} fwd+bwd {_attn_text(attn)} over the GEMM peak"
+    reserved_src = measured + (": resident memory of a rank after init_process_group" if comm
+                               else ": no process group started (--nproc 1)")
     lines = [
         f"# Written by `{command}` on {host} ({date}). Every number below was measured on that machine",
         "# by that command (the raw measurements are under [measured]); see planner/trace/profile_toml.py",
@@ -101,11 +104,11 @@ def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, da
         "hbm_efficiency = 1.0",
         f"hbm_efficiency_source = {_q('derived: the bandwidth above is the measured achieved rate')}",
         f"attention_efficiency = {_num(max(attn_eff, 1e-3))}",
-        f"attention_efficiency_source = {_q(f'{measured}: causal SDPA {first} fwd+bwd ' + _attn_text(attn) + f' over the GEMM peak')}",
+        f"attention_efficiency_source = {_q(attn_src)}",
         "",
         "[runtime]",
         f"reserved_GiB = {_num(reserved)}",
-        f"reserved_source = {_q(measured + (': resident memory of a rank after init_process_group' if comm else ': no process group started (--nproc 1)'))}",
+        f"reserved_source = {_q(reserved_src)}",
         "",
         "[intra_node]",
         f"fabric = {_q('loopback' if cpu else 'pcie')}",

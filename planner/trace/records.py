@@ -1,4 +1,5 @@
-"""What a trace records: plain values, no torch objects (so they outlive the trace).
+"""What a trace records: plain values that outlive the trace (only ``Capture.replays``, kept for
+``meshplan profile --ops``, holds torch objects: the aten overloads and dtypes to call again).
 
 ``capture.capture`` fills these while the module runs on fake tensors; the
 rest of ``planner.trace`` (layers, tensor parallelism, the operator graph)
