@@ -44,6 +44,12 @@ def test_plan_a_module_with_an_untraceable_part(capsys):
     assert plan["stages"][0][0] == "tok"
 
 
+def test_a_module_path_factory(capsys):
+    """package.module:factory imports that module (tests/ is on the path under pytest) and nothing else."""
+    assert main(["trace", "trace_models:cnn", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["params"] == 224 + 16 + 1168 + 32 + 170
+
+
 def test_example_input_flag_gives_a_bare_module_its_inputs(capsys):
     assert main(["plan", "--model", f"{MODELS}:tiny_transformer_module_only", "--example-input", "1x32:int64",
                  "--cluster", "cpu-gloo", "--gpus", "2", "--global-batch", "4", "--json"]) == 0

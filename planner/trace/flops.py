@@ -17,12 +17,11 @@ Conventions (the same as the analytical layer graph, ``planner.layers``):
 """
 from __future__ import annotations
 
-
 import torch
 
 aten = torch.ops.aten
 
-# aten ops that are attention kernels: (forward?, index of q, k, v in the arguments)
+# attention kernels: query, key, value are their first tensors (after grad_out in backward)
 SDPA_FORWARD = {
     "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
     "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",

@@ -45,7 +45,7 @@ def _ops(args, out: Path, command: str, device: str) -> Path:
     from .cli import trace_any
     from .measured import ops_path_for, write_ops_profile
     from .replay import time_ops
-    result, _ = trace_any(args.ops, args.example_input, keep_replays=True)
+    result, _ = trace_any(args.ops, args.example_input, keep_replays=True, device=device)
     import torch
     torch.set_num_threads(args.threads)
     entries, failed = time_ops(result, device=device)
@@ -76,6 +76,9 @@ def profile_command(args) -> int:
     dtypes = ["fp32"] if device == "cpu" else ["bf16", "fp16", "fp32"]
     m = measure(device, dtypes, threads=args.threads, quick=args.quick)
     backend = "nccl" if device == "cuda" and torch.cuda.device_count() >= nproc else "gloo"
+    if device == "cuda" and backend == "gloo" and nproc > 1:
+        sys.stderr.write(f"meshplan profile: warning: {torch.cuda.device_count()} GPU(s) for {nproc} processes: "
+                         "collectives are measured with gloo between CPU processes, not over the GPUs\n")
     comm = measure_collectives(nproc, backend, quick=args.quick, threads=args.threads)
     date = datetime.date.today().isoformat()
     text = render(m, comm, name=args.name or f"measured-{host}", command=command, host=host, date=date, nproc=nproc)
