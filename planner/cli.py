@@ -59,7 +59,8 @@ def _on_off(text: str) -> bool:
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"zoo name (see `meshplan models`) or a Hugging Face config.json (default {DEFAULT_MODEL})")
+                   help=f"zoo name (see `meshplan models`), a Hugging Face config.json, or an nn.Module to trace: "
+                        f"path/to/file.py:factory or package.module:factory (default {DEFAULT_MODEL})")
     p.add_argument("--cluster", default=DEFAULT_CLUSTER,
                    help=f"built-in profile (see `meshplan clusters`) or a profile TOML (default {DEFAULT_CLUSTER})")
     p.add_argument("--gpus", type=_positive_int, help="number of GPUs (default: one node of the cluster)")
@@ -119,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--out", metavar="PLAN.json", help="also write plan.json (the executor's input)")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    from .trace import cli as trace_cli          # meshplan trace / profile (imports no torch)
+    trace_cli.add_example_input_arg(p)
+    trace_cli.add_parsers(sub)
     m = sub.add_parser("models", help="list the model zoo with parameter counts")
     m.add_argument("--json", action="store_true")
     m.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -144,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "clusters":
             from .commands import clusters_command
             return clusters_command(args)
+        if args.command in ("trace", "profile"):
+            from .trace.cli import run
+            return run(args)
     except UserError as e:
         if args.debug:
             raise

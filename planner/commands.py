@@ -15,6 +15,8 @@ from .explain import gains, limits, lost_on
 from .plan import Plan, config_json
 from .search import Candidate, SearchResult, evaluate, search
 from .search.space import Knobs
+from .trace.load import is_traced_source, load_traced_model
+from .trace.measured import attach_measured_ops
 
 KNOB_NAMES = ("dp", "tp", "pp", "cp", "zero", "micro_batch", "vpp", "schedule", "recompute", "sequence_parallel",
               "offload")
@@ -34,15 +36,22 @@ def default_precision(cluster) -> str:
 
 
 def load_inputs(args):
-    """(spec, graph, cluster, workload) from the parsed flags."""
-    spec = load_model(args.model, seq_len=args.seq_len)
-    graph = build_layer_graph(spec)
+    """(spec, graph, cluster, workload) from the parsed flags; spec is None for a traced module."""
+    if is_traced_source(args.model):        # --model file.py:factory / package.module:factory
+        spec, graph = None, load_traced_model(args.model, getattr(args, "example_input", None))
+    else:
+        spec = load_model(args.model, seq_len=args.seq_len)
+        graph = build_layer_graph(spec)
     cluster = load_cluster(args.cluster, args.gpus)
     precision = args.precision or default_precision(cluster)
     if precision not in cluster.device.dtypes:
         raise UserError(f"{cluster.name}'s {cluster.device.name} has no {precision} peak; "
                         f"allowed: {', '.join(cluster.device.dtypes)}", field="--precision")
-    seq = spec.seq_len
+    seq = spec.seq_len if spec else (args.seq_len or graph.seq_len)
+    if spec is None:                        # measured op times beside the profile (meshplan profile --ops)
+        graph = attach_measured_ops(graph, cluster.source, precision, seq)
+        for warning in graph.warnings:
+            sys.stderr.write(f"meshplan: warning: {warning}\n")
     global_batch = args.global_batch or default_global_batch(seq, cluster.num_gpus)
     workload = Workload(global_batch=global_batch, seq_len=seq, precision=precision, framework=args.framework,
                         attention=args.attention, overlap_grad_reduce=not args.no_overlap_grad_reduce,
@@ -112,8 +121,8 @@ def plan_command(args) -> int:
                         time_limit_s=args.time_limit, progress=_progress_bar() if not args.json else None)
         if result.best is None:
             raise NoFeasiblePlan(_no_fit_message(result, cluster, workload))
-    plan = Plan.from_search(result, model_name=spec.name, model_source=args.model, spec=spec, graph=graph,
-                            cluster=cluster, workload=workload, seconds=time.perf_counter() - t0,
+    plan = Plan.from_search(result, model_name=spec.name if spec else graph.name, model_source=args.model, spec=spec,
+                            graph=graph, cluster=cluster, workload=workload, seconds=time.perf_counter() - t0,
                             solver="exhaustive" if args.exhaustive else args.solver)
     if args.out:
         try:

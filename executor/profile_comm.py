@@ -1,0 +1,132 @@
+"""Collective bandwidth and latency over torch.distributed between local processes.
+
+    python executor/profile_comm.py --nproc 2 --backend gloo --out comm.json [--quick] [--threads 1]
+
+`meshplan profile` runs this file as a subprocess (the planner never imports
+torch.distributed). Each rank runs all-reduce, all-gather, reduce-scatter and a
+send/recv pair over message sizes; one sample of a size is the slowest rank's
+time for one call after a barrier, and the reported time is the best sample
+(nccl-tests reports the same kind of number). Bus bandwidth follows nccl-tests'
+definition (NVIDIA/nccl-tests doc/PERFORMANCE.md): all-reduce moves
+2(n-1)/n of the buffer through each rank's link, all-gather and reduce-scatter
+(n-1)/n. Rank 0 writes the JSON; each rank's resident memory after the process
+group is up (CPU: VmRSS; GPU: memory in use on its device) is reported as the
+runtime's reserve.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import time
+
+SIZES = (4, 2**10, 2**16, 2**20, 2**22, 2**24)
+SIZES_QUICK = (4, 2**12, 2**18, 2**22)
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _timed(fn, dist, torch, device, repeat: int) -> float:
+    """Best over samples of the slowest rank's time for one call."""
+    fn()
+    best = float("inf")
+    for _ in range(repeat):
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
+        dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+        best = min(best, float(dt.item()))
+    return best
+
+
+def _collectives(dist, torch, device, world: int, rank: int, size: int, repeat: int) -> dict:
+    elems = max(world, size // 4 // world * world)        # fp32 elements, divisible by the world
+    x = torch.ones(elems, device=device)
+    shard = torch.ones(elems // world, device=device)
+    row = {"bytes": elems * 4}
+    row["all_reduce_s"] = _timed(lambda: dist.all_reduce(x), dist, torch, device, repeat)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    try:
+        row["all_gather_s"] = _timed(lambda: gather(x, shard), dist, torch, device, repeat)
+    except (RuntimeError, NotImplementedError, ValueError) as e:
+        row["all_gather_error"] = str(e).splitlines()[0]
+    try:
+        row["reduce_scatter_s"] = _timed(lambda: scatter(shard, x), dist, torch, device, repeat)
+    except (RuntimeError, NotImplementedError, ValueError) as e:
+        row["reduce_scatter_error"] = str(e).splitlines()[0]
+
+    def p2p():
+        if rank == 0:
+            dist.send(x, 1)
+        elif rank == 1:
+            dist.recv(x, 0)
+    row["send_recv_s"] = _timed(p2p, dist, torch, device, repeat)
+    factor = 2 * (world - 1) / world
+    row["all_reduce_busbw_GBps"] = factor * row["bytes"] / row["all_reduce_s"] / 1e9
+    if "all_gather_s" in row:
+        row["all_gather_busbw_GBps"] = (world - 1) / world * row["bytes"] / row["all_gather_s"] / 1e9
+    return row
+
+
+def _worker(rank: int, world: int, backend: str, port: int, out: str, quick: bool, threads: int) -> None:
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(threads)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    device = torch.device(f"cuda:{rank % torch.cuda.device_count()}") if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, rank=rank, world_size=world)
+    dist.all_reduce(torch.ones(1, device=device))
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        reserved = total - free
+    else:
+        reserved = _rss_bytes()
+    reserved_t = torch.tensor([float(reserved)], dtype=torch.float64, device=device)
+    dist.all_reduce(reserved_t, op=dist.ReduceOp.MAX)
+    rows = [_collectives(dist, torch, device, world, rank, size, 3 if quick else 5)
+            for size in (SIZES_QUICK if quick else SIZES)]
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump({"backend": backend, "world": world, "threads": threads, "reserved_bytes": reserved_t.item(),
+                       "sizes": rows}, f, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    p.add_argument("--out", required=True)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    if args.nproc < 2:
+        p.error("--nproc must be at least 2 to measure collectives")
+    import torch.multiprocessing as mp
+    mp.spawn(_worker, args=(args.nproc, args.backend, _free_port(), args.out, args.quick, args.threads),
+             nprocs=args.nproc)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,83 @@
+"""``trace(module, example_inputs) -> LayerGraph`` and ``trace_module`` with everything it saw."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+
+from ..layers import LayerGraph
+from .records import Capture
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceResult:
+    """A traced module: its layer graph, its operator graph and what the trace recorded."""
+
+    graph: LayerGraph
+    op_graph: nx.DiGraph
+    capture: Capture
+    tokens: int                   # tokens (or samples) of the example input: the per-token divisor
+    warnings: tuple[str, ...]
+    # (layer name, op name) -> (forward op indices, backward op indices) in capture.records
+    op_records: dict[tuple[str, str], tuple[tuple[int, ...], tuple[int, ...]]]
+
+    @property
+    def saved_activation_bytes(self) -> int:
+        """Bytes autograd keeps for backward over one forward (each storage once, no parameters)."""
+        seen = {}
+        for s in self.capture.saved:
+            if s.state == "activation":
+                seen.setdefault(s.storage, s.storage_bytes)
+        return sum(seen.values())
+
+    @property
+    def fwd_flops(self) -> float:
+        return sum(r.flops for r in self.capture.records if r.phase == "fwd")
+
+    @property
+    def bwd_flops(self) -> float:
+        return sum(r.flops for r in self.capture.records if r.phase == "bwd")
+
+
+def trace_module(module, example_inputs, *, name: str | None = None, loss_fn=None, device: str = "cpu",
+                 dtype=None, keep_replays: bool = False, real_budget_bytes: float = 2**30,
+                 source: str = "") -> TraceResult:
+    """Trace one training step of ``module`` on fake tensors (see capture.py) and build its graphs.
+
+    ``example_inputs``: a tensor, a tuple of tensors (positional) or a dict (keyword) for one
+    micro-batch; real, meta or fake tensors all work (only shapes and dtypes are read).
+    ``loss_fn(output, (args, kwargs))``: the training loss (default: loss.default_loss).
+    ``dtype``: trace with floating-point parameters and inputs cast to it (default: as they are).
+    """
+    from .build import build_graph, count_tokens
+    from .capture import capture
+    from .classify import NORM_CLASSES, classify
+    from .opgraph import build_op_graph
+    from .structure import assign_ops, layer_spans
+    from .tp import infer_tp
+
+    cap = capture(module, example_inputs, loss_fn=loss_fn, device=device, dtype=dtype, keep_replays=keep_replays,
+                  real_budget_bytes=real_budget_bytes)
+    cls = classify(cap.records, cap.batch, cap.windows)
+    spans = layer_spans(cap)
+    layer_of = assign_ops(cap, spans)
+    norm_modules = {p for p, c in cap.classes.items() if any(n in c for n in NORM_CLASSES)}
+    heads = {i for i, s in enumerate(spans) if s.kind == "head"} or {len(spans) - 1}
+    tp = infer_tp(cap.records, cls, layer_of, heads, norm_modules)
+    tokens = count_tokens(cap, cls)
+    model_name = name or type(module).__name__
+    shapes = ", ".join("x".join(map(str, s)) + ":" + d.replace("torch.", "") for s, d in cap.input_shapes)
+    graph, builder = build_graph(cap, cls, spans, layer_of, tp, tokens, norm_modules, name=model_name,
+                                 source=source or f"traced: {model_name} on example inputs {shapes}")
+    layer_names = {i: spans[li].path for i, li in layer_of.items()}
+    group_names = {i: builder.names[key] for i, key in builder.group_of.items()}
+    op_graph = build_op_graph(cap, cls.kind, layer_names, group_names)
+    op_records = {(spans[g.layer].path, builder.names[key]): (tuple(g.records), tuple(g.bwd))
+                  for key, g in builder.groups.items()}
+    return TraceResult(graph=graph, op_graph=op_graph, capture=cap, tokens=tokens.tokens, warnings=graph.warnings,
+                       op_records=op_records)
+
+
+def trace(module, example_inputs, **kwargs) -> LayerGraph:
+    """The layer graph of ``module`` (see ``trace_module`` for the arguments)."""
+    return trace_module(module, example_inputs, **kwargs).graph

@@ -1,0 +1,115 @@
+"""``meshplan profile``: measure this machine, write the profile TOML (and NAME.ops.json with --ops)."""
+from __future__ import annotations
+
+import datetime
+import json
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from ..errors import UserError
+from .profile_toml import render
+
+
+def _comm_script() -> Path:
+    """executor/profile_comm.py next to the planner package (run as a subprocess: the planner
+    never imports torch.distributed)."""
+    return Path(__file__).resolve().parents[2] / "executor" / "profile_comm.py"
+
+
+def measure_collectives(nproc: int, backend: str, *, quick: bool, threads: int) -> dict | None:
+    if nproc < 2:
+        return None
+    script = _comm_script()
+    if not script.is_file():
+        raise UserError(f"cannot find the collective benchmark {script}", field="--nproc")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "comm.json"
+        cmd = [sys.executable, str(script), "--nproc", str(nproc), "--backend", backend, "--out", str(out),
+               "--threads", str(threads)] + (["--quick"] if quick else [])
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        except subprocess.TimeoutExpired:
+            raise UserError(f"{backend} collectives over {nproc} processes did not finish in 30 minutes",
+                            field="--nproc") from None
+        if proc.returncode != 0 or not out.is_file():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise UserError(f"the {backend} benchmark over {nproc} processes failed: {tail[0]}", field="--nproc")
+        return json.loads(out.read_text())
+
+
+def _ops(args, out: Path, command: str, device: str) -> Path:
+    from .cli import trace_any
+    from .measured import ops_path_for, write_ops_profile
+    from .replay import time_ops
+    result, _ = trace_any(args.ops, args.example_input, keep_replays=True, device=device)
+    import torch
+    torch.set_num_threads(args.threads)
+    entries, failed = time_ops(result, device=device)
+    for line in failed:
+        sys.stderr.write(f"meshplan profile: not timed (roofline kept): {line}\n")
+    path = ops_path_for(out)
+    write_ops_profile(path, command=command, device=device, dtype=result.capture.activation_dtype.replace("torch.", ""),
+                      model=args.ops, seq_len=result.graph.seq_len, tokens=result.tokens, entries=entries)
+    return path
+
+
+def profile_command(args) -> int:
+    import torch
+    from .profile_device import measure
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("no CUDA device is visible to torch", field="--device")
+    nproc = args.nproc if args.nproc is not None else (torch.cuda.device_count() if device == "cuda" else 2)
+    if nproc < 1:
+        raise UserError(f"must be at least 1, got {nproc}", field="--nproc")
+    if args.threads < 1:
+        raise UserError(f"must be at least 1, got {args.threads}", field="--threads")
+    host = socket.gethostname() or "localhost"
+    out = Path(args.out or f"{host}.toml")
+    if out.suffix != ".toml":
+        raise UserError("must end in .toml", field="--out")
+    command = _command(args, nproc, device, out)
+    dtypes = ["fp32"] if device == "cpu" else ["bf16", "fp16", "fp32"]
+    m = measure(device, dtypes, threads=args.threads, quick=args.quick)
+    backend = "nccl" if device == "cuda" and torch.cuda.device_count() >= nproc else "gloo"
+    if device == "cuda" and backend == "gloo" and nproc > 1:
+        sys.stderr.write(f"meshplan profile: warning: {torch.cuda.device_count()} GPU(s) for {nproc} processes: "
+                         "collectives are measured with gloo between CPU processes, not over the GPUs\n")
+    comm = measure_collectives(nproc, backend, quick=args.quick, threads=args.threads)
+    date = datetime.date.today().isoformat()
+    text = render(m, comm, name=args.name or f"measured-{host}", command=command, host=host, date=date, nproc=nproc)
+    _check(text, out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    except OSError as e:
+        raise UserError(f"cannot write: {e.strerror}", source=str(out)) from None
+    sys.stdout.write(f"wrote {out}\n")
+    if args.ops:
+        sys.stdout.write(f"wrote {_ops(args, out, command, device)}\n")
+    if args.json:
+        json.dump({"device": m, "collectives": comm}, sys.stdout)
+        sys.stdout.write("\n")
+    return 0
+
+
+def _command(args, nproc: int, device: str, out: Path) -> str:
+    """The command line that reproduces this measurement."""
+    parts = ["meshplan", "profile", "--nproc", str(nproc), "--device", device, "--threads", str(args.threads),
+             "--out", str(out)]
+    if args.ops:
+        parts += ["--ops", args.ops] + (["--example-input", args.example_input] if args.example_input else [])
+    if args.quick:
+        parts.append("--quick")
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def _check(text: str, out: Path) -> None:
+    """What we write must be what --cluster reads."""
+    import tomllib
+    from ..cluster import parse_cluster
+    parse_cluster(tomllib.loads(text), str(out))

@@ -1,0 +1,159 @@
+"""The cluster profile TOML that ``meshplan profile`` writes (the schema of profiles/*.toml).
+
+Each number says it was measured and by which command; the raw measurements
+follow under ``[measured]`` (``planner.cluster.parse_cluster`` reads only the
+fields it knows). Derived fields say how they were derived:
+
+- ``peak_tflops``: the best GEMM rate over the measured shapes, so
+  ``gemm_efficiency`` is 1 and ``gemm_tile`` is [1, 1] (the measured rates
+  already contain the tile and wave effects of those shapes);
+- ``attention_efficiency``: the measured causal SDPA rate (forward + backward,
+  FLOPs counted as ``planner.cost.compute.flash_attention_s`` does) over that peak;
+- intra-node ``link_GBps``: the all-reduce bus bandwidth at the largest message;
+  ``latency_us``: the smallest all-reduce's time over 2(n-1) steps, the latency
+  term of the ring all-reduce in ``planner.network.all_reduce_s``;
+- host ``memory_efficiency``: the CPU AdamW rate (28 B per parameter, as
+  ``planner.cost.step`` charges it) over the measured copy bandwidth.
+"""
+from __future__ import annotations
+
+import math
+
+GiB = 2**30
+
+
+def _q(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _num(x: float, digits: int = 4) -> str:
+    if isinstance(x, int) and not isinstance(x, bool):
+        return str(x)
+    if x == 0:
+        return "0.0"
+    return repr(float(f"{x:.{digits}g}"))
+
+
+def _peaks(m: dict) -> dict[str, float]:
+    peaks: dict[str, float] = {}
+    for row in m["gemm"]:
+        peaks[row["dtype"]] = max(peaks.get(row["dtype"], 0.0), row["tflops"])
+    return peaks
+
+
+def _collective_fields(comm: dict | None, m: dict) -> tuple[float, float, str]:
+    """(link GB/s, latency us, source) from the collective measurements."""
+    if not comm:
+        return m["copy"]["GBps"], 0.0, "one process: no collective measured; the device copy bandwidth stands in"
+    sizes = comm["sizes"]
+    n = comm["world"]
+    big, small = max(sizes, key=lambda r: r["bytes"]), min(sizes, key=lambda r: r["bytes"])
+    latency = small["all_reduce_s"] / (2 * (n - 1)) * 1e6
+    src = (f"{comm['backend']} all_reduce {big['bytes']} B x{n}: busbw {big['all_reduce_busbw_GBps']:.3g} GB/s; "
+           f"{small['bytes']} B: {small['all_reduce_s'] * 1e6:.0f} us = 2(n-1) x {latency:.0f} us")
+    return big["all_reduce_busbw_GBps"], latency, src
+
+
+def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, date: str, nproc: int) -> str:
+    """The profile text for measurements ``m`` (profile_device.measure) and ``comm`` (profile_comm.py)."""
+    cpu = m["device_type"] != "cuda"
+    measured = f"measured: `{command}` on {host} ({date})"
+    peaks = _peaks(m)
+    first = max(peaks, key=peaks.get)
+    attn = m["attention"].get(first, {})
+    attn_eff = min(1.0, attn.get("tflops", 0.0) / peaks[first]) if peaks[first] else 0.5
+    link, latency, comm_src = _collective_fields(comm, m)
+    threads = m["threads"]
+    dev_name = f"CPU process ({threads} thread{'s' if threads != 1 else ''})" if cpu else m["device"]["name"]
+    memory_gib = (m["host_memory_bytes"] / nproc if cpu else m["device"]["memory_bytes"]) / GiB
+    host_copy = m["host_copy"]["GBps"]
+    adam_eff = min(1.0, m["adam"]["GBps"] / host_copy)
+    pcie = m["h2d"]["GBps"] if m.get("h2d") else host_copy
+    reserved = (comm or {}).get("reserved_bytes", 0.0) / GiB
+    best = max(m["gemm"], key=lambda r: r["tflops"])
+    gpu_src = (f"{measured}: GEMM {best['m']}x{best['n']}x{best['k']} {best['dtype']}: "
+               f"{best['tflops'] * 1e3:.1f} GFLOP/s; copy {m['copy']['GBps']:.1f} GB/s")
+    attn_src = f"{measured}: causal SDPA {first} fwd+bwd {_attn_text(attn)} over the GEMM peak"
+    reserved_src = measured + (": resident memory of a rank after init_process_group" if comm
+                               else ": no process group started (--nproc 1)")
+    lines = [
+        f"# Written by `{command}` on {host} ({date}). Every number below was measured on that machine",
+        "# by that command (the raw measurements are under [measured]); see planner/trace/profile_toml.py",
+        "# for how the derived fields follow from them.",
+        "schema = 1",
+        f"name = {_q(name)}",
+        f"description = {_q(f'{dev_name} x {nproc} on {host}' + (', gloo over TCP loopback' if cpu else ''))}",
+        f"gpus_per_node = {nproc}               # processes per host (--nproc)",
+        "max_nodes = 1",
+        f"source = {_q(measured)}",
+        "",
+        "[gpu]",
+        f"name = {_q(dev_name)}",
+        f"memory_GiB = {_num(memory_gib)}" + ("   # host memory divided among the processes (a budget)" if cpu
+                                              else "   # reported by torch.cuda.get_device_properties"),
+        f"hbm_GBps = {_num(m['copy']['GBps'])}   # measured: {m['copy']['bytes'] >> 20} MiB copy, read + write",
+        "peak_tflops = { " + ", ".join(f"{d} = {_num(v)}" for d, v in peaks.items()) + " }   # measured: best GEMM",
+        f"sm_count = {m['device']['sm_count']}" + ("   # one CPU process" if cpu else "   # reported by the runtime"),
+        f"source = {_q(gpu_src)}",
+        "",
+        "[gpu.kernels]",
+        "gemm_tile = [1, 1]",
+        f"gemm_tile_source = {_q('derived: the measured GEMM rates already include tile and wave effects')}",
+        "gemm_efficiency = 1.0",
+        f"gemm_efficiency_source = {_q('derived: the peak above is the measured achieved rate')}",
+        "hbm_efficiency = 1.0",
+        f"hbm_efficiency_source = {_q('derived: the bandwidth above is the measured achieved rate')}",
+        f"attention_efficiency = {_num(max(attn_eff, 1e-3))}",
+        f"attention_efficiency_source = {_q(attn_src)}",
+        "",
+        "[runtime]",
+        f"reserved_GiB = {_num(reserved)}",
+        f"reserved_source = {_q(reserved_src)}",
+        "",
+        "[intra_node]",
+        f"fabric = {_q('loopback' if cpu else 'pcie')}",
+        f"link_GBps = {_num(link)}",
+        "efficiency = 1.0                # the bandwidth above is the measured achieved one",
+        f"latency_us = {_num(latency)}",
+        f"source = {_q(f'{measured}: {comm_src}')}",
+        "",
+        "[host]",
+        f"memory_GBps = {_num(host_copy)}   # measured: host memory copy",
+        f"memory_efficiency = {_num(adam_eff)}   # measured: CPU AdamW {m['adam']['GBps']:.3g} GB/s at 28 B/param",
+        f"pcie_GBps = {_num(pcie)}" + ("   # the host is the device: the copy bandwidth" if cpu
+                                       else "   # measured: pinned host-to-device copy"),
+        f"memory_GiB = {_num(m['host_memory_bytes'] / GiB)}   # read from the OS (sysconf)",
+        f"source = {_q(measured)}",
+        "",
+        "[network]",
+        "nics_per_node = 0",
+        "nic_Gbps = 0",
+        "efficiency = 1.0",
+        "latency_us = 0",
+        "oversubscription = 1.0",
+        f"source = {_q('one host: meshplan profile measures no network')}",
+        "",
+    ]
+    return "\n".join(lines) + _raw(m, comm)
+
+
+def _attn_text(attn: dict) -> str:
+    if not attn:
+        return "(not measured)"
+    return (f"b{attn['batch']} h{attn['heads']} s{attn['seq']} d{attn['head_dim']}: "
+            f"{attn['tflops'] * 1e3:.1f} GFLOP/s")
+
+
+def _raw(m: dict, comm: dict | None) -> str:
+    out = ["", "[measured]", f"threads_per_process = {m['threads']}"]
+    for row in m["gemm"]:
+        out += ["", "[[measured.gemm]]"] + [f"{k} = {_q(v) if isinstance(v, str) else _num(v, 6)}"
+                                            for k, v in row.items()]
+    for dtype, row in m["attention"].items():
+        out += ["", "[[measured.attention]]"] + [f"{k} = {_q(v) if isinstance(v, str) else _num(v, 6)}"
+                                                 for k, v in row.items()]
+    for row in (comm or {}).get("sizes", []):
+        out += ["", "[[measured.collectives]]"] + [
+            f"{k} = {_q(v) if isinstance(v, str) else _num(v, 6)}" for k, v in row.items()
+            if isinstance(v, (int, float, str)) and not (isinstance(v, float) and math.isnan(v))]
+    return "\n".join(out) + "\n"

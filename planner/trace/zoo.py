@@ -1,0 +1,46 @@
+"""A zoo model or config.json as a real ``transformers`` module (on the meta device) to trace.
+
+The zoo's GPTs are Megatron GPTs (GELU MLP, learned positions, tied embeddings):
+``GPT2Config(n_embd, n_layer, n_head, n_inner, vocab_size, n_positions)``; the
+Llama family maps to ``LlamaConfig`` (``MixtralConfig`` for a mixture of
+experts, ``MistralConfig`` with a sliding window, ``Qwen2Config`` with q/k/v
+biases). Needs ``transformers``; no weights are downloaded or allocated.
+"""
+from __future__ import annotations
+
+from ..errors import UserError
+from ..model import ModelSpec
+
+
+def hf_config(spec: ModelSpec):
+    try:
+        import transformers as tf
+    except ImportError:
+        raise UserError("tracing a zoo model needs transformers (pip install meshplan[hf])",
+                        field="--model") from None
+    if spec.mlp == "gelu":
+        return tf.GPT2Config(n_embd=spec.hidden, n_layer=spec.num_layers, n_head=spec.num_heads,
+                             n_inner=spec.ffn_hidden, vocab_size=spec.vocab_size, n_positions=spec.max_positions,
+                             tie_word_embeddings=spec.tied_embeddings,
+                             **({} if spec.dropout else {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}))
+    common = dict(hidden_size=spec.hidden, num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
+                  num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim, intermediate_size=spec.ffn_hidden,
+                  vocab_size=spec.vocab_size, max_position_embeddings=spec.seq_len,
+                  tie_word_embeddings=spec.tied_embeddings)
+    if spec.is_moe:
+        return tf.MixtralConfig(num_local_experts=spec.num_experts, num_experts_per_tok=spec.experts_per_token,
+                                sliding_window=spec.sliding_window or None, **common)
+    if spec.qkv_bias:
+        return tf.Qwen2Config(**common)
+    if spec.sliding_window:
+        return tf.MistralConfig(sliding_window=spec.sliding_window, **common)
+    return tf.LlamaConfig(**common)
+
+
+def build_hf_module(spec: ModelSpec, device: str = "meta"):
+    """(module, example input ids of one sequence) for a zoo spec, parameters on ``device``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    with torch.device(device):
+        module = AutoModelForCausalLM.from_config(hf_config(spec))
+    return module, torch.zeros(1, spec.seq_len, dtype=torch.long, device="meta")

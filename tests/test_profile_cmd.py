@@ -1,0 +1,97 @@
+"""`meshplan profile --nproc 2` on this machine: a profile --cluster accepts, every number measured.
+
+One profile run (a few seconds with --quick) is shared by the tests of this file.
+"""
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from planner.cli import main
+from planner.cluster import load_cluster
+from planner.cost.layer import Context, layer_cost
+from planner.trace.load import load_traced_model
+from planner.trace.measured import attach_measured_ops, op_signature
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "tests/trace_models.py:tiny_transformer"
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory):
+    out = tmp_path_factory.mktemp("profile") / "here.toml"
+    cmd = [sys.executable, "-m", "planner.cli", "profile", "--nproc", "2", "--quick", "--out", str(out),
+           "--ops", MODEL]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def test_the_profile_loads_as_a_cluster(profile):
+    cluster = load_cluster(str(profile), 2)
+    assert cluster.gpus_per_node == 2 and cluster.max_nodes == 1 and cluster.device.dtypes == ("fp32",)
+    assert cluster.device.peak("fp32") > 1e9 and cluster.intra.bytes_per_s > 1e6
+
+
+def test_every_number_says_it_was_measured_and_by_which_command(profile):
+    data = tomllib.loads(profile.read_text())
+    command = "meshplan profile --nproc 2 --device cpu --threads 1"
+    assert command in data["source"]
+    for table in ("gpu", "intra_node", "host"):
+        assert data[table]["source"].startswith("measured: `" + command), table
+    assert data["runtime"]["reserved_source"].startswith("measured: `" + command)
+    assert data["gpu"]["kernels"]["attention_efficiency_source"].startswith("measured: `" + command)
+    for key in ("gemm_tile", "gemm_efficiency", "hbm_efficiency"):
+        source = data["gpu"]["kernels"][key + "_source"]
+        assert source.startswith("derived: the ") and "measured" in source
+    # the derived fields follow from the raw measurements written beside them
+    measured = data["measured"]
+    assert data["gpu"]["peak_tflops"]["fp32"] == pytest.approx(max(r["tflops"] for r in measured["gemm"]), rel=1e-3)
+    largest = max(measured["collectives"], key=lambda r: r["bytes"])
+    assert data["intra_node"]["link_GBps"] == pytest.approx(largest["all_reduce_busbw_GBps"], rel=1e-3)
+    smallest = min(measured["collectives"], key=lambda r: r["bytes"])
+    assert data["intra_node"]["latency_us"] == pytest.approx(smallest["all_reduce_s"] / 2 * 1e6, rel=1e-3)
+
+
+def test_planning_against_the_profile_uses_the_measured_ops(profile, capsys):
+    rc = main(["plan", "--model", MODEL, "--cluster", str(profile), "--gpus", "2", "--global-batch", "8", "--json"])
+    captured = capsys.readouterr()
+    assert rc == 0
+    graph = load_traced_model(MODEL)
+    total = sum(len(layer.ops) for layer in graph.layers)
+    assert f"here.ops.json: measured times for {total} of {total} ops" in captured.err
+    estimate = json.loads(captured.out)["estimate"]
+    assert estimate["step_time_s"] > 0 and estimate["fits"]
+
+
+def test_the_cost_model_prefers_measured_times(tmp_path):
+    """Hand-written measured times: each layer's forward is then exactly its ops' times x tokens."""
+    graph = load_traced_model(MODEL)
+    profile = tmp_path / "p.toml"
+    ops = {op_signature(op): {"fwd_s_per_token": 1e-6, "bwd_s_per_token": 3e-6}
+           for layer in graph.layers for op in layer.ops}
+    (tmp_path / "p.ops.json").write_text(json.dumps({"schema": 1, "dtype": "float32", "seq_len": 32, "ops": ops}))
+    measured = attach_measured_ops(graph, profile, "fp32", 32)
+    ctx = Context(micro_batch=4, seq_len=32, tp=1, cp=1, sequence_parallel=False, precision="fp32",
+                  attention="flash", framework="torch", tp_comm_overlap=False)
+    cluster = load_cluster("cpu-gloo", 1)
+    for layer in measured.layers:
+        cost = layer_cost(layer, ctx, cluster)
+        assert cost.fwd_s == pytest.approx(len(layer.ops) * 1e-6 * 128)
+        assert cost.bwd_s == pytest.approx(len(layer.ops) * 3e-6 * 128)
+    mismatched = attach_measured_ops(graph, profile, "bf16", 32)
+    assert all(op.measured_fwd_s is None for layer in mismatched.layers for op in layer.ops)
+    assert "not bfloat16 at 32" in mismatched.warnings[-1]
+
+
+def test_the_collectives_measured_over_gloo(profile):
+    """executor/profile_comm.py's rows as the profile keeps them."""
+    rows = tomllib.loads(profile.read_text())["measured"]["collectives"]
+    assert len(rows) >= 3
+    for row in rows:
+        assert row["all_reduce_s"] > 0 and row["send_recv_s"] > 0 and row["all_gather_s"] > 0
+        # nccl-tests' bus bandwidth of a 2-rank all-reduce: 2 (n-1)/n = 1 buffer per rank
+        assert row["all_reduce_busbw_GBps"] == pytest.approx(row["bytes"] / row["all_reduce_s"] / 1e9, rel=1e-3)

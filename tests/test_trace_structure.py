@@ -1,0 +1,103 @@
+"""Layers, tensor-parallel roles and the operator graph of traced modules; import hygiene."""
+import subprocess
+import sys
+from pathlib import Path
+
+import networkx as nx
+import pytest
+import torch
+
+import trace_models as tm
+import planner
+from planner.plan import tp_plan
+from planner.config import ParallelConfig
+from planner.trace import trace_module
+
+transformers = pytest.importorskip("transformers")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _llama(**extra):
+    config = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=128, vocab_size=100, **extra)
+    with torch.device("meta"):
+        return transformers.LlamaForCausalLM(config)
+
+
+def test_llama_layers_and_megatron_roles():
+    graph = trace_module(_llama(), torch.zeros(2, 16, dtype=torch.long)).graph
+    assert [(l.name, l.kind) for l in graph.layers] == [
+        ("model.embed_tokens", "embedding"), ("model.rotary_emb", "embedding"), ("model.layers.0", "block"),
+        ("model.layers.1", "block"), ("model.norm", "norm"), ("lm_head", "head")]
+    block = graph.layers[2]
+    roles = {op.name: op.tp for op in block.ops if op.kind == "linear"}
+    p = "model.layers.0."
+    assert roles == {p + "self_attn.q_proj": "column", p + "self_attn.k_proj": "column",
+                     p + "self_attn.v_proj": "column", p + "self_attn.o_proj": "row",
+                     p + "mlp.gate_proj": "column", p + "mlp.up_proj": "column", p + "mlp.down_proj": "row"}
+    # Megatron: two all-reduces of the hidden width per block, forward and backward
+    assert (block.tp_allreduce_fwd_elems, block.tp_allreduce_bwd_elems, block.output_elems) == (128, 128, 64)
+    plan = tp_plan(graph, ParallelConfig(dp=1, tp=2, pp=1, sequence_parallel=True))
+    assert plan["lm_head"] == "colwise_loss" and plan["model.embed_tokens"] == "vocab"
+    assert plan[p + "input_layernorm"] == "sequence" and plan[p + "mlp.down_proj"] == "rowwise"
+
+
+def test_mixtral_router_is_replicated_and_experts_are_split():
+    config = transformers.MixtralConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, intermediate_size=128, vocab_size=100,
+                                        num_local_experts=4, num_experts_per_tok=2)
+    with torch.device("meta"):
+        module = transformers.MixtralForCausalLM(config)
+    block = trace_module(module, torch.zeros(2, 16, dtype=torch.long)).graph.layers[2]
+    roles = {op.name.rsplit(".", 2)[-2] + "." + op.name.rsplit(".", 1)[-1]: op.tp for op in block.ops
+             if op.kind == "linear"}
+    assert roles["mlp.gate"] == "replicate"
+    assert roles["experts.gate_up_proj"] == "column" and roles["experts.down_proj"] == "row"
+
+
+def test_different_blocks_get_different_signatures():
+    module = tm.TinyTransformer(layers=2)
+    module.blocks.append(tm.Block(width=tm.WIDTH, heads=2))        # same weights, other head count
+    graph = trace_module(module, tm.ids()).graph
+    sigs = [l.signature for l in graph.layers if l.is_block]
+    assert sigs[0] == sigs[1] != sigs[2]
+    assert graph.num_heads == 2                                     # tp must divide the smallest
+
+
+def test_operator_graph():
+    module, x = tm.mlp()
+    result = trace_module(module, x)
+    g = result.op_graph
+    assert isinstance(g, nx.DiGraph) and nx.is_directed_acyclic_graph(g)
+    assert sum(d["fwd_flops"] for _, d in g.nodes(data=True)) == result.fwd_flops
+    fc1 = [d for _, d in g.nodes(data=True) if d["module"] == "fc1" and d["fwd_flops"]]
+    assert len(fc1) == 1 and fc1[0]["params"] == ["fc1.bias", "fc1.weight"]
+    assert fc1[0]["output_shapes"] == [(8, 256)]
+    # backward: fc1 only needs its weight gradient (the input needs none), fc2 both
+    assert fc1[0]["bwd_flops"] == fc1[0]["fwd_flops"] == 2 * 8 * 64 * 256
+    fc2 = next(d for _, d in g.nodes(data=True) if d["module"] == "fc2" and d["fwd_flops"])
+    assert fc2["bwd_flops"] == 2 * fc2["fwd_flops"]
+    producer = next(n for n, d in g.nodes(data=True) if d["module"] == "fc1" and d["fwd_flops"])
+    # its output, 8 x 256 fp32, feeds the GELU
+    assert any(g.edges[producer, v]["bytes"] == 8 * 256 * 4 and g.nodes[v]["module"] == "act"
+               for v in g.successors(producer))
+    assert sum(d["saved_bytes"] for _, d in g.nodes(data=True)) == result.saved_activation_bytes
+
+
+def test_planner_trace_is_callable_and_meta_modules_allocate_nothing():
+    graph = planner.trace(_llama(), torch.zeros(1, 8, dtype=torch.long))
+    assert graph.num_blocks == 2
+
+
+def test_planning_a_config_model_imports_no_torch():
+    code = ("import sys; from planner.cli import main; "
+            "rc = main(['plan', '--model', 'gpt3-175b', '--cluster', 'a100-80g', '--gpus', '64', '--json']); "
+            "assert rc == 0; assert 'torch' not in sys.modules, 'torch imported'")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_planner_never_imports_torch_distributed():
+    offenders = [str(p) for p in (ROOT / "planner").rglob("*.py")
+                 if "import torch.distributed" in p.read_text() or "from torch.distributed" in p.read_text()]
+    assert offenders == []

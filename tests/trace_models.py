@@ -1,0 +1,169 @@
+"""Plain nn.Modules the trace tests use, each with a factory as `--model tests/trace_models.py:NAME` takes.
+
+Every factory returns (module, example_inputs) with parameters on the CPU (real,
+small) unless it says otherwise.
+"""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+VOCAB, WIDTH, HEADS, SEQ = 96, 64, 4, 32
+
+
+class MLP(nn.Module):
+    def __init__(self, width=WIDTH, hidden=4 * WIDTH, classes=10):
+        super().__init__()
+        self.fc1 = nn.Linear(width, hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, width)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x):                       # x: (B, width)
+        return self.head(self.fc2(self.act(self.fc1(x))))
+
+
+class SmallCNN(nn.Module):
+    def __init__(self, classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 16, 3, padding=1, stride=2)
+        self.bn2 = nn.BatchNorm2d(16)
+        self.fc = nn.Linear(16, classes)
+
+    def forward(self, x):                       # x: (B, 3, H, W)
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = F.relu(self.bn2(self.conv2(x)))     # (B, 16, H/2, W/2)
+        return self.fc(x.mean(dim=(2, 3)))
+
+
+class Attention(nn.Module):
+    def __init__(self, width=WIDTH, heads=HEADS):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x):                       # x: (B, T, C)
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))   # (B, nh, T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class Block(nn.Module):
+    def __init__(self, width=WIDTH, heads=HEADS):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(width)
+        self.attn = Attention(width, heads)
+        self.ln2 = nn.LayerNorm(width)
+        self.fc = nn.Linear(width, 4 * width)
+        self.out = nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class TinyTransformer(nn.Module):
+    """A nanoGPT-like decoder: token + position embeddings, blocks, final norm, untied head."""
+
+    def __init__(self, layers=3, block=Block):
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, WIDTH)
+        self.pos = nn.Parameter(torch.zeros(SEQ, WIDTH))
+        self.blocks = nn.ModuleList([block() for _ in range(layers)])
+        self.norm = nn.LayerNorm(WIDTH)
+        self.head = nn.Linear(WIDTH, VOCAB, bias=False)
+
+    def forward(self, ids):                     # ids: (B, T)
+        x = self.tok(ids) + self.pos[: ids.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+class DataDependentGate(nn.Module):
+    """Control flow on values: fake tensors cannot say which branch runs."""
+
+    def __init__(self, width=WIDTH):
+        super().__init__()
+        self.scale = nn.Linear(width, width)
+
+    def forward(self, x):
+        if x.sum() > 0:                         # needs the data
+            return self.scale(x)
+        return x
+
+
+class GatedBlock(Block):
+    def __init__(self, width=WIDTH, heads=HEADS):
+        super().__init__(width, heads)
+        self.gate = DataDependentGate(width)
+
+    def forward(self, x):
+        return self.gate(super().forward(x))
+
+
+class TopKMoE(nn.Module):
+    """A mixture of experts routed with torch.where on the router's choice (data-dependent shapes)."""
+
+    def __init__(self, width=WIDTH, experts=4, top_k=2):
+        super().__init__()
+        self.top_k = top_k
+        self.router = nn.Linear(width, experts, bias=False)
+        self.experts = nn.ModuleList([nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(),
+                                                    nn.Linear(2 * width, width)) for _ in range(experts)])
+
+    def forward(self, x):                       # x: (B, T, C)
+        flat = x.reshape(-1, x.shape[-1])
+        weights, chosen = self.router(flat).softmax(-1).topk(self.top_k, dim=-1)     # (N, k)
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            rows, slot = torch.where(chosen == e)
+            out.index_add_(0, rows, expert(flat[rows]) * weights[rows, slot, None])
+        return out.view_as(x)
+
+
+class MoEBlock(Block):
+    def __init__(self, width=WIDTH, heads=HEADS):
+        super().__init__(width, heads)
+        del self.fc, self.out
+        self.moe = TopKMoE(width)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.moe(self.ln2(x))
+
+
+def ids(batch=2):
+    return torch.randint(0, VOCAB, (batch, SEQ))
+
+
+def mlp():
+    return MLP(), torch.randn(8, WIDTH)
+
+
+def cnn():
+    return SmallCNN(), torch.randn(4, 3, 16, 16)
+
+
+def tiny_transformer():
+    return TinyTransformer(), ids()
+
+
+def tiny_transformer_module_only():
+    return TinyTransformer()
+
+
+def untraceable():
+    return TinyTransformer(layers=2, block=GatedBlock), ids()
+
+
+def custom_moe():
+    return TinyTransformer(layers=2, block=MoEBlock), ids()
+
+
+def not_a_module():
+    return 42
