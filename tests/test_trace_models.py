@@ -5,7 +5,7 @@ import torch
 import trace_models as tm
 from planner.cluster import load_cluster
 from planner.config import Workload
-from planner.search.enumerate import search
+from planner.search import search
 from planner.trace import trace_module
 
 transformers = pytest.importorskip("transformers")
