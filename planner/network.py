@@ -34,6 +34,8 @@ def group(cluster: Cluster, size: int, stride: int) -> Group:
     """The group of ``size`` ranks spaced ``stride`` apart in rank order."""
     if size <= 1:
         return Group(1, 1)
+    if cluster.num_gpus <= cluster.gpus_per_node:
+        return Group(size, size)              # a single node holds every rank
     per_node = 1 if stride >= cluster.gpus_per_node else min(size, cluster.gpus_per_node // stride)
     return Group(size, max(1, per_node))
 
@@ -159,7 +161,7 @@ def p2p_s(cluster: Cluster, nbytes: float, *, same_node: bool) -> float:
     if nbytes <= 0:
         return 0.0
     f = fabric(cluster)
-    if same_node:
+    if same_node or cluster.num_gpus <= cluster.gpus_per_node:
         return nbytes / f.intra_bytes_per_s + f.intra_latency_s
     return nbytes / f.net_bytes_per_s + f.net_latency_s
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .cluster import Cluster
 from .explain import gains, limits, lost_on
+from .fingerprint import cluster_fingerprint, model_fingerprint
 from .config import ParallelConfig, Workload
 from .layers import LayerGraph
 from .model import ModelSpec
@@ -141,6 +142,8 @@ class Plan:
                       **({"spec": asdict(self.spec)} if self.spec else {})},
             "cluster": {"name": self.cluster.name, "gpus": self.cluster.num_gpus,
                         "gpus_per_node": self.cluster.gpus_per_node},
+            "fingerprints": {"model": model_fingerprint(self.graph), "cluster": cluster_fingerprint(self.cluster),
+                             "world_size": self.cluster.num_gpus},
             "workload": asdict(self.workload),
             "config": config_json(self.best.config),
             "estimate": self.best.estimate.to_json(),

@@ -459,7 +459,8 @@ def estimate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: Pa
     tied_s = 0.0
     if graph.tied_embeddings and config.pp > 1:      # first and last stage sum the shared embedding's grads
         tied_bytes = graph.tied_params / config.tp * grad_comm_bytes_per_param(workload.framework, workload.precision)
-        tied_s = network.all_reduce_s(cluster, tied_bytes, network.Group(2, 1))
+        tied_s = network.all_reduce_s(cluster, tied_bytes, network.group(
+            cluster, 2, config.tp * config.cp * config.dp * (config.pp - 1)))
     step = pipe + dp_exposed + opt_s + tied_s
     compute = m * (slow.fwd_s + slow.bwd_s - slow.recompute_s - slow.tp_comm_s - slow.cp_comm_s)
     time = StepTime(compute=compute, recompute=m * slow.recompute_s, tp_comm=m * slow.tp_comm_s,

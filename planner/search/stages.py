@@ -100,7 +100,8 @@ class GroupProblem:
         if graph.tied_embeddings and self.p > 1:
             from ..cost.memory import grad_comm_bytes_per_param
             nbytes = graph.tied_params / layout.tp * grad_comm_bytes_per_param(w.framework, w.precision)
-            self.tied_s = network.all_reduce_s(cache.cluster, nbytes, network.Group(2, 1))
+            self.tied_s = network.all_reduce_s(cache.cluster, nbytes, network.group(
+                cache.cluster, 2, layout.tp * layout.cp * layout.dp * (layout.pp - 1)))
 
     # -- constants ----------------------------------------------------------------------------
     def _useful_policies(self, space: Space) -> tuple[str, ...]:
