@@ -11,7 +11,7 @@ from .config import ParallelConfig, Workload
 from .errors import NoFeasiblePlan, UserError
 from .layers import LayerGraph, build_layer_graph
 from .model import ALIASES, ZOO, load_model
-from .explain import gains, limits, lost_on
+from .explain import fixes_for_no_fit, gains, limits, lost_on
 from .plan import Plan, config_json
 from .search import Candidate, SearchResult, evaluate, search
 from .search.space import Knobs
@@ -79,29 +79,19 @@ def _fully_fixed(knobs: Knobs, workload: Workload, num_gpus: int) -> ParallelCon
                           sequence_parallel=bool(k.sequence_parallel), offload=k.offload or "none")
 
 
-def _no_fit_message(result: SearchResult, cluster, workload: Workload) -> str:
+def _no_fit_message(result: SearchResult, graph, cluster, workload: Workload, knobs: Knobs) -> str:
     least = result.least_memory
     capacity = cluster.device.memory_bytes / GiB
     if least is None:
         return "no legal configuration exists for these knobs"
     need = least.estimate.memory.total / GiB
     c = least.config
-    hints = []
-    if c.recompute != "full":
-        hints.append("--recompute full")
-    if c.micro_batch > 1:
-        hints.append("a smaller --micro-batch")
-    hints.append(f"a shorter --seq-len than {workload.seq_len}")
-    if c.zero < 3 and workload.framework != "megatron":
-        hints.append("--zero 3")
-    if c.offload == "none":
-        hints.append("--offload optimizer")
-    hints.append(f"more GPUs than {cluster.num_gpus}")
-    if cluster.device.memory_bytes < 100 * GiB:
-        hints.append("GPUs with more memory (e.g. --cluster h200)")
+    fixes = fixes_for_no_fit(graph, cluster, workload, knobs, need_bytes=least.estimate.memory.total)
     return (f"no plan fits: the least memory any candidate needs is {need:.1f} GiB per GPU "
             f"(dp {c.dp} tp {c.tp} pp {c.pp} cp {c.cp}, ZeRO-{c.zero}, recompute {c.recompute}, "
-            f"micro-batch {c.micro_batch}) against {capacity:.1f} GiB; try {', '.join(hints)}")
+            f"offload {c.offload}, micro-batch {c.micro_batch}) against {capacity:.1f} GiB; "
+            + ("what would change it: " + "; ".join(fixes) if fixes else
+               "no single change tried (more GPUs, a shorter sequence, more memory) makes it fit"))
 
 
 def plan_command(args) -> int:
@@ -120,7 +110,7 @@ def plan_command(args) -> int:
         result = search(graph, cluster, workload, knobs, top_k=args.top_k, solver=solver,
                         time_limit_s=args.time_limit, progress=_progress_bar() if not args.json else None)
         if result.best is None:
-            raise NoFeasiblePlan(_no_fit_message(result, cluster, workload))
+            raise NoFeasiblePlan(_no_fit_message(result, graph, cluster, workload, knobs))
     plan = Plan.from_search(result, model_name=spec.name if spec else graph.name, model_source=args.model, spec=spec,
                             graph=graph, cluster=cluster, workload=workload, seconds=time.perf_counter() - t0,
                             solver="exhaustive" if args.exhaustive else args.solver)

@@ -1,6 +1,7 @@
 """Why a plan won: what each runner-up lost on, and what limits the winner."""
 from __future__ import annotations
 
+import math
 from dataclasses import fields
 
 from .cluster import GiB, Cluster
@@ -109,3 +110,47 @@ def _rebalanced(graph, config: ParallelConfig):
     for layer in graph.layers:
         out.append(next(it) if layer.is_block else "none")
     return tuple(out)
+
+
+def fixes_for_no_fit(graph, cluster, workload, knobs, need_bytes: float = 0.0) -> list[str]:
+    """Changes that would make a plan fit, each re-searched, with its predicted effect:
+    more GPUs, a shorter sequence, GPUs with more memory, fewer fixed knobs."""
+    from dataclasses import replace
+
+    from .cluster import GiB, builtin_profiles, load_cluster
+    from .search import Knobs, search
+
+    tries = []
+    per_node = cluster.gpus_per_node
+    # model states shard about 1/n: jump to the power of two the memory ratio suggests
+    ratio = max(2.0, need_bytes / cluster.device.memory_bytes) if need_bytes else 2.0
+    first = 2 ** max(1, math.ceil(math.log2(ratio)))
+    for factor in sorted({2, first, 2 * first}):
+        gpus = cluster.num_gpus * factor
+        if cluster.max_nodes and gpus > cluster.max_nodes * per_node:
+            break
+        if workload.global_batch % factor == 0 or gpus <= workload.global_batch:
+            tries.append((f"--gpus {gpus}", graph, cluster.with_gpus(gpus), workload, knobs))
+    if workload.seq_len >= 256:
+        tries.append((f"--seq-len {workload.seq_len // 2}", graph, cluster,
+                      replace(workload, seq_len=workload.seq_len // 2), knobs))
+    if cluster.fabric != "loopback" and "h200" in builtin_profiles() and cluster.device.memory_bytes < 140 * GiB:
+        tries.append(("--cluster h200", graph, load_cluster("h200", cluster.num_gpus), workload, knobs))
+    if knobs.fixed():
+        flags = " ".join(f"--{k.replace('_', '-')}" for k in knobs.fixed())
+        tries.append((f"without {flags}", graph, cluster, workload, Knobs()))
+    out = []
+    for label, g, c, w, k in tries:
+        try:
+            result = search(g, c, w, k, top_k=1, solver="uniform")
+        except Exception:           # a change that is itself illegal is simply not suggested
+            continue
+        if result.best is not None:
+            e, cfg = result.best.estimate, result.best.config
+            out.append(f"{label} fits ({e.step_time_s:.3g} s per step, {e.memory.total / GiB:.1f} of "
+                       f"{e.capacity_bytes / GiB:.1f} GiB, dp {cfg.dp} tp {cfg.tp} pp {cfg.pp} cp {cfg.cp} "
+                       f"ZeRO-{cfg.zero})")
+        elif result.least_memory is not None:
+            need = result.least_memory.estimate.memory.total / GiB
+            out.append(f"{label} still needs {need:.1f} GiB")
+    return out

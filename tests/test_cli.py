@@ -189,8 +189,10 @@ def test_custom_profile_works(cli, tmp_path):
 def test_nothing_fits_exits_3_with_what_would_help(cli):
     out = cli("plan", "--model", "llama3-405b", "--cluster", "a100-40g", "--gpus", "8")
     line = one_line_error(out, code=3)
-    assert "no plan fits" in line and "GiB" in line and "40.0 GiB" in line
-    assert "more GPUs" in line
+    assert "no plan fits" in line and "390.3 GiB per GPU" in line and "against 40.0 GiB" in line
+    # each change is re-searched and reported with its effect: more GPUs make it fit
+    assert "--gpus 16 still needs" in line
+    assert "--gpus 128 fits (" in line and " s per step" in line
 
 
 def test_debug_shows_a_traceback(cli):
