@@ -227,7 +227,7 @@ class GroupProblem:
         for r, counts in enumerate(per_rank):
             sizes = self._spread_one(sum(counts.values()))
             left = dict(counts)
-            for size, j in zip(sizes, [j for j in range(self.stages) if j % self.p == r]):
+            for size, j in zip(sizes, range(r, self.stages, self.p)):
                 for c in sorted(self.policies, key=lambda c: c != "full"):
                     take = min(left[c], size)
                     stages[j][c] += take
@@ -243,10 +243,8 @@ class GroupProblem:
         """Per-rank block counts to per-virtual-stage counts (a rank's blocks across its chunks)."""
         stages = [0] * self.stages
         for r, total in enumerate(per_rank):
-            chunks = [j for j in range(self.stages) if j % self.p == r]
-            base, extra = divmod(total, len(chunks))
-            for i, j in enumerate(chunks):
-                stages[j] = base + (1 if i < extra else 0)
+            for size, j in zip(self._spread_one(total), range(r, self.stages, self.p)):
+                stages[j] = size
         return stages
 
 
@@ -387,48 +385,3 @@ class _Rank0Collectives:
             if totals[i]:
                 out += weight * (max(totals[i] - windows[i], self.first[i]) + self.kappa * totals[i])
         return out
-
-
-def structured_counts(pr: GroupProblem, split: list[int], option: Option) -> list[dict[str, int]] | None:
-    """The split with the fewest recomputed blocks per rank that make it fit under
-    ``option`` (the cheapest policy per byte freed first), or None if it cannot fit."""
-    block, p = pr.block, pr.p
-    cap = pr.cache.cluster.device.memory_bytes
-    counts = [{c: 0 for c in pr.policies} for _ in split]
-    for j, nb in enumerate(split):
-        counts[j]["none" if "none" in pr.policies else pr.policies[0]] = nb
-    order = sorted((c for c in pr.policies if c != "none"),
-                   key=lambda c: block.recompute_s[POLICY_INDEX[c]] /
-                   max(1e-30, block.act_bytes[0] - block.act_bytes[POLICY_INDEX[c]]))
-    for r in range(p):
-        inf_r = pr.inflight[r]
-        mine = [j for j in range(pr.stages) if j % p == r]
-        nb = sum(split[j] for j in mine)
-        base = opt_base = option.other_bytes + (pr.fixed[r].params + nb * block.params) * option.state_bytes \
-            + pr.fixed[r].act_bytes * inf_r
-        acts = {c: block.act_bytes[POLICY_INDEX[c]] for c in pr.policies}
-
-        def memory(assign: dict[str, int]) -> float:
-            extra = max([pr.fixed[r].extra_bytes] + [block.peak_extra_bytes[POLICY_INDEX[c]]
-                                                     for c, k in assign.items() if k])
-            return opt_base + inf_r * sum(acts[c] * k for c, k in assign.items()) + extra
-
-        assign = {c: 0 for c in pr.policies}
-        assign[pr.policies[0] if "none" not in pr.policies else "none"] = nb
-        for c in order:
-            while memory(assign) > cap and assign.get("none", 0) > 0:
-                assign["none"] -= 1
-                assign[c] += 1
-        if memory(assign) > cap:
-            return None
-        # spread the rank's recompute over its chunks
-        left = dict(assign)
-        for j in mine:
-            take_total = split[j]
-            counts[j] = {c: 0 for c in pr.policies}
-            for c in sorted(pr.policies, key=lambda c: c != "full"):
-                take = min(left[c], take_total)
-                counts[j][c] += take
-                left[c] -= take
-                take_total -= take
-    return counts
