@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from ..cluster import Cluster
 from ..config import ParallelConfig, Workload
-from ..cost.step import CostCache, estimate, rank_costs
+from ..cost.step import CostCache, estimate
 from ..layers import LayerGraph
 from .enumerate import Candidate, SearchResult, _TopK, layout_order, least_memory_candidate, uniform_phase
 from .space import Knobs, Layout, Space
@@ -71,11 +71,16 @@ def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs
 
 
 def _group_cheap_bound(space: Space, cache: CostCache, layout: Layout, schedule: str, vpp: int, sp: bool) -> float:
-    """Any split, any recompute: the pipeline with the average rank's work (Tmax >= mean)."""
+    """Any split, any recompute: the pipeline with the average rank's work (Tmax >= mean).
+    The total work does not depend on where layers go: summed per layer signature."""
     m = layout.num_microbatches(space.w.global_batch)
     config = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, micro_batch=layout.micro_batch,
-                            num_microbatches=m, vpp=vpp, schedule=schedule, sequence_parallel=sp)
-    work = sum(r.fwd_s + r.bwd_s for r in rank_costs(cache, config))
+                            num_microbatches=m, sequence_parallel=sp)
+    ctx = cache.context(config)
+    work = 0.0
+    for sig, count in cache.signature_counts.items():
+        cost = cache.signature_cost(sig, ctx)
+        work += count * (cost.fwd_s + cost.bwd_s)
     p = layout.pp
     if p == 1:
         return m * work
@@ -120,7 +125,7 @@ def _stage_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout]
                 stats.space += _space_size(pr)
                 stats.bounded += 1
                 if prune:
-                    lower, _ = group_lower_bound(pr)
+                    lower, _ = group_lower_bound(pr, stop_at=threshold())
                     if lower >= threshold():
                         continue
                 stats.solved += 1

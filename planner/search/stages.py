@@ -248,7 +248,7 @@ class GroupProblem:
         return stages
 
 
-def group_lower_bound(pr: GroupProblem) -> tuple[float, list[int]]:
+def group_lower_bound(pr: GroupProblem, stop_at: float = math.inf) -> tuple[float, list[int]]:
     """A lower bound on the step time of every candidate in the group, and the
     memory-free split it is built on.
 
@@ -261,6 +261,9 @@ def group_lower_bound(pr: GroupProblem) -> tuple[float, list[int]]:
       to the cheapest ranks. Infeasible when even full recompute everywhere cannot fit;
     - optimizer: at least the average rank's parameters;
     - data parallel: rank 0 waits for its own exposed share with at least v blocks.
+
+    Returns as soon as the memory-free pipeline alone reaches ``stop_at`` (no option can
+    then do better).
     """
     block, L, p, v, m = pr.block, pr.num_blocks, pr.p, pr.v, pr.m
     cap = pr.cache.cluster.device.memory_bytes
@@ -271,6 +274,14 @@ def group_lower_bound(pr: GroupProblem) -> tuple[float, list[int]]:
     times = [per_rank[r] * t_block + fixed_t[r] for r in range(p)]
     work = sum(times)
     sends = 2 * v * pr.hop_s if p > 1 and pr.base.schedule != "interleaved-1f1b" else 0.0
+    if p == 1:
+        floor = m * work
+    elif pr.base.schedule == "interleaved-1f1b":
+        floor = (m + (p - 1) / v) * max(times) + 2 * (p * v - 1) * pr.hop_s
+    else:
+        floor = (m - 1) * max(times) + work + p * sends
+    if floor + pr.tied_s >= stop_at:
+        return floor + pr.tied_s, split
     a_none = block.act_bytes[0]
     savers = [(block.recompute_s[POLICY_INDEX[c]], a_none - block.act_bytes[POLICY_INDEX[c]])
               for c in pr.policies if block.act_bytes[POLICY_INDEX[c]] < a_none]
