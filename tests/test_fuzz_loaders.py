@@ -104,3 +104,16 @@ def test_random_plan_configs(doc):
         ParallelConfig.from_json(doc, "plan.json")
     except UserError as e:
         assert "plan.json" in str(e)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(text=st.text(max_size=40) | st.from_regex(r"[0-9x]{0,12}:[a-z0-9]{0,8}(,[0-9x]{0,8}:[a-z]{0,6}){0,2}",
+                                                  fullmatch=True))
+def test_example_input_specs(text):
+    from planner.trace.load import parse_example_input
+    try:
+        specs = parse_example_input(text)
+    except UserError as e:
+        assert "--example-input" in str(e)
+    else:
+        assert specs and all(all(s > 0 for s in shape) for shape, _ in specs)
