@@ -18,11 +18,16 @@ from typing import Iterable
 
 import torch
 from torch import nn
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.tensor import DTensor
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
+    """The plain tensor holding ``t``'s bytes on this rank (a DTensor's shard, a pending collective's
+    result)."""
+    if isinstance(t, DTensor):
+        t = t.to_local()
+    return t.elem if isinstance(t, AsyncCollectiveTensor) else t
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
@@ -63,7 +68,7 @@ def gathered_param_bytes(modules: Iterable[nn.Module]) -> int:
             for fsdp_param in group.fsdp_params if group is not None else ():
                 if fsdp_param.sharded_state != ShardedState.UNSHARDED:
                     continue
-                gathered = fsdp_param._unsharded_param
+                gathered = _local(fsdp_param._unsharded_param)
                 shard = _local(fsdp_param.sharded_param)
                 if gathered.untyped_storage().data_ptr() != shard.untyped_storage().data_ptr():
                     total += gathered.numel() * gathered.element_size()

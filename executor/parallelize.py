@@ -71,6 +71,18 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, tp_plan: dict[str, str], *
     model.tie_weights()     # TP replaced the shared weight in embed and head by two DTensors: share again
 
 
+def shard_embedding_grads(model: Transformer, tp_plan: dict[str, str]) -> None:
+    """DTensor's embedding backward returns the vocabulary-parallel table's gradient replicated
+    (V x h on every TP rank); keep only this rank's rows, as the parameter itself is sharded.
+    Hooks the materialised parameters (``to_empty`` makes new ones)."""
+    modules = dict(model.named_modules())
+    for path, style in tp_plan.items():
+        if style == "vocab" and path in modules:
+            param = modules[path].weight
+            # clone: the shard of a replicated tensor is a view that would keep all V x h alive
+            param.register_hook(lambda grad, p=param: grad.redistribute(placements=p.placements).clone())
+
+
 def apply_ac(model: Transformer, recompute_per_layer: dict[str, str]) -> None:
     """Activation recomputation per layer (Korthikanti et al. 2022, Sec 5): ``full`` checkpoints the
     whole block and keeps only its input; ``selective`` checkpoints only the attention core."""
@@ -141,11 +153,14 @@ def parallelize(model: Transformer, plan: RunPlan, dims: ParallelDims, mesh: Dev
         apply_tp(model, mesh["tp"], plan.tp_plan, sequence_parallel=c.sequence_parallel)
     apply_ac(model, plan.recompute_per_layer)
     mp_policy = mixed_precision(plan.workload.precision, device.type)
+    fsdp_managed = c.zero >= 2 or (c.zero == 0 and dims.dp > 1 and dims.tp > 1)
     if c.zero >= 2:
         apply_fsdp(model, mesh["dp_shard"], reshard_after_forward=c.zero == 3, mp_policy=mp_policy)
-    elif c.zero == 0 and dims.dp > 1 and dims.tp > 1:
+    elif fsdp_managed:
         apply_replicate(model, mesh["dp_replicate"], mp_policy=mp_policy)
     materialize(model, seed=seed, device=device)
+    if dims.tp > 1 and not fsdp_managed:        # FSDP reduces (and shards) gradients itself
+        shard_embedding_grads(model, plan.tp_plan)
     if c.zero <= 1 and dims.dp > 1 and dims.tp == 1:
         return apply_ddp(model, mesh["dp_replicate"])
     return model
