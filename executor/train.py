@@ -177,9 +177,9 @@ def _memory(job: Job, meter: SavedTensorMeter, gathered_bytes: int, grads_bytes:
             "optimizer": sum(optimizer_bytes(o) for o in job.optimizers), "activations": meter.peak_bytes}
 
 
-def _measured_step(job: Job, step: int) -> tuple[float, dict]:
-    """The first step, instrumented: saved tensors through hooks, FSDP's gathered parameters at the
-    end of each forward, gradients before the optimizer step frees them."""
+def _measured_step(job: Job, step: int, dump_grads: str | None) -> tuple[float, dict]:
+    """One step, instrumented: saved tensors through hooks, FSDP's gathered parameters at the end of
+    each forward, gradients before the optimizer step."""
     meter = SavedTensorMeter(job.trained)
     gathered = [0]
 
@@ -199,7 +199,7 @@ def _measured_step(job: Job, step: int) -> tuple[float, dict]:
     for o, fn in zip(job.optimizers, original_step):
         o.step = count_grads_then(fn)
     try:
-        loss = train_step(job, step, meter, dump_grads=job.options.grads_path)
+        loss = train_step(job, step, meter, dump_grads)
     finally:
         for h in hooks:
             h.remove()
@@ -214,14 +214,18 @@ def run(plan: RunPlan, options: RunOptions) -> dict:
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     job = Job(plan, options, device)
     start = ckpt.load(options.load_dir, job.trained, job.optimizers) if options.load_dir else 0
+    # memory is measured on the second step where there is one: the first also runs the pipeline
+    # schedule's one-time shape inference, whose tensors outlive it
+    measure_at = start + (1 if options.steps > 1 else 0)
     losses, times, memory = [], [], None
     for step in range(start, start + options.steps):
         dist.barrier()
         t0 = time.perf_counter()
-        if memory is None:
-            loss, memory = _measured_step(job, step)
+        dump = options.grads_path if step == start else None
+        if step == measure_at:
+            loss, memory = _measured_step(job, step, dump)
         else:
-            loss = train_step(job, step)
+            loss = train_step(job, step, dump_grads=dump)
         dist.barrier()
         times.append(time.perf_counter() - t0)
         losses.append(loss)
@@ -235,7 +239,8 @@ def run(plan: RunPlan, options: RunOptions) -> dict:
 def measured_json(plan: RunPlan, options: RunOptions, device: torch.device, start: int, losses: list[float],
                   times: list[float], per_rank: list[dict]) -> dict:
     """measured.json: what happened, next to what the plan predicted."""
-    steady = times[1:] or times          # the first step also builds caches and runs instrumented
+    # the first step also initialises the pipeline and caches; the second runs instrumented
+    steady = times[2:] or times[1:] or times
     return {
         "plan": plan.source, "world_size": dist.get_world_size(), "device": device.type,
         "backend": dist.get_backend(), "seed": options.seed, "first_step": start, "steps": len(losses),

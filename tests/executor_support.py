@@ -41,13 +41,13 @@ def hf_config(spec: ModelSpec) -> dict:
 
 
 def write_plan(tmp_path, spec: ModelSpec, *, gpus: int, name: str = "plan", global_batch: int = GLOBAL_BATCH,
-               **knobs) -> str:
-    """plan.json from `meshplan plan` (the planner's CLI) for ``spec`` on cpu-gloo with fixed knobs."""
+               cluster: str = "cpu-gloo", **knobs) -> str:
+    """plan.json from `meshplan plan` (the planner's CLI) for ``spec`` with fixed knobs."""
     from planner.cli import main as planner_main
     config = tmp_path / f"{spec.name}.json"
     config.write_text(json.dumps(hf_config(spec)))
     out = tmp_path / f"{name}.json"
-    argv = ["plan", "--model", str(config), "--cluster", "cpu-gloo", "--gpus", str(gpus), "--precision", "fp32",
+    argv = ["plan", "--model", str(config), "--cluster", cluster, "--gpus", str(gpus), "--precision", "fp32" if cluster == "cpu-gloo" else "bf16",
             "--global-batch", str(global_batch), "--seq-len", str(spec.seq_len), "--out", str(out), "--json"]
     defaults = {"tp": 1, "pp": 1, "zero": 0, "micro_batch": global_batch // gpus, "recompute": "none"}
     for key, value in {**defaults, **knobs}.items():
