@@ -7,6 +7,9 @@ written under one plan (degrees, ZeRO stage, stage split) loads under another:
 DCP reshards every tensor to the loading rank's layout. The step index is saved
 too: the synthetic data of step s is a function of (seed, s), so a resumed run
 sees the batches an uninterrupted one would.
+
+A tied LM head (GPT) is one parameter without a pipeline and two equal copies
+with one (first and last stage): both are stored under the embedding's path.
 """
 from __future__ import annotations
 
@@ -24,9 +27,22 @@ from planner.errors import UserError
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
+def _key(key: str, tied: bool) -> str:
+    """The checkpoint key of a state-dict key (model FQN or flattened optimizer key)."""
+    return key.replace("lm_head.weight", "embed.tokens.weight") if tied else key
+
+
 def _states(parts: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> list[tuple[dict, dict]]:
     return [(get_model_state_dict(m, options=OPTIONS), get_optimizer_state_dict(m, o, options=OPTIONS))
             for m, o in zip(parts, optimizers)]
+
+
+def _merged(states: list[tuple[dict, dict]], tied: bool) -> dict:
+    model, optim = {}, {}
+    for msd, osd in states:
+        model.update({_key(k, tied): v for k, v in msd.items()})
+        optim.update({_key(k, tied): v for k, v in osd.items()})
+    return {"model": model, "optimizer": optim}
 
 
 def _check(optimizers: list[torch.optim.Optimizer]) -> None:
@@ -35,29 +51,24 @@ def _check(optimizers: list[torch.optim.Optimizer]) -> None:
                         "distributed state dict); use --zero 0, 2 or 3", field="config.zero")
 
 
-def save(directory: str | Path, step: int, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
+def save(directory: str | Path, step: int, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer], *,
+         tied: bool) -> None:
     """Every rank writes its shards; ``step`` is the number of steps done."""
     _check(optimizers)
-    model, optim = {}, {}
-    for msd, osd in _states(parts, optimizers):
-        model.update(msd)
-        optim.update(osd)
-    dcp.save({"model": model, "optimizer": optim, "step": torch.tensor(step)}, checkpoint_id=str(directory))
+    state = _merged(_states(parts, optimizers), tied)
+    dcp.save({**state, "step": torch.tensor(step)}, checkpoint_id=str(directory))
 
 
-def load(directory: str | Path, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> int:
+def load(directory: str | Path, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer], *,
+         tied: bool) -> int:
     """Load into this rank's (already parallelised) parts; returns the number of steps done."""
     _check(optimizers)
     if not Path(directory).is_dir():
         raise UserError("no such checkpoint directory", source=str(directory))
     states = _states(parts, optimizers)
-    model, optim = {}, {}
-    for msd, osd in states:
-        model.update(msd)
-        optim.update(osd)
-    state = {"model": model, "optimizer": optim, "step": torch.tensor(0)}
+    state = {**_merged(states, tied), "step": torch.tensor(0)}
     dcp.load(state, checkpoint_id=str(directory))
     for (msd, osd), m, o in zip(states, parts, optimizers):
-        set_model_state_dict(m, {k: state["model"][k] for k in msd}, options=OPTIONS)
-        set_optimizer_state_dict(m, o, {k: state["optimizer"][k] for k in osd}, options=OPTIONS)
+        set_model_state_dict(m, {k: state["model"][_key(k, tied)] for k in msd}, options=OPTIONS)
+        set_optimizer_state_dict(m, o, {k: state["optimizer"][_key(k, tied)] for k in osd}, options=OPTIONS)
     return int(state["step"])

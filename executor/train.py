@@ -213,7 +213,7 @@ def run(plan: RunPlan, options: RunOptions) -> dict:
     content (on every rank)."""
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     job = Job(plan, options, device)
-    start = ckpt.load(options.load_dir, job.trained, job.optimizers) if options.load_dir else 0
+    start = ckpt.load(options.load_dir, job.trained, job.optimizers, tied=plan.spec.tied_embeddings) if options.load_dir else 0
     # memory is measured on the second step where there is one: the first also runs the pipeline
     # schedule's one-time shape inference, whose tensors outlive it
     measure_at = start + (1 if options.steps > 1 else 0)
@@ -230,7 +230,8 @@ def run(plan: RunPlan, options: RunOptions) -> dict:
         times.append(time.perf_counter() - t0)
         losses.append(loss)
     if options.save_dir:
-        ckpt.save(options.save_dir, start + options.steps, job.trained, job.optimizers)
+        ckpt.save(options.save_dir, start + options.steps, job.trained, job.optimizers,
+                  tied=plan.spec.tied_embeddings)
     per_rank = [None] * dist.get_world_size()
     dist.all_gather_object(per_rank, memory)
     return measured_json(plan, options, device, start, losses, times, per_rank)
