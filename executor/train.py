@@ -282,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         measured = run(plan, options)
         if dist.get_rank() == 0 and args.out:
             Path(args.out).write_text(json.dumps(measured, indent=2) + "\n")
+        dist.barrier()      # no rank tears its connections down while another still uses them
     except UserError as e:
         sys.stderr.write(f"meshplan run: error: {e}\n")
         return e.exit_code

@@ -73,6 +73,7 @@ def _worker(rank: int, world_size: int, port: int, fn, args, errors):
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         fn(*args)
+        dist.barrier()      # no rank tears its connections down while another still uses them
     except BaseException:
         errors.put(f"rank {rank}:\n{traceback.format_exc()}")
         raise
