@@ -26,6 +26,8 @@ PLANS = {
     "zero3": (2, {"dp": 2, "zero": 3}),
     "tp2": (2, {"tp": 2}),
     "tp2-sp": (2, {"tp": 2, "sequence_parallel": True}),
+    "tp2-selective-recompute": (2, {"tp": 2, "recompute": "selective"}),
+    "zero3-full-recompute": (2, {"dp": 2, "zero": 3, "recompute": "full"}),
     "pp2-gpipe": (2, {"pp": 2, "schedule": "gpipe", "micro_batch": 2}),
     "pp2-1f1b": (2, {"pp": 2, "schedule": "1f1b", "micro_batch": 2}),
     "pp2-interleaved": (2, {"pp": 2, "vpp": 2, "schedule": "interleaved-1f1b", "micro_batch": 2}),
@@ -130,11 +132,18 @@ def test_model_state_bytes_match_cost_model(results, model, plan):
 # Where the norms are not sequence-sharded that puts these plans 13-24% above the prediction
 # (e.g. llama-tp2: measured 898,884 B, predicted 774,912 B). GPT's LayerNorm is a fused native
 # op on CPU too and matches. These cases rejoin the test when the cost model prices the CPU norm.
-AWAITING_PLANNER_FIX = {("llama", "tp2"), ("llama", "pp2-gpipe"), ("llama", "pp2-1f1b"),
+AWAITING_PLANNER_FIX = {("llama", "tp2"), ("llama", "tp2-selective-recompute"), ("llama", "pp2-gpipe"), ("llama", "pp2-1f1b"),
                         ("llama", "pp2-interleaved"), ("llama", "dp2-tp2"), ("llama", "pp2-dp2-tp2")}
 
 
-@pytest.mark.parametrize("model,plan", [case for case in MEMORY_CASES if case not in AWAITING_PLANNER_FIX])
+# Full recompute: the hooks see each block's input (checkpoint saves it through autograd) but not
+# the block's activations rebuilt inside backward (checkpoint stores them in its own frame), which
+# the cost model adds as the peak of the layer being recomputed; measured is 66% under predicted.
+NOT_OBSERVABLE = {(model, "zero3-full-recompute") for model in MODELS}
+
+
+@pytest.mark.parametrize("model,plan", [case for case in MEMORY_CASES
+                                        if case not in AWAITING_PLANNER_FIX | NOT_OBSERVABLE])
 def test_activation_bytes_match_cost_model(results, model, plan):
     """Peak bytes autograd saved for backward (saved-tensor hooks) within 10% of the prediction."""
     measured, _ = results[model, plan]
