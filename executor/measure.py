@@ -8,8 +8,8 @@ Bytes are counted per storage, once, however many tensors view it:
 - optimizer: the optimizer's state tensors after a step (AdamW: exp_avg, exp_avg_sq, step);
 - activations: the peak of the bytes autograd keeps for backward, counted through
   saved-tensor hooks (``torch.autograd.graph.saved_tensors_hooks``), parameters excluded.
-  A checkpointed region keeps its inputs alive for recomputation without saving them
-  through autograd: ``keep_for_recompute`` counts them the same way.
+  A checkpointed region's inputs are saved through autograd and counted; the activations
+  it rebuilds inside backward live in the checkpoint's own frame and are not seen.
 """
 from __future__ import annotations
 

@@ -144,6 +144,21 @@ def check_supported(plan: RunPlan) -> None:
                         "key/value heads is not supported)", source=plan.source, field="config.tp")
 
 
+def uses_fsdp(plan: RunPlan, dims: ParallelDims) -> bool:
+    """Whether FSDP2 (fully_shard, or replicate for ZeRO-0 under TP) manages the parameters,
+    their gradients' reduction and their mixed precision."""
+    c = plan.config
+    return c.zero >= 2 or (c.zero == 0 and dims.dp > 1 and dims.tp > 1)
+
+
+def autocast_dtype(plan: RunPlan, dims: ParallelDims, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype where mixed precision is not FSDP's (DDP keeps fp32 parameters and
+    autocasts, as the cost model's torch layout says); None on CPU or in fp32."""
+    if device.type == "cpu" or plan.workload.precision == "fp32" or uses_fsdp(plan, dims):
+        return None
+    return torch.bfloat16 if plan.workload.precision == "bf16" else torch.float16
+
+
 def parallelize(model: Transformer, plan: RunPlan, dims: ParallelDims, mesh: DeviceMesh, device: torch.device,
                 seed: int) -> nn.Module:
     """Apply the plan to a meta-device ``model`` in place and materialise it; returns the module
@@ -153,7 +168,7 @@ def parallelize(model: Transformer, plan: RunPlan, dims: ParallelDims, mesh: Dev
         apply_tp(model, mesh["tp"], plan.tp_plan, sequence_parallel=c.sequence_parallel)
     apply_ac(model, plan.recompute_per_layer)
     mp_policy = mixed_precision(plan.workload.precision, device.type)
-    fsdp_managed = c.zero >= 2 or (c.zero == 0 and dims.dp > 1 and dims.tp > 1)
+    fsdp_managed = uses_fsdp(plan, dims)
     if c.zero >= 2:
         apply_fsdp(model, mesh["dp_shard"], reshard_after_forward=c.zero == 3, mp_policy=mp_policy)
     elif fsdp_managed:

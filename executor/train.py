@@ -33,7 +33,7 @@ from .data import local_batch
 from .measure import SavedTensorMeter, gathered_param_bytes, grad_bytes, optimizer_bytes, param_bytes
 from .mesh import ParallelDims
 from .models import build_model, canonical_name
-from .parallelize import check_supported, parallelize
+from .parallelize import autocast_dtype, check_supported, parallelize
 from .pipeline import build_schedule, build_stage_model, check_stages, stage_indices, sync_tied_grads, tied_groups
 from .plan_file import RunPlan, load_plan
 
@@ -64,9 +64,9 @@ class Job:
         self.pp_rank = self.mesh["pp"].get_local_rank()
         self.dp_rank = self.dp_mesh.get_local_rank()
         mine = stage_indices(len(plan.stages), c.pp, self.pp_rank)
-        self.stage_ids = mine
         self.tied_group = tied_groups(self.mesh).get(dist.get_rank()) if c.pp > 1 and spec.tied_embeddings else None
         self.loss_parallel = plan.tp_plan.get("lm_head") == "colwise_loss" and c.tp > 1
+        self.autocast = autocast_dtype(plan, self.dims, device)
         self.tokens_per_replica = plan.workload.global_batch // c.dp * plan.workload.seq_len
         self.parts: list[nn.Module] = []
         trained = []
@@ -146,6 +146,8 @@ def train_step(job: Job, step: int, meter: SavedTensorMeter | None = None, dump_
     with ExitStack() as stack:
         if job.loss_parallel:
             stack.enter_context(loss_parallel())
+        if job.autocast is not None:
+            stack.enter_context(torch.autocast(job.device.type, dtype=job.autocast))
         if meter is not None:
             stack.enter_context(meter.track())
         if job.schedule is not None:
