@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from planner.cli import _positive_int
 from planner.errors import UserError
 
 from .launch import Launch, check_model, launch
@@ -21,16 +22,6 @@ examples:
 """
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def add_run_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("run", help="run a plan.json with torchrun and measure it",
                               description="Train a plan on seeded synthetic data with torch.distributed, "
@@ -38,9 +29,9 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
                               epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--plan", required=True, help="plan.json written by `meshplan plan --out`")
     p.add_argument("--model", required=True, help="the model the plan is for: zoo name or config.json")
-    p.add_argument("--steps", type=_positive, required=True, help="optimizer steps")
-    p.add_argument("--nproc", type=_positive, help="processes on this machine (default: the plan's GPUs / nnodes)")
-    p.add_argument("--nnodes", type=_positive, default=1)
+    p.add_argument("--steps", type=_positive_int, required=True, help="optimizer steps")
+    p.add_argument("--nproc", type=_positive_int, help="processes on this machine (default: the plan's GPUs / nnodes)")
+    p.add_argument("--nnodes", type=_positive_int, default=1)
     p.add_argument("--node-rank", type=int, default=0)
     p.add_argument("--rdzv-endpoint", help="host:port of the rendezvous, for several machines")
     p.add_argument("--seed", type=int, default=0, help="data and initialisation seed (default 0)")

@@ -6,13 +6,12 @@ per layer, and the estimate to compare against. No import of the search.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from planner.config import ParallelConfig, Workload
 from planner.errors import UserError, one_of
-from planner.model import ModelSpec
+from planner.model import ModelSpec, _read_json     # read, parse, check it is an object; UserError naming the file
 
 SUPPORTED_SCHEMA_VERSIONS = (1,)
 TP_STYLES = ("colwise", "rowwise", "vocab", "colwise_loss", "sequence")   # planner/plan.py documents each
@@ -91,13 +90,4 @@ def plan_from_json(data: dict, source: str = "plan.json") -> RunPlan:
 
 
 def load_plan(path: str | Path) -> RunPlan:
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as e:
-        raise UserError(f"cannot read: {e.strerror}", source=str(path)) from None
-    except json.JSONDecodeError as e:
-        raise UserError(f"not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}", source=str(path)) from None
-    if not isinstance(data, dict):
-        raise UserError("expected a JSON object", source=str(path))
-    return plan_from_json(data, str(path))
+    return plan_from_json(_read_json(Path(path)), str(path))
