@@ -135,6 +135,10 @@ def check_supported(plan: RunPlan) -> None:
     if c.zero == 1 and c.tp > 1:
         raise UserError("ZeRO-1 with tp > 1: ZeroRedundancyOptimizer cannot shard DTensor parameters; "
                         "use --zero 0, 2 or 3 with tensor parallelism", source=plan.source, field="config.zero")
+    if c.zero == 1 and c.dp > 1 and c.pp > 1 and c.schedule != "1f1b":
+        raise UserError(f"ZeRO-1 with the {c.schedule} schedule: DDP under torch.distributed.pipelining fails "
+                        "its first-step bucket rebuild; use --schedule 1f1b or --zero 0, 2 or 3",
+                        source=plan.source, field="config.schedule")
     if c.offload != "none":
         raise UserError(f"offload {c.offload!r} is not supported by the executor; allowed: none",
                         source=plan.source, field="config.offload")
@@ -145,10 +149,13 @@ def check_supported(plan: RunPlan) -> None:
 
 
 def uses_fsdp(plan: RunPlan, dims: ParallelDims) -> bool:
-    """Whether FSDP2 (fully_shard, or replicate for ZeRO-0 under TP) manages the parameters,
-    their gradients' reduction and their mixed precision."""
+    """Whether FSDP2 (fully_shard, or replicate for ZeRO-0) manages the parameters, their
+    gradients' reduction and their mixed precision. ZeRO-0 takes replicate where DDP cannot go:
+    DTensor parameters (TP), and pipelines (torch.distributed.pipelining's DDP support breaks
+    DDP's first-step bucket rebuild under GPipe and interleaved 1F1B; replicate is its FSDP path)."""
     c = plan.config
-    return c.zero >= 2 or (c.zero == 0 and dims.dp > 1 and dims.tp > 1)
+    ddp_cannot = dims.tp > 1 or c.pp > 1
+    return c.zero >= 2 or (c.zero == 0 and dims.dp > 1 and ddp_cannot)
 
 
 def autocast_dtype(plan: RunPlan, dims: ParallelDims, device: torch.device) -> torch.dtype | None:
@@ -176,6 +183,6 @@ def parallelize(model: Transformer, plan: RunPlan, dims: ParallelDims, mesh: Dev
     materialize(model, seed=seed, device=device)
     if dims.tp > 1 and not fsdp_managed:        # FSDP reduces (and shards) gradients itself
         shard_embedding_grads(model, plan.tp_plan)
-    if c.zero <= 1 and dims.dp > 1 and dims.tp == 1:
+    if c.zero <= 1 and dims.dp > 1 and not fsdp_managed:
         return apply_ddp(model, mesh["dp_replicate"])
     return model

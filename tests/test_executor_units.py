@@ -99,6 +99,14 @@ def test_zero1_with_tensor_parallelism_is_refused(tmp_path):
         check_supported(plan)
 
 
+def test_zero1_under_a_pipeline_needs_1f1b(tmp_path):
+    from executor.parallelize import check_supported
+    from executor.plan_file import plan_from_json
+    plan = plan_from_json(_plan_doc(tmp_path, gpus=4, dp=2, pp=2, zero=1, schedule="gpipe", micro_batch=1), "p.json")
+    with pytest.raises(UserError, match="config.schedule: ZeRO-1 with the gpipe schedule"):
+        check_supported(plan)
+
+
 def test_importing_the_executor_package_does_not_import_torch():
     import subprocess
     import sys
