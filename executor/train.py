@@ -48,7 +48,6 @@ class RunOptions:
     load_dir: str | None = None         # resume from this DCP checkpoint (any plan's)
     save_dir: str | None = None         # save a DCP checkpoint after the last step
     grads_path: str | None = None       # write the first step's full gradients, one file per rank (tests)
-    out_path: str | None = None         # measured.json (written by rank 0)
 
 
 class Job:
@@ -279,8 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group(backend)
     try:
-        options = RunOptions(steps=args.steps, seed=args.seed, lr=args.lr, load_dir=args.load,
-                             save_dir=args.save, out_path=args.out)
+        options = RunOptions(steps=args.steps, seed=args.seed, lr=args.lr, load_dir=args.load, save_dir=args.save)
         measured = run(plan, options)
         if dist.get_rank() == 0 and args.out:
             Path(args.out).write_text(json.dumps(measured, indent=2) + "\n")

@@ -107,6 +107,16 @@ def test_zero1_under_a_pipeline_needs_1f1b(tmp_path):
         check_supported(plan)
 
 
+def test_torchrun_command_standalone_or_rendezvous():
+    from executor.launch import Launch
+    assert Launch(nproc=2).torchrun_argv()[-3:] == ["--nproc-per-node", "2", "--standalone"]
+    multi = Launch(nproc=8, nnodes=2, node_rank=1, rdzv_endpoint="host0:29500").torchrun_argv()
+    assert multi[-8:] == ["--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                          "host0:29500"]
+    with pytest.raises(UserError, match="--rdzv-endpoint: several nodes need a rendezvous endpoint"):
+        Launch(nproc=8, nnodes=2).torchrun_argv()
+
+
 def test_importing_the_executor_package_does_not_import_torch():
     import subprocess
     import sys
