@@ -9,11 +9,11 @@ The dispatcher ``parallelize`` composes them in this order (torchtitan's
                   so recomputation runs while the unit's parameters are gathered;
 3. data parallelism by ZeRO stage: ``apply_fsdp`` (ZeRO-3: ``fully_shard`` resharding
                   after forward; ZeRO-2: keeping the gathered parameters until backward),
-                  ``apply_replicate`` (ZeRO-0 with TP: torch's FSDP2-based replicate, the
-                  DDP that composes with DTensor);
+                  ``apply_replicate`` (ZeRO-0 with TP or a pipeline: torch's FSDP2-based
+                  replicate, the DDP that composes with DTensor and with every schedule);
 4. ``materialize`` the meta parameters shard by shard (each rank allocates and fills
                   only its own shards, with values that do not depend on the plan);
-5. ``apply_ddp``  ZeRO-0 without TP and ZeRO-1: DDP, which needs real parameters (and
+5. ``apply_ddp``  ZeRO-0 without TP or pipeline, and ZeRO-1: DDP, which needs real parameters (and
                   keeps no second copy of them, unlike replicate); for ZeRO-1 the trainer
                   wraps the optimizer in ``ZeroRedundancyOptimizer``.
 """
@@ -169,7 +169,7 @@ def autocast_dtype(plan: RunPlan, dims: ParallelDims, device: torch.device) -> t
 def parallelize(model: Transformer, plan: RunPlan, dims: ParallelDims, mesh: DeviceMesh, device: torch.device,
                 seed: int) -> nn.Module:
     """Apply the plan to a meta-device ``model`` in place and materialise it; returns the module
-    to train (a DDP wrapper for ZeRO-1, else ``model`` itself)."""
+    to train (a DDP wrapper where ``apply_ddp`` applies, else ``model`` itself)."""
     c = plan.config
     if dims.tp > 1:
         apply_tp(model, mesh["tp"], plan.tp_plan, sequence_parallel=c.sequence_parallel)
