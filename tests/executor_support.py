@@ -2,11 +2,12 @@
 a gloo process group on localhost, and the single-process reference run."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import socket
 import traceback
-from dataclasses import asdict, replace
 
 import torch
 import torch.distributed as dist
@@ -53,8 +54,6 @@ def write_plan(tmp_path, spec: ModelSpec, *, gpus: int, name: str = "plan", glob
     for key, value in {**defaults, **knobs}.items():
         flag = "--" + key.replace("_", "-")
         argv += [flag, ("on" if value else "off") if isinstance(value, bool) else str(value)]
-    import contextlib
-    import io
     with contextlib.redirect_stdout(io.StringIO()):
         assert planner_main(argv) == 0, argv
     return str(out)
