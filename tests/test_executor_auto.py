@@ -54,6 +54,7 @@ if rank == 0:
     plan = train.plan
     json.dump({"losses": losses, "dp": plan.dp, "zero": plan.zero, "layers": list(plan.layers),
                "source": plan.source}, open(out, "w"))
+dist.barrier()                  # gloo: no rank closes its connections while another still uses them
 dist.destroy_process_group()
 '''
 
