@@ -96,7 +96,7 @@ def _add_knob_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--offload", choices=("none", "optimizer"), help="optimizer states in host memory")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(with_run: bool = False) -> argparse.ArgumentParser:
     parser = _Parser(prog="meshplan", description="Plan, explain and run hybrid-parallel PyTorch training.",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -129,11 +129,15 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("clusters", help="list the built-in cluster profiles")
     c.add_argument("--json", action="store_true")
     c.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    if with_run:    # `meshplan run` lives in executor/ (torch); imported only for that command
+        from executor.cli import add_run_parser
+        add_run_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(with_run="run" in argv[:2])
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -151,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in ("trace", "profile"):
             from .trace.cli import run
             return run(args)
+        if args.command == "run":
+            from executor.cli import run_command
+            return run_command(args)
     except UserError as e:
         if args.debug:
             raise

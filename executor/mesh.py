@@ -1,0 +1,61 @@
+"""The parallel degrees of a run and the named DeviceMesh they make.
+
+Mesh dimensions, outermost first (torchtitan's ``ParallelDims`` order):
+``pp`` (pipeline stages), ``dp_replicate`` (replicas that all-reduce gradients:
+ZeRO-0/1), ``dp_shard`` (ranks FSDP shards over: ZeRO-2/3), ``cp`` (context
+parallel), ``tp`` (tensor parallel, innermost so its ranks are neighbours).
+Code fetches a dimension by name (``mesh["tp"]``), never by position.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.config import ParallelConfig
+from planner.errors import UserError
+
+MESH_DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelDims:
+    """Degrees of each mesh dimension; their product is the world size."""
+
+    pp: int
+    dp_replicate: int
+    dp_shard: int
+    cp: int
+    tp: int
+    world_size: int
+
+    def __post_init__(self):
+        for name in MESH_DIM_NAMES:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise UserError(f"must be a positive integer, got {value!r}", field=f"config.{name}")
+        product = self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
+        if product != self.world_size:
+            raise UserError(f"pp x dp x cp x tp = {self.pp} x {self.dp} x {self.cp} x {self.tp} = {product} but "
+                            f"the job has {self.world_size} processes; launch with --nproc {product} or plan for "
+                            f"{self.world_size} GPUs", field="config")
+
+    @classmethod
+    def from_config(cls, config: ParallelConfig, world_size: int) -> "ParallelDims":
+        """ZeRO-0/1 replicate over the data-parallel ranks; ZeRO-2/3 shard over them."""
+        sharded = config.zero >= 2
+        return cls(pp=config.pp, dp_replicate=1 if sharded else config.dp, dp_shard=config.dp if sharded else 1,
+                   cp=config.cp, tp=config.tp, world_size=world_size)
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(getattr(self, name) for name in MESH_DIM_NAMES)
+
+    def build_mesh(self, device_type: str):
+        """(the world as a 5-D named mesh, its ``dp`` = dp_replicate x dp_shard flattened: the ranks
+        that split the batch and average the loss)."""
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh(device_type, self.shape, mesh_dim_names=MESH_DIM_NAMES)
+        return mesh, mesh["dp_replicate", "dp_shard"]._flatten("dp")

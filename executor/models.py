@@ -1,0 +1,226 @@
+"""meshplan's reference GPT and Llama: real torch modules for config models.
+
+The module paths are exactly the op names of ``planner.layers.build_layer_graph``
+(``embed.tokens``, ``layers.{i}.attn.q_proj``, ``layers.{i}.mlp.fc1``, ``norm``,
+``lm_head``...), and the parameter count is exactly ``ModelSpec.num_params()``,
+so the executor can apply a plan's per-module TP styles and stage boundaries by
+name. Blocks live in an ``nn.ModuleDict`` keyed "0", "1", ... so a pipeline
+stage that deletes the blocks it does not run keeps the others' paths
+(torchtitan's ``models/llama3/model`` does the same).
+
+GPT (Radford et al. 2019; Megatron GPT): learned positions, LayerNorm with bias,
+biases on every linear, GELU MLP, LM head tied to the token embedding.
+Llama (Touvron et al. 2023): RMSNorm, RoPE (Su et al. 2021), SwiGLU MLP, grouped-
+query attention, no biases (q/k/v biases when ``qkv_bias``), untied head.
+
+Attention heads are counted from the projected tensors' last dimension, so the
+same code runs a tensor-parallel shard that holds heads / tp of them.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from planner.model import ModelSpec
+
+ROPE_THETA = 10000.0   # Su et al. 2021 (RoFormer), Sec 3.4.2; Llama 2 uses the same base
+
+
+def _norm(spec: ModelSpec) -> nn.Module:
+    if spec.norm == "layernorm":
+        return nn.LayerNorm(spec.hidden)
+    return nn.RMSNorm(spec.hidden, eps=1e-5)
+
+
+def _dropout(spec: ModelSpec) -> nn.Module:
+    """Megatron GPT's 0.1 dropout where the spec trains with dropout; nothing otherwise."""
+    return nn.Dropout(0.1) if spec.dropout else nn.Identity()
+
+
+def rope(x: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs of channels by position-dependent angles. x: (B, S, nh, hd)."""
+    seq, head_dim = x.shape[1], x.shape[-1]
+    inv_freq = 1.0 / ROPE_THETA ** (torch.arange(0, head_dim, 2, device=x.device, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), inv_freq)  # (S, hd/2)
+    cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]               # (1, S, 1, hd/2)
+    x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]                                        # (B, S, nh, hd/2)
+    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)                     # (B, S, nh, hd/2, 2)
+    return out.flatten(-2).type_as(x)                                                         # (B, S, nh, hd)
+
+
+class Attention(nn.Module):
+    """Causal self-attention; the core is one ``scaled_dot_product_attention`` call."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        h, q, kv = spec.hidden, spec.q_dim, spec.kv_dim
+        bias = spec.linear_bias or spec.qkv_bias
+        self.head_dim = spec.head_dim
+        self.rope = spec.max_positions == 0
+        self.dropout_p = 0.1 if spec.dropout else 0.0
+        self.q_proj = nn.Linear(h, q, bias=bias)
+        self.k_proj = nn.Linear(h, kv, bias=bias)
+        self.v_proj = nn.Linear(h, kv, bias=bias)
+        self.o_proj = nn.Linear(q, h, bias=spec.linear_bias)
+        self.core = sdpa   # a module attribute so selective recompute can wrap exactly this call
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bsz, seq, _ = x.shape                                          # (B, S, h)
+        q = self.q_proj(x).view(bsz, seq, -1, self.head_dim)           # (B, S, nh, hd); nh local under TP
+        k = self.k_proj(x).view(bsz, seq, -1, self.head_dim)           # (B, S, nkv, hd)
+        v = self.v_proj(x).view(bsz, seq, -1, self.head_dim)           # (B, S, nkv, hd)
+        if self.rope:
+            q, k = rope(q), rope(k)
+        dropout_p = self.dropout_p if self.training else 0.0
+        y = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p)  # (B, nh, S, hd)
+        return self.o_proj(y.transpose(1, 2).reshape(bsz, seq, -1))    # (B, S, h)
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
+    """The attention core: (B, nh, S, hd) x 3 -> (B, nh, S, hd); key/value heads shared by groups (GQA)."""
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True,
+                                          enable_gqa=k.shape[1] != q.shape[1])
+
+
+class GeluMLP(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.fc1 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=spec.linear_bias)
+        self.fc2 = nn.Linear(spec.ffn_hidden, spec.hidden, bias=spec.linear_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))      # (B, S, h) -> (B, S, f) -> (B, S, h)
+
+
+class SwiGLU(nn.Module):
+    """Shazeer 2020, 'GLU Variants Improve Transformer', eq. 6."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.gate_proj = nn.Linear(spec.hidden, spec.ffn_hidden, bias=False)
+        self.up_proj = nn.Linear(spec.hidden, spec.ffn_hidden, bias=False)
+        self.down_proj = nn.Linear(spec.ffn_hidden, spec.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))   # (B, S, h) -> (B, S, f) -> (B, S, h)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.attn_norm = _norm(spec)
+        self.attn = Attention(spec)
+        self.mlp_norm = _norm(spec)
+        self.mlp = GeluMLP(spec) if spec.mlp == "gelu" else SwiGLU(spec)
+        self.dropout = _dropout(spec)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.dropout(self.attn(self.attn_norm(x)))             # (B, S, h)
+        return x + self.dropout(self.mlp(self.mlp_norm(x)))            # (B, S, h)
+
+
+class Embedding(nn.Module):
+    """Token embedding, plus learned positions for GPT."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.tokens = nn.Embedding(spec.vocab_size, spec.hidden)
+        self.positions = nn.Embedding(spec.max_positions, spec.hidden) if spec.max_positions else None
+        self.dropout = _dropout(spec)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.tokens(ids)                                            # (B, S) -> (B, S, h)
+        if self.positions is not None:
+            x = x + self.positions(torch.arange(ids.shape[1], device=ids.device))   # + (S, h)
+        return self.dropout(x)
+
+
+class Transformer(nn.Module):
+    """The whole model, or one pipeline stage of it (the modules a stage does not run are None)."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        if spec.is_moe:
+            raise NotImplementedError(f"model {spec.name}: mixture-of-experts layers are not in the "
+                                      "reference models; allowed: dense GPT and Llama specs")
+        self.spec = spec
+        self.embed = Embedding(spec)
+        self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.num_layers)})
+        self.norm = _norm(spec)
+        self.lm_head = nn.Linear(spec.hidden, spec.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share the LM head's weight with the token embedding (GPT), where both are here."""
+        if self.spec.tied_embeddings and self.embed is not None and self.lm_head is not None:
+            self.lm_head.weight = self.embed.tokens.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x) if self.embed is not None else x              # (B, S) ids -> (B, S, h)
+        for block in self.layers.values():
+            h = block(h)                                                # (B, S, h)
+        h = self.norm(h) if self.norm is not None else h
+        return self.lm_head(h) if self.lm_head is not None else h       # (B, S, V) logits
+
+
+def build_model(spec: ModelSpec, device: str | torch.device = "meta") -> Transformer:
+    """The reference model of ``spec``; on the meta device by default (no memory, no init)."""
+    with torch.device(device):
+        return Transformer(spec)
+
+
+def init_key(name: str, spec: ModelSpec) -> str:
+    """The parameter a name stands for: a pipeline stage's copy of a tied head is the embedding."""
+    return "embed.tokens.weight" if spec.tied_embeddings and name == "lm_head.weight" else name
+
+
+def full_init(name: str, shape: torch.Size, spec: ModelSpec, seed: int) -> torch.Tensor:
+    """The full (unsharded) initial value of a parameter, a function of its name and the seed only.
+
+    GPT-2's scheme (Radford et al. 2019, Sec 2.3): normal(0, 0.02) weights, the
+    residual projections scaled by 1/sqrt(2 L); zero biases, unit norm weights.
+    """
+    key = init_key(name, spec)
+    leaf = key.rsplit(".", 1)[-1]
+    if leaf == "bias":
+        return torch.zeros(shape)
+    if key.endswith("norm.weight") or key == "norm.weight":
+        return torch.ones(shape)
+    digest = zlib.crc32(key.encode())          # stable across processes (hash() is not)
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + digest)
+    std = 0.02
+    if key.endswith(("o_proj.weight", "fc2.weight", "down_proj.weight")):
+        std /= math.sqrt(2 * spec.num_layers)
+    return torch.randn(shape, generator=gen) * std
+
+
+def canonical_name(name: str) -> str:
+    """A parameter's path in the unwrapped model (DDP adds ``module.``, checkpoint wrappers their own)."""
+    name = name.removeprefix("module.")
+    return name.replace("_checkpoint_wrapped_module.", "")
+
+
+@torch.no_grad()
+def materialize(model: Transformer, *, seed: int, device: torch.device) -> None:
+    """Allocate a meta-device (possibly sharded) model on ``device`` and initialise it.
+
+    Each parameter's full value comes from ``full_init`` (a function of its name and the
+    seed), and each rank keeps its own shard of it (``distribute_tensor`` with no source
+    rank: no communication), so every plan starts from the same weights.
+    """
+    from torch.distributed.tensor import DTensor, distribute_tensor
+    model.to_empty(device=device)
+    model.tie_weights()
+    for name, param in model.named_parameters():
+        full = full_init(canonical_name(name), param.shape, model.spec, seed).to(device)
+        if isinstance(param, DTensor):
+            shard = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+            param.to_local().copy_(shard.to_local())
+        else:
+            param.copy_(full)

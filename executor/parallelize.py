@@ -1,0 +1,188 @@
+"""Apply a plan to a model (or one pipeline stage of it): one function per parallelism.
+
+The dispatcher ``parallelize`` composes them in this order (torchtitan's
+``models/llama3/infra/parallelize.py`` order, for the same reasons):
+
+1. ``apply_tp``   tensor and sequence parallelism (DTensor ``parallelize_module``) first,
+                  so the data-parallel wrappers see DTensor parameters on the tp mesh;
+2. ``apply_ac``   activation checkpointing per layer, inside the data-parallel units,
+                  so recomputation runs while the unit's parameters are gathered;
+3. data parallelism by ZeRO stage: ``apply_fsdp`` (ZeRO-3: ``fully_shard`` resharding
+                  after forward; ZeRO-2: keeping the gathered parameters until backward),
+                  ``apply_replicate`` (ZeRO-0 with TP or a pipeline: torch's FSDP2-based
+                  replicate, the DDP that composes with DTensor and with every schedule);
+4. ``materialize`` the meta parameters shard by shard (each rank allocates and fills
+                  only its own shards, with values that do not depend on the plan);
+5. ``apply_ddp``  ZeRO-0 without TP or pipeline, and ZeRO-1: DDP, which needs real parameters (and
+                  keeps no second copy of them, unlike replicate); for ZeRO-1 the trainer
+                  wraps the optimizer in ``ZeroRedundancyOptimizer``.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
+                                               RowwiseParallel, SequenceParallel, parallelize_module)
+from torch.utils.checkpoint import checkpoint
+
+from planner.errors import UserError
+
+from .mesh import ParallelDims
+from .models import Transformer, materialize, sdpa
+from .plan_file import RunPlan
+
+
+def _tp_style(style: str, sequence_parallel: bool):
+    """The DTensor style of one plan.json TP entry (the styles are documented in planner/plan.py)."""
+    seq = Shard(1) if sequence_parallel else Replicate()      # layout of the residual stream (B, S, h)
+    if style == "colwise":          # input already made Replicate by the parent's PrepareModuleInput
+        return ColwiseParallel()
+    if style == "rowwise":          # partial sums reduced (SP: reduce-scattered along the sequence)
+        return RowwiseParallel(output_layouts=seq)
+    if style == "vocab":            # vocabulary-split embedding; its parent puts the output in `seq` layout
+        return RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    if style == "colwise_loss":     # logits stay split over the vocabulary for loss_parallel
+        return ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
+    return SequenceParallel()       # "sequence": norms on the local sequence chunk
+
+
+def apply_tp(model: Transformer, tp_mesh: DeviceMesh, tp_plan: dict[str, str], *, sequence_parallel: bool) -> None:
+    """Shard the modules plan.json names (Megatron's pattern, Shoeybi et al. 2019, Sec 3; sequence
+    parallelism, Korthikanti et al. 2022, Sec 4.2.2). Paths of modules this stage does not hold are
+    skipped. Under SP the parents of column-parallel linears gather the sequence once for all of
+    them, and the embedding's parent scatters its output along the sequence."""
+    modules = dict(model.named_modules())
+    styles = {path: _tp_style(style, sequence_parallel) for path, style in tp_plan.items() if path in modules}
+    if sequence_parallel:
+        for path, style in tp_plan.items():
+            parent = path.rpartition(".")[0]
+            if path not in modules or not parent:
+                continue
+            if style == "colwise":
+                styles[parent] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+            elif style == "vocab":
+                styles[parent] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1))
+    parallelize_module(model, tp_mesh, styles)
+    model.tie_weights()     # TP replaced the shared weight in embed and head by two DTensors: share again
+
+
+def shard_embedding_grads(model: Transformer, tp_plan: dict[str, str]) -> None:
+    """DTensor's embedding backward returns the vocabulary-parallel table's gradient replicated
+    (V x h on every TP rank); keep only this rank's rows, as the parameter itself is sharded.
+    Hooks the materialised parameters (``to_empty`` makes new ones)."""
+    modules = dict(model.named_modules())
+    for path, style in tp_plan.items():
+        if style == "vocab" and path in modules:
+            param = modules[path].weight
+            # clone: the shard of a replicated tensor is a view that would keep all V x h alive
+            param.register_hook(lambda grad, p=param: grad.redistribute(placements=p.placements).clone())
+
+
+def apply_ac(model: Transformer, recompute_per_layer: dict[str, str]) -> None:
+    """Activation recomputation per layer (Korthikanti et al. 2022, Sec 5): ``full`` checkpoints the
+    whole block and keeps only its input; ``selective`` checkpoints only the attention core."""
+    for index, block in model.layers.items():
+        policy = recompute_per_layer.get(f"layers.{index}", "none")
+        if policy == "full":
+            block.forward = partial(checkpoint, type(block).forward.__get__(block), use_reentrant=False)
+        elif policy == "selective":
+            block.attn.core = partial(checkpoint, sdpa, use_reentrant=False)
+
+
+def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, *, reshard_after_forward: bool,
+               mp_policy: MixedPrecisionPolicy) -> None:
+    """FSDP2 (ZeRO-2/3): one unit per block, the root unit holds embedding, final norm and head."""
+    for block in model.layers.values():
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
+
+
+def apply_replicate(model: Transformer, dp_mesh: DeviceMesh, *, mp_policy: MixedPrecisionPolicy) -> None:
+    """ZeRO-0: every replica keeps everything and all-reduces gradients (torch's FSDP2-based
+    ``replicate``, the DDP that composes with DTensor TP), bucketed one block at a time."""
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+    for block in model.layers.values():
+        replicate(block, mesh=dp_mesh, mp_policy=mp_policy)
+    replicate(model, mesh=dp_mesh, mp_policy=mp_policy)
+
+
+def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:
+    """DDP with gradients as views of its buckets (4 bytes per parameter, no other copy)."""
+    from torch.nn.parallel import DistributedDataParallel
+    return DistributedDataParallel(model, process_group=dp_mesh.get_group(), gradient_as_bucket_view=True)
+
+
+def mixed_precision(precision: str, device_type: str) -> MixedPrecisionPolicy:
+    """bf16/fp16 compute with fp32 gradient reduction where the device has it; fp32 on CPU."""
+    if device_type == "cpu" or precision == "fp32":
+        return MixedPrecisionPolicy()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+
+
+def check_supported(plan: RunPlan) -> None:
+    """Refuse what this executor cannot run, naming the missing support."""
+    c = plan.config
+    if c.cp > 1:
+        raise UserError(f"cp {c.cp}: context parallelism needs torch's context_parallel attention, which "
+                        "runs only on CUDA flash/efficient SDPA kernels, not on this executor's CPU/gloo path; "
+                        "plan with --cp 1", source=plan.source, field="config.cp")
+    if c.zero == 1 and c.tp > 1:
+        raise UserError("ZeRO-1 with tp > 1: ZeroRedundancyOptimizer cannot shard DTensor parameters; "
+                        "use --zero 0, 2 or 3 with tensor parallelism", source=plan.source, field="config.zero")
+    if c.zero == 1 and c.dp > 1 and c.pp > 1 and c.schedule != "1f1b":
+        raise UserError(f"ZeRO-1 with the {c.schedule} schedule: DDP under torch.distributed.pipelining fails "
+                        "its first-step bucket rebuild; use --schedule 1f1b or --zero 0, 2 or 3",
+                        source=plan.source, field="config.schedule")
+    if c.offload != "none":
+        raise UserError(f"offload {c.offload!r} is not supported by the executor; allowed: none",
+                        source=plan.source, field="config.offload")
+    spec = plan.spec
+    if spec is not None and spec.num_kv_heads % c.tp:
+        raise UserError(f"tp {c.tp} must divide the {spec.num_kv_heads} key/value heads (replicating "
+                        "key/value heads is not supported)", source=plan.source, field="config.tp")
+
+
+def uses_fsdp(plan: RunPlan, dims: ParallelDims) -> bool:
+    """Whether FSDP2 (fully_shard, or replicate for ZeRO-0) manages the parameters, their
+    gradients' reduction and their mixed precision. ZeRO-0 takes replicate where DDP cannot go:
+    DTensor parameters (TP), and pipelines (torch.distributed.pipelining's DDP support breaks
+    DDP's first-step bucket rebuild under GPipe and interleaved 1F1B; replicate is its FSDP path)."""
+    c = plan.config
+    ddp_cannot = dims.tp > 1 or c.pp > 1
+    return c.zero >= 2 or (c.zero == 0 and dims.dp > 1 and ddp_cannot)
+
+
+def autocast_dtype(plan: RunPlan, dims: ParallelDims, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype where mixed precision is not FSDP's (DDP keeps fp32 parameters and
+    autocasts, as the cost model's torch layout says); None on CPU or in fp32."""
+    if device.type == "cpu" or plan.workload.precision == "fp32" or uses_fsdp(plan, dims):
+        return None
+    return torch.bfloat16 if plan.workload.precision == "bf16" else torch.float16
+
+
+def parallelize(model: Transformer, plan: RunPlan, dims: ParallelDims, mesh: DeviceMesh, device: torch.device,
+                seed: int) -> nn.Module:
+    """Apply the plan to a meta-device ``model`` in place and materialise it; returns the module
+    to train (a DDP wrapper where ``apply_ddp`` applies, else ``model`` itself)."""
+    c = plan.config
+    if dims.tp > 1:
+        apply_tp(model, mesh["tp"], plan.tp_plan, sequence_parallel=c.sequence_parallel)
+    apply_ac(model, plan.recompute_per_layer)
+    mp_policy = mixed_precision(plan.workload.precision, device.type)
+    fsdp_managed = uses_fsdp(plan, dims)
+    if c.zero >= 2:
+        apply_fsdp(model, mesh["dp_shard"], reshard_after_forward=c.zero == 3, mp_policy=mp_policy)
+    elif fsdp_managed:
+        apply_replicate(model, mesh["dp_replicate"], mp_policy=mp_policy)
+    materialize(model, seed=seed, device=device)
+    if dims.tp > 1 and not fsdp_managed:        # FSDP reduces (and shards) gradients itself
+        shard_embedding_grads(model, plan.tp_plan)
+    if c.zero <= 1 and dims.dp > 1 and not fsdp_managed:
+        return apply_ddp(model, mesh["dp_replicate"])
+    return model

@@ -1,0 +1,98 @@
+"""Pipeline parallelism from plan.json's stage boundaries (``torch.distributed.pipelining``).
+
+plan.json lists the module paths of each virtual stage; virtual stage j runs on
+pipeline rank j % pp (Narayanan et al. 2021, Sec 2.2.2: interleaved stages).
+Each stage is the reference model with the modules it does not run removed, so
+its parameters keep the whole model's paths (torchtitan's
+``pipeline_module_split`` does the same with plain lists of names).
+
+Schedules are torch's: GPipe (Huang et al. 2019), 1F1B (PipeDream-Flush,
+Narayanan et al. 2021) and interleaved 1F1B. They run with ``scale_grads=False``:
+the loss function already divides by the tokens of the whole step.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+from planner.errors import UserError
+from planner.model import ModelSpec
+
+from .models import Transformer, build_model
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B}
+
+
+def stage_indices(num_stages: int, pp: int, pp_rank: int) -> list[int]:
+    """The virtual stages that pipeline rank ``pp_rank`` runs, in order."""
+    return [j for j in range(num_stages) if j % pp == pp_rank]
+
+
+def build_stage_model(spec: ModelSpec, paths: tuple[str, ...], source: str = "plan.json") -> Transformer:
+    """The reference model (meta device) keeping only the layers ``paths`` names."""
+    model = build_model(spec)
+    known = {"embed", "norm", "lm_head", *(f"layers.{i}" for i in range(spec.num_layers))}
+    unknown = sorted(set(paths) - known)
+    if unknown:
+        raise UserError(f"unknown layer path(s) {', '.join(unknown)}; the model has embed, layers.0 .. "
+                        f"layers.{spec.num_layers - 1}, norm and lm_head", source=source, field="stages")
+    for name in ("embed", "norm", "lm_head"):
+        if name not in paths:
+            setattr(model, name, None)
+    for index in list(model.layers):
+        if f"layers.{index}" not in paths:
+            del model.layers[index]
+    return model
+
+
+def check_stages(stages: tuple[tuple[str, ...], ...], spec: ModelSpec, source: str) -> None:
+    """Every layer exactly once, in model order across the virtual stages."""
+    order = ["embed", *(f"layers.{i}" for i in range(spec.num_layers)), "norm", "lm_head"]
+    flat = [path for stage in stages for path in stage]
+    if flat != order:
+        raise UserError(f"the stages must list {', '.join(order[:2])} ... {order[-1]} once each, in order; "
+                        f"got {flat}", source=source, field="stages")
+    if any(not stage for stage in stages):
+        raise UserError("a stage holds no layer", source=source, field="stages")
+
+
+def build_schedule(stage_models: list[tuple[int, torch.nn.Module]], *, num_stages: int, pp_mesh: DeviceMesh,
+                   schedule: str, num_microbatches: int, loss_fn: Callable, device: torch.device):
+    """torch's schedule over this rank's stages (one, or vpp of them for interleaved 1F1B)."""
+    group = pp_mesh.get_group()
+    stages = [PipelineStage(module, index, num_stages, device, group=group) for index, module in stage_models]
+    cls = SCHEDULES[schedule]
+    if schedule == "interleaved-1f1b":
+        return cls(stages, n_microbatches=num_microbatches, loss_fn=loss_fn, scale_grads=False)
+    return cls(stages[0], n_microbatches=num_microbatches, loss_fn=loss_fn, scale_grads=False)
+
+
+def tied_groups(mesh: DeviceMesh) -> dict[int, dist.ProcessGroup]:
+    """For GPT's tied embedding under PP: a group pairing each first-stage rank with the last-stage
+    rank of the same (dp, cp, tp) coordinates. Every rank creates every group (c10d requires it);
+    returns {rank: its pair's group} for the ranks in a pair."""
+    ranks = mesh.mesh                              # (pp, dp_replicate, dp_shard, cp, tp) rank ids
+    first, last = ranks[0].flatten().tolist(), ranks[-1].flatten().tolist()
+    out = {}
+    for a, b in zip(first, last):
+        group = dist.new_group([a, b])
+        out[a] = out[b] = group
+    return out
+
+
+def sync_tied_grads(stage_models: list[torch.nn.Module], group: dist.ProcessGroup | None) -> None:
+    """Sum the gradient of the embedding's two copies (first stage, last stage's head): each holds
+    the part of the shared weight's gradient its use produced (Shoeybi et al. 2019, Sec 3)."""
+    if group is None:
+        return
+    for model in stage_models:
+        owner = model.embed.tokens if model.embed is not None else model.lm_head if model.lm_head is not None else None
+        if owner is None or owner.weight.grad is None:
+            continue
+        grad = owner.weight.grad
+        local = grad.to_local() if hasattr(grad, "to_local") else grad
+        dist.all_reduce(local, group=group)

@@ -1,0 +1,295 @@
+"""Train a plan on seeded synthetic data, measure it, write measured.json.
+
+Run under torchrun (``meshplan run`` launches it): ``python -m executor.train
+--plan plan.json --steps N``. The loss is the mean cross-entropy over every token
+of the global batch: each micro-batch's loss is its summed cross-entropy divided
+by the tokens one data-parallel replica sees in a step, micro-batches and
+pipeline chunks add up (schedules run with ``scale_grads=False``), and data-
+parallel gradient averaging over equal replicas turns the replica means into
+the global mean.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from contextlib import ExitStack, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
+
+from planner.errors import UserError
+
+from . import checkpoint as ckpt
+from .data import local_batch
+from .measure import SavedTensorMeter, gathered_param_bytes, grad_bytes, optimizer_bytes, param_bytes
+from .mesh import ParallelDims
+from .models import build_model, canonical_name
+from .parallelize import autocast_dtype, check_supported, parallelize
+from .pipeline import build_schedule, build_stage_model, check_stages, stage_indices, sync_tied_grads, tied_groups
+from .plan_file import RunPlan, load_plan
+
+LEARNING_RATE = 1e-3
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    steps: int                          # optimizer steps to run (after the resumed ones)
+    seed: int = 0                       # data and initialisation
+    lr: float = LEARNING_RATE           # AdamW, constant
+    load_dir: str | None = None         # resume from this DCP checkpoint (any plan's)
+    save_dir: str | None = None         # save a DCP checkpoint after the last step
+    grads_path: str | None = None       # write the first step's full gradients, one file per rank (tests)
+
+
+class Job:
+    """One rank's runtime objects for a plan."""
+
+    def __init__(self, plan: RunPlan, options: RunOptions, device: torch.device):
+        spec, c = plan.spec, plan.config
+        check_supported(plan)
+        check_stages(plan.stages, spec, plan.source)
+        self.plan, self.options, self.device = plan, options, device
+        self.dims = ParallelDims.from_config(c, dist.get_world_size())
+        self.mesh, self.dp_mesh = self.dims.build_mesh(device.type)
+        self.pp_rank = self.mesh["pp"].get_local_rank()
+        self.dp_rank = self.dp_mesh.get_local_rank()
+        mine = stage_indices(len(plan.stages), c.pp, self.pp_rank)
+        self.tied_group = tied_groups(self.mesh).get(dist.get_rank()) if c.pp > 1 and spec.tied_embeddings else None
+        self.loss_parallel = plan.tp_plan.get("lm_head") == "colwise_loss" and c.tp > 1
+        self.autocast = autocast_dtype(plan, self.dims, device)
+        self.tokens_per_replica = plan.workload.global_batch // c.dp * plan.workload.seq_len
+        self.parts: list[nn.Module] = []
+        trained = []
+        for j in mine:
+            part = build_stage_model(spec, plan.stages[j], plan.source) if c.pp > 1 else build_model(spec)
+            trained.append(parallelize(part, plan, self.dims, self.mesh, device, options.seed))
+            self.parts.append(part)
+        self.trained = trained
+        self.optimizers = [self._optimizer(list(m.parameters())) for m in trained]   # one per part (DCP)
+        self.schedule = None
+        if c.pp > 1:
+            self.schedule = build_schedule(list(zip(mine, trained)), num_stages=len(plan.stages),
+                                           pp_mesh=self.mesh["pp"], schedule=c.schedule,
+                                           num_microbatches=c.num_microbatches, loss_fn=self.loss_fn, device=device)
+        self.first_stage = 0 in mine
+        self.last_stage = len(plan.stages) - 1 in mine
+
+    def _optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        lr = self.options.lr
+        if self.plan.config.zero == 1 and self.dims.dp > 1:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+            return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=lr, foreach=False,
+                                           process_group=self.mesh["dp_replicate"].get_group())
+        return torch.optim.AdamW(params, lr=lr, foreach=False)
+
+    def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Summed cross-entropy of a micro-batch over the replica's tokens per step.
+        logits: (b, S, V), vocabulary-sharded DTensor under loss parallelism; targets: (b, S)."""
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1), reduction="sum")
+        loss = loss / self.tokens_per_replica
+        return loss.to_local() if isinstance(loss, DTensor) else loss
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        w, spec = self.plan.workload, self.plan.spec
+        inputs, targets = local_batch(step, seed=self.options.seed, batch=w.global_batch, seq_len=w.seq_len,
+                                      vocab_size=spec.vocab_size, dp=self.dims.dp, dp_rank=self.dp_rank)
+        return inputs.to(self.device), targets.to(self.device)
+
+
+def _forward_backward(job: Job, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Without a pipeline: gradient accumulation over the plan's micro-batches."""
+    m = job.plan.config.num_microbatches
+    model = job.trained[0]
+    total = torch.zeros((), device=job.device)
+    for i, (x, y) in enumerate(zip(inputs.chunk(m), targets.chunk(m))):
+        last = i == m - 1
+        sync = model.no_sync() if hasattr(model, "no_sync") and not last else nullcontext()
+        if job.plan.config.zero == 0 and hasattr(model, "set_requires_gradient_sync"):
+            model.set_requires_gradient_sync(last)       # replicate: one all-reduce per step
+        with sync:
+            loss = job.loss_fn(model(x), y)
+            loss.backward()
+        total += loss.detach()
+    return total
+
+
+def _pipeline_step(job: Job, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    losses: list[torch.Tensor] = []
+    args = (inputs,) if job.first_stage else ()
+    kwargs = {"target": targets, "losses": losses} if job.last_stage else {}
+    job.schedule.step(*args, **kwargs)
+    sync_tied_grads(job.parts, job.tied_group)
+    return torch.stack(losses).sum() if losses else torch.zeros((), device=job.device)
+
+
+def global_loss(job: Job, local: torch.Tensor) -> float:
+    """The step's loss on every rank: summed over pipeline ranks (only the last holds it), averaged
+    over data-parallel replicas."""
+    value = local.detach().float().reshape(1).clone()
+    dist.all_reduce(value, group=job.mesh["pp"].get_group())
+    dist.all_reduce(value, group=job.dp_mesh.get_group())
+    return value.item() / job.dims.dp
+
+
+def train_step(job: Job, step: int, meter: SavedTensorMeter | None = None, dump_grads: str | None = None) -> float:
+    inputs, targets = job.batch(step)
+    with ExitStack() as stack:
+        if job.loss_parallel:
+            stack.enter_context(loss_parallel())
+        if job.autocast is not None:
+            stack.enter_context(torch.autocast(job.device.type, dtype=job.autocast))
+        if meter is not None:
+            stack.enter_context(meter.track())
+        if job.schedule is not None:
+            local = _pipeline_step(job, inputs, targets)
+        else:
+            local = _forward_backward(job, inputs, targets)
+    if dump_grads:
+        write_grads(job, dump_grads)
+    for optimizer in job.optimizers:
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return global_loss(job, local)
+
+
+def write_grads(job: Job, path: str) -> None:
+    """{parameter path: full gradient} of this rank's parameters (collective over TP/FSDP meshes)."""
+    grads = {}
+    for model in job.trained:
+        for name, p in model.named_parameters():
+            g = p.grad
+            grads[canonical_name(name)] = (g.full_tensor() if isinstance(g, DTensor) else g).detach().cpu().clone()
+    torch.save(grads, f"{path}.rank{dist.get_rank()}.pt")
+
+
+def _memory(job: Job, meter: SavedTensorMeter, gathered_bytes: int, grads_bytes: int) -> dict:
+    """This rank's bytes by category (see executor/measure.py for how each is counted)."""
+    return {"rank": dist.get_rank(), "pp_rank": job.pp_rank, "params": param_bytes(job.trained),
+            "params_gathered": gathered_bytes, "grads": grads_bytes,
+            "optimizer": sum(optimizer_bytes(o) for o in job.optimizers), "activations": meter.peak_bytes}
+
+
+def _measured_step(job: Job, step: int, dump_grads: str | None) -> tuple[float, dict]:
+    """One step, instrumented: saved tensors through hooks, FSDP's gathered parameters at the end of
+    each forward, gradients before the optimizer step."""
+    meter = SavedTensorMeter(job.trained)
+    gathered = [0]
+
+    def after_forward(module, args, output):
+        gathered[0] = max(gathered[0], gathered_param_bytes(job.trained))
+
+    hooks = [m.register_forward_hook(after_forward) for m in job.trained]
+    grads = [0]
+    original_step = [o.step for o in job.optimizers]
+
+    def count_grads_then(step_fn):
+        def run(*args, **kwargs):
+            grads[0] = max(grads[0], grad_bytes(job.trained))
+            return step_fn(*args, **kwargs)
+        return run
+
+    for o, fn in zip(job.optimizers, original_step):
+        o.step = count_grads_then(fn)
+    try:
+        loss = train_step(job, step, meter, dump_grads)
+    finally:
+        for h in hooks:
+            h.remove()
+        for o, fn in zip(job.optimizers, original_step):
+            o.step = fn
+    return loss, _memory(job, meter, gathered[0], grads[0])
+
+
+def run(plan: RunPlan, options: RunOptions) -> dict:
+    """Train ``options.steps`` steps of ``plan`` in the current process group; returns measured.json's
+    content (on every rank)."""
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    job = Job(plan, options, device)
+    start = ckpt.load(options.load_dir, job.trained, job.optimizers, tied=plan.spec.tied_embeddings) if options.load_dir else 0
+    # memory is measured on the second step where there is one: the first also runs the pipeline
+    # schedule's one-time shape inference, whose tensors outlive it
+    measure_at = start + (1 if options.steps > 1 else 0)
+    losses, times, memory = [], [], None
+    for step in range(start, start + options.steps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dump = options.grads_path if step == start else None
+        if step == measure_at:
+            loss, memory = _measured_step(job, step, dump)
+        else:
+            loss = train_step(job, step, dump_grads=dump)
+        dist.barrier()
+        times.append(time.perf_counter() - t0)
+        losses.append(loss)
+    if options.save_dir:
+        ckpt.save(options.save_dir, start + options.steps, job.trained, job.optimizers,
+                  tied=plan.spec.tied_embeddings)
+    per_rank = [None] * dist.get_world_size()
+    dist.all_gather_object(per_rank, memory)
+    return measured_json(plan, options, device, start, losses, times, per_rank)
+
+
+def measured_json(plan: RunPlan, options: RunOptions, device: torch.device, start: int, losses: list[float],
+                  times: list[float], per_rank: list[dict]) -> dict:
+    """measured.json: what happened, next to what the plan predicted."""
+    # the first step also initialises the pipeline and caches; the second runs instrumented
+    steady = times[2:] or times[1:] or times
+    return {
+        "plan": plan.source, "world_size": dist.get_world_size(), "device": device.type,
+        "backend": dist.get_backend(), "seed": options.seed, "first_step": start, "steps": len(losses),
+        "losses": losses, "step_times_s": times, "step_time_s": sum(steady) / len(steady),
+        "memory_per_rank_bytes": per_rank,
+        "predicted": {"step_time_s": plan.estimate.get("step_time_s"),
+                      "memory_per_gpu_bytes": plan.estimate.get("memory_per_gpu_bytes"),
+                      "memory_per_stage_bytes": plan.estimate.get("memory_per_stage_bytes")},
+    }
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m executor.train", description="one rank of `meshplan run`")
+    p.add_argument("--plan", required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=LEARNING_RATE)
+    p.add_argument("--save")
+    p.add_argument("--load")
+    p.add_argument("--out", help="measured.json (written by rank 0)")
+    p.add_argument("--model", help="the model plan.json describes (checked against its spec)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    plan = load_plan(args.plan)
+    if args.model:
+        from .launch import check_model
+        plan = check_model(plan, args.model)
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend)
+    try:
+        options = RunOptions(steps=args.steps, seed=args.seed, lr=args.lr, load_dir=args.load, save_dir=args.save)
+        measured = run(plan, options)
+        if dist.get_rank() == 0 and args.out:
+            Path(args.out).write_text(json.dumps(measured, indent=2) + "\n")
+        dist.barrier()      # no rank tears its connections down while another still uses them
+    except UserError as e:
+        sys.stderr.write(f"meshplan run: error: {e}\n")
+        return e.exit_code
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""Shared by the executor tests: tiny models, plans written the way the planner writes them,
+a gloo process group on localhost, and the single-process reference run."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import socket
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+from executor.data import global_batch
+from executor.models import build_model, full_init, init_key
+from planner.model import ModelSpec
+
+SEQ = 16
+GLOBAL_BATCH = 8
+
+TINY_GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden=64, num_heads=4, num_kv_heads=4, head_dim=16,
+                     ffn_hidden=256, vocab_size=128, seq_len=SEQ, max_positions=SEQ, mlp="gelu", norm="layernorm",
+                     linear_bias=True, qkv_bias=False, tied_embeddings=True, dropout=False)
+TINY_LLAMA = ModelSpec(name="tiny-llama", num_layers=4, hidden=64, num_heads=4, num_kv_heads=2, head_dim=16,
+                       ffn_hidden=160, vocab_size=128, seq_len=SEQ, max_positions=0, mlp="swiglu", norm="rmsnorm",
+                       linear_bias=False, qkv_bias=False, tied_embeddings=False, dropout=False)
+
+
+def hf_config(spec: ModelSpec) -> dict:
+    """The Hugging Face config.json that planner.model.load_hf_config reads back as ``spec``."""
+    if spec.mlp == "gelu":
+        return {"model_type": "gpt2", "n_layer": spec.num_layers, "n_embd": spec.hidden, "n_head": spec.num_heads,
+                "n_inner": spec.ffn_hidden, "vocab_size": spec.vocab_size, "n_positions": spec.max_positions,
+                "resid_pdrop": 0.0, "attn_pdrop": 0.0, "embd_pdrop": 0.0, "tie_word_embeddings": True}
+    return {"model_type": "llama", "num_hidden_layers": spec.num_layers, "hidden_size": spec.hidden,
+            "num_attention_heads": spec.num_heads, "num_key_value_heads": spec.num_kv_heads,
+            "intermediate_size": spec.ffn_hidden, "vocab_size": spec.vocab_size,
+            "max_position_embeddings": spec.seq_len, "tie_word_embeddings": False}
+
+
+def write_plan(tmp_path, spec: ModelSpec, *, gpus: int, name: str = "plan", global_batch: int = GLOBAL_BATCH,
+               cluster: str = "cpu-gloo", **knobs) -> str:
+    """plan.json from `meshplan plan` (the planner's CLI) for ``spec`` with fixed knobs."""
+    from planner.cli import main as planner_main
+    config = tmp_path / f"{spec.name}.json"
+    config.write_text(json.dumps(hf_config(spec)))
+    out = tmp_path / f"{name}.json"
+    argv = ["plan", "--model", str(config), "--cluster", cluster, "--gpus", str(gpus), "--precision", "fp32" if cluster == "cpu-gloo" else "bf16",
+            "--global-batch", str(global_batch), "--seq-len", str(spec.seq_len), "--out", str(out), "--json"]
+    defaults = {"tp": 1, "pp": 1, "zero": 0, "micro_batch": global_batch // gpus, "recompute": "none"}
+    for key, value in {**defaults, **knobs}.items():
+        flag = "--" + key.replace("_", "-")
+        argv += [flag, ("on" if value else "off") if isinstance(value, bool) else str(value)]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert planner_main(argv) == 0, argv
+    return str(out)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, port: int, fn, args, errors):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        fn(*args)
+        dist.barrier()      # no rank tears its connections down while another still uses them
+    except BaseException:
+        errors.put(f"rank {rank}:\n{traceback.format_exc()}")
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(fn, world_size: int, *args) -> None:
+    """Run ``fn(*args)`` on ``world_size`` gloo ranks; re-raise the first rank's error."""
+    ctx = mp.get_context("spawn")
+    errors = ctx.SimpleQueue()
+    try:
+        mp.start_processes(_worker, args=(world_size, free_port(), fn, args, errors), nprocs=world_size,
+                           start_method="spawn")
+    except Exception as e:
+        detail = errors.get() if not errors.empty() else ""
+        raise AssertionError(f"distributed run failed: {e}\n{detail}") from None
+
+
+def reference_run(spec: ModelSpec, *, steps: int, seed: int = 0, lr: float = 1e-3,
+                  global_batch_size: int = GLOBAL_BATCH, seq_len: int = SEQ):
+    """Single process, no parallelism: mean cross-entropy over the global batch, AdamW.
+    Returns (losses, first step's gradients by parameter path)."""
+    torch.manual_seed(0)
+    model = build_model(spec, "cpu")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(full_init(name, p.shape, spec, seed))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, foreach=False)
+    losses, grads = [], None
+    for step in range(steps):
+        tokens = global_batch(step, seed=seed, batch=global_batch_size, seq_len=seq_len, vocab_size=spec.vocab_size)
+        logits = model(tokens[:, :-1])                                   # (B, S, V)
+        loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+        loss.backward()
+        if grads is None:
+            grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, grads
+
+
+def load_rank_grads(prefix: str, world_size: int, spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """Merge the per-rank gradient files; keys are the parameters they stand for (tied head -> embedding)."""
+    merged = {}
+    for rank in range(world_size):
+        path = f"{prefix}.rank{rank}.pt"
+        if os.path.exists(path):
+            for name, g in torch.load(path).items():
+                merged.setdefault(init_key(name, spec), g)
+    return merged

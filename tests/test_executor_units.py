@@ -1,0 +1,127 @@
+"""The executor's pure parts, without processes: plan.json checks, degrees, stage split, model
+shape, and refusals that name what is missing."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from executor_support import TINY_GPT, TINY_LLAMA, write_plan
+from planner.errors import UserError
+
+
+def _plan_doc(tmp_path, spec=TINY_LLAMA, **knobs) -> dict:
+    return json.loads(Path(write_plan(tmp_path, spec, **knobs)).read_text())
+
+
+@pytest.mark.parametrize("spec", [TINY_GPT, TINY_LLAMA], ids=["gpt", "llama"])
+def test_reference_models_have_the_planner_module_paths_and_parameter_count(spec):
+    from executor.models import build_model
+    from planner.layers import build_layer_graph
+    model = build_model(spec)
+    assert sum(p.numel() for p in model.parameters()) == spec.num_params()
+    modules = dict(model.named_modules())
+    graph = build_layer_graph(spec)
+    with_params = [op.name for layer in graph.layers for op in layer.ops if op.params]
+    assert with_params and all(name in modules for name in with_params)
+    assert [layer.name for layer in graph.layers] == ["embed", *(f"layers.{i}" for i in range(4)), "norm", "lm_head"]
+
+
+def test_initial_weights_depend_on_name_and_seed_only():
+    import torch
+    from executor.models import full_init
+    a = full_init("layers.0.attn.q_proj.weight", torch.Size([8, 8]), TINY_GPT, seed=0)
+    assert torch.equal(a, full_init("layers.0.attn.q_proj.weight", torch.Size([8, 8]), TINY_GPT, seed=0))
+    assert not torch.equal(a, full_init("layers.1.attn.q_proj.weight", torch.Size([8, 8]), TINY_GPT, seed=0))
+    assert not torch.equal(a, full_init("layers.0.attn.q_proj.weight", torch.Size([8, 8]), TINY_GPT, seed=1))
+    head = full_init("lm_head.weight", torch.Size([128, 64]), TINY_GPT, seed=0)       # tied: the embedding
+    assert torch.equal(head, full_init("embed.tokens.weight", torch.Size([128, 64]), TINY_GPT, seed=0))
+
+
+def test_pipeline_stages_keep_whole_model_paths(tmp_path):
+    from executor.pipeline import build_stage_model, check_stages
+    from executor.plan_file import plan_from_json
+    plan = plan_from_json(_plan_doc(tmp_path, gpus=2, pp=2, vpp=2, schedule="interleaved-1f1b", micro_batch=2))
+    check_stages(plan.stages, plan.spec, plan.source)
+    parts = [build_stage_model(plan.spec, stage) for stage in plan.stages]
+    names = [name for part in parts for name, _ in part.named_parameters()]
+    assert len(names) == len(set(names))
+    assert sum(p.numel() for part in parts for p in part.parameters()) == TINY_LLAMA.num_params()
+    assert parts[0].embed is not None and parts[0].lm_head is None and parts[-1].lm_head is not None
+
+
+def test_stages_out_of_order_are_refused(tmp_path):
+    from executor.pipeline import check_stages
+    from executor.plan_file import plan_from_json
+    plan = plan_from_json(_plan_doc(tmp_path, gpus=2, pp=2, schedule="1f1b", micro_batch=2))
+    swapped = (plan.stages[1], plan.stages[0])
+    with pytest.raises(UserError, match="stages: the stages must list embed, layers.0 ... lm_head once each"):
+        check_stages(swapped, plan.spec, "plan.json")
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda d: d.update(schema_version=9), "schema_version: unsupported schema version 9"),
+    (lambda d: d["tp_plan"].update({"layers.0.attn.q_proj": "diagonal"}), "tp_plan: 'diagonal' for"),
+    (lambda d: d["recompute_per_layer"].update({"layers.0": "some"}), "recompute_per_layer: 'some'"),
+    (lambda d: d.pop("stages"), "stages: missing"),
+    (lambda d: d["config"].update(wings=2), r"config: unknown field\(s\) wings"),
+])
+def test_bad_plan_json_names_the_field(tmp_path, change, message):
+    from executor.plan_file import plan_from_json
+    doc = _plan_doc(tmp_path, gpus=2, tp=2)
+    change(doc)
+    with pytest.raises(UserError, match=message):
+        plan_from_json(doc, "p.json")
+
+
+def test_degrees_must_multiply_to_the_world():
+    from executor.mesh import ParallelDims
+    with pytest.raises(UserError, match="= 4 but the job has 2 processes"):
+        ParallelDims(pp=2, dp_replicate=1, dp_shard=1, cp=1, tp=2, world_size=2)
+    dims = ParallelDims(pp=1, dp_replicate=1, dp_shard=2, cp=1, tp=2, world_size=4)
+    assert dims.dp == 2 and dims.shape == (1, 1, 2, 1, 2)
+
+
+def test_context_parallel_is_refused_naming_the_missing_support(tmp_path):
+    from executor.parallelize import check_supported
+    from executor.plan_file import plan_from_json
+    plan = plan_from_json(_plan_doc(tmp_path, gpus=2, cp=2, micro_batch=8), "p.json")
+    with pytest.raises(UserError, match="p.json: config.cp: cp 2: context parallelism needs torch's context_parallel"):
+        check_supported(plan)
+
+
+def test_zero1_with_tensor_parallelism_is_refused(tmp_path):
+    from executor.parallelize import check_supported
+    from executor.plan_file import plan_from_json
+    plan = plan_from_json(_plan_doc(tmp_path, gpus=4, dp=2, tp=2, zero=1), "p.json")
+    with pytest.raises(UserError, match="config.zero: ZeRO-1 with tp > 1"):
+        check_supported(plan)
+
+
+def test_zero1_under_a_pipeline_needs_1f1b(tmp_path):
+    from executor.parallelize import check_supported
+    from executor.plan_file import plan_from_json
+    plan = plan_from_json(_plan_doc(tmp_path, gpus=4, dp=2, pp=2, zero=1, schedule="gpipe", micro_batch=1), "p.json")
+    with pytest.raises(UserError, match="config.schedule: ZeRO-1 with the gpipe schedule"):
+        check_supported(plan)
+
+
+def test_torchrun_command_standalone_or_rendezvous():
+    from executor.launch import Launch
+    assert Launch(nproc=2).torchrun_argv()[-3:] == ["--nproc-per-node", "2", "--standalone"]
+    multi = Launch(nproc=8, nnodes=2, node_rank=1, rdzv_endpoint="host0:29500").torchrun_argv()
+    assert multi[-8:] == ["--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                          "host0:29500"]
+    with pytest.raises(UserError, match="--rdzv-endpoint: several nodes need a rendezvous endpoint"):
+        Launch(nproc=8, nnodes=2).torchrun_argv()
+
+
+def test_importing_the_executor_package_does_not_import_torch():
+    import subprocess
+    import sys
+    code = "import sys, executor, executor.cli; print('torch' in sys.modules)"
+    root = str(Path(__file__).resolve().parent.parent)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
+                         env={"PYTHONPATH": root, "PATH": ""})
+    assert out.stdout.strip() == "False", out.stderr
