@@ -137,7 +137,7 @@ def build_parser(with_run: bool = False) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(with_run="run" in argv[:2])
+    parser = build_parser(with_run=True)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

@@ -9,8 +9,9 @@ layouts a transformer activation (tokens x features) can have on a TP group of t
 Each operator picks a strategy; a strategy fixes the layout it needs on its inputs,
 the layout it produces, and the same two for gradients in backward:
 
-    linear      replicate (R -> R)   column (R -> F; grad of input P)
-                row (F -> P; needs grad R)
+    linear      column (R -> F; grad of input P)   row (F -> P; needs grad R)
+                replicate (R -> R) only when neither split divides its dimensions: whether
+                a TP group pays at all is the global search's decision
     attention   heads (F -> F)       replicate (R -> R)
     norm        replicate (R)        sequence (S)
     pointwise   replicate (R)        sequence (S)   feature (F)
@@ -103,6 +104,10 @@ def allowed(op: Op, ctx: Context) -> list[str]:
         if s == "heads" and (op.heads % ctx.tp or (op.kv_heads % ctx.tp and ctx.tp % op.kv_heads)):
             continue
         out.append(s)
+    if family == "linear" and len(out) > 1:
+        # a TP group exists to split GEMMs: whether it pays at all is the global search's
+        # question (priced by the cost model); here a splittable linear is split
+        out.remove("replicate")
     return out
 
 
