@@ -15,6 +15,7 @@ from .explain import gains, limits, lost_on
 from .plan import Plan, config_json
 from .search import Candidate, SearchResult, evaluate, search
 from .search.space import Knobs
+from .simulate import simulate, with_simulation
 
 KNOB_NAMES = ("dp", "tp", "pp", "cp", "zero", "micro_batch", "vpp", "schedule", "recompute", "sequence_parallel",
               "offload")
@@ -102,6 +103,7 @@ def plan_command(args) -> int:
     fixed = _fully_fixed(knobs, workload, cluster.num_gpus)
     if fixed is not None:
         cand = evaluate(graph, cluster, workload, fixed)
+        cand = Candidate(config=fixed, estimate=with_simulation(cand.estimate, simulate(graph, cluster, workload, fixed)))
         result = SearchResult(best=cand, alternatives=(), candidates=1, evaluated=1,
                               seconds=time.perf_counter() - t0)
     else:
@@ -120,6 +122,12 @@ def plan_command(args) -> int:
             plan.write(args.out)
         except OSError as e:
             raise UserError(f"cannot write: {e.strerror}", source=args.out) from None
+    if args.report:
+        from .report import write_report
+        try:
+            write_report(plan, args.report)
+        except OSError as e:
+            raise UserError(f"cannot write the report: {e.strerror}", source=args.report) from None
     if args.json:
         json.dump(plan.to_json(), sys.stdout)
         sys.stdout.write("\n")
