@@ -15,7 +15,7 @@ from .explain import gains, limits, lost_on
 from .plan import Plan, config_json
 from .search import Candidate, SearchResult, evaluate, search
 from .search.space import Knobs
-from .simulate import simulate, with_simulation
+from .simulate import simulated_estimate
 
 KNOB_NAMES = ("dp", "tp", "pp", "cp", "zero", "micro_batch", "vpp", "schedule", "recompute", "sequence_parallel",
               "offload")
@@ -102,8 +102,8 @@ def plan_command(args) -> int:
     knobs = _knobs(args)
     fixed = _fully_fixed(knobs, workload, cluster.num_gpus)
     if fixed is not None:
-        cand = evaluate(graph, cluster, workload, fixed)
-        cand = Candidate(config=fixed, estimate=with_simulation(cand.estimate, simulate(graph, cluster, workload, fixed)))
+        evaluate(graph, cluster, workload, fixed)                   # checks the knobs
+        cand = Candidate(config=fixed, estimate=simulated_estimate(graph, cluster, workload, fixed))
         result = SearchResult(best=cand, alternatives=(), candidates=1, evaluated=1,
                               seconds=time.perf_counter() - t0)
     else:

@@ -24,7 +24,8 @@ from .cost.step import balanced_stage_layers, layer_policies
 DOCS = {
     "deepspeed": "https://www.deepspeed.ai/docs/config-json/",
     "megatron": "https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/training/arguments.py",
-    "colossalai": "https://github.com/hpcaitech/ColossalAI/blob/main/colossalai/booster/plugin/hybrid_parallel_plugin.py",
+    "colossalai": ("https://github.com/hpcaitech/ColossalAI/blob/main/"
+                   "colossalai/booster/plugin/hybrid_parallel_plugin.py"),
     "torchtitan": "https://github.com/pytorch/torchtitan/blob/main/torchtitan/config/job_config.py",
     "meshplan": "executor/cli.py (`meshplan run --help`); torchrun: https://pytorch.org/docs/stable/elastic/run.html",
 }
@@ -305,8 +306,8 @@ def colossalai(plan) -> Export:
              "from colossalai.booster.plugin import HybridParallelPlugin"]
     if checkpoint and c.pp > 1:
         lines.append("from colossalai.shardformer import PipelineGradientCheckpointConfig")
-        lines += ["", "checkpointing = PipelineGradientCheckpointConfig(", f"    num_ckpt_layers_per_stage={checkpoint},",
-                  ")"]
+        lines += ["", "checkpointing = PipelineGradientCheckpointConfig(",
+                  f"    num_ckpt_layers_per_stage={checkpoint},", ")"]
         kwargs["gradient_checkpoint_config"] = "checkpointing"
     lines += ["", "plugin = HybridParallelPlugin("]
     for key, value in kwargs.items():
@@ -388,7 +389,8 @@ def torchtitan(plan) -> Export:
         total = sum(sum(s.values()) for s in rec)
         every = max(1, round(total / done))
         checkpoint = {"mode": "selective", "selective_ac_option": str(every)}
-        notes.append(f"meshplan recomputes {done} of {total} blocks ({_runs([s['full'] + s['selective'] for s in rec])} "
+        per_stage = _runs([s["full"] + s["selective"] for s in rec])
+        notes.append(f"meshplan recomputes {done} of {total} blocks ({per_stage} "
                      f"per stage); torchtitan's nearest is one block in every {every} in full "
                      "(activation_checkpoint.selective_ac_option)")
     sections = {"job": {"description": f"meshplan plan: {plan.model_name} on {plan.cluster.num_gpus} x "

@@ -45,7 +45,7 @@ simulation changes how they compose, never what a layer costs.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 
 from .cluster import DTYPE_BYTES, Cluster
 from .config import ParallelConfig, Workload
@@ -59,6 +59,7 @@ from . import network
 COMPUTE, SEND_NEXT, SEND_PREV, DP = "compute", "send-next", "send-prev", "dp"
 STREAMS = (COMPUTE, SEND_NEXT, SEND_PREV, DP)
 KINDS = ("forward", "recompute", "backward", "send", "dp_comm", "embedding_allreduce", "optimizer")
+STEP_PARTS = tuple(f.name for f in fields(StepTime))
 
 
 # -- values ---------------------------------------------------------------------------------------
@@ -96,9 +97,6 @@ class Timeline:
 
     def on(self, device: int, stream: str | None = None) -> list[Event]:
         return [e for e in self.events if e.device == device and (stream is None or e.stream == stream)]
-
-    def busy_s(self, device: int, kinds: tuple[str, ...]) -> float:
-        return sum(e.end_s - e.start_s for e in self.events if e.device == device and e.kind in kinds)
 
     def to_json(self) -> dict:
         return {"step_time_s": self.step_time_s, "critical_device": self.critical_device,
@@ -179,7 +177,7 @@ def schedule_order(schedule: str, *, pp: int, vpp: int, num_microbatches: int, r
 class _Rank:
     """The streams of one pipeline rank and what it waited for."""
 
-    def __init__(self, rank: int):
+    def __init__(self, rank: int, record: bool = True):
         self.rank = rank
         self.compute_free = 0.0
         self.block_until = 0.0                     # its last blocking send
@@ -188,7 +186,7 @@ class _Rank:
         self.dp_busy: list[tuple[float, float]] = []   # collectives, in issue order
         self.deferred_reduce_s: list[float] = []
         self.param_ready: dict[int, list[float]] = {}  # chunk -> when each layer's parameters are gathered
-        self.events: list[Event] = []
+        self.events: list[Event] | None = [] if record else None
         self.waits = {"bubble": 0.0, "pp_comm": 0.0, "dp_comm": 0.0, "contention": 0.0}
 
     def collective(self, issue_s: float, seconds: float, mb: int, chunk: int) -> float:
@@ -196,9 +194,12 @@ class _Rank:
         start = max(issue_s, self.dp_free)
         self.dp_free = start + seconds
         self.dp_busy.append((start, self.dp_free))
-        self.events.append(Event(device=self.rank, stream=DP, kind="dp_comm", start_s=start, end_s=self.dp_free,
-                                 microbatch=mb, chunk=chunk))
+        self.record(stream=DP, kind="dp_comm", start_s=start, end_s=self.dp_free, microbatch=mb, chunk=chunk)
         return self.dp_free
+
+    def record(self, **event) -> None:
+        if self.events is not None:
+            self.events.append(Event(device=self.rank, **event))
 
     def overlap_s(self, start: float, end: float) -> float:
         """How long the data-parallel stream is busy within [start, end)."""
@@ -224,10 +225,10 @@ def _param_sync(work: StepWork, st: _Rank, chunk: int, at: float) -> None:
 
 
 def _gather_plan(work: StepWork, st: _Rank, op: tuple[str, int, int], start: float) -> tuple[list, list] | None:
-    """(seconds of each layer's gather in pass order, when each is ready: None until
-    issued) for this pass; None when it waits for no parameters. The step's gathers
-    are already queued (``_param_sync``); per-micro-batch ones (FSDP, ZeRO-3) are issued
-    as the pass runs."""
+    """(seconds of each layer's gather in pass order, when each layer's parameters are
+    ready) for this pass, None when it waits for none. The step's gathers are queued once
+    (``_param_sync``); per-micro-batch ones (FSDP, ZeRO-3) are issued as the pass runs
+    (their readiness None until then)."""
     kind, mb, chunk = op
     layers = work.chunks[st.rank][chunk]
     if not work.gather_every_microbatch:
@@ -244,9 +245,12 @@ def _run_pass(work: StepWork, st: _Rank, op: tuple[str, int, int], ready_s: floa
     kind, mb, chunk = op
     layers = work.chunks[st.rank][chunk]
     # wait for the input (another stage: the pipeline's fill and imbalance) or for an own send
-    first, second = ((ready_s, "bubble"), (st.block_until, "pp_comm"))[::1 if st.block_until >= ready_s else -1]
-    st.wait(*first)
-    st.wait(*second)
+    if st.block_until >= ready_s:
+        st.wait(ready_s, "bubble")
+        st.wait(st.block_until, "pp_comm")
+    else:
+        st.wait(st.block_until, "pp_comm")
+        st.wait(ready_s, "bubble")
     forward = kind == "F"
     order = layers if forward else layers[::-1]
     start = t = st.compute_free
@@ -281,10 +285,9 @@ def _run_pass(work: StepWork, st: _Rank, op: tuple[str, int, int], ready_s: floa
                 st.deferred_reduce_s.append(lw.reduce_s)
     rec = 0.0 if forward else sum(lw.recompute_s for lw in layers)
     if rec:
-        st.events.append(Event(device=st.rank, stream=COMPUTE, kind="recompute", start_s=start, end_s=start + rec,
-                               microbatch=mb, chunk=chunk))
-    st.events.append(Event(device=st.rank, stream=COMPUTE, kind="forward" if forward else "backward",
-                           start_s=start + rec, end_s=t, microbatch=mb, chunk=chunk))
+        st.record(stream=COMPUTE, kind="recompute", start_s=start, end_s=start + rec, microbatch=mb, chunk=chunk)
+    st.record(stream=COMPUTE, kind="forward" if forward else "backward", start_s=start + rec, end_s=t,
+              microbatch=mb, chunk=chunk)
     st.compute_free = t
 
 
@@ -301,8 +304,7 @@ def _send(work: StepWork, st: _Rank, op: tuple[str, int, int], arrivals: dict) -
     end = start + work.hop_s
     st.send_free[stream] = end
     if work.hop_s > 0:
-        st.events.append(Event(device=st.rank, stream=stream, kind="send", start_s=start, end_s=end,
-                               microbatch=mb, chunk=chunk))
+        st.record(stream=stream, kind="send", start_s=start, end_s=end, microbatch=mb, chunk=chunk)
     arrivals[(kind, mb, target)] = end
     if work.blocking_sends:
         st.block_until = end
@@ -327,12 +329,13 @@ def _needs(work: StepWork, rank: int, op: tuple[str, int, int]) -> tuple | None:
     return ("B", mb, stage) if stage < work.pp * work.vpp - 1 else None
 
 
-def simulate_work(work: StepWork) -> Timeline:
-    """Run every rank's schedule against the others: a discrete-event simulation of one step."""
+def simulate_work(work: StepWork, *, record: bool = True) -> Timeline:
+    """Run every rank's schedule against the others: a discrete-event simulation of one step.
+    ``record=False`` keeps no events (the step time and its parts only)."""
     p = work.pp
     programs = [schedule_order(work.schedule, pp=p, vpp=work.vpp, num_microbatches=work.num_microbatches, rank=r)
                 for r in range(p)]
-    ranks = [_Rank(r) for r in range(p)]
+    ranks = [_Rank(r, record) for r in range(p)]
     arrivals: dict[tuple, float] = {}
     position, forwards = [0] * p, [0] * p
     remaining = sum(len(prog) for prog in programs)
@@ -376,8 +379,7 @@ def _finish(work: StepWork, ranks: list[_Rank]) -> Timeline:
         start = max(first.compute_free, last.compute_free)
         for st in (first, last):
             st.wait(start, "bubble")
-            st.events.append(Event(device=st.rank, stream=DP, kind="embedding_allreduce", start_s=start,
-                                   end_s=start + work.embedding_allreduce_s))
+            st.record(stream=DP, kind="embedding_allreduce", start_s=start, end_s=start + work.embedding_allreduce_s)
             st.waits["dp_comm"] += work.embedding_allreduce_s
             st.compute_free = start + work.embedding_allreduce_s
     barrier = max(st.compute_free for st in ranks)
@@ -386,8 +388,7 @@ def _finish(work: StepWork, ranks: list[_Rank]) -> Timeline:
         st.wait(barrier, "bubble")
         opt = work.optimizer_s[st.rank] if work.optimizer_s else 0.0
         if opt:
-            st.events.append(Event(device=st.rank, stream=COMPUTE, kind="optimizer", start_s=barrier,
-                                   end_s=barrier + opt))
+            st.record(stream=COMPUTE, kind="optimizer", start_s=barrier, end_s=barrier + opt)
         end = barrier + opt
         if not work.overlap_dp and not work.gather_every_microbatch:   # parameter all-gather after the step
             for chunk in work.chunks[st.rank]:
@@ -406,7 +407,7 @@ def _finish(work: StepWork, ranks: list[_Rank]) -> Timeline:
                          pp_comm=st.waits["pp_comm"], bubble=st.waits["bubble"],
                          dp_comm=st.waits["dp_comm"] + st.waits["contention"],
                          optimizer=work.optimizer_s[critical] if work.optimizer_s else 0.0)
-    events = sorted((e for s in ranks for e in s.events), key=lambda e: (e.device, e.start_s, e.stream))
+    events = sorted((e for s in ranks for e in s.events or ()), key=lambda e: (e.device, e.start_s, e.stream))
     return Timeline(events=tuple(events), step_time_s=ends[critical], breakdown=breakdown, critical_device=critical,
                     schedule=work.schedule, pp=p, vpp=work.vpp, num_microbatches=work.num_microbatches)
 
@@ -486,18 +487,48 @@ def simulate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: Pa
     return simulate_work(step_work(cache, config))
 
 
-def with_simulation(est: Estimate, timeline: Timeline) -> Estimate:
+def with_simulation(est: Estimate, step_s: float, parts: StepTime) -> Estimate:
     """The estimate with the simulated step time and its parts: throughput, model and
     hardware FLOP/s and MFU are per second of step, so they scale by the ratio."""
-    ratio = est.step_time_s / timeline.step_time_s
-    return replace(est, step_time_s=timeline.step_time_s, tokens_per_s=est.tokens_per_s * ratio,
+    ratio = est.step_time_s / step_s
+    return replace(est, step_time_s=step_s, tokens_per_s=est.tokens_per_s * ratio,
                    model_tflops_per_gpu=est.model_tflops_per_gpu * ratio, mfu=est.mfu * ratio,
-                   hardware_tflops_per_gpu=est.hardware_tflops_per_gpu * ratio, time=timeline.breakdown)
+                   hardware_tflops_per_gpu=est.hardware_tflops_per_gpu * ratio, time=parts)
+
+
+def step_time(work: StepWork) -> tuple[float, StepTime]:
+    """(step time, its parts) of ``work``, as ``simulate_work`` gives them, for less work when the
+    step has many micro-batches.
+
+    Past the pipeline's fill, a schedule repeats itself: every group of micro-batches (one
+    micro-batch in GPipe and 1F1B, pp of them in interleaved 1F1B) adds the same time to
+    every part, and the fill, the drain and the step's tail do not change. So the step is
+    simulated at three short lengths m1 < m2 < m3, a group apart; when the parts grow by
+    exactly the same amount from m1 to m2 as from m2 to m3 (the steady state is reached),
+    the step at m is extrapolated; otherwise all m micro-batches are simulated.
+    """
+    m = work.num_microbatches
+    group = work.pp if work.schedule == "interleaved-1f1b" else 1
+    m1 = group * max(2, -(-4 * work.pp // group))
+    if work.pp == 1 or m < m1 + 4 * group or (m - m1) % group:
+        t = simulate_work(work, record=False)
+        return t.step_time_s, t.breakdown
+    runs = [simulate_work(replace(work, num_microbatches=n), record=False) for n in (m1, m1 + group, m1 + 2 * group)]
+    parts = [[t.step_time_s] + [getattr(t.breakdown, f) for f in STEP_PARTS] for t in runs]
+    first, second = ([b - a for a, b in zip(parts[i], parts[i + 1])] for i in (0, 1))
+    steady = len({t.critical_device for t in runs}) == 1 and all(
+        abs(x - y) <= 1e-9 * max(1.0, parts[2][0]) for x, y in zip(first, second))
+    if not steady:
+        t = simulate_work(work, record=False)
+        return t.step_time_s, t.breakdown
+    k = (m - m1) // group
+    value = [a + k * d for a, d in zip(parts[0], first)]
+    return value[0], StepTime(**dict(zip(STEP_PARTS, value[1:])))
 
 
 def simulated_estimate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: ParallelConfig,
-                       cache: CostCache | None = None) -> tuple[Estimate, Timeline]:
-    """(the estimate with simulated times, the timeline): what the search ranks by at the end."""
+                       cache: CostCache | None = None) -> Estimate:
+    """The estimate with the simulated step time and its parts: what the search ranks by at the end."""
     cache = cache or CostCache(graph, cluster, workload)
-    timeline = simulate(graph, cluster, workload, config, cache)
-    return with_simulation(estimate(graph, cluster, workload, config, cache), timeline), timeline
+    step_s, parts = step_time(step_work(cache, config))
+    return with_simulation(estimate(graph, cluster, workload, config, cache), step_s, parts)

@@ -210,8 +210,8 @@ def add_whatif_parser(sub, add_model_args, add_knob_args, positive_int) -> None:
                               "--sweep gpus=64,128,256,512,1024 --out whatif/\n"
                               "  meshplan whatif --model llama3-8b --gpus 64 --sweep bandwidth=100,200,400 --out bw/\n"
                               "  meshplan whatif --model llama3-70b --gpus 256 --sweep gpu=a100-80g,h100-80g,h200 "
-                              "--out gpus/\n  meshplan whatif --model llama3-8b --gpus 64 --sweep seq_len=2048,...,32768"
-                              " --out seq/",
+                              "--out gpus/\n  meshplan whatif --model llama3-8b --gpus 64 "
+                              "--sweep seq_len=2048,...,32768 --out seq/",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
     add_knob_args(p)

@@ -10,7 +10,7 @@ from planner.layers import build_layer_graph
 from planner.model import ZOO, ModelSpec
 from planner.search import search
 from planner.search.space import Knobs
-from planner.simulate import LayerWork, StepWork, _dp_phases, schedule_order, simulate, simulate_work
+from planner.simulate import LayerWork, StepWork, _dp_phases, schedule_order, simulate, simulate_work, step_time
 
 
 def one_layer_stages(f, b, *, schedule="1f1b", m=4, hop=0.0, vpp=1, **kw) -> StepWork:
@@ -265,8 +265,25 @@ def test_search_ranks_finalists_by_simulated_step_time():
     finalists = [result.best, *result.alternatives]
     cache = CostCache(graph, cluster, work)
     for cand in finalists:
-        assert cand.estimate.step_time_s == pytest.approx(simulate(graph, cluster, work, cand.config, cache).step_time_s,
-                                                          rel=1e-12)
+        simulated = simulate(graph, cluster, work, cand.config, cache).step_time_s
+        assert cand.estimate.step_time_s == pytest.approx(simulated, rel=1e-12)
         assert cand.estimate.time.total == pytest.approx(cand.estimate.step_time_s, rel=1e-9)
     times = [c.estimate.step_time_s for c in finalists]
     assert times == sorted(times)
+
+
+@pytest.mark.parametrize("schedule,vpp,m", [("1f1b", 1, 48), ("interleaved-1f1b", 2, 40), ("gpipe", 1, 33)])
+def test_step_time_extrapolates_the_steady_state_exactly(schedule, vpp, m):
+    # unequal stages, sends, data-parallel tail and parameter gathers: the shortcut must give what
+    # simulating every micro-batch gives
+    layer = lambda f: LayerWork(fwd_s=f, bwd_s=2 * f, gather_fwd_s=0.3 * f, reduce_s=0.4 * f, tp_comm_s=0.1 * f)
+    chunks = tuple(tuple((layer(0.7 + 0.2 * r), layer(0.5)) for _ in range(vpp)) for r in range(4))
+    work = StepWork(schedule=schedule, num_microbatches=m, chunks=chunks, hop_s=0.05,
+                    blocking_sends=schedule != "interleaved-1f1b", contention=0.1, embedding_allreduce_s=0.2,
+                    optimizer_s=(0.3, 0.3, 0.3, 0.4))
+    full = simulate_work(work)
+    fast_s, fast_parts = step_time(work)
+    assert fast_s == pytest.approx(full.step_time_s, rel=1e-9)
+    assert fast_parts.total == pytest.approx(fast_s, rel=1e-9)
+    for name in ("compute", "bubble", "pp_comm", "dp_comm", "optimizer"):
+        assert getattr(fast_parts, name) == pytest.approx(getattr(full.breakdown, name), rel=1e-9, abs=1e-12)

@@ -55,14 +55,16 @@ def _summary(plan, analytic: Estimate) -> Section:
     c, e, w, cl = plan.best.config, plan.best.estimate, plan.workload, plan.cluster
     rows = [("plan", describe_config(c)),
             ("step time (simulated)", f"{e.step_time_s:.3f} s"),
-            ("step time (closed form)", f"{analytic.step_time_s:.3f} s ({100 * (analytic.step_time_s / e.step_time_s - 1):+.1f}%)"),
+            ("step time (closed form)",
+             f"{analytic.step_time_s:.3f} s ({100 * (analytic.step_time_s / e.step_time_s - 1):+.1f}%)"),
             ("throughput", f"{e.tokens_per_s:,.0f} tokens/s"),
             ("model FLOP/s per GPU", f"{e.model_tflops_per_gpu:.1f} TFLOP/s (MFU {100 * e.mfu:.1f}%)"),
             ("memory, most loaded GPU", f"{e.memory.total / GiB:.1f} of {e.capacity_bytes / GiB:.1f} GiB "
                                         f"(stage {e.peak_stage})")]
     if cl.gpu_hour_usd:
-        rows.append(("cost per million tokens", f"${cost_per_million_tokens(cl.gpu_hour_usd, cl.num_gpus, e.tokens_per_s):.3f}"
-                                                f" at ${cl.gpu_hour_usd:.3f} per GPU-hour ({cl.price_source})"))
+        usd = cost_per_million_tokens(cl.gpu_hour_usd, cl.num_gpus, e.tokens_per_s)
+        rows.append(("cost per million tokens",
+                     f"${usd:.3f} at ${cl.gpu_hour_usd:.3f} per GPU-hour ({cl.price_source})"))
     intro = (f"{plan.model_name} ({plan.model_params / 1e9:.2f}B parameters) on {cl.num_gpus} x {cl.name} "
              f"({cl.device.name}): {w.global_batch} sequences of {w.seq_len} tokens per step, {w.precision}, "
              f"{w.framework} runtime.")
@@ -71,8 +73,8 @@ def _summary(plan, analytic: Estimate) -> Section:
 
 def _time(plan, timeline: Timeline) -> Section:
     e = plan.best.estimate
-    rows = tuple((PARTS[f.name], f"{getattr(e.time, f.name):.3f}", f"{100 * getattr(e.time, f.name) / e.step_time_s:.1f}%")
-                 for f in fields(StepTime))
+    parts = [(PARTS[f.name], getattr(e.time, f.name)) for f in fields(StepTime)]
+    rows = tuple((name, f"{s:.3f}", f"{100 * s / e.step_time_s:.1f}%") for name, s in parts)
     text = (f"The step is simulated event by event (planner/simulate.py): every stage runs its "
             f"{timeline.schedule} schedule over {timeline.num_microbatches} micro-batches; sends and data-parallel "
             f"collectives run on their own streams. The parts are those of stage {timeline.critical_device}, "

@@ -28,7 +28,8 @@ def _pyplot():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    plt.rcParams.update({"svg.hashsalt": "meshplan", "font.size": 9})    # deterministic SVG ids
+    # deterministic SVG ids; text kept as text (searchable, small)
+    plt.rcParams.update({"svg.hashsalt": "meshplan", "svg.fonttype": "none", "font.size": 9})
     return plt
 
 

@@ -15,7 +15,7 @@ h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ddd; padding-bottom: .2e
 table { border-collapse: collapse; margin: .8em 0; font-size: .9em; }
 td, th { border: 1px solid #ddd; padding: .25em .6em; text-align: left; vertical-align: top; }
 th { background: #f4f4f4; }
-figure { margin: 1em 0; } figure svg { max-width: 100%; height: auto; }
+figure { margin: 1em 0; } figure svg { width: 100%; max-width: 1000px; height: auto; }
 figcaption { font-size: .9em; color: #555; }
 pre { background: #f7f7f7; padding: .8em; overflow-x: auto; font-size: .82em; }
 """

@@ -77,7 +77,7 @@ def next_knobs(plan) -> list[Knob]:
     out = []
     for name, config, cluster, workload in trials:
         cache = CostCache(plan.graph, cluster, workload)
-        est, _ = simulated_estimate(plan.graph, cluster, workload, config, cache)
+        est = simulated_estimate(plan.graph, cluster, workload, config, cache)
         out.append(Knob(name=name, step_time_s=est.step_time_s, tokens_per_s=est.tokens_per_s,
                         gain_pct=100 * (est.tokens_per_s / base.tokens_per_s - 1), memory_bytes=est.memory.total,
                         fits=est.fits))

@@ -80,7 +80,7 @@ def _rank_by_simulation(finalists: list[Candidate], cache: CostCache) -> list[Ca
     exposed communication make the closed form wrong, the simulation decides."""
     from ..simulate import simulated_estimate
     out = [Candidate(config=c.config, estimate=simulated_estimate(cache.graph, cache.cluster, cache.workload, c.config,
-                                                                  cache)[0]) for c in finalists]
+                                                                  cache)) for c in finalists]
     return sorted(out, key=_sort_key)
 
 
