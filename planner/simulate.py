@@ -471,7 +471,7 @@ def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
         nbytes = graph.tied_params / config.tp * grad_comm_bytes_per_param(w.framework, w.precision)
         embedding = network.all_reduce_s(cluster, nbytes, network.Group(2, 1))
     every = config.zero == 3 or (config.zero == 2 and w.framework == "torch")
-    return StepWork(schedule=config.schedule if config.pp > 1 else "gpipe", num_microbatches=config.num_microbatches,
+    return StepWork(schedule=config.schedule if config.pp > 1 else "1f1b", num_microbatches=config.num_microbatches,
                     chunks=tuple(chunks), hop_s=cache.hop_s(config),
                     blocking_sends=config.schedule != "interleaved-1f1b",
                     gather_every_microbatch=every, reduce_every_microbatch=config.zero >= 2,

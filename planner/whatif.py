@@ -39,6 +39,7 @@ class Point:
     seq_len: int
     fits: bool
     strategy: str = ""              # the chosen layout and knobs
+    layout: str = ""                # the same, short: "dp32 tp4 pp8 cp1 ZeRO-1 mb1, 1f1b"
     step_time_s: float = 0.0
     tokens_per_s: float = 0.0
     mfu: float = 0.0
@@ -110,7 +111,7 @@ def _inputs(args, key: str, value: str):
 
 def evaluate_point(args, key: str, value: str) -> Point:
     from .commands import KNOB_NAMES, describe_config
-    from .report.document import cost_per_million_tokens
+    from .report.document import cost_per_million_tokens, short_config
     from .search import search
     from .search.space import Knobs
 
@@ -125,7 +126,8 @@ def evaluate_point(args, key: str, value: str) -> Point:
     e = result.best.estimate
     price = (cost_per_million_tokens(cluster.gpu_hour_usd, cluster.num_gpus, e.tokens_per_s)
              if cluster.gpu_hour_usd else None)
-    return Point(fits=True, strategy=describe_config(result.best.config), step_time_s=e.step_time_s,
+    return Point(fits=True, strategy=describe_config(result.best.config), layout=short_config(result.best.config),
+                 step_time_s=e.step_time_s,
                  tokens_per_s=e.tokens_per_s, mfu=e.mfu, memory_gib=e.memory.total / GiB,
                  usd_per_million_tokens=price, search_s=time.perf_counter() - t0, **base)
 

@@ -14,6 +14,12 @@ from . import document, figures, html, markdown
 from .knobs import next_knobs
 
 
+def _schedule(config) -> str:
+    if config.pp == 1:
+        return f"no pipeline, {config.num_microbatches} micro-batches accumulated"
+    return config.schedule + (f", {config.vpp} virtual stages per rank" if config.vpp > 1 else "")
+
+
 def write_report(plan, folder: str | Path) -> list[Path]:
     """Write the whole report of ``plan`` into ``folder``; the paths written."""
     folder = Path(folder)
@@ -30,7 +36,7 @@ def write_report(plan, folder: str | Path) -> list[Path]:
     finalists = [plan.best, *plan.alternatives]
     labels = ["winner: " + document.short_config(config)] + [document.short_config(a.config) for a in plan.alternatives]
     for fig, stem in ((figures.memory_per_stage(est, f"Memory per GPU by pipeline stage: {name}"), "memory_per_stage"),
-                      (figures.pipeline_timeline(timeline, f"One step ({timeline.schedule}): {name}"),
+                      (figures.pipeline_timeline(timeline, f"One step ({_schedule(config)}): {name}"),
                        "pipeline_timeline"),
                       (figures.step_breakdown(est, f"Where the step's time goes: {name}"), "step_breakdown"),
                       (figures.candidates(labels, [c.estimate for c in finalists], f"Top candidates: {name}"),

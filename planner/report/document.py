@@ -75,8 +75,10 @@ def _time(plan, timeline: Timeline) -> Section:
     e = plan.best.estimate
     parts = [(PARTS[f.name], getattr(e.time, f.name)) for f in fields(StepTime)]
     rows = tuple((name, f"{s:.3f}", f"{100 * s / e.step_time_s:.1f}%") for name, s in parts)
-    text = (f"The step is simulated event by event (planner/simulate.py): every stage runs its "
-            f"{timeline.schedule} schedule over {timeline.num_microbatches} micro-batches; sends and data-parallel "
+    how = (f"every stage runs its {timeline.schedule} schedule over {timeline.num_microbatches} micro-batches"
+           if timeline.pp > 1 else f"{timeline.num_microbatches} micro-batches run forward then backward, one "
+                                   "after another (no pipeline)")
+    text = (f"The step is simulated event by event (planner/simulate.py): {how}; sends and data-parallel "
             f"collectives run on their own streams. The parts are those of stage {timeline.critical_device}, "
             "the one that finishes last; they add up to the step.")
     return Section(title="Where the time goes", paragraphs=(text,),

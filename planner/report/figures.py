@@ -89,8 +89,9 @@ def pipeline_timeline(timeline: Timeline, title: str):
     ax.set_yticklabels([f"stage {d}" for d in range(p)])
     ax.set_xlim(0, timeline.step_time_s * 1.01)
     ax.set_xlabel("time within the step (s)")
-    ax.set_ylabel("pipeline stage (compute above, communication below)")
-    ax.set_title(title)
+    ax.set_ylabel("pipeline stage")
+    ax.set_title(f"{title}\nper stage: compute (upper lane), pipeline sends and collectives (lower lanes)",
+                 fontsize=9)
     handles, labels = ax.get_legend_handles_labels()
     order = sorted(range(len(labels)), key=lambda i: list(EVENT_LABELS.values()).index(labels[i]))
     ax.legend([handles[i] for i in order], [labels[i] for i in order], loc="upper left",

@@ -7,15 +7,6 @@ from pathlib import Path
 from .figures import _pyplot, save
 
 
-def _short(strategy: str) -> str:
-    """'dp 32 x tp 4 x pp 8 x cp 1, ZeRO-1, ...' -> 'dp32 tp4 pp8 cp1 Z1'."""
-    head = strategy.split(",")
-    degrees = head[0].replace(" x ", " ").replace("dp ", "dp").replace("tp ", "tp").replace("pp ", "pp") \
-        .replace("cp ", "cp")
-    zero = head[1].strip().replace("ZeRO-", "Z") if len(head) > 1 else ""
-    return f"{degrees} {zero}".strip()
-
-
 def save_sweep_plots(points, key: str, sweep: tuple[str, str], folder: Path, title: str) -> list[Path]:
     plt = _pyplot()
     what, unit = sweep
@@ -33,7 +24,7 @@ def save_sweep_plots(points, key: str, sweep: tuple[str, str], folder: Path, tit
     ax.set_ylim(0, max([p.tokens_per_s for p in fitting] or [1]) * 1.3)
     ax.set_xlim(-0.5, len(points) - 0.2)
     for i, p in zip(xf, fitting):
-        ax.annotate(_short(p.strategy), (i, p.tokens_per_s), textcoords="offset points", xytext=(0, 8), fontsize=7,
+        ax.annotate(p.layout, (i, p.tokens_per_s), textcoords="offset points", xytext=(0, 8), fontsize=7,
                     ha="center")
     twin = ax.twinx()
     twin.plot(xf, [100 * p.mfu for p in fitting], "s--", color="#ee854a", label="MFU (%)")
