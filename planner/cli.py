@@ -119,6 +119,8 @@ def build_parser(with_run: bool = False) -> argparse.ArgumentParser:
                    help="time limit of each stage ILP (default 20)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--out", metavar="PLAN.json", help="also write plan.json (the executor's input)")
+    p.add_argument("--report", metavar="DIR", help="also write a strategy report into DIR: plan.json, report.md, "
+                                                   "report.html, plots (PNG, SVG) and exports for other frameworks")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     from .trace import cli as trace_cli          # meshplan trace / profile (imports no torch)
     trace_cli.add_example_input_arg(p)
@@ -126,6 +128,8 @@ def build_parser(with_run: bool = False) -> argparse.ArgumentParser:
     m = sub.add_parser("models", help="list the model zoo with parameter counts")
     m.add_argument("--json", action="store_true")
     m.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    from .whatif import add_whatif_parser
+    add_whatif_parser(sub, _add_model_args, _add_knob_args, _positive_int)
     c = sub.add_parser("clusters", help="list the built-in cluster profiles")
     c.add_argument("--json", action="store_true")
     c.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -146,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "plan":
             from .commands import plan_command
             return plan_command(args)
+        if args.command == "whatif":
+            from .whatif import whatif_command
+            return whatif_command(args)
         if args.command == "models":
             from .commands import models_command
             return models_command(args)

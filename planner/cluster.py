@@ -80,6 +80,8 @@ class Cluster:
     max_nodes: int = 0                    # 0: unlimited
     comm_sm_fraction: float = 0.0         # share of the device's SMs a running collective occupies
     source: str = ""
+    gpu_hour_usd: float = 0.0             # price of one GPU for one hour (0: the profile has no [pricing])
+    price_source: str = ""                # the public price list and its date
 
     @property
     def num_nodes(self) -> int:
@@ -292,4 +294,12 @@ def parse_cluster(data: dict, source: str) -> Cluster:
         max_nodes=root.integer("max_nodes", allow_zero=True, default=0),
         comm_sm_fraction=min(1.0, root.table("runtime").number("comm_sms", allow_zero=True, default=0.0)
                              / gpu.integer("sm_count")),
-        source=source)
+        source=source, **_pricing(root))
+
+
+def _pricing(root: _Table) -> dict:
+    """The optional [pricing] table: gpu_hour_usd and the price list it comes from."""
+    if "pricing" not in root.data:
+        return {}
+    pricing = root.table("pricing")
+    return {"gpu_hour_usd": pricing.number("gpu_hour_usd"), "price_source": pricing.string("source")}

@@ -15,6 +15,7 @@ from .explain import fixes_for_no_fit, gains, limits, lost_on
 from .plan import Plan, config_json
 from .search import Candidate, SearchResult, evaluate, search
 from .search.space import Knobs
+from .simulate import simulated_estimate
 from .trace.load import is_traced_source, load_traced_model
 from .trace.measured import attach_measured_ops
 
@@ -100,7 +101,8 @@ def plan_command(args) -> int:
     knobs = _knobs(args)
     fixed = _fully_fixed(knobs, workload, cluster.num_gpus)
     if fixed is not None:
-        cand = evaluate(graph, cluster, workload, fixed)
+        evaluate(graph, cluster, workload, fixed)                   # checks the knobs
+        cand = Candidate(config=fixed, estimate=simulated_estimate(graph, cluster, workload, fixed))
         result = SearchResult(best=cand, alternatives=(), candidates=1, evaluated=1,
                               seconds=time.perf_counter() - t0)
     else:
@@ -119,6 +121,12 @@ def plan_command(args) -> int:
             plan.write(args.out)
         except OSError as e:
             raise UserError(f"cannot write: {e.strerror}", source=args.out) from None
+    if args.report:
+        from .report import write_report
+        try:
+            write_report(plan, args.report)
+        except OSError as e:
+            raise UserError(f"cannot write the report: {e.strerror}", source=args.report) from None
     if args.json:
         json.dump(plan.to_json(), sys.stdout)
         sys.stdout.write("\n")

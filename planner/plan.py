@@ -147,6 +147,7 @@ class Plan:
             "workload": asdict(self.workload),
             "config": config_json(self.best.config),
             "estimate": self.best.estimate.to_json(),
+            "closed_form_step_time_s": self._closed_form_step_s(),
             "stages": self.stage_modules(),
             "tp_plan": tp_plan(self.graph, self.best.config, shardings),
             "tp_sharding": {model.name: {"boundary": sh.boundary, "strategies": sh.strategies}
@@ -159,6 +160,12 @@ class Plan:
             "search": {"seconds": self.search_seconds, "candidates": self.candidates, "evaluated": self.evaluated,
                        "solver": self.solver, "global_choices": self.groups, "ilp_solves": self.ilp_solves},
         }
+
+    def _closed_form_step_s(self) -> float:
+        """The analytical step time of the winner (``estimate`` holds the simulated one when
+        the search ranked its finalists by simulation)."""
+        from .cost.step import estimate
+        return estimate(self.graph, self.cluster, self.workload, self.best.config).step_time_s
 
     def write(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")

@@ -27,7 +27,7 @@ from ..cluster import Cluster
 from ..config import ParallelConfig, Workload
 from ..cost.step import CostCache, estimate
 from ..layers import LayerGraph
-from .enumerate import Candidate, SearchResult, _TopK, layout_order, least_memory_candidate, uniform_phase
+from .enumerate import Candidate, SearchResult, _TopK, _sort_key, layout_order, least_memory_candidate, uniform_phase
 from .space import Knobs, Layout, Space
 from .stages import GroupProblem, graph_shape, group_lower_bound
 
@@ -45,13 +45,16 @@ class StageStats:
 
 
 def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs = Knobs(), *, top_k: int = 5,
-           solver: str = "cbc", prune: bool = True, time_limit_s: float = 20.0, progress=None) -> SearchResult:
+           solver: str = "cbc", prune: bool = True, time_limit_s: float = 20.0, progress=None,
+           simulate: bool = True) -> SearchResult:
     """The fastest plan that fits, the best plan of each of the next ``top_k`` layouts,
     and how much of the space was covered.
 
     ``solver``: "cbc" or "highs" for the stage ILPs, "exhaustive" to enumerate every
     stage split and recompute assignment instead (small models only), "uniform" for
-    balanced stages and one recompute policy only."""
+    balanced stages and one recompute policy only. ``simulate``: the final ranking of
+    the few finalists by their simulated step (``planner/simulate.py``), whose times
+    replace the closed form's in their estimates."""
     t0 = time.perf_counter()
     space = Space(graph, cluster.num_gpus, workload, knobs, cluster.device.dtypes)
     cache = CostCache(graph, cluster, workload)
@@ -62,12 +65,23 @@ def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs
     shape = graph_shape(cache)
     if solver != "uniform" and shape is not None:
         stage = _stage_phase(space, cache, top, order, bounds, shape, solver, prune, time_limit_s)
+    if simulate:
+        top.items = _rank_by_simulation(top.items, cache)
     best = top.items[0] if top.items else None
     least = None if best else least_memory_candidate(space, cache, stats)
     return SearchResult(best=best, alternatives=tuple(top.items[1:top_k + 1]),
                         candidates=max(stats.covered, stage.space), evaluated=stats.evaluated + stage.solved,
                         memory_checked=stats.checked, seconds=time.perf_counter() - t0, least_memory=least,
                         groups=stage.groups, ilp_solves=stage.solved, ilp_improved=stage.improved)
+
+
+def _rank_by_simulation(finalists: list[Candidate], cache: CostCache) -> list[Candidate]:
+    """The finalists with simulated estimates, fastest first: where unequal stages or
+    exposed communication make the closed form wrong, the simulation decides."""
+    from ..simulate import simulated_estimate
+    out = [Candidate(config=c.config, estimate=simulated_estimate(cache.graph, cache.cluster, cache.workload, c.config,
+                                                                  cache)) for c in finalists]
+    return sorted(out, key=_sort_key)
 
 
 def _group_cheap_bound(space: Space, cache: CostCache, layout: Layout, schedule: str, vpp: int, sp: bool) -> float:

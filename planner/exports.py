@@ -1,0 +1,448 @@
+"""A plan in the words of the frameworks people train with.
+
+Each export uses only the keys and flags its framework documents (the tests hold
+the documented lists, with their sources), and says in its notes what the
+framework cannot express: a choice is never dropped silently.
+
+- DeepSpeed: the JSON config (https://www.deepspeed.ai/docs/config-json/); the
+  pipeline lives in code (``deepspeed.pipe.PipelineModule``).
+- Megatron-LM: ``pretrain_gpt.py`` arguments (megatron/training/arguments.py).
+- Colossal-AI: ``HybridParallelPlugin(...)`` (colossalai/booster/plugin/
+  hybrid_parallel_plugin.py) with ``PipelineGradientCheckpointConfig``.
+- torchtitan: the job config TOML (torchtitan/config/job_config.py).
+- meshplan's own executor: ``meshplan run`` (executor/cli.py) and the torchrun line.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .commands import _runs
+from .cost.step import balanced_stage_layers, layer_policies
+
+DOCS = {
+    "deepspeed": "https://www.deepspeed.ai/docs/config-json/",
+    "megatron": "https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/training/arguments.py",
+    "colossalai": ("https://github.com/hpcaitech/ColossalAI/blob/main/"
+                   "colossalai/booster/plugin/hybrid_parallel_plugin.py"),
+    "torchtitan": "https://github.com/pytorch/torchtitan/blob/main/torchtitan/config/job_config.py",
+    "meshplan": "executor/cli.py (`meshplan run --help`); torchrun: https://pytorch.org/docs/stable/elastic/run.html",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Export:
+    framework: str               # a key of DOCS
+    filename: str
+    text: str                    # the file's content
+    notes: tuple[str, ...]       # what the framework cannot express, and what to do instead
+
+
+# -- what the plan says, framework-neutral ------------------------------------------------------
+
+def _blocks_per_stage(plan) -> list[int]:
+    """Transformer blocks per virtual stage, in order (embedding, norm and head excluded)."""
+    c = plan.best.config
+    counts = c.stage_layers or balanced_stage_layers(plan.graph, c.pp * c.vpp)
+    out, start = [], 0
+    for count in counts:
+        out.append(sum(1 for layer in plan.graph.layers[start:start + count] if layer.is_block))
+        start += count
+    return out
+
+
+def _recompute_per_stage(plan) -> list[dict[str, int]]:
+    """Per virtual stage: how many blocks recompute fully, selectively, not at all."""
+    c = plan.best.config
+    counts = c.stage_layers or balanced_stage_layers(plan.graph, c.pp * c.vpp)
+    policies = layer_policies(plan.graph, c)
+    out, start = [], 0
+    for count in counts:
+        stage = {"none": 0, "selective": 0, "full": 0}
+        for layer, policy in zip(plan.graph.layers[start:start + count], policies[start:start + count]):
+            if layer.is_block:
+                stage[policy] += 1
+        out.append(stage)
+        start += count
+    return out
+
+
+def _balanced(plan) -> bool:
+    c = plan.best.config
+    return c.stage_layers is None or tuple(c.stage_layers) == balanced_stage_layers(plan.graph, c.pp * c.vpp)
+
+
+def _uniform_recompute(plan) -> str | None:
+    """The one policy every block uses, or None when they differ."""
+    used = {s for stage in _recompute_per_stage(plan) for s, n in stage.items() if n}
+    return used.pop() if len(used) == 1 else None
+
+
+# -- DeepSpeed ---------------------------------------------------------------------------------
+
+def deepspeed(plan) -> Export:
+    c, w = plan.best.config, plan.workload
+    notes = []
+    cfg: dict = {"train_batch_size": w.global_batch, "train_micro_batch_size_per_gpu": c.micro_batch,
+                 "gradient_accumulation_steps": c.num_microbatches, "gradient_clipping": 1.0}
+    if w.precision == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    elif w.precision == "fp16":
+        cfg["fp16"] = {"enabled": True}
+    zero: dict = {"stage": c.zero, "overlap_comm": w.overlap_grad_reduce, "contiguous_gradients": True}
+    if c.offload == "optimizer":
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    cfg["zero_optimization"] = zero
+    if c.tp > 1:
+        cfg["tensor_parallel"] = {"autotp_size": c.tp}
+        notes.append(f"tensor parallel {c.tp} via AutoTP (`tensor_parallel.autotp_size`); its sharding follows "
+                     "DeepSpeed's presets, not meshplan's tp_plan")
+    if c.sequence_parallel:
+        notes.append("Megatron-style sequence parallelism has no DeepSpeed config key (DeepSpeed-Ulysses "
+                     "splits attention heads instead): run without it or use Megatron-DeepSpeed")
+    if c.cp > 1:
+        notes.append(f"context parallelism {c.cp} has no DeepSpeed config key")
+    if c.pp > 1:
+        method = "uniform" if _balanced(plan) else "a manual split"
+        notes.append(f"pipeline: build `deepspeed.pipe.PipelineModule(layers=..., num_stages={c.pp}, "
+                     f"partition_method='uniform')` in code (not a config key); blocks per stage "
+                     f"{_runs(_blocks_per_stage(plan))} ({method})")
+        if not _balanced(plan):
+            notes.append("DeepSpeed's partition_method offers 'uniform', 'parameters' and 'type:<regex>' only: "
+                         f"the unequal split {_runs(_blocks_per_stage(plan))} cannot be given exactly")
+        if c.schedule == "interleaved-1f1b":
+            notes.append(f"DeepSpeed's pipeline engine runs 1F1B only: the interleaved schedule (vpp {c.vpp}) "
+                         "cannot be expressed; expect a larger bubble")
+        if c.zero > 1:
+            notes.append(f"DeepSpeed refuses ZeRO-{c.zero} with pipeline parallelism: use stage 0 or 1")
+    rec = _recompute_per_stage(plan)
+    per_stage = [s["full"] + s["selective"] for s in rec]
+    if sum(per_stage):
+        cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False}
+        notes.append(f"activation checkpointing is applied in code: wrap {sum(per_stage)} block forwards in "
+                     f"`deepspeed.checkpointing.checkpoint` (per stage: {_runs(per_stage)})")
+        if any(s["selective"] for s in rec):
+            notes.append("selective (attention-only) recompute is not a DeepSpeed option: those blocks "
+                         "recompute in full")
+    return Export(framework="deepspeed", filename="deepspeed_config.json", text=json.dumps(cfg, indent=2) + "\n",
+                  notes=tuple(notes))
+
+
+# -- Megatron-LM -------------------------------------------------------------------------------
+
+def _layout(plan) -> str:
+    """Megatron's --pipeline-model-parallel-layout: E embedding, t block, L loss (head), stages by |."""
+    stages = _blocks_per_stage(plan)
+    parts = []
+    for j, blocks in enumerate(stages):
+        parts.append(("E" if j == 0 else "") + "t" * blocks + ("L" if j == len(stages) - 1 else ""))
+    return "|".join(parts)
+
+
+def _megatron_model(plan) -> tuple[list[list[str]], list[str]]:
+    s, w = plan.spec, plan.workload
+    if s is None:
+        return [], ["the model is a traced module: give Megatron its architecture flags yourself"]
+    args = [["--num-layers", str(s.num_layers)], ["--hidden-size", str(s.hidden)],
+            ["--ffn-hidden-size", str(s.ffn_hidden)], ["--num-attention-heads", str(s.num_heads)],
+            ["--seq-length", str(w.seq_len)]]
+    notes = [f"the vocabulary ({s.vocab_size}) comes from the tokenizer arguments, which are yours to give"]
+    if s.num_kv_heads != s.num_heads:
+        args += [["--group-query-attention"], ["--num-query-groups", str(s.num_kv_heads)]]
+    if s.head_dim * s.num_heads != s.hidden:
+        args.append(["--kv-channels", str(s.head_dim)])
+    if s.max_positions:
+        args += [["--max-position-embeddings", str(s.max_positions)], ["--position-embedding-type", "learned_absolute"]]
+    else:
+        args += [["--max-position-embeddings", str(w.seq_len)], ["--position-embedding-type", "rope"]]
+    args.append(["--normalization", "RMSNorm" if s.norm == "rmsnorm" else "LayerNorm"])
+    if s.mlp == "swiglu":
+        args.append(["--swiglu"])
+    if not s.tied_embeddings:
+        args.append(["--untie-embeddings-and-output-weights"])
+    if not s.linear_bias:
+        args.append(["--disable-bias-linear"])
+    if s.qkv_bias:
+        args.append(["--add-qkv-bias"])
+    if not s.dropout:
+        args += [["--attention-dropout", "0.0"], ["--hidden-dropout", "0.0"]]
+    if s.num_experts:
+        args += [["--num-experts", str(s.num_experts)], ["--moe-router-topk", str(s.experts_per_token)]]
+    if s.sliding_window:
+        notes.append(f"sliding-window attention ({s.sliding_window}) is not set by these flags")
+    return args, notes
+
+
+def _megatron_pipeline(plan) -> tuple[list[list[str]], list[str]]:
+    c = plan.best.config
+    if c.pp == 1:
+        return [], []
+    notes = []
+    if c.schedule == "gpipe":
+        notes.append("Megatron-LM has no GPipe schedule: it runs 1F1B (the same step time, fewer micro-batches "
+                     "in flight)")
+    stages = _blocks_per_stage(plan)
+    if _balanced(plan) and c.vpp == 1:
+        return [], notes
+    if _balanced(plan) and len(set(stages)) == 1:
+        return [["--num-layers-per-virtual-pipeline-stage", str(stages[0])]], notes
+    if c.vpp == 1 and len(set(stages[1:-1])) <= 1:      # only the first and last stage differ
+        return [["--decoder-first-pipeline-num-layers", str(stages[0])],
+                ["--decoder-last-pipeline-num-layers", str(stages[-1])]], notes
+    return [["--pipeline-model-parallel-layout", _layout(plan)]], notes
+
+
+def _megatron_recompute(plan) -> tuple[list[list[str]], list[str]]:
+    rec = _recompute_per_stage(plan)
+    uniform = _uniform_recompute(plan)
+    if uniform == "none":
+        return [], []
+    if uniform == "selective":
+        return [["--recompute-granularity", "selective"]], []
+    if uniform == "full":
+        return [["--recompute-granularity", "full"], ["--recompute-method", "uniform"],
+                ["--recompute-num-layers", "1"]], []
+    notes = []
+    full = [s["full"] for s in rec]
+    if any(s["selective"] for s in rec):
+        notes.append("Megatron applies one recompute granularity to every layer: the blocks meshplan recomputes "
+                     "selectively are recomputed in full here (less memory, slightly slower)")
+        full = [s["full"] + s["selective"] for s in rec]
+    most = max(full)
+    if len(set(full)) > 1:
+        notes.append(f"--recompute-method block recomputes the same number of blocks on every (virtual) stage: "
+                     f"meshplan recomputes {_runs(full)} per stage; {most} on each is safe on memory and costs "
+                     f"{sum(most - f for f in full)} more block recomputes per micro-batch")
+    return [["--recompute-granularity", "full"], ["--recompute-method", "block"],
+            ["--recompute-num-layers", str(most)]], notes
+
+
+def megatron(plan) -> Export:
+    c, w = plan.best.config, plan.workload
+    args = [["--tensor-model-parallel-size", str(c.tp)], ["--pipeline-model-parallel-size", str(c.pp)],
+            ["--context-parallel-size", str(c.cp)], ["--micro-batch-size", str(c.micro_batch)],
+            ["--global-batch-size", str(w.global_batch)]]
+    notes = []
+    model, more = _megatron_model(plan)
+    args += model
+    notes += more
+    for part in (_megatron_pipeline, _megatron_recompute):
+        a, n = part(plan)
+        args += a
+        notes += n
+    if c.sequence_parallel:
+        args.append(["--sequence-parallel"])
+    if w.precision in ("bf16", "fp16"):
+        args.append([f"--{w.precision}"])
+    args.append(["--attention-backend", "flash" if w.attention == "flash" else "unfused"])
+    if c.zero == 1:
+        args.append(["--use-distributed-optimizer"])
+    elif c.zero >= 2:
+        args += [["--use-megatron-fsdp"],
+                 ["--data-parallel-sharding-strategy", "optim_grads" if c.zero == 2 else "optim_grads_params"]]
+        notes.append(f"ZeRO-{c.zero} maps to Megatron FSDP (--use-megatron-fsdp); its memory layout differs "
+                     "from what meshplan modelled for this runtime")
+    if c.offload == "optimizer":
+        args += [["--optimizer-cpu-offload"], ["--optimizer-offload-fraction", "1.0"]]
+    if w.overlap_grad_reduce and c.dp * c.cp > 1:
+        args.append(["--overlap-grad-reduce"])
+        if c.zero >= 1:
+            args.append(["--overlap-param-gather"])
+    if w.tp_comm_overlap and c.tp > 1:
+        args.append(["--tp-comm-overlap"])
+    header = [f"# Megatron-LM pretrain_gpt.py arguments for {plan.model_name} on {plan.cluster.num_gpus} x "
+              f"{plan.cluster.name} (written by meshplan; flags from megatron/training/arguments.py)",
+              "# one flag per line; add your data, tokenizer, optimizer and checkpoint arguments"]
+    text = "\n".join(header + [" ".join(a) for a in args]) + "\n"
+    return Export(framework="megatron", filename="megatron_args.txt", text=text, notes=tuple(notes))
+
+
+# -- Colossal-AI -------------------------------------------------------------------------------
+
+def colossalai(plan) -> Export:
+    c, w = plan.best.config, plan.workload
+    notes = []
+    kwargs: dict = {"tp_size": c.tp, "pp_size": c.pp, "precision": w.precision,
+                    "zero_stage": min(c.zero, 1 if c.pp > 1 else 2),
+                    "microbatch_size": c.micro_batch, "max_norm": 1.0,
+                    "enable_flash_attention": w.attention == "flash",
+                    "overlap_communication": w.overlap_grad_reduce}
+    if c.zero == 3:
+        notes.append("HybridParallelPlugin supports ZeRO stages 0-2: ZeRO-3 becomes 2 here (more memory); "
+                     "Colossal-AI's GeminiPlugin shards parameters but does not combine with TP/PP this way")
+    if c.pp > 1 and c.zero > 1:
+        notes.append(f"HybridParallelPlugin allows ZeRO 0 or 1 with pipeline parallelism, not {c.zero}")
+    if c.offload == "optimizer":
+        kwargs["cpu_offload"] = True
+    if c.cp > 1:
+        kwargs.update(sp_size=c.cp, enable_sequence_parallelism=True, sequence_parallelism_mode="ring_attn")
+        if c.sequence_parallel:
+            notes.append("Colossal-AI runs one sequence-parallel mode: ring attention for the context-parallel "
+                         "degree is set; Megatron-style sequence parallelism inside the TP group is not")
+    elif c.sequence_parallel:
+        kwargs.update(enable_sequence_parallelism=True, sequence_parallelism_mode="split_gather")
+    if c.pp > 1:
+        kwargs["num_microbatches"] = c.num_microbatches
+        del kwargs["microbatch_size"]
+        kwargs["pp_style"] = "interleaved" if c.schedule == "interleaved-1f1b" else "1f1b"
+        if c.vpp > 1:
+            kwargs["num_model_chunks"] = c.vpp
+        if c.schedule == "gpipe":
+            notes.append("Colossal-AI's pipeline styles are 1f1b and interleaved: GPipe runs as 1F1B")
+        if not _balanced(plan):
+            kwargs["num_layers_per_stage"] = _blocks_per_stage(plan)
+    rec = _recompute_per_stage(plan)
+    checkpoint = None
+    if any(s["full"] or s["selective"] for s in rec):
+        checkpoint = [s["full"] + s["selective"] for s in rec]
+        if any(s["selective"] for s in rec):
+            notes.append("Colossal-AI checkpoints whole layers: selective recompute becomes full here")
+        if c.pp == 1:
+            notes.append(f"without a pipeline, call model.gradient_checkpointing_enable() for the {checkpoint[0]} "
+                         "recomputed blocks (Hugging Face models); the pipeline config below is then unused")
+    lines = [f"# Colossal-AI HybridParallelPlugin for {plan.model_name} on {plan.cluster.num_gpus} x "
+             f"{plan.cluster.name} (written by meshplan)", "from colossalai.booster import Booster",
+             "from colossalai.booster.plugin import HybridParallelPlugin"]
+    if checkpoint and c.pp > 1:
+        lines.append("from colossalai.shardformer import PipelineGradientCheckpointConfig")
+        lines += ["", "checkpointing = PipelineGradientCheckpointConfig(",
+                  f"    num_ckpt_layers_per_stage={checkpoint},", ")"]
+        kwargs["gradient_checkpoint_config"] = "checkpointing"
+    lines += ["", "plugin = HybridParallelPlugin("]
+    for key, value in kwargs.items():
+        lines.append(f"    {key}={value if key == 'gradient_checkpoint_config' else repr(value)},")
+    lines += [")", "booster = Booster(plugin=plugin)",
+              f"# per data-parallel rank and step: plugin.prepare_dataloader(dataset, "
+              f"batch_size={c.micro_batch * c.num_microbatches})"]
+    return Export(framework="colossalai", filename="colossalai_plugin.py", text="\n".join(lines) + "\n",
+                  notes=tuple(notes))
+
+
+# -- torchtitan --------------------------------------------------------------------------------
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return repr(value)
+
+
+def _split_points(plan) -> list[str]:
+    """The module that begins each virtual stage after the first (torchtitan's split points)."""
+    c = plan.best.config
+    counts = c.stage_layers or balanced_stage_layers(plan.graph, c.pp * c.vpp)
+    out, start = [], 0
+    for count in counts[:-1]:
+        start += count
+        out.append(plan.graph.layers[start].name)
+    return out
+
+
+def torchtitan(plan) -> Export:
+    c, w = plan.best.config, plan.workload
+    notes = []
+    parallelism: dict = {"tensor_parallel_degree": c.tp, "pipeline_parallel_degree": c.pp,
+                         "context_parallel_degree": c.cp}
+    if c.zero >= 2:
+        parallelism.update(data_parallel_shard_degree=c.dp, data_parallel_replicate_degree=1,
+                           fsdp_reshard_after_forward="always" if c.zero == 3 else "never")
+    else:
+        parallelism.update(data_parallel_replicate_degree=c.dp, data_parallel_shard_degree=1)
+        if c.zero == 1:
+            notes.append("torchtitan has no ZeRO-1: data parallelism is DDP (replicate) here, optimizer states "
+                         "unsharded; or shard with data_parallel_shard_degree for FSDP (ZeRO-3)")
+    if c.tp > 1 and not c.sequence_parallel:
+        notes.append("torchtitan's tensor parallelism always shards norms along the sequence (sequence "
+                     "parallelism on): less activation memory than planned")
+    if c.pp > 1:
+        parallelism["pipeline_parallel_schedule"] = {"gpipe": "GPipe", "1f1b": "1F1B",
+                                                     "interleaved-1f1b": "Interleaved1F1B"}[c.schedule]
+        parallelism["pipeline_parallel_microbatch_size"] = c.micro_batch
+        parallelism["pipeline_parallel_split_points"] = _split_points(plan)
+    local = c.micro_batch * (c.num_microbatches if c.pp > 1 else 1)
+    training = {"local_batch_size": local, "global_batch_size": w.global_batch,
+                "seq_len": w.seq_len, "max_norm": 1.0,
+                "mixed_precision_param": "bfloat16" if w.precision == "bf16" else "float32",
+                "mixed_precision_reduce": "float32"}
+    if w.precision == "fp16":
+        notes.append("torchtitan's mixed precision is bfloat16 or float32: fp16 is not offered")
+    if c.pp == 1 and c.num_microbatches > 1:
+        notes.append(f"gradient accumulation over {c.num_microbatches} micro-batches: global_batch_size / "
+                     "(local_batch_size x data-parallel degree); torchtitan versions without gradient "
+                     "accumulation need local_batch_size = global_batch_size / dp instead (more memory)")
+    if c.offload == "optimizer":
+        training["enable_cpu_offload"] = True
+        notes.append("torchtitan's CPU offload (FSDP) moves parameters and gradients too, not only the optimizer")
+    uniform = _uniform_recompute(plan)
+    checkpoint: dict = {"mode": uniform or "full"}
+    if uniform == "selective":
+        checkpoint["selective_ac_option"] = "op"
+        notes.append("torchtitan's per-op selective checkpointing ('op') keeps matmul outputs and recomputes the "
+                     "rest: close to, not the same as, the attention-only recompute meshplan modelled")
+    elif uniform is None:
+        rec = _recompute_per_stage(plan)
+        done = sum(s["full"] + s["selective"] for s in rec)
+        total = sum(sum(s.values()) for s in rec)
+        every = max(1, round(total / done))
+        checkpoint = {"mode": "selective", "selective_ac_option": str(every)}
+        per_stage = _runs([s["full"] + s["selective"] for s in rec])
+        notes.append(f"meshplan recomputes {done} of {total} blocks ({per_stage} "
+                     f"per stage); torchtitan's nearest is one block in every {every} in full "
+                     "(activation_checkpoint.selective_ac_option)")
+    sections = {"job": {"description": f"meshplan plan: {plan.model_name} on {plan.cluster.num_gpus} x "
+                                      f"{plan.cluster.name}"},
+                "training": training, "parallelism": parallelism, "activation_checkpoint": checkpoint}
+    lines = [f"# torchtitan job config for {plan.model_name} (written by meshplan); set [model] name/flavor "
+             "and [training] dataset/steps for your run"]
+    for name, body in sections.items():
+        lines += ["", f"[{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in body.items()]
+    return Export(framework="torchtitan", filename="torchtitan.toml", text="\n".join(lines) + "\n",
+                  notes=tuple(notes))
+
+
+# -- meshplan run / torchrun ----------------------------------------------------------------------
+
+def meshplan_run(plan) -> Export:
+    n, per_node = plan.cluster.num_gpus, plan.cluster.gpus_per_node
+    nodes = max(1, n // per_node)
+    nproc = min(n, per_node)
+    model = plan.model_source
+    lines = ["# meshplan's executor (written by meshplan): the same plan.json on every node",
+             f"meshplan run --plan plan.json --model {model} --steps 10 --nproc {nproc} --nnodes {nodes} "
+             "--node-rank $NODE_RANK --rdzv-endpoint $MASTER_ADDR:29500" if nodes > 1 else
+             f"meshplan run --plan plan.json --model {model} --steps 10 --nproc {nproc}",
+             "", "# or torchrun directly (what meshplan run launches)"]
+    rendezvous = (f"--nnodes {nodes} --node-rank $NODE_RANK --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:29500"
+                  if nodes > 1 else "--standalone")
+    lines.append(f"torchrun --nproc-per-node {nproc} {rendezvous} -m executor.train --plan plan.json "
+                 f"--model {model} --steps 10 --out measured.json")
+    notes = () if plan.spec is not None else (
+        "a traced module's plan runs inside your own torchrun script with executor.auto_parallelize",)
+    return Export(framework="meshplan", filename="meshplan_run.sh", text="\n".join(lines) + "\n", notes=notes)
+
+
+EXPORTERS = (deepspeed, megatron, colossalai, torchtitan, meshplan_run)
+
+
+def exports(plan) -> tuple[Export, ...]:
+    return tuple(export(plan) for export in EXPORTERS)
+
+
+def write_exports(plan, folder: Path) -> list[Path]:
+    """Every export into ``folder``, and NOTES.md with what each cannot express."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written, notes = [], ["# What the exports cannot express", ""]
+    for export in exports(plan):
+        path = folder / export.filename
+        path.write_text(export.text)
+        written.append(path)
+        notes.append(f"## {export.filename} ({DOCS[export.framework]})")
+        notes += [f"- {n}" for n in export.notes] or ["- everything in the plan is expressed"]
+        notes.append("")
+    (folder / "NOTES.md").write_text("\n".join(notes))
+    return written + [folder / "NOTES.md"]
+

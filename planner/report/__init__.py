@@ -1,0 +1,50 @@
+"""Strategy reports: `meshplan plan ... --report DIR` writes plan.json, report.md, a
+self-contained report.html, the plots (PNG and SVG) and the exports.
+
+    DIR/plan.json  report.md  report.html  plots/*.png|svg  exports/*  exports/NOTES.md
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..cost.step import CostCache, estimate
+from ..exports import exports, write_exports
+from ..simulate import simulate
+from . import document, figures, html, markdown
+from .knobs import next_knobs
+
+
+def _schedule(config) -> str:
+    if config.pp == 1:
+        return f"no pipeline, {config.num_microbatches} micro-batches accumulated"
+    return config.schedule + (f", {config.vpp} virtual stages per rank" if config.vpp > 1 else "")
+
+
+def write_report(plan, folder: str | Path) -> list[Path]:
+    """Write the whole report of ``plan`` into ``folder``; the paths written."""
+    folder = Path(folder)
+    plots = folder / "plots"
+    folder.mkdir(parents=True, exist_ok=True)
+    cache = CostCache(plan.graph, plan.cluster, plan.workload)
+    config = plan.best.config
+    timeline = simulate(plan.graph, plan.cluster, plan.workload, config, cache)
+    analytic = estimate(plan.graph, plan.cluster, plan.workload, config, cache)
+    written = [folder / "plan.json"]
+    plan.write(written[0])
+    name = f"{plan.model_name} on {plan.cluster.num_gpus} x {plan.cluster.name}"
+    est = plan.best.estimate
+    finalists = [plan.best, *plan.alternatives]
+    labels = ["winner: " + document.short_config(config)] + [document.short_config(a.config) for a in plan.alternatives]
+    for fig, stem in ((figures.memory_per_stage(est, f"Memory per GPU by pipeline stage: {name}"), "memory_per_stage"),
+                      (figures.pipeline_timeline(timeline, f"One step ({_schedule(config)}): {name}"),
+                       "pipeline_timeline"),
+                      (figures.step_breakdown(est, f"Where the step's time goes: {name}"), "step_breakdown"),
+                      (figures.candidates(labels, [c.estimate for c in finalists], f"Top candidates: {name}"),
+                       "candidates")):
+        written += figures.save(fig, plots, stem)
+    ex = exports(plan)
+    written += write_exports(plan, folder / "exports")
+    doc = document.build(plan, analytic=analytic, timeline=timeline, knobs=next_knobs(plan), exports=ex)
+    (folder / "report.md").write_text(markdown.render(doc))
+    (folder / "report.html").write_text(html.render(doc, plots))
+    return written + [folder / "report.md", folder / "report.html"]

@@ -1,0 +1,157 @@
+"""What a strategy report says, as plain values: sections of text, tables, figures and files.
+``markdown.py`` and ``html.py`` render the same document, so the two never disagree."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from ..cluster import GiB
+from ..commands import _runs, describe_config
+from ..cost.step import Estimate, StepTime, estimate
+from ..explain import PARTS, gains, limits, lost_on
+from ..exports import DOCS, Export
+from ..simulate import Timeline
+from .knobs import Knob
+
+
+@dataclass(frozen=True, kw_only=True)
+class Table:
+    header: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Figure:
+    name: str                # file stem under plots/ (PNG and SVG)
+    caption: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Section:
+    title: str
+    paragraphs: tuple[str, ...] = ()
+    bullets: tuple[str, ...] = ()
+    table: Table | None = None
+    figures: tuple[Figure, ...] = ()
+    files: tuple[tuple[str, str], ...] = ()     # (path relative to the report, content) shown verbatim
+
+
+@dataclass(frozen=True, kw_only=True)
+class Document:
+    title: str
+    sections: tuple[Section, ...]
+
+
+def cost_per_million_tokens(gpu_hour_usd: float, gpus: int, tokens_per_s: float) -> float:
+    """US dollars per million tokens: what the GPUs cost per hour over the tokens they train per hour."""
+    return gpu_hour_usd * gpus / (tokens_per_s * 3600) * 1e6
+
+
+def short_config(c) -> str:
+    sched = f", {c.schedule}" + (f" v{c.vpp}" if c.vpp > 1 else "") if c.pp > 1 else ""
+    return f"dp{c.dp} tp{c.tp} pp{c.pp} cp{c.cp} ZeRO-{c.zero} mb{c.micro_batch}{sched}"
+
+
+def _summary(plan, analytic: Estimate) -> Section:
+    c, e, w, cl = plan.best.config, plan.best.estimate, plan.workload, plan.cluster
+    rows = [("plan", describe_config(c)),
+            ("step time (simulated)", f"{e.step_time_s:.3f} s"),
+            ("step time (closed form)",
+             f"{analytic.step_time_s:.3f} s ({100 * (analytic.step_time_s / e.step_time_s - 1):+.1f}%)"),
+            ("throughput", f"{e.tokens_per_s:,.0f} tokens/s"),
+            ("model FLOP/s per GPU", f"{e.model_tflops_per_gpu:.1f} TFLOP/s (MFU {100 * e.mfu:.1f}%)"),
+            ("memory, most loaded GPU", f"{e.memory.total / GiB:.1f} of {e.capacity_bytes / GiB:.1f} GiB "
+                                        f"(stage {e.peak_stage})")]
+    if cl.gpu_hour_usd:
+        usd = cost_per_million_tokens(cl.gpu_hour_usd, cl.num_gpus, e.tokens_per_s)
+        rows.append(("cost per million tokens",
+                     f"${usd:.3f} at ${cl.gpu_hour_usd:.3f} per GPU-hour ({cl.price_source})"))
+    intro = (f"{plan.model_name} ({plan.model_params / 1e9:.2f}B parameters) on {cl.num_gpus} x {cl.name} "
+             f"({cl.device.name}): {w.global_batch} sequences of {w.seq_len} tokens per step, {w.precision}, "
+             f"{w.framework} runtime.")
+    return Section(title="Summary", paragraphs=(intro,), table=Table(header=("", ""), rows=tuple(rows)))
+
+
+def _time(plan, timeline: Timeline) -> Section:
+    e = plan.best.estimate
+    parts = [(PARTS[f.name], getattr(e.time, f.name)) for f in fields(StepTime)]
+    rows = tuple((name, f"{s:.3f}", f"{100 * s / e.step_time_s:.1f}%") for name, s in parts)
+    how = (f"every stage runs its {timeline.schedule} schedule over {timeline.num_microbatches} micro-batches"
+           if timeline.pp > 1 else f"{timeline.num_microbatches} micro-batches run forward then backward, one "
+                                   "after another (no pipeline)")
+    text = (f"The step is simulated event by event (planner/simulate.py): {how}; sends and data-parallel "
+            f"collectives run on their own streams. The parts are those of stage {timeline.critical_device}, "
+            "the one that finishes last; they add up to the step.")
+    return Section(title="Where the time goes", paragraphs=(text,),
+                   table=Table(header=("part", "seconds", "share"), rows=rows),
+                   figures=(Figure(name="step_breakdown", caption="Step time by part (critical stage)"),
+                            Figure(name="pipeline_timeline", caption="One step, per pipeline stage")))
+
+
+def _memory(plan) -> Section:
+    e = plan.best.estimate
+    rows = tuple((str(i), *(f"{getattr(m, k) / GiB:.1f}" for k in ("params", "grads", "optimizer", "activations",
+                                                                    "other")), f"{m.total / GiB:.1f}")
+                 for i, m in enumerate(e.memory_per_stage))
+    return Section(title="Where the memory goes",
+                   paragraphs=(f"GiB per GPU on each pipeline stage, against {e.capacity_bytes / GiB:.1f} GiB.",),
+                   table=Table(header=("stage", "params", "grads", "optimizer", "activations", "other", "total"),
+                               rows=rows),
+                   figures=(Figure(name="memory_per_stage", caption="Memory per GPU by stage and category"),))
+
+
+def _why(plan, knobs: list[Knob]) -> Section:
+    e = plan.best.estimate
+    bullets = [f"What limits it: {limits(plan.best.config, e, plan.cluster)}."]
+    won = gains(plan.graph, plan.cluster, plan.workload, plan.best.config,
+                estimate(plan.graph, plan.cluster, plan.workload, plan.best.config))
+    for key, what in (("non_uniform_stages", "unequal stages"), ("partial_recompute", "recomputing only some blocks")):
+        if key in won:
+            bullets.append(f"Per-stage choice: {what} saves {won[key]['saved_s']:.3g} s per step "
+                           f"({won[key]['saved_pct']:.1f}%, closed form).")
+    fitting = [k for k in knobs if k.fits and k.gain_pct > 0.05]
+    if fitting:
+        bullets.append(f"Next knob to turn: {fitting[0].describe(e.capacity_bytes)}.")
+    else:
+        bullets.append("Next knob to turn: no one-step change that fits is faster; the search's optimum is local too.")
+    rows = tuple((short_config(a.config), f"{a.estimate.step_time_s:.3f}", lost_on(e, a.estimate))
+                 for a in plan.alternatives)
+    knob_lines = tuple(k.describe(e.capacity_bytes) for k in knobs[:6])
+    return Section(title="Why this plan", bullets=tuple(bullets) + tuple(f"What if: {k}" for k in knob_lines),
+                   table=Table(header=("runner-up", "step s", "what it lost on"), rows=rows) if rows else None,
+                   figures=(Figure(name="candidates", caption="The winner and the runners-up"),))
+
+
+def _stages(plan) -> Section:
+    c = plan.best.config
+    stages = plan.stage_modules()
+    recompute = plan.recompute_per_layer()
+    blocks = {layer.name for layer in plan.graph.layers if layer.is_block}
+    rows = []
+    for j, modules in enumerate(stages):
+        rec = [recompute[m] for m in modules if m in blocks]
+        span = f"{modules[0]} ... {modules[-1]}" if len(modules) > 2 else ", ".join(modules)
+        rows.append((str(j), str(j % c.pp), str(len(modules)), span,
+                     ", ".join(f"{p} {rec.count(p)}" for p in ("full", "selective") if rec.count(p)) or "none"))
+    text = f"{len(stages)} virtual stage(s) on {c.pp} rank(s); layers per stage {_runs([len(s) for s in stages])}."
+    return Section(title="Stages and recompute", paragraphs=(text,),
+                   table=Table(header=("stage", "rank", "layers", "modules", "recompute"), rows=tuple(rows)))
+
+
+def _exports(exports: tuple[Export, ...]) -> Section:
+    bullets = []
+    for ex in exports:
+        what = "; ".join(ex.notes) if ex.notes else "everything in the plan is expressed"
+        bullets.append(f"exports/{ex.filename} ({DOCS[ex.framework]}): {what}")
+    return Section(title="Exports", paragraphs=("The plan for other frameworks, using only the keys and flags their "
+                                                "documentation names; what one cannot express is said, not dropped.",),
+                   bullets=tuple(bullets), files=tuple((f"exports/{ex.filename}", ex.text) for ex in exports))
+
+
+def build(plan, *, analytic: Estimate, timeline: Timeline, knobs: list[Knob], exports: tuple[Export, ...]) -> Document:
+    search = (f"Searched {plan.candidates:.3g} candidates ({plan.groups:,} global choices, {plan.ilp_solves} stage "
+              f"ILPs, {plan.evaluated:,} estimated in full) in {plan.search_seconds:.2f} s; the finalists were "
+              "ranked by their simulated step.")
+    sections = (_summary(plan, analytic), _time(plan, timeline), _memory(plan), _why(plan, knobs), _stages(plan),
+                _exports(exports), Section(title="Search", paragraphs=(search,)))
+    return Document(title=f"meshplan report: {plan.model_name} on {plan.cluster.num_gpus} x {plan.cluster.name}",
+                    sections=sections)

@@ -1,0 +1,534 @@
+"""One training step, event by event: the Timeline.
+
+The analytical estimate (``cost/step.py``) prices a pipeline in closed form:
+``(m - 1) * slowest + sum`` for GPipe and 1F1B, ``(m + (p - 1) / v) * slowest``
+for interleaved 1F1B. Both are exact only when the stages are equal and the
+communication hides where the formula assumes. This module runs the schedule
+instead: every pipeline rank executes its own ordered list of forward and
+backward passes, each waiting for the data it needs; sends, receives and
+data-parallel collectives occupy their own streams; the step ends with the
+data-parallel tail, the embedding all-reduce and the optimizer.
+
+What it models, each as the runtimes do it:
+
+- Schedules. GPipe: every forward, then every backward (Huang et al. 2019;
+  torch.distributed.pipelining ScheduleGPipe). 1F1B: ``p - rank - 1`` warm-up
+  forwards, then one forward one backward, then the cool-down backwards
+  (Narayanan et al. 2021, Sec 2.2.1; Megatron-LM
+  ``forward_backward_pipelining_without_interleaving``). Interleaved 1F1B:
+  Megatron-LM's ``forward_backward_pipelining_with_interleaving``: warm-up of
+  ``2 (p - rank - 1) + (v - 1) p`` chunk passes (all of them when ``m == p``),
+  chunk of the k-th pass ``(k mod pv) // p`` (reversed for backward),
+  micro-batch ``(k // pv) p + k mod p``.
+- Pipeline sends run on their own stream; the receiver waits for the data. In
+  GPipe and 1F1B the sender also waits for its send to finish before its next
+  pass (Megatron's ``send_forward_recv_backward`` waits on its requests);
+  interleaved 1F1B posts them and carries on (Megatron's ``overlap_p2p_comm``).
+  Matching receives are assumed posted ahead (no rendezvous wait).
+- Data-parallel / ZeRO collectives run layer by layer on their own stream,
+  at each layer's size (Rajbhandari et al. 2020, Sec 5 and 7): gradient
+  reductions are issued when a layer's last backward ends, parameter
+  all-gathers one layer ahead of use (FSDP2 prefetching; Megatron
+  ``--overlap-param-gather``); without overlap (``--no-overlap-grad-reduce``)
+  the reductions run after the rank's last backward and the gathers block.
+  Compute running beside a collective loses the SMs the collective occupies
+  (``comm_sm_fraction``; Rashidi et al., ISCA 2021): it is stretched by that
+  fraction of the time they overlap.
+- The step's tail: the first and last stage all-reduce the tied embedding's
+  gradient; the gradient-norm all-reduce for clipping synchronises every
+  rank before the optimizer (Megatron-LM ``clip_grad_norm_fp32``; torchtitan
+  ``clip_grad_norm_`` with a pipeline mesh), then each rank steps its own
+  parameters.
+
+Compute times are the cost model's own, per layer (``CostCache.layer``): the
+simulation changes how they compose, never what a layer costs.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+from .cluster import DTYPE_BYTES, Cluster
+from .config import ParallelConfig, Workload
+from .cost.layer import POLICY_INDEX
+from .cost.memory import grad_comm_bytes_per_param
+from .cost.step import CostCache, Estimate, StepTime, _optimizer_s, assign_layers, estimate, layer_policies, \
+    rank_costs
+from .layers import LayerGraph
+from . import network
+
+COMPUTE, SEND_NEXT, SEND_PREV, DP = "compute", "send-next", "send-prev", "dp"
+STREAMS = (COMPUTE, SEND_NEXT, SEND_PREV, DP)
+KINDS = ("forward", "recompute", "backward", "send", "dp_comm", "embedding_allreduce", "optimizer")
+STEP_PARTS = tuple(f.name for f in fields(StepTime))
+
+
+# -- values ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """One interval on one stream of one pipeline rank. Every GPU of the rank's
+    tensor/context/data-parallel group runs the same events at the same times."""
+
+    device: int              # pipeline rank
+    stream: str              # one of STREAMS
+    kind: str                # one of KINDS
+    start_s: float
+    end_s: float
+    microbatch: int = -1     # -1: not tied to a micro-batch
+    chunk: int = -1          # model chunk (virtual stage) on the rank; -1: none
+
+    def to_json(self) -> dict:
+        return {"device": self.device, "stream": self.stream, "kind": self.kind, "start_s": self.start_s,
+                "end_s": self.end_s, "microbatch": self.microbatch, "chunk": self.chunk}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timeline:
+    """The events of one step, its length, and the critical rank's step part by part."""
+
+    events: tuple[Event, ...]
+    step_time_s: float
+    breakdown: StepTime          # the rank that finishes last; its parts sum to step_time_s
+    critical_device: int
+    schedule: str
+    pp: int
+    vpp: int
+    num_microbatches: int
+
+    def on(self, device: int, stream: str | None = None) -> list[Event]:
+        return [e for e in self.events if e.device == device and (stream is None or e.stream == stream)]
+
+    def to_json(self) -> dict:
+        return {"step_time_s": self.step_time_s, "critical_device": self.critical_device,
+                "schedule": self.schedule, "pp": self.pp, "vpp": self.vpp,
+                "num_microbatches": self.num_microbatches, "breakdown_s": asdict(self.breakdown),
+                "events": [e.to_json() for e in self.events]}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerWork:
+    """What one layer costs one rank per micro-batch, and its data-parallel collectives."""
+
+    fwd_s: float
+    bwd_s: float                 # recompute included
+    recompute_s: float = 0.0     # of bwd_s, the forward redone first
+    tp_comm_s: float = 0.0       # of fwd_s + bwd_s, exposed tensor-parallel collectives
+    cp_comm_s: float = 0.0       # of fwd_s + bwd_s, exposed context-parallel exchange
+    gather_fwd_s: float = 0.0    # all-gather of the layer's parameters before its forward
+    gather_bwd_s: float = 0.0    # ... before its backward (ZeRO-3)
+    reduce_s: float = 0.0        # gradient reduction after its backward
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepWork:
+    """Everything the simulation needs, in seconds: the cost model's numbers, placed."""
+
+    schedule: str                                         # gpipe | 1f1b | interleaved-1f1b
+    num_microbatches: int
+    chunks: tuple[tuple[tuple[LayerWork, ...], ...], ...]  # [rank][chunk] -> layers, forward order
+    hop_s: float = 0.0                                    # one stage-boundary transfer
+    blocking_sends: bool = True                           # the sender waits for its send
+    gather_every_microbatch: bool = False                 # else before each layer's first forward only
+    reduce_every_microbatch: bool = False                 # else after each layer's last backward only
+    overlap_dp: bool = True                               # collectives overlap compute
+    contention: float = 0.0                               # compute slowdown beside a collective
+    embedding_allreduce_s: float = 0.0                    # tied embedding, first and last stage
+    optimizer_s: tuple[float, ...] = ()                   # per rank
+
+    @property
+    def pp(self) -> int:
+        return len(self.chunks)
+
+    @property
+    def vpp(self) -> int:
+        return len(self.chunks[0])
+
+
+# -- the schedules --------------------------------------------------------------------------------
+
+def schedule_order(schedule: str, *, pp: int, vpp: int, num_microbatches: int, rank: int) -> list[tuple[str, int, int]]:
+    """The passes one rank runs, in order: ("F" or "B", micro-batch, chunk)."""
+    m = num_microbatches
+    if schedule == "gpipe" and pp > 1:
+        return [("F", i, 0) for i in range(m)] + [("B", i, 0) for i in range(m)]
+    if schedule == "1f1b" or pp == 1:          # without a pipeline: gradient accumulation, F B F B ...
+        warmup = min(pp - rank - 1, m)
+        out = [("F", i, 0) for i in range(warmup)]
+        for i in range(m - warmup):
+            out += [("F", warmup + i, 0), ("B", i, 0)]
+        return out + [("B", i, 0) for i in range(m - warmup, m)]
+    if schedule != "interleaved-1f1b":
+        raise ValueError(f"unknown schedule {schedule!r}")
+    total, group = m * vpp, pp * vpp
+
+    def op(kind: str, k: int) -> tuple[str, int, int]:
+        chunk = (k % group) // pp
+        return kind, (k // group) * pp + k % pp, chunk if kind == "F" else vpp - 1 - chunk
+
+    warmup = total if m == pp else min(2 * (pp - rank - 1) + (vpp - 1) * pp, total)
+    out = [op("F", k) for k in range(warmup)]
+    for k in range(total - warmup):
+        out += [op("F", warmup + k), op("B", k)]
+    return out + [op("B", k) for k in range(total - warmup, total)]
+
+
+# -- the simulation -------------------------------------------------------------------------------
+
+class _Rank:
+    """The streams of one pipeline rank and what it waited for."""
+
+    def __init__(self, rank: int, record: bool = True):
+        self.rank = rank
+        self.compute_free = 0.0
+        self.block_until = 0.0                     # its last blocking send
+        self.send_free = {SEND_NEXT: 0.0, SEND_PREV: 0.0}
+        self.dp_free = 0.0
+        self.dp_busy: list[tuple[float, float]] = []   # collectives, in issue order
+        self.deferred_reduce_s: list[float] = []
+        self.param_ready: dict[int, list[float]] = {}  # chunk -> when each layer's parameters are gathered
+        self.events: list[Event] | None = [] if record else None
+        self.waits = {"bubble": 0.0, "pp_comm": 0.0, "dp_comm": 0.0, "contention": 0.0}
+
+    def collective(self, issue_s: float, seconds: float, mb: int, chunk: int) -> float:
+        """Queue a collective on the data-parallel stream; its end."""
+        start = max(issue_s, self.dp_free)
+        self.dp_free = start + seconds
+        self.dp_busy.append((start, self.dp_free))
+        self.record(stream=DP, kind="dp_comm", start_s=start, end_s=self.dp_free, microbatch=mb, chunk=chunk)
+        return self.dp_free
+
+    def record(self, **event) -> None:
+        if self.events is not None:
+            self.events.append(Event(device=self.rank, **event))
+
+    def overlap_s(self, start: float, end: float) -> float:
+        """How long the data-parallel stream is busy within [start, end)."""
+        out, i = 0.0, len(self.dp_busy) - 1
+        while i >= 0 and self.dp_busy[i][1] > start:
+            s, e = self.dp_busy[i]
+            out += max(0.0, min(e, end) - max(s, start))
+            i -= 1
+        return out
+
+    def wait(self, until: float, cause: str) -> None:
+        if until > self.compute_free:
+            self.waits[cause] += until - self.compute_free
+            self.compute_free = until
+
+
+def _param_sync(work: StepWork, st: _Rank, chunk: int, at: float) -> None:
+    """Queue the step's all-gather of a chunk's parameters (ZeRO-1/2 after the optimizer,
+    overlapped with the forward: Megatron-LM ``--overlap-param-gather``), once."""
+    if chunk < work.vpp and chunk not in st.param_ready:
+        st.param_ready[chunk] = [st.collective(at, lw.gather_fwd_s, 0, chunk) if lw.gather_fwd_s else at
+                                 for lw in work.chunks[st.rank][chunk]]
+
+
+def _gather_plan(work: StepWork, st: _Rank, op: tuple[str, int, int], start: float) -> tuple[list, list] | None:
+    """(seconds of each layer's gather in pass order, when each layer's parameters are
+    ready) for this pass, None when it waits for none. The step's gathers are queued once
+    (``_param_sync``); per-micro-batch ones (FSDP, ZeRO-3) are issued as the pass runs
+    (their readiness None until then)."""
+    kind, mb, chunk = op
+    layers = work.chunks[st.rank][chunk]
+    if not work.gather_every_microbatch:
+        if kind != "F" or mb != 0 or not work.overlap_dp or not any(lw.gather_fwd_s for lw in layers):
+            return None
+        _param_sync(work, st, chunk, start)
+        return [lw.gather_fwd_s for lw in layers], list(st.param_ready[chunk])
+    sizes = [lw.gather_fwd_s for lw in layers] if kind == "F" else [lw.gather_bwd_s for lw in layers][::-1]
+    return (sizes, [None] * len(sizes)) if any(sizes) else None
+
+
+def _run_pass(work: StepWork, st: _Rank, op: tuple[str, int, int], ready_s: float) -> None:
+    """One forward or backward pass of one chunk, layer by layer where collectives interleave."""
+    kind, mb, chunk = op
+    layers = work.chunks[st.rank][chunk]
+    # wait for the input (another stage: the pipeline's fill and imbalance) or for an own send
+    if st.block_until >= ready_s:
+        st.wait(ready_s, "bubble")
+        st.wait(st.block_until, "pp_comm")
+    else:
+        st.wait(st.block_until, "pp_comm")
+        st.wait(ready_s, "bubble")
+    forward = kind == "F"
+    order = layers if forward else layers[::-1]
+    start = t = st.compute_free
+    plan = _gather_plan(work, st, op, start)
+    sizes, ready = plan if plan else ([], [])
+
+    def issue(j: int, at: float) -> None:
+        ready[j] = st.collective(at, sizes[j], mb, chunk) if sizes[j] else at
+
+    reduce = not forward and (work.reduce_every_microbatch or mb == work.num_microbatches - 1)
+    for j, lw in enumerate(order):
+        if plan:
+            if ready[j] is None:              # issued now (no overlap: when the layer needs it)
+                issue(j, t)
+            if work.overlap_dp and j + 1 < len(order) and ready[j + 1] is None:
+                issue(j + 1, t)               # prefetch the next layer's parameters (FSDP2)
+            if ready[j] > t:
+                st.waits["dp_comm"] += ready[j] - t
+                t = ready[j]
+        base = lw.fwd_s if forward else lw.bwd_s
+        stretch = work.contention * st.overlap_s(t, t + base)
+        st.waits["contention"] += stretch
+        t += base + stretch
+        if reduce and lw.reduce_s:
+            if work.overlap_dp:
+                st.collective(t, lw.reduce_s, mb, chunk)
+            elif work.reduce_every_microbatch:
+                end = st.collective(t, lw.reduce_s, mb, chunk)
+                st.waits["dp_comm"] += end - t
+                t = end
+            else:
+                st.deferred_reduce_s.append(lw.reduce_s)
+    rec = 0.0 if forward else sum(lw.recompute_s for lw in layers)
+    if rec:
+        st.record(stream=COMPUTE, kind="recompute", start_s=start, end_s=start + rec, microbatch=mb, chunk=chunk)
+    st.record(stream=COMPUTE, kind="forward" if forward else "backward", start_s=start + rec, end_s=t,
+              microbatch=mb, chunk=chunk)
+    st.compute_free = t
+
+
+def _send(work: StepWork, st: _Rank, op: tuple[str, int, int], arrivals: dict) -> None:
+    """Pass the pass's output to the next virtual stage (forward) or the previous (backward)."""
+    kind, mb, chunk = op
+    p, stages = work.pp, work.pp * work.vpp
+    stage = chunk * p + st.rank
+    target = stage + 1 if kind == "F" else stage - 1
+    if not 0 <= target < stages:
+        return
+    stream = SEND_NEXT if kind == "F" else SEND_PREV
+    start = max(st.compute_free, st.send_free[stream])
+    end = start + work.hop_s
+    st.send_free[stream] = end
+    if work.hop_s > 0:
+        st.record(stream=stream, kind="send", start_s=start, end_s=end, microbatch=mb, chunk=chunk)
+    arrivals[(kind, mb, target)] = end
+    if work.blocking_sends:
+        st.block_until = end
+
+
+def _sync_ahead(work: StepWork, st: _Rank, k: int, ready_s: float) -> None:
+    """Megatron's interleaved schedule gathers chunk c + 1's parameters when forward
+    pass ``k`` with ``k + rank`` the first micro-batch of chunk c comes up (schedules.py,
+    'launch param synchronization for next model chunk')."""
+    p, v = work.pp, work.vpp
+    vid = k + st.rank
+    if v > 2 and vid < p * v and vid % p == 0 and 1 < vid // p + 1 < v:
+        _param_sync(work, st, vid // p + 1, max(st.compute_free, ready_s, st.block_until))
+
+
+def _needs(work: StepWork, rank: int, op: tuple[str, int, int]) -> tuple | None:
+    """The arrival a pass waits for (None: its input is local)."""
+    kind, mb, chunk = op
+    stage = chunk * work.pp + rank
+    if kind == "F":
+        return ("F", mb, stage) if stage > 0 else None
+    return ("B", mb, stage) if stage < work.pp * work.vpp - 1 else None
+
+
+def simulate_work(work: StepWork, *, record: bool = True) -> Timeline:
+    """Run every rank's schedule against the others: a discrete-event simulation of one step.
+    ``record=False`` keeps no events (the step time and its parts only)."""
+    p = work.pp
+    programs = [schedule_order(work.schedule, pp=p, vpp=work.vpp, num_microbatches=work.num_microbatches, rank=r)
+                for r in range(p)]
+    ranks = [_Rank(r, record) for r in range(p)]
+    arrivals: dict[tuple, float] = {}
+    position, forwards = [0] * p, [0] * p
+    remaining = sum(len(prog) for prog in programs)
+    step_sync = work.overlap_dp and not work.gather_every_microbatch
+    if step_sync:                   # the first two chunks' parameters, right after the last optimizer step
+        for st in ranks:
+            for chunk in (0, 1):
+                _param_sync(work, st, chunk, 0.0)
+    while remaining:
+        progressed = False
+        for r in range(p):
+            st, prog = ranks[r], programs[r]
+            while position[r] < len(prog):
+                op = prog[position[r]]
+                need = _needs(work, r, op)
+                if need is not None and need not in arrivals:
+                    break
+                if step_sync and op[0] == "F":
+                    _sync_ahead(work, st, forwards[r], arrivals[need] if need is not None else 0.0)
+                    forwards[r] += 1
+                _run_pass(work, st, op, arrivals[need] if need is not None else 0.0)
+                _send(work, st, op, arrivals)
+                position[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError(f"pipeline schedule {work.schedule} deadlocked (a bug in schedule_order)")
+    return _finish(work, ranks)
+
+
+def _finish(work: StepWork, ranks: list[_Rank]) -> Timeline:
+    """The data-parallel tail, the tied-embedding all-reduce, the clipping barrier, the optimizer."""
+    p = work.pp
+    for st in ranks:
+        st.wait(st.block_until, "pp_comm")
+        for seconds in st.deferred_reduce_s:          # reductions after the last backward (no overlap)
+            st.collective(st.compute_free, seconds, -1, -1)
+        st.wait(st.dp_free, "dp_comm")
+    if work.embedding_allreduce_s and p > 1:
+        first, last = ranks[0], ranks[-1]
+        start = max(first.compute_free, last.compute_free)
+        for st in (first, last):
+            st.wait(start, "bubble")
+            st.record(stream=DP, kind="embedding_allreduce", start_s=start, end_s=start + work.embedding_allreduce_s)
+            st.waits["dp_comm"] += work.embedding_allreduce_s
+            st.compute_free = start + work.embedding_allreduce_s
+    barrier = max(st.compute_free for st in ranks)
+    ends = []
+    for st in ranks:
+        st.wait(barrier, "bubble")
+        opt = work.optimizer_s[st.rank] if work.optimizer_s else 0.0
+        if opt:
+            st.record(stream=COMPUTE, kind="optimizer", start_s=barrier, end_s=barrier + opt)
+        end = barrier + opt
+        if not work.overlap_dp and not work.gather_every_microbatch:   # parameter all-gather after the step
+            for chunk in work.chunks[st.rank]:
+                for lw in chunk:
+                    if lw.gather_fwd_s:
+                        end = st.collective(end, lw.gather_fwd_s, -1, -1)
+        st.waits["dp_comm"] += end - barrier - opt
+        ends.append(end)
+    critical = max(range(p), key=lambda r: (ends[r], -r))
+    st = ranks[critical]
+    layers = [lw for chunk in work.chunks[critical] for lw in chunk]
+    m = work.num_microbatches
+    busy, rec = m * sum(lw.fwd_s + lw.bwd_s for lw in layers), m * sum(lw.recompute_s for lw in layers)
+    tp, cp = m * sum(lw.tp_comm_s for lw in layers), m * sum(lw.cp_comm_s for lw in layers)
+    breakdown = StepTime(compute=busy - rec - tp - cp, recompute=rec, tp_comm=tp, cp_comm=cp,
+                         pp_comm=st.waits["pp_comm"], bubble=st.waits["bubble"],
+                         dp_comm=st.waits["dp_comm"] + st.waits["contention"],
+                         optimizer=work.optimizer_s[critical] if work.optimizer_s else 0.0)
+    events = sorted((e for s in ranks for e in s.events or ()), key=lambda e: (e.device, e.start_s, e.stream))
+    return Timeline(events=tuple(events), step_time_s=ends[critical], breakdown=breakdown, critical_device=critical,
+                    schedule=work.schedule, pp=p, vpp=work.vpp, num_microbatches=work.num_microbatches)
+
+
+# -- from a plan to the work ----------------------------------------------------------------------
+
+def _dp_phases(cache: CostCache, config: ParallelConfig, params: float) -> tuple[float, float, float]:
+    """(gather before forward, gather before backward, reduction after backward) seconds of one
+    layer's data-parallel collectives. The same collectives as ``cost.step._dp_collectives``
+    (Rajbhandari et al. 2020, Sec 5 and 7), split by when they run (tests check the sums)."""
+    cluster, w = cache.cluster, cache.workload
+    if config.dp * config.cp == 1 or params <= 0:
+        return 0.0, 0.0, 0.0
+    grp = network.group(cluster, config.dp * config.cp, config.tp)
+    grads = params * grad_comm_bytes_per_param(w.framework, w.precision)
+    weights = params * DTYPE_BYTES[w.precision]
+    if config.zero == 0:
+        return 0.0, 0.0, network.all_reduce_s(cluster, grads, grp)
+    rs = network.reduce_scatter_s(cluster, grads, grp)
+    ag = network.all_gather_s(cluster, weights, grp)
+    if config.zero == 3:
+        return ag, ag, rs
+    return ag, 0.0, rs
+
+
+def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
+    """The cost model's per-layer times and collectives, placed on ranks and chunks."""
+    graph, cluster, w = cache.graph, cache.cluster, cache.workload
+    ctx = cache.context(config)
+    policies = layer_policies(graph, config)
+    placement = assign_layers(graph, config)
+    phases: dict[float, tuple[float, float, float]] = {}
+
+    def dp(params: float) -> tuple[float, float, float]:
+        if params not in phases:
+            phases[params] = _dp_phases(cache, config, params)
+        return phases[params]
+
+    tied_extra = graph.tied_params / config.tp if graph.tied_embeddings and config.pp > 1 else 0.0
+    chunks = []
+    for rank, rank_chunks in enumerate(placement):
+        out = []
+        for chunk in rank_chunks:
+            layers = []
+            for i in chunk:
+                cost = cache.layer(i, ctx)
+                p = POLICY_INDEX[policies[i]]
+                g_f, g_b, red = dp(cost.params)
+                if tied_extra and rank == config.pp - 1 and i == len(graph.layers) - 1:
+                    extra = dp(tied_extra)         # the head's copy of the shared embedding
+                    g_f, g_b, red = g_f + extra[0], g_b + extra[1], red + extra[2]
+                layers.append(LayerWork(fwd_s=cost.fwd_s, bwd_s=cost.bwd_s + cost.recompute_s[p],
+                                        recompute_s=cost.recompute_s[p], tp_comm_s=cost.tp_comm_s,
+                                        cp_comm_s=cost.cp_comm_s, gather_fwd_s=g_f, gather_bwd_s=g_b,
+                                        reduce_s=red))
+            out.append(tuple(layers))
+        chunks.append(tuple(out))
+    ranks = rank_costs(cache, config)
+    embedding = 0.0
+    if graph.tied_embeddings and config.pp > 1:       # as estimate(): first and last stage sum the shared grads
+        nbytes = graph.tied_params / config.tp * grad_comm_bytes_per_param(w.framework, w.precision)
+        embedding = network.all_reduce_s(cluster, nbytes, network.Group(2, 1))
+    every = config.zero == 3 or (config.zero == 2 and w.framework == "torch")
+    return StepWork(schedule=config.schedule if config.pp > 1 else "1f1b", num_microbatches=config.num_microbatches,
+                    chunks=tuple(chunks), hop_s=cache.hop_s(config),
+                    blocking_sends=config.schedule != "interleaved-1f1b",
+                    gather_every_microbatch=every, reduce_every_microbatch=config.zero >= 2,
+                    overlap_dp=w.overlap_grad_reduce, contention=cluster.comm_sm_fraction,
+                    embedding_allreduce_s=embedding,
+                    optimizer_s=tuple(_optimizer_s(cache, config, r)[0] for r in ranks))
+
+
+def simulate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: ParallelConfig,
+             cache: CostCache | None = None) -> Timeline:
+    """The Timeline of one step of ``config`` (pure; ``cache`` only memoises)."""
+    cache = cache or CostCache(graph, cluster, workload)
+    return simulate_work(step_work(cache, config))
+
+
+def with_simulation(est: Estimate, step_s: float, parts: StepTime) -> Estimate:
+    """The estimate with the simulated step time and its parts: throughput, model and
+    hardware FLOP/s and MFU are per second of step, so they scale by the ratio."""
+    ratio = est.step_time_s / step_s
+    return replace(est, step_time_s=step_s, tokens_per_s=est.tokens_per_s * ratio,
+                   model_tflops_per_gpu=est.model_tflops_per_gpu * ratio, mfu=est.mfu * ratio,
+                   hardware_tflops_per_gpu=est.hardware_tflops_per_gpu * ratio, time=parts)
+
+
+def step_time(work: StepWork) -> tuple[float, StepTime]:
+    """(step time, its parts) of ``work``, as ``simulate_work`` gives them, for less work when the
+    step has many micro-batches.
+
+    Past the pipeline's fill, a schedule repeats itself: every group of micro-batches (one
+    micro-batch in GPipe and 1F1B, pp of them in interleaved 1F1B) adds the same time to
+    every part, and the fill, the drain and the step's tail do not change. So the step is
+    simulated at three short lengths m1 < m2 < m3, a group apart; when the parts grow by
+    exactly the same amount from m1 to m2 as from m2 to m3 (the steady state is reached),
+    the step at m is extrapolated; otherwise all m micro-batches are simulated.
+    """
+    m = work.num_microbatches
+    group = work.pp if work.schedule == "interleaved-1f1b" else 1
+    m1 = group * max(2, -(-4 * work.pp // group))
+    if work.pp == 1 or m < m1 + 4 * group or (m - m1) % group:
+        t = simulate_work(work, record=False)
+        return t.step_time_s, t.breakdown
+    runs = [simulate_work(replace(work, num_microbatches=n), record=False) for n in (m1, m1 + group, m1 + 2 * group)]
+    parts = [[t.step_time_s] + [getattr(t.breakdown, f) for f in STEP_PARTS] for t in runs]
+    first, second = ([b - a for a, b in zip(parts[i], parts[i + 1])] for i in (0, 1))
+    steady = len({t.critical_device for t in runs}) == 1 and all(
+        abs(x - y) <= 1e-9 * max(1.0, parts[2][0]) for x, y in zip(first, second))
+    if not steady:
+        t = simulate_work(work, record=False)
+        return t.step_time_s, t.breakdown
+    k = (m - m1) // group
+    value = [a + k * d for a, d in zip(parts[0], first)]
+    return value[0], StepTime(**dict(zip(STEP_PARTS, value[1:])))
+
+
+def simulated_estimate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: ParallelConfig,
+                       cache: CostCache | None = None) -> Estimate:
+    """The estimate with the simulated step time and its parts: what the search ranks by at the end."""
+    cache = cache or CostCache(graph, cluster, workload)
+    step_s, parts = step_time(step_work(cache, config))
+    return with_simulation(estimate(graph, cluster, workload, config, cache), step_s, parts)

@@ -1,0 +1,5 @@
+# meshplan's executor (written by meshplan): the same plan.json on every node
+meshplan run --plan plan.json --model gpt3-175b --steps 10 --nproc 8 --nnodes 128 --node-rank $NODE_RANK --rdzv-endpoint $MASTER_ADDR:29500
+
+# or torchrun directly (what meshplan run launches)
+torchrun --nproc-per-node 8 --nnodes 128 --node-rank $NODE_RANK --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:29500 -m executor.train --plan plan.json --model gpt3-175b --steps 10 --out measured.json

@@ -1,0 +1,77 @@
+"""`meshplan whatif`: sweeps parsed as written, a re-planned row per point, CSV and plots."""
+import csv
+import json
+
+import pytest
+
+from conftest import ROOT
+from planner.errors import UserError
+from planner.whatif import parse_sweep
+
+
+def test_sweep_values_and_the_ellipsis():
+    assert parse_sweep("gpus=64,128,...,4096") == ("gpus", ["64", "128", "256", "512", "1024", "2048", "4096"])
+    assert parse_sweep("seq-len=2048,4096,...,8192") == ("seq_len", ["2048", "4096", "8192"])
+    assert parse_sweep("global_batch=256,512,768,...,1280") == ("global_batch", ["256", "512", "768", "1024", "1280"])
+    assert parse_sweep("bandwidth=100,200,400") == ("bandwidth", ["100", "200", "400"])
+    assert parse_sweep("gpu=a100-80g,h100-80g") == ("gpu", ["a100-80g", "h100-80g"])
+
+
+@pytest.mark.parametrize("text,says", [("gpus", "KEY=V1,V2"), ("speed=1,2", "unknown sweep 'speed'"),
+                                       ("gpus=64,...,1024", "two integers before it"),
+                                       ("gpus=64,128,...,1000", "does not reach 1000"),
+                                       ("gpus=64,x", "positive integers")])
+def test_bad_sweeps_name_the_flag(text, says):
+    with pytest.raises(UserError) as e:
+        parse_sweep(text)
+    assert str(e.value).startswith("--sweep: ") and says in str(e.value)
+
+
+def test_gpu_sweep_replans_each_point(cli, tmp_path):
+    out = cli("whatif", "--model", "llama3-8b", "--cluster", "h100-80g", "--sweep", "gpus=8,16", "--out",
+              str(tmp_path), "--progress")
+    assert out.returncode == 0, out.stderr
+    assert "whatif gpus: [" in out.stderr and "2/2" in out.stderr          # the progress bar
+    rows = list(csv.DictReader((tmp_path / "whatif.csv").open()))
+    assert [r["gpus"] for r in rows] == ["8", "16"]
+    assert set(rows[0]) >= {"tokens_per_s", "mfu", "memory_gib", "strategy", "usd_per_million_tokens", "fits"}
+    for r in rows:
+        assert r["fits"] == "True" and float(r["tokens_per_s"]) > 0 and r["strategy"].startswith("dp ")
+        # the h100-80g profile has a price: cost per million tokens from tokens/s and the GPU count
+        assert float(r["usd_per_million_tokens"]) == pytest.approx(
+            4.916 * int(r["gpus"]) / (float(r["tokens_per_s"]) * 3600) * 1e6, rel=1e-9)
+    # twice the GPUs, same global batch (1M tokens rounds up to 128 sequences either way): more tokens/s
+    assert float(rows[1]["tokens_per_s"]) > float(rows[0]["tokens_per_s"])
+    doc = json.loads((tmp_path / "whatif.json").read_text())
+    assert doc["sweep"] == "gpus" and len(doc["points"]) == 2
+    for ext in ("png", "svg"):
+        assert (tmp_path / f"whatif.{ext}").stat().st_size > 5000
+    svg = (tmp_path / "whatif.svg").read_text()
+    for text in ("number of GPUs", "tokens per second", "MFU (%)", "memory per GPU (GiB)", "device capacity",
+                 "US$ per million tokens"):
+        assert text in svg, text
+
+
+def test_bandwidth_sweep_changes_the_network_only(cli, tmp_path):
+    out = cli("whatif", "--model", "llama3-8b", "--gpus", "16", "--global-batch", "64", "--sweep",
+              "bandwidth=25,400", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    rows = list(csv.DictReader((tmp_path / "whatif.csv").open()))
+    assert [r["gpus"] for r in rows] == ["16", "16"] and [r["global_batch"] for r in rows] == ["64", "64"]
+    assert float(rows[1]["tokens_per_s"]) >= float(rows[0]["tokens_per_s"])
+
+
+def test_sweeping_gpus_with_gpus_given_is_an_error(cli, tmp_path):
+    out = cli("whatif", "--model", "llama3-8b", "--gpus", "16", "--sweep", "gpus=8,16", "--out", str(tmp_path))
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith("meshplan whatif: error: --gpus:")
+
+
+def test_profile_pricing_is_optional_and_checked(tmp_path):
+    from planner.cluster import load_cluster
+    text = (ROOT / "profiles" / "h100-80g.toml").read_text()
+    assert load_cluster("a100-80g").gpu_hour_usd == 0.0                 # no [pricing]: still loads
+    broken = tmp_path / "p.toml"
+    broken.write_text(text.replace('source = "AWS EC2 Capacity Blocks', 'where = "AWS EC2 Capacity Blocks'))
+    with pytest.raises(UserError) as e:
+        load_cluster(str(broken))
+    assert "pricing.source" in str(e.value)
