@@ -35,6 +35,7 @@ class Device:
     hbm_efficiency: float                 # achieved fraction of HBM bandwidth, streaming kernels
     attention_efficiency: float           # fused attention kernels, fraction of peak
     reserved_bytes: float                 # runtime memory not available to tensors
+    fused_kernels: tuple[str, ...] = ("rmsnorm", "layernorm")   # normalisation kernels the runtime fuses
 
     def peak(self, precision: str) -> float:
         return self._peaks[precision]
@@ -242,6 +243,17 @@ class _Table:
         return value
 
 
+FUSED_KERNELS = ("rmsnorm", "layernorm")
+
+
+def _fused_kernels(runtime: "_Table", source: str) -> tuple[str, ...]:
+    value = runtime.data.get("fused_kernels", list(FUSED_KERNELS))
+    if not isinstance(value, list) or not all(v in FUSED_KERNELS for v in value):
+        raise UserError(f"must be a list drawn from {one_of(FUSED_KERNELS)}, got {value!r}", source=source,
+                        field="runtime.fused_kernels")
+    return tuple(value)
+
+
 def parse_cluster(data: dict, source: str) -> Cluster:
     """Validate a profile document (see profiles/*.toml for the schema) into a Cluster."""
     root = _Table(data, source)
@@ -272,7 +284,8 @@ def parse_cluster(data: dict, source: str) -> Cluster:
         gemm_efficiency=kernels.fraction("gemm_efficiency"),
         hbm_efficiency=kernels.fraction("hbm_efficiency"),
         attention_efficiency=kernels.fraction("attention_efficiency"),
-        reserved_bytes=root.table("runtime").number("reserved_GiB", allow_zero=True) * GiB)
+        reserved_bytes=root.table("runtime").number("reserved_GiB", allow_zero=True) * GiB,
+        fused_kernels=_fused_kernels(root.table("runtime"), source))
     intra, host, net = root.table("intra_node"), root.table("host"), root.table("network")
     nics = net.integer("nics_per_node", allow_zero=True)
     return Cluster(

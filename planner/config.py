@@ -154,6 +154,21 @@ def check_config(config: ParallelConfig, *, num_gpus: int, global_batch: int, se
     if framework == "megatron" and c.zero > 1:
         raise UserError(f"Megatron-LM's distributed optimizer is ZeRO-1; ZeRO-{c.zero} needs "
                         "--framework torch or deepspeed", field="--zero")
+    if framework == "torch":         # what meshplan's executor can run (executor/parallelize.py)
+        if c.offload != "none":
+            raise UserError("meshplan's executor (--framework torch) runs no optimizer offload; plan for "
+                            "DeepSpeed's ZeRO-Offload with --framework deepspeed", field="--offload")
+        if c.zero == 1 and c.tp > 1:
+            raise UserError("ZeRO-1 with tp > 1: meshplan's executor shards optimizer states with "
+                            "ZeroRedundancyOptimizer, which cannot shard tensor-parallel parameters; use "
+                            "--zero 0, 2 or 3, or --framework megatron", field="--zero")
+        if c.zero == 1 and c.dp > 1 and c.pp > 1 and c.schedule != "1f1b":
+            raise UserError(f"ZeRO-1 with the {c.schedule} schedule: meshplan's executor runs DDP under "
+                            "torch.distributed.pipelining with 1F1B only; use --schedule 1f1b or --zero 0, 2 or 3",
+                            field="--zero")
+        if num_kv_heads % c.tp:
+            raise UserError(f"tp {c.tp} must divide the {num_kv_heads} key/value heads with --framework torch "
+                            "(meshplan's executor does not replicate key/value heads)", field="--tp")
     if framework == "deepspeed" and c.zero > 1 and c.pp > 1:
         raise UserError(f"DeepSpeed does not combine ZeRO-{c.zero} with pipeline parallelism; "
                         "use --zero 0 or 1 with --pp > 1", field="--zero")

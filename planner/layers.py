@@ -72,6 +72,8 @@ class Op:
     saved: tuple[Saved, ...] = ()
     workspace: tuple[Saved, ...] = ()     # transient tensors its backward allocates (freed after)
     norm: bool = False                    # a LayerNorm/RMSNorm (sharded along the sequence with SP)
+    unfused: str = ""                     # the fused kernel this op runs as where the device has one
+    unfused_saved: tuple[Saved, ...] = ()  # what it also keeps for backward where it does not
     measured_fwd_s: float | None = None   # per token, from `meshplan profile --ops` (preferred when set)
     measured_bwd_s: float | None = None
 
@@ -157,8 +159,12 @@ def _norm(name: str, spec: ModelSpec) -> Op:
     h = spec.hidden
     params = 2 * h if spec.norm == "layernorm" else h
     stats = 2 if spec.norm == "layernorm" else 1      # mean and rstd, or rstd: fp32 per token
+    # RMSNorm without a fused kernel (torch 2.13 on CPU runs F.rms_norm as composite ops)
+    # also keeps the normalised input: h more per token (measured with saved-tensor hooks)
+    unfused = "rmsnorm" if spec.norm == "rmsnorm" else ""
+    extra = (Saved(elems=h, split="sp"),) if unfused else ()
     return Op(name=name, kind="elementwise", params=params, bytes_fwd=4 * h, bytes_bwd=6 * h, split="sp", norm=True,
-              saved=(Saved(elems=h, split="sp"), Saved(elems=stats, split="sp", dtype_bytes=4)))
+              unfused=unfused, unfused_saved=extra, saved=(Saved(elems=h, split="sp"), Saved(elems=stats, split="sp", dtype_bytes=4)))
 
 
 def _linear(name: str, spec: ModelSpec, k: int, n: int, tp: str, *, bias: bool, saves_input: bool = True,

@@ -128,17 +128,6 @@ def test_model_state_bytes_match_cost_model(results, model, plan):
                 f"rank {rank['rank']} {key}: measured {value} B, predicted {want[key]} B")
 
 
-# Awaiting a cost-model fix (reported to the owner of planner/): torch 2.13 has no fused RMSNorm
-# kernel on CPU (rms_norm decomposes), so each Llama norm saves its input and its normalised
-# output, 2h per token, where planner/layers.py counts the fused kernel's input + rstd (h + 1).
-# Where the norms are not sequence-sharded that puts these plans 13-24% above the prediction
-# (e.g. llama-tp2: measured 898,884 B, predicted 774,912 B). GPT's LayerNorm is a fused native
-# op on CPU too and matches. These cases rejoin the test when the cost model prices the CPU norm.
-AWAITING_PLANNER_FIX = {("llama", "tp2"), ("llama", "tp2-selective-recompute"), ("llama", "pp2-gpipe"), ("llama", "pp2-1f1b"),
-                        ("llama", "pp2-interleaved"), ("llama", "dp2-tp2"), ("llama", "pp2-dp2-tp2"),
-                        ("llama", "pp2-dp2-interleaved"), ("llama", "pp2-dp2-zero1")}
-
-
 # Full recompute: the hooks see each block's input (checkpoint saves it through autograd) but not
 # the block's activations rebuilt inside backward (checkpoint stores them in its own frame), which
 # the cost model adds as the peak of the layer being recomputed; measured is 66% under predicted.
@@ -146,7 +135,7 @@ NOT_OBSERVABLE = {(model, "zero3-full-recompute") for model in MODELS}
 
 
 @pytest.mark.parametrize("model,plan", [case for case in MEMORY_CASES
-                                        if case not in AWAITING_PLANNER_FIX | NOT_OBSERVABLE])
+                                        if case not in NOT_OBSERVABLE])
 def test_activation_bytes_match_cost_model(results, model, plan):
     """Peak bytes autograd saved for backward (saved-tensor hooks) within 10% of the prediction."""
     measured, _ = results[model, plan]

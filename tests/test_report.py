@@ -19,7 +19,7 @@ PLOTS = {   # plot -> strings it must show: title words, axis labels with units,
     "memory_per_stage": ["Memory per GPU", "pipeline stage", "memory per GPU (GiB)", "device capacity (80 GiB)",
                          "parameters", "gradients", "optimizer states", "activations"],
     "pipeline_timeline": ["One step", "time within the step (s)", "pipeline stage", "forward", "backward",
-                          "optimizer step", "data-parallel collective", "stage 7"],
+                          "optimizer step", "data-parallel collective"],
     "step_breakdown": ["Where the step", "seconds per step", "compute", "pipeline bubble",
                        "exposed data-parallel communication", "optimizer step"],
     "candidates": ["Top candidates", "seconds per step", "candidate (winner first)", "tokens/s", "winner: "],
@@ -53,9 +53,11 @@ def test_report_has_every_file(quick_start_report):
 
 
 def test_plots_label_their_axes_units_and_legends(quick_start_report):
+    pp = json.loads((quick_start_report / "plan.json").read_text())["config"]["pp"]
     for plot, needed in PLOTS.items():
         svg = (quick_start_report / "plots" / f"{plot}.svg").read_text()
-        for text in needed:
+        # the timeline has a row per pipeline stage: the last one is labelled
+        for text in needed + ([f"stage {pp - 1}"] if plot == "pipeline_timeline" else []):
             assert text.replace("&", "&amp;") in svg, (plot, text)
 
 

@@ -165,6 +165,8 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
             fwd += memory_bound_s(op.bytes_fwd * scale, dev)
             bwd += memory_bound_s(op.bytes_bwd * scale, dev)
         saved += sum(_saved_bytes(s, ctx) for s in op.saved)
+        if op.unfused and op.unfused not in dev.fused_kernels:
+            saved += sum(_saved_bytes(s, ctx) for s in op.unfused_saved)
         workspace = max(workspace, sum(_saved_bytes(s, ctx) for s in op.workspace))
     tp_fwd = _exposed(_tp_comm(layer, ctx, cluster, layer.tp_allreduce_fwd_elems), tp_gemm_fwd, ctx)
     tp_bwd = _exposed(_tp_comm(layer, ctx, cluster, layer.tp_allreduce_bwd_elems), tp_gemm_bwd, ctx)

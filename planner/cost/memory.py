@@ -17,7 +17,9 @@ class StateBytes:
     host_optimizer: float = 0.0     # moved to host memory by optimizer offload
 
 
-def state_bytes_per_param(*, framework: str, precision: str, zero: int, shard: int, offload: str) -> StateBytes:
+def state_bytes_per_param(*, framework: str, precision: str, zero: int, shard: int, offload: str,
+                          tp: int = 1, pp: int = 1) -> StateBytes:
+    # tp and pp only matter through working_copy_bytes_per_param (a buffer, not a state)
     """Bytes per parameter of each model-state category on one GPU.
 
     ``shard`` is the size of the group ZeRO partitions over (data x context parallel).
@@ -56,6 +58,19 @@ def state_bytes_per_param(*, framework: str, precision: str, zero: int, shard: i
     if offload == "optimizer":
         return StateBytes(params=params, grads=grads, optimizer=0.0, host_optimizer=opt)
     return StateBytes(params=params, grads=grads, optimizer=opt)
+
+
+def working_copy_bytes_per_param(*, framework: str, precision: str, zero: int, tp: int, pp: int) -> float:
+    """A buffer of gathered parameters held from forward to backward, per parameter.
+
+    Under TP or a pipeline meshplan's executor runs ZeRO-0 through torch's
+    replicate(), which gathers a working copy of the parameters for forward and keeps
+    it until backward. In mixed precision that copy is the bf16 one already counted
+    with the parameters; in fp32 it is 4 more bytes (measured on cpu-gloo,
+    tests/test_executor_plans.py). Counted with the buffers ("other")."""
+    if framework == "torch" and zero == 0 and precision == "fp32" and (tp > 1 or pp > 1):
+        return 4.0
+    return 0.0
 
 
 def grad_comm_bytes_per_param(framework: str, precision: str) -> float:

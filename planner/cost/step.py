@@ -14,7 +14,8 @@ from ..config import ParallelConfig, Workload
 from ..layers import LayerGraph
 from .. import network
 from .layer import POLICY_INDEX, Context, LayerCost, layer_cost
-from .memory import grad_comm_bytes_per_param, inflight_microbatches, state_bytes_per_param
+from .memory import (grad_comm_bytes_per_param, inflight_microbatches, state_bytes_per_param,
+                     working_copy_bytes_per_param)
 
 # Adam(W) step, per parameter it updates: reads fp32 param, grad, two moments (16 B),
 # writes param and moments (12 B); mixed precision also writes the 16-bit copy (2 B).
@@ -379,7 +380,7 @@ def _optimizer_s(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tu
     # ZeRO-Offload (Ren et al. 2021): gradients down, Adam on the CPU, parameters up.
     # All GPUs of a node share the host's DRAM bandwidth.
     states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
-                                   shard=config.dp * config.cp, offload="optimizer")
+                                   shard=config.dp * config.cp, offload="optimizer", tp=config.tp, pp=config.pp)
     per_node = min(cluster.gpus_per_node, cluster.num_gpus)
     cpu_s = per_node * local * ADAM_BYTES_PER_PARAM / (cluster.host_dram.effective_bytes_per_s)
     transfer_s = network.host_transfer_s(cluster, local * (4.0 + DTYPE_BYTES[w.precision]))
@@ -405,15 +406,19 @@ def _other_bytes(cache: CostCache, config: ParallelConfig) -> float:
 def _memories(cache: CostCache, config: ParallelConfig, ranks: list[RankCost]) -> list[Memory]:
     w = cache.workload
     states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
-                                   shard=config.dp * config.cp, offload=config.offload)
+                                   shard=config.dp * config.cp, offload=config.offload, tp=config.tp,
+                                   pp=config.pp)
     other = _other_bytes(cache, config)
+    copy = working_copy_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
+                                        tp=config.tp, pp=config.pp)
     out = []
     for r, rank in enumerate(ranks):
         inflight = inflight_microbatches(config.schedule, rank=r, pp=config.pp, vpp=config.vpp,
                                          num_microbatches=config.num_microbatches)
         out.append(Memory(params=rank.params * states.params, grads=rank.params * states.grads,
                           optimizer=rank.params * states.optimizer,
-                          activations=rank.act_bytes * inflight + rank.peak_extra_bytes, other=other))
+                          activations=rank.act_bytes * inflight + rank.peak_extra_bytes,
+                          other=other + rank.params * copy))
     return out
 
 
@@ -422,8 +427,10 @@ def peak_memory(cache: CostCache, config: ParallelConfig) -> tuple[float, float]
     ranks = rank_costs(cache, config)
     w = cache.workload
     states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
-                                   shard=config.dp * config.cp, offload=config.offload)
-    per_param = states.params + states.grads + states.optimizer
+                                   shard=config.dp * config.cp, offload=config.offload, tp=config.tp,
+                                   pp=config.pp)
+    per_param = states.params + states.grads + states.optimizer + working_copy_bytes_per_param(
+        framework=w.framework, precision=w.precision, zero=config.zero, tp=config.tp, pp=config.pp)
     device = _other_bytes(cache, config) + max(
         rank.params * per_param + rank.peak_extra_bytes + rank.act_bytes * inflight_microbatches(
             config.schedule, rank=r, pp=config.pp, vpp=config.vpp, num_microbatches=config.num_microbatches)

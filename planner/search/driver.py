@@ -133,7 +133,7 @@ def _stage_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout]
                     continue
                 if prune and (bounds[layout][0] >= threshold()
                               or _group_cheap_bound(space, cache, layout, schedule, vpp, sp) >= threshold()):
-                    stats.space += _estimated_space(space, layout, vpp, shape)
+                    stats.space += _estimated_space(space, layout, vpp, shape, schedule)
                     continue
                 pr = GroupProblem(space, cache, layout, schedule, vpp, sp, shape)
                 stats.space += _space_size(pr)
@@ -161,11 +161,11 @@ def _stage_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout]
     return stats
 
 
-def _estimated_space(space: Space, layout: Layout, vpp: int, shape) -> int:
+def _estimated_space(space: Space, layout: Layout, vpp: int, shape, schedule: str | None = None) -> int:
     """The closed-form size of a pruned group (3 policies, all options)."""
     p, blocks = layout.pp, len(shape.blocks)
     policies = 1 if space.k.recompute is not None else 3
-    options = sum(len(space.offloads(z)) for z in space.zeros(layout))
+    options = sum(len(space.offloads(z)) for z in space.zeros(layout, schedule))
     cells = p * policies
     free = blocks - p * vpp
     return math.comb(free + cells - 1, cells - 1) * options if free >= 0 else 0

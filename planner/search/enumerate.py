@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from ..cluster import Cluster
 from ..config import ParallelConfig, Workload
-from ..cost.memory import state_bytes_per_param
+from ..cost.memory import state_bytes_per_param, working_copy_bytes_per_param
 from ..cost.step import CostCache, Estimate, estimate, peak_memory, pipeline_s, rank_costs
 from ..layers import LayerGraph
 from .space import Knobs, Layout, Space
@@ -101,10 +101,12 @@ def _layout_bounds(space: Space, cache: CostCache, layout: Layout) -> tuple[floa
         best_act = min(best_act, sum(n * min(c.act_bytes) for c, n in costs) / layout.pp)
         params = sum(n * c.params for c, n in costs) / layout.pp
     per_param = min(
-        s.params + s.grads + s.optimizer
+        s.params + s.grads + s.optimizer + working_copy_bytes_per_param(
+            framework=w.framework, precision=w.precision, zero=zero, tp=layout.tp, pp=layout.pp)
         for zero in space.zeros(layout) for offload in space.offloads(zero)
         for s in [state_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
-                                        shard=layout.dp * layout.cp, offload=offload)])
+                                        shard=layout.dp * layout.cp, offload=offload,
+                                        tp=layout.tp, pp=layout.pp)])
     memory = params * per_param + best_act + cluster.device.reserved_bytes
     return best_time, memory
 
@@ -178,9 +180,9 @@ def layout_order(space: Space, cache: CostCache) -> tuple[list[Layout], dict]:
 def _layout_size(space: Space, layout: Layout) -> int:
     """Number of legal configs in a layout (for the coverage count)."""
     n = 0
-    for _ in space.schedules(layout):
+    for schedule, _ in space.schedules(layout):
         for _ in space.sequence_parallel(layout):
-            for zero in space.zeros(layout):
+            for zero in space.zeros(layout, schedule):
                 n += len(space.offloads(zero)) * len(space.recomputes())
     return n
 
@@ -198,10 +200,12 @@ def _group_bounds(space: Space, cache: CostCache, layout: Layout, schedule: str,
     time_lb = pipeline_s([r.fwd_s + r.bwd_s + r.p2p_s for r in ranks], base, hop_s=cache.hop_s(base))
     w = space.w
     per_param = min(
-        s.params + s.grads + s.optimizer
-        for zero in space.zeros(layout) for offload in space.offloads(zero)
+        s.params + s.grads + s.optimizer + working_copy_bytes_per_param(
+            framework=w.framework, precision=w.precision, zero=zero, tp=layout.tp, pp=layout.pp)
+        for zero in space.zeros(layout, schedule) for offload in space.offloads(zero)
         for s in [state_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
-                                        shard=layout.dp * layout.cp, offload=offload)])
+                                        shard=layout.dp * layout.cp, offload=offload,
+                                        tp=layout.tp, pp=layout.pp)])
     full = rank_costs(cache, replace(base, recompute="full"))
     memory_lb = cache.cluster.device.reserved_bytes + max(r.params * per_param + r.act_bytes for r in full)
     return time_lb, memory_lb
@@ -224,7 +228,7 @@ def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bo
                 if memory_lb > capacity:
                     yield _SkippedForMemory()
                     continue
-            for zero in space.zeros(layout):
+            for zero in space.zeros(layout, schedule):
                 fitting: list[tuple[int, int]] = []
                 for config in space.configs(layout, schedule, vpp, sp, zero):
                     o, r = OFFLOAD_ORDER[config.offload], RECOMPUTE_ORDER[config.recompute]
@@ -258,7 +262,7 @@ def _frugal_candidates(space: Space, cache: CostCache, layout: Layout):
         if schedule == "gpipe" and space.k.schedule is None:
             continue
         for sp in space.sequence_parallel(layout):
-            for zero in space.zeros(layout):
+            for zero in space.zeros(layout, schedule):
                 configs = list(space.configs(layout, schedule, vpp, sp, zero))
                 frugal = max(configs, key=lambda c: (OFFLOAD_ORDER[c.offload], RECOMPUTE_ORDER[c.recompute]))
                 yield Candidate(config=frugal, estimate=estimate(space.graph, cache.cluster, space.w, frugal, cache))

@@ -32,7 +32,8 @@ Constraints
     (k) O >= optimizer_k(P[r]) - M (1 - z[k])              optimizer step
     (l) objective <= the best step time found so far       (optional cutoff)
 
-Objective: pipeline(T_max, sum of rank times) + D + O + tied-embedding sync, where
+Objective: pipeline(T_max, sum of rank times) + D + O + tied-embedding sync (+ a
+millionth of the summed rank times to break ties toward less work), where
 pipeline is (m - 1) T_max + sum_r (F + B + sends) for 1F1B/GPipe (Narayanan et al.
 2021), (m + (p - 1)/v) T_max + 2 (p v - 1) hop for interleaved 1F1B, m T_max without
 a pipeline. Every term is the cost model's own (planner/cost/step.py), linear in the
@@ -135,7 +136,9 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
         pipeline = (m + (p - 1) / v) * t_max + 2 * (p * v - 1) * pr.hop_s
     else:
         pipeline = (m - 1) * t_max + pulp.lpSum(rank_time)
-    objective = pipeline + D + O + pr.tied_s
+    # tie-break (a millionth of the work of every rank): among plans the closed form prices
+    # the same (only the slowest rank counts in the interleaved schedule), no useless recompute
+    objective = pipeline + D + O + pr.tied_s + 1e-6 * pulp.lpSum(rank_time)
     # state the objective in units of a rough step time so that its coefficients sit far
     # above the solver's tolerances whatever the model's size (milliseconds to minutes)
     unit = max(1e-12, m * (L * (block.fwd_s + block.bwd_s) + sum(f.fwd_s + f.bwd_s for f in pr.fixed)) / p)

@@ -122,6 +122,18 @@ class Space:
         if w.framework == "megatron" and k.zero is not None and k.zero > 1:
             raise UserError(f"Megatron-LM's distributed optimizer is ZeRO-1; ZeRO-{k.zero} needs "
                             "--framework torch or deepspeed", field="--zero")
+        if w.framework == "torch":
+            # meshplan's executor (--framework torch) cannot run these: say so before searching
+            if k.offload == "optimizer":
+                raise UserError("meshplan's executor (--framework torch) runs no optimizer offload; plan for "
+                                "DeepSpeed's ZeRO-Offload with --framework deepspeed", field="--offload")
+            if k.zero == 1 and k.tp is not None and k.tp > 1:
+                raise UserError("ZeRO-1 with tp > 1: meshplan's executor shards optimizer states with "
+                                "ZeroRedundancyOptimizer, which cannot shard tensor-parallel parameters; use "
+                                "--zero 0, 2 or 3, or --framework megatron", field="--zero")
+            if k.tp is not None and g.num_kv_heads % k.tp:
+                raise UserError(f"tp {k.tp} must divide the {g.num_kv_heads} key/value heads with --framework "
+                                "torch (meshplan's executor does not replicate key/value heads)", field="--tp")
         if w.framework == "deepspeed" and k.zero is not None and k.zero > 1 and k.pp is not None and k.pp > 1:
             raise UserError(f"DeepSpeed does not combine ZeRO-{k.zero} with pipeline parallelism; "
                             "use --zero 0 or 1 with --pp > 1", field="--zero")
@@ -137,6 +149,8 @@ class Space:
         for tp in self._options("tp", divisors(n)):
             if g.num_heads % tp or (g.num_kv_heads % tp and tp % g.num_kv_heads):
                 continue
+            if w.framework == "torch" and g.num_kv_heads % tp:
+                continue      # meshplan's executor does not replicate key/value heads
             for pp in self._options("pp", divisors(n // tp)):
                 if pp > self.blocks or (n // tp) % pp:
                     continue
@@ -169,10 +183,16 @@ class Space:
                 out.append((schedule, 1))
         return out
 
-    def zeros(self, layout: Layout) -> list[int]:
+    def zeros(self, layout: Layout, schedule: str | None = None) -> list[int]:
+        """ZeRO stages the runtime can combine with this layout (and schedule, when known)."""
         allowed = [0, 1] if self.w.framework == "megatron" else [0, 1, 2, 3]
         if self.w.framework == "deepspeed" and layout.pp > 1:
             allowed = [0, 1]
+        if self.w.framework == "torch":
+            # meshplan's executor: ZeroRedundancyOptimizer cannot shard TP parameters, and DDP under
+            # torch.distributed.pipelining runs only the 1F1B schedule
+            if layout.tp > 1 or (layout.pp > 1 and layout.dp > 1 and schedule not in (None, "1f1b")):
+                allowed = [z for z in allowed if z != 1]
         if layout.dp * layout.cp == 1:
             allowed = [0]     # nothing to shard over: the stages are all equal to ZeRO-0
             if self.k.zero is not None:
@@ -183,6 +203,8 @@ class Space:
         return self._options("sequence_parallel", [False, True] if layout.tp > 1 else [False])
 
     def offloads(self, zero: int) -> list[str]:
+        if self.w.framework == "torch":
+            return ["none"]       # meshplan's executor runs no optimizer offload
         return self._options("offload", ["none", "optimizer"] if zero >= 1 else ["none"])
 
     def recomputes(self) -> list[str]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from ..config import RECOMPUTES, ParallelConfig
 from ..cost.layer import POLICY_INDEX, LayerCost
-from ..cost.memory import inflight_microbatches, state_bytes_per_param
+from ..cost.memory import inflight_microbatches, state_bytes_per_param, working_copy_bytes_per_param
 from ..cost.step import ADAM_BYTES_PER_PARAM, CostCache, dp_collectives
 from .space import Layout, Space
 from .. import network
@@ -94,7 +94,7 @@ class GroupProblem:
         self.inflight = [inflight_microbatches(schedule, rank=r, pp=self.p, vpp=vpp, num_microbatches=self.m)
                          for r in range(self.p)]
         self.fixed = [self._fixed(r, ctx) for r in range(self.p)]
-        self.options = [self._option(z, o) for z in space.zeros(layout) for o in space.offloads(z)]
+        self.options = [self._option(z, o) for z in space.zeros(layout, schedule) for o in space.offloads(z)]
         self.tied_s = 0.0
         graph, w = cache.graph, cache.workload
         if graph.tied_embeddings and self.p > 1:
@@ -142,7 +142,7 @@ class GroupProblem:
     def _option(self, zero: int, offload: str) -> Option:
         cache, w, lay = self.cache, self.cache.workload, self.layout
         states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
-                                       shard=lay.dp * lay.cp, offload=offload)
+                                       shard=lay.dp * lay.cp, offload=offload, tp=lay.tp, pp=lay.pp)
         config = replace(self.base, zero=zero, offload=offload)
         from ..cost.step import _other_bytes
         other = _other_bytes(cache, config)
@@ -155,7 +155,9 @@ class GroupProblem:
             per_node = min(cluster.gpus_per_node, cluster.num_gpus)
             opt = (per_node * local * ADAM_BYTES_PER_PARAM / cluster.host_dram.effective_bytes_per_s
                    + local * (4.0 + DTYPE_BYTES[w.precision]) / network.fabric(cluster).host_bytes_per_s)
-        return Option(zero=zero, offload=offload, state_bytes=states.params + states.grads + states.optimizer,
+        copy = working_copy_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero, tp=lay.tp,
+                                            pp=lay.pp)
+        return Option(zero=zero, offload=offload, state_bytes=states.params + states.grads + states.optimizer + copy,
                       host_bytes=states.host_optimizer, other_bytes=other, optimizer_s_per_param=opt)
 
     def collectives(self, option: Option, params: float) -> tuple[float, float, float]:

@@ -3,19 +3,18 @@ from colossalai.booster import Booster
 from colossalai.booster.plugin import HybridParallelPlugin
 
 plugin = HybridParallelPlugin(
-    tp_size=8,
-    pp_size=16,
+    tp_size=4,
+    pp_size=64,
     precision='bf16',
-    zero_stage=1,
+    zero_stage=0,
     max_norm=1.0,
     enable_flash_attention=True,
     overlap_communication=True,
-    sp_size=4,
+    sp_size=8,
     enable_sequence_parallelism=True,
     sequence_parallelism_mode='ring_attn',
-    num_microbatches=64,
-    pp_style='interleaved',
-    num_model_chunks=7,
+    num_microbatches=256,
+    pp_style='1f1b',
 )
 booster = Booster(plugin=plugin)
-# per data-parallel rank and step: plugin.prepare_dataloader(dataset, batch_size=64)
+# per data-parallel rank and step: plugin.prepare_dataloader(dataset, batch_size=256)
