@@ -17,7 +17,10 @@ def gallery_plan(name: str):
 
 
 def fixed_plan(model: str, cluster_name: str, gpus: int, config: ParallelConfig, **workload) -> Plan:
-    """A Plan for one fully fixed config (as `meshplan plan` with every knob given)."""
+    """A Plan for one fully fixed config (as `meshplan plan` with every knob given). The
+    runtime defaults to Megatron-LM's (the exports' main target; ZeRO-1 with TP and the
+    interleaved schedule are its everyday combination, which meshplan's own executor lacks)."""
+    workload.setdefault("framework", "megatron")
     spec = ZOO[model]
     graph = build_layer_graph(spec)
     cluster = load_cluster(cluster_name, gpus)
