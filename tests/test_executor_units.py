@@ -94,7 +94,8 @@ def test_context_parallel_is_refused_naming_the_missing_support(tmp_path):
 def test_zero1_with_tensor_parallelism_is_refused(tmp_path):
     from executor.parallelize import check_supported
     from executor.plan_file import plan_from_json
-    plan = plan_from_json(_plan_doc(tmp_path, gpus=4, dp=2, tp=2, zero=1), "p.json")
+    # planned for Megatron-LM's runtime (which has ZeRO-1 with TP), then given to meshplan run
+    plan = plan_from_json(_plan_doc(tmp_path, gpus=4, dp=2, tp=2, zero=1, framework="megatron"), "p.json")
     with pytest.raises(UserError, match="config.zero: ZeRO-1 with tp > 1"):
         check_supported(plan)
 
@@ -102,7 +103,8 @@ def test_zero1_with_tensor_parallelism_is_refused(tmp_path):
 def test_zero1_under_a_pipeline_needs_1f1b(tmp_path):
     from executor.parallelize import check_supported
     from executor.plan_file import plan_from_json
-    plan = plan_from_json(_plan_doc(tmp_path, gpus=4, dp=2, pp=2, zero=1, schedule="gpipe", micro_batch=1), "p.json")
+    plan = plan_from_json(_plan_doc(tmp_path, gpus=4, dp=2, pp=2, zero=1, schedule="gpipe", micro_batch=1,
+                                    framework="megatron"), "p.json")
     with pytest.raises(UserError, match="config.schedule: ZeRO-1 with the gpipe schedule"):
         check_supported(plan)
 
