@@ -20,8 +20,11 @@ def gemm_s(m: float, n: float, k: float, device: Device, precision: str, batch: 
     sms = device.sm_count
     # tile and wave quantization: every wave runs sms full tiles, m n batch of them useful;
     # math time = 2 m n k batch / (peak * efficiency * useful share)
-    padded = min(math.ceil(math.ceil(m / tm) * math.ceil(n / tn) * batch / sms) * tm * tn
-                 for tm, tn in device.gemm_tiles)
+    padded = math.inf
+    for tm, tn in device.gemm_tiles:
+        waves = -(-(-(-m // tm) * -(-n // tn) * batch) // sms)          # ceilings in integer arithmetic
+        if waves * tm * tn < padded:
+            padded = waves * tm * tn
     math_s = 2.0 * k * padded * sms / (device.peak(precision) * device.gemm_efficiency)
     memory_s = DTYPE_BYTES[precision] * (m * k + k * n + m * n) * batch / (device.hbm_bytes_per_s * device.hbm_efficiency)
     return math_s if math_s > memory_s else memory_s
