@@ -87,8 +87,18 @@ def pipeline_timeline(timeline: Timeline, title: str):
     ax.set_ylim(p + 0.05, -0.15)
     ax.set_yticks([d + 0.28 for d in range(p)])
     ax.set_yticklabels([f"stage {d}" for d in range(p)])
-    ax.set_xlim(0, timeline.step_time_s * 1.01)
-    ax.set_xlabel("time within the step (s)")
+    # with many micro-batches the whole step is a solid band: show the warm-up, where the
+    # schedule's shape (and its bubble) is visible, and say how much of the step that is
+    window = timeline.step_time_s * 1.01
+    shown = ""
+    if p > 1 and timeline.num_microbatches > 2 * p:
+        starts = sorted(e.end_s for e in timeline.events
+                        if e.stream == "compute" and e.kind == "backward" and e.microbatch == p + 1)
+        if starts:
+            window = min(window, starts[-1] * 1.05)
+            shown = f" (first {window:.3g} s of {timeline.step_time_s:.3g} s: the warm-up)"
+    ax.set_xlim(0, window)
+    ax.set_xlabel("time within the step (s)" + shown)
     ax.set_ylabel("pipeline stage")
     ax.set_title(f"{title}\nper stage: compute (upper lane), pipeline sends and collectives (lower lanes)",
                  fontsize=9)
