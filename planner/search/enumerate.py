@@ -83,22 +83,40 @@ class _TopK:
 
 
 def _layout_bounds(space: Space, cache: CostCache, layout: Layout) -> tuple[float, float]:
-    """(time lower bound, memory lower bound) over every candidate of a layout."""
-    graph, w, cluster = space.graph, space.w, cache.cluster
+    """(time lower bound, memory lower bound) over every candidate of a layout.
+
+    The memory bound comes first and cheaply: saved activations are linear in the
+    micro-batch (every quantity is per token, attention's per sequence), so the costs
+    at micro-batch 1 give it for every micro-batch. A layout that cannot fit gets an
+    infinite time bound without pricing its GEMMs."""
+    w = space.w
     m = layout.num_microbatches(w.global_batch)
+    memory = _memory_bound(space, cache, layout)
+    if memory > cache.cluster.device.memory_bytes:
+        return float("inf"), memory
     best_time = float("inf")
-    best_act = float("inf")
-    params = 0.0
     for sp in space.sequence_parallel(layout):
         cfg = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, micro_batch=layout.micro_batch,
                              num_microbatches=m, sequence_parallel=sp)
         ctx = cache.context(cfg)
-        counts = cache.signature_counts
-        costs = [(cache.signature_cost(sig, ctx), n) for sig, n in counts.items()]
-        work = sum(n * (c.fwd_s + c.bwd_s) for c, n in costs) / layout.pp        # mean rank, recompute none
+        work = sum(n * (c.fwd_s + c.bwd_s) for c, n in
+                   ((cache.signature_cost(sig, ctx), n) for sig, n in cache.signature_counts.items())) / layout.pp
         vmax = max([v for _, v in space.schedules(layout)] or [1])
         best_time = min(best_time, (m + (layout.pp - 1) / vmax) * work if layout.pp > 1 else m * work)
-        best_act = min(best_act, sum(n * min(c.act_bytes) for c, n in costs) / layout.pp)
+    return best_time, memory
+
+
+def _memory_bound(space: Space, cache: CostCache, layout: Layout) -> float:
+    """The least memory on the average rank: sharded states at their smallest, activations
+    fully recomputed and one micro-batch in flight (max over ranks >= mean)."""
+    w = space.w
+    best_act = float("inf")
+    params = 0.0
+    for sp in space.sequence_parallel(layout):
+        one = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, micro_batch=1,
+                             num_microbatches=1, sequence_parallel=sp)
+        costs = [(cache.signature_cost(sig, cache.context(one)), n) for sig, n in cache.signature_counts.items()]
+        best_act = min(best_act, layout.micro_batch * sum(n * min(c.act_bytes) for c, n in costs) / layout.pp)
         params = sum(n * c.params for c, n in costs) / layout.pp
     per_param = min(
         s.params + s.grads + s.optimizer + working_copy_bytes_per_param(
@@ -107,8 +125,7 @@ def _layout_bounds(space: Space, cache: CostCache, layout: Layout) -> tuple[floa
         for s in [state_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
                                         shard=layout.dp * layout.cp, offload=offload,
                                         tp=layout.tp, pp=layout.pp)])
-    memory = params * per_param + best_act + cluster.device.reserved_bytes
-    return best_time, memory
+    return params * per_param + best_act + cache.cluster.device.reserved_bytes
 
 
 @dataclass
@@ -131,13 +148,14 @@ def uniform_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout
         if progress:
             progress(index, len(order))
         lb_time, lb_memory = bounds[layout]
+        if prune and lb_memory > capacity:      # before the time test: its time bound is infinite
+            stats.covered += _layout_size(space, layout)
+            stats.infeasible_layouts.append(layout)
+            continue
         if prune and lb_time >= top.threshold:
             stats.covered += sum(_layout_size(space, lay) for lay in order[index:])
             break
         stats.covered += _layout_size(space, layout)
-        if prune and lb_memory > capacity:
-            stats.infeasible_layouts.append(layout)
-            continue
         for cand in _layout_candidates(space, cache, layout, prune, top):
             if isinstance(cand, _SkippedForMemory):
                 if not stats.infeasible_layouts or stats.infeasible_layouts[-1] != layout:
