@@ -150,6 +150,7 @@ class CostCache:
         self._ranks: dict[tuple, list] = {}
         self._largest: dict[Context, float] = {}
         self._dp: dict[tuple, tuple[float, float]] = {}
+        self._totals: dict[Context, tuple[float, float, float]] = {}
 
     def context(self, config: ParallelConfig) -> Context:
         w = self.workload
@@ -166,6 +167,20 @@ class CostCache:
             layer = self.graph.layers[self.representative[signature]]
             cost = costs[signature] = layer_cost(layer, ctx, self.cluster)
         return cost
+
+    def totals(self, ctx: Context) -> tuple[float, float, float]:
+        """Summed over every layer: (forward + backward seconds without recompute, the least
+        saved-activation bytes any policy leaves, parameters), per micro-batch."""
+        out = self._totals.get(ctx)
+        if out is None:
+            work = act = params = 0.0
+            for sig, n in self.signature_counts.items():
+                c = self.signature_cost(sig, ctx)
+                work += n * (c.fwd_s + c.bwd_s)
+                act += n * min(c.act_bytes)
+                params += n * c.params
+            out = self._totals[ctx] = (work, act, params)
+        return out
 
     def layer(self, index: int, ctx: Context) -> LayerCost:
         return self.signature_cost(self.signatures[index], ctx)
@@ -204,7 +219,7 @@ class CostCache:
                         k = (self.signatures[i], policies[i])
                         counts[k] = counts.get(k, 0) + 1
                 first = next((self.signatures[c[0]] for c in chunks if c), None)
-                out.append((counts, len(chunks), sum(len(c) for c in chunks), first))
+                out.append((tuple(counts.items()), len(chunks), sum(len(c) for c in chunks), first))
             self._groups[key] = out
         return out
 
@@ -244,10 +259,16 @@ def _rank_costs(cache: CostCache, config: ParallelConfig, ctx: Context) -> list[
     graph = cache.graph
     one_p2p = cache.hop_s(config)
     out = []
-    for rank, (counts, chunks, layers, first) in enumerate(cache.groups(config)):
+    same: dict[tuple, RankCost] = {}     # ranks with the same layers cost the same (the middle stages)
+    for rank, group in enumerate(cache.groups(config)):
+        tied = graph.tied_embeddings and config.pp > 1 and rank == config.pp - 1 and rank != 0
+        if not tied and group in same:
+            out.append(same[group])
+            continue
+        counts, chunks, layers, first = group
         fwd = bwd = rec = tp = cp = act = extra = params = flops = 0.0
         buckets: dict[float, int] = {}
-        for (sig, policy), n in counts.items():
+        for (sig, policy), n in counts:
             cost = cache.signature_cost(sig, ctx)
             buckets[cost.params] = buckets.get(cost.params, 0) + n
             p = POLICY_INDEX[policy]
@@ -260,7 +281,7 @@ def _rank_costs(cache: CostCache, config: ParallelConfig, ctx: Context) -> list[
             extra = max(extra, cost.peak_extra_bytes[p])
             params += n * cost.params
             flops += n * cost.matmul_flops_fwd * (4 if policy == "full" else 3)
-        if graph.tied_embeddings and config.pp > 1 and rank == config.pp - 1 and rank != 0:
+        if tied:
             params += graph.tied_params / config.tp      # the head's copy of the shared embedding
             buckets[graph.tied_params / config.tp] = buckets.get(graph.tied_params / config.tp, 0) + 1
         # per micro-batch each chunk receives/sends once forward and once backward. 1F1B and
@@ -275,6 +296,8 @@ def _rank_costs(cache: CostCache, config: ParallelConfig, ctx: Context) -> list[
                             matmul_flops=flops, num_layers=max(1, layers),
                             buckets=tuple(sorted(buckets.items())),
                             first_bucket=cache.signature_cost(first, ctx).params if first else 0.0))
+        if not tied:
+            same[group] = out[-1]
     return out
 
 

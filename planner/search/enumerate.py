@@ -95,13 +95,11 @@ def _layout_bounds(space: Space, cache: CostCache, layout: Layout) -> tuple[floa
     if memory > cache.cluster.device.memory_bytes:
         return float("inf"), memory
     best_time = float("inf")
+    vmax = max([v for _, v in space.schedules(layout)] or [1])
     for sp in space.sequence_parallel(layout):
         cfg = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, micro_batch=layout.micro_batch,
                              num_microbatches=m, sequence_parallel=sp)
-        ctx = cache.context(cfg)
-        work = sum(n * (c.fwd_s + c.bwd_s) for c, n in
-                   ((cache.signature_cost(sig, ctx), n) for sig, n in cache.signature_counts.items())) / layout.pp
-        vmax = max([v for _, v in space.schedules(layout)] or [1])
+        work = cache.totals(cache.context(cfg))[0] / layout.pp        # mean rank, recompute none
         best_time = min(best_time, (m + (layout.pp - 1) / vmax) * work if layout.pp > 1 else m * work)
     return best_time, memory
 
@@ -115,9 +113,9 @@ def _memory_bound(space: Space, cache: CostCache, layout: Layout) -> float:
     for sp in space.sequence_parallel(layout):
         one = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, micro_batch=1,
                              num_microbatches=1, sequence_parallel=sp)
-        costs = [(cache.signature_cost(sig, cache.context(one)), n) for sig, n in cache.signature_counts.items()]
-        best_act = min(best_act, layout.micro_batch * sum(n * min(c.act_bytes) for c, n in costs) / layout.pp)
-        params = sum(n * c.params for c, n in costs) / layout.pp
+        _, act, params = cache.totals(cache.context(one))
+        best_act = min(best_act, layout.micro_batch * act / layout.pp)
+    params /= layout.pp
     per_param = min(
         s.params + s.grads + s.optimizer + working_copy_bytes_per_param(
             framework=w.framework, precision=w.precision, zero=zero, tp=layout.tp, pp=layout.pp)
@@ -196,7 +194,17 @@ def layout_order(space: Space, cache: CostCache) -> tuple[list[Layout], dict]:
 
 
 def _layout_size(space: Space, layout: Layout) -> int:
-    """Number of legal configs in a layout (for the coverage count)."""
+    """Number of legal configs in a layout (for the coverage count), memoised on what the
+    schedules, ZeRO stages and sequence-parallel choices of a layout depend on."""
+    m = layout.num_microbatches(space.w.global_batch)
+    key = (layout.pp, m % layout.pp == 0, layout.tp > 1, layout.dp > 1, layout.dp * layout.cp == 1)
+    sizes = space.__dict__.setdefault("_layout_sizes", {})
+    if key not in sizes:
+        sizes[key] = _count_layout(space, layout)
+    return sizes[key]
+
+
+def _count_layout(space: Space, layout: Layout) -> int:
     n = 0
     for schedule, _ in space.schedules(layout):
         for _ in space.sequence_parallel(layout):
