@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -32,6 +33,16 @@ from ..layers import LayerGraph, Op
 OPS_SCHEMA = 1
 PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _SKIP = {"name", "measured_fwd_s", "measured_bwd_s"}
+
+
+def best_of(fn, repeat: int = 3) -> float:
+    """The least wall time of ``repeat`` calls of ``fn`` (the usual guard against noise)."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def op_signature(op: Op) -> str:

@@ -21,12 +21,12 @@ their backward traced.
 """
 from __future__ import annotations
 
-import time
 
 import torch
 import torch.utils._pytree as pytree
 
 from ..errors import UserError
+from .measured import best_of
 from .records import OpaqueLeaf, OpRecord
 
 
@@ -90,15 +90,6 @@ def _fake_outputs(state, real_out, args, kwargs):
     return pytree.tree_unflatten([next(fakes) if isinstance(t, torch.Tensor) else t for t in flat], spec)
 
 
-def _best_of(fn, repeat: int = 3) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def _run_real(state, module, real, args, kwargs):
     """Forward and backward for real with the recorder on; returns (outputs, fwd_s, bwd_s)."""
     from torch.func import functional_call
@@ -121,8 +112,8 @@ def _run_real(state, module, real, args, kwargs):
         out = forward()                         # recorded: these are the module's operators
         backward(out)
         with _disable_current_modes(), state.suppressed():     # timed without the recorder
-            fwd_s = _best_of(forward)
-            bwd_s = _best_of(lambda: backward(forward())) - fwd_s
+            fwd_s = best_of(forward)
+            bwd_s = best_of(lambda: backward(forward())) - fwd_s
     return out, fwd_s, max(bwd_s, 0.0)
 
 

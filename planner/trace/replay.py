@@ -12,9 +12,8 @@ is left out (the cost model keeps its roofline for it).
 """
 from __future__ import annotations
 
-import time
 
-from .measured import op_signature
+from .measured import best_of, op_signature
 
 
 def _make(spec, device: str):
@@ -60,12 +59,7 @@ def time_call(func, tree, device: str, repeat: int) -> float:
             torch.cuda.synchronize()
     with torch.no_grad():
         run()
-        best = float("inf")
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            run()
-            best = min(best, time.perf_counter() - t0)
-    return best
+        return best_of(run, repeat)
 
 
 def time_ops(result, *, device: str = "cpu", repeat: int = 3) -> tuple[dict[str, dict], list[str]]:
