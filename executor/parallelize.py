@@ -34,6 +34,7 @@ from planner.errors import UserError
 
 from .mesh import ParallelDims
 from .models import Transformer, materialize, sdpa
+from .pipeline import runnable_schedule
 from .plan_file import RunPlan
 
 
@@ -135,7 +136,7 @@ def check_supported(plan: RunPlan) -> None:
     if c.zero == 1 and c.tp > 1:
         raise UserError("ZeRO-1 with tp > 1: ZeroRedundancyOptimizer cannot shard DTensor parameters; "
                         "use --zero 0, 2 or 3 with tensor parallelism", source=plan.source, field="config.zero")
-    if c.zero == 1 and c.dp > 1 and c.pp > 1 and c.schedule != "1f1b":
+    if c.zero == 1 and c.dp > 1 and c.pp > 1 and runnable_schedule(c.schedule, c.num_microbatches, c.pp) != "1f1b":
         raise UserError(f"ZeRO-1 with the {c.schedule} schedule: DDP under torch.distributed.pipelining fails "
                         "its first-step bucket rebuild; use --schedule 1f1b or --zero 0, 2 or 3",
                         source=plan.source, field="config.schedule")

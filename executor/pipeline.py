@@ -60,11 +60,19 @@ def check_stages(stages: tuple[tuple[str, ...], ...], spec: ModelSpec, source: s
         raise UserError("a stage holds no layer", source=source, field="stages")
 
 
+def runnable_schedule(schedule: str, num_microbatches: int, pp: int) -> str:
+    """The schedule torch runs for a plan's: 1F1B with fewer micro-batches than stages is GPipe (every
+    micro-batch is still in its warm-up forward when the first backward starts: the same order), and
+    torch's Schedule1F1B refuses it."""
+    return "gpipe" if schedule == "1f1b" and num_microbatches < pp else schedule
+
+
 def build_schedule(stage_models: list[tuple[int, torch.nn.Module]], *, num_stages: int, pp_mesh: DeviceMesh,
                    schedule: str, num_microbatches: int, loss_fn: Callable, device: torch.device):
     """torch's schedule over this rank's stages (one, or vpp of them for interleaved 1F1B)."""
     group = pp_mesh.get_group()
     stages = [PipelineStage(module, index, num_stages, device, group=group) for index, module in stage_models]
+    schedule = runnable_schedule(schedule, num_microbatches, pp_mesh.size())
     cls = SCHEDULES[schedule]
     if schedule == "interleaved-1f1b":
         return cls(stages, n_microbatches=num_microbatches, loss_fn=loss_fn, scale_grads=False)
