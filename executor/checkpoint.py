@@ -155,8 +155,16 @@ def _rng_state() -> dict[str, torch.Tensor]:
     return state
 
 
-def _set_rng_state(path: Path) -> None:
-    state = torch.load(path, weights_only=True)       # tensors only: nothing is unpickled
+def set_rng_state(path: Path) -> None:
+    """Restore this rank's RNG from ``path``: tensors only (``weights_only``), no object is ever
+    unpickled from a checkpoint folder."""
+    try:
+        state = torch.load(path, weights_only=True)
+    except Exception as e:      # UnpicklingError: the file holds more than tensors
+        raise UserError(f"not an RNG state written by meshplan run (refused to unpickle: "
+                        f"{str(e).splitlines()[0][:160]})", source=str(path)) from None
+    if not isinstance(state, dict) or not isinstance(state.get("cpu"), torch.Tensor):
+        raise UserError("not an RNG state written by meshplan run (expected {'cpu': tensor})", source=str(path))
     torch.set_rng_state(state["cpu"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
@@ -213,5 +221,5 @@ def resume(root: str | Path, parts: list[nn.Module], optimizers: list[torch.opti
     step = load(folder, parts, optimizers, tied=tied)
     rng = folder / f"rng-rank{dist.get_rank()}.pt"
     if meta.get("world_size") == dist.get_world_size() and rng.exists():
-        _set_rng_state(rng)
+        set_rng_state(rng)
     return step, meta

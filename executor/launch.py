@@ -58,6 +58,10 @@ def launch_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     env["PYTHONSAFEPATH"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")                  # what torchrun sets (and announces) otherwise
+    # A restarted job must not share the rendezvous TCPStore of the failed attempt: process groups
+    # would read the dead ranks' addresses from it (pytorch/pytorch#135712, "TORCH_DISABLE_SHARE_RDZV_
+    # TCP_STORE=0 is not compatible with torchelastic restarts"); rank 0 hosts a fresh store per attempt.
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     return env
 
 
