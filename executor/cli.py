@@ -12,6 +12,7 @@ from planner.errors import UserError
 from . import faults
 from .launch import Launch, check_model, launch
 from .plan_file import load_plan, warn_if_other_version
+from .support import check_stages, check_supported
 
 DEFAULT_TIMEOUT_S = 300.0       # executor/train.py's default (kept equal; train imports torch, this must not)
 DEFAULT_CHECKPOINT_EVERY = 100
@@ -137,6 +138,8 @@ def check_run_flags(args, plan) -> None:
 def run_command(args) -> int:
     plan = check_model(load_plan(args.plan), args.model)
     warn_if_other_version(plan)
+    check_supported(plan)
+    check_stages(plan.stages, plan.spec, plan.source)
     check_run_flags(args, plan)
     nproc = args.nproc or plan.world_size // args.nnodes
     if nproc * args.nnodes != plan.world_size:

@@ -23,6 +23,7 @@ from planner.errors import UserError
 from planner.model import ModelSpec
 
 from .models import Transformer, build_model
+from .support import check_stages, runnable_schedule  # noqa: F401  (re-exported)
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B}
 
@@ -47,24 +48,6 @@ def build_stage_model(spec: ModelSpec, paths: tuple[str, ...], source: str = "pl
         if f"layers.{index}" not in paths:
             del model.layers[index]
     return model
-
-
-def check_stages(stages: tuple[tuple[str, ...], ...], spec: ModelSpec, source: str) -> None:
-    """Every layer exactly once, in model order across the virtual stages."""
-    order = ["embed", *(f"layers.{i}" for i in range(spec.num_layers)), "norm", "lm_head"]
-    flat = [path for stage in stages for path in stage]
-    if flat != order:
-        raise UserError(f"the stages must list {', '.join(order[:2])} ... {order[-1]} once each, in order; "
-                        f"got {flat}", source=source, field="stages")
-    if any(not stage for stage in stages):
-        raise UserError("a stage holds no layer", source=source, field="stages")
-
-
-def runnable_schedule(schedule: str, num_microbatches: int, pp: int) -> str:
-    """The schedule torch runs for a plan's: 1F1B with fewer micro-batches than stages is GPipe (every
-    micro-batch is still in its warm-up forward when the first backward starts: the same order), and
-    torch's Schedule1F1B refuses it."""
-    return "gpipe" if schedule == "1f1b" and num_microbatches < pp else schedule
 
 
 def build_schedule(stage_models: list[tuple[int, torch.nn.Module]], *, num_stages: int, pp_mesh: DeviceMesh,
