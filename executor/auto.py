@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import Callable
 
 import torch
@@ -242,18 +243,20 @@ def apply_plan(module: nn.Module, plan: RunPlan, doc: dict, *, device: torch.dev
 
 
 def auto_parallelize(module: nn.Module, example_inputs, *, global_batch: int, cluster: str | None = None,
-                     knobs=None, loss_fn: Callable | None = None, lr: float = 1e-3) -> ParallelTraining:
+                     knobs=None, loss_fn: Callable | None = None, lr: float = 1e-3,
+                     timeout_s: float = 300.0) -> ParallelTraining:
     """Plan ``module`` for the live torchrun world and apply the plan (see the module docstring).
 
     ``example_inputs``: one micro-batch of inputs (a tensor or a tuple), for the tracer.
     ``global_batch``: rows per optimizer step over all replicas. ``knobs``: a ``planner.api.Knobs``
     fixing some of the search's choices (e.g. ``Knobs(tp=2)``). ``loss_fn(output, targets)``: a
-    mean over the rows (default mean squared error)."""
+    mean over the rows (default mean squared error). ``timeout_s``: how long a collective waits for a
+    peer before it raises, where this call starts the process group."""
     if not dist.is_initialized():
         if "RANK" not in os.environ:
             raise UserError("auto_parallelize runs inside a torchrun job (no RANK in the environment); "
                             "launch with torchrun --nproc-per-node N your_script.py", field="environment")
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=timedelta(seconds=timeout_s))
     world = dist.get_world_size()
     if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
         raise UserError(f"must be a positive integer, got {global_batch!r}", field="global_batch")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 
@@ -38,6 +37,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_optimizer_state_dict)
 
 from planner.errors import UserError
+
+from .checkpoint_dir import COMPLETE, MARKER, PARTIAL, latest_complete, partial_dir, step_dir
 
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
@@ -89,46 +90,6 @@ def load(directory: str | Path, parts: list[nn.Module], optimizers: list[torch.o
     return int(state["step"])
 
 
-MARKER = "COMPLETE.json"
-_COMPLETE = re.compile(r"^step-(\d{8})$")
-_PARTIAL = re.compile(r"^\.partial-step-\d{8}$")
-
-
-def step_dir(root: str | Path, step: int) -> Path:
-    return Path(root) / f"step-{step:08d}"
-
-
-def _partial_dir(root: str | Path, step: int) -> Path:
-    return Path(root) / f".partial-step-{step:08d}"
-
-
-def _read_marker(folder: Path) -> dict | None:
-    try:
-        meta = json.loads((folder / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    return meta if isinstance(meta, dict) else None
-
-
-def latest_complete(root: str | Path) -> tuple[Path, dict] | None:
-    """(folder, marker) of the complete checkpoint with the most steps in ``root``; None if none.
-    A folder counts only when its name is step-NNNNNNNN and its marker reads back with that step."""
-    root = Path(root)
-    if not root.is_dir():
-        return None
-    found = []
-    for folder in root.iterdir():
-        match = _COMPLETE.match(folder.name)
-        if match and folder.is_dir():
-            meta = _read_marker(folder)
-            if meta is not None and meta.get("step") == int(match.group(1)):
-                found.append((int(match.group(1)), folder, meta))
-    if not found:
-        return None
-    _, folder, meta = max(found, key=lambda item: item[0])
-    return folder, meta
-
-
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -176,7 +137,7 @@ def save_atomic(root: str | Path, step: int, parts: list[nn.Module], optimizers:
     docstring). ``meta`` goes into the marker; ``before_marker`` runs on every rank once all shards
     are written (fault injection). Returns the complete folder."""
     root, rank = Path(root), dist.get_rank()
-    partial, final = _partial_dir(root, step), step_dir(root, step)
+    partial, final = partial_dir(root, step), step_dir(root, step)
     if rank == 0:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
@@ -193,7 +154,7 @@ def save_atomic(root: str | Path, step: int, parts: list[nn.Module], optimizers:
         os.replace(partial, final)
         _fsync(root)
         for folder in root.iterdir():                          # the new one is complete: drop the older ones
-            match = _COMPLETE.match(folder.name)
+            match = COMPLETE.match(folder.name)
             if match and int(match.group(1)) < step:
                 shutil.rmtree(folder, ignore_errors=True)
     dist.barrier()
@@ -210,7 +171,7 @@ def resume(root: str | Path, parts: list[nn.Module], optimizers: list[torch.opti
     if dist.get_rank() == 0:
         root.mkdir(parents=True, exist_ok=True)
         for folder in root.iterdir():
-            if _PARTIAL.match(folder.name):
+            if PARTIAL.match(folder.name):
                 shutil.rmtree(folder, ignore_errors=True)
         found = latest_complete(root)
         choice = [(str(found[0]), found[1]) if found else None]

@@ -10,6 +10,7 @@ from planner.cli import _positive_int
 from planner.errors import UserError
 
 from . import faults
+from .checkpoint_dir import check_resumable, latest_complete
 from .launch import Launch, check_model, launch
 from .plan_file import load_plan, warn_if_other_version
 from .support import check_stages, check_supported
@@ -128,6 +129,9 @@ def check_run_flags(args, plan) -> None:
         if folder.exists() and not folder.is_dir():
             raise UserError("exists and is not a folder; allowed: a folder, or a path to create",
                             source=args.checkpoint_dir, field="--checkpoint-dir")
+        found = latest_complete(folder)
+        if found is not None:
+            check_resumable(folder, found[1], steps=args.steps, seed=args.seed)
     if (args.checkpoint_dir or args.save or args.load) and plan.config.zero == 1 and plan.config.dp > 1:
         raise UserError("checkpoints of ZeRO-1 runs are not supported (ZeroRedundancyOptimizer has no "
                         "distributed state dict); allowed: a plan with zero 0, 2 or 3", source=plan.source,

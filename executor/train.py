@@ -32,6 +32,7 @@ from planner.errors import UserError
 
 from . import checkpoint as ckpt
 from . import faults
+from .checkpoint_dir import check_resumable
 from .data import local_batch
 from .measure import SavedTensorMeter, gathered_param_bytes, grad_bytes, optimizer_bytes, param_bytes
 from .mesh import ParallelDims
@@ -224,13 +225,7 @@ def _resume(job: Job, options: RunOptions) -> tuple[int, list[float]]:
         start, meta = ckpt.resume(options.checkpoint_dir, job.trained, job.optimizers, tied=tied)
         if meta is None:
             return 0, []
-        if meta.get("seed") != options.seed:
-            raise UserError(f"the checkpoint was written with --seed {meta.get('seed')}, this run has --seed "
-                            f"{options.seed}; allowed: the same seed, or another --checkpoint-dir",
-                            source=options.checkpoint_dir, field="--seed")
-        if start > options.steps:
-            raise UserError(f"holds a checkpoint after step {start}, beyond --steps {options.steps}; allowed: "
-                            f"--steps >= {start}, or another --checkpoint-dir", source=options.checkpoint_dir)
+        check_resumable(options.checkpoint_dir, meta, steps=options.steps, seed=options.seed)
         if dist.get_rank() == 0:
             sys.stderr.write(f"meshplan run: resuming from {ckpt.step_dir(options.checkpoint_dir, start)} "
                              f"(step {start} of {options.steps})\n")

@@ -26,6 +26,10 @@ def plans(tmp_path_factory):
              "zero1": write_plan(tmp, TINY_GPT, gpus=2, name="zero1", dp=2, zero=1),
              "cp2": write_plan(tmp, TINY_LLAMA, gpus=2, name="cp2", cp=2, micro_batch=8)}
     docs = {name: json.loads(Path(p).read_text()) for name, p in paths.items()}
+    for name, losses in (("done", [4.8, 4.8, 4.8, 4.8]), ("broken", [1.0])):
+        (tmp / name / "step-00000004").mkdir(parents=True)
+        (tmp / name / "step-00000004" / "COMPLETE.json").write_text(json.dumps(
+            {"step": 4, "seed": 0, "losses": losses, "world_size": 2}))
     return tmp, docs
 
 
@@ -127,6 +131,16 @@ CASES = {
                                 ["--load: --load and --checkpoint-dir both say where checkpoints are; allowed: one"]),
     "checkpoint dir is a file": ("gpt", None, "gpt", ["--checkpoint-dir", "{tmp}/gpt.json"],
                                  ["gpt.json: --checkpoint-dir: exists and is not a folder; allowed: a folder"]),
+    # a complete checkpoint after 4 steps of seed 0 in {tmp}/done (the fixture writes its marker)
+    "fewer steps than the checkpoint": ("gpt", None, "gpt", ["--checkpoint-dir", "{tmp}/done", "--steps", "3"],
+                                        ["done: --steps: holds a checkpoint after step 4, beyond --steps 3; "
+                                         "allowed: --steps >= 4, or another --checkpoint-dir"]),
+    "another seed than the checkpoint": ("gpt", None, "gpt", ["--checkpoint-dir", "{tmp}/done", "--seed", "1"],
+                                         ["done: --seed: its checkpoint was written with --seed 0, this run has "
+                                          "--seed 1; allowed: the same seed"]),
+    "checkpoint marker losses": ("gpt", None, "gpt", ["--checkpoint-dir", "{tmp}/broken"],
+                                 ["broken/step-00000004/COMPLETE.json: losses: must be the 4 losses of the steps "
+                                  "done, got [1.0]"]),
     "checkpoints of a ZeRO-1 plan": ("zero1", None, "gpt", ["--checkpoint-dir", "ck"],
                                      ["plan.json: config.zero: checkpoints of ZeRO-1 runs are not supported",
                                       "allowed: a plan with zero 0, 2 or 3"]),
@@ -152,7 +166,7 @@ def test_bad_input_is_one_line_naming_source_field_and_allowed(case, plans, tmp_
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(doc))
     model_path = str(tmp / ("tiny-gpt.json" if model == "gpt" else "tiny-llama.json"))
-    argv = ["run", "--plan", str(plan), "--model", model_path, "--steps", "2", "--out", str(tmp_path / "m.json"),
+    argv = ["run", "--plan", str(plan), "--model", model_path, "--steps", "6", "--out", str(tmp_path / "m.json"),
             *[f.format(tmp=tmp) for f in flags]]
     code, err = _meshplan_run(argv, capsys)
     assert code == 2, err

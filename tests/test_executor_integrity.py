@@ -36,7 +36,8 @@ DECOY = "open({marker!r}, 'w').write('imported'); raise ImportError('decoy {name
 def test_launched_processes_import_nothing_from_the_working_directory(tmp_path, monkeypatch, capfd):
     """`executor/`, `planner/` and `torch/` packages lying in the directory `meshplan run` starts
     from are never imported by torchrun or the ranks (python -m would put the working directory
-    first on sys.path): the run succeeds and no decoy wrote its marker."""
+    first on sys.path): the run succeeds and no decoy wrote its marker. (A PYTHONPATH naming the
+    directory, such as a relative '.', is the user naming it: the test's names only the checkout.)"""
     from executor.launch import Launch, launch
     plan = write_plan(tmp_path, TINY_GPT, gpus=1)
     work = tmp_path / "work"
@@ -44,6 +45,7 @@ def test_launched_processes_import_nothing_from_the_working_directory(tmp_path, 
         (work / name).mkdir(parents=True)
         (work / name / "__init__.py").write_text(DECOY.format(marker=str(tmp_path / f"{name}.imported"), name=name))
     monkeypatch.chdir(work)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
     code = launch(Launch(nproc=1), ["--plan", plan, "--model", str(tmp_path / "tiny-gpt.json"), "--steps", "1",
                                     "--out", str(tmp_path / "m.json")])
     assert code == 0, capfd.readouterr().err[-3000:]
