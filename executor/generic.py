@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from functools import partial
 
-import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.utils.checkpoint import checkpoint
@@ -130,8 +129,8 @@ def apply_ac(part: nn.Module, recompute_per_layer: dict[str, str]) -> list[str]:
     return notes
 
 
-def apply_dp(part: nn.Module, *, zero: int, units: list[str], mesh: DeviceMesh, dp: int, replicate_ddp: bool,
-             ) -> tuple[nn.Module, bool]:
+def apply_dp(part: nn.Module, *, zero: int, units: list[str], mesh: DeviceMesh, dp: int,
+             replicate_ddp: bool) -> tuple[nn.Module, bool]:
     """Data parallelism by ZeRO stage (Rajbhandari et al. 2020). Returns (the module to train, whether
     FSDP2 manages its gradients). ``replicate_ddp``: ZeRO-0/1 where DDP cannot go (DTensor parameters,
     pipelines), as executor/parallelize.py's ``uses_fsdp``."""
