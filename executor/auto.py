@@ -1,95 +1,179 @@
-"""``auto_parallelize``: one call inside a torchrun job turns a module into data-parallel training.
+"""``auto_parallelize``: one call inside a torchrun job plans a module for the live world and applies it.
 
 What it does, in order:
-1. reads the live world (process count, device) from the job;
-2. describes the module as layers: ``planner.trace.trace`` where the tracer is installed,
-   else one layer per top-level child with its parameter count (an honest fallback:
-   no FLOPs, no activations);
-3. chooses the plan: data parallelism over every rank, with the lowest ZeRO stage whose
-   model states fit the device (planner/cost/memory.py's bytes per parameter; without a
-   cluster profile, ZeRO-0). Tensor and pipeline parallelism need the planner's search
-   over a traced graph, which the executor does not import (plan.json is the contract);
-4. applies it: ZeRO-0 as DDP, ZeRO-2/3 as FSDP2 ``fully_shard`` per layer and at the
-   root, after broadcasting rank 0's weights so every rank starts from the same model;
-5. returns the module, an AdamW optimizer and a step function.
+1. reads the live world (process count, device) from the job, and makes every rank start
+   from rank 0's weights;
+2. on rank 0 only: traces the module (``planner.trace.trace``: its layers, FLOPs, activations,
+   which linears tensor parallelism can split) and plans it with the planner as a library call
+   (``planner.api.plan_json``: the same search as ``meshplan plan``, over dp, tp, pp, ZeRO,
+   micro-batch, schedule and recompute), for ``cluster`` (a profile name or TOML; default
+   cpu-gloo) with as many GPUs as the job has processes. The plan.json document is broadcast,
+   so every rank applies the same plan (or raises the same error);
+3. applies it (executor/generic.py): the pipeline stages of this rank, TP styles, recompute,
+   then FSDP2 / replicate / DDP by ZeRO stage, and the pipeline schedule;
+4. returns a ``ParallelTraining``: the parallel module(s), their optimizers, ``step`` and the plan.
+
+The knobs the executor cannot run on an arbitrary module are fixed before the search: no
+context parallelism, no sequence parallelism (which dimension of a user's tensor is the sequence
+is not known), no offload. ZeRO-1 runs as ZeRO-2 where torch's ZeroRedundancyOptimizer cannot
+(DTensor parameters; pipelines other than 1F1B): the same communication volume, less memory;
+``plan.notes`` says so.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from planner.cluster import load_cluster
-from planner.cost.memory import state_bytes_per_param
 from planner.errors import UserError
+
+from .generic import apply_ac, apply_dp, apply_tp, split_pipeline
+from .integrity import check_world_size
+from .mesh import ParallelDims
+from .parallelize import shard_embedding_grads
+from .pipeline import build_schedule, runnable_schedule, stage_indices
+from .plan_file import RunPlan, plan_from_json
+
+DEFAULT_CLUSTER = "cpu-gloo"
+SOURCE = "auto_parallelize plan"        # how errors name the plan document
 
 
 @dataclass(frozen=True, kw_only=True)
 class AutoPlan:
-    """What auto_parallelize chose, and why."""
+    """What auto_parallelize runs: the planner's plan for this module and world, as applied."""
 
+    doc: dict                              # the plan.json document (json.dump it to keep it)
     dp: int
-    zero: int
-    layers: tuple[str, ...]          # module paths that became FSDP units
-    params: int
-    state_bytes_per_gpu: float       # parameters + gradients + optimizer states on one rank
-    capacity_bytes: float | None     # the device's memory less the runtime's reserve (None: no profile)
-    source: str                      # "planner.trace" or "top-level children"
+    tp: int
+    pp: int
+    zero: int                              # the ZeRO stage that runs (notes say where it is not the plan's)
+    schedule: str | None                   # the pipeline schedule (None without a pipeline)
+    num_microbatches: int
+    stages: tuple[tuple[str, ...], ...]    # layer paths per virtual stage
+    tp_plan: dict[str, str]                # module path -> TP style
+    layers: tuple[str, ...]                # module paths that became FSDP / replicate units on this rank
+    notes: tuple[str, ...] = ()            # where the run differs from the plan, and why
+    source: str = "planner.trace"          # how the module was described to the planner
+
+
+def plan_module(module: nn.Module, example_inputs, *, global_batch: int, world: int, cluster: str | None = None,
+                knobs=None, precision: str = "fp32") -> dict:
+    """The plan.json document for ``module`` on ``world`` processes (no torch.distributed needed)."""
+    from planner.api import plan_json
+    from planner.config import Workload
+    from planner.trace import trace
+    graph = trace(module, example_inputs)
+    workload = Workload(global_batch=global_batch, seq_len=graph.seq_len, precision=precision)
+    return plan_json(graph, cluster or DEFAULT_CLUSTER, workload, gpus=world, knobs=executable_knobs(knobs))
+
+
+def executable_knobs(knobs=None):
+    """The user's knobs with what the executor cannot run on an arbitrary module fixed off."""
+    from planner.api import Knobs
+    knobs = knobs or Knobs()
+    for name, off in (("cp", 1), ("sequence_parallel", False), ("offload", "none")):
+        value = getattr(knobs, name)
+        if value is not None and value != off:
+            raise UserError(f"{value!r}: auto_parallelize runs {name} {off!r} only (context parallelism, "
+                            "sequence parallelism and offload need a model the executor builds); allowed: "
+                            f"{off!r} or None", field=f"knobs.{name}")
+    return replace(knobs, cp=1, sequence_parallel=False, offload="none")
+
+
+def _broadcast_plan(plan_fn: Callable[[], dict]) -> dict:
+    """Rank 0 plans; every rank returns its document, or raises its error (no rank is left waiting)."""
+    box: list = [None]
+    failure = None
+    if dist.get_rank() == 0:
+        try:
+            box = [("plan", plan_fn())]
+        except UserError as e:
+            box = [("user-error", str(e), e.exit_code)]
+        except Exception as e:      # a bug or a module the tracer cannot follow: tell the others first
+            failure = e
+            box = [("crash", f"{type(e).__name__}: {e}", 1)]
+    dist.broadcast_object_list(box, src=0)
+    kind, *rest = box[0]
+    if failure is not None:
+        raise failure
+    if kind == "plan":
+        return rest[0]
+    if kind == "user-error":
+        error = UserError(rest[0])
+        error.exit_code = rest[1]
+        raise error
+    raise RuntimeError(f"rank 0 failed to plan the module: {rest[0]}")
 
 
 class ParallelTraining:
-    """The parallel module, its optimizer, and ``step(inputs, targets) -> loss`` on this rank's batch."""
+    """This rank's share of the training: ``step(inputs, targets) -> loss`` on this data-parallel
+    replica's share of the global batch (``shard`` cuts it from the global batch)."""
 
-    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Callable, plan: AutoPlan):
-        self.module, self.optimizer, self.loss_fn, self.plan = module, optimizer, loss_fn, plan
+    def __init__(self, *, plan: AutoPlan, run_plan: RunPlan, parts: list[nn.Module], indices: list[int],
+                 optimizers: list[torch.optim.Optimizer], loss_fn: Callable, mesh, dp_mesh, device, schedule):
+        self.plan, self.run_plan, self.parts, self.optimizers = plan, run_plan, parts, optimizers
+        self.loss_fn, self.mesh, self.dp_mesh, self.device, self.schedule = loss_fn, mesh, dp_mesh, device, schedule
+        self.dp, self.dp_rank = plan.dp, dp_mesh.get_local_rank()
+        self.first_stage = 0 in indices
+        self.last_stage = len(plan.stages) - 1 in indices
+
+    @property
+    def module(self) -> nn.Module:
+        """The parallel module (without a pipeline), or this rank's first stage."""
+        return self.parts[0]
+
+    def shard(self, batch):
+        """This replica's rows of a global batch (a tensor, or a tuple of them)."""
+        if isinstance(batch, (tuple, list)):
+            return type(batch)(self.shard(b) for b in batch)
+        per = batch.shape[0] // self.dp
+        return batch[self.dp_rank * per:(self.dp_rank + 1) * per]
+
+    def microbatch_loss(self, output, targets) -> torch.Tensor:
+        """The user's mean loss of one micro-batch over the number of micro-batches: the micro-batches
+        of a step add up to the replica's mean (schedules run with ``scale_grads=False``)."""
+        return self.loss_fn(output, targets) / self.plan.num_microbatches
 
     def step(self, inputs, targets) -> float:
-        """One optimizer step on this rank's share of the global batch; returns the mean loss over
-        all ranks (equal shares: the global batch's mean)."""
-        loss = self.loss_fn(self.module(inputs), targets)
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        value = loss.detach().float().reshape(1).clone()
-        dist.all_reduce(value)
-        return value.item() / dist.get_world_size()
+        """One optimizer step; returns the loss over the whole global batch (every rank the same)."""
+        inputs = tuple(x.to(self.device) for x in (inputs if isinstance(inputs, (tuple, list)) else (inputs,)))
+        targets = targets.to(self.device)
+        if self.schedule is not None:
+            losses: list[torch.Tensor] = []
+            kwargs = {"target": targets, "losses": losses} if self.last_stage else {}
+            self.schedule.step(*(inputs if self.first_stage else ()), **kwargs)
+            local = torch.stack(losses).sum() if losses else torch.zeros((), device=self.device)
+        else:
+            local = self._accumulate(inputs, targets)
+        for optimizer in self.optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        value = local.detach().float().reshape(1).clone()
+        dist.all_reduce(value, group=self.mesh["pp"].get_group())      # only the last stage holds it
+        dist.all_reduce(value, group=self.dp_mesh.get_group())
+        return value.item() / self.dp
 
-
-def _layers(module: nn.Module, example_inputs) -> tuple[list[tuple[str, int]], str]:
-    """(module path, parameters) per layer, and where the description came from."""
-    try:
-        from planner.trace import trace
-    except ImportError:
-        trace = None
-    if trace is not None:
-        graph = trace(module, example_inputs)
-        return [(layer.name, layer.params) for layer in graph.layers], "planner.trace"
-    return ([(name, sum(p.numel() for p in child.parameters())) for name, child in module.named_children()],
-            "top-level children")
-
-
-def choose_zero(params: int, *, world: int, cluster: str | None, precision: str = "fp32") -> tuple[int, float, float | None]:
-    """(ZeRO stage, model-state bytes per rank, capacity): the lowest stage that fits the profile's
-    device memory; ZeRO-1 is skipped (it needs DDP plus ZeroRedundancyOptimizer: ZeRO-2 shards
-    more for the same communication)."""
-    if cluster is None:
-        s = state_bytes_per_param(framework="torch", precision=precision, zero=0, shard=world, offload="none")
-        return 0, params * (s.params + s.grads + s.optimizer), None
-    device = load_cluster(cluster, world).device
-    capacity = device.memory_bytes - device.reserved_bytes
-    need = 0.0
-    for zero in (0, 2, 3):
-        s = state_bytes_per_param(framework="torch", precision=precision, zero=zero, shard=world, offload="none")
-        need = params * (s.params + s.grads + s.optimizer)
-        if need <= capacity:
-            return zero, need, capacity
-    raise UserError(f"the model's {params:,} parameters need {need / 2**30:.2f} GiB of model states per rank even "
-                    f"with ZeRO-3 over {world} ranks, more than the {capacity / 2**30:.2f} GiB the profile gives; "
-                    "use more processes or a profile with more memory", field="cluster")
+    def _accumulate(self, inputs: tuple, targets: torch.Tensor) -> torch.Tensor:
+        """Without a pipeline: gradient accumulation over the plan's micro-batches."""
+        from contextlib import nullcontext
+        m, model = self.plan.num_microbatches, self.parts[0]
+        total = torch.zeros((), device=self.device)
+        chunks = list(zip(*(x.chunk(m) for x in inputs), targets.chunk(m)))
+        for i, (*xs, y) in enumerate(chunks):
+            last = i == len(chunks) - 1
+            sync = model.no_sync() if hasattr(model, "no_sync") and not last else nullcontext()
+            if self.plan.zero == 0 and hasattr(model, "set_requires_gradient_sync"):
+                model.set_requires_gradient_sync(last)       # replicate: one all-reduce per step
+            with sync:
+                loss = self.microbatch_loss(model(*xs), y)
+                loss.backward()
+            total += loss.detach()
+        return total
 
 
 def _device() -> torch.device:
@@ -99,36 +183,90 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
+def _run_zero(plan: RunPlan) -> tuple[int, tuple[str, ...]]:
+    c = plan.config
+    schedule = runnable_schedule(c.schedule, c.num_microbatches, c.pp)
+    if c.zero == 1 and c.dp > 1 and (c.tp > 1 or (c.pp > 1 and schedule != "1f1b")):
+        why = "DTensor parameters" if c.tp > 1 else f"the {schedule} schedule"
+        return 2, (f"ZeRO-1 runs as ZeRO-2: ZeroRedundancyOptimizer cannot shard with {why} (same "
+                   "communication volume, less memory)",)
+    return c.zero, ()
+
+
+def apply_plan(module: nn.Module, plan: RunPlan, doc: dict, *, device: torch.device, loss_fn: Callable,
+               lr: float) -> ParallelTraining:
+    """Apply a traced module's plan to ``module`` on this rank (executor/generic.py, in its order)."""
+    c, world = plan.config, dist.get_world_size()
+    zero, notes = _run_zero(plan)
+    dims = ParallelDims.from_config(replace(c, zero=zero), world)
+    mesh, dp_mesh = dims.build_mesh(device.type)
+    layers = [path for stage in plan.stages for path in stage]
+    if c.pp > 1:
+        indices = stage_indices(len(plan.stages), c.pp, mesh["pp"].get_local_rank())
+        parts = split_pipeline(module, plan.stages, indices, plan.source)
+    else:
+        indices, parts = [0], [module]
+    trained, optimizers, units = [], [], []
+    for part in parts:
+        if dims.tp > 1:
+            apply_tp(part, mesh["tp"], plan.tp_plan, layers)
+        notes += tuple(apply_ac(part, plan.recompute_per_layer))
+        names = dict(part.named_modules())
+        units += [u for u in layers if u in names and u]
+        model, fsdp = apply_dp(part, zero=zero, units=layers, mesh=mesh, dp=dims.dp,
+                               replicate_ddp=zero == 0 and (dims.tp > 1 or c.pp > 1))
+        if dims.tp > 1 and not fsdp:       # FSDP reduces (and shards) gradients itself
+            shard_embedding_grads(part, plan.tp_plan)
+        trained.append(model)
+        params = list(model.parameters())
+        if zero == 1 and dims.dp > 1:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+            optimizers.append(ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=lr, foreach=False,
+                                                      process_group=mesh["dp_replicate"].get_group()))
+        else:
+            optimizers.append(torch.optim.AdamW(params, lr=lr, foreach=False))
+    schedule = runnable_schedule(c.schedule, c.num_microbatches, c.pp) if c.pp > 1 else None
+    if schedule is not None and schedule != c.schedule:
+        notes += (f"the {c.schedule} schedule with {c.num_microbatches} micro-batch(es) for {c.pp} stages runs "
+                  f"as {schedule} (the same order)",)
+    auto = AutoPlan(doc=doc, dp=c.dp, tp=c.tp, pp=c.pp, zero=zero, schedule=schedule,
+                    num_microbatches=c.num_microbatches, stages=plan.stages, tp_plan=dict(plan.tp_plan),
+                    layers=tuple(units), notes=notes)
+    training = ParallelTraining(plan=auto, run_plan=plan, parts=trained, indices=indices, optimizers=optimizers,
+                                loss_fn=loss_fn, mesh=mesh, dp_mesh=dp_mesh, device=device, schedule=None)
+    if c.pp > 1:
+        training.schedule = build_schedule(list(zip(indices, trained)), num_stages=len(plan.stages),
+                                           pp_mesh=mesh["pp"], schedule=c.schedule,
+                                           num_microbatches=c.num_microbatches, loss_fn=training.microbatch_loss,
+                                           device=device)
+    return training
+
+
 def auto_parallelize(module: nn.Module, example_inputs, *, global_batch: int, cluster: str | None = None,
-                     loss_fn: Callable | None = None, lr: float = 1e-3) -> ParallelTraining:
-    """Plan ``module`` for the live torchrun world and apply the plan (see the module docstring)."""
+                     knobs=None, loss_fn: Callable | None = None, lr: float = 1e-3,
+                     timeout_s: float = 300.0) -> ParallelTraining:
+    """Plan ``module`` for the live torchrun world and apply the plan (see the module docstring).
+
+    ``example_inputs``: one micro-batch of inputs (a tensor or a tuple), for the tracer.
+    ``global_batch``: rows per optimizer step over all replicas. ``knobs``: a ``planner.api.Knobs``
+    fixing some of the search's choices (e.g. ``Knobs(tp=2)``). ``loss_fn(output, targets)``: a
+    mean over the rows (default mean squared error). ``timeout_s``: how long a collective waits for a
+    peer before it raises, where this call starts the process group."""
     if not dist.is_initialized():
         if "RANK" not in os.environ:
             raise UserError("auto_parallelize runs inside a torchrun job (no RANK in the environment); "
                             "launch with torchrun --nproc-per-node N your_script.py", field="environment")
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=timedelta(seconds=timeout_s))
     world = dist.get_world_size()
-    if global_batch % world:
-        raise UserError(f"global batch {global_batch} is not a multiple of the {world} processes", field="global_batch")
+    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
+        raise UserError(f"must be a positive integer, got {global_batch!r}", field="global_batch")
     device = _device()
     module = module.to(device)
-    layers, source = _layers(module, example_inputs)
-    params = sum(p.numel() for p in module.parameters())
-    zero, need, capacity = choose_zero(params, world=world, cluster=cluster)
     with torch.no_grad():                       # every rank starts from rank 0's weights
         for tensor in [*module.parameters(), *module.buffers()]:
             dist.broadcast(tensor, src=0)
-    named = dict(module.named_modules())
-    units = tuple(name for name, count in layers if count and name in named and name)
-    if zero == 0:
-        from torch.nn.parallel import DistributedDataParallel
-        module = DistributedDataParallel(module, gradient_as_bucket_view=True)
-    else:
-        from torch.distributed.fsdp import fully_shard
-        for name in units:
-            fully_shard(named[name], reshard_after_forward=zero == 3)
-        fully_shard(module, reshard_after_forward=zero == 3)
-    plan = AutoPlan(dp=world, zero=zero, layers=units, params=params, state_bytes_per_gpu=need,
-                    capacity_bytes=capacity, source=source)
-    optimizer = torch.optim.AdamW(module.parameters(), lr=lr, foreach=False)
-    return ParallelTraining(module, optimizer, loss_fn or nn.functional.mse_loss, plan)
+    doc = _broadcast_plan(lambda: plan_module(module, example_inputs, global_batch=global_batch, world=world,
+                                              cluster=cluster, knobs=knobs))
+    plan = plan_from_json(doc, SOURCE)
+    check_world_size(plan, world, "this torchrun job")
+    return apply_plan(module, plan, doc, device=device, loss_fn=loss_fn or nn.functional.mse_loss, lr=lr)

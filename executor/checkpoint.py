@@ -10,12 +10,26 @@ sees the batches an uninterrupted one would.
 
 A tied LM head (GPT) is one parameter without a pipeline and two equal copies
 with one (first and last stage): both are stored under the embedding's path.
+
+Periodic checkpoints for restarts (``meshplan run --checkpoint-dir DIR``) are
+written atomically (``save_atomic``): into ``DIR/.partial-step-NNNNNNNN``, then
+each rank's RNG state, then, once every rank has written, the completion marker
+``COMPLETE.json`` (step, seed, the losses of every step so far), and last a
+rename to ``DIR/step-NNNNNNNN``. Only a ``step-*`` folder whose marker reads back
+is ever loaded (``latest_complete``), so a checkpoint interrupted while being
+written is never loaded, and the previous complete one is deleted only after
+the new one is complete. DIR must be visible to every rank (one machine, or a
+shared file system).
 """
 from __future__ import annotations
 
+import json
+import os
+import shutil
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
@@ -23,6 +37,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_optimizer_state_dict)
 
 from planner.errors import UserError
+
+from .checkpoint_dir import COMPLETE, MARKER, PARTIAL, latest_complete, partial_dir, step_dir
 
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
@@ -72,3 +88,99 @@ def load(directory: str | Path, parts: list[nn.Module], optimizers: list[torch.o
         set_model_state_dict(m, {k: state["model"][_key(k, tied)] for k in msd}, options=OPTIONS)
         set_optimizer_state_dict(m, o, {k: state["optimizer"][_key(k, tied)] for k in osd}, options=OPTIONS)
     return int(state["step"])
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_marker(folder: Path, meta: dict) -> None:
+    """Write, flush and fsync the marker under a temporary name, then rename it into place."""
+    part = folder / (MARKER + ".part")
+    with open(part, "w") as f:
+        json.dump(meta, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(part, folder / MARKER)
+    _fsync(folder)
+
+
+def _rng_state() -> dict[str, torch.Tensor]:
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(path: Path) -> None:
+    """Restore this rank's RNG from ``path``: tensors only (``weights_only``), no object is ever
+    unpickled from a checkpoint folder."""
+    try:
+        state = torch.load(path, weights_only=True)
+    except Exception as e:      # UnpicklingError: the file holds more than tensors
+        raise UserError(f"not an RNG state written by meshplan run (refused to unpickle: "
+                        f"{str(e).splitlines()[0][:160]})", source=str(path)) from None
+    if not isinstance(state, dict) or not isinstance(state.get("cpu"), torch.Tensor):
+        raise UserError("not an RNG state written by meshplan run (expected {'cpu': tensor})", source=str(path))
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def save_atomic(root: str | Path, step: int, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer], *,
+                tied: bool, meta: dict, before_marker=None) -> Path:
+    """Collective: the checkpoint after ``step`` steps, complete or not there at all (see the module
+    docstring). ``meta`` goes into the marker; ``before_marker`` runs on every rank once all shards
+    are written (fault injection). Returns the complete folder."""
+    root, rank = Path(root), dist.get_rank()
+    partial, final = partial_dir(root, step), step_dir(root, step)
+    if rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    dist.barrier()
+    save(partial, step, parts, optimizers, tied=tied)          # DCP: every rank its shards, rank 0 .metadata
+    torch.save(_rng_state(), partial / f"rng-rank{rank}.pt")
+    dist.barrier()                                             # every rank's files are written
+    if before_marker is not None:
+        before_marker()
+    if rank == 0:
+        _write_marker(partial, {**meta, "step": step, "world_size": dist.get_world_size()})
+        if final.exists():                                     # an unfinished copy: complete ones are older
+            shutil.rmtree(final)
+        os.replace(partial, final)
+        _fsync(root)
+        for folder in root.iterdir():                          # the new one is complete: drop the older ones
+            match = COMPLETE.match(folder.name)
+            if match and int(match.group(1)) < step:
+                shutil.rmtree(folder, ignore_errors=True)
+    dist.barrier()
+    return final
+
+
+def resume(root: str | Path, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer], *,
+           tied: bool) -> tuple[int, dict | None]:
+    """Collective: load the latest complete checkpoint in ``root`` into this rank's parts; returns
+    (steps done, its marker), or (0, None) when there is none. Rank 0 removes interrupted
+    (partial) checkpoints first and decides which one every rank loads."""
+    root = Path(root)
+    choice: list = [None]
+    if dist.get_rank() == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        for folder in root.iterdir():
+            if PARTIAL.match(folder.name):
+                shutil.rmtree(folder, ignore_errors=True)
+        found = latest_complete(root)
+        choice = [(str(found[0]), found[1]) if found else None]
+    dist.broadcast_object_list(choice, src=0)
+    if choice[0] is None:
+        return 0, None
+    folder, meta = Path(choice[0][0]), choice[0][1]
+    step = load(folder, parts, optimizers, tied=tied)
+    rng = folder / f"rng-rank{dist.get_rank()}.pt"
+    if meta.get("world_size") == dist.get_world_size() and rng.exists():
+        set_rng_state(rng)
+    return step, meta

@@ -9,8 +9,14 @@ from pathlib import Path
 from planner.cli import _positive_int
 from planner.errors import UserError
 
+from . import faults
+from .checkpoint_dir import check_resumable, latest_complete
 from .launch import Launch, check_model, launch
-from .plan_file import load_plan
+from .plan_file import load_plan, warn_if_other_version
+from .support import check_stages, check_supported
+
+DEFAULT_TIMEOUT_S = 300.0       # executor/train.py's default (kept equal; train imports torch, this must not)
+DEFAULT_CHECKPOINT_EVERY = 100
 
 EPILOG = """\
 examples:
@@ -19,7 +25,29 @@ examples:
   meshplan run --plan plan.json --model cfg.json --steps 4 --save ckpt/
   meshplan run --plan other.json --model cfg.json --steps 4 --load ckpt/ # resume under another plan
   meshplan run ... --nnodes 2 --node-rank 0 --rdzv-endpoint host0:29500  # on each of 2 machines
+  meshplan run --plan plan.json --model cfg.json --steps 1000 --checkpoint-dir ckpt/ \
+               --checkpoint-every 50 --max-restarts 3    # a rank that dies: restart, resume from ckpt/
 """
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
 
 
 def add_run_parser(subparsers) -> argparse.ArgumentParser:
@@ -37,6 +65,19 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="data and initialisation seed (default 0)")
     p.add_argument("--save", metavar="DIR", help="save a checkpoint after the last step")
     p.add_argument("--load", metavar="DIR", help="resume from a checkpoint (any plan's)")
+    f = p.add_argument_group("failures (a rank that dies, a peer that is lost)")
+    f.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="restartable run: resume from DIR's latest complete checkpoint (if any), checkpoint "
+                        "into DIR atomically every --checkpoint-every steps and after the last; --steps is "
+                        "then the run's total; the same command again continues it")
+    f.add_argument("--checkpoint-every", type=_positive_int, metavar="K",
+                   help=f"steps between checkpoints (default {DEFAULT_CHECKPOINT_EVERY}; needs --checkpoint-dir)")
+    f.add_argument("--max-restarts", type=_non_negative_int, default=0, metavar="N",
+                   help="restart the job up to N times when a rank fails (torchrun's elastic agent; with "
+                        "--checkpoint-dir each restart resumes from the last complete checkpoint; default 0)")
+    f.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                   help=f"longest a collective waits for a peer before the job ends with an error "
+                        f"(default {DEFAULT_TIMEOUT_S:g})")
     p.add_argument("--out", default="measured.json", help="where to write measured.json (default ./measured.json)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -45,13 +86,17 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
 
 def summary(measured: dict) -> dict:
     return {"losses": measured["losses"], "step_time_s": measured["step_time_s"],
-            "memory_per_rank_bytes": measured["memory_per_rank_bytes"], "predicted": measured["predicted"]}
+            "memory_per_rank_bytes": measured["memory_per_rank_bytes"], "predicted": measured["predicted"],
+            "resumed_from": measured.get("resumed_from", 0), "restart": measured.get("restart", 0)}
 
 
 def format_comparison(measured: dict) -> str:
     """Predicted against measured: step time, and each rank's memory by category."""
     pred = measured["predicted"]
     lines = [f"losses    {' '.join(f'{x:.4f}' for x in measured['losses'])}"]
+    if measured["step_time_s"] is None:
+        lines.append(f"no step ran: the checkpoint resumed from already holds all {measured['resumed_from']} steps")
+        return "\n".join(lines) + "\n"
     p_time = pred.get("step_time_s")
     err = f" ({100 * (measured['step_time_s'] / p_time - 1):+.0f}%)" if p_time else ""
     lines.append(f"step time predicted {p_time if p_time is None else f'{p_time:.4f}'} s, "
@@ -71,8 +116,35 @@ def format_comparison(measured: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def check_run_flags(args, plan) -> None:
+    """Flags that cannot work together or with this plan, before anything is launched."""
+    if args.checkpoint_every is not None and not args.checkpoint_dir:
+        raise UserError("needs --checkpoint-dir DIR (where the checkpoints go)", field="--checkpoint-every")
+    if args.checkpoint_dir:
+        for flag, value in (("--load", args.load), ("--save", args.save)):
+            if value:
+                raise UserError(f"{flag} and --checkpoint-dir both say where checkpoints are; allowed: one of "
+                                "them (--checkpoint-dir resumes from and saves into DIR)", field=flag)
+        folder = Path(args.checkpoint_dir)
+        if folder.exists() and not folder.is_dir():
+            raise UserError("exists and is not a folder; allowed: a folder, or a path to create",
+                            source=args.checkpoint_dir, field="--checkpoint-dir")
+        found = latest_complete(folder)
+        if found is not None:
+            check_resumable(folder, found[1], steps=args.steps, seed=args.seed)
+    if (args.checkpoint_dir or args.save or args.load) and plan.config.zero == 1 and plan.config.dp > 1:
+        raise UserError("checkpoints of ZeRO-1 runs are not supported (ZeroRedundancyOptimizer has no "
+                        "distributed state dict); allowed: a plan with zero 0, 2 or 3", source=plan.source,
+                        field="config.zero")
+    faults.from_env()       # a malformed MESHPLAN_FAULT fails here, not in every rank
+
+
 def run_command(args) -> int:
     plan = check_model(load_plan(args.plan), args.model)
+    warn_if_other_version(plan)
+    check_supported(plan)
+    check_stages(plan.stages, plan.spec, plan.source)
+    check_run_flags(args, plan)
     nproc = args.nproc or plan.world_size // args.nnodes
     if nproc * args.nnodes != plan.world_size:
         raise UserError(f"{args.nnodes} node(s) x {nproc} processes = {nproc * args.nnodes}, but the plan needs "
@@ -80,14 +152,14 @@ def run_command(args) -> int:
     out = Path(args.out)
     out.unlink(missing_ok=True)
     train_args = ["--plan", args.plan, "--model", args.model, "--steps", str(args.steps), "--seed", str(args.seed),
-                  "--out", str(out)]
-    for flag, value in (("--save", args.save), ("--load", args.load)):
+                  "--out", str(out), "--timeout", repr(args.timeout)]
+    for flag, value in (("--save", args.save), ("--load", args.load), ("--checkpoint-dir", args.checkpoint_dir),
+                        ("--checkpoint-every", args.checkpoint_every)):
         if value:
-            train_args += [flag, value]
-    code = launch(Launch(nproc=nproc, nnodes=args.nnodes, node_rank=args.node_rank,
-                         rdzv_endpoint=args.rdzv_endpoint), train_args)
+            train_args += [flag, str(value)]
+    code = launch(Launch(nproc=nproc, nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
+                         max_restarts=args.max_restarts), train_args, debug=getattr(args, "debug", False))
     if code != 0:
-        sys.stderr.write(f"meshplan run: torchrun exited with code {code}\n")
         return code if code < 128 else 1
     if args.node_rank != 0:
         return 0        # rank 0 (on node 0) writes measured.json

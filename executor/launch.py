@@ -2,38 +2,27 @@
 
 torchrun is torch's own launcher (``python -m torch.distributed.run``): standalone
 rendezvous on one machine, or ``--nnodes/--node-rank/--rdzv-endpoint`` passed
-through for several. Every rank runs ``python -m executor.train``.
+through for several; ``--max-restarts N`` lets its elastic agent restart the
+whole job (every rank, a new rendezvous round) when a rank dies, up to N times.
+Every rank runs ``python -m executor.train``. ``executor/torchrun.py`` runs
+torchrun's own launcher and turns a failed job into one line.
+
+Only code from paths the user names runs: the launched interpreters get
+``PYTHONSAFEPATH=1`` (no current directory or script folder on ``sys.path``) and
+``PYTHONPATH`` starting with this checkout, so a ``torch.py`` or ``executor/``
+lying in the working directory is never imported instead.
 """
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 from planner.errors import UserError
-from planner.model import load_model
 
-from .plan_file import RunPlan
-
-# Fields that describe the training run rather than the architecture: a plan for a
-# shorter sequence runs the same model.
-_RUN_FIELDS = ("name", "seq_len", "source")
-
-
-def check_model(plan: RunPlan, model: str) -> RunPlan:
-    """The architecture --model names must be the one the plan was made for."""
-    if plan.spec is None:
-        raise UserError("the plan is for a traced module; run it with executor.auto_parallelize inside your "
-                        "own torchrun script", source=plan.source, field="model.spec")
-    given = load_model(model)
-    diffs = [f"{f.name} {getattr(given, f.name)!r} != {getattr(plan.spec, f.name)!r}" for f in fields(given)
-             if f.name not in _RUN_FIELDS and getattr(given, f.name) != getattr(plan.spec, f.name)]
-    if diffs:
-        raise UserError(f"--model {model} is not the model this plan was made for: {'; '.join(diffs)}",
-                        source=plan.source, field="model.spec")
-    return plan
+from .integrity import check_model  # noqa: F401  (re-exported: `meshplan run` and the ranks check with it)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,21 +33,41 @@ class Launch:
     nnodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: str | None = None  # host:port of the rendezvous (several nodes)
+    max_restarts: int = 0             # times torchrun restarts the job after a rank fails
 
-    def torchrun_argv(self) -> list[str]:
-        argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(self.nproc)]
+    def torchrun_args(self) -> list[str]:
+        """torchrun's options (``python -m torch.distributed.run OPTIONS -m executor.train ...``)."""
+        args = ["--max-restarts", str(self.max_restarts), "--nproc-per-node", str(self.nproc)]
         if self.nnodes == 1 and self.rdzv_endpoint is None:
-            return argv + ["--standalone"]
+            return args + ["--standalone"]       # c10d rendezvous on localhost, a free port
         if self.rdzv_endpoint is None:
             raise UserError("several nodes need a rendezvous endpoint host:port", field="--rdzv-endpoint")
-        return argv + ["--nnodes", str(self.nnodes), "--node-rank", str(self.node_rank), "--rdzv-backend", "c10d",
+        return args + ["--nnodes", str(self.nnodes), "--node-rank", str(self.node_rank), "--rdzv-backend", "c10d",
                        "--rdzv-endpoint", self.rdzv_endpoint]
 
+    def torchrun_argv(self) -> list[str]:
+        """The equivalent torchrun command line (what a user would type)."""
+        return [sys.executable, "-m", "torch.distributed.run", *self.torchrun_args()]
 
-def launch(launch: Launch, train_args: list[str]) -> int:
-    """Run torchrun with ``executor.train`` and ``train_args``; its exit code."""
+
+def launch_env() -> dict[str, str]:
+    """The environment of the launched processes: this checkout first on the path, nothing from the
+    working directory, one thread per process unless the user set OMP_NUM_THREADS."""
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent)      # so every rank imports this executor
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    cmd = launch.torchrun_argv() + ["-m", "executor.train", *train_args]
-    return subprocess.run(cmd, env=env).returncode
+    env["PYTHONSAFEPATH"] = "1"
+    env.setdefault("OMP_NUM_THREADS", "1")                  # what torchrun sets (and announces) otherwise
+    # A restarted job must not share the rendezvous TCPStore of the failed attempt: process groups
+    # would read the dead ranks' addresses from it (pytorch/pytorch#135712, "TORCH_DISABLE_SHARE_RDZV_
+    # TCP_STORE=0 is not compatible with torchelastic restarts"); rank 0 hosts a fresh store per attempt.
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    return env
+
+
+def launch(launch: Launch, train_args: list[str], *, debug: bool = False) -> int:
+    """Run torchrun with ``executor.train`` and ``train_args``; the exit code of the job (that of
+    the first rank that failed, 0 when all succeeded)."""
+    cmd = [sys.executable, "-m", "executor.torchrun", *(["--debug"] if debug else []), *launch.torchrun_args(),
+           "-m", "executor.train", *train_args]
+    return subprocess.run(cmd, env=launch_env()).returncode

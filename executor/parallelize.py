@@ -30,11 +30,11 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                RowwiseParallel, SequenceParallel, parallelize_module)
 from torch.utils.checkpoint import checkpoint
 
-from planner.errors import UserError
 
 from .mesh import ParallelDims
 from .models import Transformer, materialize, sdpa
 from .plan_file import RunPlan
+from .support import check_supported  # noqa: F401  (re-exported)
 
 
 def _tp_style(style: str, sequence_parallel: bool):
@@ -123,29 +123,6 @@ def mixed_precision(precision: str, device_type: str) -> MixedPrecisionPolicy:
         return MixedPrecisionPolicy()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-
-
-def check_supported(plan: RunPlan) -> None:
-    """Refuse what this executor cannot run, naming the missing support."""
-    c = plan.config
-    if c.cp > 1:
-        raise UserError(f"cp {c.cp}: context parallelism needs torch's context_parallel attention, which "
-                        "runs only on CUDA flash/efficient SDPA kernels, not on this executor's CPU/gloo path; "
-                        "plan with --cp 1", source=plan.source, field="config.cp")
-    if c.zero == 1 and c.tp > 1:
-        raise UserError("ZeRO-1 with tp > 1: ZeroRedundancyOptimizer cannot shard DTensor parameters; "
-                        "use --zero 0, 2 or 3 with tensor parallelism", source=plan.source, field="config.zero")
-    if c.zero == 1 and c.dp > 1 and c.pp > 1 and c.schedule != "1f1b":
-        raise UserError(f"ZeRO-1 with the {c.schedule} schedule: DDP under torch.distributed.pipelining fails "
-                        "its first-step bucket rebuild; use --schedule 1f1b or --zero 0, 2 or 3",
-                        source=plan.source, field="config.schedule")
-    if c.offload != "none":
-        raise UserError(f"offload {c.offload!r} is not supported by the executor; allowed: none",
-                        source=plan.source, field="config.offload")
-    spec = plan.spec
-    if spec is not None and spec.num_kv_heads % c.tp:
-        raise UserError(f"tp {c.tp} must divide the {spec.num_kv_heads} key/value heads (replicating "
-                        "key/value heads is not supported)", source=plan.source, field="config.tp")
 
 
 def uses_fsdp(plan: RunPlan, dims: ParallelDims) -> bool:

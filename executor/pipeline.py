@@ -23,6 +23,7 @@ from planner.errors import UserError
 from planner.model import ModelSpec
 
 from .models import Transformer, build_model
+from .support import check_stages, runnable_schedule  # noqa: F401  (re-exported)
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B}
 
@@ -49,22 +50,12 @@ def build_stage_model(spec: ModelSpec, paths: tuple[str, ...], source: str = "pl
     return model
 
 
-def check_stages(stages: tuple[tuple[str, ...], ...], spec: ModelSpec, source: str) -> None:
-    """Every layer exactly once, in model order across the virtual stages."""
-    order = ["embed", *(f"layers.{i}" for i in range(spec.num_layers)), "norm", "lm_head"]
-    flat = [path for stage in stages for path in stage]
-    if flat != order:
-        raise UserError(f"the stages must list {', '.join(order[:2])} ... {order[-1]} once each, in order; "
-                        f"got {flat}", source=source, field="stages")
-    if any(not stage for stage in stages):
-        raise UserError("a stage holds no layer", source=source, field="stages")
-
-
 def build_schedule(stage_models: list[tuple[int, torch.nn.Module]], *, num_stages: int, pp_mesh: DeviceMesh,
                    schedule: str, num_microbatches: int, loss_fn: Callable, device: torch.device):
     """torch's schedule over this rank's stages (one, or vpp of them for interleaved 1F1B)."""
     group = pp_mesh.get_group()
     stages = [PipelineStage(module, index, num_stages, device, group=group) for index, module in stage_models]
+    schedule = runnable_schedule(schedule, num_microbatches, pp_mesh.size())
     cls = SCHEDULES[schedule]
     if schedule == "interleaved-1f1b":
         return cls(stages, n_microbatches=num_microbatches, loss_fn=loss_fn, scale_grads=False)

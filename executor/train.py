@@ -13,10 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -29,15 +31,19 @@ from torch.distributed.tensor.parallel import loss_parallel
 from planner.errors import UserError
 
 from . import checkpoint as ckpt
+from . import faults
+from .checkpoint_dir import check_resumable
 from .data import local_batch
 from .measure import SavedTensorMeter, gathered_param_bytes, grad_bytes, optimizer_bytes, param_bytes
 from .mesh import ParallelDims
 from .models import build_model, canonical_name
 from .parallelize import autocast_dtype, check_supported, parallelize
 from .pipeline import build_schedule, build_stage_model, check_stages, stage_indices, sync_tied_grads, tied_groups
+from .integrity import check_world_size
 from .plan_file import RunPlan, load_plan
 
 LEARNING_RATE = 1e-3
+DEFAULT_TIMEOUT_S = 300.0   # a collective waiting longer ends the job (torchtitan's comm.init_timeout_seconds)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,6 +54,9 @@ class RunOptions:
     load_dir: str | None = None         # resume from this DCP checkpoint (any plan's)
     save_dir: str | None = None         # save a DCP checkpoint after the last step
     grads_path: str | None = None       # write the first step's full gradients, one file per rank (tests)
+    checkpoint_dir: str | None = None   # restartable run: resume from, and checkpoint atomically into, this
+                                        # folder; ``steps`` is then the run's total, resumed steps included
+    checkpoint_every: int = 100         # steps between checkpoints (and one after the last step)
 
 
 class Job:
@@ -209,17 +218,49 @@ def _measured_step(job: Job, step: int, dump_grads: str | None) -> tuple[float, 
     return loss, _memory(job, meter, gathered[0], grads[0])
 
 
+def _resume(job: Job, options: RunOptions) -> tuple[int, list[float]]:
+    """(first step to run, losses of the steps before it) from --load or --checkpoint-dir."""
+    tied = job.plan.spec.tied_embeddings
+    if options.checkpoint_dir:
+        start, meta = ckpt.resume(options.checkpoint_dir, job.trained, job.optimizers, tied=tied)
+        if meta is None:
+            return 0, []
+        check_resumable(options.checkpoint_dir, meta, steps=options.steps, seed=options.seed)
+        if dist.get_rank() == 0:
+            sys.stderr.write(f"meshplan run: resuming from {ckpt.step_dir(options.checkpoint_dir, start)} "
+                             f"(step {start} of {options.steps})\n")
+        return start, [float(x) for x in meta["losses"]]
+    if options.load_dir:
+        return ckpt.load(options.load_dir, job.trained, job.optimizers, tied=tied), []
+    return 0, []
+
+
+def _checkpoint(job: Job, options: RunOptions, step: int, losses: list[float]) -> None:
+    """The atomic checkpoint after ``step`` steps, with the losses of all of them."""
+    rank = dist.get_rank()
+    ckpt.save_atomic(options.checkpoint_dir, step, job.trained, job.optimizers,
+                     tied=job.plan.spec.tied_embeddings,
+                     meta={"seed": options.seed, "losses": losses, "plan": job.plan.source},
+                     before_marker=lambda: faults.inject("kill-in-checkpoint", rank=rank, step=step))
+
+
 def run(plan: RunPlan, options: RunOptions) -> dict:
-    """Train ``options.steps`` steps of ``plan`` in the current process group; returns measured.json's
-    content (on every rank)."""
+    """Train ``plan`` in the current process group; returns measured.json's content (on every rank).
+    With ``checkpoint_dir`` the run is restartable: it resumes from the folder's latest complete
+    checkpoint, trains up to ``steps`` in all and checkpoints every ``checkpoint_every`` steps and
+    after the last; ``losses`` then holds every step's, whichever attempt computed them."""
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     job = Job(plan, options, device)
-    start = ckpt.load(options.load_dir, job.trained, job.optimizers, tied=plan.spec.tied_embeddings) if options.load_dir else 0
+    start, done_losses = _resume(job, options)
+    end = options.steps if options.checkpoint_dir else start + options.steps
     # memory is measured on the second step where there is one: the first also runs the pipeline
     # schedule's one-time shape inference, whose tensors outlive it
-    measure_at = start + (1 if options.steps > 1 else 0)
+    measure_at = start + (1 if end - start > 1 else 0)
     losses, times, memory = [], [], None
-    for step in range(start, start + options.steps):
+    rank = dist.get_rank()
+    for step in range(start, end):
+        faults.inject("kill", rank=rank, step=step)
+        faults.inject("hang", rank=rank, step=step)
         dist.barrier()
         t0 = time.perf_counter()
         dump = options.grads_path if step == start else None
@@ -230,12 +271,16 @@ def run(plan: RunPlan, options: RunOptions) -> dict:
         dist.barrier()
         times.append(time.perf_counter() - t0)
         losses.append(loss)
+        if options.checkpoint_dir and ((step + 1) % options.checkpoint_every == 0 or step + 1 == end):
+            _checkpoint(job, options, step + 1, done_losses + losses)
     if options.save_dir:
-        ckpt.save(options.save_dir, start + options.steps, job.trained, job.optimizers,
-                  tied=plan.spec.tied_embeddings)
+        ckpt.save(options.save_dir, end, job.trained, job.optimizers, tied=plan.spec.tied_embeddings)
     per_rank = [None] * dist.get_world_size()
     dist.all_gather_object(per_rank, memory)
-    return measured_json(plan, options, device, start, losses, times, per_rank)
+    measured = measured_json(plan, options, device, start, losses, times, per_rank)
+    if options.checkpoint_dir:      # the whole run, whichever attempt computed each step
+        measured.update(first_step=0, steps=len(done_losses) + len(losses), losses=done_losses + losses)
+    return measured
 
 
 def measured_json(plan: RunPlan, options: RunOptions, device: torch.device, start: int, losses: list[float],
@@ -246,7 +291,8 @@ def measured_json(plan: RunPlan, options: RunOptions, device: torch.device, star
     return {
         "plan": plan.source, "world_size": dist.get_world_size(), "device": device.type,
         "backend": dist.get_backend(), "seed": options.seed, "first_step": start, "steps": len(losses),
-        "losses": losses, "step_times_s": times, "step_time_s": sum(steady) / len(steady),
+        "losses": losses, "step_times_s": times, "step_time_s": sum(steady) / len(steady) if steady else None,
+        "resumed_from": start, "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
         "memory_per_rank_bytes": per_rank,
         "predicted": {"step_time_s": plan.estimate.get("step_time_s"),
                       "memory_per_gpu_bytes": plan.estimate.get("memory_per_gpu_bytes"),
@@ -262,9 +308,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=LEARNING_RATE)
     p.add_argument("--save")
     p.add_argument("--load")
+    p.add_argument("--checkpoint-dir")
+    p.add_argument("--checkpoint-every", type=int, default=RunOptions.checkpoint_every)
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds a collective may wait")
     p.add_argument("--out", help="measured.json (written by rank 0)")
-    p.add_argument("--model", help="the model plan.json describes (checked against its spec)")
+    p.add_argument("--model", help="the model plan.json describes (checked against its spec and fingerprint)")
     return p.parse_args(argv)
+
+
+def _lost_peer(e: RuntimeError, timeout_s: float) -> str | None:
+    """The one-line explanation of a collective that failed because a peer died or stopped
+    answering (gloo/NCCL transport errors); None for any other error."""
+    text = str(e)
+    lines = text.strip().splitlines() or [type(e).__name__]
+    # gloo: "[.../tcp/pair.cc:534] Read error [127.0.0.1]:20610: Connection reset by peer. This is typically..."
+    reason = re.sub(r"^\[[^\]]*\]\s*", "", lines[-1]).split(". ")[0][:200]
+    if re.search(r"timed out|timeout", text, re.IGNORECASE):
+        return (f"rank {dist.get_rank()}: a collective got no answer within --timeout {timeout_s:g} s: a peer "
+                f"process stopped answering (lost, hung or killed) ({reason})")
+    if re.search(r"connection (closed|reset)|broken pipe|by peer|NCCL", text, re.IGNORECASE):
+        return f"rank {dist.get_rank()}: a collective failed because a peer process went away ({reason})"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -276,9 +340,11 @@ def main(argv: list[str] | None = None) -> int:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group(backend)
+    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
     try:
-        options = RunOptions(steps=args.steps, seed=args.seed, lr=args.lr, load_dir=args.load, save_dir=args.save)
+        check_world_size(plan, dist.get_world_size(), "this job")
+        options = RunOptions(steps=args.steps, seed=args.seed, lr=args.lr, load_dir=args.load, save_dir=args.save,
+                             checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every)
         measured = run(plan, options)
         if dist.get_rank() == 0 and args.out:
             Path(args.out).write_text(json.dumps(measured, indent=2) + "\n")
@@ -286,6 +352,12 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         sys.stderr.write(f"meshplan run: error: {e}\n")
         return e.exit_code
+    except RuntimeError as e:
+        message = _lost_peer(e, args.timeout)
+        if message is None:
+            raise
+        sys.stderr.write(f"meshplan run: error: {message}\n")
+        return 1
     finally:
         dist.destroy_process_group()
     return 0

@@ -122,6 +122,6 @@ def load_rank_grads(prefix: str, world_size: int, spec: ModelSpec) -> dict[str, 
     for rank in range(world_size):
         path = f"{prefix}.rank{rank}.pt"
         if os.path.exists(path):
-            for name, g in torch.load(path).items():
+            for name, g in torch.load(path, weights_only=True).items():
                 merged.setdefault(init_key(name, spec), g)
     return merged

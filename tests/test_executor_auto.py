@@ -1,5 +1,6 @@
-"""``auto_parallelize`` in a 4-process torchrun job on a module the test defines: the losses equal
-a single-process run of the same module on the whole batch."""
+"""``auto_parallelize`` in 4-process torchrun jobs on modules the test defines: rank 0 traces and
+plans the module (the planner's full search: dp, tp, pp, ZeRO, micro-batches), every rank applies
+the broadcast plan, and the losses equal a single-process run of the same module on the whole batch."""
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 GLOBAL_BATCH = 8
 STEPS = 3
 
-MODULE = '''
+MLP = '''
 import torch
 from torch import nn
 
@@ -32,43 +33,90 @@ class Net(nn.Module):
 def batch(step):
     gen = torch.Generator().manual_seed(step)
     return torch.randn(8, 16, generator=gen), torch.randn(8, 4, generator=gen)
+
+EXAMPLE = (torch.randn(2, 16),)
+loss_fn = None                                            # auto_parallelize's default: mean squared error
 '''
 
-SCRIPT = MODULE + '''
+# a small language model: vocabulary-parallel embedding, residual blocks whose MLPs TP splits
+# column then row, a head, and code between the layers (the pipeline must carry it over)
+TOKENS = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(32)
+        self.fc1 = nn.Linear(32, 64)
+        self.fc2 = nn.Linear(64, 32)
+
+    def forward(self, x):                                 # (B, S, 32) -> (B, S, 32)
+        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(64, 32)
+        self.blocks = nn.ModuleList(Block() for _ in range(2))
+        self.head = nn.Linear(32, 64)
+
+    def forward(self, ids):                               # (B, S) -> (B, S, 64)
+        h = self.embed(ids) * 0.5
+        for block in self.blocks:
+            h = block(h)
+        return self.head(torch.relu(h))
+
+def batch(step):
+    gen = torch.Generator().manual_seed(step)
+    tokens = torch.randint(0, 64, (8, 17), generator=gen)
+    return tokens[:, :-1], tokens[:, 1:]
+
+EXAMPLE = (torch.randint(0, 64, (2, 16)),)
+
+def loss_fn(logits, targets):                             # (B, S, V), (B, S)
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+'''
+
+SCRIPT = '''
 import json, os, sys
 import torch.distributed as dist
 from executor import auto_parallelize
+from planner.api import Knobs
 
-out, cluster = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else None)
+out, cluster, knobs = sys.argv[1], sys.argv[2] or None, json.loads(sys.argv[3])
 rank = int(os.environ["RANK"])
 torch.manual_seed(0 if rank == 0 else 1000 + rank)       # every rank its own init: rank 0's must win
 net = Net()
-train = auto_parallelize(net, (torch.randn(2, 16),), global_batch=8, cluster=cluster)
-world = dist.get_world_size()
-share = 8 // world
+train = auto_parallelize(net, EXAMPLE, global_batch=8, cluster=cluster, knobs=Knobs(**knobs) if knobs else None,
+                         loss_fn=loss_fn)
 losses = []
 for step in range(3):
     x, y = batch(step)
-    losses.append(train.step(x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]))
+    losses.append(train.step(train.shard(x), train.shard(y)))
 if rank == 0:
-    plan = train.plan
-    json.dump({"losses": losses, "dp": plan.dp, "zero": plan.zero, "layers": list(plan.layers),
-               "source": plan.source}, open(out, "w"))
+    p = train.plan
+    json.dump({"losses": losses, "dp": p.dp, "tp": p.tp, "pp": p.pp, "zero": p.zero, "layers": list(p.layers),
+               "tp_plan": p.tp_plan, "stages": [list(s) for s in p.stages], "notes": list(p.notes),
+               "planned": p.doc["config"]}, open(out, "w"))
 dist.barrier()                  # gloo: no rank closes its connections while another still uses them
 dist.destroy_process_group()
 '''
 
 
-def _reference() -> list[float]:
+def _reference(module_code: str) -> list[float]:
+    """One process, the whole batch, AdamW lr 1e-3: the training every plan must reproduce."""
     scope: dict = {}
-    exec(MODULE, scope)
+    exec(module_code, scope)
     torch.manual_seed(0)
     net = scope["Net"]()
+    loss_fn = scope["loss_fn"] or torch.nn.functional.mse_loss
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3, foreach=False)
     losses = []
     for step in range(STEPS):
         x, y = scope["batch"](step)
-        loss = torch.nn.functional.mse_loss(net(x), y)
+        loss = loss_fn(net(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -77,8 +125,9 @@ def _reference() -> list[float]:
 
 
 def _small_profile(tmp_path: Path) -> str:
-    """cpu-gloo with room for about 21 kB of model states per process: DDP's 16 B per parameter
-    (2,788 parameters: 44.6 kB) and ZeRO-2's 8 B (22.3 kB) do not fit, ZeRO-3's 4 B does."""
+    """cpu-gloo with room for about 21 kB of model states per process: the MLP's 2,788 parameters
+    need 44.6 kB as plain data parallelism (16 B per parameter), so every plan that fits splits
+    the model states (ZeRO, tensor or pipeline parallelism)."""
     text = (ROOT / "profiles" / "cpu-gloo.toml").read_text()
     text = text.replace('name = "cpu-gloo"', 'name = "tiny-cpu"').replace("memory_GiB = 2.0", "memory_GiB = 0.30002")
     path = tmp_path / "tiny-cpu.toml"
@@ -86,30 +135,38 @@ def _small_profile(tmp_path: Path) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("profile,zero", [(None, 0), ("small", 3)])
-def test_auto_parallelize_in_torchrun_matches_single_process(tmp_path, profile, zero):
+def _torchrun(tmp_path: Path, module_code: str, cluster: str = "", knobs: dict | None = None) -> dict:
     script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
+    script.write_text(module_code + SCRIPT)
     out = tmp_path / "out.json"
-    args = [str(out)] + ([_small_profile(tmp_path)] if profile else [])
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-                           str(script), *args], env=env, capture_output=True, text=True, timeout=300)
+                           str(script), str(out), cluster, json.dumps(knobs or {})], env=env, capture_output=True,
+                          text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(out.read_text())
-    assert result["dp"] == 4 and result["zero"] == zero
-    if zero:
-        assert result["layers"] == ["inp", "body", "out"]
-    for got, want in zip(result["losses"], _reference(), strict=True):
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("profile", [None, "small"])
+def test_auto_parallelize_in_torchrun_matches_single_process(tmp_path, profile):
+    cluster = _small_profile(tmp_path) if profile else ""
+    result = _torchrun(tmp_path, MLP, cluster)
+    assert result["dp"] * result["tp"] * result["pp"] == 4
+    if profile:      # plain data parallelism does not fit the small profile
+        assert result["zero"] >= 1 or result["tp"] > 1 or result["pp"] > 1, result
+    for got, want in zip(result["losses"], _reference(MLP), strict=True):
         assert abs(got - want) <= 1e-4 * abs(want), (result["losses"], want)
 
 
-def test_choose_zero_takes_the_lowest_stage_that_fits(tmp_path):
-    from executor.auto import choose_zero
-    profile = _small_profile(tmp_path)
-    assert choose_zero(1000, world=4, cluster=profile)[0] == 0     # 16 kB fits in ~21 kB
-    assert choose_zero(2000, world=4, cluster=profile)[0] == 2     # 32 kB does not; ZeRO-2's 16 kB does
-    assert choose_zero(2788, world=4, cluster=profile)[0] == 3
-    from planner.errors import UserError
-    with pytest.raises(UserError, match="even with ZeRO-3 over 4 ranks"):
-        choose_zero(10_000, world=4, cluster=profile)
+def test_auto_parallelize_runs_a_tensor_and_pipeline_parallel_plan(tmp_path):
+    """Knobs(tp=2) fixes tensor parallelism; the planner chooses the rest (pp 2 on 4 processes for
+    this module, as its cost model prefers a pipeline to data parallelism here; the test accepts
+    either). Each rank holds half of every split linear and of the vocabulary."""
+    result = _torchrun(tmp_path, TOKENS, knobs={"tp": 2})
+    assert result["tp"] == 2 and result["planned"]["tp"] == 2
+    assert result["tp_plan"] == {"embed": "vocab", "blocks.0.fc1": "colwise", "blocks.0.fc2": "rowwise",
+                                 "blocks.1.fc1": "colwise", "blocks.1.fc2": "rowwise", "head": "colwise_loss"}
+    if result["pp"] > 1:
+        assert [p for s in result["stages"] for p in s] == ["embed", "blocks.0", "blocks.1", "head"]
+    for got, want in zip(result["losses"], _reference(TOKENS), strict=True):
+        assert abs(got - want) <= 1e-4 * abs(want), (result["losses"], want)

@@ -1,0 +1,155 @@
+"""Apply a traced module's plan.json to any ``nn.Module``: one function per parallelism.
+
+The config models (executor/models.py) are built by the executor from their spec;
+a module the user wrote is not, so its plan is applied to the module itself,
+by the module paths the tracer gave its layers (``planner.trace``):
+
+1. ``split_pipeline``  the stages of this pipeline rank: the module's forward traced with
+                       torch.fx, the layers kept as leaves (the original module objects, under
+                       their original paths), the graph cut before each stage's first layer
+                       (``torch.fx.passes.split_module``);
+2. ``apply_tp``        colwise/rowwise/vocab styles per module path (DTensor ``parallelize_module``);
+3. ``apply_ac``        recomputation per layer (``torch.utils.checkpoint`` around the layer);
+4. ``apply_dp``        by ZeRO stage: FSDP2 per layer and at the root (ZeRO-2/3), FSDP2's
+                       ``replicate`` (ZeRO-0 with TP or a pipeline), DDP otherwise.
+
+The order is executor/parallelize.py's, for the same reasons.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.utils.checkpoint import checkpoint
+
+from planner.errors import UserError
+
+
+def layer_of(path: str, layers: list[str]) -> str | None:
+    """The layer holding module ``path`` (the longest layer path that is it or a prefix of it)."""
+    owners = [layer for layer in layers if path == layer or path.startswith(layer + ".")]
+    return max(owners, key=len) if owners else None
+
+
+def split_pipeline(module: nn.Module, stages: tuple[tuple[str, ...], ...], indices: list[int],
+                   source: str = "plan") -> list[nn.Module]:
+    """The virtual stages ``indices`` of ``module`` as GraphModules holding the original layer modules
+    under their original paths (so TP styles and FSDP units apply by the plan's paths)."""
+    import torch.fx as fx
+    from torch.fx.passes.split_module import split_module
+
+    layers = [path for stage in stages for path in stage]
+    named = dict(module.named_modules())
+    missing = [path for path in layers if path not in named or not path]
+    if missing:
+        raise UserError(f"layer(s) {', '.join(map(repr, missing))} are not submodules of the module; a pipeline "
+                        "cuts the module between submodules", source=source, field="stages")
+
+    class LayerTracer(fx.Tracer):
+        def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+            return qualname in named and qualname in layers or super().is_leaf_module(m, qualname)
+
+    try:
+        graph = LayerTracer().trace(module)
+    except Exception as e:          # torch.fx cannot follow data-dependent Python control flow
+        raise UserError(f"a pipeline needs the module's forward (outside its layers) to be traceable by "
+                        f"torch.fx: {type(e).__name__}: {e}; plan with knobs pp=1", source=source,
+                        field="stages") from None
+    traced = fx.GraphModule(module, graph)
+    stage_of = {path: j for j, stage in enumerate(stages) for path in stage}
+    current = [0]
+
+    def which_stage(node) -> int:
+        if node.op == "call_module" and node.target in stage_of:
+            current[0] = stage_of[node.target]
+        return current[0]       # code between layers runs with the layer before it
+
+    pieces = dict(split_module(traced, module, which_stage, keep_original_order=True).named_children())
+    if sorted(pieces) != [f"submod_{j}" for j in range(len(stages))]:
+        raise UserError(f"the module's forward does not run the stages' layers in the plan's order "
+                        f"({len(pieces)} pieces for {len(stages)} stages)", source=source, field="stages")
+    targets = [n.target for n in traced.graph.nodes if n.op in ("call_module", "get_attr")]
+    original = {t.replace(".", "_"): t for t in targets}   # split_module flattens dotted paths
+    if len(original) != len(set(targets)):
+        raise UserError("two submodule paths differ only in '.' against '_'; rename one to pipeline the module",
+                        source=source, field="stages")
+    parts = []
+    for j in indices:
+        piece_graph = pieces[f"submod_{j}"].graph
+        for node in piece_graph.nodes:
+            if node.op in ("call_module", "get_attr"):
+                node.target = original[node.target]
+        parts.append(fx.GraphModule(module, piece_graph))     # references module's own submodules
+    return parts
+
+
+def apply_tp(part: nn.Module, tp_mesh: DeviceMesh, tp_plan: dict[str, str], layers: list[str]) -> None:
+    """Megatron's pattern (Shoeybi et al. 2019, Sec 3) on the paths plan.json names. A column-parallel
+    linear keeps its output split only where a row-parallel linear of the same layer consumes it next;
+    any other (a head, a column linear alone) gathers its output, so the user's code and loss after it
+    see whole tensors. ``sequence`` entries are skipped: auto_parallelize plans without sequence
+    parallelism (it cannot know which dimension of a user's tensor is the sequence)."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    modules = dict(part.named_modules())
+    entries = list(tp_plan.items())
+    styles = {}
+    for i, (path, style) in enumerate(entries):
+        if path not in modules:
+            continue            # another pipeline stage's module
+        if style == "colwise":
+            after = next(((p, s) for p, s in entries[i + 1:] if s != "colwise"), (None, None))
+            paired = after[1] == "rowwise" and layer_of(after[0], layers) == layer_of(path, layers)
+            styles[path] = ColwiseParallel() if paired else ColwiseParallel(output_layouts=Replicate())
+        elif style == "rowwise":
+            styles[path] = RowwiseParallel()
+        elif style == "vocab":
+            styles[path] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+        elif style == "colwise_loss":   # the user's loss is not vocabulary-parallel: gather the logits
+            styles[path] = ColwiseParallel(output_layouts=Replicate())
+    parallelize_module(part, tp_mesh, styles)
+
+
+def apply_ac(part: nn.Module, recompute_per_layer: dict[str, str]) -> list[str]:
+    """Recompute the layers the plan says (Chen et al. 2016; Korthikanti et al. 2022, Sec 5): the
+    layer's forward runs under ``checkpoint`` and keeps only its input. ``selective`` (attention
+    core only) has no attention core to pick in an arbitrary layer: it recomputes the whole layer
+    (less memory than planned, more compute). Returns the notes to report."""
+    modules = dict(part.named_modules())
+    notes = []
+    for path, policy in recompute_per_layer.items():
+        if policy == "none" or path not in modules or not path:
+            continue
+        layer = modules[path]
+        layer.forward = partial(checkpoint, type(layer).forward.__get__(layer), use_reentrant=False)
+        if policy == "selective":
+            notes.append(f"{path}: selective recompute runs as full recompute of the layer")
+    return notes
+
+
+def apply_dp(part: nn.Module, *, zero: int, units: list[str], mesh: DeviceMesh, dp: int,
+             replicate_ddp: bool) -> tuple[nn.Module, bool]:
+    """Data parallelism by ZeRO stage (Rajbhandari et al. 2020). Returns (the module to train, whether
+    FSDP2 manages its gradients). ``replicate_ddp``: ZeRO-0/1 where DDP cannot go (DTensor parameters,
+    pipelines), as executor/parallelize.py's ``uses_fsdp``."""
+    from torch.distributed.fsdp import fully_shard
+    modules = dict(part.named_modules())
+    mine = [modules[u] for u in units if u in modules and u]
+    if zero >= 2 and dp > 1:
+        for unit in mine:
+            fully_shard(unit, mesh=mesh["dp_shard"], reshard_after_forward=zero == 3)
+        fully_shard(part, mesh=mesh["dp_shard"], reshard_after_forward=zero == 3)
+        return part, True
+    if dp > 1 and replicate_ddp:
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+        for unit in mine:
+            replicate(unit, mesh=mesh["dp_replicate"])
+        replicate(part, mesh=mesh["dp_replicate"])
+        return part, True
+    if dp > 1:
+        from torch.nn.parallel import DistributedDataParallel
+        return DistributedDataParallel(part, process_group=mesh["dp_replicate"].get_group(),
+                                       gradient_as_bucket_view=True), False
+    return part, False
