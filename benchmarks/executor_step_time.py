@@ -1,6 +1,10 @@
-"""Predicted against measured step time of `meshplan run` on this machine (cpu-gloo profile).
+"""Predicted against measured step time of `meshplan run` on this machine.
 
-    python benchmarks/executor_step_time.py [--steps 5]
+    python benchmarks/executor_step_time.py [--steps 5] [--measure [--ops]]
+
+Plans against the stock cpu-gloo profile, or with --measure against a profile of this
+machine that `meshplan profile --nproc 2 --quick` writes first (with --ops it also times
+every traced operator of the model, and the plan uses those times).
 
 Writes a Llama-style config (4 layers, hidden 512, seq 256, vocab 8192: big enough that GEMMs,
 not Python overhead, dominate a step on one CPU thread; untied, since `meshplan plan` cannot yet
@@ -41,13 +45,21 @@ def meshplan(*args: str, cwd: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--measure", action="store_true", help="plan against a fresh `meshplan profile --nproc 2`")
+    parser.add_argument("--ops", action="store_true", help="with --measure: also time the model's operators")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="meshplan-steptime-"))
     (tmp / "llama-mid.json").write_text(json.dumps(CONFIG))
+    cluster = "cpu-gloo"
+    if args.measure:
+        cluster = str(tmp / "measured.toml")
+        meshplan("profile", "--nproc", "2", "--quick", "--out", cluster,
+                 *(["--ops", "llama-mid.json"] if args.ops else []), cwd=tmp)
+    print(f"cluster profile: {cluster}")
     print(f"{'plan':<10} {'predicted s':>12} {'measured s':>11} {'error':>7}")
     for name, knobs in PLANS.items():
         plan = tmp / "plan.json"
-        meshplan("plan", "--model", "llama-mid.json", "--cluster", "cpu-gloo", "--gpus", "2", "--precision", "fp32",
+        meshplan("plan", "--model", "llama-mid.json", "--cluster", cluster, "--gpus", "2", "--precision", "fp32",
                  "--global-batch", "8", "--recompute", "none", *knobs, "--out", str(plan), cwd=tmp)
         summary = json.loads(meshplan("run", "--plan", str(plan), "--model", "llama-mid.json", "--steps",
                                       str(args.steps), "--json", cwd=tmp).strip().splitlines()[-1])

@@ -79,3 +79,25 @@ def test_zero3_shards_states_over_dp():
     z3 = estimate(GRAPH, CLUSTER, WORK, replace(c, zero=3)).memory
     assert z3.optimizer == pytest.approx(z0.optimizer / 8)
     assert z0.params + z0.grads + z0.optimizer == pytest.approx(18 * GRAPH.num_params, rel=1e-9)
+
+
+@pytest.mark.parametrize("model,cluster", [("gpt3-175b", "a100-80g"), ("llama3-8b", "h100-80g"),
+                                           ("mixtral-8x7b", "h200")])
+def test_work_floor_is_linear_and_below_the_layer_time(model, cluster):
+    """The search orders and prunes layouts by k x (floor at micro-batch 1): it must never exceed
+    the priced forward + backward at micro-batch k, and must not be vacuous."""
+    from planner.cost.layer import Context, layer_cost
+    graph = build_layer_graph(ZOO[model])
+    c = load_cluster(cluster, 16)
+    for layer in graph.layers:
+        for tp, cp, sp in [(1, 1, False), (2, 1, True), (8, 1, False), (4, 2, True)]:
+            def ctx(mb):
+                return Context(micro_batch=mb, seq_len=2048, tp=tp, cp=cp, sequence_parallel=sp, precision="bf16",
+                               attention="flash", framework="megatron", tp_comm_overlap=False)
+            one = layer_cost(layer, ctx(1), c).work_floor_s
+            for k in (1, 2, 3, 5, 8):
+                cost = layer_cost(layer, ctx(k), c)
+                assert cost.work_floor_s == pytest.approx(k * one, rel=1e-9)
+                assert k * one <= (cost.fwd_s + cost.bwd_s) * (1 + 1e-12)      # equal for memory-bound layers
+            if layer.is_block and tp <= 2:
+                assert cost.work_floor_s > 0.5 * (cost.fwd_s + cost.bwd_s)

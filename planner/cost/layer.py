@@ -54,6 +54,9 @@ class LayerCost:
     cp_comm_s: float                      # exposed context-parallel exchange, forward + backward
     params: float                         # parameters held by one TP rank
     matmul_flops_fwd: float               # matmul FLOPs of one forward on one rank (hardware FLOPs)
+    work_floor_s: float = 0.0             # a lower bound on fwd_s + bwd_s that is linear in the tokens
+                                          # (GEMMs at their ideal rate, no quantization, no communication):
+                                          # k times it at micro-batch 1 bounds the time at micro-batch k
 
 
 def _split(split: str, ctx: Context) -> int:
@@ -144,26 +147,31 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     """Time, recompute and saved activations of one layer for one micro-batch on one rank."""
     dev, dt = cluster.device, DTYPE_BYTES[ctx.precision]
     fwd = bwd = flops = tp_gemm_fwd = tp_gemm_bwd = 0.0
-    core_fwd = cp_fwd = cp_bwd = kept = 0.0
+    core_fwd = cp_fwd = cp_bwd = kept = floor = 0.0
+    gemm_rate = dev.peak(ctx.precision) * dev.gemm_efficiency
     saved = workspace = 0.0
     params = layer.params_replicated + (layer.params - layer.params_replicated) / ctx.tp
     for op in layer.ops:
         if op.measured_fwd_s is not None:        # measured by `meshplan profile --ops`, per token
             share = ctx.tokens / _op_divisor(op, ctx)
-            fwd += op.measured_fwd_s * share
-            bwd += (op.measured_bwd_s if op.measured_bwd_s is not None else 2 * op.measured_fwd_s) * share
+            f = op.measured_fwd_s * share
+            b = (op.measured_bwd_s if op.measured_bwd_s is not None else 2 * op.measured_fwd_s) * share
+            fwd, bwd, floor = fwd + f, bwd + b, floor + f + b
         elif op.kind == "linear":
             f, b, fl = _linear(op, ctx, cluster)
             fwd, bwd, flops = fwd + f, bwd + b, flops + fl
+            floor += 3 * fl / gemm_rate                  # gemm_s >= 2 m n k / rate: padding only adds
             if op.tp != "replicate":
                 tp_gemm_fwd, tp_gemm_bwd = tp_gemm_fwd + f, tp_gemm_bwd + b
         elif op.kind == "attention":
             f, b, cf, cb, kept = _attention(op, ctx, cluster)
             fwd, bwd, core_fwd, cp_fwd, cp_bwd = fwd + f, bwd + b, f, cf, cb
+            if ctx.attention == "flash":                 # linear in the micro-batch (unfused: bound 0)
+                floor += f + b
         else:   # elementwise and embedding: memory-bound; byte counts are given for 2-byte activations
             scale = ctx.tokens * dt / 2 / _split(op.split, ctx)
-            fwd += memory_bound_s(op.bytes_fwd * scale, dev)
-            bwd += memory_bound_s(op.bytes_bwd * scale, dev)
+            f, b = memory_bound_s(op.bytes_fwd * scale, dev), memory_bound_s(op.bytes_bwd * scale, dev)
+            fwd, bwd, floor = fwd + f, bwd + b, floor + f + b
         saved += sum(_saved_bytes(s, ctx) for s in op.saved)
         if op.unfused and op.unfused not in dev.fused_kernels:
             saved += sum(_saved_bytes(s, ctx) for s in op.unfused_saved)
@@ -187,4 +195,5 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
         act_bytes=(none_keep, select_keep, min(full_keep, none_keep)),
         # full recompute rebuilds the layer's activations while its backward runs
         peak_extra_bytes=(workspace, workspace + none_keep - select_keep, workspace + none_keep),
-        tp_comm_s=tp_fwd + tp_bwd, cp_comm_s=cp_fwd + cp_bwd, params=params, matmul_flops_fwd=flops)
+        tp_comm_s=tp_fwd + tp_bwd, cp_comm_s=cp_fwd + cp_bwd, params=params, matmul_flops_fwd=flops,
+        work_floor_s=floor)

@@ -150,7 +150,7 @@ class CostCache:
         self._ranks: dict[tuple, list] = {}
         self._largest: dict[Context, float] = {}
         self._dp: dict[tuple, tuple[float, float]] = {}
-        self._totals: dict[Context, tuple[float, float, float]] = {}
+        self._totals: dict[Context, tuple[float, float, float, float]] = {}
 
     def context(self, config: ParallelConfig) -> Context:
         w = self.workload
@@ -168,18 +168,20 @@ class CostCache:
             cost = costs[signature] = layer_cost(layer, ctx, self.cluster)
         return cost
 
-    def totals(self, ctx: Context) -> tuple[float, float, float]:
+    def totals(self, ctx: Context) -> tuple[float, float, float, float]:
         """Summed over every layer: (forward + backward seconds without recompute, the least
-        saved-activation bytes any policy leaves, parameters), per micro-batch."""
+        saved-activation bytes any policy leaves, parameters, the work's linear floor), per
+        micro-batch."""
         out = self._totals.get(ctx)
         if out is None:
-            work = act = params = 0.0
+            work = act = params = floor = 0.0
             for sig, n in self.signature_counts.items():
                 c = self.signature_cost(sig, ctx)
                 work += n * (c.fwd_s + c.bwd_s)
                 act += n * min(c.act_bytes)
                 params += n * c.params
-            out = self._totals[ctx] = (work, act, params)
+                floor += n * c.work_floor_s
+            out = self._totals[ctx] = (work, act, params, floor)
         return out
 
     def layer(self, index: int, ctx: Context) -> LayerCost:

@@ -27,7 +27,8 @@ from ..cluster import Cluster
 from ..config import ParallelConfig, Workload
 from ..cost.step import CostCache, estimate
 from ..layers import LayerGraph
-from .enumerate import Candidate, SearchResult, _TopK, _sort_key, layout_order, least_memory_candidate, uniform_phase
+from .enumerate import (Candidate, LayoutBounds, SearchResult, _TopK, _sort_key, layout_order, least_memory_candidate,
+                        uniform_phase)
 from .space import Knobs, Layout, Space
 from .stages import GroupProblem, graph_shape, group_lower_bound
 
@@ -111,8 +112,8 @@ def _space_size(pr: GroupProblem) -> int:
     return math.comb(free + cells - 1, cells - 1) * len(pr.options) if free >= 0 else 0
 
 
-def _stage_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout], bounds: dict, shape, solver: str,
-                 prune: bool, time_limit_s: float) -> StageStats:
+def _stage_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout], bounds: LayoutBounds, shape,
+                 solver: str, prune: bool, time_limit_s: float) -> StageStats:
     from .exhaustive import solve_group_exhaustively
     from .ilp import solve_group
     stats = StageStats()
@@ -131,7 +132,7 @@ def _stage_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout]
                 stats.groups += 1
                 if layout.pp * vpp > len(shape.blocks):
                     continue
-                if prune and (bounds[layout][0] >= threshold()
+                if prune and (bounds.floor(layout) >= threshold() or bounds.time(layout) >= threshold()
                               or _group_cheap_bound(space, cache, layout, schedule, vpp, sp) >= threshold()):
                     stats.space += _estimated_space(space, layout, vpp, shape, schedule)
                     continue

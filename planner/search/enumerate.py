@@ -82,48 +82,71 @@ class _TopK:
         return self.items[-1].estimate.step_time_s if len(self.items) >= self.k else float("inf")
 
 
-def _layout_bounds(space: Space, cache: CostCache, layout: Layout) -> tuple[float, float]:
-    """(time lower bound, memory lower bound) over every candidate of a layout.
+class LayoutBounds:
+    """Lower bounds on the step time and memory of every candidate of a layout.
 
-    The memory bound comes first and cheaply: saved activations are linear in the
-    micro-batch (every quantity is per token, attention's per sequence), so the costs
-    at micro-batch 1 give it for every micro-batch. A layout that cannot fit gets an
-    infinite time bound without pricing its GEMMs."""
-    w = space.w
-    m = layout.num_microbatches(w.global_batch)
-    memory = _memory_bound(space, cache, layout)
-    if memory > cache.cluster.device.memory_bytes:
-        return float("inf"), memory
-    best_time = float("inf")
-    vmax = max([v for _, v in space.schedules(layout)] or [1])
-    for sp in space.sequence_parallel(layout):
-        cfg = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, micro_batch=layout.micro_batch,
-                             num_microbatches=m, sequence_parallel=sp)
-        work = cache.totals(cache.context(cfg))[0] / layout.pp        # mean rank, recompute none
-        best_time = min(best_time, (m + (layout.pp - 1) / vmax) * work if layout.pp > 1 else m * work)
-    return best_time, memory
+    Memory: sharded states at their smallest, activations fully recomputed, one
+    micro-batch in flight, on the average rank (the most loaded one holds at least as
+    much). Saved activations are linear in the micro-batch (every quantity is per token,
+    attention's per sequence), so micro-batch 1 gives them for all.
 
+    Time, two bounds: ``floor`` for every layout, from each layer's linear floor at
+    micro-batch 1 (GEMMs at their ideal rate, no communication; ``LayerCost.work_floor_s``),
+    which orders the layouts; and ``time``, the pipeline of the mean rank's exact work at
+    the layout's micro-batch with recompute none, priced only for the layouts the search
+    reaches. A layout that cannot fit has infinite time bounds."""
 
-def _memory_bound(space: Space, cache: CostCache, layout: Layout) -> float:
-    """The least memory on the average rank: sharded states at their smallest, activations
-    fully recomputed and one micro-batch in flight (max over ranks >= mean)."""
-    w = space.w
-    best_act = float("inf")
-    params = 0.0
-    for sp in space.sequence_parallel(layout):
-        one = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, micro_batch=1,
-                             num_microbatches=1, sequence_parallel=sp)
-        _, act, params = cache.totals(cache.context(one))
-        best_act = min(best_act, layout.micro_batch * act / layout.pp)
-    params /= layout.pp
-    per_param = min(
-        s.params + s.grads + s.optimizer + working_copy_bytes_per_param(
-            framework=w.framework, precision=w.precision, zero=zero, tp=layout.tp, pp=layout.pp)
-        for zero in space.zeros(layout) for offload in space.offloads(zero)
-        for s in [state_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
-                                        shard=layout.dp * layout.cp, offload=offload,
-                                        tp=layout.tp, pp=layout.pp)])
-    return params * per_param + best_act + cache.cluster.device.reserved_bytes
+    def __init__(self, space: Space, cache: CostCache, layouts: list[Layout]):
+        self.space, self.cache = space, cache
+        self._memory = {lay: self._memory_bound(lay) for lay in layouts}
+        self._floor = {lay: self._time_bound(lay, floor=True) for lay in layouts}
+        self._time: dict[Layout, float] = {}
+
+    def memory(self, layout: Layout) -> float:
+        return self._memory[layout]
+
+    def floor(self, layout: Layout) -> float:
+        return self._floor[layout]
+
+    def time(self, layout: Layout) -> float:
+        if layout not in self._time:
+            self._time[layout] = self._time_bound(layout, floor=False)
+        return self._time[layout]
+
+    def _time_bound(self, layout: Layout, *, floor: bool) -> float:
+        space, cache = self.space, self.cache
+        if self._memory[layout] > cache.cluster.device.memory_bytes:
+            return float("inf")
+        m = layout.num_microbatches(space.w.global_batch)
+        vmax = max([v for _, v in space.schedules(layout)] or [1])
+        best = float("inf")
+        for sp in space.sequence_parallel(layout):
+            cfg = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp,
+                                 micro_batch=1 if floor else layout.micro_batch, num_microbatches=m,
+                                 sequence_parallel=sp)
+            totals = cache.totals(cache.context(cfg))
+            work = (layout.micro_batch * totals[3] if floor else totals[0]) / layout.pp   # mean rank, no recompute
+            best = min(best, (m + (layout.pp - 1) / vmax) * work if layout.pp > 1 else m * work)
+        return best
+
+    def _memory_bound(self, layout: Layout) -> float:
+        space, cache, w = self.space, self.cache, self.space.w
+        best_act = float("inf")
+        params = 0.0
+        for sp in space.sequence_parallel(layout):
+            one = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, micro_batch=1,
+                                 num_microbatches=1, sequence_parallel=sp)
+            _, act, params, _ = cache.totals(cache.context(one))
+            best_act = min(best_act, layout.micro_batch * act / layout.pp)
+        params /= layout.pp
+        per_param = min(
+            s.params + s.grads + s.optimizer + working_copy_bytes_per_param(
+                framework=w.framework, precision=w.precision, zero=zero, tp=layout.tp, pp=layout.pp)
+            for zero in space.zeros(layout) for offload in space.offloads(zero)
+            for s in [state_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
+                                            shard=layout.dp * layout.cp, offload=offload,
+                                            tp=layout.tp, pp=layout.pp)])
+        return params * per_param + best_act + cache.cluster.device.reserved_bytes
 
 
 @dataclass
@@ -136,8 +159,8 @@ class _Stats:
     infeasible_layouts: list = None
 
 
-def uniform_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout], bounds: dict, prune: bool,
-                  progress=None) -> _Stats:
+def uniform_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout], bounds: LayoutBounds,
+                  prune: bool, progress=None) -> _Stats:
     """Every candidate with balanced stages and one recompute policy for all blocks,
     pruned only by bounds and dominance: a strong incumbent for the stage ILPs."""
     stats = _Stats(infeasible_layouts=[])
@@ -145,15 +168,16 @@ def uniform_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout
     for index, layout in enumerate(order):
         if progress:
             progress(index, len(order))
-        lb_time, lb_memory = bounds[layout]
-        if prune and lb_memory > capacity:      # before the time test: its time bound is infinite
+        if prune and bounds.memory(layout) > capacity:     # before the time tests: its bounds are infinite
             stats.covered += _layout_size(space, layout)
             stats.infeasible_layouts.append(layout)
             continue
-        if prune and lb_time >= top.threshold:
+        if prune and bounds.floor(layout) >= top.threshold:  # the order's key: none after it can win
             stats.covered += sum(_layout_size(space, lay) for lay in order[index:])
             break
         stats.covered += _layout_size(space, layout)
+        if prune and bounds.time(layout) >= top.threshold:
+            continue
         for cand in _layout_candidates(space, cache, layout, prune, top):
             if isinstance(cand, _SkippedForMemory):
                 if not stats.infeasible_layouts or stats.infeasible_layouts[-1] != layout:
@@ -187,10 +211,11 @@ def least_memory_candidate(space: Space, cache: CostCache, stats: _Stats) -> Can
     return least
 
 
-def layout_order(space: Space, cache: CostCache) -> tuple[list[Layout], dict]:
+def layout_order(space: Space, cache: CostCache) -> tuple[list[Layout], LayoutBounds]:
+    """The layouts, most promising first (by their time floor), and their bounds."""
     layouts = list(space.layouts())
-    bounds = {lay: _layout_bounds(space, cache, lay) for lay in layouts}
-    return sorted(layouts, key=lambda lay: bounds[lay][0]), bounds
+    bounds = LayoutBounds(space, cache, layouts)
+    return sorted(layouts, key=bounds.floor), bounds
 
 
 def _layout_size(space: Space, layout: Layout) -> int:
@@ -266,6 +291,10 @@ def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bo
                             yield _Unfit(config=config, memory=device)
                             continue
                         fitting.append((o, r))
+                        ranks = rank_costs(cache, config)      # already priced by peak_memory
+                        if pipeline_s([q.fwd_s + q.bwd_s + q.p2p_s for q in ranks], config,
+                                      hop_s=cache.hop_s(config)) >= top.threshold:
+                            continue      # fits, but its pipeline alone (a part of the step) is too slow
                     yield Candidate(config=config, estimate=estimate(space.graph, cache.cluster, space.w, config,
                                                                      cache))
 
