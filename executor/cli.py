@@ -25,7 +25,7 @@ examples:
   meshplan run --plan plan.json --model cfg.json --steps 4 --save ckpt/
   meshplan run --plan other.json --model cfg.json --steps 4 --load ckpt/ # resume under another plan
   meshplan run ... --nnodes 2 --node-rank 0 --rdzv-endpoint host0:29500  # on each of 2 machines
-  meshplan run --plan plan.json --model cfg.json --steps 1000 --checkpoint-dir ckpt/ \
+  meshplan run --plan plan.json --model cfg.json --steps 1000 --checkpoint-dir ckpt/ \\
                --checkpoint-every 50 --max-restarts 3    # a rank that dies: restart, resume from ckpt/
 """
 

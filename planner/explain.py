@@ -114,7 +114,9 @@ def _rebalanced(graph, config: ParallelConfig):
 
 def fixes_for_no_fit(graph, cluster, workload, knobs, need_bytes: float = 0.0) -> list[str]:
     """Changes that would make a plan fit, each re-searched, with its predicted effect:
-    more GPUs, a shorter sequence, GPUs with more memory, fewer fixed knobs."""
+    more GPUs, a shorter sequence, GPUs with more memory, each fixed memory knob
+    (micro-batch, recompute, ZeRO stage) at its most frugal value, optimizer offload,
+    no fixed knobs at all."""
     from dataclasses import replace
 
     from .cluster import GiB, builtin_profiles, load_cluster
@@ -136,6 +138,18 @@ def fixes_for_no_fit(graph, cluster, workload, knobs, need_bytes: float = 0.0) -
                       replace(workload, seq_len=workload.seq_len // 2), knobs))
     if cluster.fabric != "loopback" and "h200" in builtin_profiles() and cluster.device.memory_bytes < 140 * GiB:
         tries.append(("--cluster h200", graph, load_cluster("h200", cluster.num_gpus), workload, knobs))
+    # each fixed memory knob moved alone to its most frugal value
+    if knobs.micro_batch is not None and knobs.micro_batch > 1:
+        tries.append(("--micro-batch 1", graph, cluster, workload, replace(knobs, micro_batch=1)))
+    if knobs.recompute not in (None, "full"):
+        tries.append(("--recompute full", graph, cluster, workload, replace(knobs, recompute="full")))
+    most_sharded = 1 if workload.framework == "megatron" else 3
+    if knobs.zero is not None and knobs.zero < most_sharded:
+        tries.append((f"--zero {most_sharded}", graph, cluster, workload, replace(knobs, zero=most_sharded)))
+    if knobs.offload in (None, "none"):     # ZeRO-Offload: DeepSpeed's (meshplan's executor runs none)
+        label = "--offload optimizer" + (" --framework deepspeed" if workload.framework != "deepspeed" else "")
+        tries.append((label, graph, cluster, replace(workload, framework="deepspeed"),
+                      replace(knobs, offload="optimizer", zero=knobs.zero if knobs.zero else None)))
     if knobs.fixed():
         flags = " ".join(f"--{k.replace('_', '-')}" for k in knobs.fixed())
         tries.append((f"without {flags}", graph, cluster, workload, Knobs()))

@@ -203,6 +203,20 @@ def test_nothing_fits_exits_3_with_what_would_help(cli):
     assert min(fitting) * 40 * 2**30 >= 405.85e9 * 16
 
 
+def test_nothing_fits_with_fixed_knobs_tries_each_memory_knob_alone(cli):
+    out = cli("plan", "--model", "llama3-70b", "--cluster", "a100-80g", "--gpus", "16", "--tp", "8", "--pp", "1",
+              "--zero", "2", "--recompute", "selective")
+    line = one_line_error(out, code=3)
+    need = float(line.split("needs is ")[1].split(" GiB")[0])
+    effects = dict(re.findall(r"; (--recompute full|--zero 3|--offload optimizer --framework deepspeed) "
+                              r"(still needs [\d.]+ GiB|fits \([^)]*\))", line))
+    assert set(effects) == {"--recompute full", "--zero 3", "--offload optimizer --framework deepspeed"}, line
+    for change, effect in effects.items():
+        if effect.startswith("still needs"):      # a more frugal knob never needs more memory
+            assert float(effect.split()[2]) < need, (change, effect)
+    assert "without --tp --pp --zero --recompute" in line
+
+
 def test_debug_shows_a_traceback(cli):
     out = cli("--debug", "plan", "--model", "gpt-2b")
     assert out.returncode != 0 and "Traceback" in out.stderr
