@@ -104,14 +104,6 @@ def _group_cheap_bound(space: Space, cache: CostCache, layout: Layout, schedule:
     return (m + p - 1) * work / p
 
 
-def _space_size(pr: GroupProblem) -> int:
-    """Stage splits x recompute assignments x options of a group, in closed form: the
-    p x |policies| non-negative integer matrices with row sums >= v adding up to L."""
-    cells = pr.p * len(pr.policies)
-    free = pr.num_blocks - pr.p * pr.v
-    return math.comb(free + cells - 1, cells - 1) * len(pr.options) if free >= 0 else 0
-
-
 def _stage_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout], bounds: LayoutBounds, shape,
                  solver: str, prune: bool, time_limit_s: float) -> StageStats:
     from .exhaustive import solve_group_exhaustively
@@ -134,10 +126,10 @@ def _stage_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout]
                     continue
                 if prune and (bounds.floor(layout) >= threshold() or bounds.time(layout) >= threshold()
                               or _group_cheap_bound(space, cache, layout, schedule, vpp, sp) >= threshold()):
-                    stats.space += _estimated_space(space, layout, vpp, shape, schedule)
+                    stats.space += _group_space(space, layout, vpp, shape, schedule)
                     continue
                 pr = GroupProblem(space, cache, layout, schedule, vpp, sp, shape)
-                stats.space += _space_size(pr)
+                stats.space += _group_space(space, layout, vpp, shape, schedule)
                 stats.bounded += 1
                 if prune:
                     lower, _ = group_lower_bound(pr, stop_at=threshold())
@@ -162,8 +154,11 @@ def _stage_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout]
     return stats
 
 
-def _estimated_space(space: Space, layout: Layout, vpp: int, shape, schedule: str | None = None) -> int:
-    """The closed-form size of a pruned group (3 policies, all options)."""
+def _group_space(space: Space, layout: Layout, vpp: int, shape, schedule: str | None = None) -> int:
+    """Candidates of one group in closed form, whether it was pruned or solved: stage splits x
+    recompute assignments x ZeRO/offload options, i.e. the p x |policies| non-negative integer
+    matrices with row sums >= v adding up to the blocks (dominated policies included: the ILP
+    leaves them out because they cannot win, not because they are not candidates)."""
     p, blocks = layout.pp, len(shape.blocks)
     policies = 1 if space.k.recompute is not None else 3
     options = sum(len(space.offloads(z)) for z in space.zeros(layout, schedule))
