@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from planner.cli import _positive_int
+from planner.cli import _positive_int, int_at_least
 from planner.errors import UserError
 
 from . import faults
@@ -30,14 +30,7 @@ examples:
 """
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-    return value
+_non_negative_int = int_at_least(0, "a non-negative integer")
 
 
 def _seconds(text: str) -> float:

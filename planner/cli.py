@@ -39,14 +39,20 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def int_at_least(minimum: int, what: str):
+    """An argparse type: an integer >= ``minimum``, described as ``what`` in the error."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+    return parse
+
+
+_positive_int = int_at_least(1, "a positive integer")
 
 
 def _on_off(text: str) -> bool:
