@@ -11,7 +11,8 @@ definition (NVIDIA/nccl-tests doc/PERFORMANCE.md): all-reduce moves
 2(n-1)/n of the buffer through each rank's link, all-gather and reduce-scatter
 (n-1)/n. Rank 0 writes the JSON; each rank's resident memory after the process
 group is up (CPU: VmRSS; GPU: memory in use on its device) is reported as the
-runtime's reserve.
+runtime's reserve, and the slowdown of a GEMM while a collective runs beside it
+as the contention of overlapped communication.
 """
 from __future__ import annotations
 
@@ -79,6 +80,46 @@ def _collectives(dist, torch, device, world: int, rank: int, size: int, repeat: 
     return row
 
 
+def _contention(dist, torch, device, samples: int) -> dict:
+    """How much slower compute runs while a collective is in flight on the same device: the
+    contention the cost model charges for overlapped communication (``comm_sms``; Rashidi et al.,
+    ISCA 2021, on compute-communication overlap). A GEMM's time alone, then the mean time of the
+    GEMMs run while an asynchronous all-reduce of 16 MiB is in flight (every rank alike, as in
+    data-parallel overlap); contention = 1 - alone / during, the median over samples, in [0, 1]."""
+    a = torch.randn(512, 512, device=device)
+    x = torch.ones(2**22, device=device)
+
+    def gemm():
+        a @ a
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    gemm()
+    t0 = time.perf_counter()
+    for _ in range(8):
+        gemm()
+    alone = (time.perf_counter() - t0) / 8
+    ratios, during_s = [], []
+    for _ in range(samples):
+        dist.barrier()
+        work = dist.all_reduce(x, async_op=True)
+        count, t0 = 0, time.perf_counter()
+        while not work.is_completed():
+            gemm()
+            count += 1
+        elapsed = time.perf_counter() - t0
+        work.wait()
+        if count:
+            during = elapsed / count
+            during_s.append(during)
+            ratios.append(max(0.0, min(1.0, 1.0 - alone / during)))
+    ratio = sorted(ratios)[len(ratios) // 2] if ratios else 0.0
+    value = torch.tensor([ratio], dtype=torch.float64, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)       # the most slowed rank sets the pace
+    return {"gemm": "512x512x512 fp32", "alone_s": alone,
+            "during_s": sorted(during_s)[len(during_s) // 2] if during_s else None,
+            "all_reduce_bytes": x.numel() * 4, "fraction": float(value.item())}
+
+
 def _worker(rank: int, world: int, backend: str, port: int, out: str, quick: bool, threads: int) -> None:
     import torch
     import torch.distributed as dist
@@ -98,10 +139,11 @@ def _worker(rank: int, world: int, backend: str, port: int, out: str, quick: boo
     dist.all_reduce(reserved_t, op=dist.ReduceOp.MAX)
     rows = [_collectives(dist, torch, device, world, rank, size, 3 if quick else 5)
             for size in (SIZES_QUICK if quick else SIZES)]
+    contention = _contention(dist, torch, device, 3 if quick else 7)
     if rank == 0:
         with open(out, "w") as f:
             json.dump({"backend": backend, "world": world, "threads": threads, "reserved_bytes": reserved_t.item(),
-                       "sizes": rows}, f, indent=1)
+                       "sizes": rows, "contention": contention}, f, indent=1)
     dist.barrier()
     dist.destroy_process_group()
 

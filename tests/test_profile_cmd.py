@@ -43,6 +43,11 @@ def test_every_number_says_it_was_measured_and_by_which_command(profile):
     for table in ("gpu", "intra_node", "host"):
         assert data[table]["source"].startswith("measured: `" + command), table
     assert data["runtime"]["reserved_source"].startswith("measured: `" + command)
+    # compute lost beside a running collective: a share of the device, measured
+    assert data["runtime"]["comm_sms_source"].startswith("measured: `" + command)
+    assert 0.0 <= data["runtime"]["comm_sms"] <= data["gpu"]["sm_count"]
+    assert load_cluster(str(profile), 2).comm_sm_fraction == pytest.approx(
+        data["runtime"]["comm_sms"] / data["gpu"]["sm_count"])
     assert data["gpu"]["kernels"]["attention_efficiency_source"].startswith("measured: `" + command)
     for key in ("gemm_tile", "gemm_efficiency", "hbm_efficiency"):
         source = data["gpu"]["kernels"][key + "_source"]

@@ -54,6 +54,21 @@ def _collective_fields(comm: dict | None, m: dict) -> tuple[float, float, str]:
     return big["all_reduce_busbw_GBps"], latency, src
 
 
+def _contention_lines(comm: dict | None, m: dict, measured: str) -> list[str]:
+    """comm_sms: the share of the device that a running collective takes from compute, as
+    profile_comm.py measured it (1 - GEMM time alone / GEMM time beside an all-reduce), in SMs."""
+    c = (comm or {}).get("contention")
+    if not c:
+        return []
+    sms = m["device"]["sm_count"] * c["fraction"]
+    alone_ms = c["alone_s"] * 1e3
+    during = f"{c['during_s'] * 1e3:.3g} ms" if c.get("during_s") else "n/a"
+    src = (f"{measured}: GEMM {c['gemm']} {alone_ms:.3g} ms alone, {during} beside an all_reduce of "
+           f"{c['all_reduce_bytes']} B")
+    return [f"comm_sms = {_num(sms)}   # measured: compute lost while a collective runs, x sm_count",
+            f"comm_sms_source = {_q(src)}"]
+
+
 def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, date: str, nproc: int) -> str:
     """The profile text for measurements ``m`` (profile_device.measure) and ``comm`` (profile_comm.py)."""
     cpu = m["device_type"] != "cuda"
@@ -109,6 +124,7 @@ def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, da
         "[runtime]",
         f"reserved_GiB = {_num(reserved)}",
         f"reserved_source = {_q(reserved_src)}",
+        *_contention_lines(comm, m, measured),
         "",
         "[intra_node]",
         f"fabric = {_q('loopback' if cpu else 'pcie')}",
