@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import fields
+from dataclasses import fields, replace
 
-from .cluster import GiB, Cluster
+from .cluster import GiB, Cluster, builtin_profiles, load_cluster
 from .config import ParallelConfig
-from .cost.step import Estimate, StepTime
+from .cost.step import Estimate, StepTime, balanced_stage_layers, estimate, layer_policies
 from . import network
 
 PARTS = {
@@ -73,10 +73,6 @@ def limits(config: ParallelConfig, est: Estimate, cluster: Cluster) -> str:
 def gains(graph, cluster, workload, config: ParallelConfig, est: Estimate) -> dict:
     """What the per-stage choices bought, against the plain alternatives of the same
     global choice: balanced stages, and every block recomputed (the cost model's numbers)."""
-    from dataclasses import replace
-
-    from .cost.step import balanced_stage_layers, estimate, layer_policies
-
     out = {}
     stages = config.pp * config.vpp
     if config.stage_layers is not None and tuple(config.stage_layers) != balanced_stage_layers(graph, stages):
@@ -101,8 +97,6 @@ def gains(graph, cluster, workload, config: ParallelConfig, est: Estimate) -> di
 
 def _rebalanced(graph, config: ParallelConfig):
     """The same number of recomputed blocks per policy, laid over balanced stages."""
-    from .cost.step import layer_policies
-
     policies = layer_policies(graph, config)
     blocks = sorted((p for p, layer in zip(policies, graph.layers) if layer.is_block),
                     key=lambda p: {"full": 0, "selective": 1, "none": 2}[p])
@@ -117,9 +111,6 @@ def fixes_for_no_fit(graph, cluster, workload, knobs, need_bytes: float = 0.0) -
     more GPUs, a shorter sequence, GPUs with more memory, each fixed memory knob
     (micro-batch, recompute, ZeRO stage) at its most frugal value, optimizer offload,
     no fixed knobs at all."""
-    from dataclasses import replace
-
-    from .cluster import GiB, builtin_profiles, load_cluster
     from .search import Knobs, search
 
     tries = []

@@ -51,8 +51,8 @@ from .cluster import DTYPE_BYTES, Cluster
 from .config import ParallelConfig, Workload
 from .cost.layer import POLICY_INDEX
 from .cost.memory import grad_comm_bytes_per_param
-from .cost.step import CostCache, Estimate, StepTime, _optimizer_s, assign_layers, estimate, layer_policies, \
-    rank_costs
+from .cost.step import CostCache, Estimate, StepTime, assign_layers, estimate, layer_policies, \
+    optimizer_time_s, rank_costs, tied_embedding_sync_s
 from .layers import LayerGraph
 from . import network
 
@@ -466,18 +466,14 @@ def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
             out.append(tuple(layers))
         chunks.append(tuple(out))
     ranks = rank_costs(cache, config)
-    embedding = 0.0
-    if graph.tied_embeddings and config.pp > 1:       # as estimate(): first and last stage sum the shared grads
-        nbytes = graph.tied_params / config.tp * grad_comm_bytes_per_param(w.framework, w.precision)
-        embedding = network.all_reduce_s(cluster, nbytes, network.Group(2, 1))
     every = config.zero == 3 or (config.zero == 2 and w.framework == "torch")
     return StepWork(schedule=config.schedule if config.pp > 1 else "1f1b", num_microbatches=config.num_microbatches,
                     chunks=tuple(chunks), hop_s=cache.hop_s(config),
                     blocking_sends=config.schedule != "interleaved-1f1b",
                     gather_every_microbatch=every, reduce_every_microbatch=config.zero >= 2,
                     overlap_dp=w.overlap_grad_reduce, contention=cluster.comm_sm_fraction,
-                    embedding_allreduce_s=embedding,
-                    optimizer_s=tuple(_optimizer_s(cache, config, r)[0] for r in ranks))
+                    embedding_allreduce_s=tied_embedding_sync_s(cache, config),
+                    optimizer_s=tuple(optimizer_time_s(cache, config, r.params) for r in ranks))
 
 
 def simulate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: ParallelConfig,

@@ -17,9 +17,7 @@ class StateBytes:
     host_optimizer: float = 0.0     # moved to host memory by optimizer offload
 
 
-def state_bytes_per_param(*, framework: str, precision: str, zero: int, shard: int, offload: str,
-                          tp: int = 1, pp: int = 1) -> StateBytes:
-    # tp and pp only matter through working_copy_bytes_per_param (a buffer, not a state)
+def state_bytes_per_param(*, framework: str, precision: str, zero: int, shard: int, offload: str) -> StateBytes:
     """Bytes per parameter of each model-state category on one GPU.
 
     ``shard`` is the size of the group ZeRO partitions over (data x context parallel).
@@ -71,6 +69,15 @@ def working_copy_bytes_per_param(*, framework: str, precision: str, zero: int, t
     if framework == "torch" and zero == 0 and precision == "fp32" and (tp > 1 or pp > 1):
         return 4.0
     return 0.0
+
+
+def resident_bytes_per_param(*, framework: str, precision: str, zero: int, shard: int, offload: str, tp: int,
+                             pp: int) -> float:
+    """Device bytes per parameter that scale with the parameters: the model states on the
+    GPU plus the executor's working copy (``working_copy_bytes_per_param``)."""
+    s = state_bytes_per_param(framework=framework, precision=precision, zero=zero, shard=shard, offload=offload)
+    return s.params + s.grads + s.optimizer + working_copy_bytes_per_param(
+        framework=framework, precision=precision, zero=zero, tp=tp, pp=pp)
 
 
 def grad_comm_bytes_per_param(framework: str, precision: str) -> float:

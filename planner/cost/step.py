@@ -14,8 +14,8 @@ from ..config import ParallelConfig, Workload
 from ..layers import LayerGraph
 from .. import network
 from .layer import POLICY_INDEX, Context, LayerCost, layer_cost
-from .memory import (grad_comm_bytes_per_param, inflight_microbatches, state_bytes_per_param,
-                     working_copy_bytes_per_param)
+from .memory import (grad_comm_bytes_per_param, inflight_microbatches, resident_bytes_per_param,
+                     state_bytes_per_param, working_copy_bytes_per_param)
 
 # Adam(W) step, per parameter it updates: reads fp32 param, grad, two moments (16 B),
 # writes param and moments (12 B); mixed precision also writes the 16-bit copy (2 B).
@@ -395,21 +395,46 @@ def _dp_comm_uncached(cache: CostCache, config: ParallelConfig, rank: RankCost) 
     return total, out
 
 
-def _optimizer_s(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[float, float]:
-    """(seconds, host bytes per node) of the optimizer step of one rank."""
+def optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float) -> float:
+    """Seconds of the optimizer step over ``params`` parameters of one rank (its ZeRO share)."""
     cluster, w = cache.cluster, cache.workload
-    local = rank.params / (config.dp * config.cp if config.zero >= 1 else 1)
+    local = params / (config.dp * config.cp if config.zero >= 1 else 1)
     if config.offload == "none":
         dev = cluster.device
-        return local * ADAM_BYTES_PER_PARAM / (dev.hbm_bytes_per_s * dev.hbm_efficiency), 0.0
+        return local * ADAM_BYTES_PER_PARAM / (dev.hbm_bytes_per_s * dev.hbm_efficiency)
     # ZeRO-Offload (Ren et al. 2021): gradients down, Adam on the CPU, parameters up.
     # All GPUs of a node share the host's DRAM bandwidth.
-    states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
-                                   shard=config.dp * config.cp, offload="optimizer", tp=config.tp, pp=config.pp)
     per_node = min(cluster.gpus_per_node, cluster.num_gpus)
     cpu_s = per_node * local * ADAM_BYTES_PER_PARAM / (cluster.host_dram.effective_bytes_per_s)
-    transfer_s = network.host_transfer_s(cluster, local * (4.0 + DTYPE_BYTES[w.precision]))
-    return cpu_s + transfer_s, per_node * rank.params * states.host_optimizer
+    return cpu_s + network.host_transfer_s(cluster, local * (4.0 + DTYPE_BYTES[w.precision]))
+
+
+def _optimizer_s(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[float, float]:
+    """(seconds, host bytes per node) of the optimizer step of one rank."""
+    seconds = optimizer_time_s(cache, config, rank.params)
+    if config.offload == "none":
+        return seconds, 0.0
+    w, cluster = cache.workload, cache.cluster
+    states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
+                                   shard=config.dp * config.cp, offload="optimizer")
+    return seconds, min(cluster.gpus_per_node, cluster.num_gpus) * rank.params * states.host_optimizer
+
+
+def tied_embedding_sync_s(cache: CostCache, config: ParallelConfig) -> float:
+    """The all-reduce of a tied embedding's gradients between the first and the last stage
+    (each holds a copy), once per step; zero without tied embeddings or a pipeline."""
+    graph, w = cache.graph, cache.workload
+    if not graph.tied_embeddings or config.pp == 1:
+        return 0.0
+    nbytes = graph.tied_params / config.tp * grad_comm_bytes_per_param(w.framework, w.precision)
+    return network.all_reduce_s(cache.cluster, nbytes, network.group(
+        cache.cluster, 2, config.tp * config.cp * config.dp * (config.pp - 1)))
+
+
+def rank_pipeline_s(cache: CostCache, config: ParallelConfig) -> float:
+    """The pipeline of ``config``'s ranks (forward, backward and sends): a part of its step."""
+    return pipeline_s([r.fwd_s + r.bwd_s + r.p2p_s for r in rank_costs(cache, config)], config,
+                      hop_s=cache.hop_s(config))
 
 
 def _other_bytes(cache: CostCache, config: ParallelConfig) -> float:
@@ -431,8 +456,7 @@ def _other_bytes(cache: CostCache, config: ParallelConfig) -> float:
 def _memories(cache: CostCache, config: ParallelConfig, ranks: list[RankCost]) -> list[Memory]:
     w = cache.workload
     states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
-                                   shard=config.dp * config.cp, offload=config.offload, tp=config.tp,
-                                   pp=config.pp)
+                                   shard=config.dp * config.cp, offload=config.offload)
     other = _other_bytes(cache, config)
     copy = working_copy_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
                                         tp=config.tp, pp=config.pp)
@@ -451,11 +475,9 @@ def peak_memory(cache: CostCache, config: ParallelConfig) -> tuple[float, float]
     """(bytes on the most loaded GPU, offloaded bytes per node): what `fits` is decided on."""
     ranks = rank_costs(cache, config)
     w = cache.workload
-    states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
-                                   shard=config.dp * config.cp, offload=config.offload, tp=config.tp,
-                                   pp=config.pp)
-    per_param = states.params + states.grads + states.optimizer + working_copy_bytes_per_param(
-        framework=w.framework, precision=w.precision, zero=config.zero, tp=config.tp, pp=config.pp)
+    per_param = resident_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
+                                         shard=config.dp * config.cp, offload=config.offload, tp=config.tp,
+                                         pp=config.pp)
     device = _other_bytes(cache, config) + max(
         rank.params * per_param + rank.peak_extra_bytes + rank.act_bytes * inflight_microbatches(
             config.schedule, rank=r, pp=config.pp, vpp=config.vpp, num_microbatches=config.num_microbatches)
@@ -488,11 +510,7 @@ def estimate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: Pa
     opt = [_optimizer_s(cache, config, rank) for rank in ranks]
     opt_s = max(o[0] for o in opt)
     host_bytes = max(o[1] for o in opt)
-    tied_s = 0.0
-    if graph.tied_embeddings and config.pp > 1:      # first and last stage sum the shared embedding's grads
-        tied_bytes = graph.tied_params / config.tp * grad_comm_bytes_per_param(workload.framework, workload.precision)
-        tied_s = network.all_reduce_s(cluster, tied_bytes, network.group(
-            cluster, 2, config.tp * config.cp * config.dp * (config.pp - 1)))
+    tied_s = tied_embedding_sync_s(cache, config)
     step = pipe + dp_exposed + opt_s + tied_s
     compute = m * (slow.fwd_s + slow.bwd_s - slow.recompute_s - slow.tp_comm_s - slow.cp_comm_s)
     time = StepTime(compute=compute, recompute=m * slow.recompute_s, tp_comm=m * slow.tp_comm_s,

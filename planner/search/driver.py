@@ -91,11 +91,7 @@ def _group_cheap_bound(space: Space, cache: CostCache, layout: Layout, schedule:
     m = layout.num_microbatches(space.w.global_batch)
     config = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, micro_batch=layout.micro_batch,
                             num_microbatches=m, sequence_parallel=sp)
-    ctx = cache.context(config)
-    work = 0.0
-    for sig, count in cache.signature_counts.items():
-        cost = cache.signature_cost(sig, ctx)
-        work += count * (cost.fwd_s + cost.bwd_s)
+    work = cache.totals(cache.context(config))[0]
     p = layout.pp
     if p == 1:
         return m * work

@@ -16,12 +16,12 @@ only be higher and memory no lower than a fitting choice are skipped:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ..cluster import Cluster
 from ..config import ParallelConfig, Workload
-from ..cost.memory import state_bytes_per_param, working_copy_bytes_per_param
-from ..cost.step import CostCache, Estimate, estimate, peak_memory, pipeline_s, rank_costs
+from ..cost.memory import resident_bytes_per_param
+from ..cost.step import CostCache, Estimate, estimate, peak_memory, rank_costs, rank_pipeline_s
 from ..layers import LayerGraph
 from .space import Knobs, Layout, Space
 
@@ -130,7 +130,7 @@ class LayoutBounds:
         return best
 
     def _memory_bound(self, layout: Layout) -> float:
-        space, cache, w = self.space, self.cache, self.space.w
+        space, cache = self.space, self.cache
         best_act = float("inf")
         params = 0.0
         for sp in space.sequence_parallel(layout):
@@ -139,14 +139,7 @@ class LayoutBounds:
             _, act, params, _ = cache.totals(cache.context(one))
             best_act = min(best_act, layout.micro_batch * act / layout.pp)
         params /= layout.pp
-        per_param = min(
-            s.params + s.grads + s.optimizer + working_copy_bytes_per_param(
-                framework=w.framework, precision=w.precision, zero=zero, tp=layout.tp, pp=layout.pp)
-            for zero in space.zeros(layout) for offload in space.offloads(zero)
-            for s in [state_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
-                                            shard=layout.dp * layout.cp, offload=offload,
-                                            tp=layout.tp, pp=layout.pp)])
-        return params * per_param + best_act + cache.cluster.device.reserved_bytes
+        return params * _least_resident_bytes(space, layout) + best_act + cache.cluster.device.reserved_bytes
 
 
 @dataclass
@@ -156,14 +149,14 @@ class _Stats:
     checked: int = 0          # rejected on memory alone
     least: Candidate | None = None
     least_unfit: "_Unfit | None" = None
-    infeasible_layouts: list = None
+    infeasible_layouts: list = field(default_factory=list)
 
 
 def uniform_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout], bounds: LayoutBounds,
                   prune: bool, progress=None) -> _Stats:
     """Every candidate with balanced stages and one recompute policy for all blocks,
     pruned only by bounds and dominance: a strong incumbent for the stage ILPs."""
-    stats = _Stats(infeasible_layouts=[])
+    stats = _Stats()
     capacity = cache.cluster.device.memory_bytes
     for index, layout in enumerate(order):
         if progress:
@@ -247,19 +240,19 @@ def _group_bounds(space: Space, cache: CostCache, layout: Layout, schedule: str,
     m = layout.num_microbatches(space.w.global_batch)
     base = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, micro_batch=layout.micro_batch,
                           num_microbatches=m, vpp=vpp, schedule=schedule, sequence_parallel=sp)
-    ranks = rank_costs(cache, base)
-    time_lb = pipeline_s([r.fwd_s + r.bwd_s + r.p2p_s for r in ranks], base, hop_s=cache.hop_s(base))
-    w = space.w
-    per_param = min(
-        s.params + s.grads + s.optimizer + working_copy_bytes_per_param(
-            framework=w.framework, precision=w.precision, zero=zero, tp=layout.tp, pp=layout.pp)
-        for zero in space.zeros(layout, schedule) for offload in space.offloads(zero)
-        for s in [state_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
-                                        shard=layout.dp * layout.cp, offload=offload,
-                                        tp=layout.tp, pp=layout.pp)])
+    time_lb = rank_pipeline_s(cache, base)
+    per_param = _least_resident_bytes(space, layout, schedule)
     full = rank_costs(cache, replace(base, recompute="full"))
     memory_lb = cache.cluster.device.reserved_bytes + max(r.params * per_param + r.act_bytes for r in full)
     return time_lb, memory_lb
+
+
+def _least_resident_bytes(space: Space, layout: Layout, schedule: str | None = None) -> float:
+    """The fewest device bytes per parameter any ZeRO stage and offload choice of the layout leaves."""
+    w = space.w
+    return min(resident_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
+                                        shard=layout.dp * layout.cp, offload=offload, tp=layout.tp, pp=layout.pp)
+               for zero in space.zeros(layout, schedule) for offload in space.offloads(zero))
 
 
 def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bool, top: _TopK):
@@ -291,9 +284,7 @@ def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bo
                             yield _Unfit(config=config, memory=device)
                             continue
                         fitting.append((o, r))
-                        ranks = rank_costs(cache, config)      # already priced by peak_memory
-                        if pipeline_s([q.fwd_s + q.bwd_s + q.p2p_s for q in ranks], config,
-                                      hop_s=cache.hop_s(config)) >= top.threshold:
+                        if rank_pipeline_s(cache, config) >= top.threshold:
                             continue      # fits, but its pipeline alone (a part of the step) is too slow
                     yield Candidate(config=config, estimate=estimate(space.graph, cache.cluster, space.w, config,
                                                                      cache))

@@ -20,11 +20,9 @@ from dataclasses import dataclass, replace
 
 from ..config import RECOMPUTES, ParallelConfig
 from ..cost.layer import POLICY_INDEX, LayerCost
-from ..cost.memory import inflight_microbatches, state_bytes_per_param, working_copy_bytes_per_param
-from ..cost.step import ADAM_BYTES_PER_PARAM, CostCache, dp_collectives
+from ..cost.memory import inflight_microbatches, resident_bytes_per_param, state_bytes_per_param
+from ..cost.step import CostCache, _other_bytes, dp_collectives, optimizer_time_s, tied_embedding_sync_s
 from .space import Layout, Space
-from .. import network
-from ..cluster import DTYPE_BYTES
 
 
 @dataclass(frozen=True)
@@ -95,13 +93,7 @@ class GroupProblem:
                          for r in range(self.p)]
         self.fixed = [self._fixed(r, ctx) for r in range(self.p)]
         self.options = [self._option(z, o) for z in space.zeros(layout, schedule) for o in space.offloads(z)]
-        self.tied_s = 0.0
-        graph, w = cache.graph, cache.workload
-        if graph.tied_embeddings and self.p > 1:
-            from ..cost.memory import grad_comm_bytes_per_param
-            nbytes = graph.tied_params / layout.tp * grad_comm_bytes_per_param(w.framework, w.precision)
-            self.tied_s = network.all_reduce_s(cache.cluster, nbytes, network.group(
-                cache.cluster, 2, layout.tp * layout.cp * layout.dp * (layout.pp - 1)))
+        self.tied_s = tied_embedding_sync_s(cache, self.base)
 
     # -- constants ----------------------------------------------------------------------------
     def _useful_policies(self, space: Space) -> tuple[str, ...]:
@@ -142,23 +134,13 @@ class GroupProblem:
     def _option(self, zero: int, offload: str) -> Option:
         cache, w, lay = self.cache, self.cache.workload, self.layout
         states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
-                                       shard=lay.dp * lay.cp, offload=offload, tp=lay.tp, pp=lay.pp)
+                                       shard=lay.dp * lay.cp, offload=offload)
+        resident = resident_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
+                                            shard=lay.dp * lay.cp, offload=offload, tp=lay.tp, pp=lay.pp)
         config = replace(self.base, zero=zero, offload=offload)
-        from ..cost.step import _other_bytes
-        other = _other_bytes(cache, config)
-        local = 1.0 / (lay.dp * lay.cp if zero >= 1 else 1)
-        if offload == "none":
-            dev = cache.cluster.device
-            opt = local * ADAM_BYTES_PER_PARAM / (dev.hbm_bytes_per_s * dev.hbm_efficiency)
-        else:
-            cluster = cache.cluster
-            per_node = min(cluster.gpus_per_node, cluster.num_gpus)
-            opt = (per_node * local * ADAM_BYTES_PER_PARAM / cluster.host_dram.effective_bytes_per_s
-                   + local * (4.0 + DTYPE_BYTES[w.precision]) / network.fabric(cluster).host_bytes_per_s)
-        copy = working_copy_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero, tp=lay.tp,
-                                            pp=lay.pp)
-        return Option(zero=zero, offload=offload, state_bytes=states.params + states.grads + states.optimizer + copy,
-                      host_bytes=states.host_optimizer, other_bytes=other, optimizer_s_per_param=opt)
+        return Option(zero=zero, offload=offload, state_bytes=resident, host_bytes=states.host_optimizer,
+                      other_bytes=_other_bytes(cache, config),
+                      optimizer_s_per_param=optimizer_time_s(cache, config, 1.0))
 
     def collectives(self, option: Option, params: float) -> tuple[float, float, float]:
         config = replace(self.base, zero=option.zero, offload=option.offload)
