@@ -80,15 +80,21 @@ def _saved_bytes(saved: Saved, ctx: Context) -> float:
     return saved.elems * ctx.tokens * dtype / divide
 
 
-def _linear(op: Op, ctx: Context, cluster: Cluster) -> tuple[float, float, float]:
-    """(fwd_s, bwd_s, fwd matmul FLOPs) of a linear; backward is dgrad + wgrad."""
-    dev, prec = cluster.device, ctx.precision
-    n = op.out_features / (ctx.tp if op.tp == "column" else 1)
-    k = op.in_features / (ctx.tp if op.tp == "row" else 1)
-    m = ctx.tokens * op.tokens_factor / op.num_gemms
-    fwd = op.num_gemms * gemm_s(m, n, k, dev, prec)
-    bwd = op.num_gemms * (gemm_s(m, k, n, dev, prec) + gemm_s(k, n, m, dev, prec))
+def linear_s(op: Op, split: str, tp: int, tokens: float, cluster: Cluster, precision: str
+             ) -> tuple[float, float, float]:
+    """(fwd_s, bwd_s, fwd matmul FLOPs) of a linear split ``split`` ("column", "row" or
+    "replicate") over ``tp`` ranks, for ``tokens`` tokens; backward is dgrad + wgrad."""
+    dev = cluster.device
+    n = op.out_features / (tp if split == "column" else 1)
+    k = op.in_features / (tp if split == "row" else 1)
+    m = tokens * op.tokens_factor / op.num_gemms
+    fwd = op.num_gemms * gemm_s(m, n, k, dev, precision)
+    bwd = op.num_gemms * (gemm_s(m, k, n, dev, precision) + gemm_s(k, n, m, dev, precision))
     return fwd, bwd, 2.0 * m * n * k * op.num_gemms
+
+
+def _linear(op: Op, ctx: Context, cluster: Cluster) -> tuple[float, float, float]:
+    return linear_s(op, op.tp, ctx.tp, ctx.tokens, cluster, ctx.precision)
 
 
 def _attention(op: Op, ctx: Context, cluster: Cluster) -> tuple[float, float, float, float, float]:

@@ -257,13 +257,7 @@ def group_lower_bound(pr: GroupProblem, stop_at: float = math.inf) -> tuple[floa
     per_rank = [sum(split[j] for j in range(pr.stages) if j % p == r) for r in range(p)]
     times = [per_rank[r] * t_block + fixed_t[r] for r in range(p)]
     work = sum(times)
-    sends = 2 * v * pr.hop_s if p > 1 and pr.base.schedule != "interleaved-1f1b" else 0.0
-    if p == 1:
-        floor = m * work
-    elif pr.base.schedule == "interleaved-1f1b":
-        floor = (m + (p - 1) / v) * max(times) + 2 * (p * v - 1) * pr.hop_s
-    else:
-        floor = (m - 1) * max(times) + work + p * sends
+    floor = _pipeline(pr, max(times), work)
     if floor + pr.tied_s >= stop_at:
         return floor + pr.tied_s, split
     a_none = block.act_bytes[0]
@@ -302,15 +296,21 @@ def group_lower_bound(pr: GroupProblem, stop_at: float = math.inf) -> tuple[floa
         if extra > 1e-9:
             continue                                  # cannot fit even with recompute
         total = work + recompute
-        if p == 1:
-            pipe = m * total
-        elif pr.base.schedule == "interleaved-1f1b":
-            pipe = (m + (p - 1) / v) * max(max(times), total / p) + 2 * (p * v - 1) * pr.hop_s
-        else:
-            pipe = (m - 1) * max(max(times), total / p) + total + p * sends
+        pipe = _pipeline(pr, max(max(times), total / p), total)
         optimizer = opt.optimizer_s_per_param * (L * block.params + sum(f.params for f in pr.fixed)) / p
         best = min(best, max(pipe, _rank0_scan(pr, opt, recompute)) + optimizer)
     return best + pr.tied_s, split
+
+
+def _pipeline(pr: GroupProblem, slowest: float, total: float) -> float:
+    """The schedule's pipeline (``cost.step.pipeline_s``) from the slowest rank's time and
+    the sum over ranks, both without the stage-boundary sends (added here)."""
+    p, v, m = pr.p, pr.v, pr.m
+    if p == 1:
+        return m * total
+    if pr.base.schedule == "interleaved-1f1b":
+        return (m + (p - 1) / v) * slowest + 2 * (p * v - 1) * pr.hop_s
+    return (m - 1) * slowest + total + p * (2 * v * pr.hop_s)
 
 
 def _rank0_scan(pr: GroupProblem, opt: Option, recompute: float) -> float:
@@ -333,11 +333,7 @@ def _rank0_scan(pr: GroupProblem, opt: Option, recompute: float) -> float:
         if p == 1:
             pipe = m * (t0 + recompute)
         else:
-            slowest = max(t0, ((L - b) * t_block + sum(fixed_t[1:])) / (p - 1), work / p)
-            if pr.base.schedule == "interleaved-1f1b":
-                pipe = (m + (p - 1) / v) * slowest + 2 * (p * v - 1) * pr.hop_s
-            else:
-                pipe = (m - 1) * slowest + work + 2 * v * pr.hop_s * p
+            pipe = _pipeline(pr, max(t0, ((L - b) * t_block + sum(fixed_t[1:])) / (p - 1), work / p), work)
         fwd = b * block.fwd_s + pr.fixed[0].fwd_s
         return pipe + dp.floor(b, fwd, b * (block.bwd_s + rc_max) + pr.fixed[0].bwd_s)
 

@@ -43,7 +43,8 @@ import networkx as nx
 import pulp
 
 from ..cluster import DTYPE_BYTES, Cluster
-from ..cost.compute import flash_attention_s, gemm_s, memory_bound_s, unfused_attention_s
+from ..cost.compute import flash_attention_s, memory_bound_s, unfused_attention_s
+from ..cost.layer import linear_s
 from ..layers import Op
 from ..opgraph import INPUT, OUTPUT
 from .. import network
@@ -115,10 +116,8 @@ def compute_s(op: Op, strategy: str, ctx: Context, cluster: Cluster) -> float:
     """Forward + backward seconds of one operator under a strategy, for one micro-batch."""
     dev, prec, t = cluster.device, ctx.precision, ctx.tp
     if op.kind == "linear":
-        m = ctx.tokens * op.tokens_factor / op.num_gemms
-        n = op.out_features / (t if strategy == "column" else 1)
-        k = op.in_features / (t if strategy == "row" else 1)
-        return op.num_gemms * (gemm_s(m, n, k, dev, prec) + gemm_s(m, k, n, dev, prec) + gemm_s(k, n, m, dev, prec))
+        fwd, bwd, _ = linear_s(op, strategy, t, ctx.tokens, cluster, prec)
+        return fwd + bwd
     if op.kind == "attention":
         heads = op.heads / (t if strategy == "heads" else 1)
         if ctx.attention == "flash":
