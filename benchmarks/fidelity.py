@@ -78,13 +78,19 @@ def published_convention_tflops(case: dict, step_s: float) -> float:
     return flops / (step_s * n) / 1e12
 
 
-def run_case(case: dict, profile_override: dict | None = None) -> dict:
+def case_inputs(case: dict, profile_override: dict | None = None):
+    """What the planner searches a case with: (layer graph, cluster, workload, fixed knobs);
+    ``profile_override`` replaces fields of the cluster's device."""
     cluster_name, workload, knobs = case_setup(case)
     cluster = load_cluster(cluster_name, case["hardware"]["num_gpus"])
     if profile_override:
         from dataclasses import replace
         cluster = replace(cluster, device=replace(cluster.device, **profile_override))
-    graph = build_layer_graph(case_model(case))
+    return build_layer_graph(case_model(case)), cluster, workload, knobs
+
+
+def run_case(case: dict, profile_override: dict | None = None) -> dict:
+    graph, cluster, workload, knobs = case_inputs(case, profile_override)
     t0 = time.perf_counter()
     # the published runtimes split layers evenly across stages (Megatron-LM requires it):
     # search balanced stages with one recompute policy, as they could run

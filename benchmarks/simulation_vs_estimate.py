@@ -16,13 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fidelity import DEFAULT_CASES, case_model, case_setup, throughput_cases  # noqa: E402
-from planner.cluster import load_cluster  # noqa: E402
+from fidelity import DEFAULT_CASES, case_inputs, throughput_cases  # noqa: E402  (it puts the checkout on sys.path)
 from planner.cost.step import CostCache  # noqa: E402
-from planner.layers import build_layer_graph  # noqa: E402
 from planner.search import search  # noqa: E402
 from planner.simulate import simulate  # noqa: E402
 
@@ -40,9 +37,7 @@ def main() -> int:
     errors = []
     print(f"{'case':<18} {'estimate s':>10} {'simulated s':>11} {'diff':>7} {'sim ms':>7}  config")
     for case in throughput_cases(args.cases):
-        cluster_name, workload, knobs = case_setup(case)
-        cluster = load_cluster(cluster_name, case["hardware"]["num_gpus"])
-        graph = build_layer_graph(case_model(case))
+        graph, cluster, workload, knobs = case_inputs(case)
         result = search(graph, cluster, workload, knobs, top_k=args.top_k, solver="uniform", simulate=False)
         cache = CostCache(graph, cluster, workload)
         for cand in [result.best, *result.alternatives][:args.top_k]:

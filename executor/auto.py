@@ -16,14 +16,12 @@ What it does, in order:
 The knobs the executor cannot run on an arbitrary module are fixed before the search: no
 context parallelism, no sequence parallelism (which dimension of a user's tensor is the sequence
 is not known), no offload. ZeRO-1 runs as ZeRO-2 where torch's ZeroRedundancyOptimizer cannot
-(DTensor parameters; pipelines other than 1F1B): the same communication volume, less memory;
-``plan.notes`` says so.
+(pipelines other than 1F1B): the same communication volume, less memory; ``plan.notes`` says so.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from datetime import timedelta
 from typing import Callable
 
 import torch
@@ -34,10 +32,12 @@ from planner.errors import UserError
 
 from .generic import apply_ac, apply_dp, apply_tp, split_pipeline
 from .integrity import check_world_size
-from .mesh import ParallelDims
+from .mesh import ParallelDims, init_process_group, local_device
 from .parallelize import shard_embedding_grads
 from .pipeline import build_schedule, runnable_schedule, stage_indices
 from .plan_file import RunPlan, plan_from_json
+from .support import DEFAULT_TIMEOUT_S
+from .train import accumulate, global_loss, make_optimizer, optimizer_step, schedule_step
 
 DEFAULT_CLUSTER = "cpu-gloo"
 SOURCE = "auto_parallelize plan"        # how errors name the plan document
@@ -114,9 +114,9 @@ class ParallelTraining:
     """This rank's share of the training: ``step(inputs, targets) -> loss`` on this data-parallel
     replica's share of the global batch (``shard`` cuts it from the global batch)."""
 
-    def __init__(self, *, plan: AutoPlan, run_plan: RunPlan, parts: list[nn.Module], indices: list[int],
+    def __init__(self, *, plan: AutoPlan, parts: list[nn.Module], indices: list[int],
                  optimizers: list[torch.optim.Optimizer], loss_fn: Callable, mesh, dp_mesh, device, schedule):
-        self.plan, self.run_plan, self.parts, self.optimizers = plan, run_plan, parts, optimizers
+        self.plan, self.parts, self.optimizers = plan, parts, optimizers
         self.loss_fn, self.mesh, self.dp_mesh, self.device, self.schedule = loss_fn, mesh, dp_mesh, device, schedule
         self.dp, self.dp_rank = plan.dp, dp_mesh.get_local_rank()
         self.first_stage = 0 in indices
@@ -144,52 +144,22 @@ class ParallelTraining:
         inputs = tuple(x.to(self.device) for x in (inputs if isinstance(inputs, (tuple, list)) else (inputs,)))
         targets = targets.to(self.device)
         if self.schedule is not None:
-            losses: list[torch.Tensor] = []
-            kwargs = {"target": targets, "losses": losses} if self.last_stage else {}
-            self.schedule.step(*(inputs if self.first_stage else ()), **kwargs)
-            local = torch.stack(losses).sum() if losses else torch.zeros((), device=self.device)
+            local = schedule_step(self.schedule, inputs, targets, first_stage=self.first_stage,
+                                  last_stage=self.last_stage, device=self.device)
         else:
-            local = self._accumulate(inputs, targets)
-        for optimizer in self.optimizers:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        value = local.detach().float().reshape(1).clone()
-        dist.all_reduce(value, group=self.mesh["pp"].get_group())      # only the last stage holds it
-        dist.all_reduce(value, group=self.dp_mesh.get_group())
-        return value.item() / self.dp
-
-    def _accumulate(self, inputs: tuple, targets: torch.Tensor) -> torch.Tensor:
-        """Without a pipeline: gradient accumulation over the plan's micro-batches."""
-        from contextlib import nullcontext
-        m, model = self.plan.num_microbatches, self.parts[0]
-        total = torch.zeros((), device=self.device)
-        chunks = list(zip(*(x.chunk(m) for x in inputs), targets.chunk(m)))
-        for i, (*xs, y) in enumerate(chunks):
-            last = i == len(chunks) - 1
-            sync = model.no_sync() if hasattr(model, "no_sync") and not last else nullcontext()
-            if self.plan.zero == 0 and hasattr(model, "set_requires_gradient_sync"):
-                model.set_requires_gradient_sync(last)       # replicate: one all-reduce per step
-            with sync:
-                loss = self.microbatch_loss(model(*xs), y)
-                loss.backward()
-            total += loss.detach()
-        return total
+            local = accumulate(self.parts[0], inputs, targets, num_microbatches=self.plan.num_microbatches,
+                               zero=self.plan.zero, loss_fn=self.microbatch_loss, device=self.device)
+        optimizer_step(self.optimizers)
+        return global_loss(local, mesh=self.mesh, dp_mesh=self.dp_mesh, dp=self.dp)
 
 
-def _device() -> torch.device:
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _run_zero(plan: RunPlan) -> tuple[int, tuple[str, ...]]:
+def _run_zero(plan: RunPlan, schedule: str | None) -> tuple[int, tuple[str, ...]]:
+    """The ZeRO stage that runs, and the note where it is not the plan's. ``schedule``: the pipeline
+    schedule that runs (None without a pipeline). The planner plans no ZeRO-1 with tp > 1 for torch."""
     c = plan.config
-    schedule = runnable_schedule(c.schedule, c.num_microbatches, c.pp)
-    if c.zero == 1 and c.dp > 1 and (c.tp > 1 or (c.pp > 1 and schedule != "1f1b")):
-        why = "DTensor parameters" if c.tp > 1 else f"the {schedule} schedule"
-        return 2, (f"ZeRO-1 runs as ZeRO-2: ZeroRedundancyOptimizer cannot shard with {why} (same "
-                   "communication volume, less memory)",)
+    if c.zero == 1 and c.dp > 1 and c.pp > 1 and schedule != "1f1b":
+        return 2, (f"ZeRO-1 runs as ZeRO-2: ZeroRedundancyOptimizer cannot shard with the {schedule} schedule "
+                   "(same communication volume, less memory)",)
     return c.zero, ()
 
 
@@ -197,7 +167,8 @@ def apply_plan(module: nn.Module, plan: RunPlan, doc: dict, *, device: torch.dev
                lr: float) -> ParallelTraining:
     """Apply a traced module's plan to ``module`` on this rank (executor/generic.py, in its order)."""
     c, world = plan.config, dist.get_world_size()
-    zero, notes = _run_zero(plan)
+    schedule = runnable_schedule(c.schedule, c.num_microbatches, c.pp) if c.pp > 1 else None
+    zero, notes = _run_zero(plan, schedule)
     dims = ParallelDims.from_config(replace(c, zero=zero), world)
     mesh, dp_mesh = dims.build_mesh(device.type)
     layers = [path for stage in plan.stages for path in stage]
@@ -218,25 +189,18 @@ def apply_plan(module: nn.Module, plan: RunPlan, doc: dict, *, device: torch.dev
         if dims.tp > 1 and not fsdp:       # FSDP reduces (and shards) gradients itself
             shard_embedding_grads(part, plan.tp_plan)
         trained.append(model)
-        params = list(model.parameters())
-        if zero == 1 and dims.dp > 1:
-            from torch.distributed.optim import ZeroRedundancyOptimizer
-            optimizers.append(ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=lr, foreach=False,
-                                                      process_group=mesh["dp_replicate"].get_group()))
-        else:
-            optimizers.append(torch.optim.AdamW(params, lr=lr, foreach=False))
-    schedule = runnable_schedule(c.schedule, c.num_microbatches, c.pp) if c.pp > 1 else None
+        optimizers.append(make_optimizer(list(model.parameters()), lr=lr, zero=zero, dp=dims.dp, mesh=mesh))
     if schedule is not None and schedule != c.schedule:
         notes += (f"the {c.schedule} schedule with {c.num_microbatches} micro-batch(es) for {c.pp} stages runs "
                   f"as {schedule} (the same order)",)
     auto = AutoPlan(doc=doc, dp=c.dp, tp=c.tp, pp=c.pp, zero=zero, schedule=schedule,
                     num_microbatches=c.num_microbatches, stages=plan.stages, tp_plan=dict(plan.tp_plan),
                     layers=tuple(units), notes=notes)
-    training = ParallelTraining(plan=auto, run_plan=plan, parts=trained, indices=indices, optimizers=optimizers,
+    training = ParallelTraining(plan=auto, parts=trained, indices=indices, optimizers=optimizers,
                                 loss_fn=loss_fn, mesh=mesh, dp_mesh=dp_mesh, device=device, schedule=None)
-    if c.pp > 1:
+    if schedule is not None:
         training.schedule = build_schedule(list(zip(indices, trained)), num_stages=len(plan.stages),
-                                           pp_mesh=mesh["pp"], schedule=c.schedule,
+                                           pp_mesh=mesh["pp"], schedule=schedule,
                                            num_microbatches=c.num_microbatches, loss_fn=training.microbatch_loss,
                                            device=device)
     return training
@@ -244,7 +208,7 @@ def apply_plan(module: nn.Module, plan: RunPlan, doc: dict, *, device: torch.dev
 
 def auto_parallelize(module: nn.Module, example_inputs, *, global_batch: int, cluster: str | None = None,
                      knobs=None, loss_fn: Callable | None = None, lr: float = 1e-3,
-                     timeout_s: float = 300.0) -> ParallelTraining:
+                     timeout_s: float = DEFAULT_TIMEOUT_S) -> ParallelTraining:
     """Plan ``module`` for the live torchrun world and apply the plan (see the module docstring).
 
     ``example_inputs``: one micro-batch of inputs (a tensor or a tuple), for the tracer.
@@ -256,11 +220,11 @@ def auto_parallelize(module: nn.Module, example_inputs, *, global_batch: int, cl
         if "RANK" not in os.environ:
             raise UserError("auto_parallelize runs inside a torchrun job (no RANK in the environment); "
                             "launch with torchrun --nproc-per-node N your_script.py", field="environment")
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=timedelta(seconds=timeout_s))
+        init_process_group(timeout_s)
     world = dist.get_world_size()
     if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
         raise UserError(f"must be a positive integer, got {global_batch!r}", field="global_batch")
-    device = _device()
+    device = local_device()
     module = module.to(device)
     with torch.no_grad():                       # every rank starts from rank 0's weights
         for tensor in [*module.parameters(), *module.buffers()]:

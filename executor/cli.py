@@ -11,12 +11,10 @@ from planner.errors import UserError
 
 from . import faults
 from .checkpoint_dir import check_resumable, latest_complete
-from .launch import Launch, check_model, launch
+from .integrity import check_model
+from .launch import Launch, launch
 from .plan_file import load_plan, warn_if_other_version
-from .support import check_stages, check_supported
-
-DEFAULT_TIMEOUT_S = 300.0       # executor/train.py's default (kept equal; train imports torch, this must not)
-DEFAULT_CHECKPOINT_EVERY = 100
+from .support import DEFAULT_CHECKPOINT_EVERY, DEFAULT_TIMEOUT_S, check_stages, check_supported
 
 EPILOG = """\
 examples:

@@ -17,13 +17,12 @@ The order is executor/parallelize.py's, for the same reasons.
 """
 from __future__ import annotations
 
-from functools import partial
-
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.utils.checkpoint import checkpoint
 
 from planner.errors import UserError
+
+from .parallelize import apply_ddp, apply_fsdp, apply_replicate, checkpoint_forward
 
 
 def layer_of(path: str, layers: list[str]) -> str | None:
@@ -123,7 +122,7 @@ def apply_ac(part: nn.Module, recompute_per_layer: dict[str, str]) -> list[str]:
         if policy == "none" or path not in modules or not path:
             continue
         layer = modules[path]
-        layer.forward = partial(checkpoint, type(layer).forward.__get__(layer), use_reentrant=False)
+        layer.forward = checkpoint_forward(layer)
         if policy == "selective":
             notes.append(f"{path}: selective recompute runs as full recompute of the layer")
     return notes
@@ -133,23 +132,16 @@ def apply_dp(part: nn.Module, *, zero: int, units: list[str], mesh: DeviceMesh, 
              replicate_ddp: bool) -> tuple[nn.Module, bool]:
     """Data parallelism by ZeRO stage (Rajbhandari et al. 2020). Returns (the module to train, whether
     FSDP2 manages its gradients). ``replicate_ddp``: ZeRO-0/1 where DDP cannot go (DTensor parameters,
-    pipelines), as executor/parallelize.py's ``uses_fsdp``."""
-    from torch.distributed.fsdp import fully_shard
+    pipelines), as executor/parallelize.py's ``uses_fsdp``. The layers ``units`` names that this part
+    holds become the FSDP / replicate units, as the blocks do in executor/parallelize.py."""
     modules = dict(part.named_modules())
     mine = [modules[u] for u in units if u in modules and u]
     if zero >= 2 and dp > 1:
-        for unit in mine:
-            fully_shard(unit, mesh=mesh["dp_shard"], reshard_after_forward=zero == 3)
-        fully_shard(part, mesh=mesh["dp_shard"], reshard_after_forward=zero == 3)
+        apply_fsdp(part, mesh["dp_shard"], units=mine, reshard_after_forward=zero == 3)
         return part, True
     if dp > 1 and replicate_ddp:
-        from torch.distributed._composable.replicate_with_fsdp import replicate
-        for unit in mine:
-            replicate(unit, mesh=mesh["dp_replicate"])
-        replicate(part, mesh=mesh["dp_replicate"])
+        apply_replicate(part, mesh["dp_replicate"], units=mine)
         return part, True
     if dp > 1:
-        from torch.nn.parallel import DistributedDataParallel
-        return DistributedDataParallel(part, process_group=mesh["dp_replicate"].get_group(),
-                                       gradient_as_bucket_view=True), False
+        return apply_ddp(part, mesh["dp_replicate"]), False
     return part, False

@@ -22,8 +22,6 @@ from pathlib import Path
 
 from planner.errors import UserError
 
-from .integrity import check_model  # noqa: F401  (re-exported: `meshplan run` and the ranks check with it)
-
 
 @dataclass(frozen=True, kw_only=True)
 class Launch:

@@ -8,12 +8,31 @@ Code fetches a dimension by name (``mesh["tp"]``), never by position.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 from planner.config import ParallelConfig
 from planner.errors import UserError
 
 MESH_DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+def local_device():
+    """This process's device: the GPU numbered LOCAL_RANK (made the current one), else the CPU."""
+    import torch
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def init_process_group(timeout_s: float) -> None:
+    """Join the job's default process group (NCCL on GPUs, gloo otherwise); a collective waiting longer
+    than ``timeout_s`` seconds for a peer raises."""
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=timedelta(seconds=timeout_s))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,6 +20,7 @@ The dispatcher ``parallelize`` composes them in this order (torchtitan's
 from __future__ import annotations
 
 from functools import partial
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
@@ -38,7 +39,7 @@ from .support import check_supported  # noqa: F401  (re-exported)
 
 
 def _tp_style(style: str, sequence_parallel: bool):
-    """The DTensor style of one plan.json TP entry (the styles are documented in planner/plan.py)."""
+    """The DTensor style of one plan.json TP entry (planner/config.py's TP_STYLES documents the styles)."""
     seq = Shard(1) if sequence_parallel else Replicate()      # layout of the residual stream (B, S, h)
     if style == "colwise":          # input already made Replicate by the parent's PrepareModuleInput
         return ColwiseParallel()
@@ -83,31 +84,39 @@ def shard_embedding_grads(model: Transformer, tp_plan: dict[str, str]) -> None:
             param.register_hook(lambda grad, p=param: grad.redistribute(placements=p.placements).clone())
 
 
+def checkpoint_forward(module: nn.Module) -> Callable:
+    """``module``'s own forward under ``torch.utils.checkpoint`` (non-reentrant), to assign to
+    ``module.forward``: the module keeps only its input and recomputes the rest in backward."""
+    return partial(checkpoint, type(module).forward.__get__(module), use_reentrant=False)
+
+
 def apply_ac(model: Transformer, recompute_per_layer: dict[str, str]) -> None:
     """Activation recomputation per layer (Korthikanti et al. 2022, Sec 5): ``full`` checkpoints the
     whole block and keeps only its input; ``selective`` checkpoints only the attention core."""
     for index, block in model.layers.items():
         policy = recompute_per_layer.get(f"layers.{index}", "none")
         if policy == "full":
-            block.forward = partial(checkpoint, type(block).forward.__get__(block), use_reentrant=False)
+            block.forward = checkpoint_forward(block)
         elif policy == "selective":
             block.attn.core = partial(checkpoint, sdpa, use_reentrant=False)
 
 
-def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, *, reshard_after_forward: bool,
-               mp_policy: MixedPrecisionPolicy) -> None:
-    """FSDP2 (ZeRO-2/3): one unit per block, the root unit holds embedding, final norm and head."""
-    for block in model.layers.values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, units: Iterable[nn.Module], reshard_after_forward: bool,
+               mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy()) -> None:
+    """FSDP2 (ZeRO-2/3): one unit per module of ``units`` (the blocks), the root unit holds the rest
+    (embedding, final norm and head)."""
+    for unit in units:
+        fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
     fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
 
 
-def apply_replicate(model: Transformer, dp_mesh: DeviceMesh, *, mp_policy: MixedPrecisionPolicy) -> None:
+def apply_replicate(model: nn.Module, dp_mesh: DeviceMesh, *, units: Iterable[nn.Module],
+                    mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy()) -> None:
     """ZeRO-0: every replica keeps everything and all-reduces gradients (torch's FSDP2-based
-    ``replicate``, the DDP that composes with DTensor TP), bucketed one block at a time."""
+    ``replicate``, the DDP that composes with DTensor TP), bucketed one unit (block) at a time."""
     from torch.distributed._composable.replicate_with_fsdp import replicate
-    for block in model.layers.values():
-        replicate(block, mesh=dp_mesh, mp_policy=mp_policy)
+    for unit in units:
+        replicate(unit, mesh=dp_mesh, mp_policy=mp_policy)
     replicate(model, mesh=dp_mesh, mp_policy=mp_policy)
 
 
@@ -154,9 +163,10 @@ def parallelize(model: Transformer, plan: RunPlan, dims: ParallelDims, mesh: Dev
     mp_policy = mixed_precision(plan.workload.precision, device.type)
     fsdp_managed = uses_fsdp(plan, dims)
     if c.zero >= 2:
-        apply_fsdp(model, mesh["dp_shard"], reshard_after_forward=c.zero == 3, mp_policy=mp_policy)
+        apply_fsdp(model, mesh["dp_shard"], units=model.layers.values(), reshard_after_forward=c.zero == 3,
+                   mp_policy=mp_policy)
     elif fsdp_managed:
-        apply_replicate(model, mesh["dp_replicate"], mp_policy=mp_policy)
+        apply_replicate(model, mesh["dp_replicate"], units=model.layers.values(), mp_policy=mp_policy)
     materialize(model, seed=seed, device=device)
     if dims.tp > 1 and not fsdp_managed:        # FSDP reduces (and shards) gradients itself
         shard_embedding_grads(model, plan.tp_plan)

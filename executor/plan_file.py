@@ -15,13 +15,12 @@ import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from planner.config import FRAMEWORKS, PRECISIONS, ZERO_STAGES, ParallelConfig, Workload
+from planner.config import (FRAMEWORKS, PLAN_SCHEMA_VERSION, PRECISIONS, RECOMPUTES, TP_STYLES, ZERO_STAGES,
+                            ParallelConfig, Workload)
 from planner.errors import UserError, one_of
 from planner.model import ModelSpec, _read_json     # read, parse, check it is an object; UserError naming the file
 
-SUPPORTED_SCHEMA_VERSIONS = (1,)
-TP_STYLES = ("colwise", "rowwise", "vocab", "colwise_loss", "sequence")   # planner/plan.py documents each
-RECOMPUTE_POLICIES = ("none", "selective", "full")
+SUPPORTED_SCHEMA_VERSIONS = (PLAN_SCHEMA_VERSION,)
 _HEX16 = re.compile(r"^[0-9a-f]{16}$")
 _WORKLOAD_CHOICES = {"precision": PRECISIONS, "framework": FRAMEWORKS, "attention": ("flash", "unfused"),
                      "optimizer": ("adamw",)}
@@ -197,7 +196,7 @@ def plan_from_json(data: dict, source: str = "plan.json") -> RunPlan:
     return RunPlan(source=source, spec=_spec(model, source), config=config, workload=workload,
                    stages=_stages(data, config, source), fingerprints=fingerprints,
                    tp_plan=_string_map(data, "tp_plan", TP_STYLES, source),
-                   recompute_per_layer=_string_map(data, "recompute_per_layer", RECOMPUTE_POLICIES, source),
+                   recompute_per_layer=_string_map(data, "recompute_per_layer", RECOMPUTES, source),
                    estimate=_estimate(data, source), meshplan_version=written_by)
 
 

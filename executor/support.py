@@ -7,6 +7,9 @@ from planner.model import ModelSpec
 
 from .plan_file import RunPlan
 
+DEFAULT_TIMEOUT_S = 300.0       # a collective waiting longer ends the job (torchtitan's comm.init_timeout_seconds)
+DEFAULT_CHECKPOINT_EVERY = 100  # steps between the checkpoints of a restartable run (--checkpoint-every)
+
 
 def runnable_schedule(schedule: str, num_microbatches: int, pp: int) -> str:
     """The schedule torch runs for a plan's: 1F1B with fewer micro-batches than stages is GPipe (every

@@ -18,8 +18,8 @@ import sys
 import time
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -34,16 +34,16 @@ from . import checkpoint as ckpt
 from . import faults
 from .checkpoint_dir import check_resumable
 from .data import local_batch
+from .integrity import check_model, check_world_size
 from .measure import SavedTensorMeter, gathered_param_bytes, grad_bytes, optimizer_bytes, param_bytes
-from .mesh import ParallelDims
+from .mesh import ParallelDims, init_process_group, local_device
 from .models import build_model, canonical_name
 from .parallelize import autocast_dtype, check_supported, parallelize
 from .pipeline import build_schedule, build_stage_model, check_stages, stage_indices, sync_tied_grads, tied_groups
-from .integrity import check_world_size
 from .plan_file import RunPlan, load_plan
+from .support import DEFAULT_CHECKPOINT_EVERY, DEFAULT_TIMEOUT_S
 
 LEARNING_RATE = 1e-3
-DEFAULT_TIMEOUT_S = 300.0   # a collective waiting longer ends the job (torchtitan's comm.init_timeout_seconds)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,7 +56,7 @@ class RunOptions:
     grads_path: str | None = None       # write the first step's full gradients, one file per rank (tests)
     checkpoint_dir: str | None = None   # restartable run: resume from, and checkpoint atomically into, this
                                         # folder; ``steps`` is then the run's total, resumed steps included
-    checkpoint_every: int = 100         # steps between checkpoints (and one after the last step)
+    checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY   # steps between checkpoints (and one after the last step)
 
 
 class Job:
@@ -79,11 +79,12 @@ class Job:
         self.parts: list[nn.Module] = []
         trained = []
         for j in mine:
-            part = build_stage_model(spec, plan.stages[j], plan.source) if c.pp > 1 else build_model(spec)
+            part = build_stage_model(spec, plan.stages[j]) if c.pp > 1 else build_model(spec)
             trained.append(parallelize(part, plan, self.dims, self.mesh, device, options.seed))
             self.parts.append(part)
         self.trained = trained
-        self.optimizers = [self._optimizer(list(m.parameters())) for m in trained]   # one per part (DCP)
+        self.optimizers = [make_optimizer(list(m.parameters()), lr=options.lr, zero=c.zero, dp=self.dims.dp,
+                                          mesh=self.mesh) for m in trained]      # one per part (DCP)
         self.schedule = None
         if c.pp > 1:
             self.schedule = build_schedule(list(zip(mine, trained)), num_stages=len(plan.stages),
@@ -91,14 +92,6 @@ class Job:
                                            num_microbatches=c.num_microbatches, loss_fn=self.loss_fn, device=device)
         self.first_stage = 0 in mine
         self.last_stage = len(plan.stages) - 1 in mine
-
-    def _optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-        lr = self.options.lr
-        if self.plan.config.zero == 1 and self.dims.dp > 1:
-            from torch.distributed.optim import ZeroRedundancyOptimizer
-            return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=lr, foreach=False,
-                                           process_group=self.mesh["dp_replicate"].get_group())
-        return torch.optim.AdamW(params, lr=lr, foreach=False)
 
     def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Summed cross-entropy of a micro-batch over the replica's tokens per step.
@@ -114,43 +107,67 @@ class Job:
         return inputs.to(self.device), targets.to(self.device)
 
 
-def _forward_backward(job: Job, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Without a pipeline: gradient accumulation over the plan's micro-batches."""
-    m = job.plan.config.num_microbatches
-    model = job.trained[0]
-    total = torch.zeros((), device=job.device)
-    for i, (x, y) in enumerate(zip(inputs.chunk(m), targets.chunk(m))):
-        last = i == m - 1
+# One training step, in pieces shared with auto_parallelize's ParallelTraining (executor/auto.py).
+
+def make_optimizer(params: list[nn.Parameter], *, lr: float, zero: int, dp: int, mesh) -> torch.optim.Optimizer:
+    """AdamW with a constant ``lr``; under ZeRO-1 with dp > 1 torch's ZeroRedundancyOptimizer, sharding
+    AdamW's states over the replicas (``mesh["dp_replicate"]``)."""
+    if zero == 1 and dp > 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=lr, foreach=False,
+                                       process_group=mesh["dp_replicate"].get_group())
+    return torch.optim.AdamW(params, lr=lr, foreach=False)
+
+
+def accumulate(model: nn.Module, inputs: tuple[torch.Tensor, ...], targets: torch.Tensor, *, num_microbatches: int,
+               zero: int, loss_fn: Callable, device: torch.device) -> torch.Tensor:
+    """Without a pipeline: gradient accumulation over ``num_microbatches`` micro-batches (``inputs``,
+    the model's positional arguments, and ``targets`` cut along their first dimension), the gradients
+    reduced once, in the last micro-batch's backward. Returns the sum of the micro-batch losses."""
+    m = num_microbatches
+    total = torch.zeros((), device=device)
+    chunks = list(zip(*(x.chunk(m) for x in inputs), targets.chunk(m)))
+    for i, (*xs, y) in enumerate(chunks):
+        last = i == len(chunks) - 1
         sync = model.no_sync() if hasattr(model, "no_sync") and not last else nullcontext()
-        if job.plan.config.zero == 0 and hasattr(model, "set_requires_gradient_sync"):
+        if zero == 0 and hasattr(model, "set_requires_gradient_sync"):
             model.set_requires_gradient_sync(last)       # replicate: one all-reduce per step
         with sync:
-            loss = job.loss_fn(model(x), y)
+            loss = loss_fn(model(*xs), y)
             loss.backward()
         total += loss.detach()
     return total
 
 
-def _pipeline_step(job: Job, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def schedule_step(schedule, inputs: tuple[torch.Tensor, ...], targets: torch.Tensor, *, first_stage: bool,
+                  last_stage: bool, device: torch.device) -> torch.Tensor:
+    """With a pipeline: the schedule over the step's micro-batches (the first stage is fed ``inputs``,
+    the last computes the losses against ``targets``). Returns this rank's sum of the micro-batch
+    losses (zero but on the last stage)."""
     losses: list[torch.Tensor] = []
-    args = (inputs,) if job.first_stage else ()
-    kwargs = {"target": targets, "losses": losses} if job.last_stage else {}
-    job.schedule.step(*args, **kwargs)
-    sync_tied_grads(job.parts, job.tied_group)
-    return torch.stack(losses).sum() if losses else torch.zeros((), device=job.device)
+    kwargs = {"target": targets, "losses": losses} if last_stage else {}
+    schedule.step(*(inputs if first_stage else ()), **kwargs)
+    return torch.stack(losses).sum() if losses else torch.zeros((), device=device)
 
 
-def global_loss(job: Job, local: torch.Tensor) -> float:
+def optimizer_step(optimizers: list[torch.optim.Optimizer]) -> None:
+    for optimizer in optimizers:
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def global_loss(local: torch.Tensor, *, mesh, dp_mesh, dp: int) -> float:
     """The step's loss on every rank: summed over pipeline ranks (only the last holds it), averaged
-    over data-parallel replicas."""
+    over the ``dp`` data-parallel replicas."""
     value = local.detach().float().reshape(1).clone()
-    dist.all_reduce(value, group=job.mesh["pp"].get_group())
-    dist.all_reduce(value, group=job.dp_mesh.get_group())
-    return value.item() / job.dims.dp
+    dist.all_reduce(value, group=mesh["pp"].get_group())
+    dist.all_reduce(value, group=dp_mesh.get_group())
+    return value.item() / dp
 
 
 def train_step(job: Job, step: int, meter: SavedTensorMeter | None = None, dump_grads: str | None = None) -> float:
     inputs, targets = job.batch(step)
+    c = job.plan.config
     with ExitStack() as stack:
         if job.loss_parallel:
             stack.enter_context(loss_parallel())
@@ -159,15 +176,16 @@ def train_step(job: Job, step: int, meter: SavedTensorMeter | None = None, dump_
         if meter is not None:
             stack.enter_context(meter.track())
         if job.schedule is not None:
-            local = _pipeline_step(job, inputs, targets)
+            local = schedule_step(job.schedule, (inputs,), targets, first_stage=job.first_stage,
+                                  last_stage=job.last_stage, device=job.device)
+            sync_tied_grads(job.parts, job.tied_group)
         else:
-            local = _forward_backward(job, inputs, targets)
+            local = accumulate(job.trained[0], (inputs,), targets, num_microbatches=c.num_microbatches, zero=c.zero,
+                               loss_fn=job.loss_fn, device=job.device)
     if dump_grads:
         write_grads(job, dump_grads)
-    for optimizer in job.optimizers:
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return global_loss(job, local)
+    optimizer_step(job.optimizers)
+    return global_loss(local, mesh=job.mesh, dp_mesh=job.dp_mesh, dp=job.dims.dp)
 
 
 def write_grads(job: Job, path: str) -> None:
@@ -335,12 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     plan = load_plan(args.plan)
     if args.model:
-        from .launch import check_model
         plan = check_model(plan, args.model)
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
+    local_device()          # this rank's GPU made current before NCCL starts
+    init_process_group(args.timeout)
     try:
         check_world_size(plan, dist.get_world_size(), "this job")
         options = RunOptions(steps=args.steps, seed=args.seed, lr=args.lr, load_dir=args.load, save_dir=args.save,

@@ -80,6 +80,14 @@ def _fully_fixed(knobs: Knobs, workload: Workload, num_gpus: int) -> ParallelCon
                           sequence_parallel=bool(k.sequence_parallel), offload=k.offload or "none")
 
 
+def fixed_result(graph, cluster, workload: Workload, config: ParallelConfig, seconds: float) -> SearchResult:
+    """The SearchResult of one fully fixed config (every knob given): its knobs checked, its step
+    simulated, the only candidate."""
+    evaluate(graph, cluster, workload, config)                  # checks the knobs
+    cand = Candidate(config=config, estimate=simulated_estimate(graph, cluster, workload, config))
+    return SearchResult(best=cand, alternatives=(), candidates=1, evaluated=1, seconds=seconds)
+
+
 def _no_fit_message(result: SearchResult, graph, cluster, workload: Workload, knobs: Knobs) -> str:
     least = result.least_memory
     capacity = cluster.device.memory_bytes / GiB
@@ -101,10 +109,7 @@ def plan_command(args) -> int:
     knobs = _knobs(args)
     fixed = _fully_fixed(knobs, workload, cluster.num_gpus)
     if fixed is not None:
-        evaluate(graph, cluster, workload, fixed)                   # checks the knobs
-        cand = Candidate(config=fixed, estimate=simulated_estimate(graph, cluster, workload, fixed))
-        result = SearchResult(best=cand, alternatives=(), candidates=1, evaluated=1,
-                              seconds=time.perf_counter() - t0)
+        result = fixed_result(graph, cluster, workload, fixed, time.perf_counter() - t0)
     else:
         solver = "exhaustive" if args.exhaustive else "uniform" if args.uniform_stages else args.solver
         if args.exhaustive and args.uniform_stages:

@@ -19,6 +19,15 @@ RECOMPUTES = ("none", "selective", "full")
 OFFLOADS = ("none", "optimizer")
 ZERO_STAGES = (0, 1, 2, 3)
 
+PLAN_SCHEMA_VERSION = 1     # plan.json's format (planner/plan.py writes it, executor/plan_file.py reads it)
+
+# How the executor shards a module under tensor parallelism (torch.distributed.tensor.parallel):
+#   colwise  ColwiseParallel (output features split)      rowwise   RowwiseParallel (input features split)
+#   vocab    RowwiseParallel on an embedding (vocabulary split)
+#   colwise_loss  ColwiseParallel keeping the logits sharded for a vocab-parallel loss
+#   sequence SequenceParallel (norms, with sequence parallelism on)
+TP_STYLES = ("colwise", "rowwise", "vocab", "colwise_loss", "sequence")
+
 
 @dataclass(frozen=True, kw_only=True)
 class Workload:
@@ -120,6 +129,21 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def check_executor_limits(*, zero: int | None, tp: int | None, offload: str | None, num_kv_heads: int) -> None:
+    """What meshplan's executor (--framework torch; executor/parallelize.py) cannot run, for
+    the knobs that are known (None: not fixed yet)."""
+    if offload not in (None, "none"):
+        raise UserError("meshplan's executor (--framework torch) runs no optimizer offload; plan for "
+                        "DeepSpeed's ZeRO-Offload with --framework deepspeed", field="--offload")
+    if zero == 1 and tp is not None and tp > 1:
+        raise UserError("ZeRO-1 with tp > 1: meshplan's executor shards optimizer states with "
+                        "ZeroRedundancyOptimizer, which cannot shard tensor-parallel parameters; use "
+                        "--zero 0, 2 or 3, or --framework megatron", field="--zero")
+    if tp is not None and num_kv_heads % tp:
+        raise UserError(f"tp {tp} must divide the {num_kv_heads} key/value heads with --framework torch "
+                        "(meshplan's executor does not replicate key/value heads)", field="--tp")
+
+
 def check_config(config: ParallelConfig, *, num_gpus: int, global_batch: int, seq_len: int, num_heads: int,
                  num_kv_heads: int, num_blocks: int, framework: str, dtypes: tuple[str, ...] = (),
                  precision: str = "bf16") -> None:
@@ -154,21 +178,12 @@ def check_config(config: ParallelConfig, *, num_gpus: int, global_batch: int, se
     if framework == "megatron" and c.zero > 1:
         raise UserError(f"Megatron-LM's distributed optimizer is ZeRO-1; ZeRO-{c.zero} needs "
                         "--framework torch or deepspeed", field="--zero")
-    if framework == "torch":         # what meshplan's executor can run (executor/parallelize.py)
-        if c.offload != "none":
-            raise UserError("meshplan's executor (--framework torch) runs no optimizer offload; plan for "
-                            "DeepSpeed's ZeRO-Offload with --framework deepspeed", field="--offload")
-        if c.zero == 1 and c.tp > 1:
-            raise UserError("ZeRO-1 with tp > 1: meshplan's executor shards optimizer states with "
-                            "ZeroRedundancyOptimizer, which cannot shard tensor-parallel parameters; use "
-                            "--zero 0, 2 or 3, or --framework megatron", field="--zero")
+    if framework == "torch":
+        check_executor_limits(zero=c.zero, tp=c.tp, offload=c.offload, num_kv_heads=num_kv_heads)
         if c.zero == 1 and c.dp > 1 and c.pp > 1 and c.schedule != "1f1b":
             raise UserError(f"ZeRO-1 with the {c.schedule} schedule: meshplan's executor runs DDP under "
                             "torch.distributed.pipelining with 1F1B only; use --schedule 1f1b or --zero 0, 2 or 3",
                             field="--zero")
-        if num_kv_heads % c.tp:
-            raise UserError(f"tp {c.tp} must divide the {num_kv_heads} key/value heads with --framework torch "
-                            "(meshplan's executor does not replicate key/value heads)", field="--tp")
     if framework == "deepspeed" and c.zero > 1 and c.pp > 1:
         raise UserError(f"DeepSpeed does not combine ZeRO-{c.zero} with pipeline parallelism; "
                         "use --zero 0 or 1 with --pp > 1", field="--zero")

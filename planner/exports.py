@@ -41,19 +41,8 @@ class Export:
 
 # -- what the plan says, framework-neutral ------------------------------------------------------
 
-def _blocks_per_stage(plan) -> list[int]:
-    """Transformer blocks per virtual stage, in order (embedding, norm and head excluded)."""
-    c = plan.best.config
-    counts = c.stage_layers or balanced_stage_layers(plan.graph, c.pp * c.vpp)
-    out, start = [], 0
-    for count in counts:
-        out.append(sum(1 for layer in plan.graph.layers[start:start + count] if layer.is_block))
-        start += count
-    return out
-
-
-def _recompute_per_stage(plan) -> list[dict[str, int]]:
-    """Per virtual stage: how many blocks recompute fully, selectively, not at all."""
+def recompute_per_stage(plan) -> list[dict[str, int]]:
+    """Per virtual stage, in order: how many blocks recompute fully, selectively, not at all."""
     c = plan.best.config
     counts = c.stage_layers or balanced_stage_layers(plan.graph, c.pp * c.vpp)
     policies = layer_policies(plan.graph, c)
@@ -68,6 +57,11 @@ def _recompute_per_stage(plan) -> list[dict[str, int]]:
     return out
 
 
+def _blocks_per_stage(plan) -> list[int]:
+    """Transformer blocks per virtual stage, in order (embedding, norm and head excluded)."""
+    return [sum(s.values()) for s in recompute_per_stage(plan)]
+
+
 def _balanced(plan) -> bool:
     c = plan.best.config
     return c.stage_layers is None or tuple(c.stage_layers) == balanced_stage_layers(plan.graph, c.pp * c.vpp)
@@ -75,7 +69,7 @@ def _balanced(plan) -> bool:
 
 def _uniform_recompute(plan) -> str | None:
     """The one policy every block uses, or None when they differ."""
-    used = {s for stage in _recompute_per_stage(plan) for s, n in stage.items() if n}
+    used = {s for stage in recompute_per_stage(plan) for s, n in stage.items() if n}
     return used.pop() if len(used) == 1 else None
 
 
@@ -116,7 +110,7 @@ def deepspeed(plan) -> Export:
                          "cannot be expressed; expect a larger bubble")
         if c.zero > 1:
             notes.append(f"DeepSpeed refuses ZeRO-{c.zero} with pipeline parallelism: use stage 0 or 1")
-    rec = _recompute_per_stage(plan)
+    rec = recompute_per_stage(plan)
     per_stage = [s["full"] + s["selective"] for s in rec]
     if sum(per_stage):
         cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False}
@@ -194,7 +188,7 @@ def _megatron_pipeline(plan) -> tuple[list[list[str]], list[str]]:
 
 
 def _megatron_recompute(plan) -> tuple[list[list[str]], list[str]]:
-    rec = _recompute_per_stage(plan)
+    rec = recompute_per_stage(plan)
     uniform = _uniform_recompute(plan)
     if uniform == "none":
         return [], []
@@ -292,7 +286,7 @@ def colossalai(plan) -> Export:
             notes.append("Colossal-AI's pipeline styles are 1f1b and interleaved: GPipe runs as 1F1B")
         if not _balanced(plan):
             kwargs["num_layers_per_stage"] = _blocks_per_stage(plan)
-    rec = _recompute_per_stage(plan)
+    rec = recompute_per_stage(plan)
     checkpoint = None
     if any(s["full"] or s["selective"] for s in rec):
         checkpoint = [s["full"] + s["selective"] for s in rec]
@@ -333,13 +327,7 @@ def _toml_value(value) -> str:
 
 def _split_points(plan) -> list[str]:
     """The module that begins each virtual stage after the first (torchtitan's split points)."""
-    c = plan.best.config
-    counts = c.stage_layers or balanced_stage_layers(plan.graph, c.pp * c.vpp)
-    out, start = [], 0
-    for count in counts[:-1]:
-        start += count
-        out.append(plan.graph.layers[start].name)
-    return out
+    return [modules[0] for modules in plan.stage_modules()[1:]]
 
 
 def torchtitan(plan) -> Export:
@@ -384,7 +372,7 @@ def torchtitan(plan) -> Export:
         notes.append("torchtitan's per-op selective checkpointing ('op') keeps matmul outputs and recomputes the "
                      "rest: close to, not the same as, the attention-only recompute meshplan modelled")
     elif uniform is None:
-        rec = _recompute_per_stage(plan)
+        rec = recompute_per_stage(plan)
         done = sum(s["full"] + s["selective"] for s in rec)
         total = sum(sum(s.values()) for s in rec)
         every = max(1, round(total / done))
@@ -408,7 +396,7 @@ def torchtitan(plan) -> Export:
 
 def meshplan_run(plan) -> Export:
     n, per_node = plan.cluster.num_gpus, plan.cluster.gpus_per_node
-    nodes = max(1, n // per_node)
+    nodes = plan.cluster.num_nodes
     nproc = min(n, per_node)
     model = plan.model_source
     lines = ["# meshplan's executor (written by meshplan): the same plan.json on every node",
@@ -432,11 +420,12 @@ def exports(plan) -> tuple[Export, ...]:
     return tuple(export(plan) for export in EXPORTERS)
 
 
-def write_exports(plan, folder: Path) -> list[Path]:
-    """Every export into ``folder``, and NOTES.md with what each cannot express."""
+def write_exports(plan, folder: Path, exported: tuple[Export, ...] | None = None) -> list[Path]:
+    """Every export (``exported``, else ``exports(plan)``) into ``folder``, and NOTES.md with what
+    each cannot express."""
     folder.mkdir(parents=True, exist_ok=True)
     written, notes = [], ["# What the exports cannot express", ""]
-    for export in exports(plan):
+    for export in exported or exports(plan):
         path = folder / export.filename
         path.write_text(export.text)
         written.append(path)

@@ -152,6 +152,19 @@ class LayerGraph:
         return 3.0 * fwd
 
 
+def replicated_params(ops) -> int:
+    """Parameters tensor parallelism cannot split (``Layer.params_replicated``): those of elementwise ops
+    (norms) and replicated linears (routers), and what a row-parallel linear holds beyond its weight
+    matrices (its bias)."""
+    replicated = 0
+    for op in ops:
+        if op.kind == "elementwise" or (op.kind == "linear" and op.tp == "replicate"):
+            replicated += op.params
+        elif op.kind == "linear" and op.tp == "row":
+            replicated += max(0, op.params - op.num_gemms * op.in_features * op.out_features)
+    return replicated
+
+
 # -- analytical layer graph of a config model ----------------------------------------------------
 
 def _norm(name: str, spec: ModelSpec) -> Op:
@@ -240,13 +253,9 @@ def _block(index: int, spec: ModelSpec) -> Layer:
     ops = [_norm(f"{prefix}.attn_norm", spec), *_attention_ops(f"{prefix}.attn", spec),
            _dropout_add(f"{prefix}.residual1", spec), _norm(f"{prefix}.mlp_norm", spec),
            *_mlp_ops(f"{prefix}.mlp", spec), _dropout_add(f"{prefix}.residual2", spec)]
-    replicated = sum(op.params for op in ops if op.kind == "elementwise")
-    replicated += sum(op.params - op.num_gemms * op.in_features * op.out_features
-                      for op in ops if op.kind == "linear" and op.tp == "row")
-    replicated += sum(op.params for op in ops if op.kind == "linear" and op.tp == "replicate")
     return Layer(name=prefix, kind="block", signature="block", ops=tuple(ops),
                  tp_allreduce_fwd_elems=2 * h, tp_allreduce_bwd_elems=2 * h, output_elems=h,
-                 params_replicated=replicated)
+                 params_replicated=replicated_params(ops))
 
 
 def build_layer_graph(spec: ModelSpec) -> LayerGraph:

@@ -12,20 +12,12 @@ from pathlib import Path
 from .cluster import Cluster
 from .explain import gains, limits, lost_on
 from .fingerprint import cluster_fingerprint, model_fingerprint
-from .config import ParallelConfig, Workload
+from .config import PLAN_SCHEMA_VERSION, TP_STYLES, ParallelConfig, Workload  # noqa: F401  (TP_STYLES re-exported)
 from .layers import LayerGraph
 from .model import ModelSpec
 from .search.enumerate import Candidate, SearchResult
 
-PLAN_SCHEMA_VERSION = 1
 MESHPLAN_VERSION = "0.1.0"
-
-# How the executor shards a module under tensor parallelism (torch.distributed.tensor.parallel):
-#   colwise  ColwiseParallel (output features split)      rowwise   RowwiseParallel (input features split)
-#   vocab    RowwiseParallel on an embedding (vocabulary split)
-#   colwise_loss  ColwiseParallel keeping the logits sharded for a vocab-parallel loss
-#   sequence SequenceParallel (norms, with sequence parallelism on)
-TP_STYLES = ("colwise", "rowwise", "vocab", "colwise_loss", "sequence")
 
 
 def block_shardings(graph: LayerGraph, config: ParallelConfig, cluster: Cluster, workload: Workload) -> dict:

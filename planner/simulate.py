@@ -45,20 +45,17 @@ simulation changes how they compose, never what a layer costs.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 
-from .cluster import DTYPE_BYTES, Cluster
+from .cluster import Cluster
 from .config import ParallelConfig, Workload
 from .cost.layer import POLICY_INDEX
-from .cost.memory import grad_comm_bytes_per_param
-from .cost.step import CostCache, Estimate, StepTime, assign_layers, estimate, layer_policies, \
-    optimizer_time_s, rank_costs, tied_embedding_sync_s
+from .cost.step import CostCache, Estimate, StepTime, assign_layers, dp_phases, estimate, \
+    gathers_every_microbatch, layer_policies, optimizer_time_s, rank_costs, reduces_every_microbatch, \
+    tied_embedding_sync_s
 from .layers import LayerGraph
-from . import network
 
-COMPUTE, SEND_NEXT, SEND_PREV, DP = "compute", "send-next", "send-prev", "dp"
-STREAMS = (COMPUTE, SEND_NEXT, SEND_PREV, DP)
-KINDS = ("forward", "recompute", "backward", "send", "dp_comm", "embedding_allreduce", "optimizer")
+COMPUTE, SEND_NEXT, SEND_PREV, DP = "compute", "send-next", "send-prev", "dp"     # the streams of a rank
 STEP_PARTS = tuple(f.name for f in fields(StepTime))
 
 
@@ -70,16 +67,12 @@ class Event:
     tensor/context/data-parallel group runs the same events at the same times."""
 
     device: int              # pipeline rank
-    stream: str              # one of STREAMS
-    kind: str                # one of KINDS
+    stream: str              # COMPUTE, SEND_NEXT, SEND_PREV or DP
+    kind: str                # forward, recompute, backward, send, dp_comm, embedding_allreduce or optimizer
     start_s: float
     end_s: float
     microbatch: int = -1     # -1: not tied to a micro-batch
     chunk: int = -1          # model chunk (virtual stage) on the rank; -1: none
-
-    def to_json(self) -> dict:
-        return {"device": self.device, "stream": self.stream, "kind": self.kind, "start_s": self.start_s,
-                "end_s": self.end_s, "microbatch": self.microbatch, "chunk": self.chunk}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,12 +90,6 @@ class Timeline:
 
     def on(self, device: int, stream: str | None = None) -> list[Event]:
         return [e for e in self.events if e.device == device and (stream is None or e.stream == stream)]
-
-    def to_json(self) -> dict:
-        return {"step_time_s": self.step_time_s, "critical_device": self.critical_device,
-                "schedule": self.schedule, "pp": self.pp, "vpp": self.vpp,
-                "num_microbatches": self.num_microbatches, "breakdown_s": asdict(self.breakdown),
-                "events": [e.to_json() for e in self.events]}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -414,23 +401,7 @@ def _finish(work: StepWork, ranks: list[_Rank]) -> Timeline:
 
 # -- from a plan to the work ----------------------------------------------------------------------
 
-def _dp_phases(cache: CostCache, config: ParallelConfig, params: float) -> tuple[float, float, float]:
-    """(gather before forward, gather before backward, reduction after backward) seconds of one
-    layer's data-parallel collectives. The same collectives as ``cost.step._dp_collectives``
-    (Rajbhandari et al. 2020, Sec 5 and 7), split by when they run (tests check the sums)."""
-    cluster, w = cache.cluster, cache.workload
-    if config.dp * config.cp == 1 or params <= 0:
-        return 0.0, 0.0, 0.0
-    grp = network.group(cluster, config.dp * config.cp, config.tp)
-    grads = params * grad_comm_bytes_per_param(w.framework, w.precision)
-    weights = params * DTYPE_BYTES[w.precision]
-    if config.zero == 0:
-        return 0.0, 0.0, network.all_reduce_s(cluster, grads, grp)
-    rs = network.reduce_scatter_s(cluster, grads, grp)
-    ag = network.all_gather_s(cluster, weights, grp)
-    if config.zero == 3:
-        return ag, ag, rs
-    return ag, 0.0, rs
+_dp_phases = dp_phases      # the name tests/test_simulate.py imports
 
 
 def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
@@ -439,13 +410,6 @@ def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
     ctx = cache.context(config)
     policies = layer_policies(graph, config)
     placement = assign_layers(graph, config)
-    phases: dict[float, tuple[float, float, float]] = {}
-
-    def dp(params: float) -> tuple[float, float, float]:
-        if params not in phases:
-            phases[params] = _dp_phases(cache, config, params)
-        return phases[params]
-
     tied_extra = graph.tied_params / config.tp if graph.tied_embeddings and config.pp > 1 else 0.0
     chunks = []
     for rank, rank_chunks in enumerate(placement):
@@ -455,9 +419,9 @@ def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
             for i in chunk:
                 cost = cache.layer(i, ctx)
                 p = POLICY_INDEX[policies[i]]
-                g_f, g_b, red = dp(cost.params)
+                g_f, g_b, red = dp_phases(cache, config, cost.params)
                 if tied_extra and rank == config.pp - 1 and i == len(graph.layers) - 1:
-                    extra = dp(tied_extra)         # the head's copy of the shared embedding
+                    extra = dp_phases(cache, config, tied_extra)   # the head's copy of the shared embedding
                     g_f, g_b, red = g_f + extra[0], g_b + extra[1], red + extra[2]
                 layers.append(LayerWork(fwd_s=cost.fwd_s, bwd_s=cost.bwd_s + cost.recompute_s[p],
                                         recompute_s=cost.recompute_s[p], tp_comm_s=cost.tp_comm_s,
@@ -466,11 +430,11 @@ def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
             out.append(tuple(layers))
         chunks.append(tuple(out))
     ranks = rank_costs(cache, config)
-    every = config.zero == 3 or (config.zero == 2 and w.framework == "torch")
     return StepWork(schedule=config.schedule if config.pp > 1 else "1f1b", num_microbatches=config.num_microbatches,
                     chunks=tuple(chunks), hop_s=cache.hop_s(config),
                     blocking_sends=config.schedule != "interleaved-1f1b",
-                    gather_every_microbatch=every, reduce_every_microbatch=config.zero >= 2,
+                    gather_every_microbatch=gathers_every_microbatch(config, w.framework),
+                    reduce_every_microbatch=reduces_every_microbatch(config),
                     overlap_dp=w.overlap_grad_reduce, contention=cluster.comm_sm_fraction,
                     embedding_allreduce_s=tied_embedding_sync_s(cache, config),
                     optimizer_s=tuple(optimizer_time_s(cache, config, r.params) for r in ranks))

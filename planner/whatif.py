@@ -110,15 +110,13 @@ def _inputs(args, key: str, value: str):
 
 
 def evaluate_point(args, key: str, value: str) -> Point:
-    from .commands import KNOB_NAMES, describe_config
+    from .commands import _knobs, describe_config
     from .report.document import cost_per_million_tokens, short_config
     from .search import search
-    from .search.space import Knobs
 
     t0 = time.perf_counter()
     _, graph, cluster, workload = _inputs(args, key, value)
-    knobs = Knobs(**{name: getattr(args, name, None) for name in KNOB_NAMES})
-    result = search(graph, cluster, workload, knobs, top_k=args.top_k)
+    result = search(graph, cluster, workload, _knobs(args), top_k=args.top_k)
     base = dict(value=value, gpus=cluster.num_gpus, global_batch=workload.global_batch, seq_len=workload.seq_len,
                 capacity_gib=cluster.device.memory_bytes / GiB)
     if result.best is None:

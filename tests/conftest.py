@@ -9,11 +9,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run `meshplan ARGS` as a user would, in a fresh interpreter."""
+def run_cli(*args: str, timeout: float = 120, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """Run `meshplan ARGS` as a user would, in a fresh interpreter started in ``cwd``."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env=env)
+                          timeout=timeout, cwd=cwd, env=env)
 
 
 @pytest.fixture

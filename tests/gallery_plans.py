@@ -2,13 +2,12 @@
 import functools
 
 from planner.cluster import load_cluster
+from planner.commands import fixed_result
 from planner.config import ParallelConfig, Workload
 from planner.layers import build_layer_graph
 from planner.model import ZOO
 from planner.plan import Plan
 from planner.report.gallery import SCENARIOS, plan_for
-from planner.search import Candidate, SearchResult, evaluate
-from planner.simulate import simulated_estimate
 
 
 @functools.lru_cache(maxsize=None)
@@ -26,9 +25,7 @@ def fixed_plan(model: str, cluster_name: str, gpus: int, config: ParallelConfig,
     cluster = load_cluster(cluster_name, gpus)
     work = Workload(global_batch=config.dp * config.micro_batch * config.num_microbatches, seq_len=spec.seq_len,
                     **workload)
-    evaluate(graph, cluster, work, config)                           # checks the knobs
-    cand = Candidate(config=config, estimate=simulated_estimate(graph, cluster, work, config))
-    result = SearchResult(best=cand, alternatives=(), candidates=1, evaluated=1, seconds=0.0)
+    result = fixed_result(graph, cluster, work, config, 0.0)
     return Plan.from_search(result, model_name=spec.name, model_source=model, spec=spec, graph=graph,
                             cluster=cluster, workload=work)
 

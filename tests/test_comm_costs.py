@@ -13,7 +13,8 @@ from planner.network import Group, all_gather_s, all_reduce_s, p2p_s, reduce_sca
 
 A100 = load_cluster("a100-80g", 64)
 SPEC = ZOO["gpt-7.5b"]                      # h 4096
-BLOCK = build_layer_graph(SPEC).layers[1]
+GRAPH = build_layer_graph(SPEC)
+BLOCK = GRAPH.layers[1]
 TOKENS, H = 2 * 2048, 4096
 
 
@@ -58,7 +59,6 @@ def test_no_tp_no_comm():
     assert layer_cost(BLOCK, ctx(tp=1), A100).tp_comm_s == 0.0
 
 
-GRAPH = build_layer_graph(SPEC)
 WORK = Workload(global_batch=64, seq_len=2048, framework="megatron", overlap_grad_reduce=False)
 CACHE = CostCache(GRAPH, A100, WORK)
 

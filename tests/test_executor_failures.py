@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from executor_support import TINY_GPT, reference_run, write_plan
+from conftest import ROOT
+from executor_support import TINY_GPT, assert_losses, reference_run, write_plan
 
-ROOT = Path(__file__).resolve().parent.parent
 STEPS, EVERY = 12, 4
 
 
@@ -63,12 +63,6 @@ def meshplan_run(plan, *args: str, cwd: Path, fault: str | None = None) -> subpr
     finally:
         end(proc)
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
-
-
-def assert_losses(got: list[float], want: list[float]) -> None:
-    assert len(got) == len(want)
-    for step, (g, w) in enumerate(zip(got, want)):
-        assert abs(g - w) <= 1e-4 * abs(w), f"step {step}: {g} vs uninterrupted {w}"
 
 
 def test_a_killed_rank_restarts_the_job_which_resumes_from_the_last_checkpoint(tmp_path, plan, uninterrupted):

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import ast
 import json
-from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from executor_support import TINY_GPT, write_plan
 from planner.errors import UserError
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_a_job_of_another_world_size_is_refused_by_every_rank(tmp_path, capfd):

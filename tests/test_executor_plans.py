@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from executor_support import (TINY_GPT, TINY_LLAMA, load_rank_grads, reference_run, spawn, write_plan)
+from executor_support import (TINY_GPT, TINY_LLAMA, assert_losses, load_rank_grads, plan_cluster, reference_run,
+                              spawn, write_plan)
 
 STEPS = 3
 MODELS = {"gpt": TINY_GPT, "llama": TINY_LLAMA}
@@ -39,13 +40,6 @@ PLANS = {
 }
 
 
-def _cluster(spec, knobs) -> str:
-    # `meshplan plan` divides by zero estimating a tied embedding's all-reduce across pipeline
-    # stages on cpu-gloo (a profile with no network); the config, stages and TP plan it writes do
-    # not depend on the cluster, so GPT pipeline plans are written for a100-80g (reported to planner/).
-    return "a100-80g" if spec.tied_embeddings and knobs.get("pp", 1) > 1 else "cpu-gloo"
-
-
 def _run_plans(jobs: list[tuple[str, str]], out_dir: str) -> None:
     from executor.plan_file import load_plan
     from executor.train import RunOptions, run
@@ -62,7 +56,7 @@ def results(tmp_path_factory):
     by_world: dict[int, list[tuple[str, str]]] = {}
     for model, spec in MODELS.items():
         for plan, (world, knobs) in PLANS.items():
-            path = write_plan(tmp, spec, gpus=world, name=f"{model}-{plan}", cluster=_cluster(spec, knobs), **knobs)
+            path = write_plan(tmp, spec, gpus=world, name=f"{model}-{plan}", cluster=plan_cluster(spec, knobs), **knobs)
             by_world.setdefault(world, []).append((f"{model}-{plan}", path))
     for world, jobs in sorted(by_world.items()):
         spawn(_run_plans, world, jobs, str(tmp))
@@ -85,8 +79,7 @@ def test_losses_and_gradients_equal_single_process(results, references, model, p
     measured, grads = results[model, plan]
     ref_losses, ref_grads = references[model]
     assert len(measured["losses"]) == STEPS
-    for step, (got, want) in enumerate(zip(measured["losses"], ref_losses)):
-        assert abs(got - want) <= 1e-4 * abs(want), f"step {step}: loss {got} vs single process {want}"
+    assert_losses(measured["losses"], ref_losses, against="single process")
     assert set(grads) == set(ref_grads)
     # relative to each tensor (rtol), with an absolute floor at 1e-5 of the largest gradient:
     # some gradients are zero analytically (a key bias shifts every score of a query equally,
@@ -105,7 +98,7 @@ def test_losses_move(references):
 # -- memory: what each rank holds against the cost model's prediction for the same plan ----------
 
 MEMORY_CASES = [(model, plan) for model, spec in MODELS.items() for plan, (_, knobs) in PLANS.items()
-                if _cluster(spec, knobs) == "cpu-gloo"]
+                if plan_cluster(spec, knobs) == "cpu-gloo"]
 
 
 def _predicted(measured: dict, pp_rank: int) -> dict:

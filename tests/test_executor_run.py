@@ -2,22 +2,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from executor_support import TINY_GPT, TINY_LLAMA, hf_config, reference_run, write_plan
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def meshplan(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "planner.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+from conftest import run_cli
+from executor_support import TINY_GPT, TINY_LLAMA, assert_losses, hf_config, reference_run, write_plan
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +16,7 @@ def gpt_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("run")
     plan = write_plan(tmp, TINY_GPT, gpus=2, dp=2, zero=3)
     config = tmp / "tiny-gpt.json"           # written by write_plan: the --model the plan was made for
-    done = meshplan("run", "--plan", plan, "--model", str(config), "--steps", "3", "--json", cwd=tmp)
+    done = run_cli("run", "--plan", plan, "--model", str(config), "--steps", "3", "--json", cwd=tmp, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return tmp, json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -38,8 +28,7 @@ def test_run_json_summary_has_losses_step_time_and_memory(gpt_run):
     assert [r["rank"] for r in ranks] == [0, 1]
     assert all(r["params"] > 0 and r["activations"] > 0 for r in ranks)
     want, _ = reference_run(TINY_GPT, steps=3)
-    for got, ref in zip(summary["losses"], want, strict=True):
-        assert abs(got - ref) <= 1e-4 * ref
+    assert_losses(summary["losses"], want, against="single process")
     measured = json.loads((tmp / "measured.json").read_text())
     assert measured["losses"] == summary["losses"] and measured["world_size"] == 2
     assert measured["predicted"]["step_time_s"] > 0
@@ -47,8 +36,8 @@ def test_run_json_summary_has_losses_step_time_and_memory(gpt_run):
 
 def test_run_prints_predicted_against_measured(tmp_path):
     plan = write_plan(tmp_path, TINY_LLAMA, gpus=2, tp=2)
-    done = meshplan("run", "--plan", plan, "--model", str(tmp_path / "tiny-llama.json"), "--steps", "2",
-                    "--out", "m.json", cwd=tmp_path)
+    done = run_cli("run", "--plan", plan, "--model", str(tmp_path / "tiny-llama.json"), "--steps", "2",
+                   "--out", "m.json", cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     predicted = json.loads(Path(plan).read_text())["estimate"]["step_time_s"]
     measured = json.loads((tmp_path / "m.json").read_text())["step_time_s"]
@@ -60,13 +49,13 @@ def test_run_refuses_a_model_the_plan_was_not_made_for(tmp_path):
     plan = write_plan(tmp_path, TINY_GPT, gpus=2, dp=2)
     other = tmp_path / "llama.json"
     other.write_text(json.dumps(hf_config(TINY_LLAMA)))
-    done = meshplan("run", "--plan", plan, "--model", str(other), "--steps", "1", cwd=tmp_path)
+    done = run_cli("run", "--plan", plan, "--model", str(other), "--steps", "1", cwd=tmp_path, timeout=300)
     assert done.returncode == 2
     assert "model.spec: --model" in done.stderr and "mlp 'swiglu' != 'gelu'" in done.stderr
 
 
 def test_run_refuses_a_process_count_that_does_not_fit_the_plan(tmp_path):
     plan = write_plan(tmp_path, TINY_GPT, gpus=2, dp=2)
-    done = meshplan("run", "--plan", plan, "--model", str(tmp_path / "tiny-gpt.json"), "--steps", "1",
-                    "--nproc", "3", cwd=tmp_path)
+    done = run_cli("run", "--plan", plan, "--model", str(tmp_path / "tiny-gpt.json"), "--steps", "1",
+                   "--nproc", "3", cwd=tmp_path, timeout=300)
     assert done.returncode == 2 and "--nproc" in done.stderr and "needs 2" in done.stderr

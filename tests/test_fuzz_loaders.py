@@ -2,16 +2,15 @@
 a clean UserError (or load), never in another exception."""
 import json
 import tomllib
-from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from conftest import ROOT
 from planner.cluster import parse_cluster
 from planner.config import ParallelConfig
 from planner.errors import UserError
 from planner.model import load_hf_config
 
-ROOT = Path(__file__).resolve().parents[1]
 LLAMA = {"model_type": "llama", "hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 8,
          "num_key_value_heads": 4, "intermediate_size": 2816, "vocab_size": 32000, "max_position_embeddings": 2048,
          "tie_word_embeddings": False}
@@ -24,15 +23,14 @@ json_values = st.recursive(
     max_leaves=8)
 
 
-def mutate(base: dict, draw_key, value) -> dict:
-    doc = json.loads(json.dumps(base))
-    keys = list(doc)
+def mutate(node: dict, draw_key: int, value) -> None:
+    """In place: delete (``value`` is ...) or set the key ``draw_key`` picks among ``node``'s."""
+    keys = list(node)
     key = keys[draw_key % len(keys)]
     if value is ...:
-        del doc[key]
+        del node[key]
     else:
-        doc[key] = value
-    return doc
+        node[key] = value
 
 
 FUZZ = settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -50,7 +48,9 @@ def _load_config(tmp_path, text: str):
 @FUZZ
 @given(base=st.sampled_from([LLAMA, GPT2]), key=st.integers(0, 50), value=json_values | st.just(...))
 def test_mutated_model_configs(tmp_path_factory, base, key, value):
-    _load_config(tmp_path_factory.mktemp("c"), json.dumps(mutate(base, key, value)))
+    doc = json.loads(json.dumps(base))
+    mutate(doc, key, value)
+    _load_config(tmp_path_factory.mktemp("c"), json.dumps(doc))
 
 
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -82,12 +82,7 @@ def test_mutated_cluster_profiles(table, key, value):
     node = doc
     for k in TABLES[table][0]:
         node = node[k]
-    keys = list(node)
-    target = keys[key % len(keys)]
-    if value is ...:
-        del node[target]
-    else:
-        node[target] = value
+    mutate(node, key, value)
     try:
         parse_cluster(doc, "fuzz.toml")
     except UserError as e:

@@ -3,29 +3,24 @@
 One profile run (a few seconds with --quick) is shared by the tests of this file.
 """
 import json
-import subprocess
-import sys
 import tomllib
-from pathlib import Path
 
 import pytest
 
+from conftest import run_cli
 from planner.cli import main
 from planner.cluster import load_cluster
 from planner.cost.layer import Context, layer_cost
 from planner.trace.load import load_traced_model
 from planner.trace.measured import attach_measured_ops, op_signature
 
-ROOT = Path(__file__).resolve().parents[1]
 MODEL = "tests/trace_models.py:tiny_transformer"
 
 
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory):
     out = tmp_path_factory.mktemp("profile") / "here.toml"
-    cmd = [sys.executable, "-m", "planner.cli", "profile", "--nproc", "2", "--quick", "--out", str(out),
-           "--ops", MODEL]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = run_cli("profile", "--nproc", "2", "--quick", "--out", str(out), "--ops", MODEL, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 

@@ -10,24 +10,16 @@ from planner.trace import trace_module
 
 import transformers  # the [hf] extra, which CI installs: missing, it fails, never skips
 
-SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
-
-
 def _hf(name):
     """Small transformers models built from configs (no weights downloaded), with example inputs."""
     ids = torch.zeros(2, 32, dtype=torch.long)
+    config = tm.tiny_hf_config(name)
     if name == "gpt2":
-        return transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=100,
-                                                                      n_positions=64)), ids
+        return transformers.GPT2LMHeadModel(config), ids
     if name == "bert":
-        config = transformers.BertConfig(vocab_size=100, **SMALL)
         return transformers.BertForMaskedLM(config), ids
     if name == "vit":
-        config = transformers.ViTConfig(image_size=32, patch_size=8, num_labels=10, **SMALL)
         return transformers.ViTForImageClassification(config), torch.randn(2, 3, 32, 32)
-    cls = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "mixtral": "MixtralConfig"}
-    extra = {"mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2}, "mistral": {"sliding_window": 16}}
-    config = getattr(transformers, cls[name])(vocab_size=100, num_key_value_heads=2, **SMALL, **extra.get(name, {}))
     return transformers.AutoModelForCausalLM.from_config(config), ids
 
 

@@ -40,14 +40,11 @@ def really_saved_bytes(module, ids) -> int:
 
 
 def _llama():
-    config = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, intermediate_size=128, vocab_size=100)
-    return transformers.LlamaForCausalLM(config)
+    return transformers.LlamaForCausalLM(tm.tiny_hf_config("llama"))
 
 
 def _gpt2():                                    # dropout on: the unfused attention path with masks
-    return transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=100,
-                                                                  n_positions=64))
+    return transformers.GPT2LMHeadModel(tm.tiny_hf_config("gpt2"))
 
 
 @pytest.mark.parametrize("build", [_llama, _gpt2, lambda: tm.TinyTransformer()], ids=["llama", "gpt2", "tiny"])

@@ -137,6 +137,24 @@ class MoEBlock(Block):
         return x + self.moe(self.ln2(x))
 
 
+HF_SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+
+
+def tiny_hf_config(name):
+    """A two-block transformers config of ``name`` (gpt2, bert, vit, llama, mistral, qwen2, mixtral):
+    small widths, vocabulary 100, nothing downloaded."""
+    import transformers     # the [hf] extra: only the tests that build these need it
+    if name == "gpt2":
+        return transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=100, n_positions=64)
+    if name == "bert":
+        return transformers.BertConfig(vocab_size=100, **HF_SMALL)
+    if name == "vit":
+        return transformers.ViTConfig(image_size=32, patch_size=8, num_labels=10, **HF_SMALL)
+    cls = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "mixtral": "MixtralConfig"}
+    extra = {"mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2}, "mistral": {"sliding_window": 16}}
+    return getattr(transformers, cls[name])(vocab_size=100, num_key_value_heads=2, **HF_SMALL, **extra.get(name, {}))
+
+
 def ids(batch=2):
     return torch.randint(0, VOCAB, (batch, SEQ))
 

@@ -145,7 +145,7 @@ class CostCache:
             self.signature_counts[sig] = self.signature_counts.get(sig, 0) + 1
         self.model_flops_per_token = graph.model_flops_per_token(workload.seq_len)
         self._layer: dict[Context, dict[str, LayerCost]] = {}
-        self._collectives: dict[tuple, tuple[float, float, float]] = {}
+        self._phases: dict[tuple, tuple[float, float, float]] = {}
         self._groups: dict[tuple, list] = {}
         self._ranks: dict[tuple, list] = {}
         self._largest: dict[Context, float] = {}
@@ -330,36 +330,70 @@ def _dp_comm(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[
     return out
 
 
-def dp_collectives(cache: CostCache, config: ParallelConfig, params: float) -> tuple[float, float, float]:
+def gathers_every_microbatch(config: ParallelConfig, framework: str) -> bool:
+    """Whether a layer's parameters are all-gathered before every micro-batch's forward (ZeRO-3,
+    and FSDP2's ZeRO-2, which re-gathers them every forward) rather than once per step."""
+    return config.zero == 3 or (config.zero == 2 and framework == "torch")
+
+
+def reduces_every_microbatch(config: ParallelConfig) -> bool:
+    """Whether a layer's gradients are reduce-scattered after every micro-batch's backward
+    (ZeRO-2 and ZeRO-3 keep only their shard) rather than once after the last."""
+    return config.zero >= 2
+
+
+def dp_phases(cache: CostCache, config: ParallelConfig, params: float) -> tuple[float, float, float]:
+    """(gather before forward, gather before backward, reduction after backward) seconds of one
+    layer's data-parallel collectives, for one layer of ``params`` parameters (per TP rank):
+    ZeRO-0 all-reduces gradients; ZeRO-1 and 2 reduce-scatter them and all-gather the
+    parameters; ZeRO-3 gathers the parameters for forward and again for backward
+    (Rajbhandari et al. 2020, Sec 5 and 7). How often each runs: ``gathers_every_microbatch``
+    and ``reduces_every_microbatch``."""
     key = (config.dp * config.cp, config.tp, config.zero, params)
-    out = cache._collectives.get(key)
+    out = cache._phases.get(key)
     if out is None:
-        out = cache._collectives[key] = _dp_collectives(cache, config, params)
+        out = cache._phases[key] = _dp_phases_uncached(cache, config, params)
     return out
 
 
-def _dp_collectives(cache: CostCache, config: ParallelConfig, params: float) -> tuple[float, float, float]:
-    """(per micro-batch, once after backward, once after the optimizer) seconds of the
-    data-parallel collectives for one layer of ``params`` parameters (per TP rank).
-
-    ZeRO-0 all-reduces gradients; ZeRO-1 reduce-scatters them and all-gathers the
-    updated parameters; ZeRO-2 reduce-scatters every micro-batch (FSDP2 also re-gathers
-    the parameters every forward); ZeRO-3 gathers for forward and again for backward and
-    reduce-scatters every micro-batch (Rajbhandari et al. 2020, Sec 5 and 7).
-    """
+def _dp_phases_uncached(cache: CostCache, config: ParallelConfig, params: float) -> tuple[float, float, float]:
     cluster, w = cache.cluster, cache.workload
+    if config.dp * config.cp == 1 or params <= 0:
+        return 0.0, 0.0, 0.0
     grp = network.group(cluster, config.dp * config.cp, config.tp)
     grads = params * grad_comm_bytes_per_param(w.framework, w.precision)
     weights = params * DTYPE_BYTES[w.precision]
     if config.zero == 0:
-        return 0.0, network.all_reduce_s(cluster, grads, grp), 0.0
+        return 0.0, 0.0, network.all_reduce_s(cluster, grads, grp)
     rs = network.reduce_scatter_s(cluster, grads, grp)
     ag = network.all_gather_s(cluster, weights, grp)
+    if config.zero == 3:
+        return ag, ag, rs
+    return ag, 0.0, rs
+
+
+def dp_collectives(cache: CostCache, config: ParallelConfig, params: float) -> tuple[float, float, float]:
+    """(per micro-batch, once after backward, once after the optimizer) seconds of the
+    data-parallel collectives for one layer of ``params`` parameters (per TP rank): those of
+    ``dp_phases`` (memoised there), by when they run.
+
+    ZeRO-0 reduces once after the last backward; ZeRO-1 too, and all-gathers the updated
+    parameters after the optimizer; ZeRO-2 reduce-scatters every micro-batch (FSDP2 also
+    re-gathers the parameters every forward); ZeRO-3 gathers for forward and again for
+    backward and reduce-scatters every micro-batch.
+    """
+    gather, _, reduce = dp_phases(cache, config, params)
+    if config.zero == 0:
+        return 0.0, reduce, 0.0
     if config.zero == 1:
-        return 0.0, rs, ag
+        return 0.0, reduce, gather
     if config.zero == 2:
-        return (rs + ag, 0.0, 0.0) if w.framework == "torch" else (rs, 0.0, ag)
-    return 2 * ag + rs, 0.0, 0.0
+        every = gathers_every_microbatch(config, cache.workload.framework)
+        return (reduce + gather, 0.0, 0.0) if every else (reduce, 0.0, gather)
+    return 2 * gather + reduce, 0.0, 0.0
+
+
+_dp_collectives = dp_collectives      # the name tests/test_simulate.py imports
 
 
 def _dp_comm_uncached(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[float, float]:

@@ -43,8 +43,8 @@ def write_report(plan, folder: str | Path) -> list[Path]:
                        "candidates")):
         written += figures.save(fig, plots, stem)
     ex = exports(plan)
-    written += write_exports(plan, folder / "exports")
-    doc = document.build(plan, analytic=analytic, timeline=timeline, knobs=next_knobs(plan), exports=ex)
+    written += write_exports(plan, folder / "exports", ex)
+    doc = document.build(plan, analytic=analytic, timeline=timeline, knobs=next_knobs(plan, cache), exports=ex)
     (folder / "report.md").write_text(markdown.render(doc))
     (folder / "report.html").write_text(html.render(doc, plots))
     return written + [folder / "report.md", folder / "report.html"]

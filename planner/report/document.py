@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from ..cluster import GiB
-from ..commands import _runs, describe_config
-from ..cost.step import Estimate, StepTime, estimate
+from ..commands import _gib, _runs, describe_config
+from ..cost.step import Estimate, StepTime
 from ..explain import PARTS, gains, limits, lost_on
-from ..exports import DOCS, Export
+from ..exports import DOCS, Export, recompute_per_stage
 from ..simulate import Timeline
 from .knobs import Knob
 
@@ -59,7 +58,7 @@ def _summary(plan, analytic: Estimate) -> Section:
              f"{analytic.step_time_s:.3f} s ({100 * (analytic.step_time_s / e.step_time_s - 1):+.1f}%)"),
             ("throughput", f"{e.tokens_per_s:,.0f} tokens/s"),
             ("model FLOP/s per GPU", f"{e.model_tflops_per_gpu:.1f} TFLOP/s (MFU {100 * e.mfu:.1f}%)"),
-            ("memory, most loaded GPU", f"{e.memory.total / GiB:.1f} of {e.capacity_bytes / GiB:.1f} GiB "
+            ("memory, most loaded GPU", f"{_gib(e.memory.total)} of {_gib(e.capacity_bytes)} GiB "
                                         f"(stage {e.peak_stage})")]
     if cl.gpu_hour_usd:
         usd = cost_per_million_tokens(cl.gpu_hour_usd, cl.num_gpus, e.tokens_per_s)
@@ -89,21 +88,19 @@ def _time(plan, timeline: Timeline) -> Section:
 
 def _memory(plan) -> Section:
     e = plan.best.estimate
-    rows = tuple((str(i), *(f"{getattr(m, k) / GiB:.1f}" for k in ("params", "grads", "optimizer", "activations",
-                                                                    "other")), f"{m.total / GiB:.1f}")
-                 for i, m in enumerate(e.memory_per_stage))
+    rows = tuple((str(i), *(_gib(getattr(m, k)) for k in ("params", "grads", "optimizer", "activations", "other")),
+                  _gib(m.total)) for i, m in enumerate(e.memory_per_stage))
     return Section(title="Where the memory goes",
-                   paragraphs=(f"GiB per GPU on each pipeline stage, against {e.capacity_bytes / GiB:.1f} GiB.",),
+                   paragraphs=(f"GiB per GPU on each pipeline stage, against {_gib(e.capacity_bytes)} GiB.",),
                    table=Table(header=("stage", "params", "grads", "optimizer", "activations", "other", "total"),
                                rows=rows),
                    figures=(Figure(name="memory_per_stage", caption="Memory per GPU by stage and category"),))
 
 
-def _why(plan, knobs: list[Knob]) -> Section:
+def _why(plan, analytic: Estimate, knobs: list[Knob]) -> Section:
     e = plan.best.estimate
     bullets = [f"What limits it: {limits(plan.best.config, e, plan.cluster)}."]
-    won = gains(plan.graph, plan.cluster, plan.workload, plan.best.config,
-                estimate(plan.graph, plan.cluster, plan.workload, plan.best.config))
+    won = gains(plan.graph, plan.cluster, plan.workload, plan.best.config, analytic)
     for key, what in (("non_uniform_stages", "unequal stages"), ("partial_recompute", "recomputing only some blocks")):
         if key in won:
             bullets.append(f"Per-stage choice: {what} saves {won[key]['saved_s']:.3g} s per step "
@@ -124,14 +121,11 @@ def _why(plan, knobs: list[Knob]) -> Section:
 def _stages(plan) -> Section:
     c = plan.best.config
     stages = plan.stage_modules()
-    recompute = plan.recompute_per_layer()
-    blocks = {layer.name for layer in plan.graph.layers if layer.is_block}
     rows = []
-    for j, modules in enumerate(stages):
-        rec = [recompute[m] for m in modules if m in blocks]
+    for j, (modules, rec) in enumerate(zip(stages, recompute_per_stage(plan))):
         span = f"{modules[0]} ... {modules[-1]}" if len(modules) > 2 else ", ".join(modules)
         rows.append((str(j), str(j % c.pp), str(len(modules)), span,
-                     ", ".join(f"{p} {rec.count(p)}" for p in ("full", "selective") if rec.count(p)) or "none"))
+                     ", ".join(f"{p} {rec[p]}" for p in ("full", "selective") if rec[p]) or "none"))
     text = f"{len(stages)} virtual stage(s) on {c.pp} rank(s); layers per stage {_runs([len(s) for s in stages])}."
     return Section(title="Stages and recompute", paragraphs=(text,),
                    table=Table(header=("stage", "rank", "layers", "modules", "recompute"), rows=tuple(rows)))
@@ -151,7 +145,7 @@ def build(plan, *, analytic: Estimate, timeline: Timeline, knobs: list[Knob], ex
     search = (f"Searched {plan.candidates:.3g} candidates ({plan.groups:,} global choices, {plan.ilp_solves} stage "
               f"ILPs, {plan.evaluated:,} estimated in full) in {plan.search_seconds:.2f} s; the finalists were "
               "ranked by their simulated step.")
-    sections = (_summary(plan, analytic), _time(plan, timeline), _memory(plan), _why(plan, knobs), _stages(plan),
-                _exports(exports), Section(title="Search", paragraphs=(search,)))
+    sections = (_summary(plan, analytic), _time(plan, timeline), _memory(plan), _why(plan, analytic, knobs),
+                _stages(plan), _exports(exports), Section(title="Search", paragraphs=(search,)))
     return Document(title=f"meshplan report: {plan.model_name} on {plan.cluster.num_gpus} x {plan.cluster.name}",
                     sections=sections)

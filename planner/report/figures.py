@@ -11,7 +11,7 @@ from pathlib import Path
 from ..cluster import GiB
 from ..cost.step import Estimate, StepTime
 from ..explain import PARTS
-from ..simulate import Timeline
+from ..simulate import COMPUTE, DP, SEND_NEXT, SEND_PREV, Timeline
 
 MEMORY_PARTS = (("params", "parameters"), ("grads", "gradients"), ("optimizer", "optimizer states"),
                 ("activations", "activations"), ("other", "buffers and runtime"))
@@ -72,7 +72,7 @@ def pipeline_timeline(timeline: Timeline, title: str):
     plt = _pyplot()
     p = timeline.pp
     fig, ax = plt.subplots(figsize=(10, max(2.4, 0.55 * p + 1.4)))
-    lanes = {"compute": (0.0, 0.55), "send-next": (0.58, 0.1), "send-prev": (0.58, 0.1), "dp": (0.7, 0.16)}
+    lanes = {COMPUTE: (0.0, 0.55), SEND_NEXT: (0.58, 0.1), SEND_PREV: (0.58, 0.1), DP: (0.7, 0.16)}
     spans: dict[tuple[int, str, str], list[tuple[float, float]]] = {}
     for e in timeline.events:
         spans.setdefault((e.device, e.stream, e.kind), []).append((e.start_s, e.end_s - e.start_s))
@@ -93,7 +93,7 @@ def pipeline_timeline(timeline: Timeline, title: str):
     shown = ""
     if p > 1 and timeline.num_microbatches > 2 * p:
         starts = sorted(e.end_s for e in timeline.events
-                        if e.stream == "compute" and e.kind == "backward" and e.microbatch == p + 1)
+                        if e.stream == COMPUTE and e.kind == "backward" and e.microbatch == p + 1)
         if starts:
             window = min(window, starts[-1] * 1.05)
             shown = f" (first {window:.3g} s of {timeline.step_time_s:.3g} s: the warm-up)"

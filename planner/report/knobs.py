@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..cluster import GiB
+from ..commands import _gib
 from ..config import check_config
 from ..cost.step import CostCache
 from ..errors import UserError
@@ -21,8 +21,8 @@ class Knob:
     fits: bool
 
     def describe(self, capacity_bytes: float) -> str:
-        memory = (f"{self.memory_bytes / GiB:.1f} GiB per GPU" if self.fits else
-                  f"needs {self.memory_bytes / GiB:.1f} GiB per GPU, {(self.memory_bytes - capacity_bytes) / GiB:.1f} "
+        memory = (f"{_gib(self.memory_bytes)} GiB per GPU" if self.fits else
+                  f"needs {_gib(self.memory_bytes)} GiB per GPU, {_gib(self.memory_bytes - capacity_bytes)} "
                   "more than the device has")
         return f"{self.name}: {self.gain_pct:+.1f}% tokens/s ({self.step_time_s:.3g} s per step), {memory}"
 
@@ -61,10 +61,13 @@ def _legal(plan, config) -> bool:
     return True
 
 
-def next_knobs(plan) -> list[Knob]:
+def next_knobs(plan, cache: CostCache | None = None) -> list[Knob]:
     """Every one-step change that is legal, best throughput first: the plan's own knobs, twice
-    the global batch (more micro-batches to fill the pipeline) and twice the inter-node bandwidth."""
+    the global batch (more micro-batches to fill the pipeline) and twice the inter-node bandwidth.
+    ``cache`` (the plan's graph, cluster and workload) only memoises, for the trials on the plan's
+    own cluster and workload."""
     base = plan.best.estimate
+    own = cache or CostCache(plan.graph, plan.cluster, plan.workload)
     trials = [(name, config, plan.cluster, plan.workload) for name, config in _config_variants(plan)
               if _legal(plan, config)]
     c, w = plan.best.config, plan.workload
@@ -76,8 +79,9 @@ def next_knobs(plan) -> list[Knob]:
         trials.append(("twice the inter-node bandwidth", c, faster, w))
     out = []
     for name, config, cluster, workload in trials:
-        cache = CostCache(plan.graph, cluster, workload)
-        est = simulated_estimate(plan.graph, cluster, workload, config, cache)
+        same = cluster is plan.cluster and workload is plan.workload
+        trial_cache = own if same else CostCache(plan.graph, cluster, workload)
+        est = simulated_estimate(plan.graph, cluster, workload, config, trial_cache)
         out.append(Knob(name=name, step_time_s=est.step_time_s, tokens_per_s=est.tokens_per_s,
                         gain_pct=100 * (est.tokens_per_s / base.tokens_per_s - 1), memory_bytes=est.memory.total,
                         fits=est.fits))

@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Iterator
 
-from ..config import FRAMEWORKS, OFFLOADS, RECOMPUTES, SCHEDULES, ParallelConfig, Workload, check_config
+from ..config import (FRAMEWORKS, OFFLOADS, RECOMPUTES, SCHEDULES, ParallelConfig, Workload, check_config,
+                      check_executor_limits)
 from ..errors import UserError, one_of
 from ..layers import LayerGraph
 
@@ -122,18 +123,8 @@ class Space:
         if w.framework == "megatron" and k.zero is not None and k.zero > 1:
             raise UserError(f"Megatron-LM's distributed optimizer is ZeRO-1; ZeRO-{k.zero} needs "
                             "--framework torch or deepspeed", field="--zero")
-        if w.framework == "torch":
-            # meshplan's executor (--framework torch) cannot run these: say so before searching
-            if k.offload == "optimizer":
-                raise UserError("meshplan's executor (--framework torch) runs no optimizer offload; plan for "
-                                "DeepSpeed's ZeRO-Offload with --framework deepspeed", field="--offload")
-            if k.zero == 1 and k.tp is not None and k.tp > 1:
-                raise UserError("ZeRO-1 with tp > 1: meshplan's executor shards optimizer states with "
-                                "ZeroRedundancyOptimizer, which cannot shard tensor-parallel parameters; use "
-                                "--zero 0, 2 or 3, or --framework megatron", field="--zero")
-            if k.tp is not None and g.num_kv_heads % k.tp:
-                raise UserError(f"tp {k.tp} must divide the {g.num_kv_heads} key/value heads with --framework "
-                                "torch (meshplan's executor does not replicate key/value heads)", field="--tp")
+        if w.framework == "torch":      # what meshplan's executor cannot run: say so before searching
+            check_executor_limits(zero=k.zero, tp=k.tp, offload=k.offload, num_kv_heads=g.num_kv_heads)
         if w.framework == "deepspeed" and k.zero is not None and k.zero > 1 and k.pp is not None and k.pp > 1:
             raise UserError(f"DeepSpeed does not combine ZeRO-{k.zero} with pipeline parallelism; "
                             "use --zero 0 or 1 with --pp > 1", field="--zero")

@@ -17,18 +17,17 @@ class TraceResult:
     op_graph: nx.DiGraph
     capture: Capture
     tokens: int                   # tokens (or samples) of the example input: the per-token divisor
-    warnings: tuple[str, ...]
     # (layer name, op name) -> (forward op indices, backward op indices) in capture.records
     op_records: dict[tuple[str, str], tuple[tuple[int, ...], tuple[int, ...]]]
 
     @property
+    def warnings(self) -> tuple[str, ...]:
+        return self.graph.warnings
+
+    @property
     def saved_activation_bytes(self) -> int:
         """Bytes autograd keeps for backward over one forward (each storage once, no parameters)."""
-        seen = {}
-        for s in self.capture.saved:
-            if s.state == "activation":
-                seen.setdefault(s.storage, s.storage_bytes)
-        return sum(seen.values())
+        return sum(s.storage_bytes for s in self.capture.activation_saves())
 
     @property
     def fwd_flops(self) -> float:
@@ -51,7 +50,7 @@ def trace_module(module, example_inputs, *, name: str | None = None, loss_fn=Non
     """
     from .build import build_graph, count_tokens
     from .capture import capture
-    from .classify import NORM_CLASSES, classify
+    from .classify import classify, is_norm_class
     from .opgraph import build_op_graph
     from .structure import assign_ops, layer_spans
     from .tp import infer_tp
@@ -61,7 +60,7 @@ def trace_module(module, example_inputs, *, name: str | None = None, loss_fn=Non
     cls = classify(cap.records, cap.batch, cap.windows)
     spans = layer_spans(cap)
     layer_of = assign_ops(cap, spans)
-    norm_modules = {p for p, c in cap.classes.items() if any(n in c for n in NORM_CLASSES)}
+    norm_modules = {p for p, c in cap.classes.items() if is_norm_class(c)}
     heads = {i for i, s in enumerate(spans) if s.kind == "head"} or {len(spans) - 1}
     tp = infer_tp(cap.records, cls, layer_of, heads, norm_modules)
     tokens = count_tokens(cap, cls)
@@ -74,8 +73,7 @@ def trace_module(module, example_inputs, *, name: str | None = None, loss_fn=Non
     op_graph = build_op_graph(cap, cls.kind, layer_names, group_names)
     op_records = {(spans[g.layer].path, builder.names[key]): (tuple(g.records), tuple(g.bwd))
                   for key, g in builder.groups.items()}
-    return TraceResult(graph=graph, op_graph=op_graph, capture=cap, tokens=tokens.tokens, warnings=graph.warnings,
-                       op_records=op_records)
+    return TraceResult(graph=graph, op_graph=op_graph, capture=cap, tokens=tokens.tokens, op_records=op_records)
 
 
 def trace(module, example_inputs, **kwargs) -> LayerGraph:

@@ -27,7 +27,7 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 
-from ..layers import Layer, LayerGraph, Op, Saved
+from ..layers import Layer, LayerGraph, Op, Saved, replicated_params
 from .classify import Classified
 from .records import Capture, OpRecord, TensorMeta
 from .structure import LayerSpan, layer_of_module, parent
@@ -38,18 +38,17 @@ from .tp import N, R, S, TPResult
 class Tokens:
     tokens: int          # what quantities are divided by
     seq_len: int         # the LayerGraph's default sequence length
-    batch: int
 
 
 def count_tokens(cap: Capture, cls: Classified) -> Tokens:
     if cls.attention:
         info = cls.attention[min(cls.attention)]
-        return Tokens(tokens=max(1, info.batch * info.q_len), seq_len=info.q_len, batch=info.batch)
+        return Tokens(tokens=max(1, info.batch * info.q_len), seq_len=info.q_len)
     if cap.input_shapes:
         shape, dtype = cap.input_shapes[0]
         if len(shape) == 2 and ("int" in dtype):
-            return Tokens(tokens=shape[0] * shape[1], seq_len=shape[1], batch=shape[0])
-    return Tokens(tokens=max(1, cap.batch), seq_len=1, batch=cap.batch)
+            return Tokens(tokens=shape[0] * shape[1], seq_len=shape[1])
+    return Tokens(tokens=max(1, cap.batch), seq_len=1)
 
 
 @dataclass
@@ -124,9 +123,8 @@ class Builder:
         self.group_of[rec.index] = key
 
     def group(self) -> None:
-        forward = [rec for rec in self.records if rec.phase == "fwd"]
-        for rec in forward:                      # the weights, attention kernels and products first
-            key, kind = self._key(rec)
+        forward = [(rec, *self._key(rec)) for rec in self.records if rec.phase == "fwd"]
+        for rec, key, kind in forward:           # the weights, attention kernels and products first
             if key[0] != "ew":
                 self._add(key, kind, rec)
         # a module that is one weight (nn.Linear, Conv1D, nn.Embedding): its reshapes and bias adds join it
@@ -134,8 +132,7 @@ class Builder:
         for key, g in self.groups.items():
             if key[0] == "w":
                 weights.setdefault(g.module, set()).add(key)
-        for rec in forward:
-            key, kind = self._key(rec)
+        for rec, key, kind in forward:
             if key[0] != "ew":
                 continue
             mine = weights.get(rec.module, ())
@@ -192,17 +189,13 @@ class Builder:
         return [(name, n) for name, n in numel.items() if name not in owner]
 
     # -- saved activations ---------------------------------------------------------------------------
-    def saved_by_group(self, *, include_internal: bool = False) -> dict[tuple, list[Saved]]:
+    def saved_by_group(self) -> dict[tuple, list[Saved]]:
         out: dict[tuple, dict[tuple, float]] = {}
-        seen = set()
         savers: dict[int, set] = {}          # storage -> layers whose ops saved it
         for s in self.cap.saved:
             savers.setdefault(s.storage, set()).add(self.layer_of.get(min(s.op, len(self.records) - 1)))
-        for s in self.cap.saved:
-            if s.state != "activation" or s.storage in seen:
-                continue
-            seen.add(s.storage)
-            if s.storage in self.cls.internal_storages and not include_internal:
+        for s in self.cap.activation_saves():
+            if s.storage in self.cls.internal_storages:
                 continue
             op = min(s.op, len(self.records) - 1)
             if len(savers[s.storage]) > 1 and s.producer >= 0:
@@ -346,7 +339,7 @@ def _elementwise_op(b: Builder, g: _Group, name: str, saved: list[Saved], has_ba
               norm=g.module in b.norm_modules and not g.key[3])
 
 
-def _names(b: Builder, groups: list[_Group]) -> dict[tuple, str]:
+def _names(b: Builder) -> dict[tuple, str]:
     """Op names: module paths where an op is one module (see the module docstring)."""
     per_module: dict[tuple, int] = {}
     for g in b.groups.values():
@@ -354,7 +347,7 @@ def _names(b: Builder, groups: list[_Group]) -> dict[tuple, str]:
         per_module[k] = per_module.get(k, 0) + 1
     names = {}
     matmuls = 0
-    for g in groups:
+    for g in b.groups.values():
         kind, mod = g.key[0], g.module
         if kind == "w":
             owned = parent(g.weight) == mod
@@ -377,7 +370,7 @@ def _names(b: Builder, groups: list[_Group]) -> dict[tuple, str]:
     return names
 
 
-def _layer(b: Builder, index: int, span: LayerSpan, groups: list[_Group], saved: dict, names: dict,
+def _layer(b: Builder, span: LayerSpan, groups: list[_Group], saved: dict, names: dict,
            unused: list[tuple[str, int]], has_backward: bool) -> Layer:
     ops, fwd_elems, column_inputs = [], 0.0, {}
     for g in groups:
@@ -401,15 +394,9 @@ def _layer(b: Builder, index: int, span: LayerSpan, groups: list[_Group], saved:
     bwd_elems = sum(column_inputs.values())
     call = b.cap.modules.get(span.path)
     out = call.output.numel / b.t.tokens if call and call.output else 0.0
-    replicated = 0
-    for op in ops:
-        if op.kind == "elementwise" or (op.kind == "linear" and op.tp == "replicate"):
-            replicated += op.params
-        elif op.kind == "linear" and op.tp == "row":
-            replicated += max(0, op.params - op.num_gemms * op.in_features * op.out_features)
     layer = Layer(name=span.path, kind=span.kind, signature="", ops=tuple(ops),
                   tp_allreduce_fwd_elems=_round(fwd_elems), tp_allreduce_bwd_elems=_round(bwd_elems),
-                  output_elems=_round(out), params_replicated=replicated)
+                  output_elems=_round(out), params_replicated=replicated_params(ops))
     from dataclasses import replace
     return replace(layer, signature=signature(layer))
 
@@ -418,7 +405,7 @@ def op_out_width(b: Builder, g: _Group) -> float:
     return sum(b.records[i].outputs[0].numel for i in g.records if b.records[i].outputs) / b.t.tokens
 
 
-def _heads(b: Builder, graph_ops: list[Op]) -> tuple[int, int]:
+def _heads(graph_ops: list[Op]) -> tuple[int, int]:
     """The smallest head count (tp must divide it); without attention, what the split linears allow."""
     attn = [op for op in graph_ops if op.kind == "attention"]
     if attn:
@@ -438,7 +425,7 @@ def build_graph(cap: Capture, cls: Classified, spans: list[LayerSpan], layer_of:
     unused = b.own_params()
     saved = b.saved_by_group()
     has_backward = any(r.phase == "bwd" for r in cap.records)
-    names = b.names = _names(b, list(b.groups.values()))
+    names = b.names = _names(b)
     by_layer: dict[int, list[_Group]] = {}
     for g in sorted(b.groups.values(), key=lambda g: g.first):
         by_layer.setdefault(g.layer, []).append(g)
@@ -448,10 +435,10 @@ def build_graph(cap: Capture, cls: Classified, spans: list[LayerSpan], layer_of:
         li = 0 if li is None else li
         unused_by_layer.setdefault(li, {})
         unused_by_layer[li][parent(pname)] = unused_by_layer[li].get(parent(pname), 0) + n
-    layers = [_layer(b, i, span, by_layer.get(i, []), saved, names, sorted(unused_by_layer.get(i, {}).items()),
+    layers = [_layer(b, span, by_layer.get(i, []), saved, names, sorted(unused_by_layer.get(i, {}).items()),
                      has_backward) for i, span in enumerate(spans)]
     all_ops = [op for layer in layers for op in layer.ops]
-    heads, kv_heads = _heads(b, all_ops)
+    heads, kv_heads = _heads(all_ops)
     blocks = [layer.output_elems for layer in layers if layer.is_block] or [layer.output_elems for layer in layers]
     embeds = [g for g in b.groups.values() if g.kind == "embedding"]
     vocab = cap.params.get(embeds[0].weight, (0,))[0] if embeds else 0

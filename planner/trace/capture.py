@@ -177,7 +177,7 @@ class TraceState:
         if torch.is_grad_enabled() and any(t.requires_grad for t in flat_in):
             self.unmatched[module][name.strip("_")].append(index)
         if self.keep_replays:
-            self.replays[index] = _replay_spec(func, args, kwargs, self)
+            self.replays[index] = _replay_spec(func, args, kwargs)
 
     def _record_backward(self, func, name, args, kwargs, out, flat_in, flat_out, node, index) -> None:
         md = node.metadata
@@ -191,7 +191,7 @@ class TraceState:
                        inputs=ins, outputs=outs, opaque=self.opaque_path if self.real_mode else "")
         self.records.append(rec)
         if self.keep_replays:
-            self.replays[index] = _replay_spec(func, args, kwargs, self)
+            self.replays[index] = _replay_spec(func, args, kwargs)
 
     @staticmethod
     def _flops(func, args, out) -> float:
@@ -291,8 +291,7 @@ class TraceState:
     def enter(self, path: str, args, kwargs) -> None:
         self.stamp(_tensors((args, kwargs)), self.stack[-1] if self.stack else "")
         if path not in self.modules:
-            self.modules[path] = ModuleCall(path=path, cls=self.classes.get(path, ""), first_op=len(self.records),
-                                            end_op=len(self.records), output=None, order=len(self.modules))
+            self.modules[path] = ModuleCall(output=None, order=len(self.modules))
         self.stack.append(path)
 
     def exit(self, path: str, out) -> None:
@@ -304,8 +303,7 @@ class TraceState:
             biggest = max(floats, key=lambda t: t.numel()) if floats else None
             with self.suppressed():
                 meta = self.meta(biggest) if biggest is not None else None
-            self.modules[path] = ModuleCall(path=path, cls=call.cls, first_op=call.first_op,
-                                            end_op=len(self.records), output=meta, order=call.order)
+            self.modules[path] = ModuleCall(output=meta, order=call.order)
         if self.stack:
             self.stack.pop()
 
@@ -343,7 +341,7 @@ class TraceState:
         return _Suppress()
 
 
-def _replay_spec(func, args, kwargs, state: TraceState):
+def _replay_spec(func, args, kwargs):
     """The call with each tensor replaced by its metadata: what `meshplan profile --ops` replays."""
     def meta(x):
         if isinstance(x, torch.Tensor):
@@ -441,14 +439,20 @@ class _Wrappers:
 
 # -- the trace ---------------------------------------------------------------------------------
 
+def _fake_like(x: torch.Tensor, device: str, dtype) -> torch.Tensor:
+    """An empty tensor of ``x``'s shape on ``device``, floating point cast to ``dtype`` when given (call it
+    under the fake mode)."""
+    cast = dtype if (dtype is not None and x.is_floating_point()) else x.dtype
+    return torch.empty(x.shape, dtype=cast, device=device)
+
+
 def _fake_inputs(example_inputs, fake_mode, device: str, dtype):
     """(args, kwargs) of fake tensors: a tensor, a tuple/list of them, or a dict of keyword inputs."""
     def fake(x):
         if not isinstance(x, torch.Tensor):
             return x
-        cast = dtype if (dtype is not None and x.is_floating_point()) else x.dtype
         with fake_mode:
-            t = torch.empty(x.shape, dtype=cast, device=device)
+            t = _fake_like(x, device, dtype)
         return t.requires_grad_(x.requires_grad) if x.is_floating_point() else t
     if isinstance(example_inputs, dict):
         return (), {k: fake(v) for k, v in example_inputs.items()}
@@ -465,16 +469,14 @@ def _fake_state(module, state: TraceState, fake_mode, device: str, dtype) -> dic
     out = {}
     with fake_mode:
         for name, p in module.named_parameters():
-            cast = dtype if (dtype is not None and p.is_floating_point()) else p.dtype
-            t = torch.empty(p.shape, dtype=cast, device=device)
+            t = _fake_like(p, device, dtype)
             if p.is_floating_point():
                 t.requires_grad_(p.requires_grad)
             state.original_params[name] = p
             state.register_param(t, name, buffer=False)
             out[name] = t
         for name, b in module.named_buffers():
-            cast = dtype if (dtype is not None and b.is_floating_point()) else b.dtype
-            t = torch.empty(b.shape, dtype=cast, device=device)
+            t = _fake_like(b, device, dtype)
             state.original_buffers[name] = b
             state.register_param(t, name, buffer=True)
             out[name] = t

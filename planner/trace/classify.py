@@ -22,6 +22,11 @@ NORM_KERNELS = {"native_layer_norm", "layer_norm", "rms_norm", "_fused_rms_norm"
 NORM_CLASSES = ("Norm",)          # LayerNorm, RMSNorm, LlamaRMSNorm, GroupNorm, BatchNorm2d...
 
 
+def is_norm_class(class_name: str) -> bool:
+    """A normalisation module, by its class name (see NORM_CLASSES)."""
+    return any(n in class_name for n in NORM_CLASSES)
+
+
 @dataclass(frozen=True, kw_only=True)
 class AttentionInfo:
     heads: int

@@ -11,8 +11,7 @@ import sys
 from dataclasses import asdict
 
 from ..errors import UserError
-
-COMMANDS = ("trace", "profile")
+from .measured import PRECISION_DTYPES
 
 EPILOG_TRACE = """\
 examples:
@@ -53,7 +52,7 @@ def add_parsers(sub) -> None:
     t.add_argument("model", metavar="MODEL")
     add_example_input_arg(t)
     t.add_argument("--seq-len", type=int, help="sequence length of a zoo/config model's example input")
-    t.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+    t.add_argument("--dtype", choices=tuple(PRECISION_DTYPES.values()),
                    help="cast floating-point parameters and inputs (default: as the module has them)")
     t.add_argument("--json", action="store_true", help="print the layer graph and totals as one JSON object")
     t.add_argument("--op-graph", metavar="PATH", help="write the operator graph (networkx node-link JSON)")

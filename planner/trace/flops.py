@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from ..cost.compute import attention_flops
+
 aten = torch.ops.aten
 
 # attention kernels: query, key, value are their first tensors (after grad_out in backward)
@@ -80,10 +82,9 @@ def _sdpa_shapes(name: str, args) -> tuple:
 
 
 def attention_forward_flops(q_shape, k_shape) -> float:
-    """4 b h s_q s_kv d: QK^T and PV (key/value heads broadcast to the query heads)."""
+    """4 b h s_q s_kv d: QK^T and PV (key/value heads broadcast to the query heads), no causal halving."""
     b, h, s_q, d = q_shape
-    s_kv = k_shape[-2]
-    return 4.0 * b * h * s_q * s_kv * d
+    return attention_flops(b, h, s_q, k_shape[-2], d, causal=False)
 
 
 def matmul_flops(func, args, out) -> float:

@@ -97,7 +97,7 @@ def load_factory(source: str):
 
 
 def build_module(source: str, example_input: str | None = None):
-    """(name, module, example_inputs) from the factory, ``--example-input`` winning when given."""
+    """(module, example_inputs) from the factory, ``--example-input`` winning when given."""
     import torch
     result = load_factory(source)()
     inputs = None
@@ -113,13 +113,13 @@ def build_module(source: str, example_input: str | None = None):
     if inputs is None:
         raise UserError("the factory returned a module without example inputs; give their shapes, e.g. "
                         "--example-input 1x512:int64", source=source)
-    return source.rpartition(":")[2], module, inputs
+    return module, inputs
 
 
 def trace_source(source: str, example_input: str | None = None, **kwargs):
     """TraceResult of the module a ``--model file.py:factory`` names."""
     from .api import trace_module
-    _, module, inputs = build_module(source, example_input)
+    module, inputs = build_module(source, example_input)
     return trace_module(module, inputs, name=type(module).__name__,
                         source=f"traced: {source}" + (f" --example-input {example_input}" if example_input else ""),
                         **kwargs)

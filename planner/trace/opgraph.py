@@ -31,11 +31,8 @@ def build_op_graph(cap: Capture, kinds: dict[int, str], layer_names: dict[int, s
             bwd_flops[rec.fwd_op] = bwd_flops.get(rec.fwd_op, 0.0) + rec.flops
             bwd_bytes[rec.fwd_op] = bwd_bytes.get(rec.fwd_op, 0.0) + rec.bytes_read + rec.bytes_written
     saved: dict[int, int] = {}
-    seen = set()
-    for s in cap.saved:
-        if s.state == "activation" and s.storage not in seen:
-            seen.add(s.storage)
-            saved[s.op] = saved.get(s.op, 0) + s.storage_bytes
+    for s in cap.activation_saves():
+        saved[s.op] = saved.get(s.op, 0) + s.storage_bytes
     for rec in cap.records:
         if rec.phase != "fwd":
             continue

@@ -10,6 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..config import PRECISIONS
 from ..errors import UserError
 from .profile_toml import render
 
@@ -73,7 +74,7 @@ def profile_command(args) -> int:
     if out.suffix != ".toml":
         raise UserError("must end in .toml", field="--out")
     command = _command(args, nproc, device, out)
-    dtypes = ["fp32"] if device == "cpu" else ["bf16", "fp16", "fp32"]
+    dtypes = ["fp32"] if device == "cpu" else list(PRECISIONS)
     m = measure(device, dtypes, threads=args.threads, quick=args.quick)
     backend = "nccl" if device == "cuda" and torch.cuda.device_count() >= nproc else "gloo"
     if device == "cuda" and backend == "gloo" and nproc > 1:

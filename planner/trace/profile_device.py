@@ -8,35 +8,35 @@ planner never imports torch.distributed).
 from __future__ import annotations
 
 import os
-import time
+
+from ..cost.compute import attention_flops
+from ..cost.step import ADAM_BYTES_PER_PARAM
+from . import measured
+from .measured import PRECISION_DTYPES
 
 GEMM_SHAPES = ((512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 1024, 4096), (2048, 4096, 1024))
 GEMM_SHAPES_QUICK = ((512, 512, 512), (1024, 1024, 1024))
-TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def _sync(device: str) -> None:
-    import torch
     if device.startswith("cuda"):
+        import torch
         torch.cuda.synchronize()
 
 
 def best_of(fn, device: str, repeat: int = 5) -> float:
-    fn()
-    _sync(device)
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
+    """``measured.best_of`` of ``fn`` followed by a device synchronisation, after one warm-up call."""
+    def run():
         fn()
         _sync(device)
-        best = min(best, time.perf_counter() - t0)
-    return best
+    run()
+    return measured.best_of(run, repeat)
 
 
 def gemm(device: str, dtype: str, shapes, repeat: int) -> list[dict]:
     """(m x k) @ (k x n): 2 m n k FLOPs per product."""
     import torch
-    dt = getattr(torch, TORCH_DTYPES[dtype])
+    dt = getattr(torch, PRECISION_DTYPES[dtype])
     rows = []
     for m, n, k in shapes:
         a = torch.randn(m, k, device=device).to(dt)
@@ -51,7 +51,7 @@ def attention(device: str, dtype: str, quick: bool, repeat: int) -> dict:
     (planner.cost.compute.attention_flops: 4 b h s^2 d, halved for causal; backward 2.5x)."""
     import torch
     import torch.nn.functional as F
-    dt = getattr(torch, TORCH_DTYPES[dtype])
+    dt = getattr(torch, PRECISION_DTYPES[dtype])
     b, h, s, d = (1, 8, 512, 64) if quick else (1, 16, 2048, 64)
     q, k, v = (torch.randn(b, h, s, d, device=device, dtype=dt, requires_grad=True) for _ in range(3))
     fwd = best_of(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), device, repeat)
@@ -62,7 +62,7 @@ def attention(device: str, dtype: str, quick: bool, repeat: int) -> dict:
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         o.backward(grad)
     total = best_of(both, device, repeat)
-    flops = 4.0 * b * h * s * s * d * 0.5
+    flops = attention_flops(b, h, s, s, d, causal=True)
     return {"batch": b, "heads": h, "seq": s, "head_dim": d, "dtype": dtype, "fwd_s": fwd,
             "bwd_s": max(total - fwd, 1e-12), "flops_fwd": flops,
             "tflops": (flops + 2.5 * flops) / total / 1e12}
@@ -99,7 +99,7 @@ def cpu_adam(quick: bool, repeat: int) -> dict:
     p.grad = torch.randn(n)
     opt = torch.optim.AdamW([p], lr=1e-3, foreach=True)
     t = best_of(opt.step, "cpu", repeat)
-    return {"params": n, "seconds": t, "GBps": 28.0 * n / t / 1e9}
+    return {"params": n, "seconds": t, "GBps": ADAM_BYTES_PER_PARAM * n / t / 1e9}
 
 
 def host_memory_bytes() -> int:
@@ -135,4 +135,34 @@ def measure(device: str, dtypes: list[str], *, threads: int, quick: bool) -> dic
     out["h2d"] = host_to_device(device, repeat)
     out["adam"] = cpu_adam(quick, repeat)
     out["host_memory_bytes"] = host_memory_bytes()
+    out["kernels"] = kernel_detail(device, dtypes, quick=quick)
     return out
+
+
+# The shapes of kernel_detail on a GPU: token counts and linear widths (in, out) of transformers
+# from 0.1B to 8B parameters (GPT-2, GPT-3 XL, Llama 3.x: hidden 768-4096, 4x or SwiGLU MLPs,
+# 50257- and 128256-entry vocabularies), attention as those models run it.
+GPU_TOKENS = (2048, 8192, 32768)
+GPU_WIDTHS = tuple((k, n) for k in (768, 1024, 2048, 3072, 4096, 8192) for n in (768, 1024, 2048, 3072, 4096, 8192))
+GPU_HEAD_WIDTHS = tuple((h, v) for h in (768, 2048, 3072) for v in (50257, 128256))
+GPU_ATTENTION = ((8, 12, 12, 2048, 64), (2, 16, 16, 4096, 64), (1, 16, 16, 8192, 128), (4, 32, 8, 2048, 64),
+                 (2, 32, 8, 8192, 64), (1, 24, 8, 4096, 128), (2, 24, 8, 2048, 128))
+GPU_COPY_BYTES = tuple(2**e for e in range(16, 31, 2))
+
+
+def kernel_detail(device: str, dtypes: list[str], *, quick: bool) -> dict:
+    """The kernel-level measurements of profile_kernels: a shape sweep on a GPU, a token one on the
+    CPU or with --quick (enough to exercise every path)."""
+    from . import profile_kernels as pk
+    gpu = device.startswith("cuda") and not quick
+    tokens = GPU_TOKENS if gpu else (64,)
+    widths = GPU_WIDTHS if gpu else ((32, 64),)
+    heads = GPU_HEAD_WIDTHS if gpu else ()
+    attn = GPU_ATTENTION if gpu else ((1, 4, 2, 64, 16),)
+    dtype = "bf16" if "bf16" in dtypes else dtypes[0]
+    return {"gemm": pk.gemm_sweep(device, dtype, list(tokens), list(widths))
+            + pk.gemm_sweep(device, dtype, list(tokens[:2]), list(heads)),
+            "attention": pk.attention_backends(device, dtype, list(attn)),
+            "dispatch": pk.dispatch_overhead(device, ops=200 if gpu else 20),
+            "copy": pk.bandwidth_sweep(device, list(GPU_COPY_BYTES if gpu else (2**16, 2**20))),
+            "adam": pk.adam_variants(device, tensors=150 if gpu else 4, params_per_tensor=2**20 if gpu else 2**10)}

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-GiB = 2**30
+from ..cluster import GiB
 
 
 def _q(text: str) -> str:

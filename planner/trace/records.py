@@ -7,6 +7,7 @@ reads only these values.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -29,10 +30,7 @@ class TensorMeta:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -79,10 +77,6 @@ class SavedRecord:
 class ModuleCall:
     """The first call of one module's forward."""
 
-    path: str
-    cls: str
-    first_op: int                 # index of the first op recorded after entering
-    end_op: int                   # index after the last op recorded before leaving
     output: TensorMeta | None     # its largest floating-point output
     order: int                    # position in the order modules were first entered
 
@@ -117,3 +111,13 @@ class Capture:
     windows: dict[str, int] = field(default_factory=dict)     # module path -> sliding-window span it declares
     warnings: tuple[str, ...] = field(default=())
     replays: dict[int, object] = field(default_factory=dict)   # op index -> (func, args with TensorMeta)
+
+    def activation_saves(self) -> list[SavedRecord]:
+        """The first saved record of each activation storage, in the order they were saved."""
+        seen: set[int] = set()
+        out = []
+        for s in self.saved:
+            if s.state == "activation" and s.storage not in seen:
+                seen.add(s.storage)
+                out.append(s)
+        return out

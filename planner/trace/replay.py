@@ -12,8 +12,8 @@ is left out (the cost model keeps its roofline for it).
 """
 from __future__ import annotations
 
-
-from .measured import best_of, op_signature
+from .measured import op_signature
+from .profile_device import best_of
 
 
 def _make(spec, device: str):
@@ -52,14 +52,8 @@ def time_call(func, tree, device: str, repeat: int) -> float:
     """Best wall time of one aten call on fresh random inputs."""
     import torch
     args, kwargs = _materialise(func, tree, device)
-
-    def run():
-        func(*args, **kwargs)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
     with torch.no_grad():
-        run()
-        return best_of(run, repeat)
+        return best_of(lambda: func(*args, **kwargs), device, repeat)
 
 
 def time_ops(result, *, device: str = "cpu", repeat: int = 3) -> tuple[dict[str, dict], list[str]]:

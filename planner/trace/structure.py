@@ -18,8 +18,10 @@ joins the layer that ran just before it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from .classify import is_norm_class
 from .records import Capture
 
 
@@ -30,7 +32,7 @@ class LayerSpan:
 
 
 def parent(path: str) -> str:
-    return path.rsplit(".", 1)[0] if "." in path else ("" if path else "")
+    return path.rsplit(".", 1)[0] if "." in path else ""
 
 
 def is_within(path: str, prefix: str) -> bool:
@@ -47,9 +49,7 @@ class _Tree:
                 self.children.setdefault(parent(path), []).append(path)
         self.params_under: dict[str, int] = {}
         for name, shape in cap.params.items():
-            n = 1
-            for s in shape:
-                n *= s
+            n = math.prod(shape)
             owner = parent(name)
             while True:
                 self.params_under[owner] = self.params_under.get(owner, 0) + n
@@ -82,9 +82,8 @@ class _Tree:
         return sorted(kids, key=self.first_order)
 
 
-def find_blocks(cap: Capture) -> list[str]:
+def find_blocks(tree: _Tree) -> list[str]:
     """Paths of the repeated blocks (children of the chosen containers)."""
-    tree = _Tree(cap)
     candidates = []
     for container, kids in tree.children.items():
         kids = [k for k in kids if k in tree.executed]
@@ -110,7 +109,7 @@ def find_blocks(cap: Capture) -> list[str]:
 def layer_spans(cap: Capture) -> list[LayerSpan]:
     """The layers in the order they first ran, with their kinds."""
     tree = _Tree(cap)
-    blocks = set(find_blocks(cap))
+    blocks = set(find_blocks(tree))
 
     def visit(path: str) -> list[tuple[str, bool]]:
         if path in blocks:
@@ -129,16 +128,14 @@ def layer_spans(cap: Capture) -> list[LayerSpan]:
         while len(tree.ran(top)) == 1 and not _runs_own_ops(cap, top):
             top = tree.ran(top)[0]
         found = [(c, True) for c in tree.ran(top)] or [(top, True)]
-    return _kinds(cap, found, blocks)
+    return _kinds(cap, found)
 
 
 def _runs_own_ops(cap: Capture, path: str) -> bool:
     return any(r.module == path and r.phase == "fwd" and not r.view and not r.in_loss for r in cap.records)
 
 
-def _kinds(cap: Capture, found: list[tuple[str, bool]], blocks: set[str]) -> list[LayerSpan]:
-    if not blocks:
-        return [LayerSpan(path=p, kind="block") for p, _ in found]
+def _kinds(cap: Capture, found: list[tuple[str, bool]]) -> list[LayerSpan]:
     first = next(i for i, (_, b) in enumerate(found) if b)
     last = max(i for i, (_, b) in enumerate(found) if b)
     spans = []
@@ -146,7 +143,7 @@ def _kinds(cap: Capture, found: list[tuple[str, bool]], blocks: set[str]) -> lis
         if i < first:
             kind = "embedding"
         elif i > last:
-            kind = "norm" if "Norm" in cap.classes.get(path, "") else "head"
+            kind = "norm" if is_norm_class(cap.classes.get(path, "")) else "head"
         else:
             kind = "block"
         spans.append(LayerSpan(path=path, kind=kind))

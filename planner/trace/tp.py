@@ -52,7 +52,7 @@ def _inputs(rec: OpRecord, state: dict, anc: dict):
     return out
 
 
-def _step(rec, kind, layer_of, head_layers, norm_modules, state, anc, style, demoted, conflicts):
+def _step(rec, kind, layer_of, norm_modules, state, anc, style, demoted, conflicts):
     ins = _inputs(rec, state, anc)
     split = [a for s, a in ins if s == S]
     has_r = any(s == R for s, _ in ins)
@@ -98,8 +98,7 @@ def infer_tp(records: tuple[OpRecord, ...], cls: Classified, layer_of: dict[int,
         state, anc, style = {}, {}, {}
         conflicts: set[int] = set()
         for rec in forward:
-            _step(rec, cls.kind.get(rec.index), layer_of, head_layers, norm_modules, state, anc, style, demoted,
-                  conflicts)
+            _step(rec, cls.kind.get(rec.index), layer_of, norm_modules, state, anc, style, demoted, conflicts)
         paired = set()
         for i, s in style.items():
             if s == "row":
