@@ -116,7 +116,11 @@ def make_optimizer(params: list[nn.Parameter], *, lr: float, zero: int, dp: int,
         from torch.distributed.optim import ZeroRedundancyOptimizer
         return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=lr, foreach=False,
                                        process_group=mesh["dp_replicate"].get_group())
-    return torch.optim.AdamW(params, lr=lr, foreach=False)
+    # on CUDA one fused kernel per step (torchtitan's default implementation): it streams 28 bytes per
+    # parameter where the multi-tensor (foreach) path runs eight passes and keeps a temporary copy of
+    # the second moments (measured on H100: benchmarks/results/gpu_runs_foreach_adam.json against gpu_runs.json); the CPU runs the loop
+    fused = bool(params) and params[0].device.type == "cuda"
+    return torch.optim.AdamW(params, lr=lr, fused=fused or None, foreach=False if not fused else None)
 
 
 def accumulate(model: nn.Module, inputs: tuple[torch.Tensor, ...], targets: torch.Tensor, *, num_microbatches: int,
@@ -202,7 +206,8 @@ def _memory(job: Job, meter: SavedTensorMeter, gathered_bytes: int, grads_bytes:
     """This rank's bytes by category (see executor/measure.py for how each is counted)."""
     return {"rank": dist.get_rank(), "pp_rank": job.pp_rank, "params": param_bytes(job.trained),
             "params_gathered": gathered_bytes, "grads": grads_bytes,
-            "optimizer": sum(optimizer_bytes(o) for o in job.optimizers), "activations": meter.peak_bytes}
+            "optimizer": sum(optimizer_bytes(o) for o in job.optimizers), "activations": meter.peak_bytes,
+            "peak_allocated": torch.cuda.max_memory_allocated(job.device) if job.device.type == "cuda" else None}
 
 
 def _measured_step(job: Job, step: int, dump_grads: str | None) -> tuple[float, dict]:

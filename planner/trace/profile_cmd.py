@@ -90,6 +90,9 @@ def profile_command(args) -> int:
     except OSError as e:
         raise UserError(f"cannot write: {e.strerror}", source=str(out)) from None
     sys.stdout.write(f"wrote {out}\n")
+    kernels = out.with_name(out.name[:-len(".toml")] + ".kernels.json")
+    kernels.write_text(json.dumps({"command": command, "date": date, "device": m}, indent=0) + "\n")
+    sys.stdout.write(f"wrote {kernels} (every raw measurement, the kernel sweeps included)\n")
     if args.ops:
         sys.stdout.write(f"wrote {_ops(args, out, command, device)}\n")
     if args.json:

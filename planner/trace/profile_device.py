@@ -11,26 +11,18 @@ import os
 
 from ..cost.compute import attention_flops
 from ..cost.step import ADAM_BYTES_PER_PARAM
-from . import measured
+
 from .measured import PRECISION_DTYPES
 
 GEMM_SHAPES = ((512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 1024, 4096), (2048, 4096, 1024))
 GEMM_SHAPES_QUICK = ((512, 512, 512), (1024, 1024, 1024))
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        import torch
-        torch.cuda.synchronize()
-
-
 def best_of(fn, device: str, repeat: int = 5) -> float:
-    """``measured.best_of`` of ``fn`` followed by a device synchronisation, after one warm-up call."""
-    def run():
-        fn()
-        _sync(device)
-    run()
-    return measured.best_of(run, repeat)
+    """Seconds per call of ``fn`` (``profile_kernels.time_per_call``: back-to-back calls between
+    synchronisations, best of ``repeat``)."""
+    from .profile_kernels import time_per_call
+    return time_per_call(fn, device, repeat)
 
 
 def gemm(device: str, dtype: str, shapes, repeat: int) -> list[dict]:

@@ -1,0 +1,336 @@
+"""Predicted against measured step time and peak memory of single-GPU plans.
+
+    python benchmarks/gpu_validate.py --measure            # on a GPU: run every case, write the raw runs
+    python benchmarks/gpu_validate.py                       # anywhere: predict every measured case, compare
+
+Two halves, so that the cost model can be re-checked against the same runs
+without a GPU:
+
+1. ``--measure`` (needs CUDA; ``--quick`` runs two tiny cases on the CPU to
+   exercise the code): for each case below it writes the model's config.json,
+   plans it with every knob fixed (``meshplan plan``), trains it with meshplan's
+   executor in this process (world size 1, NCCL), and records the median step
+   time after warm-up (CUDA-synchronised wall time), the peak of
+   ``torch.cuda.max_memory_allocated`` over the timed steps, the executor's
+   bytes by category, and the GPU time of one step's kernels by kind (GEMM,
+   attention, optimizer, other; torch.profiler). Writes ``--raw``
+   (benchmarks/results/gpu_runs.json).
+2. Without ``--measure``: for each recorded run, ``meshplan plan --json`` with the
+   same knobs against ``--cluster`` (default: the profile ``meshplan profile
+   --device cuda`` measured on that GPU, under profiles/measured/) gives the
+   predicted step time and memory. The predicted peak is the estimate's total
+   less the runtime reserve (CUDA context, cuBLAS and NCCL workspaces), which
+   ``max_memory_allocated`` does not count. Writes ``--out``
+   (benchmarks/results/gpu_validate.json) and prints the table the README cites.
+
+It asserts nothing: the errors are what they are.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "benchmarks" / "results"
+
+# Model shapes (Hugging Face config.json), 0.1B to 3B parameters: GPT-2 small and medium
+# (Radford et al. 2019), GPT-3 XL (Brown et al. 2020, Table 2.1), Llama 3.2 1B and 3B (Meta's
+# published configs). Positions raised to 8192 so every case's sequence fits a learned table.
+MODELS = {
+    "gpt2-124m": {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257,
+                  "n_positions": 8192, "resid_pdrop": 0.1, "attn_pdrop": 0.1, "embd_pdrop": 0.1},
+    "gpt2-355m": {"model_type": "gpt2", "n_layer": 24, "n_embd": 1024, "n_head": 16, "vocab_size": 50257,
+                  "n_positions": 8192, "resid_pdrop": 0.0, "attn_pdrop": 0.0, "embd_pdrop": 0.0},
+    "gpt3-1.3b": {"model_type": "gpt2", "n_layer": 24, "n_embd": 2048, "n_head": 16, "vocab_size": 50257,
+                  "n_positions": 8192, "resid_pdrop": 0.0, "attn_pdrop": 0.0, "embd_pdrop": 0.0},
+    "llama3.2-1b": {"model_type": "llama", "num_hidden_layers": 16, "hidden_size": 2048, "num_attention_heads": 32,
+                    "num_key_value_heads": 8, "intermediate_size": 8192, "vocab_size": 128256,
+                    "max_position_embeddings": 8192, "tie_word_embeddings": True},
+    "llama3.2-3b": {"model_type": "llama", "num_hidden_layers": 28, "hidden_size": 3072, "num_attention_heads": 24,
+                    "num_key_value_heads": 8, "intermediate_size": 8192, "vocab_size": 128256,
+                    "max_position_embeddings": 8192, "tie_word_embeddings": True},
+}
+TINY = {
+    "tiny-gpt": {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512, "n_positions": 128},
+    "tiny-llama": {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                   "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 512,
+                   "max_position_embeddings": 128},
+}
+
+# name: (model, micro-batch, micro-batches per step, sequence, recompute, zero). Single GPU, bf16.
+CASES = {
+    "gpt2-124m mb8 s2k": ("gpt2-124m", 8, 1, 2048, "none", 0),
+    "gpt2-124m mb2x4 s2k": ("gpt2-124m", 2, 4, 2048, "none", 0),
+    "gpt2-355m mb4 s4k sel": ("gpt2-355m", 4, 1, 4096, "selective", 0),
+    "gpt2-355m mb2 s8k full": ("gpt2-355m", 2, 1, 8192, "full", 0),
+    "gpt3-1.3b mb4 s2k": ("gpt3-1.3b", 4, 1, 2048, "none", 0),
+    "gpt3-1.3b mb1 s8k full": ("gpt3-1.3b", 1, 1, 8192, "full", 0),
+    "llama-1b mb4 s2k": ("llama3.2-1b", 4, 1, 2048, "none", 0),
+    "llama-1b mb2 s4k sel": ("llama3.2-1b", 2, 1, 4096, "selective", 0),
+    "llama-1b mb1 s8k full": ("llama3.2-1b", 1, 1, 8192, "full", 0),
+    "llama-1b mb4 s2k fsdp": ("llama3.2-1b", 4, 1, 2048, "none", 3),
+    "llama-3b mb2 s2k full": ("llama3.2-3b", 2, 1, 2048, "full", 0),
+    "llama-3b mb1 s4k": ("llama3.2-3b", 1, 1, 4096, "none", 0),
+}
+QUICK_CASES = {
+    "tiny-gpt mb2 s64": ("tiny-gpt", 2, 1, 64, "none", 0),
+    "tiny-llama mb1x2 s64 full": ("tiny-llama", 1, 2, 64, "full", 3),
+}
+
+
+def plan_args(model_path: str, case: tuple, cluster: str) -> list[str]:
+    _, mb, m, seq, recompute, zero = case
+    return ["plan", "--model", model_path, "--cluster", cluster, "--gpus", "1", "--dp", "1", "--tp", "1", "--pp", "1",
+            "--cp", "1", "--zero", str(zero), "--micro-batch", str(mb), "--global-batch", str(mb * m), "--seq-len",
+            str(seq), "--recompute", recompute, "--offload", "none"]
+
+
+def meshplan(args: list[str]) -> str:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    done = subprocess.run([sys.executable, "-m", "planner.cli", *args], env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"meshplan {' '.join(args)}: {done.stderr.strip()}")
+    return done.stdout
+
+
+# -- measuring (torch) ------------------------------------------------------------------------------
+
+KERNEL_KINDS = (("attention", ("flash", "fmha", "attention", "sdpa")),
+                ("optimizer", ("multi_tensor", "adam", "foreach")),
+                ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_", "sm80_")),
+                ("nccl", ("nccl",)))
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    for kind, marks in KERNEL_KINDS:
+        if any(mark in low for mark in marks):
+            return kind
+    return "other"
+
+
+def profile_step(step_fn) -> dict:
+    """GPU seconds and kernel count of one step, by kernel kind (torch.profiler, CUDA activity)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step_fn()
+        torch.cuda.synchronize()
+    out: dict[str, dict] = {}
+    names: dict[str, list] = {}
+    for evt in prof.events():
+        if evt.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        seconds = (getattr(evt, "device_time", None) or getattr(evt, "cuda_time", 0.0)) * 1e-6
+        kind = kernel_kind(evt.name)
+        row = out.setdefault(kind, {"s": 0.0, "kernels": 0})
+        row["s"] += seconds
+        row["kernels"] += 1
+        entry = names.setdefault(evt.name, [0.0, 0])
+        entry[0] += seconds
+        entry[1] += 1
+    kernels = sorted(names.items(), key=lambda kv: -kv[1][0])
+    return {"by_kind": out, "kernels": [{"name": n[:200], "s": s, "count": c} for n, (s, c) in kernels if s > 2e-5]}
+
+
+def measure_case(plan_path: Path, *, steps: int, warmup: int, device) -> dict:
+    import torch
+    from executor.plan_file import load_plan
+    from executor.train import Job, RunOptions, _measured_step, train_step
+    cuda = device.type == "cuda"
+    plan = load_plan(plan_path)
+    job = Job(plan, RunOptions(steps=warmup + steps), device)
+    loss, categories = _measured_step(job, 0, None)
+    for step in range(1, warmup):
+        train_step(job, step)
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for step in range(warmup, warmup + steps):
+        t0 = time.perf_counter()
+        loss = train_step(job, step)          # returns a Python float: the step is synchronised
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    row = {"step_times_s": times, "measured_step_s": statistics.median(times), "loss": loss,
+           "categories_bytes": categories}
+    if cuda:
+        row["measured_peak_bytes"] = torch.cuda.max_memory_allocated()
+        row["measured_reserved_bytes"] = torch.cuda.max_memory_reserved()
+        row["kernels"] = profile_step(lambda: train_step(job, warmup + steps))
+    del job
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    return row
+
+
+def environment(device) -> dict:
+    import torch
+    env = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0]}
+    if device.type == "cuda":
+        env["device"] = torch.cuda.get_device_name()
+        env["sdpa_flash_enabled"] = torch.backends.cuda.flash_sdp_enabled()
+    else:
+        env["device"] = "cpu"
+    return env
+
+
+def capabilities(device) -> dict:
+    """What runs on this device: torch's flash SDPA with grouped key/value heads, and torch's
+    context-parallel attention (torch.distributed.tensor.experimental.context_parallel) on a
+    one-rank mesh. Each entry is "ok" or the error's first line."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    out = {}
+    dt = torch.bfloat16 if device.type == "cuda" else torch.float32
+    q = torch.randn(1, 8, 256, 64, device=device, dtype=dt, requires_grad=True)
+    kv = torch.randn(1, 2, 256, 64, device=device, dtype=dt, requires_grad=True)
+    for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+        for gqa in (False, True):
+            k = kv if gqa else kv.repeat_interleave(4, dim=1)
+            try:
+                with sdpa_kernel([backend]):
+                    F.scaled_dot_product_attention(q, k, k, is_causal=True, enable_gqa=gqa).sum().backward()
+                out[f"sdpa_{name}{'_gqa' if gqa else ''}"] = "ok"
+            except RuntimeError as e:
+                out[f"sdpa_{name}{'_gqa' if gqa else ''}"] = str(e).strip().splitlines()[0][:300]
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.experimental import context_parallel
+        mesh = init_device_mesh(device.type, (1,), mesh_dim_names=("cp",))
+        qq, kk, vv = (torch.randn(2, 8, 512, 64, device=device, dtype=dt) for _ in range(3))
+        ref = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True)
+        with context_parallel(mesh, buffers=[qq, kk, vv], buffer_seq_dims=[2, 2, 2]):   # shards them in place
+            q, k, v = (t.detach().requires_grad_() for t in (qq, kk, vv))
+            got = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            got.sum().backward()
+        out["torch_context_parallel_1rank"] = f"ok (max |diff| {float((got - ref).abs().max()):.2e})"
+    except Exception as e:
+        out["torch_context_parallel_1rank"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
+    return out
+
+
+def measure(args) -> None:
+    import torch
+    import torch.distributed as dist
+    cuda = torch.cuda.is_available()
+    if not cuda and not args.quick:
+        sys.exit("gpu_validate --measure: no CUDA device; --quick runs the tiny CPU cases")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(0)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    models, cases = (TINY, QUICK_CASES) if args.quick else (MODELS, CASES)
+    cluster = "h100-80g" if cuda else "cpu-gloo"
+    tmp = Path(tempfile.mkdtemp(prefix="meshplan-gpu-validate-"))
+    out = {"environment": environment(device), "command": " ".join(["python", "benchmarks/gpu_validate.py",
+                                                                    *sys.argv[1:]]), "rows": []}
+    out["capabilities"] = capabilities(device)
+    print(json.dumps(out["capabilities"], indent=1), flush=True)
+    for name, case in cases.items():
+        if args.only and name not in args.only:
+            continue
+        model_path = tmp / f"{case[0]}.json"
+        model_path.write_text(json.dumps(models[case[0]]))
+        plan_path = tmp / "plan.json"
+        row = {"name": name, "model": case[0], "model_config": models[case[0]], "micro_batch": case[1],
+               "num_microbatches": case[2], "seq_len": case[3], "recompute": case[4], "zero": case[5]}
+        t0 = time.perf_counter()
+        try:
+            meshplan(plan_args(str(model_path), case, cluster) + (["--precision", "fp32"] if not cuda else [])
+                     + ["--out", str(plan_path)])
+            row.update(measure_case(plan_path, steps=args.steps, warmup=args.warmup, device=device))
+        except Exception as e:          # an OOM or a refusal is a result: record it, go on
+            row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+            gc.collect()
+            if cuda:
+                torch.cuda.empty_cache()
+        row["wall_s"] = time.perf_counter() - t0
+        print(f"{name:<28} {row.get('measured_step_s', float('nan')):>9.4f} s "
+              f"{row.get('measured_peak_bytes', 0) / 2**30:>7.2f} GiB  {row.get('error', '')}", flush=True)
+        out["rows"].append(row)
+    dist.destroy_process_group()
+    Path(args.raw).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.raw).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {args.raw}")
+
+
+# -- predicting (no torch) --------------------------------------------------------------------------
+
+def predict(args) -> None:
+    from planner.cluster import load_cluster
+    raw = json.loads(Path(args.raw).read_text())
+    cluster = args.cluster or default_cluster()
+    reserved = load_cluster(cluster, 1).device.reserved_bytes
+    tmp = Path(tempfile.mkdtemp(prefix="meshplan-gpu-predict-"))
+    env = raw["environment"]
+    out = {"device": env["device"], "torch": env["torch"], "cuda": env["cuda"], "cluster": cluster,
+           "measured_by": raw["command"], "predicted_by": " ".join(["python", "benchmarks/gpu_validate.py",
+                                                                     *sys.argv[1:]]), "rows": []}
+    print(f"cluster profile: {cluster}")
+    print(f"{'plan':<26} {'pred s':>8} {'meas s':>8} {'err':>6}   {'pred GiB':>8} {'meas GiB':>8} {'err':>6}")
+    for r in raw["rows"]:
+        if "measured_step_s" not in r or "measured_peak_bytes" not in r:
+            print(f"{r['name']:<26} not measured: {r.get('error', 'no peak memory (not a GPU run)')}")
+            continue
+        model_path = tmp / f"{r['model']}.json"
+        model_path.write_text(json.dumps(r["model_config"]))
+        case = (r["model"], r["micro_batch"], r["num_microbatches"], r["seq_len"], r["recompute"], r["zero"])
+        est = json.loads(meshplan(plan_args(str(model_path), case, cluster) + ["--json"]))["estimate"]
+        pred_s = est["step_time_s"]
+        pred_b = est["memory_per_gpu_bytes"]["total"] - reserved
+        row = {"name": r["name"], "predicted_step_s": pred_s, "measured_step_s": r["measured_step_s"],
+               "predicted_peak_bytes": int(pred_b), "measured_peak_bytes": r["measured_peak_bytes"],
+               "step_error": r["measured_step_s"] / pred_s - 1, "peak_error": r["measured_peak_bytes"] / pred_b - 1,
+               "predicted_time_breakdown_s": est["time_breakdown_s"],
+               "predicted_memory_bytes": est["memory_per_gpu_bytes"],
+               "measured_kernels": r.get("kernels", {}).get("by_kind")}
+        out["rows"].append(row)
+        print(f"{r['name']:<26} {pred_s:>8.4f} {r['measured_step_s']:>8.4f} {100 * row['step_error']:>+5.1f}%   "
+              f"{pred_b / 2**30:>8.2f} {r['measured_peak_bytes'] / 2**30:>8.2f} {100 * row['peak_error']:>+5.1f}%")
+    if out["rows"]:
+        errs = [abs(r["step_error"]) for r in out["rows"]]
+        mems = [abs(r["peak_error"]) for r in out["rows"]]
+        print(f"step time: mean |error| {100 * statistics.mean(errs):.1f}%, max {100 * max(errs):.1f}%; "
+              f"peak memory: mean {100 * statistics.mean(mems):.1f}%, max {100 * max(mems):.1f}%")
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+def default_cluster() -> str:
+    found = sorted((ROOT / "profiles" / "measured").glob("*h100*.toml")) + sorted(
+        (ROOT / "profiles" / "measured").glob("*h200*.toml"))
+    return str(found[0]) if found else "h100-80g"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--measure", action="store_true", help="run the cases on this machine's GPU")
+    parser.add_argument("--quick", action="store_true", help="with --measure: two tiny cases on the CPU")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="with --measure: only these cases")
+    parser.add_argument("--steps", type=int, default=6, help="timed steps per case (default 6)")
+    parser.add_argument("--warmup", type=int, default=3, help="steps before timing (default 3)")
+    parser.add_argument("--raw", default=str(RESULTS / "gpu_runs.json"), help="the measured runs")
+    parser.add_argument("--cluster", help="the profile to predict with (default: the measured H100/H200 one)")
+    parser.add_argument("--out", default=str(RESULTS / "gpu_validate.json"))
+    args = parser.parse_args()
+    measure(args) if args.measure else predict(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""Kernel-level measurements behind the cost model's mechanisms, for ``meshplan profile``.
+
+Each function times one mechanism the cost model prices, on shapes a training
+step really runs, and returns plain rows (written under ``[measured]`` of the
+profile TOML and in ``--json``):
+
+- ``gemm_sweep``: the three GEMMs of a linear layer (forward ``x W^T``, input
+  gradient ``dy W``, weight gradient ``dy^T x``) over token counts and widths,
+  the data for GEMM efficiency by shape (tile and wave quantisation, small-GEMM
+  latency: NVIDIA DU-09799, 'Matrix Multiplication Background');
+- ``attention_backends``: causal SDPA forward and forward + backward under each
+  backend torch has (flash, memory-efficient, math), with grouped key/value heads
+  where the shape has them; a backend that refuses a shape is recorded with its
+  error, not skipped;
+- ``dispatch_overhead``: what one eager operator costs the host (launch and
+  dispatcher), alone and with autograd recording it and running its backward:
+  the floor under a step made of many small kernels;
+- ``bandwidth_sweep``: device-to-device copies by size (bandwidth against
+  message size: small copies do not reach the streaming rate);
+- ``adam_variants``: one AdamW step over the same parameters as one tensor per
+  parameter (for-loop) and as torch's multi-tensor (foreach) kernels, with the
+  peak memory the step adds.
+
+Timings are ``time_per_call``: the best of ``repeat`` runs of back-to-back calls, synchronised
+on CUDA. Imports torch lazily, like the rest of ``meshplan profile``.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+
+from .measured import PRECISION_DTYPES
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+        torch.cuda.synchronize()
+
+
+def time_per_call(fn, device: str, repeat: int, min_s: float = 2e-3) -> float:
+    """Seconds per call of ``fn``: the best of ``repeat`` timings, each of enough back-to-back calls
+    to last ``min_s`` between two synchronisations, so that a short kernel is timed as it runs in a
+    training step (queued behind the previous one) and not as one launch plus one synchronisation."""
+    fn()
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    calls = max(1, min(1000, int(min_s / max(time.perf_counter() - t0, 1e-9))))
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        _sync(device)
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return best
+
+
+def _dtype(name: str):
+    import torch
+    return getattr(torch, PRECISION_DTYPES[name])
+
+
+def gemm_sweep(device: str, dtype: str, tokens: list[int], widths: list[tuple[int, int]], repeat: int = 5
+               ) -> list[dict]:
+    """For each token count m and (in, out) width of a linear: the forward (m x k)(k x n), the input
+    gradient (m x n)(n x k) and the weight gradient (n x m)(m x k), with the memory layouts
+    ``F.linear`` and its backward use. 2 m n k FLOPs each."""
+    import torch
+    import torch.nn.functional as F
+    dt = _dtype(dtype)
+    rows = []
+    for m in tokens:
+        for k, n in widths:
+            x = torch.randn(m, k, device=device, dtype=dt)
+            w = torch.randn(n, k, device=device, dtype=dt)
+            dy = torch.randn(m, n, device=device, dtype=dt)
+            cases = {"fwd": lambda: F.linear(x, w), "dgrad": lambda: dy @ w, "wgrad": lambda: dy.t() @ x}
+            for kind, fn in cases.items():
+                t = time_per_call(fn, device, repeat)
+                rows.append({"kind": kind, "m": m, "n": n, "k": k, "dtype": dtype, "seconds": t,
+                             "tflops": 2.0 * m * n * k / t / 1e12})
+    return rows
+
+
+def attention_backends(device: str, dtype: str, shapes: list[tuple[int, int, int, int, int]], repeat: int = 3
+                       ) -> list[dict]:
+    """Causal SDPA over (batch, heads, kv_heads, seq, head_dim) shapes under each backend ("default":
+    the one torch picks, as a training step runs it).
+    ``flops_fwd`` counts as planner.cost.compute.attention_flops does (causal: half of 4 b h s^2 d)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from ..cost.compute import attention_flops
+    dt = _dtype(dtype)
+    backends = {"default": None, "cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+    rows = []
+    for b, h, kvh, s, d in shapes:
+        flops = attention_flops(b, h, s, s, d, causal=True)
+        for name, backend in backends.items():
+            row = {"backend": name, "batch": b, "heads": h, "kv_heads": kvh, "seq": s, "head_dim": d,
+                   "dtype": dtype, "flops_fwd": flops}
+            try:
+                q = torch.randn(b, h, s, d, device=device, dtype=dt, requires_grad=True)
+                k = torch.randn(b, kvh, s, d, device=device, dtype=dt, requires_grad=True)
+                v = torch.randn(b, kvh, s, d, device=device, dtype=dt, requires_grad=True)
+                gqa = kvh != h
+
+                def fwd():
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+
+                with sdpa_kernel([backend]) if backend is not None else nullcontext():
+                    grad = torch.randn_like(fwd())
+                    row["fwd_s"] = time_per_call(fwd, device, repeat)
+                    row["fwd_bwd_s"] = time_per_call(lambda: fwd().backward(grad), device, repeat)
+                row["tflops"] = 3.5 * flops / row["fwd_bwd_s"] / 1e12
+            except (RuntimeError, torch.OutOfMemoryError) as e:
+                row["error"] = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+            finally:
+                q = k = v = None
+                if device.startswith("cuda"):
+                    torch.cuda.empty_cache()
+            rows.append(row)
+    return rows
+
+
+def dispatch_overhead(device: str, ops: int = 200, repeat: int = 5) -> dict:
+    """Host seconds per eager operator: ``ops`` tiny in-place adds (no grad), and a chain of ``ops``
+    tiny multiplies recorded by autograd then run backward (forward + backward per operator). On a
+    GPU both are bound by the host, not by the kernels (a 256-element tensor)."""
+    import torch
+    x = torch.zeros(256, device=device)
+
+    def plain():
+        for _ in range(ops):
+            x.add_(1.0)
+    leaf = torch.ones(256, device=device, requires_grad=True)
+
+    def autograd():
+        y = leaf
+        for _ in range(ops):
+            y = y * 1.0001
+        y.sum().backward()
+    return {"ops": ops, "op_s": time_per_call(plain, device, repeat) / ops,
+            "autograd_op_s": time_per_call(autograd, device, repeat) / ops}
+
+
+def bandwidth_sweep(device: str, sizes_bytes: list[int], repeat: int = 5) -> list[dict]:
+    """Device copy ``y.copy_(x)`` by size: read + write bytes over time."""
+    import torch
+    rows = []
+    for nbytes in sizes_bytes:
+        x = torch.empty(nbytes // 4, device=device)
+        y = torch.empty_like(x)
+        t = time_per_call(lambda: y.copy_(x), device, repeat)
+        rows.append({"bytes": nbytes, "seconds": t, "GBps": 2 * nbytes / t / 1e9})
+    return rows
+
+
+def adam_variants(device: str, tensors: int, params_per_tensor: int, repeat: int = 3) -> list[dict]:
+    """One AdamW step over ``tensors`` fp32 parameters of ``params_per_tensor`` each, for-loop and
+    foreach; ``extra_peak_bytes``: what the step allocates beyond the parameters, gradients and
+    states it updates (CUDA only: torch.cuda.max_memory_allocated)."""
+    import torch
+    rows = []
+    for foreach in (False, True):
+        params = [torch.nn.Parameter(torch.randn(params_per_tensor, device=device)) for _ in range(tensors)]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        opt = torch.optim.AdamW(params, lr=1e-3, foreach=foreach)
+        opt.step()                                       # states allocated
+        extra = None
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            opt.step()
+            torch.cuda.synchronize()
+            extra = torch.cuda.max_memory_allocated() - before
+        t = time_per_call(opt.step, device, repeat)
+        n = tensors * params_per_tensor
+        rows.append({"foreach": foreach, "tensors": tensors, "params": n, "seconds": t,
+                     "s_per_tensor": t / tensors, "GBps_at_28B": 28.0 * n / t / 1e9, "extra_peak_bytes": extra})
+        del params, opt
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    return rows

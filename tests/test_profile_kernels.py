@@ -1,0 +1,66 @@
+"""The kernel measurements behind `meshplan profile` (planner/trace/profile_kernels.py), on the CPU:
+every path runs and reports what the cost model reads; the GPU figures are in
+profiles/measured/*.kernels.json."""
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from planner.trace import profile_kernels as pk
+
+
+def test_time_per_call_times_back_to_back_calls():
+    calls = []
+
+    def fn():
+        calls.append(time.perf_counter())
+        time.sleep(1e-3)
+    t = pk.time_per_call(fn, "cpu", repeat=2, min_s=5e-3)
+    assert 1e-3 <= t < 3e-3
+    # one warm-up, one calibration call, then 2 timings of at least 5 calls each (5 ms / ~1 ms)
+    assert len(calls) >= 2 + 2 * 4
+
+
+def test_gemm_sweep_times_the_three_gemms_of_a_linear():
+    rows = pk.gemm_sweep("cpu", "fp32", [16], [(8, 24)], repeat=1)
+    assert [r["kind"] for r in rows] == ["fwd", "dgrad", "wgrad"]
+    for r in rows:
+        assert (r["m"], r["k"], r["n"]) == (16, 8, 24)
+        assert r["tflops"] == pytest.approx(2 * 16 * 24 * 8 / r["seconds"] / 1e12)
+
+
+def test_attention_backends_record_a_refusal_instead_of_skipping_it():
+    rows = pk.attention_backends("cpu", "fp32", [(1, 4, 2, 32, 8)], repeat=1)
+    by = {r["backend"]: r for r in rows}
+    assert set(by) == {"default", "cudnn", "flash", "efficient", "math"}
+    assert by["math"]["fwd_bwd_s"] > 0 and "error" not in by["math"]
+    assert "error" in by["cudnn"]            # a CUDA-only kernel on the CPU: said, not dropped
+    # causal FLOPs as the cost model counts them: half of 4 b h s^2 d
+    assert by["math"]["flops_fwd"] == 4 * 1 * 4 * 32 * 32 * 8 / 2
+
+
+def test_dispatch_overhead_and_adam_variants():
+    d = pk.dispatch_overhead("cpu", ops=10, repeat=1)
+    assert 0 < d["op_s"] < 1e-3 and 0 < d["autograd_op_s"] < 1e-2
+    rows = pk.adam_variants("cpu", tensors=3, params_per_tensor=64, repeat=1)
+    assert [r["foreach"] for r in rows] == [False, True]
+    assert all(r["params"] == 192 and r["extra_peak_bytes"] is None for r in rows)
+
+
+def test_gpu_validate_measures_on_the_cpu_with_quick(tmp_path):
+    """The measuring half of benchmarks/gpu_validate.py runs the executor in-process (gloo, world
+    size 1) and records what it measured; peak memory needs CUDA, so the CPU rows have none."""
+    raw = tmp_path / "runs.json"
+    proc = subprocess.run([sys.executable, "benchmarks/gpu_validate.py", "--measure", "--quick", "--steps", "2",
+                           "--warmup", "1", "--raw", str(raw)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(raw.read_text())
+    assert out["environment"]["device"] == "cpu"
+    assert {r["name"] for r in out["rows"]} == {"tiny-gpt mb2 s64", "tiny-llama mb1x2 s64 full"}
+    for r in out["rows"]:
+        assert "error" not in r, r.get("error")
+        assert len(r["step_times_s"]) == 2 and r["measured_step_s"] > 0
+        assert r["categories_bytes"]["params"] > 0 and "measured_peak_bytes" not in r
+    assert set(out["capabilities"]) >= {"sdpa_flash", "torch_context_parallel_1rank"}
