@@ -81,6 +81,26 @@ CASES = {
     "llama-3b mb2 s2k full": ("llama3.2-3b", 2, 1, 2048, "full", 0),
     "llama-3b mb1 s4k": ("llama3.2-3b", 1, 1, 4096, "none", 0),
 }
+# Held out: planned and predicted (benchmarks/results/gpu_holdout_predicted.json, committed before the
+# run) after the cost model's GPU mechanisms were settled on CASES, then measured: an out-of-sample check.
+HOLDOUT_MODELS = {
+    "qwen2-0.5b": {"model_type": "qwen2", "num_hidden_layers": 24, "hidden_size": 896, "num_attention_heads": 14,
+                   "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936,
+                   "max_position_embeddings": 8192, "tie_word_embeddings": True},
+    "llama-2.5b": {"model_type": "llama", "num_hidden_layers": 30, "hidden_size": 2560, "num_attention_heads": 20,
+                   "num_key_value_heads": 4, "intermediate_size": 6912, "vocab_size": 32000,
+                   "max_position_embeddings": 8192},
+    "gpt3-760m": {"model_type": "gpt2", "n_layer": 24, "n_embd": 1536, "n_head": 16, "vocab_size": 50304,
+                  "n_positions": 8192, "resid_pdrop": 0.0, "attn_pdrop": 0.0, "embd_pdrop": 0.0},
+}
+HOLDOUT = {
+    "qwen2-0.5b mb4 s2k": ("qwen2-0.5b", 4, 1, 2048, "none", 0),
+    "qwen2-0.5b mb2 s8k full": ("qwen2-0.5b", 2, 1, 8192, "full", 0),
+    "llama-2.5b mb2 s4k sel": ("llama-2.5b", 2, 1, 4096, "selective", 0),
+    "llama-2.5b mb1 s2k x2 fsdp": ("llama-2.5b", 1, 2, 2048, "none", 3),
+    "gpt3-760m mb6 s2k": ("gpt3-760m", 6, 1, 2048, "none", 0),
+    "gpt3-760m mb2 s4k full": ("gpt3-760m", 2, 1, 4096, "full", 0),
+}
 QUICK_CASES = {
     "tiny-gpt mb2 s64": ("tiny-gpt", 2, 1, 64, "none", 0),
     "tiny-llama mb1x2 s64 full": ("tiny-llama", 1, 2, 64, "full", 3),
@@ -235,7 +255,7 @@ def measure(args) -> None:
     if cuda:
         torch.cuda.set_device(0)
     dist.init_process_group("nccl" if cuda else "gloo")
-    models, cases = (TINY, QUICK_CASES) if args.quick else (MODELS, CASES)
+    models, cases = (TINY, QUICK_CASES) if args.quick else case_set(args.set)
     cluster = "h100-80g" if cuda else "cpu-gloo"
     tmp = Path(tempfile.mkdtemp(prefix="meshplan-gpu-validate-"))
     out = {"environment": environment(device), "command": " ".join(["python", "benchmarks/gpu_validate.py",
@@ -275,14 +295,15 @@ def measure(args) -> None:
 def predict(args) -> None:
     from planner.cluster import load_cluster
     raw = json.loads(Path(args.raw).read_text())
-    cluster = args.cluster or default_cluster()
+    named = args.cluster or default_cluster()
+    cluster = str(ROOT / named) if (ROOT / named).is_file() else named     # a path under the checkout, or a name
     reserved = load_cluster(cluster, 1).device.reserved_bytes
     tmp = Path(tempfile.mkdtemp(prefix="meshplan-gpu-predict-"))
     env = raw["environment"]
-    out = {"device": env["device"], "torch": env["torch"], "cuda": env["cuda"], "cluster": cluster,
+    out = {"device": env["device"], "torch": env["torch"], "cuda": env["cuda"], "cluster": named,
            "measured_by": raw["command"], "predicted_by": " ".join(["python", "benchmarks/gpu_validate.py",
                                                                      *sys.argv[1:]]), "rows": []}
-    print(f"cluster profile: {cluster}")
+    print(f"cluster profile: {named}")
     print(f"{'plan':<26} {'pred s':>8} {'meas s':>8} {'err':>6}   {'pred GiB':>8} {'meas GiB':>8} {'err':>6}")
     for r in raw["rows"]:
         if "measured_step_s" not in r or "measured_peak_bytes" not in r:
@@ -312,10 +333,34 @@ def predict(args) -> None:
     print(f"wrote {args.out}")
 
 
+def case_set(name: str) -> tuple[dict, dict]:
+    return (HOLDOUT_MODELS, HOLDOUT) if name == "holdout" else (MODELS, CASES)
+
+
+def predict_only(args) -> None:
+    """Predictions of a case set before any run (the holdout's pre-registration)."""
+    models, cases = case_set(args.set)
+    named = args.cluster or default_cluster()
+    cluster = str(ROOT / named) if (ROOT / named).is_file() else named
+    from planner.cluster import load_cluster
+    reserved = load_cluster(cluster, 1).device.reserved_bytes
+    tmp = Path(tempfile.mkdtemp(prefix="meshplan-gpu-predict-"))
+    rows = []
+    for name, case in cases.items():
+        model_path = tmp / f"{case[0]}.json"
+        model_path.write_text(json.dumps(models[case[0]]))
+        est = json.loads(meshplan(plan_args(str(model_path), case, cluster) + ["--json"]))["estimate"]
+        rows.append({"name": name, "predicted_step_s": est["step_time_s"],
+                     "predicted_peak_bytes": int(est["memory_per_gpu_bytes"]["total"] - reserved)})
+        print(f"{name:<28} {est['step_time_s']:.4f} s {rows[-1]['predicted_peak_bytes'] / 2**30:.2f} GiB")
+    Path(args.out).write_text(json.dumps({"cluster": named, "set": args.set, "rows": rows}, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
 def default_cluster() -> str:
     found = sorted((ROOT / "profiles" / "measured").glob("*h100*.toml")) + sorted(
         (ROOT / "profiles" / "measured").glob("*h200*.toml"))
-    return str(found[0]) if found else "h100-80g"
+    return str(found[0].relative_to(ROOT)) if found else "h100-80g"
 
 
 def main() -> None:
@@ -328,8 +373,16 @@ def main() -> None:
     parser.add_argument("--raw", default=str(RESULTS / "gpu_runs.json"), help="the measured runs")
     parser.add_argument("--cluster", help="the profile to predict with (default: the measured H100/H200 one)")
     parser.add_argument("--out", default=str(RESULTS / "gpu_validate.json"))
+    parser.add_argument("--set", choices=("main", "holdout"), default="main",
+                        help="the cases: the main set, or the holdout predicted before it ran")
+    parser.add_argument("--predict-only", action="store_true", help="predict the set without any measurement")
     args = parser.parse_args()
-    measure(args) if args.measure else predict(args)
+    if args.measure:
+        measure(args)
+    elif args.predict_only:
+        predict_only(args)
+    else:
+        predict(args)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,18 @@ class Device:
     attention_efficiency: float           # fused attention kernels, fraction of peak
     reserved_bytes: float                 # runtime memory not available to tensors
     fused_kernels: tuple[str, ...] = ("rmsnorm", "layernorm")   # normalisation kernels the runtime fuses
+    gemm_latency_s: float = 0.0           # fixed time of one GEMM kernel (launch gap, prologue, epilogue)
+    gemm_wave_latency_s: float = 0.0      # fixed time of each wave of output tiles
+    gemm_unaligned_efficiency: float = 1.0  # rate of a GEMM with a dimension not a multiple of 8 elements,
+                                          # against an aligned one (the library falls back to align-1 kernels)
+    attention_latency_s: float = 0.0      # fixed time of one attention kernel call (forward + backward)
+    eager_bytes_per_s: tuple[tuple[str, float], ...] = ()   # achieved bandwidth of eager elementwise
+                                          # kernels by class (planner.cost.eager.CLASSES); absent: HBM rate
+    kernel_gap_s: float = 0.0             # GPU time between two queued kernels (issue gap)
+
+    def eager_bandwidth(self, kind: str) -> float:
+        """Bytes per second an eager elementwise kernel of class ``kind`` streams."""
+        return dict(self.eager_bytes_per_s).get(kind) or self.hbm_bytes_per_s * self.hbm_efficiency
 
     def peak(self, precision: str) -> float:
         return self._peaks[precision]
@@ -254,6 +266,19 @@ def _fused_kernels(runtime: "_Table", source: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _eager_bandwidths(kernels: "_Table", source: str) -> tuple[tuple[str, float], ...]:
+    """[gpu.kernels] eager_GBps = { stream = ..., cast_up = ..., ... } (planner.cost.eager.CLASSES)."""
+    from .cost.eager import CLASSES
+    if "eager_GBps" not in kernels.data:
+        return ()
+    table = kernels.table("eager_GBps")
+    for key in table.data:
+        if key not in CLASSES:
+            raise UserError(f"unknown kernel class {key!r}; allowed: {one_of(CLASSES)}", source=source,
+                            field=f"gpu.kernels.eager_GBps.{key}")
+    return tuple((key, table.number(key) * 1e9) for key in CLASSES if key in table.data)
+
+
 def parse_cluster(data: dict, source: str) -> Cluster:
     """Validate a profile document (see profiles/*.toml for the schema) into a Cluster."""
     root = _Table(data, source)
@@ -285,7 +310,14 @@ def parse_cluster(data: dict, source: str) -> Cluster:
         hbm_efficiency=kernels.fraction("hbm_efficiency"),
         attention_efficiency=kernels.fraction("attention_efficiency"),
         reserved_bytes=root.table("runtime").number("reserved_GiB", allow_zero=True) * GiB,
-        fused_kernels=_fused_kernels(root.table("runtime"), source))
+        fused_kernels=_fused_kernels(root.table("runtime"), source),
+        gemm_latency_s=kernels.number("gemm_latency_us", allow_zero=True, default=0.0) * 1e-6,
+        gemm_wave_latency_s=kernels.number("gemm_wave_latency_us", allow_zero=True, default=0.0) * 1e-6,
+        gemm_unaligned_efficiency=kernels.fraction("gemm_unaligned_efficiency")
+        if "gemm_unaligned_efficiency" in kernels.data else 1.0,
+        attention_latency_s=kernels.number("attention_latency_us", allow_zero=True, default=0.0) * 1e-6,
+        eager_bytes_per_s=_eager_bandwidths(kernels, source),
+        kernel_gap_s=kernels.number("kernel_gap_us", allow_zero=True, default=0.0) * 1e-6)
     intra, host, net = root.table("intra_node"), root.table("host"), root.table("network")
     nics = net.integer("nics_per_node", allow_zero=True)
     return Cluster(

@@ -210,7 +210,9 @@ def format_plan(plan: Plan) -> str:
         f"{e.model_tflops_per_gpu:.1f} model TFLOP/s per GPU   MFU {100 * e.mfu:.1f}%",
         f"memory    {_gib(mem.total)} of {_gib(e.capacity_bytes)} GiB on the most loaded GPU (stage {e.peak_stage}): "
         f"params {_gib(mem.params)}, grads {_gib(mem.grads)}, optimizer {_gib(mem.optimizer)}, "
-        f"activations {_gib(mem.activations)}, other {_gib(mem.other)}" + ("" if e.fits else "   DOES NOT FIT"),
+        f"activations {_gib(mem.activations)}, other {_gib(mem.other)}"
+        + (" (backward frees activations as it writes gradients: the peak holds the larger)"
+           if mem.grads_after_activations else "") + ("" if e.fits else "   DOES NOT FIT"),
         f"time      compute {t.compute:.3f} s, recompute {t.recompute:.3f}, TP comm {t.tp_comm:.3f}, "
         f"CP comm {t.cp_comm:.3f}, PP comm {t.pp_comm:.3f}, bubble {t.bubble:.3f}, DP comm {t.dp_comm:.3f}, "
         f"optimizer {t.optimizer:.3f}",

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .cost.eager import layer_eager_bytes
 from .model import ModelSpec
 
 Split = Literal["tp", "sp", "none"]
@@ -71,6 +72,8 @@ class Op:
     split: Split = "none"
     saved: tuple[Saved, ...] = ()
     workspace: tuple[Saved, ...] = ()     # transient tensors its backward allocates (freed after)
+    eager_workspace: tuple[Saved, ...] | None = None   # the transient of torch eager (planner.cost.eager)
+                                    # where it differs from ``workspace``
     norm: bool = False                    # a LayerNorm/RMSNorm (sharded along the sequence with SP)
     unfused: str = ""                     # the fused kernel this op runs as where the device has one
     unfused_saved: tuple[Saved, ...] = ()  # what it also keeps for backward where it does not
@@ -101,6 +104,9 @@ class Layer:
     output_elems: float = 0.0
     # parameters that TP cannot split (norms, biases of row-parallel linears, routers)
     params_replicated: int = 0
+    # elementwise bytes per token as torch runs the layer eagerly, per mixed-precision regime
+    # (planner.cost.eager); () where the operators' own bytes price it (traced modules, other families)
+    eager: tuple = ()
 
     @property
     def params(self) -> int:
@@ -255,7 +261,7 @@ def _block(index: int, spec: ModelSpec) -> Layer:
            *_mlp_ops(f"{prefix}.mlp", spec), _dropout_add(f"{prefix}.residual2", spec)]
     return Layer(name=prefix, kind="block", signature="block", ops=tuple(ops),
                  tp_allreduce_fwd_elems=2 * h, tp_allreduce_bwd_elems=2 * h, output_elems=h,
-                 params_replicated=replicated_params(ops))
+                 params_replicated=replicated_params(ops), eager=layer_eager_bytes(spec, "block"))
 
 
 def build_layer_graph(spec: ModelSpec) -> LayerGraph:
@@ -271,10 +277,11 @@ def build_layer_graph(spec: ModelSpec) -> LayerGraph:
                             bytes_bwd=4 * h + h / 2, split="sp", saved=(Saved(elems=h, split="sp", dtype_bytes=1),)))
     embed = Layer(name="embed", kind="embedding", signature="embed", ops=tuple(embed_ops),
                   tp_allreduce_fwd_elems=h, output_elems=h,
-                  params_replicated=sum(op.params for op in embed_ops if op.kind != "embedding"))
+                  params_replicated=sum(op.params for op in embed_ops if op.kind != "embedding"),
+                  eager=layer_eager_bytes(spec, "embedding"))
     blocks = [_block(i, spec) for i in range(spec.num_layers)]
     final_norm = Layer(name="norm", kind="norm", signature="norm", ops=(_norm("norm", spec),), output_elems=h,
-                       params_replicated=spec.final_norm_params())
+                       params_replicated=spec.final_norm_params(), eager=layer_eager_bytes(spec, "norm"))
     # LM head: a vocab-parallel linear, then the loss in fp32. Forward: 3 small all-reduces
     # (max, sum, target logit) per token. Bytes per logit of Megatron-LM's vocab-parallel
     # cross-entropy (megatron/core/tensor_parallel/cross_entropy.py): upcast r2 w4, max r4,
@@ -287,10 +294,13 @@ def build_layer_graph(spec: ModelSpec) -> LayerGraph:
         Op(name="loss", kind="elementwise", bytes_fwd=38 * v, bytes_bwd=14 * v, split="tp",
            saved=(Saved(elems=v, split="tp", dtype_bytes=4),),
            # backward: the fp32 gradient of the logits, then its cast to the activation dtype
-           workspace=(Saved(elems=v, split="tp", dtype_bytes=4), Saved(elems=v, split="tp"))),
+           workspace=(Saved(elems=v, split="tp", dtype_bytes=4), Saved(elems=v, split="tp")),
+           # torch eager: nll_loss_backward writes a dense fp32 gradient of the log-probabilities and
+           # log_softmax_backward another beside it (aten's cross_entropy = log_softmax + nll_loss)
+           eager_workspace=(Saved(elems=v, split="tp", dtype_bytes=4), Saved(elems=v, split="tp", dtype_bytes=4))),
     )
     head = Layer(name="lm_head", kind="head", signature="head", ops=head_ops, tp_allreduce_fwd_elems=3 * 2,
-                 tp_allreduce_bwd_elems=h, output_elems=0)
+                 tp_allreduce_bwd_elems=h, output_elems=0, eager=layer_eager_bytes(spec, "head"))
     return LayerGraph(name=spec.name, layers=(embed, *blocks, final_norm, head), seq_len=spec.seq_len,
                       hidden=h, vocab_size=v, num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
                       tied_embeddings=spec.tied_embeddings,

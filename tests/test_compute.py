@@ -20,14 +20,25 @@ def test_gemm_tile_and_wave_quantization():
 
 
 def test_gemm_partial_tiles_cost_full_tiles():
-    # m = 129 rows need two 128-row tiles: the same time as m = 256
-    assert gemm_s(129, 128, 4096, A100, "bf16") == pytest.approx(gemm_s(256, 128, 4096, A100, "bf16"))
+    # m = 129 rows need two 128-row tiles: the same time as m = 256 (108 columns of tiles: two
+    # full waves, so no split-K)
+    n = 128 * 108
+    assert gemm_s(129, n, 4096, A100, "bf16") == pytest.approx(gemm_s(256, n, 4096, A100, "bf16"))
 
 
 def test_gemm_picks_the_least_wasteful_tile():
-    # n = 128 fits a 128x128 tile exactly; a 128x256 tile would waste half its columns
+    # n = 128 fits a 128x128 tile exactly; a 128x256 tile would waste half its columns.
+    # 108 tiles of 128 x 128: one full wave on the A100's 108 SMs
     one_wave = 2 * 128 * 128 * 4096 / (312e12 * 0.64 * (1 / 108))
-    assert gemm_s(128, 128, 4096, A100, "bf16") == pytest.approx(one_wave, rel=1e-12)
+    assert gemm_s(128 * 108, 128, 4096, A100, "bf16") == pytest.approx(one_wave, rel=1e-12)
+
+
+def test_gemm_with_fewer_tiles_than_sms_splits_k():
+    # one 128 x 128 output tile: the inner 4096 is cut into 16 slices of 256 (SPLIT_K_MIN_K), one
+    # wave of 16 tiles, plus the fp32 partial sums written and read back (8 bytes x 16 slices)
+    math_s = 2 * 256 * 128 * 128 / (312e12 * 0.64 * (1 / 108))
+    reduce_s = 8 * 128 * 128 * 16 / (2039e9 * 0.90)
+    assert gemm_s(128, 128, 4096, A100, "bf16") == pytest.approx(math_s + reduce_s, rel=1e-12)
 
 
 def test_gemm_with_tiny_k_is_memory_bound():

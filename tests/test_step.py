@@ -60,7 +60,9 @@ def test_full_recompute_trades_time_for_memory():
     c = ParallelConfig(dp=8, tp=1, pp=1, zero=3, micro_batch=1, num_microbatches=8)
     none = estimate(GRAPH, CLUSTER, WORK, c)
     full = estimate(GRAPH, CLUSTER, WORK, replace(c, recompute="full"))
-    assert full.step_time_s > none.step_time_s and full.memory.activations < none.memory.activations / 4
+    # the loss's backward workspace (two fp32 copies of the logits under torch eager, 4.2 GB here)
+    # is the same under both policies
+    assert full.step_time_s > none.step_time_s and full.memory.activations < none.memory.activations / 3
     # the recomputed forward is one more forward of every block
     assert full.time.recompute == pytest.approx(none.time.compute / 3, rel=0.25)
 

@@ -13,21 +13,38 @@ import math
 from ..cluster import DTYPE_BYTES, Device
 
 
+# split-K: when the output has fewer tiles than the device has SMs, the library cuts the inner
+# dimension into this many slices run in parallel and reduces their fp32 partial sums (NVIDIA
+# CUTLASS docs, 'Parallelized Reductions: split-K'; cuBLAS 'splitKreduce_kernel' in the H100 traces
+# of benchmarks/results/gpu_runs.json). A slice keeps at least SPLIT_K_MIN_K of the inner dimension.
+SPLIT_K = (1, 2, 3, 4, 6, 8, 12, 16)
+SPLIT_K_MIN_K = 256
+GEMM_ALIGN_ELEMS = 8          # 16-byte rows in 16-bit types: the alignment tensor-core kernels need
+
+
 def gemm_s(m: float, n: float, k: float, device: Device, precision: str, batch: int = 1) -> float:
     """Time of ``batch`` products (m x k) @ (k x n)."""
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
     sms = device.sm_count
+    rate = device.peak(precision) * device.gemm_efficiency
+    if device.gemm_unaligned_efficiency < 1.0 and (n % GEMM_ALIGN_ELEMS or k % GEMM_ALIGN_ELEMS):
+        rate *= device.gemm_unaligned_efficiency
     # tile and wave quantization: every wave runs sms full tiles, m n batch of them useful;
-    # math time = 2 m n k batch / (peak * efficiency * useful share)
-    padded = math.inf
+    # math time = waves x (tile's 2 k tm tn at 1/sms of the rate + the wave's fixed time)
+    math_s = math.inf
     for tm, tn in device.gemm_tiles:
-        waves = -(-(-(-m // tm) * -(-n // tn) * batch) // sms)          # ceilings in integer arithmetic
-        if waves * tm * tn < padded:
-            padded = waves * tm * tn
-    math_s = 2.0 * k * padded * sms / (device.peak(precision) * device.gemm_efficiency)
+        tiles = -(-m // tm) * -(-n // tn) * batch                  # ceilings in integer arithmetic
+        for split in SPLIT_K if tiles < sms else (1,):
+            if split > 1 and k / split < SPLIT_K_MIN_K:
+                break
+            waves = -(-(tiles * split) // sms)
+            t = waves * (2.0 * (k / split) * tm * tn * sms / rate + device.gemm_wave_latency_s)
+            if split > 1:       # fp32 partial sums written and read back by the reduction
+                t += 8.0 * m * n * batch * split / (device.hbm_bytes_per_s * device.hbm_efficiency)
+            math_s = min(math_s, t)
     memory_s = DTYPE_BYTES[precision] * (m * k + k * n + m * n) * batch / (device.hbm_bytes_per_s * device.hbm_efficiency)
-    return math_s if math_s > memory_s else memory_s
+    return (math_s if math_s > memory_s else memory_s) + device.gemm_latency_s
 
 
 def memory_bound_s(nbytes: float, device: Device) -> float:
@@ -58,7 +75,8 @@ def flash_attention_s(batch: float, heads: float, q_len: float, kv_len: float, h
     """
     flops = attention_flops(batch, heads, q_len, kv_len, head_dim, causal=causal, window=window)
     rate = device.peak(precision) * device.attention_efficiency
-    return flops / rate, 2.5 * flops / rate
+    latency = device.attention_latency_s          # one call, split as the work is (1 : 2.5)
+    return flops / rate + latency / 3.5, 2.5 * flops / rate + 2.5 * latency / 3.5
 
 
 def unfused_attention_s(batch: float, heads: float, q_len: float, kv_len: float, head_dim: int, device: Device,

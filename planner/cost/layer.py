@@ -20,6 +20,7 @@ from ..config import RECOMPUTES
 from ..layers import Layer, Op, Saved
 from .. import network
 from .compute import flash_attention_s, gemm_s, memory_bound_s, unfused_attention_s
+from .eager import CAST_UP_BYTES, eager_s
 
 POLICY_INDEX = {name: i for i, name in enumerate(RECOMPUTES)}
 
@@ -36,6 +37,7 @@ class Context(NamedTuple):
     attention: str              # "flash" | "unfused"
     framework: str
     tp_comm_overlap: bool
+    eager_regime: str = ""      # torch eager mixed precision ("autocast" / "bf16"; planner.cost.eager)
 
     @property
     def tokens(self) -> float:
@@ -149,6 +151,17 @@ def _exposed(comm_s: float, overlap_with_s: float, ctx: Context) -> float:
     return max(comm_s - overlap_with_s, comm_s / ctx.tp)
 
 
+def _eager_s(eager, params: float, ctx: Context, cluster: Cluster) -> tuple[float, float]:
+    """(fwd, bwd) of a layer's elementwise kernels as torch runs them eagerly (planner.cost.eager),
+    the per-micro-batch cast of its weight gradients to fp32 included."""
+    sp = ctx.tp if ctx.sequence_parallel else 1
+    fwd = {c: ctx.tokens * (fh / sp + ft / ctx.tp) for c, fh, ft, _, _ in eager.by_class}
+    bwd = {c: ctx.tokens * (bh / sp + bt / ctx.tp) for c, _, _, bh, bt in eager.by_class}
+    bwd["cast_up"] = bwd.get("cast_up", 0.0) + params * CAST_UP_BYTES
+    dev = cluster.device
+    return eager_s(fwd, eager.fwd_kernels, dev), eager_s(bwd, eager.bwd_kernels, dev)
+
+
 def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     """Time, recompute and saved activations of one layer for one micro-batch on one rank."""
     dev, dt = cluster.device, DTYPE_BYTES[ctx.precision]
@@ -157,6 +170,7 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     gemm_rate = dev.peak(ctx.precision) * dev.gemm_efficiency
     saved = workspace = 0.0
     params = layer.params_replicated + (layer.params - layer.params_replicated) / ctx.tp
+    eager = dict(layer.eager).get(ctx.eager_regime) if ctx.eager_regime else None
     for op in layer.ops:
         if op.measured_fwd_s is not None:        # measured by `meshplan profile --ops`, per token
             share = ctx.tokens / _op_divisor(op, ctx)
@@ -174,6 +188,8 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
             fwd, bwd, core_fwd, cp_fwd, cp_bwd = fwd + f, bwd + b, f, cf, cb
             if ctx.attention == "flash":                 # linear in the micro-batch (unfused: bound 0)
                 floor += f + b
+        elif eager is not None:     # priced as a whole below
+            pass
         else:   # elementwise and embedding: memory-bound; byte counts are given for 2-byte activations
             scale = ctx.tokens * dt / 2 / _split(op.split, ctx)
             f, b = memory_bound_s(op.bytes_fwd * scale, dev), memory_bound_s(op.bytes_bwd * scale, dev)
@@ -181,7 +197,11 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
         saved += sum(_saved_bytes(s, ctx) for s in op.saved)
         if op.unfused and op.unfused not in dev.fused_kernels:
             saved += sum(_saved_bytes(s, ctx) for s in op.unfused_saved)
-        workspace = max(workspace, sum(_saved_bytes(s, ctx) for s in op.workspace))
+        transient = op.eager_workspace if eager is not None and op.eager_workspace is not None else op.workspace
+        workspace = max(workspace, sum(_saved_bytes(s, ctx) for s in transient))
+    if eager is not None:
+        f, b = _eager_s(eager, params, ctx, cluster)
+        fwd, bwd, floor = fwd + f, bwd + b, floor + f + b
     tp_fwd = _exposed(_tp_comm(layer, ctx, cluster, layer.tp_allreduce_fwd_elems), tp_gemm_fwd, ctx)
     tp_bwd = _exposed(_tp_comm(layer, ctx, cluster, layer.tp_allreduce_bwd_elems), tp_gemm_bwd, ctx)
     fwd_total = fwd + tp_fwd + cp_fwd

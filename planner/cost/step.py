@@ -13,6 +13,7 @@ from ..cluster import DTYPE_BYTES, Cluster
 from ..config import ParallelConfig, Workload
 from ..layers import LayerGraph
 from .. import network
+from .eager import eager_regime, eager_s, layer_eager_regime, step_param_bytes
 from .layer import POLICY_INDEX, Context, LayerCost, layer_cost
 from .memory import (grad_comm_bytes_per_param, inflight_microbatches, resident_bytes_per_param,
                      state_bytes_per_param, working_copy_bytes_per_param)
@@ -32,14 +33,20 @@ class Memory:
     optimizer: float
     activations: float
     other: float                   # runtime reserve, communication and pipeline buffers
+    grads_after_activations: bool = False   # the gradients only exist once the activations are freed
+                                            # (grads_follow_activations): the peak holds the larger
 
     @property
     def total(self) -> float:
+        if self.grads_after_activations:
+            return self.params + self.optimizer + self.other + max(self.grads, self.activations)
         return self.params + self.grads + self.optimizer + self.activations + self.other
 
     def to_json(self) -> dict:
-        out = {k: int(round(v)) for k, v in asdict(self).items()}
+        out = {k: int(round(v)) for k, v in asdict(self).items() if k != "grads_after_activations"}
         out["total"] = int(round(self.total))
+        if self.grads_after_activations:    # the peak holds the larger of the two, not both
+            out["grads_after_activations"] = True
         return out
 
 
@@ -156,7 +163,9 @@ class CostCache:
         w = self.workload
         return Context(micro_batch=config.micro_batch, seq_len=w.seq_len, tp=config.tp, cp=config.cp,
                        sequence_parallel=config.sequence_parallel, precision=w.precision, attention=w.attention,
-                       framework=w.framework, tp_comm_overlap=w.tp_comm_overlap)
+                       framework=w.framework, tp_comm_overlap=w.tp_comm_overlap,
+                       eager_regime=layer_eager_regime(framework=w.framework, precision=w.precision,
+                                                       dp=config.dp * config.cp, tp=config.tp, pp=config.pp))
 
     def signature_cost(self, signature: str, ctx: Context) -> LayerCost:
         costs = self._layer.get(ctx)
@@ -430,17 +439,23 @@ def _dp_comm_uncached(cache: CostCache, config: ParallelConfig, rank: RankCost) 
 
 
 def optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float) -> float:
-    """Seconds of the optimizer step over ``params`` parameters of one rank (its ZeRO share)."""
+    """Seconds of the optimizer step over ``params`` parameters of one rank (its ZeRO share), and of
+    the step's parameter-sized casts and gradient accumulation under torch eager mixed precision
+    (planner.cost.eager.step_param_bytes; zero for the fused runtimes)."""
     cluster, w = cache.cluster, cache.workload
     local = params / (config.dp * config.cp if config.zero >= 1 else 1)
+    dev = cluster.device
+    regime = eager_regime(framework=w.framework, precision=w.precision, zero=config.zero, dp=config.dp,
+                          tp=config.tp, pp=config.pp)
+    per_param = step_param_bytes(regime, zero=config.zero, num_microbatches=config.num_microbatches)
+    casts_s = eager_s({c: params * b for c, b in per_param.items()}, 0, dev)
     if config.offload == "none":
-        dev = cluster.device
-        return local * ADAM_BYTES_PER_PARAM / (dev.hbm_bytes_per_s * dev.hbm_efficiency)
+        return casts_s + local * ADAM_BYTES_PER_PARAM / (dev.hbm_bytes_per_s * dev.hbm_efficiency)
     # ZeRO-Offload (Ren et al. 2021): gradients down, Adam on the CPU, parameters up.
     # All GPUs of a node share the host's DRAM bandwidth.
     per_node = min(cluster.gpus_per_node, cluster.num_gpus)
     cpu_s = per_node * local * ADAM_BYTES_PER_PARAM / (cluster.host_dram.effective_bytes_per_s)
-    return cpu_s + network.host_transfer_s(cluster, local * (4.0 + DTYPE_BYTES[w.precision]))
+    return casts_s + cpu_s + network.host_transfer_s(cluster, local * (4.0 + DTYPE_BYTES[w.precision]))
 
 
 def _optimizer_s(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[float, float]:
@@ -487,6 +502,18 @@ def _other_bytes(cache: CostCache, config: ParallelConfig) -> float:
     return other
 
 
+def grads_follow_activations(framework: str, config: ParallelConfig) -> bool:
+    """Whether a rank's gradients and its activations never coexist: torch eager allocates each
+    layer's gradient in its backward, as autograd frees that layer's saved tensors, so with one
+    micro-batch and no pipeline the step's peak is the larger of the two (end of forward, or end
+    of backward), not their sum. Not under gradient accumulation (earlier micro-batches' gradients
+    wait while the next forward runs), a pipeline, DDP's gradient buckets (allocated when DDP wraps
+    the model) or Megatron's and DeepSpeed's contiguous gradient buffers. Measured on an H100:
+    benchmarks/results/gpu_runs.json (categories against torch.cuda.max_memory_allocated)."""
+    return (framework == "torch" and config.pp == 1 and config.num_microbatches == 1
+            and (config.dp * config.cp == 1 or config.zero >= 2))
+
+
 def _memories(cache: CostCache, config: ParallelConfig, ranks: list[RankCost]) -> list[Memory]:
     w = cache.workload
     states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
@@ -501,7 +528,8 @@ def _memories(cache: CostCache, config: ParallelConfig, ranks: list[RankCost]) -
         out.append(Memory(params=rank.params * states.params, grads=rank.params * states.grads,
                           optimizer=rank.params * states.optimizer,
                           activations=rank.act_bytes * inflight + rank.peak_extra_bytes,
-                          other=other + rank.params * copy))
+                          other=other + rank.params * copy,
+                          grads_after_activations=grads_follow_activations(w.framework, config)))
     return out
 
 
@@ -512,10 +540,13 @@ def peak_memory(cache: CostCache, config: ParallelConfig) -> tuple[float, float]
     per_param = resident_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
                                          shard=config.dp * config.cp, offload=config.offload, tp=config.tp,
                                          pp=config.pp)
-    device = _other_bytes(cache, config) + max(
-        rank.params * per_param + rank.peak_extra_bytes + rank.act_bytes * inflight_microbatches(
-            config.schedule, rank=r, pp=config.pp, vpp=config.vpp, num_microbatches=config.num_microbatches)
-        for r, rank in enumerate(ranks))
+    if grads_follow_activations(w.framework, config):
+        device = max(m.total for m in _memories(cache, config, ranks))
+    else:
+        device = _other_bytes(cache, config) + max(
+            rank.params * per_param + rank.peak_extra_bytes + rank.act_bytes * inflight_microbatches(
+                config.schedule, rank=r, pp=config.pp, vpp=config.vpp, num_microbatches=config.num_microbatches)
+            for r, rank in enumerate(ranks))
     host = max(_optimizer_s(cache, config, rank)[1] for rank in ranks) if config.offload != "none" else 0.0
     return device, host
 

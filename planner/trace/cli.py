@@ -72,6 +72,9 @@ def add_parsers(sub) -> None:
     add_example_input_arg(p)
     p.add_argument("--quick", action="store_true", help="fewer shapes and message sizes (seconds, not minutes)")
     p.add_argument("--json", action="store_true", help="also print the measurements as JSON")
+    p.add_argument("--from", dest="from_json", metavar="NAME.kernels.json",
+                   help="measure nothing: derive the profile again from the raw measurements an earlier "
+                        "`meshplan profile` wrote (after meshplan's derivations improved)")
     p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
 
 

@@ -58,7 +58,27 @@ def _ops(args, out: Path, command: str, device: str) -> Path:
     return path
 
 
+def rederive(args) -> int:
+    """``meshplan profile --from NAME.kernels.json``: the profile TOML again from stored measurements."""
+    from planner.model import _read_json
+    data = _read_json(Path(args.from_json))
+    for key in ("command", "date", "host", "nproc", "device"):
+        if key not in data:
+            raise UserError("missing (written by `meshplan profile`)", source=args.from_json, field=key)
+    out = Path(args.out or Path(args.from_json).name.replace(".kernels.json", ".toml"))
+    if out.suffix != ".toml":
+        raise UserError("must end in .toml", field="--out")
+    text = render(data["device"], data.get("collectives"), name=args.name or f"measured-{data['host']}",
+                  command=data["command"], host=data["host"], date=data["date"], nproc=data["nproc"])
+    _check(text, out)
+    out.write_text(text)
+    sys.stdout.write(f"wrote {out} (derived from {args.from_json})\n")
+    return 0
+
+
 def profile_command(args) -> int:
+    if getattr(args, "from_json", None):
+        return rederive(args)
     import torch
     from .profile_device import measure
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -91,7 +111,8 @@ def profile_command(args) -> int:
         raise UserError(f"cannot write: {e.strerror}", source=str(out)) from None
     sys.stdout.write(f"wrote {out}\n")
     kernels = out.with_name(out.name[:-len(".toml")] + ".kernels.json")
-    kernels.write_text(json.dumps({"command": command, "date": date, "device": m}, indent=0) + "\n")
+    kernels.write_text(json.dumps({"command": command, "date": date, "host": host, "nproc": nproc, "device": m,
+                                   "collectives": comm}, indent=0) + "\n")
     sys.stdout.write(f"wrote {kernels} (every raw measurement, the kernel sweeps included)\n")
     if args.ops:
         sys.stdout.write(f"wrote {_ops(args, out, command, device)}\n")

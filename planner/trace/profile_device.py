@@ -152,8 +152,11 @@ def kernel_detail(device: str, dtypes: list[str], *, quick: bool) -> dict:
     heads = GPU_HEAD_WIDTHS if gpu else ()
     attn = GPU_ATTENTION if gpu else ((1, 4, 2, 64, 16),)
     dtype = "bf16" if "bf16" in dtypes else dtypes[0]
-    return {"gemm": pk.gemm_sweep(device, dtype, list(tokens), list(widths))
-            + pk.gemm_sweep(device, dtype, list(tokens[:2]), list(heads)),
+    return {"gemm": pk.gemm_sweep(device, dtype, list(tokens), list(widths), graph=gpu)
+            + pk.gemm_sweep(device, dtype, list(tokens[:2]), list(heads), graph=gpu),
+            "eager": pk.eager_kernels(device, tokens=8192 if gpu else 256, hidden=2048 if gpu else 64,
+                                      vocab=50257 if gpu else 512),
+            "gap": pk.kernel_gap(device, kernels=200 if gpu else 20),
             "attention": pk.attention_backends(device, dtype, list(attn)),
             "dispatch": pk.dispatch_overhead(device, ops=200 if gpu else 20),
             "copy": pk.bandwidth_sweep(device, list(GPU_COPY_BYTES if gpu else (2**16, 2**20))),

@@ -38,10 +38,14 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_per_call(fn, device: str, repeat: int, min_s: float = 2e-3) -> float:
+def time_per_call(fn, device: str, repeat: int, min_s: float = 2e-3, graph: bool = False) -> float:
     """Seconds per call of ``fn``: the best of ``repeat`` timings, each of enough back-to-back calls
     to last ``min_s`` between two synchronisations, so that a short kernel is timed as it runs in a
-    training step (queued behind the previous one) and not as one launch plus one synchronisation."""
+    training step (queued behind the previous one) and not as one launch plus one synchronisation.
+    ``graph`` (CUDA): the calls are captured in a CUDA graph and replayed, so that what is timed is
+    the GPU's own time per call (kernel and issue gap), not the host's time to launch it."""
+    if graph and device.startswith("cuda"):
+        return _graph_time_per_call(fn, repeat, min_s)
     fn()
     _sync(device)
     t0 = time.perf_counter()
@@ -63,8 +67,36 @@ def _dtype(name: str):
     return getattr(torch, PRECISION_DTYPES[name])
 
 
-def gemm_sweep(device: str, dtype: str, tokens: list[int], widths: list[tuple[int, int]], repeat: int = 5
-               ) -> list[dict]:
+def _graph_time_per_call(fn, repeat: int, min_s: float) -> float:
+    import torch
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):             # warm-up outside the graph (cuBLAS workspaces, plans)
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    calls = max(1, min(200, int(min_s / max(time.perf_counter() - t0, 1e-9))))
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        g.replay()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / calls)
+    del g
+    return best
+
+
+def gemm_sweep(device: str, dtype: str, tokens: list[int], widths: list[tuple[int, int]], repeat: int = 5,
+               graph: bool = False) -> list[dict]:
     """For each token count m and (in, out) width of a linear: the forward (m x k)(k x n), the input
     gradient (m x n)(n x k) and the weight gradient (n x m)(m x k), with the memory layouts
     ``F.linear`` and its backward use. 2 m n k FLOPs each."""
@@ -79,7 +111,7 @@ def gemm_sweep(device: str, dtype: str, tokens: list[int], widths: list[tuple[in
             dy = torch.randn(m, n, device=device, dtype=dt)
             cases = {"fwd": lambda: F.linear(x, w), "dgrad": lambda: dy @ w, "wgrad": lambda: dy.t() @ x}
             for kind, fn in cases.items():
-                t = time_per_call(fn, device, repeat)
+                t = time_per_call(fn, device, repeat, graph=graph)
                 rows.append({"kind": kind, "m": m, "n": n, "k": k, "dtype": dtype, "seconds": t,
                              "tflops": 2.0 * m * n * k / t / 1e12})
     return rows
@@ -189,3 +221,73 @@ def adam_variants(device: str, tensors: int, params_per_tensor: int, repeat: int
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
     return rows
+
+
+def eager_kernels(device: str, tokens: int, hidden: int, vocab: int, repeat: int = 3) -> list[dict]:
+    """The elementwise kernels torch eager runs in a transformer step, at one training size, each
+    with the bytes it reads and writes (as planner.trace counts them) and the bandwidth it reached:
+    dtype casts both ways, fp32 and mixed adds, a bf16 product, RoPE's strided products and stack,
+    a bias-gradient sum, LayerNorm and RMSNorm forward and backward, GELU, SiLU, and the fp32
+    log-softmax of the loss over the vocabulary."""
+    import torch
+    import torch.nn.functional as F
+    t, h = tokens, hidden
+    bf, f32 = torch.bfloat16, torch.float32
+    x32 = torch.randn(t, h, device=device, dtype=f32)
+    y32 = torch.randn(t, h, device=device, dtype=f32)
+    x16 = torch.randn(t, h, device=device, dtype=bf)
+    y16 = torch.randn(t, h, device=device, dtype=bf)
+    rope = torch.randn(t // 64, 64, h // 64, 64, device=device, dtype=f32)      # (S, nh, hd) style
+    cos = torch.randn(t // 64, 1, 1, 32, device=device, dtype=f32)
+    w = torch.ones(h, device=device, dtype=f32)
+    logits = torch.randn(t // 8, vocab, device=device, dtype=f32)
+    e = {f32: 4, bf: 2}
+    n = t * h
+    cases = {
+        "cast_up": (lambda: x16.float(), n * (2 + 4)),
+        "cast_down": (lambda: x32.to(bf), n * (4 + 2)),
+        "add_fp32": (lambda: x32 + y32, n * 12),
+        "add_fp32_bf16": (lambda: x32 + y16, n * 10),
+        "mul_bf16": (lambda: x16 * y16, n * 6),
+        "strided_mul": (lambda: rope[..., 0::2] * cos, n // 2 * 8),
+        "stack": (lambda: torch.stack((rope[..., 0::2], rope[..., 1::2]), dim=-1), n * 8),
+        "sum_rows_bf16": (lambda: x16.sum(0), n * 2),
+        "gelu_bf16": (lambda: F.gelu(x16, approximate="tanh"), n * 4),
+        "silu_bf16": (lambda: F.silu(x16), n * 4),
+        "layer_norm_fp32": (lambda: F.layer_norm(x32, (h,), w, w), n * 8),
+        "rms_norm_fp32": (lambda: F.rms_norm(x32, (h,), w), n * 8),
+        "log_softmax_fp32": (lambda: torch.log_softmax(logits, -1), logits.numel() * 8),
+    }
+    rows = []
+    for name, (fn, nbytes) in cases.items():
+        try:
+            s_ = time_per_call(fn, device, repeat, graph=True)
+            rows.append({"kernel": name, "bytes": int(nbytes), "seconds": s_, "GBps": nbytes / s_ / 1e9})
+        except RuntimeError as err:
+            rows.append({"kernel": name, "error": str(err).strip().splitlines()[0][:200]})
+    for name, norm in (("layer_norm_fp32_bwd", lambda a: F.layer_norm(a, (h,), wg, wg)),
+                       ("rms_norm_fp32_bwd", lambda a: F.rms_norm(a, (h,), wg))):
+        wg = torch.ones(h, device=device, dtype=f32, requires_grad=True)
+        a = x32.clone().requires_grad_()
+        out = norm(a)
+        g = torch.randn_like(out)
+        fwd_s = time_per_call(lambda: norm(a), device, repeat)
+        both = time_per_call(lambda: torch.autograd.grad(norm(a), (a, wg), g), device, repeat)
+        # backward: read dy, x (and statistics), write dx; the weight gradient reads dy and x again
+        nbytes = n * e[f32] * 5
+        rows.append({"kernel": name, "bytes": int(nbytes), "seconds": max(both - fwd_s, 1e-9),
+                     "GBps": nbytes / max(both - fwd_s, 1e-9) / 1e9})
+    return rows
+
+
+def kernel_gap(device: str, kernels: int = 200, repeat: int = 5) -> dict:
+    """GPU seconds per tiny kernel when kernels are queued back to back (a CUDA graph of ``kernels``
+    adds on 256 elements): the issue gap plus the shortest kernel, what every kernel of a step costs
+    at least. On the CPU: the host time per tiny operator."""
+    import torch
+    x = torch.zeros(256, device=device)
+
+    def chain():
+        for _ in range(kernels):
+            x.add_(1.0)
+    return {"kernels": kernels, "s_per_kernel": time_per_call(chain, device, repeat, graph=True) / kernels}

@@ -91,6 +91,18 @@ def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, da
     attn_src = f"{measured}: causal SDPA {first} fwd+bwd {_attn_text(attn)} over the GEMM peak"
     reserved_src = measured + (": resident memory of a rank after init_process_group" if comm
                                else ": no process group started (--nproc 1)")
+    kernel_lines = [
+        "gemm_tile = [1, 1]",
+        f"gemm_tile_source = {_q('derived: the measured GEMM rates already include tile and wave effects')}",
+        "gemm_efficiency = 1.0",
+        f"gemm_efficiency_source = {_q('derived: the peak above is the measured achieved rate')}",
+        "hbm_efficiency = 1.0",
+        f"hbm_efficiency_source = {_q('derived: the bandwidth above is the measured achieved rate')}",
+        f"attention_efficiency = {_num(max(attn_eff, 1e-3))}",
+        f"attention_efficiency_source = {_q(attn_src)}",
+    ]
+    if not cpu and m.get("kernels"):
+        peaks, kernel_lines, gpu_src = _fitted(m, peaks, measured)
     lines = [
         f"# Written by `{command}` on {host} ({date}). Every number below was measured on that machine",
         "# by that command (the raw measurements are under [measured]); see planner/trace/profile_toml.py",
@@ -112,14 +124,7 @@ def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, da
         f"source = {_q(gpu_src)}",
         "",
         "[gpu.kernels]",
-        "gemm_tile = [1, 1]",
-        f"gemm_tile_source = {_q('derived: the measured GEMM rates already include tile and wave effects')}",
-        "gemm_efficiency = 1.0",
-        f"gemm_efficiency_source = {_q('derived: the peak above is the measured achieved rate')}",
-        "hbm_efficiency = 1.0",
-        f"hbm_efficiency_source = {_q('derived: the bandwidth above is the measured achieved rate')}",
-        f"attention_efficiency = {_num(max(attn_eff, 1e-3))}",
-        f"attention_efficiency_source = {_q(attn_src)}",
+        *kernel_lines,
         "",
         "[runtime]",
         f"reserved_GiB = {_num(reserved)}",
@@ -151,6 +156,53 @@ def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, da
         "",
     ]
     return "\n".join(lines) + _raw(m, comm)
+
+
+TILE_SOURCE = ("cuBLAS tile shapes (NVIDIA DU-09799, 'Tile quantization'); the kernel names of "
+               "benchmarks/results/gpu_runs.json carry them")
+
+
+def _fitted(m: dict, peaks: dict[str, float], measured: str) -> tuple[dict[str, float], list[str], str]:
+    """A GPU with kernel sweeps: (peaks, [gpu.kernels] lines, [gpu] source) from the fits of
+    planner.trace.profile_fit (GEMM tile/wave/split-K model, attention rate)."""
+    from .profile_fit import GPU_TILES, eager_bandwidths, fit_attention, fit_gemm
+    k = m["kernels"]
+    g = fit_gemm(k["gemm"], sm_count=m["device"]["sm_count"], hbm_bytes_per_s=m["copy"]["GBps"] * 1e9)
+    dtype = k["gemm"][0]["dtype"]
+    scale = g["rate_flops"] / 1e12 / peaks[dtype]          # the fitted rate against the best timed GEMM
+    peaks = {d: v * scale if d != "fp32" else v for d, v in peaks.items()}
+    a = fit_attention(k["attention"], peak_flops=g["rate_flops"])
+    unaligned = (f"derived: median over the {g['unaligned_rows']} GEMMs with a dimension not a multiple of 8 "
+                 "of the efficiency at which the fitted model reproduces its measured time")
+    fit = (f"derived: least mean |log error| over the {g['rows']} aligned GEMMs of the sweep in "
+           f"NAME.kernels.json (planner/trace/profile_fit.py; mean |log error| {g['error']:.3f})")
+    lines = [
+        "gemm_tiles = [" + ", ".join(f"[{a_}, {b_}]" for a_, b_ in GPU_TILES) + "]",
+        f"gemm_tile_source = {_q(TILE_SOURCE)}",
+        "gemm_efficiency = 1.0",
+        f"gemm_efficiency_source = {_q(fit + ': the peak above is the fitted rate')}",
+        f"gemm_latency_us = {_num(g['latency_s'] * 1e6)}",
+        f"gemm_wave_latency_us = {_num(g['wave_latency_s'] * 1e6)}",
+        f"gemm_latency_source = {_q(fit)}",
+        f"gemm_unaligned_efficiency = {_num(g['unaligned_efficiency'])}",
+        f"gemm_unaligned_efficiency_source = {_q(unaligned)}",
+        "hbm_efficiency = 1.0",
+        f"hbm_efficiency_source = {_q('derived: the bandwidth above is the measured achieved rate')}",
+    ]
+    eager = eager_bandwidths(k.get("eager", []))
+    if eager:
+        lines += ["eager_GBps = { " + ", ".join(f"{c} = {_num(v / 1e9)}" for c, v in eager.items()) + " }",
+                  f"eager_GBps_source = {_q(measured + ': eager elementwise kernels at 8192 x 2048 (planner/trace/profile_kernels.py eager_kernels), the median of each class (profile_fit.EAGER_CLASS_KERNELS)')}"]
+    if k.get("gap"):
+        lines += [f"kernel_gap_us = {_num(k['gap']['s_per_kernel'] * 1e6)}",
+                  f"kernel_gap_source = {_q(measured + ': a CUDA graph of tiny kernels, GPU time per kernel')}"]
+    if a:
+        attn = (f"{measured}: causal SDPA fwd+bwd {a['shape']} (the largest timed) at "
+                f"{a['rate_flops'] / 1e12:.0f} TFLOP/s over the fitted GEMM rate")
+        lines += [f"attention_efficiency = {_num(a['efficiency'])}", f"attention_efficiency_source = {_q(attn)}"]
+    src = (f"{measured}: GEMM model fitted to {g['rows']} GEMMs ({g['rate_flops'] / 1e12:.0f} TFLOP/s, "
+           f"{g['latency_s'] * 1e6:.0f} us per kernel); copy {m['copy']['GBps']:.1f} GB/s")
+    return peaks, lines, src
 
 
 def _attn_text(attn: dict) -> str:

@@ -3,18 +3,19 @@ from colossalai.booster import Booster
 from colossalai.booster.plugin import HybridParallelPlugin
 
 plugin = HybridParallelPlugin(
-    tp_size=4,
-    pp_size=64,
+    tp_size=8,
+    pp_size=32,
     precision='bf16',
     zero_stage=0,
     max_norm=1.0,
     enable_flash_attention=True,
     overlap_communication=True,
-    sp_size=8,
+    sp_size=4,
     enable_sequence_parallelism=True,
     sequence_parallelism_mode='ring_attn',
-    num_microbatches=256,
-    pp_style='1f1b',
+    num_microbatches=128,
+    pp_style='interleaved',
+    num_model_chunks=3,
 )
 booster = Booster(plugin=plugin)
-# per data-parallel rank and step: plugin.prepare_dataloader(dataset, batch_size=256)
+# per data-parallel rank and step: plugin.prepare_dataloader(dataset, batch_size=128)

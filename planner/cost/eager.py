@@ -1,0 +1,126 @@
+"""Memory-bound work as torch runs it eagerly: meshplan's executor (``--framework torch``).
+
+Megatron-LM and DeepSpeed fuse the elementwise work of a block into a few kernels at 16-bit
+activations (planner.layers prices those). torch eager runs one kernel per operator and, under
+``torch.autocast``, keeps the residual stream in fp32 and casts every linear's input: several
+times the bytes (counted from the executor's own models in planner/cost/eager_table.py). Its
+time is those bytes over the device's memory bandwidth (roofline, Williams et al. 2009).
+
+Three precision regimes, as executor/parallelize.py chooses them (``uses_fsdp``, ``autocast_dtype``):
+``autocast`` (fp32 parameters, DDP or no wrapper), ``bf16`` (FSDP2's MixedPrecisionPolicy: ZeRO-2/3,
+and ZeRO-0 under TP or PP through ``replicate``), and fp32 (no mixed precision; priced by
+planner.layers as before).
+
+Parameter-sized work of a step, per parameter of a rank:
+- autocast caches one bf16 copy of each weight per autocast region, i.e. per step: read 4, write 2;
+- every micro-batch's weight gradients arrive in bf16 and are cast to the fp32 ``.grad``: read 2,
+  write 4; micro-batches after the first add into it: read 4 + 4, write 4;
+- FSDP2 casts the fp32 shard to bf16 into the all-gather buffer and copies it out (read 4, write 2,
+  then read 2, write 2) each time it unshards (once per micro-batch; twice under ZeRO-3, which
+  reshards after forward), and casts the bf16 gradient to the fp32 reduce dtype (read 2, write 4).
+The counts of these kernels are visible in benchmarks/results/gpu_runs.json (``bfloat16_copy``
+once per weight per step, ``direct_copy`` per weight per micro-batch).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .eager_table import TABLE, feature_key
+
+CAST_DOWN_BYTES = 6.0      # fp32 -> bf16: read 4, write 2
+CAST_UP_BYTES = 6.0        # bf16 -> fp32: read 2, write 4
+ACCUMULATE_BYTES = 12.0    # fp32 += fp32: read 4 + 4, write 4
+FSDP_UNSHARD_BYTES = 10.0  # copy-in cast (6) and copy-out (4) of the all-gather buffer
+
+
+# the bandwidth classes of eager kernels (executor.eager_counts.kernel_class); a profile measures
+# each (planner.trace.profile_kernels.eager_kernels), else every class streams at the HBM rate
+CLASSES = ("stream", "cast_up", "cast_down", "strided", "reduce", "softmax", "norm")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EagerBytes:
+    """Elementwise bytes per token of one layer in one regime, by bandwidth class: (class, fwd_h,
+    fwd_tp, bwd_h, bwd_tp) where ``*_h`` is split by tensor parallelism only with sequence
+    parallelism (hidden-sized tensors) and ``*_tp`` always; kernels per micro-batch."""
+
+    by_class: tuple[tuple[str, float, float, float, float], ...]
+    fwd_kernels: int
+    bwd_kernels: int
+
+
+def eager_regime(*, framework: str, precision: str, zero: int, dp: int, tp: int, pp: int) -> str:
+    """'autocast', 'bf16' or '' (not eager mixed precision: priced by the fused-kernel model)."""
+    if framework != "torch" or precision == "fp32":
+        return ""
+    fsdp = zero >= 2 or (zero == 0 and dp > 1 and (tp > 1 or pp > 1))
+    return "bf16" if fsdp else "autocast"
+
+
+def layer_eager_bytes(spec, kind: str) -> tuple[tuple[str, EagerBytes], ...]:
+    """(regime, bytes) pairs for a layer of ``kind`` ('block', 'embedding', 'head'; the final
+    norm's bytes are counted with the head) of a config model, () when TABLE has no family for it."""
+    family = feature_key(spec)
+    if family is None:
+        return ()
+    h, q, kv, f, v = spec.hidden, spec.q_dim, spec.kv_dim, spec.ffn_hidden, spec.vocab_size
+    part = {"block": "block", "embedding": "embed", "head": "head"}.get(kind)
+    out = []
+    for regime in ("autocast", "bf16"):
+        t = TABLE[family][regime]
+        if part is None:
+            out.append((regime, EagerBytes(by_class=(), fwd_kernels=0, bwd_kernels=0)))
+            continue
+        fwd, bwd = t[f"{part}_fwd"], t[f"{part}_bwd"]
+        rows = []
+        for c in CLASSES:
+            if c not in fwd and c not in bwd:
+                continue
+            (fh, ft), (bh, bt) = (_split_coef(part, x.get(c), h, q, kv, f, v) for x in (fwd, bwd))
+            rows.append((c, fh, ft, bh, bt))
+        out.append((regime, EagerBytes(by_class=tuple(rows), fwd_kernels=t["kernels"][f"{part}_fwd"],
+                                       bwd_kernels=t["kernels"][f"{part}_bwd"])))
+    return tuple(out)
+
+
+def _split_coef(part: str, coef, h, q, kv, f, v) -> tuple[float, float]:
+    """(bytes of hidden-sized tensors, bytes of tensor-parallel ones) per token."""
+    if coef is None:
+        return 0.0, 0.0
+    if part == "block":
+        ch, cq, ckv, cf, c1 = coef
+        return ch * h + c1, cq * q + ckv * kv + cf * f
+    ch, cv, c1 = coef
+    return ch * h + c1, cv * v
+
+
+def layer_eager_regime(*, framework: str, precision: str, dp: int, tp: int, pp: int) -> str:
+    """The regime a layer's own elementwise work is priced in. It depends on the layout only, not
+    on the ZeRO stage, because the stage ILP (planner.search.stages) prices layers once per layout
+    and chooses ZeRO per stage afterwards: under TP or PP with data parallelism the executor wraps
+    every ZeRO stage in FSDP2 or replicate ('bf16'); otherwise the layers are priced as autocast
+    runs them, also for ZeRO-2/3, whose FSDP bf16 compute skips the input casts (an over-estimate
+    of about those casts; measured on one H100: benchmarks/results/gpu_validate.json, fsdp row)."""
+    if framework != "torch" or precision == "fp32":
+        return ""
+    return "bf16" if dp > 1 and (tp > 1 or pp > 1) else "autocast"
+
+
+def step_param_bytes(regime: str, *, zero: int, num_microbatches: int) -> dict[str, float]:
+    """Bytes moved per parameter of a rank per step by the casts and accumulations above, by
+    bandwidth class, but the per-micro-batch gradient cast (priced with each layer's backward)."""
+    m = num_microbatches
+    if regime == "autocast":
+        return {"cast_down": CAST_DOWN_BYTES, "stream": (m - 1) * ACCUMULATE_BYTES}
+    if regime == "bf16":
+        unshards = m * (2 if zero == 3 else 1)
+        return {"cast_down": unshards * CAST_DOWN_BYTES,
+                "stream": unshards * (FSDP_UNSHARD_BYTES - CAST_DOWN_BYTES) + (m - 1) * ACCUMULATE_BYTES}
+    return {}
+
+
+def eager_s(bytes_by_class: dict[str, float], kernels: float, device) -> float:
+    """Seconds of eager kernels moving ``bytes_by_class``: each class at the device's measured
+    bandwidth for it, plus the GPU's issue gap per kernel."""
+    return sum(b / device.eager_bandwidth(c) for c, b in bytes_by_class.items() if b > 0) \
+        + kernels * device.kernel_gap_s
