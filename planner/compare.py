@@ -139,16 +139,17 @@ def switch_costs(cmp: Comparison) -> list[str]:
     ka, kb = effective_knobs(cmp.graph, a), effective_knobs(cmp.graph, b)
     size = cmp.graph.num_params * checkpoint_bytes_per_param(cmp.workload.framework, cmp.workload.precision)
     out = []
-    moved = [k for k in ("tp", "pp", "vpp", "stage_layers") if ka[k] != kb[k]]
+    moved = [f"{k} {ka[k]} -> {kb[k]}" for k in ("tp", "pp", "vpp") if ka[k] != kb[k]]
+    if ka["stage_layers"] != kb["stage_layers"] and a.pp * a.vpp == b.pp * b.vpp:
+        moved.append("another stage split")
     if moved:
         out.append(f"checkpoint reshard: the weights and optimizer states move to a new model-parallel layout "
-                   f"({', '.join(f'{k} {ka[k]} -> {kb[k]}' for k in moved if k != 'stage_layers')}"
-                   f"{', another stage split' if 'stage_layers' in moved else ''}): {size / 1e12:.2f} TB to read and "
-                   f"rewrite ({checkpoint_bytes_per_param(cmp.workload.framework, cmp.workload.precision):.0f} bytes "
-                   f"per parameter); {RESHARD_TOOLS[cmp.baseline.format]}")
+                   f"({', '.join(moved)}): {_bytes(size)} to read and rewrite "
+                   f"({checkpoint_bytes_per_param(cmp.workload.framework, cmp.workload.precision):.0f} bytes per "
+                   f"parameter); {RESHARD_TOOLS[cmp.baseline.format]}")
     elif _state_sharding(a) != _state_sharding(b):
         out.append(f"optimizer-state reshard: ZeRO-{a.zero} over {_state_sharding(a)[1]} ranks -> ZeRO-{b.zero} over "
-                   f"{_state_sharding(b)[1]}; the same {size / 1e12:.2f} TB checkpoint, partitioned anew when loaded; "
+                   f"{_state_sharding(b)[1]}; the same {_bytes(size)} checkpoint, partitioned anew when loaded; "
                    f"{RESHARD_TOOLS[cmp.baseline.format]}")
     else:
         out.append("no checkpoint change: the weights and optimizer states keep their layout; only the launch "
@@ -156,6 +157,10 @@ def switch_costs(cmp: Comparison) -> list[str]:
     out.append(f"the same global batch ({cmp.workload.global_batch} sequences of {cmp.workload.seq_len} tokens): the "
                "optimizer takes the same steps; only the order of floating-point reductions differs")
     return out
+
+
+def _bytes(n: float) -> str:
+    return f"{n / 1e12:.2f} TB" if n >= 1e12 else f"{n / 1e9:.1f} GB"
 
 
 def _state_sharding(c: ParallelConfig) -> tuple[int, int]:
@@ -266,7 +271,7 @@ def file_edits(cmp: Comparison) -> dict:
         export = EXPORTERS[cmp.baseline.format]
         old, new = export(plan_of(cmp, recommended=False)), export(plan_of(cmp))
         before, after = _settings(cmp.baseline.format, old.text), _settings(cmp.baseline.format, new.text)
-        notes = new.notes
+        notes = [n for n in new.notes if n not in old.notes]
     return {"remove": [x for x in before if x not in after], "add": [x for x in after if x not in before],
             "cannot_express": list(notes)}
 
