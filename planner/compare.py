@@ -192,7 +192,9 @@ def comparison_rows(a: Candidate, b: Candidate) -> list[tuple[str, str, str, str
         return (name, str(x), str(y), "changes" if x != y else "")
 
     def seconds(name: str, x: float, y: float) -> tuple[str, str, str, str]:
-        return (name, f"{x:.3f}", f"{y:.3f}", f"{100 * (y / x - 1):+.1f}%" if x else "")
+        """A relative change where the baseline's part is at least a millisecond, else absolute."""
+        change = f"{100 * (y / x - 1):+.1f}%" if x >= 1e-3 else f"{y - x:+.3f} s" if abs(y - x) >= 5e-4 else ""
+        return (name, f"{x:.3f}", f"{y:.3f}", change)
 
     def schedule(c) -> str:
         return "no pipeline" if c.pp == 1 else c.schedule + (f" (vpp {c.vpp})" if c.vpp > 1 else "")
@@ -211,7 +213,7 @@ def comparison_rows(a: Candidate, b: Candidate) -> list[tuple[str, str, str, str
     out += [("tokens/s", f"{ea.tokens_per_s:,.0f}", f"{eb.tokens_per_s:,.0f}",
              f"{100 * (eb.tokens_per_s / ea.tokens_per_s - 1):+.1f}%"),
             ("MFU", f"{100 * ea.mfu:.1f}%", f"{100 * eb.mfu:.1f}%", ""),
-            ("memory per GPU (GiB)", _memory(ea), _memory(eb), "" if ea.fits else "does not fit")]
+            ("memory per GPU (GiB)", _memory(ea), _memory(eb), "" if ea.fits else "your plan does not fit")]
     return out
 
 
@@ -224,10 +226,7 @@ def _memory(e) -> str:
 
 
 def verdict_line(cmp: Comparison) -> str:
-    if not cmp.mine.estimate.fits:
-        head = f"your plan does not fit: {does_not_fit_by(cmp.mine.estimate)}. "
-    else:
-        head = ""
+    head = "" if cmp.mine.estimate.fits else f"your plan does not fit: {does_not_fit_by(cmp.mine.estimate)}; "
     if cmp.already_best:
         found = (f"; the search's best ({describe_config(cmp.best.config)}) takes "
                  f"{cmp.best.estimate.step_time_s:.3f} s" if cmp.best else "")

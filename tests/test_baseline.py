@@ -379,3 +379,25 @@ def test_bad_plan_json(cli, tmp_path):
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     line = one_line_error(cli("compare", "--baseline", str(tmp_path / "plan.json"), "--gpus", "8"))
     assert "schema_version" in line and "7" in line
+
+
+# -- the gallery's published layouts (reports/baselines/) read as their comments say ---------------
+
+PUBLISHED = {   # file -> (gpus, global batch, dp, tp, pp, vpp, ZeRO, micro-batch, micro-batches, recompute)
+    "gpt3-175b-1024-a100.args": (1024, 1536, 8, 8, 16, 2, 0, 1, 192, "full"),
+    "llama3-8b-8-h100.toml": (8, 128, 8, 1, 1, 1, 3, 1, 16, "selective"),
+    "llama3-70b-256-h100.toml": (256, 256, 32, 8, 1, 1, 3, 8, 1, "full"),
+    "llama3-405b-16384-h100.toml": (16384, 2048, 128, 8, 16, 2, 2, 1, 16, "none"),
+}
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_published_layouts_read_as_their_sources_say(name):
+    from conftest import ROOT
+    gpus, batch, *want = PUBLISHED[name]
+    b, _, _ = read_baseline(str(ROOT / "reports" / "baselines" / name), Context(gpus=gpus, global_batch=batch))
+    c = b.config
+    assert [c.dp, c.tp, c.pp, c.vpp, c.zero, c.micro_batch, c.num_microbatches, c.recompute] == want
+    # Llama 3's one layer fewer on the first and last stage (126 blocks on 32 virtual stages: 3, 4 x 30, 3)
+    # is also meshplan's balanced split, which keeps the extra blocks in the middle
+    assert c.stage_layers is None
