@@ -193,7 +193,7 @@ def comparison_rows(a: Candidate, b: Candidate) -> list[tuple[str, str, str, str
 
     def seconds(name: str, x: float, y: float) -> tuple[str, str, str, str]:
         """A relative change where the baseline's part is at least a millisecond, else absolute."""
-        change = f"{100 * (y / x - 1):+.1f}%" if x >= 1e-3 else f"{y - x:+.3f} s" if abs(y - x) >= 5e-4 else ""
+        change = "" if abs(y - x) < 5e-4 else f"{100 * (y / x - 1):+.1f}%" if x >= 1e-3 else f"{y - x:+.3f} s"
         return (name, f"{x:.3f}", f"{y:.3f}", change)
 
     def schedule(c) -> str:
@@ -210,8 +210,9 @@ def comparison_rows(a: Candidate, b: Candidate) -> list[tuple[str, str, str, str
            knob("offload", ca.offload, cb.offload),
            seconds("step time (s)", ea.step_time_s, eb.step_time_s)]
     out += [seconds(f"  {PARTS[f.name]}", getattr(ea.time, f.name), getattr(eb.time, f.name)) for f in fields(StepTime)]
+    faster = eb.tokens_per_s / ea.tokens_per_s - 1
     out += [("tokens/s", f"{ea.tokens_per_s:,.0f}", f"{eb.tokens_per_s:,.0f}",
-             f"{100 * (eb.tokens_per_s / ea.tokens_per_s - 1):+.1f}%"),
+             f"{100 * faster:+.1f}%" if abs(faster) >= 5e-4 else ""),
             ("MFU", f"{100 * ea.mfu:.1f}%", f"{100 * eb.mfu:.1f}%", ""),
             ("memory per GPU (GiB)", _memory(ea), _memory(eb), "" if ea.fits else "your plan does not fit")]
     return out
@@ -228,8 +229,9 @@ def _memory(e) -> str:
 def verdict_line(cmp: Comparison) -> str:
     head = "" if cmp.mine.estimate.fits else f"your plan does not fit: {does_not_fit_by(cmp.mine.estimate)}; "
     if cmp.already_best:
-        found = (f"; the search's best ({describe_config(cmp.best.config)}) takes "
-                 f"{cmp.best.estimate.step_time_s:.3f} s" if cmp.best else "")
+        found = ("" if cmp.best is None else "; the search finds the same plan" if cmp.best.config == cmp.mine.config
+                 else f"; the search's best ({describe_config(cmp.best.config)}) takes "
+                      f"{cmp.best.estimate.step_time_s:.3f} s")
         return head + f"your plan is already the best meshplan finds{found}"
     return head + (f"the recommended plan is {cmp.speedup:.2f}x as fast: "
                    f"{cmp.mine.estimate.step_time_s - cmp.best.estimate.step_time_s:.3f} s less per step")
@@ -262,7 +264,7 @@ def file_edits(cmp: Comparison) -> dict:
     """The recommended plan in the baseline's own format: the settings to remove and to add
     (as meshplan's export writes them), and what that format cannot express of it."""
     if cmp.already_best:
-        return {"remove": [], "add": [], "cannot_express": []}
+        return {"remove": [], "add": [], "launch": [], "cannot_express": []}
     if cmp.baseline.format == "plan.json":
         before, after = (_flat({"config": config_json(c.config)}) for c in (cmp.mine, cmp.recommended))
         notes = ()
@@ -271,8 +273,13 @@ def file_edits(cmp: Comparison) -> dict:
         old, new = export(plan_of(cmp, recommended=False)), export(plan_of(cmp))
         before, after = _settings(cmp.baseline.format, old.text), _settings(cmp.baseline.format, new.text)
         notes = [n for n in new.notes if n not in old.notes]
+    a, b = cmp.mine.config, cmp.recommended.config
+    # Megatron-DeepSpeed's degrees are launch flags, not JSON keys
+    launch = [f"{flag} {getattr(a, k)} -> {getattr(b, k)}" for k, flag in (("tp", "--tensor-model-parallel-size"),
+                                                                         ("pp", "--pipeline-model-parallel-size"))
+              if cmp.baseline.format == "deepspeed" and getattr(a, k) != getattr(b, k)]
     return {"remove": [x for x in before if x not in after], "add": [x for x in after if x not in before],
-            "cannot_express": list(notes)}
+            "launch": launch, "cannot_express": list(notes)}
 
 
 def _settings(fmt: str, text: str) -> list[str]:

@@ -159,6 +159,8 @@ def format_comparison(cmp: Comparison) -> str:
         if edits["remove"] or edits["add"]:
             lines.append(f"in your {FORMAT_NAMES[b.format]}:")
             lines += [f"  - {x}" for x in edits["remove"]] + [f"  + {x}" for x in edits["add"]]
+        if edits["launch"]:
+            lines.append(f"  on the launch line (Megatron-DeepSpeed): {', '.join(edits['launch'])}")
         lines += [f"  (cannot express: {n})" for n in edits["cannot_express"]]
     if b.ignored:
         lines.append(f"ignored   not modelled: {', '.join(b.ignored)}")

@@ -57,7 +57,8 @@ def read_baseline(path: str, ctx: Context, model: str | None = None) -> tuple[Ba
     spec = replace(spec, seq_len=_seq_len(told, ctx, path, spec))
     graph = build_layer_graph(spec)
     baseline = reader.read(doc, path, ctx, graph)
-    return replace(baseline, notes=told.notes + baseline.notes), spec, graph
+    from_file = told.notes if model is None and told.spec is not None else ()    # how the file's model was read
+    return replace(baseline, notes=from_file + baseline.notes), spec, graph
 
 
 def _model(told: FileModel, model: str | None, source: str) -> ModelSpec:

@@ -45,6 +45,7 @@ def section(cmp: Comparison) -> Section:
         edits = file_edits(cmp)
         bullets += [f"In your file: remove `{x}`" for x in edits["remove"]]
         bullets += [f"In your file: add `{x}`" for x in edits["add"]]
+        bullets += [f"On the launch line: `{x}`" for x in edits["launch"]]
         bullets += [f"Your format cannot express: {n}" for n in edits["cannot_express"]]
     if b.ignored:
         bullets.append(f"Read but not modelled: {', '.join(b.ignored)}.")

@@ -24,6 +24,7 @@ class Scenario:
     baseline: str              # reports/baselines/<file>: the layout the scenario's publication used
     published: str             # whose layout that is
     tokens: float              # the publication's token budget: the comparison's days and cost
+    caveat: str = ""           # what of the published run meshplan does not model
 
 
 SCENARIOS = (
@@ -46,7 +47,11 @@ SCENARIOS = (
              argv=("--model", "llama3-405b", "--cluster", "h100-80g", "--gpus", "16384", "--global-batch", "2048"),
              why="Meta's own scale (Llama 3 paper, Table 4: 16,384 H100, 2,048 sequences of 8,192 tokens per step)",
              baseline="llama3-405b-16384-h100.toml", published="the Llama 3 paper (Table 4, Sec 3.3.2)",
-             tokens=15.6e12),    # 405B on 15.6T tokens (Llama 3 paper, Sec 3.1)
+             tokens=15.6e12,     # 405B on 15.6T tokens (Llama 3 paper, Sec 3.1)
+             caveat="the paper's own pipeline schedule (N micro-batches per stage turn, tunable; Fig. 6) and its "
+                    "early freeing of each stage's input and output tensors are not modelled: meshplan runs the "
+                    "layout with Megatron-LM's interleaved 1F1B, which with as many micro-batches as stages (16) "
+                    "runs all 32 forward passes of a rank before its first backward"),
 )
 
 
@@ -80,7 +85,8 @@ def published_comparison(scenario: Scenario, plan):
     read, _, _ = read_baseline(str(path), Context(gpus=cluster.num_gpus, global_batch=w.global_batch,
                                                   seq_len=w.seq_len), plan.model_source)
     notes = read.notes + ((f"the layout of {scenario.published}, estimated with the scenario's {w.framework} "
-                           f"runtime (the file's is {read.runtime})",) if read.runtime != w.framework else ())
+                           f"runtime (the file's is {read.runtime})",) if read.runtime != w.framework else ()) + (
+        (scenario.caveat,) if scenario.caveat else ())
     baseline = replace(read, source=f"reports/baselines/{scenario.baseline}", runtime=w.framework,
                        attention=w.attention, overlap_grad_reduce=w.overlap_grad_reduce,
                        tp_comm_overlap=w.tp_comm_overlap, notes=notes)
