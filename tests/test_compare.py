@@ -183,9 +183,16 @@ def plan_block_recompute():
     return fixed_plan("llama3-8b", "h100-80g", 8, c)
 
 
+def plan_stages_that_cannot_be_equal():
+    # 30 blocks on 4 stages: meshplan's balanced split is 7, 8, 8, 7, which Megatron-LM only
+    # runs when told (it asserts that the stages divide the layers otherwise)
+    return fixed_plan("gpt-3.6b", "a100-80g", 8, ParallelConfig(dp=2, tp=1, pp=4, zero=1, micro_batch=1,
+                                                                 num_microbatches=8))
+
+
 PLANS = {f.__name__[5:]: f for f in (plan_zero3_no_pipeline, plan_tp_pp_distributed_optimizer,
                                      plan_interleaved_unequal, plan_context_parallel_zero3, plan_pipeline_offload,
-                                     plan_block_recompute)}
+                                     plan_block_recompute, plan_stages_that_cannot_be_equal)}
 # (plan, format, knobs the format cannot hold: the export's notes say so)
 ROUND_TRIP = [
     *[(name, "plan.json", ()) for name in PLANS],
@@ -193,6 +200,7 @@ ROUND_TRIP = [
     ("zero3_no_pipeline", "deepspeed", ()),
     ("tp_pp_distributed_optimizer", "deepspeed", ("sequence_parallel",)),   # no key for Megatron-style SP
     ("pipeline_offload", "deepspeed", ()),
+    ("stages_that_cannot_be_equal", "torchtitan", ("zero",)),
     ("block_recompute", "deepspeed", ("recompute",)),          # activation checkpointing is all or nothing
     ("zero3_no_pipeline", "torchtitan", ()),
     ("tp_pp_distributed_optimizer", "torchtitan", ("zero",)),  # torchtitan has no ZeRO-1
