@@ -39,7 +39,7 @@ RESHARD_TOOLS = {   # how each runtime moves a checkpoint to another layout
 
 @dataclass(frozen=True, kw_only=True)
 class Change:
-    knob: str          # a key of config_json, or "stages" / "recompute per block"
+    knob: str          # a knob as config_json names it, or "layers per stage"
     baseline: object
     recommended: object
 
