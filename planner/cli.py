@@ -136,6 +136,8 @@ def build_parser(with_run: bool = False) -> argparse.ArgumentParser:
     m.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     from .whatif import add_whatif_parser
     add_whatif_parser(sub, _add_model_args, _add_knob_args, _positive_int)
+    from .compare_cli import add_compare_parser
+    add_compare_parser(sub, _positive_int, DEFAULT_CLUSTER)
     c = sub.add_parser("clusters", help="list the built-in cluster profiles")
     c.add_argument("--json", action="store_true")
     c.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -159,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "whatif":
             from .whatif import whatif_command
             return whatif_command(args)
+        if args.command == "compare":
+            from .compare_cli import compare_command
+            return compare_command(args)
         if args.command == "models":
             from .commands import models_command
             return models_command(args)

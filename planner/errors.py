@@ -16,6 +16,7 @@ class UserError(Exception):
     def __init__(self, message: str, *, source: str | None = None, field: str | None = None):
         self.source = source
         self.field = field
+        self.detail = message           # the message without "source: field: "
         where = ""
         if source and field:
             where = f"{source}: {field}: "

@@ -177,9 +177,9 @@ def _megatron_pipeline(plan) -> tuple[list[list[str]], list[str]]:
         notes.append("Megatron-LM has no GPipe schedule: it runs 1F1B (the same step time, fewer micro-batches "
                      "in flight)")
     stages = _blocks_per_stage(plan)
-    if _balanced(plan) and c.vpp == 1:
+    if len(set(stages)) == 1 and c.vpp == 1:        # Megatron's default: as many blocks on every stage
         return [], notes
-    if _balanced(plan) and len(set(stages)) == 1:
+    if len(set(stages)) == 1:
         return [["--num-layers-per-virtual-pipeline-stage", str(stages[0])]], notes
     if c.vpp == 1 and len(set(stages[1:-1])) <= 1:      # only the first and last stage differ
         return [["--decoder-first-pipeline-num-layers", str(stages[0])],

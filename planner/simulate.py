@@ -181,7 +181,8 @@ class _Rank:
         start = max(issue_s, self.dp_free)
         self.dp_free = start + seconds
         self.dp_busy.append((start, self.dp_free))
-        self.record(stream=DP, kind="dp_comm", start_s=start, end_s=self.dp_free, microbatch=mb, chunk=chunk)
+        if self.events is not None:
+            self.record(stream=DP, kind="dp_comm", start_s=start, end_s=self.dp_free, microbatch=mb, chunk=chunk)
         return self.dp_free
 
     def record(self, **event) -> None:
@@ -258,9 +259,11 @@ def _run_pass(work: StepWork, st: _Rank, op: tuple[str, int, int], ready_s: floa
                 st.waits["dp_comm"] += ready[j] - t
                 t = ready[j]
         base = lw.fwd_s if forward else lw.bwd_s
-        stretch = work.contention * st.overlap_s(t, t + base)
-        st.waits["contention"] += stretch
-        t += base + stretch
+        if st.dp_busy and st.dp_busy[-1][1] > t:          # a collective runs beside: it slows compute
+            stretch = work.contention * st.overlap_s(t, t + base)
+            st.waits["contention"] += stretch
+            base += stretch
+        t += base
         if reduce and lw.reduce_s:
             if work.overlap_dp:
                 st.collective(t, lw.reduce_s, mb, chunk)
@@ -270,11 +273,12 @@ def _run_pass(work: StepWork, st: _Rank, op: tuple[str, int, int], ready_s: floa
                 t = end
             else:
                 st.deferred_reduce_s.append(lw.reduce_s)
-    rec = 0.0 if forward else sum(lw.recompute_s for lw in layers)
-    if rec:
-        st.record(stream=COMPUTE, kind="recompute", start_s=start, end_s=start + rec, microbatch=mb, chunk=chunk)
-    st.record(stream=COMPUTE, kind="forward" if forward else "backward", start_s=start + rec, end_s=t,
-              microbatch=mb, chunk=chunk)
+    if st.events is not None:            # the events are kept for the timeline plot only
+        rec = 0.0 if forward else sum(lw.recompute_s for lw in layers)
+        if rec:
+            st.record(stream=COMPUTE, kind="recompute", start_s=start, end_s=start + rec, microbatch=mb, chunk=chunk)
+        st.record(stream=COMPUTE, kind="forward" if forward else "backward", start_s=start + rec, end_s=t,
+                  microbatch=mb, chunk=chunk)
     st.compute_free = t
 
 
@@ -290,7 +294,7 @@ def _send(work: StepWork, st: _Rank, op: tuple[str, int, int], arrivals: dict) -
     start = max(st.compute_free, st.send_free[stream])
     end = start + work.hop_s
     st.send_free[stream] = end
-    if work.hop_s > 0:
+    if work.hop_s > 0 and st.events is not None:
         st.record(stream=stream, kind="send", start_s=start, end_s=end, microbatch=mb, chunk=chunk)
     arrivals[(kind, mb, target)] = end
     if work.blocking_sends:
@@ -465,12 +469,14 @@ def step_time(work: StepWork) -> tuple[float, StepTime]:
     every part, and the fill, the drain and the step's tail do not change. So the step is
     simulated at three short lengths m1 < m2 < m3, a group apart; when the parts grow by
     exactly the same amount from m1 to m2 as from m2 to m3 (the steady state is reached),
-    the step at m is extrapolated; otherwise all m micro-batches are simulated.
+    the step at m is extrapolated; otherwise all m micro-batches are simulated. The three
+    short runs (3 m1 + 3 groups micro-batches) are only taken when they are less work
+    than the m micro-batches.
     """
     m = work.num_microbatches
     group = work.pp if work.schedule == "interleaved-1f1b" else 1
     m1 = group * max(2, -(-4 * work.pp // group))
-    if work.pp == 1 or m < m1 + 4 * group or (m - m1) % group:
+    if work.pp == 1 or m < m1 + 4 * group or (m - m1) % group or 3 * (m1 + group) >= m:
         t = simulate_work(work, record=False)
         return t.step_time_s, t.breakdown
     runs = [simulate_work(replace(work, num_microbatches=n), record=False) for n in (m1, m1 + group, m1 + 2 * group)]

@@ -123,3 +123,17 @@ def test_regenerating_the_gallery_gives_the_same_plans(scenario):
     assert [a["config"] for a in fresh["alternatives"]] == [a["config"] for a in committed["alternatives"]]
     assert (ROOT / "reports" / scenario.name / "report.html").exists()
     assert f"({scenario.name}/report.md)" in (ROOT / "reports" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
+def test_the_gallery_sets_each_plan_against_its_published_layout(scenario):
+    from planner.report.gallery import published_comparison
+    cmp = published_comparison(scenario, gallery_plan(scenario.name))
+    md = (ROOT / "reports" / scenario.name / "report.md").read_text()
+    start = md.index("## Your plan against the recommended one")
+    section = md[start:md.index("\n## ", start + 1)]
+    assert f"reports/baselines/{scenario.baseline}" in section
+    assert f"| step time (s) | {cmp.mine.estimate.step_time_s:.3f} |" in section
+    assert "plots/comparison.png" in section and (ROOT / "reports" / scenario.name / "plots" / "comparison.svg").exists()
+    index = (ROOT / "reports" / "README.md").read_text()
+    assert f"[{scenario.published}]({scenario.name}/report.md#your-plan-against-the-recommended-one)" in index

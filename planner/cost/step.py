@@ -109,7 +109,14 @@ def balanced_stage_layers(graph: LayerGraph, stages: int) -> tuple[int, ...]:
     blocks = graph.num_blocks
     base, extra = divmod(blocks, stages)
     order = sorted(range(stages), key=lambda s: (abs(s - (stages - 1) / 2), s))
-    counts = [base + (1 if s in order[:extra] else 0) for s in range(stages)]
+    return stage_layers_of_blocks(graph, [base + (1 if s in order[:extra] else 0) for s in range(stages)])
+
+
+def stage_layers_of_blocks(graph: LayerGraph, blocks: list[int]) -> tuple[int, ...]:
+    """Layers per virtual stage from transformer blocks per virtual stage: the layers before
+    the first block (the embedding) go with the first stage, those after the last block
+    (the final norm and the head) with the last."""
+    counts = list(blocks)
     first_block = next(i for i, layer in enumerate(graph.layers) if layer.is_block)
     last_block = max(i for i, layer in enumerate(graph.layers) if layer.is_block)
     counts[0] += first_block

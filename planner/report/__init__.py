@@ -14,14 +14,10 @@ from . import document, figures, html, markdown
 from .knobs import next_knobs
 
 
-def _schedule(config) -> str:
-    if config.pp == 1:
-        return f"no pipeline, {config.num_microbatches} micro-batches accumulated"
-    return config.schedule + (f", {config.vpp} virtual stages per rank" if config.vpp > 1 else "")
-
-
-def write_report(plan, folder: str | Path) -> list[Path]:
-    """Write the whole report of ``plan`` into ``folder``; the paths written."""
+def write_report(plan, folder: str | Path, comparison=None) -> list[Path]:
+    """Write the whole report of ``plan`` into ``folder``; the paths written. With a
+    ``comparison`` (planner/compare.py) whose recommended plan is ``plan``, a section sets
+    the baseline against it."""
     folder = Path(folder)
     plots = folder / "plots"
     folder.mkdir(parents=True, exist_ok=True)
@@ -36,15 +32,21 @@ def write_report(plan, folder: str | Path) -> list[Path]:
     finalists = [plan.best, *plan.alternatives]
     labels = ["winner: " + document.short_config(config)] + [document.short_config(a.config) for a in plan.alternatives]
     for fig, stem in ((figures.memory_per_stage(est, f"Memory per GPU by pipeline stage: {name}"), "memory_per_stage"),
-                      (figures.pipeline_timeline(timeline, f"One step ({_schedule(config)}): {name}"),
+                      (figures.pipeline_timeline(timeline, f"One step ({document.schedule_words(config)}): {name}"),
                        "pipeline_timeline"),
                       (figures.step_breakdown(est, f"Where the step's time goes: {name}"), "step_breakdown"),
                       (figures.candidates(labels, [c.estimate for c in finalists], f"Top candidates: {name}"),
                        "candidates")):
         written += figures.save(fig, plots, stem)
+    extra = ()
+    if comparison is not None:
+        from . import comparison as versus
+        written += versus.write_figures(comparison, plots, name)
+        extra = (versus.section(comparison),)
     ex = exports(plan)
     written += write_exports(plan, folder / "exports", ex)
-    doc = document.build(plan, analytic=analytic, timeline=timeline, knobs=next_knobs(plan, cache), exports=ex)
+    doc = document.build(plan, analytic=analytic, timeline=timeline, knobs=next_knobs(plan, cache), exports=ex,
+                         extra=extra)
     (folder / "report.md").write_text(markdown.render(doc))
     (folder / "report.html").write_text(html.render(doc, plots))
     return written + [folder / "report.md", folder / "report.html"]

@@ -45,6 +45,13 @@ def cost_per_million_tokens(gpu_hour_usd: float, gpus: int, tokens_per_s: float)
     return gpu_hour_usd * gpus / (tokens_per_s * 3600) * 1e6
 
 
+def schedule_words(config) -> str:
+    """The schedule in words, for titles: "1f1b, 2 virtual stages per rank"."""
+    if config.pp == 1:
+        return f"no pipeline, {config.num_microbatches} micro-batches accumulated"
+    return config.schedule + (f", {config.vpp} virtual stages per rank" if config.vpp > 1 else "")
+
+
 def short_config(c) -> str:
     sched = f", {c.schedule}" + (f" v{c.vpp}" if c.vpp > 1 else "") if c.pp > 1 else ""
     return f"dp{c.dp} tp{c.tp} pp{c.pp} cp{c.cp} ZeRO-{c.zero} mb{c.micro_batch}{sched}"
@@ -141,11 +148,13 @@ def _exports(exports: tuple[Export, ...]) -> Section:
                    bullets=tuple(bullets), files=tuple((f"exports/{ex.filename}", ex.text) for ex in exports))
 
 
-def build(plan, *, analytic: Estimate, timeline: Timeline, knobs: list[Knob], exports: tuple[Export, ...]) -> Document:
+def build(plan, *, analytic: Estimate, timeline: Timeline, knobs: list[Knob], exports: tuple[Export, ...],
+          extra: tuple[Section, ...] = ()) -> Document:
+    """The report's sections; ``extra`` ones (a comparison with the user's own plan) follow the summary."""
     search = (f"Searched {plan.candidates:.3g} candidates ({plan.groups:,} global choices, {plan.ilp_solves} stage "
               f"ILPs, {plan.evaluated:,} estimated in full) in {plan.search_seconds:.2f} s; the finalists were "
               "ranked by their simulated step.")
-    sections = (_summary(plan, analytic), _time(plan, timeline), _memory(plan), _why(plan, analytic, knobs),
+    sections = (_summary(plan, analytic), *extra, _time(plan, timeline), _memory(plan), _why(plan, analytic, knobs),
                 _stages(plan), _exports(exports), Section(title="Search", paragraphs=(search,)))
     return Document(title=f"meshplan report: {plan.model_name} on {plan.cluster.num_gpus} x {plan.cluster.name}",
                     sections=sections)

@@ -21,21 +21,37 @@ class Scenario:
     title: str
     argv: tuple[str, ...]      # `meshplan plan` arguments
     why: str                   # what the scenario shows
+    baseline: str              # reports/baselines/<file>: the layout the scenario's publication used
+    published: str             # whose layout that is
+    tokens: float              # the publication's token budget: the comparison's days and cost
+    caveat: str = ""           # what of the published run meshplan does not model
 
 
 SCENARIOS = (
     Scenario(name="gpt3-175b-1024-a100", title="GPT-3 175B on 1024 A100-80GB",
              argv=("--model", "gpt3-175b", "--cluster", "a100-80g", "--gpus", "1024", "--global-batch", "1536"),
-             why="the scale of Narayanan et al. (SC'21): memory binds, pipeline and tensor parallelism"),
+             why="the scale of Narayanan et al. (SC'21): memory binds, pipeline and tensor parallelism",
+             baseline="gpt3-175b-1024-a100.args", published="Narayanan et al. 2021 (Megatron-LM)",
+             tokens=300e9),      # GPT-3's 300B tokens (Brown et al. 2020; Narayanan et al. 2021, Sec 5.1)
     Scenario(name="llama3-8b-8-h100", title="Llama-3 8B on 8 H100 (one DGX node)",
              argv=("--model", "llama3-8b", "--cluster", "h100-80g", "--gpus", "8"),
-             why="one node: sharded data parallelism against a pipeline inside NVLink"),
+             why="one node: sharded data parallelism against a pipeline inside NVLink",
+             baseline="llama3-8b-8-h100.toml", published="torchtitan's llama3_8b.toml",
+             tokens=15e12),      # "about 15T multilingual tokens" (Llama 3 paper, Sec 1)
     Scenario(name="llama3-70b-256-h100", title="Llama-3 70B on 256 H100",
              argv=("--model", "llama3-70b", "--cluster", "h100-80g", "--gpus", "256"),
-             why="a mid-size cluster: ZeRO-3 with context parallelism against TP/PP"),
+             why="a mid-size cluster: ZeRO-3 with context parallelism against TP/PP",
+             baseline="llama3-70b-256-h100.toml", published="torchtitan's llama3_70b.toml",
+             tokens=15e12),
     Scenario(name="llama3-405b-16384-h100", title="Llama-3 405B on 16384 H100",
              argv=("--model", "llama3-405b", "--cluster", "h100-80g", "--gpus", "16384", "--global-batch", "2048"),
-             why="Meta's own scale (Llama 3 paper, Table 4: 16,384 H100, 2,048 sequences of 8,192 tokens per step)"),
+             why="Meta's own scale (Llama 3 paper, Table 4: 16,384 H100, 2,048 sequences of 8,192 tokens per step)",
+             baseline="llama3-405b-16384-h100.toml", published="the Llama 3 paper (Table 4, Sec 3.3.2)",
+             tokens=15.6e12,     # 405B on 15.6T tokens (Llama 3 paper, Sec 3.1)
+             caveat="the paper's own pipeline schedule (N micro-batches per stage turn, tunable; Fig. 6) and its "
+                    "early freeing of each stage's input and output tensors are not modelled: meshplan runs the "
+                    "layout with Megatron-LM's interleaved 1F1B, which with as many micro-batches as stages (16) "
+                    "runs all 32 forward passes of a rank before its first backward"),
 )
 
 
@@ -54,7 +70,50 @@ def plan_for(scenario: Scenario):
                             cluster=cluster, workload=workload, solver=args.solver)
 
 
-def _index(rows: list[tuple[Scenario, object]]) -> str:
+def published_comparison(scenario: Scenario, plan):
+    """The scenario's plan against the layout its publication used (reports/baselines/),
+    that layout estimated at the scenario's workload as `meshplan plan` estimates a fixed plan."""
+    from dataclasses import replace
+
+    from ..baseline import Context, check_baseline, read_baseline
+    from ..commands import fixed_result
+    from ..compare import Comparison
+    from ..search import SearchResult
+
+    w, cluster = plan.workload, plan.cluster
+    path = ROOT / "reports" / "baselines" / scenario.baseline
+    read, _, _ = read_baseline(str(path), Context(gpus=cluster.num_gpus, global_batch=w.global_batch,
+                                                  seq_len=w.seq_len), plan.model_source)
+    notes = read.notes + ((f"the layout of {scenario.published}, estimated with the scenario's {w.framework} "
+                           f"runtime (the file's is {read.runtime})",) if read.runtime != w.framework else ()) + (
+        (scenario.caveat,) if scenario.caveat else ())
+    baseline = replace(read, source=f"reports/baselines/{scenario.baseline}", runtime=w.framework,
+                       attention=w.attention, overlap_grad_reduce=w.overlap_grad_reduce,
+                       tp_comm_overlap=w.tp_comm_overlap, notes=notes)
+    if baseline.workload() != w:
+        raise ValueError(f"{path}: its workload {baseline.workload()} is not the scenario's {w}")
+    check_baseline(baseline, plan.graph, cluster)
+    mine = fixed_result(plan.graph, cluster, w, baseline.config, 0.0).best
+    search = SearchResult(best=plan.best, alternatives=plan.alternatives, candidates=plan.candidates,
+                          evaluated=plan.evaluated, seconds=plan.search_seconds, groups=plan.groups,
+                          ilp_solves=plan.ilp_solves)
+    return Comparison(baseline=baseline, spec=plan.spec, model_source=plan.model_source, graph=plan.graph,
+                      cluster=cluster, workload=w, mine=mine, best=plan.best, search=search,
+                      token_budget=scenario.tokens)
+
+
+def _against(s: Scenario, cmp) -> str:
+    """The index's cell: the published layout's step and how much faster the plan is."""
+    e = cmp.mine.estimate
+    link = f"[{s.published}]({s.name}/report.md#your-plan-against-the-recommended-one)"
+    if not e.fits:
+        return f"{link}: does not fit ({e.memory.total / 2**30:.0f} GiB per GPU)"
+    if cmp.already_best:
+        return f"{link}: {e.step_time_s:.2f} s, already the best"
+    return f"{link}: {e.step_time_s:.2f} s; the plan is {cmp.speedup:.2f}x as fast"
+
+
+def _index(rows: list[tuple[Scenario, object, object]]) -> str:
     from ..commands import describe_config
 
     lines = ["# The meshplan gallery", "",
@@ -62,13 +121,17 @@ def _index(rows: list[tuple[Scenario, object]]) -> str:
              "", "```bash", "python -m planner.report.gallery", "```", "",
              "(`tests/test_report.py` checks that regenerating gives the same plans.) Each folder holds",
              "`report.html` (self-contained), `report.md`, `plan.json`, the plots and the exports.", "",
-             "| scenario | command | plan | step | tokens/s | MFU |", "| --- | --- | --- | --- | --- | --- |"]
-    for s, plan in rows:
+             "Each report also sets its plan against the layout the scenario's publication used (the section",
+             "\"Your plan against the recommended one\"), read from `baselines/` by the readers of",
+             "`meshplan compare` and estimated at the scenario's workload; each file there names its sources.", "",
+             "| scenario | command | plan | step | tokens/s | MFU | the published layout |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for s, plan, cmp in rows:
         e = plan.best.estimate
         lines.append(f"| [{s.title}]({s.name}/report.md) ([html]({s.name}/report.html)): {s.why} | "
                      f"`meshplan plan {' '.join(s.argv)} --report reports/{s.name}` | "
                      f"{describe_config(plan.best.config)} | {e.step_time_s:.2f} s | {e.tokens_per_s:,.0f} | "
-                     f"{100 * e.mfu:.1f}% |")
+                     f"{100 * e.mfu:.1f}% | {_against(s, cmp)} ([file](baselines/{s.baseline})) |")
     return "\n".join(lines) + "\n"
 
 
@@ -81,11 +144,12 @@ def regenerate(out: Path, names: list[str] | None = None) -> list[Path]:
             continue
         sys.stderr.write(f"gallery: {s.title} ...\n")
         plan = plan_for(s)
-        write_report(plan, out / s.name)
-        rows.append((s, plan))
+        cmp = published_comparison(s, plan)
+        write_report(plan, out / s.name, comparison=cmp)
+        rows.append((s, plan, cmp))
     if not names:
         (out / "README.md").write_text(_index(rows))
-    return [out / s.name for s, _ in rows]
+    return [out / s.name for s, *_ in rows]
 
 
 def main(argv: list[str] | None = None) -> int:

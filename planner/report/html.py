@@ -39,6 +39,7 @@ def render(doc: Document, plots: Path) -> str:
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
            f"<title>{html.escape(doc.title)}</title><style>{STYLE}</style></head><body>",
            f"<h1>{html.escape(doc.title)}</h1>"]
+    shown: set[str] = set()       # a figure two sections show is inlined once, then linked to
     for s in doc.sections:
         out.append(f"<section><h2>{html.escape(s.title)}</h2>")
         out += [f"<p>{html.escape(p)}</p>" for p in s.paragraphs]
@@ -47,8 +48,12 @@ def render(doc: Document, plots: Path) -> str:
         if s.bullets:
             out.append("<ul>" + "".join(f"<li>{html.escape(b)}</li>" for b in s.bullets) + "</ul>")
         for f in s.figures:
-            out.append(f"<figure>{inline_svg(plots / f'{f.name}.svg')}<figcaption>{html.escape(f.caption)}"
-                       "</figcaption></figure>")
+            if f.name in shown:
+                out.append(f'<p><a href="#figure-{f.name}">{html.escape(f.caption)}</a> (the figure above)</p>')
+                continue
+            shown.add(f.name)
+            out.append(f'<figure id="figure-{f.name}">{inline_svg(plots / f"{f.name}.svg")}<figcaption>'
+                       f"{html.escape(f.caption)}</figcaption></figure>")
         for path, text in s.files:
             out.append(f"<p><code>{html.escape(path)}</code></p><pre>{html.escape(text)}</pre>")
         out.append("</section>")

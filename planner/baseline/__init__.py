@@ -1,0 +1,105 @@
+"""Reading a training job's own configuration (a baseline) into meshplan's knobs.
+
+    baseline, spec, graph = read_baseline("megatron_args.txt", Context(gpus=1024), model=None)
+
+One reader per format, each in its own module with ``parse`` (text -> document),
+``model_of`` (what the file says about the model) and ``read`` (document and model ->
+Baseline): megatron.py (Megatron-LM arguments or launch script), deepspeed.py (a
+DeepSpeed config JSON), torchtitan.py (a job config TOML), planjson.py (meshplan's
+plan.json). The file tells its format: .toml is torchtitan, .json with a schema_version
+and a config is a plan.json, any other .json a DeepSpeed config, anything else
+Megatron-LM arguments.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from ..errors import UserError
+from ..layers import LayerGraph, build_layer_graph
+from ..model import ModelSpec, load_model
+from ..search.space import Knobs, Space
+from . import deepspeed, megatron, planjson, torchtitan
+from .values import Baseline, Context, FileModel
+
+READERS = {"megatron": megatron, "deepspeed": deepspeed, "torchtitan": torchtitan, "plan.json": planjson}
+FORMAT_NAMES = {"megatron": "Megatron-LM arguments", "deepspeed": "DeepSpeed config", "torchtitan": "torchtitan TOML",
+                "plan.json": "meshplan plan.json"}
+SHAPE_FIELDS = ("num_layers", "hidden", "num_heads", "num_kv_heads", "ffn_hidden")   # what must agree with --model
+
+__all__ = ["Baseline", "Context", "FORMAT_NAMES", "check_baseline", "detect", "read_baseline"]
+
+
+def detect(path: str, text: str) -> str:
+    suffix = Path(path).suffix.lower()
+    if suffix == ".toml":
+        return "torchtitan"
+    if suffix == ".json":
+        return "plan.json" if '"schema_version"' in text and '"config"' in text else "deepspeed"
+    return "megatron"
+
+
+def read_baseline(path: str, ctx: Context, model: str | None = None) -> tuple[Baseline, ModelSpec, LayerGraph]:
+    """The baseline in ``path``, the model it trains (``model``, else the one the file
+    describes) and its layer graph."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read: {getattr(e, 'strerror', None) or e}", source=path) from None
+    fmt = detect(path, text)
+    if (ctx.tp or ctx.pp) and fmt != "deepspeed":
+        raise UserError(f"only for a DeepSpeed config (Megatron-DeepSpeed's degrees); {path} is "
+                        f"{FORMAT_NAMES[fmt]}, which sets its own degrees", field="--tp/--pp")
+    reader = READERS[fmt]
+    doc = reader.parse(text, path)
+    told = reader.model_of(doc, path)
+    spec = _model(told, model, path)
+    spec = replace(spec, seq_len=_seq_len(told, ctx, path, spec))
+    graph = build_layer_graph(spec)
+    baseline = reader.read(doc, path, ctx, graph)
+    from_file = told.notes if model is None and told.spec is not None else ()    # how the file's model was read
+    return replace(baseline, notes=from_file + baseline.notes), spec, graph
+
+
+def _model(told: FileModel, model: str | None, source: str) -> ModelSpec:
+    if model is None:
+        if told.spec is not None:
+            return told.spec
+        if told.name is not None:
+            return load_model(told.name)
+        raise UserError(f"{told.missing or 'the file names no model'}; allowed: --model (a zoo name or a "
+                        "config.json)", source=source, field="--model")
+    spec = load_model(model)
+    named = told.spec or (load_model(told.name) if told.name else None)
+    shape = dict(told.shape)
+    if named is not None:
+        shape.update({f: (told.name_flag, getattr(named, f)) for f in SHAPE_FIELDS if f not in shape})
+    for field, (flag, value) in shape.items():
+        if getattr(spec, field) != value:
+            raise UserError(f"{value} but --model {model} has {field} {getattr(spec, field)}; allowed: the file's "
+                            "model, or leave out --model", source=source, field=flag)
+    return spec
+
+
+def _seq_len(told: FileModel, ctx: Context, source: str, spec: ModelSpec) -> int:
+    """The file's sequence length, else --seq-len, else the runtime's default, else the model's."""
+    if told.seq_len is not None:
+        flag, value = told.seq_len
+        if ctx.seq_len is not None and ctx.seq_len != value:
+            raise UserError(f"{value} but --seq-len is {ctx.seq_len}; allowed: one of them, or the same",
+                            source=source, field=flag)
+        return value
+    return ctx.seq_len or told.seq_len_default or spec.seq_len
+
+
+def check_baseline(baseline: Baseline, graph: LayerGraph, cluster) -> None:
+    """Every rule meshplan applies to a fixed plan (config.check_config), on the file's terms:
+    an error names the file and the file's flag instead of meshplan's."""
+    if baseline.precision not in cluster.device.dtypes:
+        raise UserError(f"{baseline.precision}, but {cluster.name}'s {cluster.device.name} has no {baseline.precision} "
+                        f"peak; allowed: {', '.join(cluster.device.dtypes)}", source=baseline.source,
+                        field=baseline.flags.get("--precision", "precision"))
+    try:
+        Space(graph, cluster.num_gpus, baseline.workload(), Knobs(), cluster.device.dtypes).check(baseline.config)
+    except UserError as e:
+        raise UserError(e.detail, source=baseline.source, field=baseline.flags.get(e.field, e.field)) from None

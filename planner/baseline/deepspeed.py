@@ -1,0 +1,142 @@
+"""A DeepSpeed config JSON (https://www.deepspeed.ai/docs/config-json/).
+
+The JSON holds the batch, ZeRO, offload, precision and activation-checkpointing
+settings; the degrees of a Megatron-DeepSpeed job are launch flags, given here as
+--tp and --pp (AutoTP's ``tensor_parallel.autotp_size`` is read too). ``"auto"`` (the
+value the Hugging Face Trainer fills in) counts as not given. Batch rule from the
+docs: train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x
+data-parallel GPUs, any two of the three giving the third.
+"""
+from __future__ import annotations
+
+import json
+
+from ..config import ParallelConfig
+from ..errors import UserError
+from ..layers import LayerGraph
+from .values import (Baseline, Context, FileModel, choice, data_parallel, global_batch, microbatches,
+                     positive_int, schedule_of)
+
+MODELLED = {   # dotted keys this reader models; every other key is listed as ignored
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+    "bf16", "bf16.enabled", "bfloat16", "bfloat16.enabled", "fp16", "fp16.enabled",
+    "zero_optimization", "zero_optimization.stage", "zero_optimization.overlap_comm",
+    "zero_optimization.offload_optimizer", "zero_optimization.offload_optimizer.device",
+    "tensor_parallel", "tensor_parallel.autotp_size", "activation_checkpointing",
+}
+FLAGS = {   # meshplan's flag (as config.check_config names it) -> this format's
+    "--dp/--tp/--pp/--cp": "--tp x --pp", "--tp": "--tp", "--pp": "--pp", "--micro-batch":
+    "train_micro_batch_size_per_gpu", "num_microbatches": "gradient_accumulation_steps",
+    "--zero": "zero_optimization.stage", "--offload": "zero_optimization.offload_optimizer",
+    "--recompute": "activation_checkpointing", "--precision": "bf16.enabled/fp16.enabled"}
+
+
+def parse(text: str, source: str) -> dict:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}", source=source) from None
+    if not isinstance(doc, dict):
+        raise UserError(f"expected a JSON object, got {type(doc).__name__}", source=source)
+    return doc
+
+
+def model_of(doc: dict, source: str) -> FileModel:
+    return FileModel(missing="a DeepSpeed config describes no model")
+
+
+def _get(doc: dict, key: str):
+    """The value at a dotted key; None when absent or "auto"."""
+    value = doc
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return None if value == "auto" else value
+
+
+def _keys(doc: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key, value in doc.items():
+        out.append(prefix + key)
+        if isinstance(value, dict) and prefix + key in MODELLED:
+            out += _keys(value, prefix + key + ".")
+    return out
+
+
+def _enabled(doc: dict, source: str, key: str) -> bool:
+    value = _get(doc, key)
+    if value is not None and not isinstance(value, bool):
+        raise UserError(f"expected true or false, got {value!r}", source=source, field=key)
+    return bool(value)
+
+
+def read(doc: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
+    notes = []
+    autotp = _get(doc, "tensor_parallel.autotp_size")
+    autotp = positive_int(source, "tensor_parallel.autotp_size", autotp, minimum=0) if autotp is not None else 0
+    if ctx.tp is not None and autotp > 1 and ctx.tp != autotp:
+        raise UserError(f"{autotp} but --tp is {ctx.tp}; allowed: the same degree, or one of them",
+                        source=source, field="tensor_parallel.autotp_size")
+    tp, pp = ctx.tp or max(autotp, 1), ctx.pp or 1
+    dp = data_parallel(source, ctx.gpus, {"--tp": tp, "--pp": pp})
+    micro, batch, m = _batch(doc, source, ctx, dp)
+    zero = _get(doc, "zero_optimization.stage")
+    zero = 0 if zero is None else int(choice(source, "zero_optimization.stage", zero, (0, 1, 2, 3)))
+    device = _get(doc, "zero_optimization.offload_optimizer.device") or "none"
+    choice(source, "zero_optimization.offload_optimizer.device", device, ("none", "cpu", "nvme"))
+    if device == "nvme":
+        notes.append("offload_optimizer to NVMe (ZeRO-Infinity) is modelled as host memory")
+    if _get(doc, "zero_optimization.offload_param") is not None:
+        notes.append("zero_optimization.offload_param (parameters in host memory) is not modelled: the estimate "
+                     "keeps the parameters on the GPU")
+    overlap = _get(doc, "zero_optimization.overlap_comm")
+    # deepspeed/runtime/zero/config.py (overlap_comm_valid): unset means on for stage 3, off otherwise
+    overlap = zero == 3 if overlap is None else _enabled(doc, source, "zero_optimization.overlap_comm")
+    recompute = "none"
+    if "activation_checkpointing" in doc:
+        recompute = "full"
+        notes.append("activation_checkpointing: which blocks call deepspeed.checkpointing.checkpoint is in the "
+                     "model code; every block is assumed to")
+    precision, more = _precision(doc, source)
+    notes += more
+    config = ParallelConfig(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=micro, num_microbatches=m,
+                            schedule=schedule_of(pp, 1), recompute=recompute,
+                            offload="none" if device == "none" else "optimizer")
+    return Baseline(source=source, format="deepspeed", runtime="deepspeed", config=config, global_batch=batch,
+                    seq_len=graph.seq_len, precision=precision, overlap_grad_reduce=overlap,
+                    flags=FLAGS, ignored=tuple(k for k in _keys(doc) if k not in MODELLED), notes=tuple(notes))
+
+
+def _batch(doc: dict, source: str, ctx: Context, dp: int) -> tuple[int, int, int]:
+    """(micro-batch, global batch, accumulation steps) from any two of the three keys."""
+    keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    train, micro, steps = (positive_int(source, k, _get(doc, k)) if _get(doc, k) is not None else None for k in keys)
+    if micro is not None and steps is not None:
+        batch = global_batch(source, "train_batch_size", train, ctx, micro * steps * dp)
+        if batch != micro * steps * dp:
+            raise UserError(f"{batch} != train_micro_batch_size_per_gpu {micro} x gradient_accumulation_steps "
+                            f"{steps} x {dp} data-parallel GPUs (DeepSpeed asserts it); allowed: "
+                            f"{micro * steps * dp}", source=source, field="train_batch_size")
+        return micro, batch, steps
+    batch = global_batch(source, "train_batch_size", train, ctx, micro * dp if micro is not None else None)
+    if micro is None:
+        steps = steps or 1
+        micro = batch // (dp * steps)
+        if micro < 1 or batch % (dp * steps):
+            raise UserError(f"{batch} sequences do not split into {dp} data-parallel GPUs x {steps} accumulation "
+                            f"steps; allowed: a multiple of {dp * steps}", source=source, field="train_batch_size")
+    return micro, batch, microbatches(source, "train_batch_size", "train_micro_batch_size_per_gpu", batch, dp, micro)
+
+
+def _precision(doc: dict, source: str) -> tuple[str, list[str]]:
+    """The compute dtype, and a note when the Hugging Face Trainer decides it ("auto")."""
+    section = doc.get("bf16")
+    if isinstance(section, dict) and section.get("enabled") == "auto":
+        return "bf16", ["bf16.enabled \"auto\" (the Hugging Face Trainer's --bf16 decides) is read as bf16"]
+    bf16 = _enabled(doc, source, "bf16.enabled") or _enabled(doc, source, "bfloat16.enabled")
+    fp16 = _enabled(doc, source, "fp16.enabled")
+    if bf16 and fp16:
+        raise UserError("bf16 and fp16 both enabled; allowed: one of them (or neither, for fp32)", source=source,
+                        field="bf16.enabled/fp16.enabled")
+    return ("bf16" if bf16 else "fp16" if fp16 else "fp32"), []

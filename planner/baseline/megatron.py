@@ -1,0 +1,383 @@
+"""Megatron-LM arguments: a file of flags (meshplan's megatron_args.txt), or the launch
+script or command line that runs ``pretrain_gpt.py`` (bash arrays, ``NAME=value``
+variables, backslash continuations, ``# comments``).
+
+Flags and defaults as megatron/training/arguments.py (NVIDIA/Megatron-LM) defines them,
+read with argparse's rule (the last of a repeated flag wins). Which blocks each pipeline
+stage builds follows megatron/core/transformer/transformer_block.py
+(``get_num_layers_to_build``) and pipeline_parallel_layer_layout.py (``--pipeline-
+model-parallel-layout``); the padded vocabulary megatron/training/vocab_utils.py.
+"""
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from pathlib import Path
+
+from ..config import ParallelConfig
+from ..errors import UserError
+from ..layers import LayerGraph
+from ..model import ModelSpec
+from .values import (Baseline, Context, FileModel, choice, data_parallel, global_batch, microbatches,
+                     pipeline_layers, positive_int, recompute_of, schedule_of)
+
+PARALLEL = {   # flags that set the knobs (the values they take are checked where they are read)
+    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
+    "--micro-batch-size", "--global-batch-size", "--seq-length", "--num-layers-per-virtual-pipeline-stage",
+    "--num-virtual-stages-per-pipeline-rank", "--virtual-pipeline-model-parallel-size",
+    "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--pipeline-model-parallel-layout",
+    "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--data-parallel-sharding-strategy",
+    "--optimizer-offload-fraction", "--attention-backend",
+}
+SWITCHES = {   # store_true flags this reader models
+    "--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--use-torch-fsdp2",
+    "--optimizer-cpu-offload", "--recompute-activations", "--checkpoint-activations", "--bf16", "--fp16",
+    "--overlap-grad-reduce", "--tp-comm-overlap", "--use-flash-attn", "--account-for-embedding-in-pipeline-split",
+    "--account-for-loss-in-pipeline-split", "--swiglu", "--untie-embeddings-and-output-weights",
+    "--disable-bias-linear", "--add-qkv-bias", "--group-query-attention",
+}
+MODEL = {      # architecture flags (read when no --model is given, checked against it otherwise)
+    "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
+    "--kv-channels", "--max-position-embeddings", "--position-embedding-type", "--normalization",
+    "--attention-dropout", "--hidden-dropout", "--vocab-size", "--make-vocab-size-divisible-by", "--tokenizer-type",
+    "--vocab-file", "--num-experts", "--moe-router-topk",
+}
+SHAPE = {"--num-layers": "num_layers", "--hidden-size": "hidden", "--num-attention-heads": "num_heads",
+         "--num-query-groups": "num_kv_heads", "--ffn-hidden-size": "ffn_hidden", "--kv-channels": "head_dim",
+         "--num-experts": "num_experts"}
+GPT2_VOCAB = 50257       # entries of GPT-2's BPE vocabulary (gpt2-vocab.json; Radford et al. 2019)
+SHARDING_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}   # Megatron-FSDP strategies
+
+_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+# -- the text: flags and their values ---------------------------------------------------------------
+
+def parse(text: str, source: str) -> dict[str, str | bool]:
+    """Flag -> its value (True for a flag given without one), variables expanded where the file sets them."""
+    variables: dict[str, str] = {}
+    args: dict[str, str | bool] = {}
+    for number, line in enumerate(text.replace("\\\n", " ").splitlines(), 1):
+        try:
+            tokens = shlex.split(line, comments=True)
+        except ValueError as e:
+            raise UserError(f"line {number} is not a shell line ({e})", source=source) from None
+        if tokens[:1] == ["export"]:
+            tokens = tokens[1:]
+        match = _ASSIGN.match(tokens[0]) if tokens else None
+        if match:
+            name, value = match.groups()
+            if not value.startswith("("):
+                variables[name] = _expand(value, variables)
+                continue
+            tokens = [value[1:]] + tokens[1:]          # NAME=(--flag value ...): a bash array of flags
+        _collect(tokens, variables, args)
+    return args
+
+
+def _expand(value: str, variables: dict[str, str]) -> str:
+    return _VARIABLE.sub(lambda m: variables.get(m.group(1) or m.group(2), m.group(0)), value)
+
+
+def _collect(tokens: list[str], variables: dict[str, str], args: dict[str, str | bool]) -> None:
+    tokens = [t.rstrip(")") for t in tokens if t.rstrip(")")]
+    i = 0
+    while i < len(tokens):
+        flag, eq, value = tokens[i].partition("=")
+        if not flag.startswith("--") or len(flag) < 3:
+            i += 1
+            continue
+        following = tokens[i + 1] if i + 1 < len(tokens) else ""
+        if eq:
+            args[flag] = _expand(value, variables)
+        elif flag in SWITCHES or not following or following.startswith("--"):
+            args[flag] = True
+        else:
+            args[flag] = _expand(following, variables)
+            i += 1
+        i += 1
+
+
+def _value(args: dict, flag: str, source: str) -> str | None:
+    value = args.get(flag)
+    if value is None:
+        return None
+    if value is True:
+        raise UserError("expects a value", source=source, field=flag)
+    if "$" in value:
+        raise UserError(f"{value!r} is a shell expression this file does not set; allowed: a number, or "
+                        "NAME=value earlier in the file", source=source, field=flag)
+    return value
+
+
+def _int(args: dict, flag: str, source: str, default: int | None = None, minimum: int = 1) -> int | None:
+    value = _value(args, flag, source)
+    return default if value is None else positive_int(source, flag, value, minimum)
+
+
+def _float(args: dict, flag: str, source: str, default: float) -> float:
+    value = _value(args, flag, source)
+    try:
+        return default if value is None else float(value)
+    except ValueError:
+        raise UserError(f"expected a number, got {value!r}", source=source, field=flag) from None
+
+
+# -- the model the flags describe ---------------------------------------------------------------------
+
+def model_of(args: dict, source: str) -> FileModel:
+    shape = {field: (flag, _int(args, flag, source)) for flag, field in SHAPE.items() if args.get(flag) is not None}
+    seq = _int(args, "--seq-length", source)
+    seq_len = ("--seq-length", seq) if seq else None
+    if not {"num_layers", "hidden", "num_heads"} <= shape.keys():
+        return FileModel(shape=shape, seq_len=seq_len,
+                         missing="the flags give no whole architecture (--num-layers, --hidden-size, "
+                                 "--num-attention-heads)")
+    vocab, note = _vocab(args, source)
+    if vocab is None:
+        return FileModel(shape=shape, seq_len=seq_len,
+                         missing="the flags give no vocabulary (--vocab-size, or GPT2BPETokenizer)")
+    return FileModel(spec=_spec(args, source, {k: v for k, (_, v) in shape.items()}, vocab, seq), shape=shape,
+                     seq_len=seq_len, notes=(note,))
+
+
+def _vocab(args: dict, source: str) -> tuple[int | None, str]:
+    """The padded vocabulary and how it was found: the tokenizer's, rounded up to a multiple
+    of --make-vocab-size-divisible-by x tp (megatron/training/vocab_utils.py)."""
+    size = _int(args, "--vocab-size", source)
+    tokenizer = args.get("--tokenizer-type")
+    what = f"--vocab-size {size}"
+    if size is None and (tokenizer == "GPT2BPETokenizer" or (tokenizer is None and "gpt2" in str(
+            args.get("--vocab-file", "")).lower())):
+        size, what = GPT2_VOCAB, f"GPT-2's BPE tokenizer ({GPT2_VOCAB} tokens)"
+    if size is None:
+        return None, ""
+    multiple = _int(args, "--make-vocab-size-divisible-by", source, 128) * _int(
+        args, "--tensor-model-parallel-size", source, 1)
+    padded = math.ceil(size / multiple) * multiple
+    return padded, f"vocabulary: {what}, padded to {padded} (a multiple of {multiple}) as Megatron-LM pads it"
+
+
+def _spec(args: dict, source: str, shape: dict, vocab: int, seq: int | None) -> ModelSpec:
+    """A ModelSpec from the architecture flags, with Megatron's defaults (GELU, LayerNorm,
+    learned positions, biases, tied embeddings, dropout 0.1) where a flag is absent."""
+    h, heads = shape["hidden"], shape["num_heads"]
+    swiglu = bool(args.get("--swiglu"))
+    # arguments.py: --ffn-hidden-size defaults to 4h, or int(4h * 2/3 / 64) * 64 with --swiglu
+    ffn = shape.get("ffn_hidden") or (int(4 * h * 2 / 3 / 64) * 64 if swiglu else 4 * h)
+    seq = seq or 2048
+    positions = choice(source, "--position-embedding-type",
+                       _value(args, "--position-embedding-type", source) or "learned_absolute",
+                       ("learned_absolute", "rope", "mrope", "relative", "none"))
+    norm = choice(source, "--normalization", _value(args, "--normalization", source) or "LayerNorm",
+                  ("LayerNorm", "RMSNorm"))
+    dropout = any(_float(args, f, source, 0.1) > 0 for f in ("--attention-dropout", "--hidden-dropout"))
+    experts = shape.get("num_experts") or 0
+    spec = ModelSpec(
+        name=Path(source).stem, num_layers=shape["num_layers"], hidden=h, num_heads=heads,
+        num_kv_heads=shape.get("num_kv_heads", heads) if args.get("--group-query-attention") else heads,
+        head_dim=shape.get("head_dim") or h // heads, ffn_hidden=ffn, vocab_size=vocab, seq_len=seq,
+        max_positions=_int(args, "--max-position-embeddings", source, seq) if positions == "learned_absolute" else 0,
+        mlp="swiglu" if swiglu else "gelu", norm="rmsnorm" if norm == "RMSNorm" else "layernorm",
+        linear_bias=not args.get("--disable-bias-linear"), qkv_bias=bool(args.get("--add-qkv-bias")),
+        tied_embeddings=not args.get("--untie-embeddings-and-output-weights"), dropout=dropout,
+        num_experts=experts, experts_per_token=_int(args, "--moe-router-topk", source, 2) if experts else 0,
+        source=f"{source} (Megatron-LM flags)")
+    return spec.validate(source)
+
+
+# -- the knobs --------------------------------------------------------------------------------------
+
+def read(args: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
+    tp = _int(args, "--tensor-model-parallel-size", source, 1)
+    pp = _int(args, "--pipeline-model-parallel-size", source, 1)
+    cp = _int(args, "--context-parallel-size", source, 1)
+    dp = data_parallel(source, ctx.gpus, {"--tensor-model-parallel-size": tp, "--pipeline-model-parallel-size": pp,
+                                           "--context-parallel-size": cp})
+    micro = _int(args, "--micro-batch-size", source, 1)
+    # arguments.py: --global-batch-size defaults to micro-batch x data-parallel size
+    batch = global_batch(source, "--global-batch-size", _int(args, "--global-batch-size", source), ctx, micro * dp)
+    m = microbatches(source, "--global-batch-size", "--micro-batch-size", batch, dp, micro)
+    blocks = _stage_blocks(args, source, graph.num_blocks, pp)
+    vpp = len(blocks) // pp if blocks else 1
+    per_block, notes = _recompute(args, source, blocks or [graph.num_blocks])
+    recompute, recompute_layers = recompute_of(graph, per_block)
+    zero, runtime, more = _zero(args, source)
+    notes += more
+    sp = bool(args.get("--sequence-parallel"))
+    if sp and tp == 1:
+        sp = False
+        notes.append("--sequence-parallel with tensor parallel size 1: Megatron-LM turns it off (arguments.py)")
+    offload = "optimizer" if args.get("--optimizer-cpu-offload") else "none"
+    fraction = _float(args, "--optimizer-offload-fraction", source, 1.0)
+    if offload == "optimizer" and fraction < 1.0:
+        notes.append(f"--optimizer-offload-fraction {fraction}: meshplan models the whole optimizer offloaded")
+    config = ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, micro_batch=micro, num_microbatches=m, vpp=vpp,
+                            schedule=schedule_of(pp, vpp), recompute=recompute, sequence_parallel=sp, offload=offload,
+                            recompute_layers=recompute_layers,
+                            stage_layers=pipeline_layers(source, "--pipeline-model-parallel-size", graph, blocks))
+    return Baseline(source=source, format="megatron", runtime=runtime, config=config, global_batch=batch,
+                    seq_len=graph.seq_len, precision=_precision(args, source), attention=_attention(args, source),
+                    overlap_grad_reduce=bool(args.get("--overlap-grad-reduce")),
+                    tp_comm_overlap=bool(args.get("--tp-comm-overlap")), flags=FLAGS,
+                    ignored=tuple(sorted(f for f in args if f not in PARALLEL | SWITCHES | MODEL)), notes=tuple(notes))
+
+
+FLAGS = {   # meshplan's flag (as config.check_config names it) -> this format's
+    "--dp/--tp/--pp/--cp": "--tensor-model-parallel-size x --pipeline-model-parallel-size x --context-parallel-size",
+    "--tp": "--tensor-model-parallel-size", "--pp": "--pipeline-model-parallel-size", "--cp": "--context-parallel-size",
+    "--micro-batch": "--micro-batch-size", "num_microbatches": "--global-batch-size",
+    "--vpp": "--num-layers-per-virtual-pipeline-stage", "--schedule": "--num-layers-per-virtual-pipeline-stage",
+    "--recompute": "--recompute-granularity", "--sequence-parallel": "--sequence-parallel",
+    "--zero": "--use-distributed-optimizer", "--offload": "--optimizer-cpu-offload", "--precision": "--bf16/--fp16"}
+
+
+def _precision(args: dict, source: str) -> str:
+    if args.get("--bf16") and args.get("--fp16"):
+        raise UserError("--bf16 and --fp16 together; allowed: one of them (or neither, for fp32)", source=source,
+                        field="--bf16/--fp16")
+    return "bf16" if args.get("--bf16") else "fp16" if args.get("--fp16") else "fp32"
+
+
+def _attention(args: dict, source: str) -> str:
+    backend = _value(args, "--attention-backend", source) or "auto"
+    choice(source, "--attention-backend", backend, ("flash", "fused", "unfused", "local", "auto"))
+    return "unfused" if backend in ("unfused", "local") and not args.get("--use-flash-attn") else "flash"
+
+
+def _zero(args: dict, source: str) -> tuple[int, str, list[str]]:
+    """(ZeRO stage, runtime, notes): the distributed optimizer is ZeRO-1 in Megatron-LM's own
+    layout; Megatron-FSDP and torch FSDP2 shard like meshplan's FSDP2 runtime (torch)."""
+    if args.get("--use-megatron-fsdp"):
+        strategy = _value(args, "--data-parallel-sharding-strategy", source) or "optim_grads_params"
+        zero = SHARDING_ZERO[choice(source, "--data-parallel-sharding-strategy", strategy, SHARDING_ZERO)]
+        return zero, "torch", ["Megatron-FSDP is modelled with meshplan's FSDP2 memory layout (--framework torch)"]
+    if args.get("--use-torch-fsdp2"):
+        return 3, "torch", []
+    return (1 if args.get("--use-distributed-optimizer") else 0), "megatron", []
+
+
+def _recompute(args: dict, source: str, blocks: list[int]) -> tuple[list[str], list[str]]:
+    """(policy per block, notes) from --recompute-granularity/-method/-num-layers."""
+    notes = []
+    granularity = _value(args, "--recompute-granularity", source)
+    if args.get("--recompute-activations"):
+        granularity = granularity or "selective"
+    if args.get("--checkpoint-activations"):
+        notes.append("--checkpoint-activations (Megatron-LM before 2022, Megatron-DeepSpeed) read as full "
+                     "recompute of every layer")
+        granularity, method = "full", "uniform"
+    else:
+        method = _value(args, "--recompute-method", source)
+    if granularity is None:
+        return ["none"] * sum(blocks), notes
+    choice(source, "--recompute-granularity", granularity, ("full", "selective"))
+    if granularity == "full" and method is None:
+        raise UserError("full needs a --recompute-method (Megatron-LM raises); allowed: uniform or block",
+                        source=source, field="--recompute-granularity")
+    if granularity == "selective":
+        if method is not None:
+            raise UserError(f"{method!r} with --recompute-granularity selective (Megatron-LM asserts none); "
+                            "allowed: no --recompute-method", source=source, field="--recompute-method")
+        return ["selective"] * sum(blocks), notes
+    choice(source, "--recompute-method", method, ("uniform", "block"))
+    count = _int(args, "--recompute-num-layers", source, 1 if method == "uniform" else None, minimum=0)
+    if count is None:
+        raise UserError("--recompute-method block needs the number of blocks to recompute per stage; allowed: a "
+                        "non-negative integer", source=source, field="--recompute-num-layers")
+    if method == "uniform":
+        if count > 1:
+            notes.append(f"--recompute-num-layers {count} with the uniform method keeps one input per {count} "
+                         "layers: meshplan models full recompute per layer (a little more memory)")
+        return ["full"] * sum(blocks), notes
+    # block: the first --recompute-num-layers blocks of every (virtual) stage, the rest none
+    return [("full" if i < count else "none") for n in blocks for i in range(n)], notes
+
+
+def _stage_blocks(args: dict, source: str, num_blocks: int, pp: int) -> list[int] | None:
+    """Transformer blocks per virtual stage, in stage order (None without a pipeline)."""
+    layout = _value(args, "--pipeline-model-parallel-layout", source)
+    per_stage = _int(args, "--num-layers-per-virtual-pipeline-stage", source)
+    chunks = _int(args, "--num-virtual-stages-per-pipeline-rank", source) or _int(
+        args, "--virtual-pipeline-model-parallel-size", source)
+    given = [f for f, v in (("--pipeline-model-parallel-layout", layout), ("--num-layers-per-virtual-pipeline-stage",
+                                                                           per_stage),
+                            ("--num-virtual-stages-per-pipeline-rank", chunks)) if v is not None]
+    if len(given) > 1:
+        raise UserError(f"{' and '.join(given)} together (Megatron-LM asserts at most one); allowed: one of them",
+                        source=source, field=given[1])
+    if pp == 1:
+        if given and not (chunks == 1 or per_stage == num_blocks):
+            raise UserError("virtual pipeline stages need --pipeline-model-parallel-size > 1", source=source,
+                            field=given[0])
+        return None
+    if layout is not None:
+        return _layout_blocks(source, layout, pp, num_blocks)
+    ranks = _blocks_per_rank(args, source, num_blocks, pp)
+    vpp = chunks or 1
+    if per_stage is not None:
+        if args.get("--decoder-first-pipeline-num-layers") or args.get("--decoder-last-pipeline-num-layers"):
+            raise UserError("with --decoder-first/last-pipeline-num-layers (Megatron-LM asserts); allowed: "
+                            "--num-virtual-stages-per-pipeline-rank", source=source,
+                            field="--num-layers-per-virtual-pipeline-stage")
+        if ranks[0] % per_stage:
+            raise UserError(f"{per_stage} does not divide the {ranks[0]} layers of each pipeline rank; allowed: a "
+                            "divisor of it", source=source, field="--num-layers-per-virtual-pipeline-stage")
+        vpp = ranks[0] // per_stage
+    for rank, n in enumerate(ranks):
+        if n % vpp:
+            raise UserError(f"pipeline rank {rank}'s {n} layers do not split into {vpp} virtual stages; allowed: a "
+                            "number of virtual stages dividing every rank's layers", source=source,
+                            field="--num-virtual-stages-per-pipeline-rank")
+    blocks = [ranks[j % pp] // vpp for j in range(pp * vpp)]    # virtual stage j: rank j % pp, chunk j // pp
+    if args.get("--account-for-embedding-in-pipeline-split"):
+        blocks[0] -= 1
+    if args.get("--account-for-loss-in-pipeline-split"):
+        blocks[-1] -= 1
+    return blocks
+
+
+def _blocks_per_rank(args: dict, source: str, num_blocks: int, pp: int) -> list[int]:
+    """get_num_layers_to_build: the first and last rank as --decoder-first/last-pipeline-num-layers
+    say, the others an equal share of the rest; or all equal, the embedding and loss counted
+    as layers when --account-for-*-in-pipeline-split is given."""
+    first = _int(args, "--decoder-first-pipeline-num-layers", source, minimum=0)
+    last = _int(args, "--decoder-last-pipeline-num-layers", source, minimum=0)
+    if first is None and last is None:
+        total = num_blocks + bool(args.get("--account-for-embedding-in-pipeline-split")) + bool(
+            args.get("--account-for-loss-in-pipeline-split"))
+        if total % pp:
+            raise UserError(f"{pp} stages do not divide the model's {total} layers (Megatron-LM asserts); allowed: "
+                            "a divisor, or --decoder-first/last-pipeline-num-layers", source=source,
+                            field="--pipeline-model-parallel-size")
+        return [total // pp] * pp
+    rest = num_blocks - (first or 0) - (last or 0)
+    middle = pp - (first is not None) - (last is not None)
+    if rest < 0 or (middle and rest % middle) or (not middle and rest):
+        raise UserError(f"the {num_blocks} layers less the first and last stages' leave {rest} for {middle} middle "
+                        "stages; allowed: a multiple of them", source=source,
+                        field="--decoder-first-pipeline-num-layers")
+    share = rest // middle if middle else 0
+    return [first if r == 0 and first is not None else last if r == pp - 1 and last is not None else share
+            for r in range(pp)]
+
+
+def _layout_blocks(source: str, layout: str, pp: int, num_blocks: int) -> list[int]:
+    """Blocks per virtual stage of --pipeline-model-parallel-layout: stages split by '|', E
+    embedding, t a block, L the loss, m an MTP layer, (...)*n and x*n repeat, commas cosmetic."""
+    text = layout.replace(",", "")
+    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    text = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    stages = text.split("|")
+    bad = set(text) - set("EtLm|")
+    if bad or not text.startswith("E") or not text.endswith("L") or len(stages) % pp:
+        raise UserError(f"{layout!r} is not a layout of {pp} ranks; allowed: stages split by '|' (a multiple of the "
+                        "pipeline size), E first, L last, t a block, e.g. 'Ett|tt|tt|ttL'", source=source,
+                        field="--pipeline-model-parallel-layout")
+    blocks = [s.count("t") for s in stages]
+    if sum(blocks) != num_blocks:
+        raise UserError(f"{layout!r} places {sum(blocks)} blocks but the model has {num_blocks}", source=source,
+                        field="--pipeline-model-parallel-layout")
+    return blocks

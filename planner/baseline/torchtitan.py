@@ -1,0 +1,259 @@
+"""A torchtitan job config TOML: [parallelism], [training] and [activation_checkpoint]
+for the knobs, [model] name and flavor for the model.
+
+Keys and defaults as torchtitan/config/job_config.py defines them (pytorch/torchtitan,
+the TOML configs up to the February 2026 refactor to Python configs); how they combine
+as torchtitan applies them: FSDP over the shard and context-parallel ranks
+(distributed/parallel_dims.py ``fsdp_enabled``), ``fsdp_reshard_after_forward``
+"default" resharding only without a pipeline, the default stage split of
+distributed/pipeline_parallel.py (``generate_llm_fqn_per_model_part``: the embedding
+and the output each count as one layer), and ``selective_ac_option = "n"``
+checkpointing every n-th block (distributed/activation_checkpoint.py).
+"""
+from __future__ import annotations
+
+import math
+import tomllib
+
+from ..config import ParallelConfig
+from ..errors import UserError
+from ..layers import LayerGraph
+from .values import (Baseline, Context, FileModel, choice, data_parallel, global_batch, microbatches,
+                     pipeline_layers, positive_int, recompute_of)
+
+MODELLED = {
+    "model": {"name", "flavor"},
+    "training": {"local_batch_size", "batch_size", "global_batch_size", "seq_len", "mixed_precision_param"},
+    "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
+                    "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
+                    "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size", "pipeline_parallel_split_points",
+                    "module_fqns_per_model_part", "pipeline_parallel_layers_per_stage",
+                    "pipeline_parallel_first_stage_less_layers", "pipeline_parallel_last_stage_less_layers",
+                    "enable_async_tensor_parallel"},
+    "activation_checkpoint": {"mode", "selective_ac_option"},
+}
+ZOO = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3-405b",
+       ("llama2", "7B"): "llama2-7b", ("llama2", "13B"): "llama2-13b", ("llama2", "70B"): "llama2-70b"}
+SCHEDULES = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved-1f1b"}
+SINGLE_STAGE = {"1F1B", "GPipe"}        # torch.distributed.pipelining schedules with one stage per rank
+MODULES = {"tok_embeddings": "embed", "output": "lm_head"}    # torchtitan's module names -> meshplan's layers
+LOCAL_BATCH, SEQ_LEN = 8, 2048          # job_config.py Training defaults
+FLAGS = {   # meshplan's flag (as config.check_config names it) -> this format's
+    "--dp/--tp/--pp/--cp": "parallelism degrees", "--tp": "parallelism.tensor_parallel_degree",
+    "--pp": "parallelism.pipeline_parallel_degree", "--cp": "parallelism.context_parallel_degree",
+    "--micro-batch": "parallelism.pipeline_parallel_microbatch_size", "num_microbatches": "training.global_batch_size",
+    "--vpp": "parallelism.pipeline_parallel_split_points", "--schedule": "parallelism.pipeline_parallel_schedule",
+    "--zero": "parallelism.data_parallel_shard_degree", "--recompute": "activation_checkpoint.mode",
+    "--precision": "training.mixed_precision_param"}
+
+
+def parse(text: str, source: str) -> dict:
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"not valid TOML: {e}", source=source) from None
+    for section in MODELLED:
+        if not isinstance(doc.get(section, {}), dict):
+            raise UserError("expected a table", source=source, field=f"[{section}]")
+    return doc
+
+
+def model_of(doc: dict, source: str) -> FileModel:
+    model = doc.get("model", {})
+    name = ZOO.get((model.get("name"), model.get("flavor")))
+    seq = doc.get("training", {}).get("seq_len")
+    return FileModel(name=name, name_flag="model.flavor", seq_len=("training.seq_len", positive_int(source, "training.seq_len", seq))
+                     if seq is not None else None, seq_len_default=SEQ_LEN,
+                     missing=f"[model] name {model.get('name')!r} flavor {model.get('flavor')!r} is not in "
+                             "meshplan's zoo")
+
+
+def _int(doc: dict, key: str, source: str, default: int, minimum: int = 1) -> int:
+    section, _, name = key.partition(".")
+    value = doc.get(section, {}).get(name)
+    return default if value is None else positive_int(source, key, value, minimum)
+
+
+def read(doc: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
+    par, notes = doc.get("parallelism", {}), []
+    tp, pp, cp = (_int(doc, f"parallelism.{k}_parallel_degree", source, 1) for k in ("tensor", "pipeline", "context"))
+    replicate = _int(doc, "parallelism.data_parallel_replicate_degree", source, 1)
+    shard = _shard(doc, source, ctx.gpus, tp, pp, cp, replicate)
+    dp = replicate * shard
+    zero = _zero(par, source, shard, cp, pp)
+    if zero and replicate > 1:
+        notes.append(f"HSDP (replicate {replicate} x shard {shard}): meshplan shards the states over all {dp} "
+                     "data-parallel ranks, less memory than sharding over the shard group")
+    micro, batch, m = _batch(doc, source, ctx, dp, pp)
+    schedule_name = par.get("pipeline_parallel_schedule", "1F1B")
+    blocks = _stage_blocks(doc, source, graph, pp, schedule_name) if pp > 1 else None
+    vpp = len(blocks) // pp if blocks else 1
+    schedule, more = _schedule(source, schedule_name, pp, vpp)
+    notes += more
+    per_block, more = _recompute(doc.get("activation_checkpoint"), source, graph.num_blocks, pp)
+    notes += more
+    recompute, recompute_layers = recompute_of(graph, per_block)
+    config = ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, micro_batch=micro, num_microbatches=m, vpp=vpp,
+                            schedule=schedule, recompute=recompute, sequence_parallel=tp > 1,
+                            recompute_layers=recompute_layers,
+                            stage_layers=pipeline_layers(source, "parallelism.pipeline_parallel_split_points", graph,
+                                                         blocks))
+    if doc.get("training", {}).get("enable_cpu_offload"):
+        notes.append("training.enable_cpu_offload (FSDP CPU offload) is not modelled: the estimate keeps every "
+                     "state on the GPU")
+    return Baseline(source=source, format="torchtitan", runtime="torch", config=config, global_batch=batch,
+                    seq_len=graph.seq_len, precision=_precision(doc, source),
+                    tp_comm_overlap=bool(par.get("enable_async_tensor_parallel")), flags=FLAGS,
+                    ignored=_ignored(doc), notes=tuple(notes))
+
+
+def _ignored(doc: dict) -> tuple[str, ...]:
+    out = []
+    for section, body in doc.items():
+        if section not in MODELLED or not isinstance(body, dict):
+            out.append(f"[{section}]")
+        else:
+            out += [f"{section}.{key}" for key in body if key not in MODELLED[section]]
+    return tuple(out)
+
+
+def _shard(doc: dict, source: str, gpus: int, tp: int, pp: int, cp: int, replicate: int) -> int:
+    """data_parallel_shard_degree: -1 takes the GPUs the other degrees leave (job_config.py)."""
+    shard = doc.get("parallelism", {}).get("data_parallel_shard_degree", -1)
+    key = "parallelism.data_parallel_shard_degree"
+    degrees = {"tensor_parallel_degree": tp, "pipeline_parallel_degree": pp, "context_parallel_degree": cp,
+               "data_parallel_replicate_degree": replicate}
+    if shard == -1:
+        return data_parallel(source, gpus, degrees)
+    shard = positive_int(source, key, shard)
+    if math.prod(degrees.values()) * shard != gpus:
+        used = " x ".join(str(v) for v in [*degrees.values(), shard])
+        raise UserError(f"{used} = {math.prod(degrees.values()) * shard} GPUs but --gpus is {gpus}; allowed: degrees "
+                        f"whose product is {gpus}, or -1 to take the rest", source=source, field=key)
+    return shard
+
+
+def _zero(par: dict, source: str, shard: int, cp: int, pp: int) -> int:
+    """FSDP (over the shard and context-parallel ranks) is ZeRO-3, or ZeRO-2 when the
+    parameters stay gathered after forward; plain replication is ZeRO-0."""
+    if shard * cp == 1:
+        return 0
+    policy = choice(source, "parallelism.fsdp_reshard_after_forward", par.get("fsdp_reshard_after_forward", "default"),
+                    ("default", "always", "never"))
+    reshard = policy == "always" or (policy == "default" and pp == 1)
+    return 3 if reshard else 2
+
+
+def _batch(doc: dict, source: str, ctx: Context, dp: int, pp: int) -> tuple[int, int, int]:
+    """(micro-batch, global batch, micro-batches per replica): local_batch_size per data-parallel
+    rank, split into pipeline micro-batches with a pipeline; global_batch_size (default local x
+    dp) a multiple of local x dp, the rest gradient accumulation."""
+    training = doc.get("training", {})
+    key = "training.local_batch_size" if "local_batch_size" in training or "batch_size" not in training else \
+        "training.batch_size"
+    local = _int(doc, key, source, LOCAL_BATCH)
+    micro = _int(doc, "parallelism.pipeline_parallel_microbatch_size", source, 1) if pp > 1 else local
+    if local % micro:
+        raise UserError(f"{micro} does not divide {key} {local} (torchtitan raises); allowed: a divisor of it",
+                        source=source, field="parallelism.pipeline_parallel_microbatch_size")
+    in_file = training.get("global_batch_size", -1)
+    in_file = None if in_file == -1 else positive_int(source, "training.global_batch_size", in_file)
+    batch = global_batch(source, "training.global_batch_size", in_file, ctx, local * dp)
+    microbatches(source, "training.global_batch_size", key, batch, dp, local)    # torchtitan asserts it
+    return micro, batch, batch // (dp * micro)
+
+
+def _stage_blocks(doc: dict, source: str, graph: LayerGraph, pp: int, schedule: str) -> list[int]:
+    """Blocks per virtual stage: from the split points or module lists when given, else as
+    torchtitan generates them (pipeline_parallel_layers_per_stage, or one stage per rank for
+    single-stage schedules and two for the others)."""
+    par = doc["parallelism"]
+    if par.get("pipeline_parallel_split_points"):
+        return _blocks_at(source, graph, par["pipeline_parallel_split_points"])
+    if par.get("module_fqns_per_model_part"):
+        parts = par["module_fqns_per_model_part"]
+        return [sum(1 for name in part if str(name).startswith("layers.")) for part in parts]
+    first = _int(doc, "parallelism.pipeline_parallel_first_stage_less_layers", source, 1, minimum=0)
+    last = _int(doc, "parallelism.pipeline_parallel_last_stage_less_layers", source, 1, minimum=0)
+    per = par.get("pipeline_parallel_layers_per_stage")
+    if per is not None:
+        per = positive_int(source, "parallelism.pipeline_parallel_layers_per_stage", per)
+        stages = math.ceil((graph.num_blocks + first + last) / per)
+    else:
+        stages = pp * (1 if schedule in SINGLE_STAGE else 2)
+    return _generated_split(source, stages, graph.num_blocks, first, last)
+
+
+def _blocks_at(source: str, graph: LayerGraph, points: list) -> list[int]:
+    """Blocks per stage when each split point names the module that begins a stage."""
+    names = [layer.name for layer in graph.layers]
+    starts = [0]
+    for point in points:
+        name = MODULES.get(point, point)
+        if name not in names or names.index(name) <= starts[-1]:
+            raise UserError(f"{point!r} is not a module after the previous split point; allowed: tok_embeddings, "
+                            f"layers.0 ... layers.{graph.num_blocks - 1}, norm, output, in order", source=source,
+                            field="parallelism.pipeline_parallel_split_points")
+        starts.append(names.index(name))
+    bounds = starts + [len(names)]
+    return [sum(1 for layer in graph.layers[a:b] if layer.is_block) for a, b in zip(bounds, bounds[1:])]
+
+
+def _generated_split(source: str, stages: int, layers: int, first: int, last: int) -> list[int]:
+    """generate_llm_fqn_per_model_part: the embedding weighs ``first`` layers and the output
+    ``last``; the effective layers are shared evenly, the extra ones to the first stages."""
+    if stages == 1:
+        return [layers]
+    per, extra = divmod(layers + first + last, stages)
+    if per == 0 or first > per or last > per:
+        raise UserError(f"{stages} stages of {layers} layers (+{first} for the embedding, +{last} for the output) "
+                        "leave a stage without room (torchtitan raises); allowed: fewer stages",
+                        source=source, field="parallelism.pipeline_parallel_layers_per_stage")
+    blocks, left = [], layers
+    for s in range(stages):
+        n = per + (s < extra) - (first if s == 0 else last if s == stages - 1 else 0)
+        blocks.append(min(n, left))
+        left -= blocks[-1]
+    return blocks
+
+
+def _schedule(source: str, name: str, pp: int, vpp: int) -> tuple[str, list[str]]:
+    if pp == 1:
+        return "1f1b", []
+    if name in SINGLE_STAGE and vpp != 1:
+        raise UserError(f"{name} runs one stage per rank but the split gives {vpp} (torchtitan raises); allowed: "
+                        "Interleaved1F1B, or one stage per rank", source=source,
+                        field="parallelism.pipeline_parallel_schedule")
+    if name not in SINGLE_STAGE and vpp < 2:
+        raise UserError(f"{name} needs at least two stages per rank (torchtitan raises); allowed: more split "
+                        "points, or 1F1B", source=source, field="parallelism.pipeline_parallel_schedule")
+    if name in SCHEDULES:
+        return SCHEDULES[name], []
+    return ("interleaved-1f1b" if vpp > 1 else "1f1b"), [
+        f"pipeline schedule {name} is modelled as {'interleaved 1F1B' if vpp > 1 else '1F1B'}"]
+
+
+def _recompute(ac: dict | None, source: str, blocks: int, pp: int) -> tuple[list[str], list[str]]:
+    """Policy per block from [activation_checkpoint] (absent: torchtitan's default, selective
+    "2", every second block in full)."""
+    ac = ac or {}
+    mode = choice(source, "activation_checkpoint.mode", ac.get("mode", "selective"),
+                  ("none", "selective", "full", "memory_budget"))
+    notes = [] if ac else ["no [activation_checkpoint]: torchtitan's default (selective, every second block)"]
+    if mode in ("none", "full"):
+        return [mode] * blocks, notes
+    option = str(ac.get("selective_ac_option", "2"))
+    if mode == "memory_budget" or option == "op":
+        return ["selective"] * blocks, notes + [
+            f"activation_checkpoint {mode}{' op' if option == 'op' else ''} is modelled as selective recompute "
+            "(attention recomputed, matmul outputs kept)"]
+    every = positive_int(source, "activation_checkpoint.selective_ac_option", option, minimum=0) or 1
+    if pp > 1 and every > 1:
+        notes.append("selective_ac_option counts blocks per pipeline rank in torchtitan; here over the whole model")
+    return [("full" if (i + 1) % every == 0 else "none") for i in range(blocks)], notes
+
+
+def _precision(doc: dict, source: str) -> str:
+    param = choice(source, "training.mixed_precision_param",
+                   doc.get("training", {}).get("mixed_precision_param", "bfloat16"), ("bfloat16", "float32"))
+    return "bf16" if param == "bfloat16" else "fp32"

@@ -1,0 +1,168 @@
+"""`meshplan compare`: read your own configuration, estimate it, search the same job,
+print both side by side (a table, or one JSON object), optionally write a report.
+
+    meshplan compare --model gpt3-175b --cluster a100-80g --gpus 1024 --baseline megatron_args.txt
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from dataclasses import asdict
+
+from .compare import (Comparison, changes, comparison_rows, counterpart, does_not_fit_by, file_edits, gain,
+                      gain_line, plan_of, switch_costs, verdict_line, word)
+
+EPILOG = """\
+examples:
+  meshplan compare --model gpt3-175b --cluster a100-80g --gpus 1024 --baseline train_gpt3_175b.sh
+  meshplan compare --cluster h100-80g --gpus 8 --global-batch 128 --baseline llama3_8b.toml
+  meshplan compare --model llama3-8b --gpus 64 --baseline ds_config.json --tp 2 --pp 4   # Megatron-DeepSpeed
+  meshplan compare --gpus 16 --baseline plan.json --json
+  meshplan compare --gpus 256 --baseline llama3_70b.toml --report compare/ --tokens 15T
+
+The baseline is told by its file: a .toml is a torchtitan job config ([parallelism],
+[training], [activation_checkpoint], [model] name/flavor); a .json is meshplan's plan.json
+or a DeepSpeed config (degrees from --tp/--pp); anything else is Megatron-LM arguments, a
+file of flags or the launch script itself (--tensor-model-parallel-size ..., and the
+architecture flags when no --model is given). The runtime, precision, sequence length and
+global batch are the file's; the search uses the same. Flags meshplan does not model are
+listed as ignored. Exit codes: 0 ok, 2 bad input (one line naming the file and the flag),
+3 nothing fits.
+"""
+
+
+def add_compare_parser(sub, positive_int, default_cluster: str) -> None:
+    p = sub.add_parser("compare", help="set your own Megatron-LM / DeepSpeed / torchtitan / plan.json configuration "
+                                       "beside the best plan", epilog=EPILOG,
+                       description="Estimate your configuration, search the best plan for the same job, and show "
+                                   "both side by side: step time and its parts, throughput, memory, what changes, "
+                                   "what it gains and what the switch costs.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--baseline", required=True, metavar="FILE",
+                   help="your configuration: Megatron-LM arguments or launch script, a DeepSpeed JSON, a torchtitan "
+                        "TOML, or a plan.json")
+    p.add_argument("--model", help="zoo name or Hugging Face config.json (default: the model the file describes)")
+    p.add_argument("--cluster", default=default_cluster,
+                   help=f"built-in profile or a profile TOML (default {default_cluster})")
+    p.add_argument("--gpus", type=positive_int, help="number of GPUs: the world size (default: one node)")
+    p.add_argument("--global-batch", type=positive_int,
+                   help="sequences per step, when the file does not fix it (torchtitan: default local batch x dp)")
+    p.add_argument("--seq-len", type=positive_int, help="tokens per sequence, when the file does not set it")
+    p.add_argument("--tp", type=positive_int, help="tensor-parallel degree of a Megatron-DeepSpeed job (DeepSpeed only)")
+    p.add_argument("--pp", type=positive_int, help="pipeline stages of a Megatron-DeepSpeed job (DeepSpeed only)")
+    p.add_argument("--tokens", type=token_count, metavar="N",
+                   help="token budget the gain in days and cost is priced for, e.g. 300B or 15T (default 20 per "
+                        "parameter, Hoffmann et al. 2022)")
+    p.add_argument("--top-k", type=positive_int, default=5, help="finalists the search ranks by simulation (default 5, "
+                                                                 "as meshplan plan)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--report", metavar="DIR", help="also write the recommended plan's report into DIR, with a "
+                                                   "section setting your plan against it")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def token_count(text: str) -> float:
+    """'300B', '1.5T', '2e12' -> a number of tokens."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([kKmMbBtT]?)\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"expected a token count such as 300B, 1.5T or 2e12, got {text!r}")
+    scale = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[match.group(2).lower()]
+    value = float(match.group(1)) * scale
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive token count, got {text!r}")
+    return value
+
+
+def compare_command(args) -> int:
+    from .baseline import Context, check_baseline, read_baseline
+    from .cluster import load_cluster
+    from .commands import _no_fit_message, fixed_result
+    from .compare import CHINCHILLA_TOKENS_PER_PARAM
+    from .errors import NoFeasiblePlan
+    from .search import Knobs, search
+
+    t0 = time.perf_counter()
+    cluster = load_cluster(args.cluster, args.gpus)
+    ctx = Context(gpus=cluster.num_gpus, global_batch=args.global_batch, seq_len=args.seq_len, tp=args.tp, pp=args.pp)
+    baseline, spec, graph = read_baseline(args.baseline, ctx, args.model)
+    check_baseline(baseline, graph, cluster)
+    workload = baseline.workload()
+    mine = fixed_result(graph, cluster, workload, baseline.config, 0.0).best
+    result = search(graph, cluster, workload, Knobs(), top_k=args.top_k)
+    cmp = Comparison(baseline=baseline, spec=spec, model_source=args.model or spec.name, graph=graph, cluster=cluster,
+                     workload=workload, mine=mine, best=result.best, search=result,
+                     token_budget=args.tokens or CHINCHILLA_TOKENS_PER_PARAM * graph.num_params)
+    if cmp.best is None and not cmp.already_best:
+        raise NoFeasiblePlan(f"your plan does not fit ({does_not_fit_by(mine.estimate)}), and "
+                             + _no_fit_message(result, graph, cluster, workload, Knobs()))
+    if args.report:
+        from .report import write_report
+        try:
+            write_report(plan_of(cmp), args.report, comparison=cmp)
+        except OSError as e:
+            from .errors import UserError
+            raise UserError(f"cannot write the report: {e.strerror}", source=args.report) from None
+    seconds = time.perf_counter() - t0
+    if args.json:
+        json.dump({**comparison_json(cmp), "seconds": seconds}, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(format_comparison(cmp) + f"\ncompared in {seconds:.2f} s\n")
+    return 0
+
+
+# -- JSON --------------------------------------------------------------------------------------------
+
+def comparison_json(cmp: Comparison) -> dict:
+    """{"baseline": {config, estimate, ...}, "recommended": {config, estimate}, "changes", "speedup", ...}:
+    config and estimate as `meshplan plan --json` writes them."""
+    from .plan import config_json
+    b = cmp.baseline
+    return {
+        "baseline": {"config": config_json(cmp.mine.config), "estimate": cmp.mine.estimate.to_json(),
+                     "source": b.source, "format": b.format, "ignored": list(b.ignored), "notes": list(b.notes)},
+        "recommended": {"config": config_json(cmp.recommended.config), "estimate": cmp.recommended.estimate.to_json()},
+        "changes": [asdict(c) for c in changes(cmp.graph, cmp.mine.config, cmp.recommended.config)],
+        "speedup": cmp.speedup, "verdict": cmp.verdict,
+        "does_not_fit": None if cmp.mine.estimate.fits else does_not_fit_by(cmp.mine.estimate),
+        "gain": gain(cmp), "switch": switch_costs(cmp), "edits": file_edits(cmp),
+        "model": {"name": cmp.spec.name, "params": int(cmp.graph.num_params)},
+        "cluster": {"name": cmp.cluster.name, "gpus": cmp.cluster.num_gpus}, "workload": asdict(cmp.workload),
+    }
+
+
+# -- the table ---------------------------------------------------------------------------------------
+
+def format_comparison(cmp: Comparison) -> str:
+    from .baseline import FORMAT_NAMES
+    w, b = cmp.workload, cmp.baseline
+    label, other = counterpart(cmp)
+    table = comparison_rows(cmp.mine, other or cmp.mine)
+    widths = [max(len(r[i]) for r in table + [("", "your plan", label, "")]) for i in range(3)]
+    lines = [f"{cmp.spec.name} ({cmp.graph.num_params / 1e9:.2f}B params) on {cmp.cluster.name} x "
+             f"{cmp.cluster.num_gpus} GPUs: {w.global_batch} sequences x {w.seq_len} tokens per step, {w.precision}, "
+             f"{w.framework} runtime",
+             f"baseline  {b.source} ({FORMAT_NAMES[b.format]})", "",
+             f"{'':<{widths[0]}}  {'your plan':<{widths[1]}}  {label:<{widths[2]}}"]
+    lines += [f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip() for r in table]
+    lines += ["", f"verdict   {verdict_line(cmp)}"]
+    moved = changes(cmp.graph, cmp.mine.config, cmp.recommended.config)
+    if moved:
+        lines.append("changes   " + "; ".join(f"{c.knob} {word(c.baseline)} -> {word(c.recommended)}"
+                                              for c in moved))
+        lines.append(f"gain      {gain_line(cmp)}")
+        lines += [f"switch    {s}" if i == 0 else f"          {s}" for i, s in enumerate(switch_costs(cmp))]
+        edits = file_edits(cmp)
+        if edits["remove"] or edits["add"]:
+            lines.append(f"in your {FORMAT_NAMES[b.format]}:")
+            lines += [f"  - {x}" for x in edits["remove"]] + [f"  + {x}" for x in edits["add"]]
+        if edits["launch"]:
+            lines.append(f"  on the launch line (Megatron-DeepSpeed): {', '.join(edits['launch'])}")
+        lines += [f"  (cannot express: {n})" for n in edits["cannot_express"]]
+    if b.ignored:
+        lines.append(f"ignored   not modelled: {', '.join(b.ignored)}")
+    lines += [f"note      {n}" for n in b.notes]
+    return "\n".join(lines) + "\n"
