@@ -13,6 +13,7 @@ from . import faults
 from .checkpoint_dir import check_resumable, latest_complete
 from .integrity import check_model
 from .launch import Launch, launch
+from .mesh import local_device_kind
 from .plan_file import load_plan, warn_if_other_version
 from .support import DEFAULT_CHECKPOINT_EVERY, DEFAULT_TIMEOUT_S, check_stages, check_supported
 
@@ -133,7 +134,7 @@ def check_run_flags(args, plan) -> None:
 def run_command(args) -> int:
     plan = check_model(load_plan(args.plan), args.model)
     warn_if_other_version(plan)
-    check_supported(plan)
+    check_supported(plan, local_device_kind())
     check_stages(plan.stages, plan.spec, plan.source)
     check_run_flags(args, plan)
     nproc = args.nproc or plan.world_size // args.nnodes

@@ -27,6 +27,12 @@ def local_device():
     return torch.device("cpu")
 
 
+def local_device_kind() -> str:
+    """"cuda" where this machine has a GPU (what `meshplan run` launches on), else "cpu"."""
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def init_process_group(timeout_s: float) -> None:
     """Join the job's default process group (NCCL on GPUs, gloo otherwise); a collective waiting longer
     than ``timeout_s`` seconds for a peer raises."""

@@ -64,7 +64,7 @@ class Job:
 
     def __init__(self, plan: RunPlan, options: RunOptions, device: torch.device):
         spec, c = plan.spec, plan.config
-        check_supported(plan)
+        check_supported(plan, device.type)
         check_stages(plan.stages, spec, plan.source)
         self.plan, self.options, self.device = plan, options, device
         self.dims = ParallelDims.from_config(c, dist.get_world_size())

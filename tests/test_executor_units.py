@@ -86,9 +86,11 @@ def test_degrees_must_multiply_to_the_world():
 def test_context_parallel_is_refused_naming_the_missing_support(tmp_path):
     from executor.parallelize import check_supported
     from executor.plan_file import plan_from_json
-    plan = plan_from_json(_plan_doc(tmp_path, gpus=2, cp=2, micro_batch=8), "p.json")
-    with pytest.raises(UserError, match="p.json: config.cp: cp 2: context parallelism needs torch's context_parallel"):
-        check_supported(plan)
+    # planned for Megatron-LM's runtime (which has context parallelism), then given to meshplan run
+    plan = plan_from_json(_plan_doc(tmp_path, gpus=2, cp=2, micro_batch=8, framework="megatron"), "p.json")
+    with pytest.raises(UserError, match=r"p.json: config.cp: context parallelism \(cp 2\) does not run on the torch "
+                                        "runtime on cpu; allowed: 1"):
+        check_supported(plan, "cpu")
 
 
 def test_zero1_with_tensor_parallelism_is_refused(tmp_path):
@@ -96,8 +98,9 @@ def test_zero1_with_tensor_parallelism_is_refused(tmp_path):
     from executor.plan_file import plan_from_json
     # planned for Megatron-LM's runtime (which has ZeRO-1 with TP), then given to meshplan run
     plan = plan_from_json(_plan_doc(tmp_path, gpus=4, dp=2, tp=2, zero=1, framework="megatron"), "p.json")
-    with pytest.raises(UserError, match="config.zero: ZeRO-1 with tp > 1"):
-        check_supported(plan)
+    with pytest.raises(UserError, match="config.zero: ZeRO-1 with tensor parallelism does not run on the torch "
+                                        "runtime on cuda; allowed with tp > 1: 0, 2 or 3"):
+        check_supported(plan, "cuda")
 
 
 def test_zero1_under_a_pipeline_needs_1f1b(tmp_path):
@@ -106,7 +109,7 @@ def test_zero1_under_a_pipeline_needs_1f1b(tmp_path):
     plan = plan_from_json(_plan_doc(tmp_path, gpus=4, dp=2, pp=2, zero=1, schedule="gpipe", micro_batch=1,
                                     framework="megatron"), "p.json")
     with pytest.raises(UserError, match="config.schedule: ZeRO-1 with the gpipe schedule"):
-        check_supported(plan)
+        check_supported(plan, "cpu")
 
 
 def test_torchrun_command_standalone_or_rendezvous():

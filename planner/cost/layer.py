@@ -19,6 +19,7 @@ from ..cluster import DTYPE_BYTES, Cluster
 from ..config import RECOMPUTES
 from ..layers import Layer, Op, Saved
 from .. import network
+from ..runtimes import RUNTIMES
 from .compute import flash_attention_s, gemm_s, memory_bound_s, unfused_attention_s
 
 POLICY_INDEX = {name: i for i, name in enumerate(RECOMPUTES)}
@@ -74,7 +75,7 @@ def _op_divisor(op: Op, ctx: Context) -> int:
 
 def _saved_bytes(saved: Saved, ctx: Context) -> float:
     divide = _split(saved.split, ctx)
-    if saved.gathered_input and ctx.sequence_parallel and ctx.framework == "torch":
+    if saved.gathered_input and ctx.sequence_parallel and RUNTIMES[ctx.framework].timing.sp_keeps_gathered_input:
         divide = 1      # DTensor's ColwiseParallel keeps the all-gathered input for the weight gradient
     dtype = saved.dtype_bytes or DTYPE_BYTES[ctx.precision]
     return saved.elems * ctx.tokens * dtype / divide

@@ -57,7 +57,7 @@ def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs
     the few finalists by their simulated step (``planner/simulate.py``), whose times
     replace the closed form's in their estimates."""
     t0 = time.perf_counter()
-    space = Space(graph, cluster.num_gpus, workload, knobs, cluster.device.dtypes)
+    space = Space(graph, cluster.num_gpus, workload, knobs, cluster.device.dtypes, cluster.device_kind)
     cache = CostCache(graph, cluster, workload)
     top = _TopK(top_k + 1)
     order, bounds = layout_order(space, cache)

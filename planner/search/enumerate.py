@@ -215,7 +215,7 @@ def _layout_size(space: Space, layout: Layout) -> int:
     """Number of legal configs in a layout (for the coverage count), memoised on what the
     schedules, ZeRO stages and sequence-parallel choices of a layout depend on."""
     m = layout.num_microbatches(space.w.global_batch)
-    key = (layout.pp, m % layout.pp == 0, layout.tp > 1, layout.dp > 1, layout.dp * layout.cp == 1)
+    key = (layout.pp, m % layout.pp == 0, m < layout.pp, layout.tp > 1, layout.dp > 1, layout.dp * layout.cp == 1)
     sizes = space.__dict__.setdefault("_layout_sizes", {})
     if key not in sizes:
         sizes[key] = _count_layout(space, layout)
@@ -316,7 +316,7 @@ def _frugal_candidates(space: Space, cache: CostCache, layout: Layout):
 
 def evaluate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: ParallelConfig) -> Candidate:
     """A fully fixed config: check it and estimate it (it may not fit)."""
-    space = Space(graph, cluster.num_gpus, workload, Knobs(), cluster.device.dtypes)
+    space = Space(graph, cluster.num_gpus, workload, Knobs(), cluster.device.dtypes, cluster.device_kind)
     space.check(config)
     return Candidate(config=config, estimate=estimate(graph, cluster, workload, config))
 

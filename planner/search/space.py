@@ -4,10 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Iterator
 
-from ..config import (FRAMEWORKS, OFFLOADS, RECOMPUTES, SCHEDULES, ParallelConfig, Workload, check_config,
-                      check_executor_limits)
+from ..config import FRAMEWORKS, OFFLOADS, RECOMPUTES, SCHEDULES, ParallelConfig, Workload, check_config, knob_flag
 from ..errors import UserError, one_of
 from ..layers import LayerGraph
+from ..runtimes import RUNTIMES, refusals
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,13 +49,16 @@ class Layout:
 
 
 class Space:
-    """All legal ParallelConfigs for (graph, gpus, workload) under the fixed knobs."""
+    """All legal ParallelConfigs for (graph, gpus, workload) under the fixed knobs: those the
+    workload's runtime runs on ``device_kind`` (its ``Combinations`` in planner/runtimes.py)."""
 
     def __init__(self, graph: LayerGraph, num_gpus: int, workload: Workload, knobs: Knobs,
-                 dtypes: tuple[str, ...] = ()):
+                 dtypes: tuple[str, ...] = (), device_kind: str = "cuda"):
         self.graph, self.n, self.w, self.k = graph, num_gpus, workload, knobs
         self.blocks = graph.num_blocks
+        self.device_kind = device_kind
         self._check_fixed(dtypes)
+        self.can = RUNTIMES[workload.framework].on(device_kind)
 
     # -- validation of what the user fixed ------------------------------------------------------
     def _check_fixed(self, dtypes) -> None:
@@ -120,19 +123,20 @@ class Space:
                             field="--sequence-parallel")
         if k.offload == "optimizer" and k.zero == 0:
             raise UserError("optimizer offload (ZeRO-Offload) needs ZeRO stage 1, 2 or 3", field="--offload")
-        if w.framework == "megatron" and k.zero is not None and k.zero > 1:
-            raise UserError(f"Megatron-LM's distributed optimizer is ZeRO-1; ZeRO-{k.zero} needs "
-                            "--framework torch or deepspeed", field="--zero")
-        if w.framework == "torch":      # what meshplan's executor cannot run: say so before searching
-            check_executor_limits(zero=k.zero, tp=k.tp, offload=k.offload, num_kv_heads=g.num_kv_heads)
-        if w.framework == "deepspeed" and k.zero is not None and k.zero > 1 and k.pp is not None and k.pp > 1:
-            raise UserError(f"DeepSpeed does not combine ZeRO-{k.zero} with pipeline parallelism; "
-                            "use --zero 0 or 1 with --pp > 1", field="--zero")
+        for knob, why in refusals(w.framework, self.device_kind, zero=k.zero, tp=k.tp, pp=k.pp, cp=k.cp, dp=k.dp,
+                                  schedule=k.schedule, offload=k.offload, sequence_parallel=k.sequence_parallel,
+                                  recompute=k.recompute, num_kv_heads=g.num_kv_heads):
+            raise UserError(why, field=knob_flag(knob))
 
     # -- enumeration ----------------------------------------------------------------------------
     def _options(self, name: str, values: list) -> list:
         fixed = getattr(self.k, name)
         return [fixed] if fixed is not None else values
+
+    def _allowed(self, name: str, values: list) -> list:
+        """``values``, or the fixed value of knob ``name`` where it is one of them."""
+        fixed = getattr(self.k, name)
+        return values if fixed is None else [fixed] if fixed in values else []
 
     def layouts(self) -> Iterator[Layout]:
         """(tp, pp, cp, dp, micro-batch) combinations that can work."""
@@ -140,12 +144,12 @@ class Space:
         for tp in self._options("tp", divisors(n)):
             if g.num_heads % tp or (g.num_kv_heads % tp and tp % g.num_kv_heads):
                 continue
-            if w.framework == "torch" and g.num_kv_heads % tp:
-                continue      # meshplan's executor does not replicate key/value heads
+            if g.num_kv_heads % tp and not self.can.replicates_kv_heads:
+                continue
             for pp in self._options("pp", divisors(n // tp)):
                 if pp > self.blocks or (n // tp) % pp:
                     continue
-                for cp in self._options("cp", divisors(n // (tp * pp))):
+                for cp in self._options("cp", divisors(n // (tp * pp)) if self.can.context_parallel else [1]):
                     if (n // (tp * pp)) % cp or (cp > 1 and w.seq_len % (2 * cp)):
                         continue
                     dp = n // (tp * pp * cp)
@@ -163,7 +167,7 @@ class Space:
             return [(self.k.schedule or "1f1b", 1)] if (self.k.vpp or 1) == 1 else []
         m = layout.num_microbatches(self.w.global_batch)
         out = []
-        for schedule in self._options("schedule", list(SCHEDULES)):
+        for schedule in self._options("schedule", list(self.can.schedules)):
             if schedule == "interleaved-1f1b":
                 if m % layout.pp:
                     continue
@@ -175,31 +179,25 @@ class Space:
         return out
 
     def zeros(self, layout: Layout, schedule: str | None = None) -> list[int]:
-        """ZeRO stages the runtime can combine with this layout (and schedule, when known)."""
-        allowed = [0, 1] if self.w.framework == "megatron" else [0, 1, 2, 3]
-        if self.w.framework == "deepspeed" and layout.pp > 1:
-            allowed = [0, 1]
-        if self.w.framework == "torch":
-            # meshplan's executor: ZeroRedundancyOptimizer cannot shard TP parameters, and DDP under
-            # torch.distributed.pipelining runs only the 1F1B schedule
-            if layout.tp > 1 or (layout.pp > 1 and layout.dp > 1 and schedule not in (None, "1f1b")):
-                allowed = [z for z in allowed if z != 1]
-        if layout.dp * layout.cp == 1:
-            allowed = [0]     # nothing to shard over: the stages are all equal to ZeRO-0
-            if self.k.zero is not None:
-                return [self.k.zero]
-        return self._options("zero", allowed)
+        """ZeRO stages the runtime runs with this layout (and schedule, when known)."""
+        m = layout.num_microbatches(self.w.global_batch)
+        allowed = [z for z in self.can.zero_stages
+                   if not refusals(self.w.framework, self.device_kind, zero=z, tp=layout.tp, pp=layout.pp,
+                                   dp=layout.dp, schedule=schedule, num_microbatches=m)]
+        if layout.dp * layout.cp == 1:    # nothing to shard over: the stages are all equal to ZeRO-0
+            fixed = self.k.zero
+            return [0] if fixed is None else [fixed] if fixed in allowed else []
+        return self._allowed("zero", allowed)
 
     def sequence_parallel(self, layout: Layout) -> list[bool]:
-        return self._options("sequence_parallel", [False, True] if layout.tp > 1 else [False])
+        return self._allowed("sequence_parallel", [False, True] if layout.tp > 1 and self.can.sequence_parallel
+                             else [False])
 
     def offloads(self, zero: int) -> list[str]:
-        if self.w.framework == "torch":
-            return ["none"]       # meshplan's executor runs no optimizer offload
-        return self._options("offload", ["none", "optimizer"] if zero >= 1 else ["none"])
+        return self._allowed("offload", ["none", "optimizer"] if zero in self.can.offload_zero_stages else ["none"])
 
     def recomputes(self) -> list[str]:
-        return self._options("recompute", list(RECOMPUTES))
+        return self._options("recompute", list(self.can.recomputes))
 
     def configs(self, layout: Layout, schedule: str, vpp: int, sp: bool, zero: int) -> Iterator[ParallelConfig]:
         m = layout.num_microbatches(self.w.global_batch)
@@ -213,4 +211,4 @@ class Space:
     def check(self, config: ParallelConfig) -> None:
         check_config(config, num_gpus=self.n, global_batch=self.w.global_batch, seq_len=self.w.seq_len,
                      num_heads=self.graph.num_heads, num_kv_heads=self.graph.num_kv_heads, num_blocks=self.blocks,
-                     framework=self.w.framework, precision=self.w.precision)
+                     framework=self.w.framework, precision=self.w.precision, device_kind=self.device_kind)
