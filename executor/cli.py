@@ -124,10 +124,6 @@ def check_run_flags(args, plan) -> None:
         found = latest_complete(folder)
         if found is not None:
             check_resumable(folder, found[1], steps=args.steps, seed=args.seed)
-    if (args.checkpoint_dir or args.save or args.load) and plan.config.zero == 1 and plan.config.dp > 1:
-        raise UserError("checkpoints of ZeRO-1 runs are not supported (ZeroRedundancyOptimizer has no "
-                        "distributed state dict); allowed: a plan with zero 0, 2 or 3", source=plan.source,
-                        field="config.zero")
     faults.from_env()       # a malformed MESHPLAN_FAULT fails here, not in every rank
 
 

@@ -13,9 +13,10 @@ The dispatcher ``parallelize`` composes them in this order (torchtitan's
                   replicate, the DDP that composes with DTensor and with every schedule);
 4. ``materialize`` the meta parameters shard by shard (each rank allocates and fills
                   only its own shards, with values that do not depend on the plan);
-5. ``apply_ddp``  ZeRO-0 without TP or pipeline, and ZeRO-1: DDP, which needs real parameters (and
-                  keeps no second copy of them, unlike replicate); for ZeRO-1 the trainer
-                  wraps the optimizer in ``ZeroRedundancyOptimizer``.
+5. ``apply_ddp``  ZeRO-0 without TP or pipeline: DDP, which needs real parameters (and keeps no
+                  second copy of them, unlike replicate). ZeRO-1 takes no wrapper: gradients
+                  accumulate locally and the trainer's ``ShardedAdamW`` (executor/zero1.py)
+                  reduce-scatters them, updates its rows and all-gathers the parameters.
 """
 from __future__ import annotations
 
@@ -170,6 +171,6 @@ def parallelize(model: Transformer, plan: RunPlan, dims: ParallelDims, mesh: Dev
     materialize(model, seed=seed, device=device)
     if dims.tp > 1 and not fsdp_managed:        # FSDP reduces (and shards) gradients itself
         shard_embedding_grads(model, plan.tp_plan)
-    if c.zero <= 1 and dims.dp > 1 and not fsdp_managed:
+    if c.zero == 0 and dims.dp > 1 and not fsdp_managed:
         return apply_ddp(model, mesh["dp_replicate"])
     return model

@@ -20,10 +20,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from planner.model import ModelSpec
-from planner.runtimes import runnable_schedule
 
 from .models import Transformer, build_model
-from .support import check_stages  # noqa: F401  (re-exported)
+from .support import check_stages, runnable_schedule  # noqa: F401  (re-exported)
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B}
 

@@ -12,6 +12,13 @@ DEFAULT_TIMEOUT_S = 300.0       # a collective waiting longer ends the job (torc
 DEFAULT_CHECKPOINT_EVERY = 100  # steps between the checkpoints of a restartable run (--checkpoint-every)
 
 
+def runnable_schedule(schedule: str, num_microbatches: int, pp: int) -> str:
+    """The schedule torch runs for a plan's: 1F1B with fewer micro-batches than stages is GPipe (every
+    micro-batch is still in its warm-up forward when the first backward starts: the same order), and
+    torch's Schedule1F1B refuses it."""
+    return "gpipe" if schedule == "1f1b" and num_microbatches < pp else schedule
+
+
 def check_stages(stages: tuple[tuple[str, ...], ...], spec: ModelSpec, source: str) -> None:
     """Every layer exactly once, in model order across the virtual stages."""
     order = ["embed", *(f"layers.{i}" for i in range(spec.num_layers)), "norm", "lm_head"]

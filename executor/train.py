@@ -42,6 +42,7 @@ from .parallelize import autocast_dtype, check_supported, parallelize
 from .pipeline import build_schedule, build_stage_model, check_stages, stage_indices, sync_tied_grads, tied_groups
 from .plan_file import RunPlan, load_plan
 from .support import DEFAULT_CHECKPOINT_EVERY, DEFAULT_TIMEOUT_S
+from .zero1 import ShardedAdamW
 
 LEARNING_RATE = 1e-3
 
@@ -83,8 +84,8 @@ class Job:
             trained.append(parallelize(part, plan, self.dims, self.mesh, device, options.seed))
             self.parts.append(part)
         self.trained = trained
-        self.optimizers = [make_optimizer(list(m.parameters()), lr=options.lr, zero=c.zero, dp=self.dims.dp,
-                                          mesh=self.mesh) for m in trained]      # one per part (DCP)
+        self.optimizers = [make_optimizer(m, lr=options.lr, zero=c.zero, dp_mesh=self.dp_mesh)
+                           for m in trained]      # one per part (DCP)
         self.schedule = None
         if c.pp > 1:
             self.schedule = build_schedule(list(zip(mine, trained)), num_stages=len(plan.stages),
@@ -109,13 +110,13 @@ class Job:
 
 # One training step, in pieces shared with auto_parallelize's ParallelTraining (executor/auto.py).
 
-def make_optimizer(params: list[nn.Parameter], *, lr: float, zero: int, dp: int, mesh) -> torch.optim.Optimizer:
-    """AdamW with a constant ``lr``; under ZeRO-1 with dp > 1 torch's ZeroRedundancyOptimizer, sharding
-    AdamW's states over the replicas (``mesh["dp_replicate"]``)."""
-    if zero == 1 and dp > 1:
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=lr, foreach=False,
-                                       process_group=mesh["dp_replicate"].get_group())
+def make_optimizer(model: nn.Module, *, lr: float, zero: int, dp_mesh):
+    """AdamW with a constant ``lr`` over ``model``'s parameters; under ZeRO-1 with more than one
+    replica (``dp_mesh``) its states sharded over them (executor/zero1.py)."""
+    if zero == 1 and dp_mesh.size() > 1:
+        named = [(canonical_name(name), p) for name, p in model.named_parameters()]
+        return ShardedAdamW(named, lr=lr, dp_mesh=dp_mesh)
+    params = list(model.parameters())
     # on CUDA one fused kernel per step (torchtitan's default implementation): it streams 28 bytes per
     # parameter where the multi-tensor (foreach) path runs eight passes and keeps a temporary copy of
     # the second moments (measured on H100: benchmarks/results/gpu_runs_foreach_adam.json against gpu_runs.json); the CPU runs the loop
@@ -193,12 +194,17 @@ def train_step(job: Job, step: int, meter: SavedTensorMeter | None = None, dump_
 
 
 def write_grads(job: Job, path: str) -> None:
-    """{parameter path: full gradient} of this rank's parameters (collective over TP/FSDP meshes)."""
+    """{parameter path: full gradient} of this rank's parameters (collective over TP/FSDP meshes).
+    ZeRO-1 reduces the gradients inside its optimizer step: its replicas' are averaged here."""
     grads = {}
-    for model in job.trained:
+    for model, optimizer in zip(job.trained, job.optimizers):
         for name, p in model.named_parameters():
             g = p.grad
-            grads[canonical_name(name)] = (g.full_tensor() if isinstance(g, DTensor) else g).detach().cpu().clone()
+            g = (g.full_tensor() if isinstance(g, DTensor) else g).detach().clone()
+            if isinstance(optimizer, ShardedAdamW):
+                dist.all_reduce(g, group=optimizer.group)
+                g /= optimizer.n
+            grads[canonical_name(name)] = g.cpu()
     torch.save(grads, f"{path}.rank{dist.get_rank()}.pt")
 
 

@@ -35,8 +35,6 @@ class Combinations:
     context_parallel: bool                  # cp > 1: the sequence split over ranks
     offload_zero_stages: tuple[int, ...]    # ZeRO stages optimizer offload runs with (empty: no offload)
     replicates_kv_heads: bool               # tp may exceed the key/value heads (a multiple of them)
-    zero1_pipeline_schedules: tuple[str, ...] = ALL_SCHEDULES   # schedules ZeRO-1 runs with under pp > 1
-                                            # and dp > 1 (1F1B with fewer micro-batches than stages is GPipe)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,11 +85,9 @@ class Runtime:
 
 # meshplan's executor (executor/). What it cannot run yet is left out, so no plan asks for it.
 _TORCH_RUNS = Combinations(
-    zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1, 2, 3), zero_stages_with_tp=(0, 2, 3),
+    zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1, 2, 3), zero_stages_with_tp=(0, 1, 2, 3),
     schedules=ALL_SCHEDULES, recomputes=ALL_RECOMPUTES, sequence_parallel=True,
-    context_parallel=False, offload_zero_stages=(), replicates_kv_heads=False,
-    zero1_pipeline_schedules=("1f1b",))     # ZeRO-1 shards the optimizer over DDP, whose first-step bucket
-                                            # rebuild fails under the other schedules of torch.distributed.pipelining
+    context_parallel=False, offload_zero_stages=(), replicates_kv_heads=False)
 
 TORCH = Runtime(
     name="torch",
@@ -161,17 +157,8 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (TORCH, MEGATRON, DEEPSPEED)}
 EXECUTOR_RUNTIME = "torch"      # the runtime `meshplan run` is
 
 
-def runnable_schedule(schedule: str, num_microbatches: int | None, pp: int) -> str:
-    """The schedule a pipeline runs for a plan's: 1F1B with fewer micro-batches than stages is GPipe
-    (every micro-batch is still in its warm-up forward when the first backward starts: the same
-    order), and torch's 1F1B refuses it."""
-    few = num_microbatches is not None and num_microbatches < pp
-    return "gpipe" if schedule == "1f1b" and few else schedule
-
-
 def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int | None = None,
-             pp: int | None = None, cp: int | None = None, dp: int | None = None, schedule: str | None = None,
-             num_microbatches: int | None = None,
+             pp: int | None = None, cp: int | None = None, schedule: str | None = None,
              offload: str | None = None, sequence_parallel: bool | None = None, recompute: str | None = None,
              num_kv_heads: int | None = None) -> list[tuple[str, str]]:
     """(knob, why) for every knob value, or pair of them, that ``runtime`` does not run on
@@ -188,11 +175,6 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
     elif zero is not None and tp is not None and tp > 1 and zero not in can.zero_stages_with_tp:
         out.append(("zero", f"ZeRO-{zero} with tensor parallelism does not run on {who}; allowed with "
                             f"tp > 1: {one_of(can.zero_stages_with_tp)}"))
-    if zero == 1 and (pp or 1) > 1 and (dp or 1) > 1 and schedule is not None:
-        runs = runnable_schedule(schedule, num_microbatches, pp)
-        if runs not in can.zero1_pipeline_schedules:
-            out.append(("schedule", f"ZeRO-1 with the {runs} schedule (pp > 1, dp > 1) does not run on {who}; "
-                                    f"allowed: {one_of(can.zero1_pipeline_schedules)}"))
     if schedule is not None and schedule not in can.schedules:
         out.append(("schedule", f"{schedule!r} does not run on {who}; allowed: {one_of(can.schedules)}"))
     if recompute is not None and recompute not in can.recomputes:
@@ -216,6 +198,6 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
 def config_refusals(config, runtime: str, device_kind: str, num_kv_heads: int | None = None) -> list[tuple[str, str]]:
     """``refusals`` for every knob of a ParallelConfig (planner/config.py)."""
     c = config
-    return refusals(runtime, device_kind, zero=c.zero, tp=c.tp, pp=c.pp, cp=c.cp, dp=c.dp, schedule=c.schedule,
-                    num_microbatches=c.num_microbatches, offload=c.offload, sequence_parallel=c.sequence_parallel,
-                    recompute=c.recompute, num_kv_heads=num_kv_heads)
+    return refusals(runtime, device_kind, zero=c.zero, tp=c.tp, pp=c.pp, cp=c.cp, schedule=c.schedule,
+                    offload=c.offload, sequence_parallel=c.sequence_parallel, recompute=c.recompute,
+                    num_kv_heads=num_kv_heads)

@@ -23,7 +23,6 @@ def plans(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("catalogue")
     paths = {"gpt": write_plan(tmp, TINY_GPT, gpus=2, name="gpt", dp=2, zero=3),
              "llama": write_plan(tmp, TINY_LLAMA, gpus=2, name="llama", dp=2),
-             "zero1": write_plan(tmp, TINY_GPT, gpus=2, name="zero1", dp=2, zero=1),
              # planned for Megatron-LM's runtime (which has context parallelism)
              "cp2": write_plan(tmp, TINY_LLAMA, gpus=2, name="cp2", cp=2, micro_batch=8, framework="megatron")}
     docs = {name: json.loads(Path(p).read_text()) for name, p in paths.items()}
@@ -143,9 +142,6 @@ CASES = {
     "checkpoint marker losses": ("gpt", None, "gpt", ["--checkpoint-dir", "{tmp}/broken"],
                                  ["broken/step-00000004/COMPLETE.json: losses: must be the 4 losses of the steps "
                                   "done, got [1.0]"]),
-    "checkpoints of a ZeRO-1 plan": ("zero1", None, "gpt", ["--checkpoint-dir", "ck"],
-                                     ["plan.json: config.zero: checkpoints of ZeRO-1 runs are not supported",
-                                      "allowed: a plan with zero 0, 2 or 3"]),
 }
 
 

@@ -36,6 +36,10 @@ PLANS = {
     "dp2-tp2-zero3-sp": (4, {"dp": 2, "tp": 2, "zero": 3, "sequence_parallel": True}),
     "pp2-dp2-interleaved": (4, {"pp": 2, "dp": 2, "vpp": 2, "schedule": "interleaved-1f1b", "micro_batch": 1}),
     "pp2-dp2-zero1": (4, {"pp": 2, "dp": 2, "zero": 1, "schedule": "1f1b", "micro_batch": 1}),
+    "pp2-dp2-zero1-gpipe": (4, {"pp": 2, "dp": 2, "zero": 1, "schedule": "gpipe", "micro_batch": 1}),
+    "pp2-dp2-zero1-interleaved": (4, {"pp": 2, "dp": 2, "zero": 1, "vpp": 2, "schedule": "interleaved-1f1b",
+                                      "micro_batch": 1}),
+    "dp2-tp2-zero1-sp": (4, {"dp": 2, "tp": 2, "zero": 1, "sequence_parallel": True}),
     "pp2-dp2-tp2": (8, {"pp": 2, "dp": 2, "tp": 2, "schedule": "1f1b", "micro_batch": 1, "zero": 2}),
 }
 

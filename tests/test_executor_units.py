@@ -93,23 +93,14 @@ def test_context_parallel_is_refused_naming_the_missing_support(tmp_path):
         check_supported(plan, "cpu")
 
 
-def test_zero1_with_tensor_parallelism_is_refused(tmp_path):
+def test_replicated_key_value_heads_are_refused(tmp_path):
     from executor.parallelize import check_supported
     from executor.plan_file import plan_from_json
-    # planned for Megatron-LM's runtime (which has ZeRO-1 with TP), then given to meshplan run
-    plan = plan_from_json(_plan_doc(tmp_path, gpus=4, dp=2, tp=2, zero=1, framework="megatron"), "p.json")
-    with pytest.raises(UserError, match="config.zero: ZeRO-1 with tensor parallelism does not run on the torch "
-                                        "runtime on cuda; allowed with tp > 1: 0, 2 or 3"):
+    # planned for Megatron-LM's runtime (which replicates key/value heads), then given to meshplan run
+    plan = plan_from_json(_plan_doc(tmp_path, gpus=4, tp=4, framework="megatron", micro_batch=8), "p.json")
+    with pytest.raises(UserError, match="p.json: config.tp: tp 4 must divide the 2 key/value heads on the torch "
+                                        "runtime on cuda"):
         check_supported(plan, "cuda")
-
-
-def test_zero1_under_a_pipeline_needs_1f1b(tmp_path):
-    from executor.parallelize import check_supported
-    from executor.plan_file import plan_from_json
-    plan = plan_from_json(_plan_doc(tmp_path, gpus=4, dp=2, pp=2, zero=1, schedule="gpipe", micro_batch=1,
-                                    framework="megatron"), "p.json")
-    with pytest.raises(UserError, match="config.schedule: ZeRO-1 with the gpipe schedule"):
-        check_supported(plan, "cpu")
 
 
 def test_torchrun_command_standalone_or_rendezvous():

@@ -215,7 +215,7 @@ def _layout_size(space: Space, layout: Layout) -> int:
     """Number of legal configs in a layout (for the coverage count), memoised on what the
     schedules, ZeRO stages and sequence-parallel choices of a layout depend on."""
     m = layout.num_microbatches(space.w.global_batch)
-    key = (layout.pp, m % layout.pp == 0, m < layout.pp, layout.tp > 1, layout.dp > 1, layout.dp * layout.cp == 1)
+    key = (layout.pp, m % layout.pp == 0, layout.tp > 1, layout.dp > 1, layout.dp * layout.cp == 1)
     sizes = space.__dict__.setdefault("_layout_sizes", {})
     if key not in sizes:
         sizes[key] = _count_layout(space, layout)

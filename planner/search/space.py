@@ -123,7 +123,7 @@ class Space:
                             field="--sequence-parallel")
         if k.offload == "optimizer" and k.zero == 0:
             raise UserError("optimizer offload (ZeRO-Offload) needs ZeRO stage 1, 2 or 3", field="--offload")
-        for knob, why in refusals(w.framework, self.device_kind, zero=k.zero, tp=k.tp, pp=k.pp, cp=k.cp, dp=k.dp,
+        for knob, why in refusals(w.framework, self.device_kind, zero=k.zero, tp=k.tp, pp=k.pp, cp=k.cp,
                                   schedule=k.schedule, offload=k.offload, sequence_parallel=k.sequence_parallel,
                                   recompute=k.recompute, num_kv_heads=g.num_kv_heads):
             raise UserError(why, field=knob_flag(knob))
@@ -180,10 +180,9 @@ class Space:
 
     def zeros(self, layout: Layout, schedule: str | None = None) -> list[int]:
         """ZeRO stages the runtime runs with this layout (and schedule, when known)."""
-        m = layout.num_microbatches(self.w.global_batch)
         allowed = [z for z in self.can.zero_stages
                    if not refusals(self.w.framework, self.device_kind, zero=z, tp=layout.tp, pp=layout.pp,
-                                   dp=layout.dp, schedule=schedule, num_microbatches=m)]
+                                   schedule=schedule)]
         if layout.dp * layout.cp == 1:    # nothing to shard over: the stages are all equal to ZeRO-0
             fixed = self.k.zero
             return [0] if fixed is None else [fixed] if fixed in allowed else []

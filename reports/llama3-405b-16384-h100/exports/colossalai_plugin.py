@@ -4,12 +4,12 @@ from colossalai.booster.plugin import HybridParallelPlugin
 from colossalai.shardformer import PipelineGradientCheckpointConfig
 
 checkpointing = PipelineGradientCheckpointConfig(
-    num_ckpt_layers_per_stage=[3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 2, 0, 0, 0, 0, 0, 0, 0],
+    num_ckpt_layers_per_stage=[1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1],
 )
 
 plugin = HybridParallelPlugin(
     tp_size=8,
-    pp_size=2,
+    pp_size=8,
     precision='bf16',
     zero_stage=1,
     max_norm=1.0,
@@ -17,10 +17,10 @@ plugin = HybridParallelPlugin(
     overlap_communication=True,
     enable_sequence_parallelism=True,
     sequence_parallelism_mode='split_gather',
-    num_microbatches=2,
+    num_microbatches=8,
     pp_style='interleaved',
-    num_model_chunks=21,
+    num_model_chunks=15,
     gradient_checkpoint_config=checkpointing,
 )
 booster = Booster(plugin=plugin)
-# per data-parallel rank and step: plugin.prepare_dataloader(dataset, batch_size=2)
+# per data-parallel rank and step: plugin.prepare_dataloader(dataset, batch_size=8)
