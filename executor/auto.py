@@ -159,7 +159,7 @@ def apply_plan(module: nn.Module, plan: RunPlan, doc: dict, *, device: torch.dev
     schedule = runnable_schedule(c.schedule, c.num_microbatches, c.pp) if c.pp > 1 else None
     zero, notes = c.zero, ()
     dims = ParallelDims.from_config(c, world)
-    mesh, dp_mesh = dims.build_mesh(device.type)
+    mesh, dp_mesh, _ = dims.build_mesh(device.type)      # no context parallelism here: dp x cp is dp
     layers = [path for stage in plan.stages for path in stage]
     if c.pp > 1:
         indices = stage_indices(len(plan.stages), c.pp, mesh["pp"].get_local_rank())

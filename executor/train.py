@@ -37,7 +37,8 @@ from .data import local_batch
 from .integrity import check_model, check_world_size
 from .measure import SavedTensorMeter, gathered_param_bytes, grad_bytes, optimizer_bytes, param_bytes
 from .mesh import ParallelDims, init_process_group, local_device
-from .models import build_model, canonical_name
+from .context import shard_sequence
+from .models import SequenceLayout, build_model, canonical_name
 from .parallelize import autocast_dtype, check_supported, parallelize
 from .pipeline import build_schedule, build_stage_model, check_stages, stage_indices, sync_tied_grads, tied_groups
 from .plan_file import RunPlan, load_plan
@@ -69,22 +70,24 @@ class Job:
         check_stages(plan.stages, spec, plan.source)
         self.plan, self.options, self.device = plan, options, device
         self.dims = ParallelDims.from_config(c, dist.get_world_size())
-        self.mesh, self.dp_mesh = self.dims.build_mesh(device.type)
+        self.mesh, self.dp_mesh, self.grad_mesh = self.dims.build_mesh(device.type)   # grad: dp x cp
         self.pp_rank = self.mesh["pp"].get_local_rank()
         self.dp_rank = self.dp_mesh.get_local_rank()
         mine = stage_indices(len(plan.stages), c.pp, self.pp_rank)
         self.tied_group = tied_groups(self.mesh).get(dist.get_rank()) if c.pp > 1 and spec.tied_embeddings else None
         self.loss_parallel = plan.tp_plan.get("lm_head") == "colwise_loss" and c.tp > 1
         self.autocast = autocast_dtype(plan, self.dims, device)
-        self.tokens_per_replica = plan.workload.global_batch // c.dp * plan.workload.seq_len
+        self.sequence = SequenceLayout(cp=c.cp, rank=self.mesh["cp"].get_local_rank())
+        # the tokens this rank sees per step: its replica's, of which its cp share
+        self.tokens_per_rank = plan.workload.global_batch // c.dp * plan.workload.seq_len // c.cp
         self.parts: list[nn.Module] = []
         trained = []
         for j in mine:
             part = build_stage_model(spec, plan.stages[j]) if c.pp > 1 else build_model(spec)
-            trained.append(parallelize(part, plan, self.dims, self.mesh, device, options.seed))
+            trained.append(parallelize(part, plan, self.dims, self.mesh, self.grad_mesh, device, options.seed))
             self.parts.append(part)
         self.trained = trained
-        self.optimizers = [make_optimizer(m, lr=options.lr, zero=c.zero, dp_mesh=self.dp_mesh)
+        self.optimizers = [make_optimizer(m, lr=options.lr, zero=c.zero, dp_mesh=self.grad_mesh)
                            for m in trained]      # one per part (DCP)
         self.schedule = None
         if c.pp > 1:
@@ -95,16 +98,20 @@ class Job:
         self.last_stage = len(plan.stages) - 1 in mine
 
     def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Summed cross-entropy of a micro-batch over the replica's tokens per step.
-        logits: (b, S, V), vocabulary-sharded DTensor under loss parallelism; targets: (b, S)."""
+        """Summed cross-entropy of a micro-batch over the tokens this rank sees per step (its
+        replica's, its cp share of them): averaging gradients over the ``dp_cp`` ranks then gives
+        the gradient of the global batch's mean. logits: (b, S, V), vocabulary-sharded DTensor
+        under loss parallelism; targets: (b, S); S is this rank's share under cp."""
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1), reduction="sum")
-        loss = loss / self.tokens_per_replica
+        loss = loss / self.tokens_per_rank
         return loss.to_local() if isinstance(loss, DTensor) else loss
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         w, spec = self.plan.workload, self.plan.spec
         inputs, targets = local_batch(step, seed=self.options.seed, batch=w.global_batch, seq_len=w.seq_len,
                                       vocab_size=spec.vocab_size, dp=self.dims.dp, dp_rank=self.dp_rank)
+        if self.sequence.cp > 1:                        # this rank's two chunks of every sequence
+            inputs, targets = shard_sequence(inputs, self.sequence), shard_sequence(targets, self.sequence)
         return inputs.to(self.device), targets.to(self.device)
 
 
@@ -163,7 +170,7 @@ def optimizer_step(optimizers: list[torch.optim.Optimizer]) -> None:
 
 def global_loss(local: torch.Tensor, *, mesh, dp_mesh, dp: int) -> float:
     """The step's loss on every rank: summed over pipeline ranks (only the last holds it), averaged
-    over the ``dp`` data-parallel replicas."""
+    over the ``dp`` ranks of ``dp_mesh`` (replicas, or replicas x cp ranks, each with its share)."""
     value = local.detach().float().reshape(1).clone()
     dist.all_reduce(value, group=mesh["pp"].get_group())
     dist.all_reduce(value, group=dp_mesh.get_group())
@@ -190,7 +197,7 @@ def train_step(job: Job, step: int, meter: SavedTensorMeter | None = None, dump_
     if dump_grads:
         write_grads(job, dump_grads)
     optimizer_step(job.optimizers)
-    return global_loss(local, mesh=job.mesh, dp_mesh=job.dp_mesh, dp=job.dims.dp)
+    return global_loss(local, mesh=job.mesh, dp_mesh=job.grad_mesh, dp=job.grad_mesh.size())
 
 
 def write_grads(job: Job, path: str) -> None:

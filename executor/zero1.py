@@ -141,7 +141,7 @@ class ShardedAdamW:
             send[:, offset:offset + s.numel] = self._padded_rows(s, self._local_grad(s))
             offset += s.numel
         mine = first.new_empty(width)
-        dist.reduce_scatter_tensor(mine, send.view(-1), group=self.group)
+        dist.reduce_scatter_single(mine, send.view(-1), group=self.group)
         mine /= self.n
         out, offset = [], 0
         for s in bucket:
@@ -172,7 +172,7 @@ class ShardedAdamW:
             mine[offset:offset + s.rows * s.row_numel] = s.owned().reshape(-1)
             offset += s.numel
         everyone = first.new_empty(self.n, width)
-        dist.all_gather_into_tensor(everyone.view(-1), mine, group=self.group)
+        dist.all_gather_single(everyone.view(-1), mine, group=self.group)
         offset = 0
         for s in bucket:
             local = _local(s.param).detach()

@@ -65,6 +65,11 @@ class Timing:
     overlaps_param_gather: bool     # ZeRO-1/2's all-gather after the optimizer runs beside the next forward
     pp_sends_tp_shards: bool        # each TP rank sends 1/tp of a stage boundary even without SP
     sp_keeps_gathered_input: bool   # under SP a column-parallel linear saves its all-gathered input
+    cp_exchange: Literal["ring", "all-gather"] = "ring"
+    # ^ context parallelism's key/value exchange: a ring of blocks overlapped with attention (Liu et
+    #   al. 2023, Ring Attention), or one all-gather before attention and a reduce-scatter of their
+    #   gradients after it, with the whole sequence's keys and values kept for backward (Dubey et al.
+    #   2024, Llama 3, Sec 3.3.2)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,7 +92,7 @@ class Runtime:
 _TORCH_RUNS = Combinations(
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1, 2, 3), zero_stages_with_tp=(0, 1, 2, 3),
     schedules=ALL_SCHEDULES, recomputes=ALL_RECOMPUTES, sequence_parallel=True,
-    context_parallel=False, offload_zero_stages=(), replicates_kv_heads=False)
+    context_parallel=True, offload_zero_stages=(), replicates_kv_heads=False)
 
 TORCH = Runtime(
     name="torch",
@@ -108,7 +113,8 @@ TORCH = Runtime(
     # FSDP2 gathers every forward at ZeRO-2 too; the ZeRO-1 optimizer's step ends by sending the
     # updated shards to every replica, before the next forward starts (executor/train.py)
     timing=Timing(params_gathered_every_microbatch=(2, 3), grads_reduced_every_microbatch=(2, 3),
-                  overlaps_param_gather=False, pp_sends_tp_shards=False, sp_keeps_gathered_input=True),
+                  overlaps_param_gather=False, pp_sends_tp_shards=False, sp_keeps_gathered_input=True,
+                  cp_exchange="all-gather"),      # executor/context.py
 )
 
 _MEGATRON_RUNS = Combinations(

@@ -40,6 +40,12 @@ PLANS = {
     "pp2-dp2-zero1-interleaved": (4, {"pp": 2, "dp": 2, "zero": 1, "vpp": 2, "schedule": "interleaved-1f1b",
                                       "micro_batch": 1}),
     "dp2-tp2-zero1-sp": (4, {"dp": 2, "tp": 2, "zero": 1, "sequence_parallel": True}),
+    # context parallelism: K/V all-gathered over the cp ranks, load-balanced chunks (executor/context.py)
+    "cp2": (2, {"cp": 2}),
+    "cp2-tp2-sp": (4, {"cp": 2, "tp": 2, "sequence_parallel": True}),
+    "cp2-dp2-zero3": (4, {"cp": 2, "dp": 2, "zero": 3}),
+    "cp2-dp2-zero1": (4, {"cp": 2, "dp": 2, "zero": 1}),
+    "cp2-pp2": (4, {"cp": 2, "pp": 2, "schedule": "1f1b", "micro_batch": 2}),
     "pp2-dp2-tp2": (8, {"pp": 2, "dp": 2, "tp": 2, "schedule": "1f1b", "micro_batch": 1, "zero": 2}),
 }
 

@@ -1,6 +1,7 @@
 """Memory per GPU: model states by runtime and ZeRO stage, activations by schedule."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ..runtimes import RUNTIMES
@@ -19,6 +20,7 @@ class StateBytes:
     host_optimizer: float = 0.0     # moved to host memory by optimizer offload
 
 
+@functools.lru_cache(maxsize=4096)       # pure: a memo of the search's most frequent call
 def state_bytes_per_param(*, framework: str, precision: str, zero: int, shard: int, offload: str) -> StateBytes:
     """Bytes per parameter of each model-state category on one GPU, from the runtime's layout
     (planner/runtimes.py ``StateLayout``, where each runtime's numbers name their source).
@@ -52,6 +54,7 @@ def working_copy_bytes_per_param(*, framework: str, precision: str, zero: int, t
     return 0.0
 
 
+@functools.lru_cache(maxsize=4096)
 def resident_bytes_per_param(*, framework: str, precision: str, zero: int, shard: int, offload: str, tp: int,
                              pp: int) -> float:
     """Device bytes per parameter that scale with the parameters: the model states on the

@@ -258,8 +258,10 @@ def _least_resident_bytes(space: Space, layout: Layout, schedule: str | None = N
 def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bool, top: _TopK):
     """Estimate the candidates of a layout, skipping those dominated by a fitting one.
 
-    Memory is checked first: a candidate that does not fit is only kept (estimated)
-    when it needs less memory than any seen so far (for the no-fit message)."""
+    A candidate whose pipeline alone is slower than the k-th best is skipped with those of more
+    offload or recompute; of the others memory is checked first: a candidate that does not fit
+    is only kept (estimated) when it needs less memory than any seen so far (for the no-fit
+    message)."""
     capacity, host_capacity = cache.cluster.device.memory_bytes, cache.cluster.host_memory_bytes
     for schedule, vpp in space.schedules(layout):
         if prune and schedule == "gpipe" and space.k.schedule is None:
@@ -273,19 +275,20 @@ def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bo
                     yield _SkippedForMemory()
                     continue
             for zero in space.zeros(layout, schedule):
-                fitting: list[tuple[int, int]] = []
+                done: list[tuple[int, int]] = []     # fitting, or too slow: more offload/recompute is no better
                 for config in space.configs(layout, schedule, vpp, sp, zero):
                     o, r = OFFLOAD_ORDER[config.offload], RECOMPUTE_ORDER[config.recompute]
-                    if prune and any(fo <= o and fr <= r for fo, fr in fitting):
+                    if prune and any(fo <= o and fr <= r for fo, fr in done):
                         continue
                     if prune:
+                        if rank_pipeline_s(cache, config) >= top.threshold:
+                            done.append((o, r))     # its pipeline alone (a part of the step) is too slow
+                            continue
                         device, host = peak_memory(cache, config)
                         if device > capacity or host > host_capacity:
                             yield _Unfit(config=config, memory=device)
                             continue
-                        fitting.append((o, r))
-                        if rank_pipeline_s(cache, config) >= top.threshold:
-                            continue      # fits, but its pipeline alone (a part of the step) is too slow
+                        done.append((o, r))
                     yield Candidate(config=config, estimate=estimate(space.graph, cache.cluster, space.w, config,
                                                                      cache))
 

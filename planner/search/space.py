@@ -180,6 +180,13 @@ class Space:
 
     def zeros(self, layout: Layout, schedule: str | None = None) -> list[int]:
         """ZeRO stages the runtime runs with this layout (and schedule, when known)."""
+        key = (layout.tp > 1, layout.pp > 1, layout.dp * layout.cp == 1, schedule)
+        memo = self.__dict__.setdefault("_zeros_memo", {})
+        if key not in memo:
+            memo[key] = self._zeros(layout, schedule)
+        return memo[key]
+
+    def _zeros(self, layout: Layout, schedule: str | None) -> list[int]:
         allowed = [z for z in self.can.zero_stages
                    if not refusals(self.w.framework, self.device_kind, zero=z, tp=layout.tp, pp=layout.pp,
                                    schedule=schedule)]

@@ -3,7 +3,7 @@ from colossalai.booster import Booster
 from colossalai.booster.plugin import HybridParallelPlugin
 
 plugin = HybridParallelPlugin(
-    tp_size=4,
+    tp_size=1,
     pp_size=1,
     precision='bf16',
     zero_stage=2,
@@ -11,8 +11,9 @@ plugin = HybridParallelPlugin(
     max_norm=1.0,
     enable_flash_attention=True,
     overlap_communication=True,
+    sp_size=4,
     enable_sequence_parallelism=True,
-    sequence_parallelism_mode='split_gather',
+    sequence_parallelism_mode='ring_attn',
 )
 booster = Booster(plugin=plugin)
 # per data-parallel rank and step: plugin.prepare_dataloader(dataset, batch_size=4)

@@ -4,13 +4,19 @@ from colossalai.booster.plugin import HybridParallelPlugin
 
 plugin = HybridParallelPlugin(
     tp_size=1,
-    pp_size=1,
+    pp_size=2,
     precision='bf16',
-    zero_stage=2,
-    microbatch_size=1,
+    zero_stage=1,
     max_norm=1.0,
     enable_flash_attention=True,
     overlap_communication=True,
+    sp_size=2,
+    enable_sequence_parallelism=True,
+    sequence_parallelism_mode='ring_attn',
+    num_microbatches=64,
+    pp_style='interleaved',
+    num_model_chunks=8,
+    num_layers_per_stage=[3, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1],
 )
 booster = Booster(plugin=plugin)
-# per data-parallel rank and step: plugin.prepare_dataloader(dataset, batch_size=16)
+# per data-parallel rank and step: plugin.prepare_dataloader(dataset, batch_size=64)
