@@ -132,9 +132,10 @@ def _divisors(n: int) -> list[int]:
 
 def check_config(config: ParallelConfig, *, num_gpus: int, global_batch: int, seq_len: int, num_heads: int,
                  num_kv_heads: int, num_blocks: int, framework: str, dtypes: tuple[str, ...] = (),
-                 precision: str = "bf16", device_kind: str = "cuda") -> None:
+                 precision: str = "bf16", device_kind: str = "cuda", max_stages: int | None = None) -> None:
     """Raise UserError (naming the flag) when the knobs cannot work together, or when the
-    runtime ``framework`` does not run them on ``device_kind`` (planner/runtimes.py)."""
+    runtime ``framework`` does not run them on ``device_kind`` (planner/runtimes.py). ``max_stages``:
+    the most (virtual) pipeline stages the model splits into (default one block each)."""
     c = config
     for name in ("dp", "tp", "pp", "cp", "micro_batch", "num_microbatches", "vpp"):
         value = getattr(c, name)
@@ -149,8 +150,10 @@ def check_config(config: ParallelConfig, *, num_gpus: int, global_batch: int, se
     if num_kv_heads % c.tp and c.tp % num_kv_heads:
         raise UserError(f"tp {c.tp} neither divides nor is a multiple of the {num_kv_heads} key/value heads",
                         field="--tp")
-    if c.pp > num_blocks:
-        raise UserError(f"pp {c.pp} is more stages than the model's {num_blocks} layers", field="--pp")
+    max_stages = max_stages or num_blocks
+    if c.pp > max_stages:
+        raise UserError(f"pp {c.pp} is more stages than the model's {num_blocks} layers can make "
+                        f"(at most {max_stages})", field="--pp")
     if c.cp > 1 and seq_len % (2 * c.cp):
         raise UserError(f"cp {c.cp} needs the sequence length ({seq_len}) to be a multiple of 2 x cp "
                         "(load-balanced causal chunks)", field="--cp")
@@ -172,9 +175,9 @@ def check_config(config: ParallelConfig, *, num_gpus: int, global_batch: int, se
         if c.num_microbatches % c.pp:
             raise UserError(f"the interleaved schedule needs the micro-batches per step "
                             f"({c.num_microbatches}) to be a multiple of pp ({c.pp})", field="--micro-batch")
-        if c.pp * c.vpp > num_blocks:
-            raise UserError(f"pp x vpp = {c.pp * c.vpp} virtual stages exceed the {num_blocks} layers",
-                            field="--vpp")
+        if c.pp * c.vpp > max_stages:
+            raise UserError(f"pp x vpp = {c.pp * c.vpp} virtual stages exceed the {max_stages} the model's "
+                            f"{num_blocks} layers can make", field="--vpp")
     elif c.vpp != 1:
         raise UserError(f"--vpp {c.vpp} needs --schedule interleaved-1f1b", field="--vpp")
     if c.recompute not in RECOMPUTES:

@@ -35,6 +35,8 @@ class Combinations:
     context_parallel: bool                  # cp > 1: the sequence split over ranks
     offload_zero_stages: tuple[int, ...]    # ZeRO stages optimizer offload runs with (empty: no offload)
     replicates_kv_heads: bool               # tp may exceed the key/value heads (a multiple of them)
+    stages_without_blocks: bool             # the embedding alone, or the final norm and head alone, can be a
+                                            # (virtual) pipeline stage (Dubey et al. 2024, Llama 3, Sec 3.3.2)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,7 +94,7 @@ class Runtime:
 _TORCH_RUNS = Combinations(
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1, 2, 3), zero_stages_with_tp=(0, 1, 2, 3),
     schedules=ALL_SCHEDULES, recomputes=ALL_RECOMPUTES, sequence_parallel=True,
-    context_parallel=True, offload_zero_stages=(), replicates_kv_heads=False)
+    context_parallel=True, offload_zero_stages=(), replicates_kv_heads=False, stages_without_blocks=True)
 
 TORCH = Runtime(
     name="torch",
@@ -120,7 +122,7 @@ TORCH = Runtime(
 _MEGATRON_RUNS = Combinations(
     zero_stages=(0, 1), zero_stages_with_pp=(0, 1), zero_stages_with_tp=(0, 1), schedules=ALL_SCHEDULES,
     recomputes=ALL_RECOMPUTES, sequence_parallel=True, context_parallel=True, offload_zero_stages=(1,),
-    replicates_kv_heads=True)
+    replicates_kv_heads=True, stages_without_blocks=False)      # exports/megatron_args.txt splits blocks only
 
 MEGATRON = Runtime(
     name="megatron",
@@ -141,7 +143,7 @@ MEGATRON = Runtime(
 _DEEPSPEED_RUNS = Combinations(
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1), zero_stages_with_tp=(0, 1, 2, 3),
     schedules=ALL_SCHEDULES, recomputes=ALL_RECOMPUTES, sequence_parallel=True, context_parallel=True,
-    offload_zero_stages=(1, 2, 3), replicates_kv_heads=True)
+    offload_zero_stages=(1, 2, 3), replicates_kv_heads=True, stages_without_blocks=False)
 
 DEEPSPEED = Runtime(
     name="deepspeed",

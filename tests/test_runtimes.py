@@ -8,7 +8,8 @@ hypothesis over small models, world sizes, devices and fixed knobs.
 - every configuration the executor accepts, and the planner's own checks accept, is inside the
   space (with ZeRO normalised to 0 where there is nothing to shard over): the space leaves
   nothing runnable out, but for one choice of the search's own: it offers the interleaved
-  schedule with virtual stages per rank that divide the rank's blocks.
+  schedule with virtual stages per rank that divide the rank's blocks, or that make every
+  stage a single layer (the embedding and the head alone at the ends).
 """
 from __future__ import annotations
 
@@ -101,7 +102,8 @@ def any_configs(gpus: int, global_batch: int, num_layers: int):
             continue
         cp = gpus // (dp * tp * pp)
         for mb in divisors(global_batch // dp) if global_batch % dp == 0 else []:
-            for vpp in divisors(max(1, num_layers // pp)):      # the space's choice (module docstring)
+            single = [(num_layers + 2) // pp] if (num_layers + 2) % pp == 0 and pp > 1 else []
+            for vpp in divisors(max(1, num_layers // pp)) + single:    # the space's choice (module docstring)
                 for values in itertools.product(*KNOB_VALUES.values()):
                     knobs = dict(zip(KNOB_VALUES, values))
                     yield ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=mb, vpp=vpp,

@@ -8,6 +8,8 @@ from ..commands import _gib
 from ..config import check_config
 from ..cost.step import CostCache
 from ..errors import UserError
+from ..runtimes import RUNTIMES
+from ..search.space import max_stages
 from ..simulate import simulated_estimate
 
 
@@ -53,9 +55,11 @@ def _config_variants(plan) -> list[tuple[str, object]]:
 def _legal(plan, config) -> bool:
     g, w = plan.graph, plan.workload
     try:
+        can = RUNTIMES[w.framework].on(plan.cluster.device_kind)
         check_config(config, num_gpus=plan.cluster.num_gpus, global_batch=w.global_batch, seq_len=w.seq_len,
                      num_heads=g.num_heads, num_kv_heads=g.num_kv_heads, num_blocks=g.num_blocks,
-                     framework=w.framework)
+                     framework=w.framework, device_kind=plan.cluster.device_kind,
+                     max_stages=max_stages(g, can.stages_without_blocks))
     except UserError:
         return False
     return True

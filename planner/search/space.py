@@ -34,6 +34,15 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def max_stages(graph: LayerGraph, can_stand_alone: bool) -> int:
+    """The most (virtual) pipeline stages ``graph`` splits into: one block each, and where the
+    runtime lets them (``Combinations.stages_without_blocks``) the layers before the first block
+    (the embedding) and after the last (final norm and head) as a stage each."""
+    kinds = [layer.is_block for layer in graph.layers]
+    ends = kinds and not kinds[0] and not kinds[-1]
+    return graph.num_blocks + (2 if can_stand_alone and ends else 0)
+
+
 @dataclass(frozen=True)
 class Layout:
     """The global degrees and micro-batch: one group of candidates sharing a compute lower bound."""
@@ -57,8 +66,10 @@ class Space:
         self.graph, self.n, self.w, self.k = graph, num_gpus, workload, knobs
         self.blocks = graph.num_blocks
         self.device_kind = device_kind
+        if workload.framework in RUNTIMES:
+            self.can = RUNTIMES[workload.framework].on(device_kind)
+            self.max_stages = max_stages(graph, self.can.stages_without_blocks)
         self._check_fixed(dtypes)
-        self.can = RUNTIMES[workload.framework].on(device_kind)
 
     # -- validation of what the user fixed ------------------------------------------------------
     def _check_fixed(self, dtypes) -> None:
@@ -99,8 +110,9 @@ class Space:
             if g.num_kv_heads % k.tp and k.tp % g.num_kv_heads:
                 raise UserError(f"tp {k.tp} neither divides nor is a multiple of the {g.num_kv_heads} "
                                 "key/value heads", field="--tp")
-        if k.pp is not None and k.pp > self.blocks:
-            raise UserError(f"pp {k.pp} is more stages than the model's {self.blocks} layers", field="--pp")
+        if k.pp is not None and k.pp > self.max_stages:
+            raise UserError(f"pp {k.pp} is more stages than the model's {self.blocks} layers can make (at most "
+                            f"{self.max_stages})", field="--pp")
         if k.cp is not None and k.cp > 1 and w.seq_len % (2 * k.cp):
             raise UserError(f"cp {k.cp} needs the sequence length ({w.seq_len}) to be a multiple of 2 x cp",
                             field="--cp")
@@ -147,7 +159,7 @@ class Space:
             if g.num_kv_heads % tp and not self.can.replicates_kv_heads:
                 continue
             for pp in self._options("pp", divisors(n // tp)):
-                if pp > self.blocks or (n // tp) % pp:
+                if pp > self.max_stages or (n // tp) % pp:
                     continue
                 for cp in self._options("cp", divisors(n // (tp * pp)) if self.can.context_parallel else [1]):
                     if (n // (tp * pp)) % cp or (cp > 1 and w.seq_len % (2 * cp)):
@@ -171,11 +183,19 @@ class Space:
             if schedule == "interleaved-1f1b":
                 if m % layout.pp:
                     continue
-                for vpp in self._options("vpp", divisors(self.blocks // layout.pp)):
-                    if vpp >= 2 and layout.pp * vpp <= self.blocks:
+                for vpp in self._options("vpp", self._virtual_stages(layout.pp)):
+                    if vpp >= 2 and layout.pp * vpp <= self.max_stages:
                         out.append((schedule, vpp))
             elif (self.k.vpp or 1) == 1:
                 out.append((schedule, 1))
+        return out
+
+    def _virtual_stages(self, pp: int) -> list[int]:
+        """Virtual stages per rank to try: those dividing the rank's blocks, and the one that makes
+        every stage a single layer (the embedding and the head alone at the ends) where it exists."""
+        out = divisors(self.blocks // pp)
+        if self.max_stages > self.blocks and self.max_stages % pp == 0:
+            out.append(self.max_stages // pp)
         return out
 
     def zeros(self, layout: Layout, schedule: str | None = None) -> list[int]:
@@ -217,4 +237,5 @@ class Space:
     def check(self, config: ParallelConfig) -> None:
         check_config(config, num_gpus=self.n, global_batch=self.w.global_batch, seq_len=self.w.seq_len,
                      num_heads=self.graph.num_heads, num_kv_heads=self.graph.num_kv_heads, num_blocks=self.blocks,
-                     framework=self.w.framework, precision=self.w.precision, device_kind=self.device_kind)
+                     framework=self.w.framework, precision=self.w.precision, device_kind=self.device_kind,
+                     max_stages=self.max_stages)
