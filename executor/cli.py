@@ -21,6 +21,7 @@ EPILOG = """\
 examples:
   meshplan plan --model gpt-1.7b --cluster cpu-gloo --gpus 2 --out plan.json
   meshplan run --plan plan.json --model gpt-1.7b --steps 10              # torchrun, 2 processes
+  meshplan run --plan plan.json --model gpt-1.7b --dry-run               # build it at full scale, check it
   meshplan run --plan plan.json --model cfg.json --steps 4 --save ckpt/
   meshplan run --plan other.json --model cfg.json --steps 4 --load ckpt/ # resume under another plan
   meshplan run ... --nnodes 2 --node-rank 0 --rdzv-endpoint host0:29500  # on each of 2 machines
@@ -49,7 +50,12 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
                               epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--plan", required=True, help="plan.json written by `meshplan plan --out`")
     p.add_argument("--model", required=True, help="the model the plan is for: zoo name or config.json")
-    p.add_argument("--steps", type=_positive_int, required=True, help="optimizer steps")
+    p.add_argument("--steps", type=_positive_int, help="optimizer steps (required unless --dry-run)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="build the job at its full world size in this process (fake process group, meta device), "
+                        "one representative rank per pipeline stage, check every parameter's placement and shard "
+                        "shape against the plan and print per-rank parameter, gradient and optimizer bytes against "
+                        "the prediction; no training, no torchrun")
     p.add_argument("--nproc", type=_positive_int, help="processes on this machine (default: the plan's GPUs / nnodes)")
     p.add_argument("--nnodes", type=_positive_int, default=1)
     p.add_argument("--node-rank", type=int, default=0)
@@ -127,9 +133,25 @@ def check_run_flags(args, plan) -> None:
     faults.from_env()       # a malformed MESHPLAN_FAULT fails here, not in every rank
 
 
+def dry_run_command(args, plan) -> int:
+    """The job of ``plan`` built for its GPUs at full scale, checked, not run (executor/dryrun.py)."""
+    from .dryrun import dry_run, format_dry_run
+    reports, seconds = dry_run(plan, "cuda")
+    if args.json:
+        json.dump({"seconds": seconds, "ranks": [r.to_json() for r in reports]}, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(format_dry_run(plan, reports, seconds))
+    return 1 if any(r.problems for r in reports) else 0
+
+
 def run_command(args) -> int:
     plan = check_model(load_plan(args.plan), args.model)
     warn_if_other_version(plan)
+    if args.dry_run:
+        return dry_run_command(args, plan)
+    if args.steps is None:
+        raise UserError("required unless --dry-run: the optimizer steps to run", field="--steps")
     check_supported(plan, local_device_kind())
     check_stages(plan.stages, plan.spec, plan.source)
     check_run_flags(args, plan)

@@ -187,16 +187,22 @@ class Embedding(nn.Module):
 class Transformer(nn.Module):
     """The whole model, or one pipeline stage of it (the modules a stage does not run are None)."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, keep: tuple[str, ...] | None = None):
+        """``keep``: the layer paths to build (a pipeline stage's: "embed", "layers.3", "norm",
+        "lm_head"); None builds them all."""
         super().__init__()
         if spec.is_moe:
             raise NotImplementedError(f"model {spec.name}: mixture-of-experts layers are not in the "
                                       "reference models; allowed: dense GPT and Llama specs")
+
+        def built(path: str) -> bool:
+            return keep is None or path in keep
+
         self.spec = spec
-        self.embed = Embedding(spec)
-        self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.num_layers)})
-        self.norm = _norm(spec)
-        self.lm_head = nn.Linear(spec.hidden, spec.vocab_size, bias=False)
+        self.embed = Embedding(spec) if built("embed") else None
+        self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.num_layers) if built(f"layers.{i}")})
+        self.norm = _norm(spec) if built("norm") else None
+        self.lm_head = nn.Linear(spec.hidden, spec.vocab_size, bias=False) if built("lm_head") else None
         self.tie_weights()
 
     def tie_weights(self) -> None:
@@ -212,10 +218,12 @@ class Transformer(nn.Module):
         return self.lm_head(h) if self.lm_head is not None else h       # (B, S, V) logits
 
 
-def build_model(spec: ModelSpec, device: str | torch.device = "meta") -> Transformer:
-    """The reference model of ``spec``; on the meta device by default (no memory, no init)."""
+def build_model(spec: ModelSpec, device: str | torch.device = "meta",
+                keep: tuple[str, ...] | None = None) -> Transformer:
+    """The reference model of ``spec`` (only the layers ``keep`` names, where given); on the meta
+    device by default (no memory, no init)."""
     with torch.device(device):
-        return Transformer(spec)
+        return Transformer(spec, keep)
 
 
 def init_key(name: str, spec: ModelSpec) -> str:

@@ -157,27 +157,35 @@ def autocast_dtype(plan: RunPlan, dims: ParallelDims, device: torch.device) -> t
     return torch.bfloat16 if plan.workload.precision == "bf16" else torch.float16
 
 
-def parallelize(model: Transformer, plan: RunPlan, dims: ParallelDims, mesh: DeviceMesh, dp_cp_mesh: DeviceMesh,
-                device: torch.device, seed: int) -> nn.Module:
-    """Apply the plan to a meta-device ``model`` in place and materialise it; returns the module
-    to train (a DDP wrapper where ``apply_ddp`` applies, else ``model`` itself). ``dp_cp_mesh``: the
-    data-parallel and context-parallel ranks flattened (``ParallelDims.build_mesh``)."""
+def shard_model(model: Transformer, plan: RunPlan, dims: ParallelDims, mesh: DeviceMesh, dp_cp_mesh: DeviceMesh,
+                device_type: str) -> bool:
+    """Steps 1-3 on a meta-device ``model``, in place: what a dry run builds (executor/dryrun.py).
+    Returns whether FSDP2 manages the parameters (``uses_fsdp``). ``dp_cp_mesh``: the data-parallel
+    and context-parallel ranks flattened (``ParallelDims.build_mesh``)."""
     c = plan.config
     if dims.tp > 1:
         apply_tp(model, mesh["tp"], plan.tp_plan, sequence_parallel=c.sequence_parallel)
     if dims.cp > 1:
         apply_cp(model, mesh["cp"])
     apply_ac(model, plan.recompute_per_layer)
-    mp_policy = mixed_precision(plan.workload.precision, device.type)
+    mp_policy = mixed_precision(plan.workload.precision, device_type)
     fsdp_managed = uses_fsdp(plan, dims)
     if c.zero >= 2:
         apply_fsdp(model, dp_cp_mesh, units=model.layers.values(), reshard_after_forward=c.zero == 3,
                    mp_policy=mp_policy)
     elif fsdp_managed:
         apply_replicate(model, dp_cp_mesh, units=model.layers.values(), mp_policy=mp_policy)
+    return fsdp_managed
+
+
+def parallelize(model: Transformer, plan: RunPlan, dims: ParallelDims, mesh: DeviceMesh, dp_cp_mesh: DeviceMesh,
+                device: torch.device, seed: int) -> nn.Module:
+    """Apply the plan to a meta-device ``model`` in place and materialise it; returns the module
+    to train (a DDP wrapper where ``apply_ddp`` applies, else ``model`` itself)."""
+    fsdp_managed = shard_model(model, plan, dims, mesh, dp_cp_mesh, device.type)
     materialize(model, seed=seed, device=device)
     if dims.tp > 1 and not fsdp_managed:        # FSDP reduces (and shards) gradients itself
         shard_embedding_grads(model, plan.tp_plan)
-    if c.zero == 0 and dims.dp * dims.cp > 1 and not fsdp_managed:
+    if plan.config.zero == 0 and dims.dp * dims.cp > 1 and not fsdp_managed:
         return apply_ddp(model, dp_cp_mesh)
     return model
