@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from planner.cli import _positive_int, int_at_least
+from planner.argtypes import int_at_least, positive_int
 from planner.errors import UserError
 
 from . import faults
@@ -50,14 +50,14 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
                               epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--plan", required=True, help="plan.json written by `meshplan plan --out`")
     p.add_argument("--model", required=True, help="the model the plan is for: zoo name or config.json")
-    p.add_argument("--steps", type=_positive_int, help="optimizer steps (required unless --dry-run)")
+    p.add_argument("--steps", type=positive_int, help="optimizer steps (required unless --dry-run)")
     p.add_argument("--dry-run", action="store_true",
                    help="build the job at its full world size in this process (fake process group, meta device), "
                         "one representative rank per pipeline stage, check every parameter's placement and shard "
                         "shape against the plan and print per-rank parameter, gradient and optimizer bytes against "
                         "the prediction; no training, no torchrun")
-    p.add_argument("--nproc", type=_positive_int, help="processes on this machine (default: the plan's GPUs / nnodes)")
-    p.add_argument("--nnodes", type=_positive_int, default=1)
+    p.add_argument("--nproc", type=positive_int, help="processes on this machine (default: the plan's GPUs / nnodes)")
+    p.add_argument("--nnodes", type=positive_int, default=1)
     p.add_argument("--node-rank", type=int, default=0)
     p.add_argument("--rdzv-endpoint", help="host:port of the rendezvous, for several machines")
     p.add_argument("--seed", type=int, default=0, help="data and initialisation seed (default 0)")
@@ -68,7 +68,7 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
                    help="restartable run: resume from DIR's latest complete checkpoint (if any), checkpoint "
                         "into DIR atomically every --checkpoint-every steps and after the last; --steps is "
                         "then the run's total; the same command again continues it")
-    f.add_argument("--checkpoint-every", type=_positive_int, metavar="K",
+    f.add_argument("--checkpoint-every", type=positive_int, metavar="K",
                    help=f"steps between checkpoints (default {DEFAULT_CHECKPOINT_EVERY}; needs --checkpoint-dir)")
     f.add_argument("--max-restarts", type=_non_negative_int, default=0, metavar="N",
                    help="restart the job up to N times when a rank fails (torchrun's elastic agent; with "

@@ -55,7 +55,7 @@ def plan_for(scenario: Scenario):
 
 
 def _index(rows: list[tuple[Scenario, object]]) -> str:
-    from ..commands import describe_config
+    from ..describe import describe_config
 
     lines = ["# The meshplan gallery", "",
              "Strategy reports that meshplan wrote for four reference scenarios. Regenerate them all with",

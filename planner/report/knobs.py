@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..commands import _gib
 from ..config import check_config
 from ..cost.step import CostCache
+from ..describe import gib
 from ..errors import UserError
 from ..runtimes import RUNTIMES
 from ..search.space import max_stages
@@ -23,8 +23,8 @@ class Knob:
     fits: bool
 
     def describe(self, capacity_bytes: float) -> str:
-        memory = (f"{_gib(self.memory_bytes)} GiB per GPU" if self.fits else
-                  f"needs {_gib(self.memory_bytes)} GiB per GPU, {_gib(self.memory_bytes - capacity_bytes)} "
+        memory = (f"{gib(self.memory_bytes)} GiB per GPU" if self.fits else
+                  f"needs {gib(self.memory_bytes)} GiB per GPU, {gib(self.memory_bytes - capacity_bytes)} "
                   "more than the device has")
         return f"{self.name}: {self.gain_pct:+.1f}% tokens/s ({self.step_time_s:.3g} s per step), {memory}"
 
