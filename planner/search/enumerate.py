@@ -231,20 +231,24 @@ def _count_layout(space: Space, layout: Layout) -> int:
     return n
 
 
-def _group_bounds(space: Space, cache: CostCache, layout: Layout, schedule: str, vpp: int, sp: bool) -> tuple:
-    """(time, memory) lower bounds over the ZeRO/offload/recompute choices of one group.
-
-    Time: the pipeline with recompute none (the other choices only add to it).
-    Memory: the least model-state bytes any ZeRO/offload choice gives, plus the
-    full-recompute activations and the runtime reserve."""
+def _group_config(space: Space, layout: Layout, schedule: str, vpp: int, sp: bool) -> ParallelConfig:
     m = layout.num_microbatches(space.w.global_batch)
-    base = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, micro_batch=layout.micro_batch,
+    return ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, micro_batch=layout.micro_batch,
                           num_microbatches=m, vpp=vpp, schedule=schedule, sequence_parallel=sp)
-    time_lb = rank_pipeline_s(cache, base)
-    per_param = _least_resident_bytes(space, layout, schedule)
+
+
+def _group_time_bound(cache: CostCache, base: ParallelConfig) -> float:
+    """A lower bound on the step time over the ZeRO/offload/recompute choices of one group: the
+    pipeline with recompute none (the other choices only add to it)."""
+    return rank_pipeline_s(cache, base)
+
+
+def _group_memory_bound(space: Space, cache: CostCache, layout: Layout, base: ParallelConfig) -> float:
+    """A lower bound on the memory of the group's most loaded GPU: the least model-state bytes any
+    ZeRO/offload choice gives, plus the full-recompute activations and the runtime reserve."""
+    per_param = _least_resident_bytes(space, layout, base.schedule)
     full = rank_costs(cache, replace(base, recompute="full"))
-    memory_lb = cache.cluster.device.reserved_bytes + max(r.params * per_param + r.act_bytes for r in full)
-    return time_lb, memory_lb
+    return cache.cluster.device.reserved_bytes + max(r.params * per_param + r.act_bytes for r in full)
 
 
 def _least_resident_bytes(space: Space, layout: Layout, schedule: str | None = None) -> float:
@@ -268,10 +272,10 @@ def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bo
             continue      # same time as 1F1B, more activations in flight: never better
         for sp in space.sequence_parallel(layout):
             if prune:
-                time_lb, memory_lb = _group_bounds(space, cache, layout, schedule, vpp, sp)
-                if time_lb >= top.threshold:
+                base = _group_config(space, layout, schedule, vpp, sp)
+                if _group_time_bound(cache, base) >= top.threshold:
                     continue
-                if memory_lb > capacity:
+                if _group_memory_bound(space, cache, layout, base) > capacity:
                     yield _SkippedForMemory()
                     continue
             for zero in space.zeros(layout, schedule):
