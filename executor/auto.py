@@ -15,8 +15,7 @@ What it does, in order:
 
 The knobs the executor cannot run on an arbitrary module are fixed before the search: no
 context parallelism, no sequence parallelism (which dimension of a user's tensor is the sequence
-is not known), no offload. ZeRO-1 runs as ZeRO-2 where torch's ZeroRedundancyOptimizer cannot
-(pipelines other than 1F1B): the same communication volume, less memory; ``plan.notes`` says so.
+is not known), no offload.
 """
 from __future__ import annotations
 
@@ -51,7 +50,7 @@ class AutoPlan:
     dp: int
     tp: int
     pp: int
-    zero: int                              # the ZeRO stage that runs (notes say where it is not the plan's)
+    zero: int                              # the ZeRO stage
     schedule: str | None                   # the pipeline schedule (None without a pipeline)
     num_microbatches: int
     stages: tuple[tuple[str, ...], ...]    # layer paths per virtual stage
@@ -153,24 +152,14 @@ class ParallelTraining:
         return global_loss(local, mesh=self.mesh, dp_mesh=self.dp_mesh, dp=self.dp)
 
 
-def _run_zero(plan: RunPlan, schedule: str | None) -> tuple[int, tuple[str, ...]]:
-    """The ZeRO stage that runs, and the note where it is not the plan's. ``schedule``: the pipeline
-    schedule that runs (None without a pipeline). The planner plans no ZeRO-1 with tp > 1 for torch."""
-    c = plan.config
-    if c.zero == 1 and c.dp > 1 and c.pp > 1 and schedule != "1f1b":
-        return 2, (f"ZeRO-1 runs as ZeRO-2: ZeroRedundancyOptimizer cannot shard with the {schedule} schedule "
-                   "(same communication volume, less memory)",)
-    return c.zero, ()
-
-
 def apply_plan(module: nn.Module, plan: RunPlan, doc: dict, *, device: torch.device, loss_fn: Callable,
                lr: float) -> ParallelTraining:
     """Apply a traced module's plan to ``module`` on this rank (executor/generic.py, in its order)."""
     c, world = plan.config, dist.get_world_size()
     schedule = runnable_schedule(c.schedule, c.num_microbatches, c.pp) if c.pp > 1 else None
-    zero, notes = _run_zero(plan, schedule)
-    dims = ParallelDims.from_config(replace(c, zero=zero), world)
-    mesh, dp_mesh = dims.build_mesh(device.type)
+    zero, notes = c.zero, ()
+    dims = ParallelDims.from_config(c, world)
+    mesh, dp_mesh, _ = dims.build_mesh(device.type)      # no context parallelism here: dp x cp is dp
     layers = [path for stage in plan.stages for path in stage]
     if c.pp > 1:
         indices = stage_indices(len(plan.stages), c.pp, mesh["pp"].get_local_rank())
@@ -189,7 +178,7 @@ def apply_plan(module: nn.Module, plan: RunPlan, doc: dict, *, device: torch.dev
         if dims.tp > 1 and not fsdp:       # FSDP reduces (and shards) gradients itself
             shard_embedding_grads(part, plan.tp_plan)
         trained.append(model)
-        optimizers.append(make_optimizer(list(model.parameters()), lr=lr, zero=zero, dp=dims.dp, mesh=mesh))
+        optimizers.append(make_optimizer(model, lr=lr, zero=zero, dp_mesh=dp_mesh))
     if schedule is not None and schedule != c.schedule:
         notes += (f"the {c.schedule} schedule with {c.num_microbatches} micro-batch(es) for {c.pp} stages runs "
                   f"as {schedule} (the same order)",)

@@ -39,6 +39,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from planner.errors import UserError
 
 from .checkpoint_dir import COMPLETE, MARKER, PARTIAL, latest_complete, partial_dir, step_dir
+from .zero1 import ShardedAdamW
 
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
@@ -48,9 +49,22 @@ def _key(key: str, tied: bool) -> str:
     return key.replace("lm_head.weight", "embed.tokens.weight") if tied else key
 
 
+def _optimizer_state(model: nn.Module, optimizer) -> dict:
+    """The flattened optimizer state: torch's for its optimizers, ZeRO-1's own (the same keys)."""
+    if isinstance(optimizer, ShardedAdamW):
+        return optimizer.flat_state_dict()
+    return get_optimizer_state_dict(model, optimizer, options=OPTIONS)
+
+
+def _set_optimizer_state(model: nn.Module, optimizer, state: dict) -> None:
+    if isinstance(optimizer, ShardedAdamW):
+        optimizer.load_flat_state_dict(state)
+    else:
+        set_optimizer_state_dict(model, optimizer, state, options=OPTIONS)
+
+
 def _states(parts: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> list[tuple[dict, dict]]:
-    return [(get_model_state_dict(m, options=OPTIONS), get_optimizer_state_dict(m, o, options=OPTIONS))
-            for m, o in zip(parts, optimizers)]
+    return [(get_model_state_dict(m, options=OPTIONS), _optimizer_state(m, o)) for m, o in zip(parts, optimizers)]
 
 
 def _merged(states: list[tuple[dict, dict]], tied: bool) -> dict:
@@ -61,16 +75,9 @@ def _merged(states: list[tuple[dict, dict]], tied: bool) -> dict:
     return {"model": model, "optimizer": optim}
 
 
-def _check(optimizers: list[torch.optim.Optimizer]) -> None:
-    if any(hasattr(o, "consolidate_state_dict") for o in optimizers):
-        raise UserError("checkpoints of ZeRO-1 runs are not supported (ZeroRedundancyOptimizer has no "
-                        "distributed state dict); use --zero 0, 2 or 3", field="config.zero")
-
-
 def save(directory: str | Path, step: int, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer], *,
          tied: bool) -> None:
     """Every rank writes its shards; ``step`` is the number of steps done."""
-    _check(optimizers)
     state = _merged(_states(parts, optimizers), tied)
     dcp.save({**state, "step": torch.tensor(step)}, checkpoint_id=str(directory))
 
@@ -78,7 +85,6 @@ def save(directory: str | Path, step: int, parts: list[nn.Module], optimizers: l
 def load(directory: str | Path, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer], *,
          tied: bool) -> int:
     """Load into this rank's (already parallelised) parts; returns the number of steps done."""
-    _check(optimizers)
     if not Path(directory).is_dir():
         raise UserError("no such checkpoint directory", source=str(directory))
     states = _states(parts, optimizers)
@@ -86,7 +92,7 @@ def load(directory: str | Path, parts: list[nn.Module], optimizers: list[torch.o
     dcp.load(state, checkpoint_id=str(directory))
     for (msd, osd), m, o in zip(states, parts, optimizers):
         set_model_state_dict(m, {k: state["model"][_key(k, tied)] for k in msd}, options=OPTIONS)
-        set_optimizer_state_dict(m, o, {k: state["optimizer"][_key(k, tied)] for k in osd}, options=OPTIONS)
+        _set_optimizer_state(m, o, {k: state["optimizer"][_key(k, tied)] for k in osd})
     return int(state["step"])
 
 

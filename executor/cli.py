@@ -6,13 +6,14 @@ import json
 import sys
 from pathlib import Path
 
-from planner.cli import _positive_int, int_at_least
+from planner.argtypes import int_at_least, positive_int
 from planner.errors import UserError
 
 from . import faults
 from .checkpoint_dir import check_resumable, latest_complete
 from .integrity import check_model
 from .launch import Launch, launch
+from .mesh import local_device_kind
 from .plan_file import load_plan, warn_if_other_version
 from .support import DEFAULT_CHECKPOINT_EVERY, DEFAULT_TIMEOUT_S, check_stages, check_supported
 
@@ -20,6 +21,7 @@ EPILOG = """\
 examples:
   meshplan plan --model gpt-1.7b --cluster cpu-gloo --gpus 2 --out plan.json
   meshplan run --plan plan.json --model gpt-1.7b --steps 10              # torchrun, 2 processes
+  meshplan run --plan plan.json --model gpt-1.7b --dry-run               # build it at full scale, check it
   meshplan run --plan plan.json --model cfg.json --steps 4 --save ckpt/
   meshplan run --plan other.json --model cfg.json --steps 4 --load ckpt/ # resume under another plan
   meshplan run ... --nnodes 2 --node-rank 0 --rdzv-endpoint host0:29500  # on each of 2 machines
@@ -48,9 +50,14 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
                               epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--plan", required=True, help="plan.json written by `meshplan plan --out`")
     p.add_argument("--model", required=True, help="the model the plan is for: zoo name or config.json")
-    p.add_argument("--steps", type=_positive_int, required=True, help="optimizer steps")
-    p.add_argument("--nproc", type=_positive_int, help="processes on this machine (default: the plan's GPUs / nnodes)")
-    p.add_argument("--nnodes", type=_positive_int, default=1)
+    p.add_argument("--steps", type=positive_int, help="optimizer steps (required unless --dry-run)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="build the job at its full world size in this process (fake process group, meta device), "
+                        "one representative rank per pipeline stage, check every parameter's placement and shard "
+                        "shape against the plan and print per-rank parameter, gradient and optimizer bytes against "
+                        "the prediction; no training, no torchrun")
+    p.add_argument("--nproc", type=positive_int, help="processes on this machine (default: the plan's GPUs / nnodes)")
+    p.add_argument("--nnodes", type=positive_int, default=1)
     p.add_argument("--node-rank", type=int, default=0)
     p.add_argument("--rdzv-endpoint", help="host:port of the rendezvous, for several machines")
     p.add_argument("--seed", type=int, default=0, help="data and initialisation seed (default 0)")
@@ -61,7 +68,7 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
                    help="restartable run: resume from DIR's latest complete checkpoint (if any), checkpoint "
                         "into DIR atomically every --checkpoint-every steps and after the last; --steps is "
                         "then the run's total; the same command again continues it")
-    f.add_argument("--checkpoint-every", type=_positive_int, metavar="K",
+    f.add_argument("--checkpoint-every", type=positive_int, metavar="K",
                    help=f"steps between checkpoints (default {DEFAULT_CHECKPOINT_EVERY}; needs --checkpoint-dir)")
     f.add_argument("--max-restarts", type=_non_negative_int, default=0, metavar="N",
                    help="restart the job up to N times when a rank fails (torchrun's elastic agent; with "
@@ -123,17 +130,29 @@ def check_run_flags(args, plan) -> None:
         found = latest_complete(folder)
         if found is not None:
             check_resumable(folder, found[1], steps=args.steps, seed=args.seed)
-    if (args.checkpoint_dir or args.save or args.load) and plan.config.zero == 1 and plan.config.dp > 1:
-        raise UserError("checkpoints of ZeRO-1 runs are not supported (ZeroRedundancyOptimizer has no "
-                        "distributed state dict); allowed: a plan with zero 0, 2 or 3", source=plan.source,
-                        field="config.zero")
     faults.from_env()       # a malformed MESHPLAN_FAULT fails here, not in every rank
+
+
+def dry_run_command(args, plan) -> int:
+    """The job of ``plan`` built for its GPUs at full scale, checked, not run (executor/dryrun.py)."""
+    from .dryrun import dry_run, format_dry_run
+    reports, seconds = dry_run(plan, "cuda")
+    if args.json:
+        json.dump({"seconds": seconds, "ranks": [r.to_json() for r in reports]}, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(format_dry_run(plan, reports, seconds))
+    return 1 if any(r.problems for r in reports) else 0
 
 
 def run_command(args) -> int:
     plan = check_model(load_plan(args.plan), args.model)
     warn_if_other_version(plan)
-    check_supported(plan)
+    if args.dry_run:
+        return dry_run_command(args, plan)
+    if args.steps is None:
+        raise UserError("required unless --dry-run: the optimizer steps to run", field="--steps")
+    check_supported(plan, local_device_kind())
     check_stages(plan.stages, plan.spec, plan.source)
     check_run_flags(args, plan)
     nproc = args.nproc or plan.world_size // args.nnodes

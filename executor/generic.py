@@ -11,7 +11,8 @@ by the module paths the tracer gave its layers (``planner.trace``):
 2. ``apply_tp``        colwise/rowwise/vocab styles per module path (DTensor ``parallelize_module``);
 3. ``apply_ac``        recomputation per layer (``torch.utils.checkpoint`` around the layer);
 4. ``apply_dp``        by ZeRO stage: FSDP2 per layer and at the root (ZeRO-2/3), FSDP2's
-                       ``replicate`` (ZeRO-0 with TP or a pipeline), DDP otherwise.
+                       ``replicate`` (ZeRO-0 with TP or a pipeline), DDP (ZeRO-0 otherwise),
+                       nothing for ZeRO-1 (its optimizer reduces: executor/zero1.py).
 
 The order is executor/parallelize.py's, for the same reasons.
 """
@@ -142,6 +143,6 @@ def apply_dp(part: nn.Module, *, zero: int, units: list[str], mesh: DeviceMesh, 
     if dp > 1 and replicate_ddp:
         apply_replicate(part, mesh["dp_replicate"], units=mine)
         return part, True
-    if dp > 1:
+    if dp > 1 and zero == 0:      # ZeRO-1: no wrapper, its optimizer reduces (executor/zero1.py)
         return apply_ddp(part, mesh["dp_replicate"]), False
     return part, False

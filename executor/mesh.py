@@ -27,6 +27,12 @@ def local_device():
     return torch.device("cpu")
 
 
+def local_device_kind() -> str:
+    """"cuda" where this machine has a GPU (what `meshplan run` launches on), else "cpu"."""
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def init_process_group(timeout_s: float) -> None:
     """Join the job's default process group (NCCL on GPUs, gloo otherwise); a collective waiting longer
     than ``timeout_s`` seconds for a peer raises."""
@@ -73,8 +79,11 @@ class ParallelDims:
         return tuple(getattr(self, name) for name in MESH_DIM_NAMES)
 
     def build_mesh(self, device_type: str):
-        """(the world as a 5-D named mesh, its ``dp`` = dp_replicate x dp_shard flattened: the ranks
-        that split the batch and average the loss)."""
+        """(the world as a 5-D named mesh; ``dp`` = dp_replicate x dp_shard flattened: the ranks that
+        split the batch; ``dp_cp`` = dp_replicate x dp_shard x cp flattened: the ranks that hold the
+        same parameters but see different tokens, over which gradients are averaged and ZeRO
+        shards, torchtitan's ``dp_shard_cp``)."""
         from torch.distributed.device_mesh import init_device_mesh
         mesh = init_device_mesh(device_type, self.shape, mesh_dim_names=MESH_DIM_NAMES)
-        return mesh, mesh["dp_replicate", "dp_shard"]._flatten("dp")
+        dp_cp = mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
+        return mesh, mesh["dp_replicate", "dp_shard"]._flatten("dp"), dp_cp

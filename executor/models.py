@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import math
 import zlib
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.bias import causal_lower_right
 
 from planner.model import ModelSpec
 
@@ -41,11 +43,37 @@ def _dropout(spec: ModelSpec) -> nn.Module:
     return nn.Dropout(0.1) if spec.dropout else nn.Identity()
 
 
-def rope(x: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs of channels by position-dependent angles. x: (B, S, nh, hd)."""
-    seq, head_dim = x.shape[1], x.shape[-1]
+@dataclass(frozen=True)
+class SequenceLayout:
+    """Which tokens of each sequence this rank holds: all of them (cp 1), or under context
+    parallelism chunks ``rank`` and ``2 cp - 1 - rank`` of 2 cp equal chunks (Dubey et al. 2024,
+    Llama 3, Sec 3.3.2: every rank gets an early and a late chunk, the same causal work)."""
+
+    cp: int = 1
+    rank: int = 0
+
+    def positions(self, local: int, device) -> torch.Tensor:
+        """Global positions of this rank's ``local`` tokens, in the order it holds them. (local,)"""
+        if self.cp == 1:
+            return torch.arange(local, device=device)
+        c = local // 2
+        early, late = self.rank * c, (2 * self.cp - 1 - self.rank) * c
+        return torch.cat([torch.arange(early, early + c, device=device), torch.arange(late, late + c, device=device)])
+
+    def query_blocks(self, local: int) -> list[tuple[int, int, int]]:
+        """(first, end) of each run of consecutive local queries and the global end of the keys it
+        attends to (causally, up to its last query)."""
+        if self.cp == 1:
+            return [(0, local, local)]
+        c = local // 2
+        return [(0, c, (self.rank + 1) * c), (c, local, (2 * self.cp - self.rank) * c)]
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs of channels by position-dependent angles. x: (B, S, nh, hd); positions: (S,)."""
+    head_dim = x.shape[-1]
     inv_freq = 1.0 / ROPE_THETA ** (torch.arange(0, head_dim, 2, device=x.device, dtype=torch.float32) / head_dim)
-    angles = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), inv_freq)  # (S, hd/2)
+    angles = torch.outer(positions.to(torch.float32), inv_freq)                              # (S, hd/2)
     cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]               # (1, S, 1, hd/2)
     x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]                                        # (B, S, nh, hd/2)
     out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)                     # (B, S, nh, hd/2, 2)
@@ -53,7 +81,9 @@ def rope(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    """Causal self-attention; the core is one ``scaled_dot_product_attention`` call."""
+    """Causal self-attention; the core is one ``scaled_dot_product_attention`` call per run of
+    consecutive queries (one, or two under context parallelism, after ``exchange`` gathered the
+    keys and values of the whole sequence: executor/context.py)."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
@@ -67,23 +97,35 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(h, kv, bias=bias)
         self.o_proj = nn.Linear(q, h, bias=spec.linear_bias)
         self.core = sdpa   # a module attribute so selective recompute can wrap exactly this call
+        self.layout = SequenceLayout()      # this rank's tokens (context parallelism)
+        self.exchange = None                # (B, nkv, S/cp, hd) -> (B, nkv, S, hd) under context parallelism
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bsz, seq, _ = x.shape                                          # (B, S, h)
+        bsz, seq, _ = x.shape                                          # (B, S, h); S local under CP
         q = self.q_proj(x).view(bsz, seq, -1, self.head_dim)           # (B, S, nh, hd); nh local under TP
         k = self.k_proj(x).view(bsz, seq, -1, self.head_dim)           # (B, S, nkv, hd)
         v = self.v_proj(x).view(bsz, seq, -1, self.head_dim)           # (B, S, nkv, hd)
         if self.rope:
-            q, k = rope(q), rope(k)
+            positions = self.layout.positions(seq, x.device)
+            q, k = rope(q, positions), rope(k, positions)
         dropout_p = self.dropout_p if self.training else 0.0
-        y = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p)  # (B, nh, S, hd)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, n, S, hd)
+        if self.exchange is not None:
+            k, v = self.exchange(k), self.exchange(v)                  # (B, nkv, S cp, hd), in sequence order
+        y = torch.cat([self.core(q[:, :, first:end], k[:, :, :keys], v[:, :, :keys], dropout_p)
+                       for first, end, keys in self.layout.query_blocks(seq)], dim=2)    # (B, nh, S, hd)
         return self.o_proj(y.transpose(1, 2).reshape(bsz, seq, -1))    # (B, S, h)
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
-    """The attention core: (B, nh, S, hd) x 3 -> (B, nh, S, hd); key/value heads shared by groups (GQA)."""
-    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True,
-                                          enable_gqa=k.shape[1] != q.shape[1])
+    """The attention core: (B, nh, L, hd), (B, nkv, S, hd) x 2 -> (B, nh, L, hd), causal with the
+    queries the last L of the S positions (``causal_lower_right``; L = S is the usual causal
+    mask); key/value heads shared by groups (GQA)."""
+    gqa = k.shape[1] != q.shape[1]
+    if q.shape[2] == k.shape[2]:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[2], k.shape[2]),
+                                          dropout_p=dropout_p, enable_gqa=gqa)
 
 
 class GeluMLP(nn.Module):
@@ -133,27 +175,34 @@ class Embedding(nn.Module):
         self.tokens = nn.Embedding(spec.vocab_size, spec.hidden)
         self.positions = nn.Embedding(spec.max_positions, spec.hidden) if spec.max_positions else None
         self.dropout = _dropout(spec)
+        self.layout = SequenceLayout()      # this rank's tokens (context parallelism)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.tokens(ids)                                            # (B, S) -> (B, S, h)
         if self.positions is not None:
-            x = x + self.positions(torch.arange(ids.shape[1], device=ids.device))   # + (S, h)
+            x = x + self.positions(self.layout.positions(ids.shape[1], ids.device))   # + (S, h)
         return self.dropout(x)
 
 
 class Transformer(nn.Module):
     """The whole model, or one pipeline stage of it (the modules a stage does not run are None)."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, keep: tuple[str, ...] | None = None):
+        """``keep``: the layer paths to build (a pipeline stage's: "embed", "layers.3", "norm",
+        "lm_head"); None builds them all."""
         super().__init__()
         if spec.is_moe:
             raise NotImplementedError(f"model {spec.name}: mixture-of-experts layers are not in the "
                                       "reference models; allowed: dense GPT and Llama specs")
+
+        def built(path: str) -> bool:
+            return keep is None or path in keep
+
         self.spec = spec
-        self.embed = Embedding(spec)
-        self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.num_layers)})
-        self.norm = _norm(spec)
-        self.lm_head = nn.Linear(spec.hidden, spec.vocab_size, bias=False)
+        self.embed = Embedding(spec) if built("embed") else None
+        self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.num_layers) if built(f"layers.{i}")})
+        self.norm = _norm(spec) if built("norm") else None
+        self.lm_head = nn.Linear(spec.hidden, spec.vocab_size, bias=False) if built("lm_head") else None
         self.tie_weights()
 
     def tie_weights(self) -> None:
@@ -169,10 +218,12 @@ class Transformer(nn.Module):
         return self.lm_head(h) if self.lm_head is not None else h       # (B, S, V) logits
 
 
-def build_model(spec: ModelSpec, device: str | torch.device = "meta") -> Transformer:
-    """The reference model of ``spec``; on the meta device by default (no memory, no init)."""
+def build_model(spec: ModelSpec, device: str | torch.device = "meta",
+                keep: tuple[str, ...] | None = None) -> Transformer:
+    """The reference model of ``spec`` (only the layers ``keep`` names, where given); on the meta
+    device by default (no memory, no init)."""
     with torch.device(device):
-        return Transformer(spec)
+        return Transformer(spec, keep)
 
 
 def init_key(name: str, spec: ModelSpec) -> str:

@@ -5,17 +5,21 @@ The dispatcher ``parallelize`` composes them in this order (torchtitan's
 
 1. ``apply_tp``   tensor and sequence parallelism (DTensor ``parallelize_module``) first,
                   so the data-parallel wrappers see DTensor parameters on the tp mesh;
+   ``apply_cp``   context parallelism (executor/context.py): attention gathers keys and values
+                  over the cp ranks; no parameter changes;
 2. ``apply_ac``   activation checkpointing per layer, inside the data-parallel units,
                   so recomputation runs while the unit's parameters are gathered;
-3. data parallelism by ZeRO stage: ``apply_fsdp`` (ZeRO-3: ``fully_shard`` resharding
+3. data parallelism by ZeRO stage, over ``dp_cp`` (the data-parallel and context-parallel ranks
+                  hold the same parameters): ``apply_fsdp`` (ZeRO-3: ``fully_shard`` resharding
                   after forward; ZeRO-2: keeping the gathered parameters until backward),
                   ``apply_replicate`` (ZeRO-0 with TP or a pipeline: torch's FSDP2-based
                   replicate, the DDP that composes with DTensor and with every schedule);
 4. ``materialize`` the meta parameters shard by shard (each rank allocates and fills
                   only its own shards, with values that do not depend on the plan);
-5. ``apply_ddp``  ZeRO-0 without TP or pipeline, and ZeRO-1: DDP, which needs real parameters (and
-                  keeps no second copy of them, unlike replicate); for ZeRO-1 the trainer
-                  wraps the optimizer in ``ZeroRedundancyOptimizer``.
+5. ``apply_ddp``  ZeRO-0 without TP or pipeline: DDP, which needs real parameters (and keeps no
+                  second copy of them, unlike replicate). ZeRO-1 takes no wrapper: gradients
+                  accumulate locally and the trainer's ``ShardedAdamW`` (executor/zero1.py)
+                  reduce-scatters them, updates its rows and all-gathers the parameters.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 from torch.utils.checkpoint import checkpoint
 
 
+from .context import apply_cp
 from .mesh import ParallelDims
 from .models import Transformer, materialize, sdpa
 from .plan_file import RunPlan
@@ -141,7 +146,7 @@ def uses_fsdp(plan: RunPlan, dims: ParallelDims) -> bool:
     DDP's first-step bucket rebuild under GPipe and interleaved 1F1B; replicate is its FSDP path)."""
     c = plan.config
     ddp_cannot = dims.tp > 1 or c.pp > 1
-    return c.zero >= 2 or (c.zero == 0 and dims.dp > 1 and ddp_cannot)
+    return c.zero >= 2 or (c.zero == 0 and dims.dp * dims.cp > 1 and ddp_cannot)
 
 
 def autocast_dtype(plan: RunPlan, dims: ParallelDims, device: torch.device) -> torch.dtype | None:
@@ -152,24 +157,35 @@ def autocast_dtype(plan: RunPlan, dims: ParallelDims, device: torch.device) -> t
     return torch.bfloat16 if plan.workload.precision == "bf16" else torch.float16
 
 
-def parallelize(model: Transformer, plan: RunPlan, dims: ParallelDims, mesh: DeviceMesh, device: torch.device,
-                seed: int) -> nn.Module:
-    """Apply the plan to a meta-device ``model`` in place and materialise it; returns the module
-    to train (a DDP wrapper where ``apply_ddp`` applies, else ``model`` itself)."""
+def shard_model(model: Transformer, plan: RunPlan, dims: ParallelDims, mesh: DeviceMesh, dp_cp_mesh: DeviceMesh,
+                device_type: str) -> bool:
+    """Steps 1-3 on a meta-device ``model``, in place: what a dry run builds (executor/dryrun.py).
+    Returns whether FSDP2 manages the parameters (``uses_fsdp``). ``dp_cp_mesh``: the data-parallel
+    and context-parallel ranks flattened (``ParallelDims.build_mesh``)."""
     c = plan.config
     if dims.tp > 1:
         apply_tp(model, mesh["tp"], plan.tp_plan, sequence_parallel=c.sequence_parallel)
+    if dims.cp > 1:
+        apply_cp(model, mesh["cp"])
     apply_ac(model, plan.recompute_per_layer)
-    mp_policy = mixed_precision(plan.workload.precision, device.type)
+    mp_policy = mixed_precision(plan.workload.precision, device_type)
     fsdp_managed = uses_fsdp(plan, dims)
     if c.zero >= 2:
-        apply_fsdp(model, mesh["dp_shard"], units=model.layers.values(), reshard_after_forward=c.zero == 3,
+        apply_fsdp(model, dp_cp_mesh, units=model.layers.values(), reshard_after_forward=c.zero == 3,
                    mp_policy=mp_policy)
     elif fsdp_managed:
-        apply_replicate(model, mesh["dp_replicate"], units=model.layers.values(), mp_policy=mp_policy)
+        apply_replicate(model, dp_cp_mesh, units=model.layers.values(), mp_policy=mp_policy)
+    return fsdp_managed
+
+
+def parallelize(model: Transformer, plan: RunPlan, dims: ParallelDims, mesh: DeviceMesh, dp_cp_mesh: DeviceMesh,
+                device: torch.device, seed: int) -> nn.Module:
+    """Apply the plan to a meta-device ``model`` in place and materialise it; returns the module
+    to train (a DDP wrapper where ``apply_ddp`` applies, else ``model`` itself)."""
+    fsdp_managed = shard_model(model, plan, dims, mesh, dp_cp_mesh, device.type)
     materialize(model, seed=seed, device=device)
     if dims.tp > 1 and not fsdp_managed:        # FSDP reduces (and shards) gradients itself
         shard_embedding_grads(model, plan.tp_plan)
-    if c.zero <= 1 and dims.dp > 1 and not fsdp_managed:
-        return apply_ddp(model, mesh["dp_replicate"])
+    if plan.config.zero == 0 and dims.dp * dims.cp > 1 and not fsdp_managed:
+        return apply_ddp(model, dp_cp_mesh)
     return model

@@ -35,14 +35,7 @@ def stage_indices(num_stages: int, pp: int, pp_rank: int) -> list[int]:
 def build_stage_model(spec: ModelSpec, paths: tuple[str, ...]) -> Transformer:
     """The reference model (meta device) keeping only the layers ``paths`` names (``check_stages``
     has checked that they are the model's)."""
-    model = build_model(spec)
-    for name in ("embed", "norm", "lm_head"):
-        if name not in paths:
-            setattr(model, name, None)
-    for index in list(model.layers):
-        if f"layers.{index}" not in paths:
-            del model.layers[index]
-    return model
+    return build_model(spec, keep=tuple(paths))
 
 
 def build_schedule(stage_models: list[tuple[int, torch.nn.Module]], *, num_stages: int, pp_mesh: DeviceMesh,

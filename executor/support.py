@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from planner.errors import UserError
 from planner.model import ModelSpec
+from planner.runtimes import EXECUTOR_RUNTIME, config_refusals
 
 from .plan_file import RunPlan
 
@@ -29,24 +30,10 @@ def check_stages(stages: tuple[tuple[str, ...], ...], spec: ModelSpec, source: s
         raise UserError("a stage holds no layer", source=source, field="stages")
 
 
-def check_supported(plan: RunPlan) -> None:
-    """Refuse what this executor cannot run, naming the missing support."""
-    c = plan.config
-    if c.cp > 1:
-        raise UserError(f"cp {c.cp}: context parallelism needs torch's context_parallel attention, which "
-                        "runs only on CUDA flash/efficient SDPA kernels, not on this executor's CPU/gloo path; "
-                        "plan with --cp 1", source=plan.source, field="config.cp")
-    if c.zero == 1 and c.tp > 1:
-        raise UserError("ZeRO-1 with tp > 1: ZeroRedundancyOptimizer cannot shard DTensor parameters; "
-                        "use --zero 0, 2 or 3 with tensor parallelism", source=plan.source, field="config.zero")
-    if c.zero == 1 and c.dp > 1 and c.pp > 1 and runnable_schedule(c.schedule, c.num_microbatches, c.pp) != "1f1b":
-        raise UserError(f"ZeRO-1 with the {c.schedule} schedule: DDP under torch.distributed.pipelining fails "
-                        "its first-step bucket rebuild; use --schedule 1f1b or --zero 0, 2 or 3",
-                        source=plan.source, field="config.schedule")
-    if c.offload != "none":
-        raise UserError(f"offload {c.offload!r} is not supported by the executor; allowed: none",
-                        source=plan.source, field="config.offload")
-    spec = plan.spec
-    if spec is not None and spec.num_kv_heads % c.tp:
-        raise UserError(f"tp {c.tp} must divide the {spec.num_kv_heads} key/value heads (replicating "
-                        "key/value heads is not supported)", source=plan.source, field="config.tp")
+def check_supported(plan: RunPlan, device_kind: str) -> None:
+    """Refuse what this executor cannot run on ``device_kind`` ("cuda" or "cpu"): the torch
+    runtime's refusals in planner/runtimes.py, the table the planner's search space is built
+    from, named as plan.json fields."""
+    kv_heads = plan.spec.num_kv_heads if plan.spec is not None else None
+    for knob, why in config_refusals(plan.config, EXECUTOR_RUNTIME, device_kind, kv_heads):
+        raise UserError(why, source=plan.source, field=f"config.{knob}")

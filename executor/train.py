@@ -37,11 +37,13 @@ from .data import local_batch
 from .integrity import check_model, check_world_size
 from .measure import SavedTensorMeter, gathered_param_bytes, grad_bytes, optimizer_bytes, param_bytes
 from .mesh import ParallelDims, init_process_group, local_device
-from .models import build_model, canonical_name
+from .context import shard_sequence
+from .models import SequenceLayout, build_model, canonical_name
 from .parallelize import autocast_dtype, check_supported, parallelize
 from .pipeline import build_schedule, build_stage_model, check_stages, stage_indices, sync_tied_grads, tied_groups
 from .plan_file import RunPlan, load_plan
 from .support import DEFAULT_CHECKPOINT_EVERY, DEFAULT_TIMEOUT_S
+from .zero1 import ShardedAdamW
 
 LEARNING_RATE = 1e-3
 
@@ -64,27 +66,29 @@ class Job:
 
     def __init__(self, plan: RunPlan, options: RunOptions, device: torch.device):
         spec, c = plan.spec, plan.config
-        check_supported(plan)
+        check_supported(plan, device.type)
         check_stages(plan.stages, spec, plan.source)
         self.plan, self.options, self.device = plan, options, device
         self.dims = ParallelDims.from_config(c, dist.get_world_size())
-        self.mesh, self.dp_mesh = self.dims.build_mesh(device.type)
+        self.mesh, self.dp_mesh, self.grad_mesh = self.dims.build_mesh(device.type)   # grad: dp x cp
         self.pp_rank = self.mesh["pp"].get_local_rank()
         self.dp_rank = self.dp_mesh.get_local_rank()
         mine = stage_indices(len(plan.stages), c.pp, self.pp_rank)
         self.tied_group = tied_groups(self.mesh).get(dist.get_rank()) if c.pp > 1 and spec.tied_embeddings else None
         self.loss_parallel = plan.tp_plan.get("lm_head") == "colwise_loss" and c.tp > 1
         self.autocast = autocast_dtype(plan, self.dims, device)
-        self.tokens_per_replica = plan.workload.global_batch // c.dp * plan.workload.seq_len
+        self.sequence = SequenceLayout(cp=c.cp, rank=self.mesh["cp"].get_local_rank())
+        # the tokens this rank sees per step: its replica's, of which its cp share
+        self.tokens_per_rank = plan.workload.global_batch // c.dp * plan.workload.seq_len // c.cp
         self.parts: list[nn.Module] = []
         trained = []
         for j in mine:
             part = build_stage_model(spec, plan.stages[j]) if c.pp > 1 else build_model(spec)
-            trained.append(parallelize(part, plan, self.dims, self.mesh, device, options.seed))
+            trained.append(parallelize(part, plan, self.dims, self.mesh, self.grad_mesh, device, options.seed))
             self.parts.append(part)
         self.trained = trained
-        self.optimizers = [make_optimizer(list(m.parameters()), lr=options.lr, zero=c.zero, dp=self.dims.dp,
-                                          mesh=self.mesh) for m in trained]      # one per part (DCP)
+        self.optimizers = [make_optimizer(m, lr=options.lr, zero=c.zero, dp_mesh=self.grad_mesh)
+                           for m in trained]      # one per part (DCP)
         self.schedule = None
         if c.pp > 1:
             self.schedule = build_schedule(list(zip(mine, trained)), num_stages=len(plan.stages),
@@ -94,28 +98,32 @@ class Job:
         self.last_stage = len(plan.stages) - 1 in mine
 
     def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Summed cross-entropy of a micro-batch over the replica's tokens per step.
-        logits: (b, S, V), vocabulary-sharded DTensor under loss parallelism; targets: (b, S)."""
+        """Summed cross-entropy of a micro-batch over the tokens this rank sees per step (its
+        replica's, its cp share of them): averaging gradients over the ``dp_cp`` ranks then gives
+        the gradient of the global batch's mean. logits: (b, S, V), vocabulary-sharded DTensor
+        under loss parallelism; targets: (b, S); S is this rank's share under cp."""
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1), reduction="sum")
-        loss = loss / self.tokens_per_replica
+        loss = loss / self.tokens_per_rank
         return loss.to_local() if isinstance(loss, DTensor) else loss
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         w, spec = self.plan.workload, self.plan.spec
         inputs, targets = local_batch(step, seed=self.options.seed, batch=w.global_batch, seq_len=w.seq_len,
                                       vocab_size=spec.vocab_size, dp=self.dims.dp, dp_rank=self.dp_rank)
+        if self.sequence.cp > 1:                        # this rank's two chunks of every sequence
+            inputs, targets = shard_sequence(inputs, self.sequence), shard_sequence(targets, self.sequence)
         return inputs.to(self.device), targets.to(self.device)
 
 
 # One training step, in pieces shared with auto_parallelize's ParallelTraining (executor/auto.py).
 
-def make_optimizer(params: list[nn.Parameter], *, lr: float, zero: int, dp: int, mesh) -> torch.optim.Optimizer:
-    """AdamW with a constant ``lr``; under ZeRO-1 with dp > 1 torch's ZeroRedundancyOptimizer, sharding
-    AdamW's states over the replicas (``mesh["dp_replicate"]``)."""
-    if zero == 1 and dp > 1:
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=lr, foreach=False,
-                                       process_group=mesh["dp_replicate"].get_group())
+def make_optimizer(model: nn.Module, *, lr: float, zero: int, dp_mesh):
+    """AdamW with a constant ``lr`` over ``model``'s parameters; under ZeRO-1 with more than one
+    replica (``dp_mesh``) its states sharded over them (executor/zero1.py)."""
+    if zero == 1 and dp_mesh.size() > 1:
+        named = [(canonical_name(name), p) for name, p in model.named_parameters()]
+        return ShardedAdamW(named, lr=lr, dp_mesh=dp_mesh)
+    params = list(model.parameters())
     # on CUDA one fused kernel per step (torchtitan's default implementation): it streams 28 bytes per
     # parameter where the multi-tensor (foreach) path runs eight passes and keeps a temporary copy of
     # the second moments (measured on H100: benchmarks/results/gpu_runs_foreach_adam.json against gpu_runs.json); the CPU runs the loop
@@ -162,7 +170,7 @@ def optimizer_step(optimizers: list[torch.optim.Optimizer]) -> None:
 
 def global_loss(local: torch.Tensor, *, mesh, dp_mesh, dp: int) -> float:
     """The step's loss on every rank: summed over pipeline ranks (only the last holds it), averaged
-    over the ``dp`` data-parallel replicas."""
+    over the ``dp`` ranks of ``dp_mesh`` (replicas, or replicas x cp ranks, each with its share)."""
     value = local.detach().float().reshape(1).clone()
     dist.all_reduce(value, group=mesh["pp"].get_group())
     dist.all_reduce(value, group=dp_mesh.get_group())
@@ -189,16 +197,21 @@ def train_step(job: Job, step: int, meter: SavedTensorMeter | None = None, dump_
     if dump_grads:
         write_grads(job, dump_grads)
     optimizer_step(job.optimizers)
-    return global_loss(local, mesh=job.mesh, dp_mesh=job.dp_mesh, dp=job.dims.dp)
+    return global_loss(local, mesh=job.mesh, dp_mesh=job.grad_mesh, dp=job.grad_mesh.size())
 
 
 def write_grads(job: Job, path: str) -> None:
-    """{parameter path: full gradient} of this rank's parameters (collective over TP/FSDP meshes)."""
+    """{parameter path: full gradient} of this rank's parameters (collective over TP/FSDP meshes).
+    ZeRO-1 reduces the gradients inside its optimizer step: its replicas' are averaged here."""
     grads = {}
-    for model in job.trained:
+    for model, optimizer in zip(job.trained, job.optimizers):
         for name, p in model.named_parameters():
             g = p.grad
-            grads[canonical_name(name)] = (g.full_tensor() if isinstance(g, DTensor) else g).detach().cpu().clone()
+            g = (g.full_tensor() if isinstance(g, DTensor) else g).detach().clone()
+            if isinstance(optimizer, ShardedAdamW):
+                dist.all_reduce(g, group=optimizer.group)
+                g /= optimizer.n
+            grads[canonical_name(name)] = g.cpu()
     torch.save(grads, f"{path}.rank{dist.get_rank()}.pt")
 
 

@@ -10,6 +10,7 @@ import json
 import sys
 import time
 
+from .argtypes import positive_int
 from .errors import UserError
 
 DEFAULT_MODEL = "llama3-8b"
@@ -39,20 +40,6 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def int_at_least(minimum: int, what: str):
-    """An argparse type: an integer >= ``minimum``, described as ``what`` in the error."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return value
-    return parse
-
-
-_positive_int = int_at_least(1, "a positive integer")
 
 
 def _on_off(text: str) -> bool:
@@ -69,10 +56,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                         f"path/to/file.py:factory or package.module:factory (default {DEFAULT_MODEL})")
     p.add_argument("--cluster", default=DEFAULT_CLUSTER,
                    help=f"built-in profile (see `meshplan clusters`) or a profile TOML (default {DEFAULT_CLUSTER})")
-    p.add_argument("--gpus", type=_positive_int, help="number of GPUs (default: one node of the cluster)")
-    p.add_argument("--global-batch", type=_positive_int,
+    p.add_argument("--gpus", type=positive_int, help="number of GPUs (default: one node of the cluster)")
+    p.add_argument("--global-batch", type=positive_int,
                    help="sequences per optimizer step (default: about 1M tokens, a multiple of the GPUs)")
-    p.add_argument("--seq-len", type=_positive_int, help="tokens per sequence (default: the model's)")
+    p.add_argument("--seq-len", type=positive_int, help="tokens per sequence (default: the model's)")
     p.add_argument("--precision", choices=("bf16", "fp16", "fp32"),
                    help="compute dtype, mixed precision with fp32 master weights (default: bf16, or what the "
                         "device supports)")
@@ -89,13 +76,13 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 def _add_knob_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("knobs (each one given is fixed; the rest are searched)")
-    g.add_argument("--dp", type=_positive_int, help="data-parallel degree")
-    g.add_argument("--tp", type=_positive_int, help="tensor-parallel degree (divides the attention heads)")
-    g.add_argument("--pp", type=_positive_int, help="pipeline stages")
-    g.add_argument("--cp", type=_positive_int, help="context-parallel degree (splits the sequence)")
+    g.add_argument("--dp", type=positive_int, help="data-parallel degree")
+    g.add_argument("--tp", type=positive_int, help="tensor-parallel degree (divides the attention heads)")
+    g.add_argument("--pp", type=positive_int, help="pipeline stages")
+    g.add_argument("--cp", type=positive_int, help="context-parallel degree (splits the sequence)")
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage: 1 optimizer, 2 +grads, 3 +params")
-    g.add_argument("--micro-batch", type=_positive_int, help="sequences per micro-batch per replica")
-    g.add_argument("--vpp", type=_positive_int, help="virtual stages per pipeline rank (interleaved schedule)")
+    g.add_argument("--micro-batch", type=positive_int, help="sequences per micro-batch per replica")
+    g.add_argument("--vpp", type=positive_int, help="virtual stages per pipeline rank (interleaved schedule)")
     g.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved-1f1b"), help="pipeline schedule")
     g.add_argument("--recompute", choices=("none", "selective", "full"), help="activation recomputation")
     g.add_argument("--sequence-parallel", type=_on_off, metavar="on|off", help="sequence parallelism (tp >= 2)")
@@ -113,7 +100,7 @@ def build_parser(with_run: bool = False) -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_model_args(p)
     _add_knob_args(p)
-    p.add_argument("--top-k", type=_positive_int, default=5, help="runners-up to keep (default 5)")
+    p.add_argument("--top-k", type=positive_int, default=5, help="runners-up to keep (default 5)")
     p.add_argument("--solver", choices=("cbc", "highs"), default="cbc",
                    help="ILP solver for stage sizes, per-layer recompute and ZeRO/offload (default cbc)")
     p.add_argument("--exhaustive", action="store_true",
@@ -135,9 +122,9 @@ def build_parser(with_run: bool = False) -> argparse.ArgumentParser:
     m.add_argument("--json", action="store_true")
     m.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     from .whatif import add_whatif_parser
-    add_whatif_parser(sub, _add_model_args, _add_knob_args, _positive_int)
+    add_whatif_parser(sub, _add_model_args, _add_knob_args, positive_int)
     from .compare_cli import add_compare_parser
-    add_compare_parser(sub, _positive_int, DEFAULT_CLUSTER)
+    add_compare_parser(sub, positive_int, DEFAULT_CLUSTER)
     c = sub.add_parser("clusters", help="list the built-in cluster profiles")
     c.add_argument("--json", action="store_true")
     c.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)

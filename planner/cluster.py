@@ -103,6 +103,12 @@ class Cluster:
     def peak_flops(self, precision: str) -> float:
         return self.device.peak(precision)
 
+    @property
+    def device_kind(self) -> str:
+        """"cpu" for processes on one host over TCP loopback (cpu-gloo, and what `meshplan profile`
+        writes on a machine without a GPU: planner/trace/profile_toml.py), else "cuda"."""
+        return "cpu" if self.fabric == "loopback" else "cuda"
+
     def graph(self):
         """The topology as a networkx graph (built on first use, then shared)."""
         return _build_graph(self)

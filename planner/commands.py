@@ -8,6 +8,7 @@ import time
 
 from .cluster import GiB, builtin_profiles, load_cluster
 from .config import ParallelConfig, Workload
+from .describe import describe_config, gib, runs
 from .errors import NoFeasiblePlan, UserError
 from .layers import LayerGraph, build_layer_graph
 from .model import ALIASES, ZOO, load_model
@@ -140,19 +141,6 @@ def plan_command(args) -> int:
     return 0
 
 
-def _runs(values) -> str:
-    """[2, 1, 1, 1, 3] as "2, 1 x3, 3"."""
-    out, values = [], list(values)
-    i = 0
-    while i < len(values):
-        j = i
-        while j < len(values) and values[j] == values[i]:
-            j += 1
-        out.append(f"{values[i]}" + (f" x{j - i}" if j - i > 1 else ""))
-        i = j
-    return "[" + ", ".join(out) + "]"
-
-
 def _progress_bar():
     """A one-line progress indicator on stderr for searches that take more than a moment."""
     if not sys.stderr.isatty():
@@ -168,35 +156,6 @@ def _progress_bar():
     return show
 
 
-def _gib(nbytes: float) -> str:
-    return f"{nbytes / GiB:.1f}"
-
-
-def describe_recompute(c: ParallelConfig) -> str:
-    if not c.recompute_layers:
-        return c.recompute
-    used = [p for p in c.recompute_layers]
-    counts = {p: used.count(p) for p in ("selective", "full") if used.count(p)}
-    if not counts:
-        return "none"
-    blocks = len(used)
-    return ", ".join(f"{p} on {n} of {blocks} layers" for p, n in counts.items())
-
-
-def describe_stages(c: ParallelConfig) -> str:
-    if not c.stage_layers or c.pp == 1:
-        return ""
-    sizes = list(c.stage_layers)
-    return f", layers per stage {sizes}" if len(set(sizes[1:-1] or sizes)) > 1 or len(sizes) <= 8 else ""
-
-
-def describe_config(c: ParallelConfig) -> str:
-    sched = c.schedule + (f" (vpp {c.vpp})" if c.vpp > 1 else "") if c.pp > 1 else "no pipeline"
-    return (f"dp {c.dp} x tp {c.tp} x pp {c.pp} x cp {c.cp}, ZeRO-{c.zero}, micro-batch {c.micro_batch} "
-            f"x {c.num_microbatches}, {sched}, recompute {describe_recompute(c)}, "
-            f"sequence parallel {'on' if c.sequence_parallel else 'off'}, offload {c.offload}")
-
-
 def format_plan(plan: Plan) -> str:
     c, e, w = plan.best.config, plan.best.estimate, plan.workload
     mem = e.memory
@@ -208,9 +167,9 @@ def format_plan(plan: Plan) -> str:
         f"plan      {describe_config(c)}",
         f"step      {e.step_time_s:.3f} s   {e.tokens_per_s:,.0f} tokens/s   "
         f"{e.model_tflops_per_gpu:.1f} model TFLOP/s per GPU   MFU {100 * e.mfu:.1f}%",
-        f"memory    {_gib(mem.total)} of {_gib(e.capacity_bytes)} GiB on the most loaded GPU (stage {e.peak_stage}): "
-        f"params {_gib(mem.params)}, grads {_gib(mem.grads)}, optimizer {_gib(mem.optimizer)}, "
-        f"activations {_gib(mem.activations)}, other {_gib(mem.other)}"
+        f"memory    {gib(mem.total)} of {gib(e.capacity_bytes)} GiB on the most loaded GPU (stage {e.peak_stage}): "
+        f"params {gib(mem.params)}, grads {gib(mem.grads)}, optimizer {gib(mem.optimizer)}, "
+        f"activations {gib(mem.activations)}, other {gib(mem.other)}"
         + (" (backward frees activations as it writes gradients: the peak holds the larger)"
            if mem.grads_after_activations else "") + ("" if e.fits else "   DOES NOT FIT"),
         f"time      compute {t.compute:.3f} s, recompute {t.recompute:.3f}, TP comm {t.tp_comm:.3f}, "
@@ -219,7 +178,7 @@ def format_plan(plan: Plan) -> str:
     ]
     won = gains(plan.graph, plan.cluster, plan.workload, c, e)
     if c.stage_layers and c.pp > 1:
-        lines.append(f"stages    layers per virtual stage {_runs(c.stage_layers)} (embedding first, head last)")
+        lines.append(f"stages    layers per virtual stage {runs(c.stage_layers)} (embedding first, head last)")
     if "non_uniform_stages" in won:
         g = won["non_uniform_stages"]
         lines.append(f"          unequal stages save {g['saved_s']:.3g} s per step ({g['saved_pct']:.1f}%) against "

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from . import exports
 from .baseline import Baseline
 from .cluster import GiB, Cluster
-from .commands import _runs, describe_config, describe_recompute
+from .describe import describe_config, describe_recompute, runs
 from .config import ParallelConfig, Workload
 from .cost.step import StepTime, balanced_stage_layers, layer_policies
 from .explain import PARTS
@@ -102,7 +102,7 @@ def changes(graph: LayerGraph, mine: ParallelConfig, other: ParallelConfig) -> l
             out.append(Change(knob=knob, baseline=describe_recompute(mine), recommended=describe_recompute(other)))
         elif knob == "stage_layers":
             if mine.pp * mine.vpp == other.pp * other.vpp:
-                out.append(Change(knob="layers per stage", baseline=_runs(a[knob]), recommended=_runs(b[knob])))
+                out.append(Change(knob="layers per stage", baseline=runs(a[knob]), recommended=runs(b[knob])))
         else:
             out.append(Change(knob=knob, baseline=a[knob], recommended=b[knob]))
     return out

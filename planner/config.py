@@ -5,6 +5,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Literal
 
 from .errors import UserError, one_of
+from .runtimes import config_refusals
 
 Precision = Literal["bf16", "fp16", "fp32"]
 Framework = Literal["torch", "megatron", "deepspeed"]
@@ -129,25 +130,12 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def check_executor_limits(*, zero: int | None, tp: int | None, offload: str | None, num_kv_heads: int) -> None:
-    """What meshplan's executor (--framework torch; executor/parallelize.py) cannot run, for
-    the knobs that are known (None: not fixed yet)."""
-    if offload not in (None, "none"):
-        raise UserError("meshplan's executor (--framework torch) runs no optimizer offload; plan for "
-                        "DeepSpeed's ZeRO-Offload with --framework deepspeed", field="--offload")
-    if zero == 1 and tp is not None and tp > 1:
-        raise UserError("ZeRO-1 with tp > 1: meshplan's executor shards optimizer states with "
-                        "ZeroRedundancyOptimizer, which cannot shard tensor-parallel parameters; use "
-                        "--zero 0, 2 or 3, or --framework megatron", field="--zero")
-    if tp is not None and num_kv_heads % tp:
-        raise UserError(f"tp {tp} must divide the {num_kv_heads} key/value heads with --framework torch "
-                        "(meshplan's executor does not replicate key/value heads)", field="--tp")
-
-
 def check_config(config: ParallelConfig, *, num_gpus: int, global_batch: int, seq_len: int, num_heads: int,
                  num_kv_heads: int, num_blocks: int, framework: str, dtypes: tuple[str, ...] = (),
-                 precision: str = "bf16") -> None:
-    """Raise UserError (naming the flag) when the knobs cannot work together."""
+                 precision: str = "bf16", device_kind: str = "cuda", max_stages: int | None = None) -> None:
+    """Raise UserError (naming the flag) when the knobs cannot work together, or when the
+    runtime ``framework`` does not run them on ``device_kind`` (planner/runtimes.py). ``max_stages``:
+    the most (virtual) pipeline stages the model splits into (default one block each)."""
     c = config
     for name in ("dp", "tp", "pp", "cp", "micro_batch", "num_microbatches", "vpp"):
         value = getattr(c, name)
@@ -162,8 +150,10 @@ def check_config(config: ParallelConfig, *, num_gpus: int, global_batch: int, se
     if num_kv_heads % c.tp and c.tp % num_kv_heads:
         raise UserError(f"tp {c.tp} neither divides nor is a multiple of the {num_kv_heads} key/value heads",
                         field="--tp")
-    if c.pp > num_blocks:
-        raise UserError(f"pp {c.pp} is more stages than the model's {num_blocks} layers", field="--pp")
+    max_stages = max_stages or num_blocks
+    if c.pp > max_stages:
+        raise UserError(f"pp {c.pp} is more stages than the model's {num_blocks} layers can make "
+                        f"(at most {max_stages})", field="--pp")
     if c.cp > 1 and seq_len % (2 * c.cp):
         raise UserError(f"cp {c.cp} needs the sequence length ({seq_len}) to be a multiple of 2 x cp "
                         "(load-balanced causal chunks)", field="--cp")
@@ -175,18 +165,6 @@ def check_config(config: ParallelConfig, *, num_gpus: int, global_batch: int, se
                         f"!= global batch {global_batch}", field="num_microbatches")
     if c.zero not in ZERO_STAGES:
         raise UserError(f"{c.zero!r} is not a ZeRO stage; allowed: {one_of(ZERO_STAGES)}", field="--zero")
-    if framework == "megatron" and c.zero > 1:
-        raise UserError(f"Megatron-LM's distributed optimizer is ZeRO-1; ZeRO-{c.zero} needs "
-                        "--framework torch or deepspeed", field="--zero")
-    if framework == "torch":
-        check_executor_limits(zero=c.zero, tp=c.tp, offload=c.offload, num_kv_heads=num_kv_heads)
-        if c.zero == 1 and c.dp > 1 and c.pp > 1 and c.schedule != "1f1b":
-            raise UserError(f"ZeRO-1 with the {c.schedule} schedule: meshplan's executor runs DDP under "
-                            "torch.distributed.pipelining with 1F1B only; use --schedule 1f1b or --zero 0, 2 or 3",
-                            field="--zero")
-    if framework == "deepspeed" and c.zero > 1 and c.pp > 1:
-        raise UserError(f"DeepSpeed does not combine ZeRO-{c.zero} with pipeline parallelism; "
-                        "use --zero 0 or 1 with --pp > 1", field="--zero")
     if c.schedule not in SCHEDULES:
         raise UserError(f"{c.schedule!r} is not a schedule; allowed: {one_of(SCHEDULES)}", field="--schedule")
     if c.schedule == "interleaved-1f1b":
@@ -197,9 +175,9 @@ def check_config(config: ParallelConfig, *, num_gpus: int, global_batch: int, se
         if c.num_microbatches % c.pp:
             raise UserError(f"the interleaved schedule needs the micro-batches per step "
                             f"({c.num_microbatches}) to be a multiple of pp ({c.pp})", field="--micro-batch")
-        if c.pp * c.vpp > num_blocks:
-            raise UserError(f"pp x vpp = {c.pp * c.vpp} virtual stages exceed the {num_blocks} layers",
-                            field="--vpp")
+        if c.pp * c.vpp > max_stages:
+            raise UserError(f"pp x vpp = {c.pp * c.vpp} virtual stages exceed the {max_stages} the model's "
+                            f"{num_blocks} layers can make", field="--vpp")
     elif c.vpp != 1:
         raise UserError(f"--vpp {c.vpp} needs --schedule interleaved-1f1b", field="--vpp")
     if c.recompute not in RECOMPUTES:
@@ -214,3 +192,10 @@ def check_config(config: ParallelConfig, *, num_gpus: int, global_batch: int, se
     if dtypes and precision not in dtypes:
         raise UserError(f"the cluster's devices have no {precision} peak; allowed: {one_of(dtypes)}",
                         field="--precision")
+    for knob, why in config_refusals(c, framework, device_kind, num_kv_heads):
+        raise UserError(why, field=knob_flag(knob))
+
+
+def knob_flag(knob: str) -> str:
+    """The `meshplan plan` flag of a ParallelConfig field."""
+    return "--" + knob.replace("_", "-")

@@ -8,6 +8,7 @@ from .cluster import GiB, Cluster, builtin_profiles, load_cluster
 from .config import ParallelConfig
 from .cost.step import Estimate, StepTime, balanced_stage_layers, estimate, layer_policies
 from . import network
+from .runtimes import RUNTIMES
 
 PARTS = {
     "compute": "compute", "recompute": "recompute", "tp_comm": "exposed TP communication",
@@ -134,12 +135,14 @@ def fixes_for_no_fit(graph, cluster, workload, knobs, need_bytes: float = 0.0) -
         tries.append(("--micro-batch 1", graph, cluster, workload, replace(knobs, micro_batch=1)))
     if knobs.recompute not in (None, "full"):
         tries.append(("--recompute full", graph, cluster, workload, replace(knobs, recompute="full")))
-    most_sharded = 1 if workload.framework == "megatron" else 3
+    most_sharded = max(RUNTIMES[workload.framework].on(cluster.device_kind).zero_stages)
     if knobs.zero is not None and knobs.zero < most_sharded:
         tries.append((f"--zero {most_sharded}", graph, cluster, workload, replace(knobs, zero=most_sharded)))
-    if knobs.offload in (None, "none"):     # ZeRO-Offload: DeepSpeed's (meshplan's executor runs none)
-        label = "--offload optimizer" + (" --framework deepspeed" if workload.framework != "deepspeed" else "")
-        tries.append((label, graph, cluster, replace(workload, framework="deepspeed"),
+    if knobs.offload in (None, "none"):     # ZeRO-Offload: this runtime's, else DeepSpeed's
+        offloads = bool(RUNTIMES[workload.framework].on(cluster.device_kind).offload_zero_stages)
+        runtime = workload.framework if offloads else "deepspeed"
+        label = "--offload optimizer" + (f" --framework {runtime}" if runtime != workload.framework else "")
+        tries.append((label, graph, cluster, replace(workload, framework=runtime),
                       replace(knobs, offload="optimizer", zero=knobs.zero if knobs.zero else None)))
     if knobs.fixed():
         flags = " ".join(f"--{k.replace('_', '-')}" for k in knobs.fixed())

@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .commands import _runs
+from .describe import runs
 from .cost.step import balanced_stage_layers, layer_policies
 
 DOCS = {
@@ -101,10 +101,10 @@ def deepspeed(plan) -> Export:
         method = "uniform" if _balanced(plan) else "a manual split"
         notes.append(f"pipeline: build `deepspeed.pipe.PipelineModule(layers=..., num_stages={c.pp}, "
                      f"partition_method='uniform')` in code (not a config key); blocks per stage "
-                     f"{_runs(_blocks_per_stage(plan))} ({method})")
+                     f"{runs(_blocks_per_stage(plan))} ({method})")
         if not _balanced(plan):
             notes.append("DeepSpeed's partition_method offers 'uniform', 'parameters' and 'type:<regex>' only: "
-                         f"the unequal split {_runs(_blocks_per_stage(plan))} cannot be given exactly")
+                         f"the unequal split {runs(_blocks_per_stage(plan))} cannot be given exactly")
         if c.schedule == "interleaved-1f1b":
             notes.append(f"DeepSpeed's pipeline engine runs 1F1B only: the interleaved schedule (vpp {c.vpp}) "
                          "cannot be expressed; expect a larger bubble")
@@ -115,7 +115,7 @@ def deepspeed(plan) -> Export:
     if sum(per_stage):
         cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False}
         notes.append(f"activation checkpointing is applied in code: wrap {sum(per_stage)} block forwards in "
-                     f"`deepspeed.checkpointing.checkpoint` (per stage: {_runs(per_stage)})")
+                     f"`deepspeed.checkpointing.checkpoint` (per stage: {runs(per_stage)})")
         if any(s["selective"] for s in rec):
             notes.append("selective (attention-only) recompute is not a DeepSpeed option: those blocks "
                          "recompute in full")
@@ -206,7 +206,7 @@ def _megatron_recompute(plan) -> tuple[list[list[str]], list[str]]:
     most = max(full)
     if len(set(full)) > 1:
         notes.append(f"--recompute-method block recomputes the same number of blocks on every (virtual) stage: "
-                     f"meshplan recomputes {_runs(full)} per stage; {most} on each is safe on memory and costs "
+                     f"meshplan recomputes {runs(full)} per stage; {most} on each is safe on memory and costs "
                      f"{sum(most - f for f in full)} more block recomputes per micro-batch")
     return [["--recompute-granularity", "full"], ["--recompute-method", "block"],
             ["--recompute-num-layers", str(most)]], notes
@@ -377,7 +377,7 @@ def torchtitan(plan) -> Export:
         total = sum(sum(s.values()) for s in rec)
         every = max(1, round(total / done))
         checkpoint = {"mode": "selective", "selective_ac_option": str(every)}
-        per_stage = _runs([s["full"] + s["selective"] for s in rec])
+        per_stage = runs([s["full"] + s["selective"] for s in rec])
         notes.append(f"meshplan recomputes {done} of {total} blocks ({per_stage} "
                      f"per stage); torchtitan's nearest is one block in every {every} in full "
                      "(activation_checkpoint.selective_ac_option)")

@@ -135,8 +135,15 @@ def all_gather_s(cluster: Cluster, nbytes: float, grp: Group) -> float:
     n = grp.size
     if n <= 1 or nbytes <= 0:
         return 0.0
-    f = fabric(cluster)
-    return (n - 1) / n * nbytes / _ring_bandwidth(f, grp) + (n - 1) * _step_latency(f, grp)
+    return all_gather_bandwidth_s(cluster, nbytes, grp) + (n - 1) * _step_latency(fabric(cluster), grp)
+
+
+def all_gather_bandwidth_s(cluster: Cluster, nbytes: float, grp: Group) -> float:
+    """The bandwidth term of ``all_gather_s`` (no per-step latency): linear in the bytes."""
+    n = grp.size
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return (n - 1) / n * nbytes / _ring_bandwidth(fabric(cluster), grp)
 
 
 def reduce_scatter_s(cluster: Cluster, nbytes: float, grp: Group) -> float:

@@ -12,7 +12,7 @@ data-parallel tail, the embedding all-reduce and the optimizer.
 What it models, each as the runtimes do it:
 
 - Schedules. GPipe: every forward, then every backward (Huang et al. 2019;
-  torch.distributed.pipelining ScheduleGPipe). 1F1B: ``p - rank - 1`` warm-up
+  torch.distributed.pipelining's GPipe). 1F1B: ``p - rank - 1`` warm-up
   forwards, then one forward one backward, then the cool-down backwards
   (Narayanan et al. 2021, Sec 2.2.1; Megatron-LM
   ``forward_backward_pipelining_without_interleaving``). Interleaved 1F1B:
@@ -54,6 +54,7 @@ from .cost.step import CostCache, Estimate, StepTime, assign_layers, dp_phases, 
     gathers_every_microbatch, layer_policies, optimizer_time_s, rank_costs, reduces_every_microbatch, \
     tied_embedding_sync_s
 from .layers import LayerGraph
+from .runtimes import RUNTIMES
 
 COMPUTE, SEND_NEXT, SEND_PREV, DP = "compute", "send-next", "send-prev", "dp"     # the streams of a rank
 STEP_PARTS = tuple(f.name for f in fields(StepTime))
@@ -118,6 +119,7 @@ class StepWork:
     gather_every_microbatch: bool = False                 # else before each layer's first forward only
     reduce_every_microbatch: bool = False                 # else after each layer's last backward only
     overlap_dp: bool = True                               # collectives overlap compute
+    overlap_param_gather: bool = True                     # ZeRO-1/2's step gather beside the next forward
     contention: float = 0.0                               # compute slowdown beside a collective
     embedding_allreduce_s: float = 0.0                    # tied embedding, first and last stage
     optimizer_s: tuple[float, ...] = ()                   # per rank
@@ -204,6 +206,11 @@ class _Rank:
             self.compute_free = until
 
 
+def _step_gather_overlaps(work: StepWork) -> bool:
+    """Whether the parameter all-gather after the optimizer (ZeRO-1/2) runs beside the next forward."""
+    return work.overlap_dp and work.overlap_param_gather
+
+
 def _param_sync(work: StepWork, st: _Rank, chunk: int, at: float) -> None:
     """Queue the step's all-gather of a chunk's parameters (ZeRO-1/2 after the optimizer,
     overlapped with the forward: Megatron-LM ``--overlap-param-gather``), once."""
@@ -220,7 +227,7 @@ def _gather_plan(work: StepWork, st: _Rank, op: tuple[str, int, int], start: flo
     kind, mb, chunk = op
     layers = work.chunks[st.rank][chunk]
     if not work.gather_every_microbatch:
-        if kind != "F" or mb != 0 or not work.overlap_dp or not any(lw.gather_fwd_s for lw in layers):
+        if kind != "F" or mb != 0 or not _step_gather_overlaps(work) or not any(lw.gather_fwd_s for lw in layers):
             return None
         _param_sync(work, st, chunk, start)
         return [lw.gather_fwd_s for lw in layers], list(st.param_ready[chunk])
@@ -330,7 +337,7 @@ def simulate_work(work: StepWork, *, record: bool = True) -> Timeline:
     arrivals: dict[tuple, float] = {}
     position, forwards = [0] * p, [0] * p
     remaining = sum(len(prog) for prog in programs)
-    step_sync = work.overlap_dp and not work.gather_every_microbatch
+    step_sync = _step_gather_overlaps(work) and not work.gather_every_microbatch
     if step_sync:                   # the first two chunks' parameters, right after the last optimizer step
         for st in ranks:
             for chunk in (0, 1):
@@ -381,7 +388,7 @@ def _finish(work: StepWork, ranks: list[_Rank]) -> Timeline:
         if opt:
             st.record(stream=COMPUTE, kind="optimizer", start_s=barrier, end_s=barrier + opt)
         end = barrier + opt
-        if not work.overlap_dp and not work.gather_every_microbatch:   # parameter all-gather after the step
+        if not _step_gather_overlaps(work) and not work.gather_every_microbatch:   # all-gather ends the step
             for chunk in work.chunks[st.rank]:
                 for lw in chunk:
                     if lw.gather_fwd_s:
@@ -438,8 +445,9 @@ def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
                     chunks=tuple(chunks), hop_s=cache.hop_s(config),
                     blocking_sends=config.schedule != "interleaved-1f1b",
                     gather_every_microbatch=gathers_every_microbatch(config, w.framework),
-                    reduce_every_microbatch=reduces_every_microbatch(config),
+                    reduce_every_microbatch=reduces_every_microbatch(config, w.framework),
                     overlap_dp=w.overlap_grad_reduce, contention=cluster.comm_sm_fraction,
+                    overlap_param_gather=RUNTIMES[w.framework].timing.overlaps_param_gather,
                     embedding_allreduce_s=tied_embedding_sync_s(cache, config),
                     optimizer_s=tuple(optimizer_time_s(cache, config, r.params) for r in ranks))
 

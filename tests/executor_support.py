@@ -24,6 +24,10 @@ GLOBAL_BATCH = 8
 TINY_GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden=64, num_heads=4, num_kv_heads=4, head_dim=16,
                      ffn_hidden=256, vocab_size=128, seq_len=SEQ, max_positions=SEQ, mlp="gelu", norm="layernorm",
                      linear_bias=True, qkv_bias=False, tied_embeddings=True, dropout=False)
+# a third shape: more, narrower heads sharing one key/value head, six layers, a wider MLP
+TINY_GQA = ModelSpec(name="tiny-gqa", num_layers=6, hidden=64, num_heads=8, num_kv_heads=1, head_dim=8,
+                     ffn_hidden=192, vocab_size=96, seq_len=SEQ, max_positions=0, mlp="swiglu", norm="rmsnorm",
+                     linear_bias=False, qkv_bias=False, tied_embeddings=False, dropout=False)
 TINY_LLAMA = ModelSpec(name="tiny-llama", num_layers=4, hidden=64, num_heads=4, num_kv_heads=2, head_dim=16,
                        ffn_hidden=160, vocab_size=128, seq_len=SEQ, max_positions=0, mlp="swiglu", norm="rmsnorm",
                        linear_bias=False, qkv_bias=False, tied_embeddings=False, dropout=False)
@@ -42,15 +46,18 @@ def hf_config(spec: ModelSpec) -> dict:
 
 
 def write_plan(tmp_path, spec: ModelSpec, *, gpus: int, name: str = "plan", global_batch: int = GLOBAL_BATCH,
-               cluster: str = "cpu-gloo", **knobs) -> str:
-    """plan.json from `meshplan plan` (the planner's CLI) for ``spec`` with fixed knobs."""
+               cluster: str = "cpu-gloo", searched: bool = False, **knobs) -> str:
+    """plan.json from `meshplan plan` (the planner's CLI) for ``spec`` with fixed knobs: those given,
+    and tp 1, pp 1, ZeRO-0, one micro-batch per replica and no recompute unless given; with
+    ``searched`` only those given (the planner searches the rest)."""
     from planner.cli import main as planner_main
     config = tmp_path / f"{spec.name}.json"
     config.write_text(json.dumps(hf_config(spec)))
     out = tmp_path / f"{name}.json"
     argv = ["plan", "--model", str(config), "--cluster", cluster, "--gpus", str(gpus), "--precision", "fp32" if cluster == "cpu-gloo" else "bf16",
             "--global-batch", str(global_batch), "--seq-len", str(spec.seq_len), "--out", str(out), "--json"]
-    defaults = {"tp": 1, "pp": 1, "zero": 0, "micro_batch": global_batch // gpus, "recompute": "none"}
+    defaults = {} if searched else {"tp": 1, "pp": 1, "zero": 0, "micro_batch": global_batch // gpus,
+                                    "recompute": "none"}
     for key, value in {**defaults, **knobs}.items():
         flag = "--" + key.replace("_", "-")
         argv += [flag, ("on" if value else "off") if isinstance(value, bool) else str(value)]

@@ -119,7 +119,7 @@ BAD_FLAGS = [
     (["--sequence-parallel", "on", "--tp", "1"], ["--sequence-parallel", "tp >= 2"]),
     (["--sequence-parallel", "maybe"], ["--sequence-parallel", "on or off"]),
     (["--offload", "optimizer", "--zero", "0"], ["--offload", "ZeRO stage 1, 2 or 3"]),
-    (["--framework", "megatron", "--zero", "3"], ["--zero", "distributed optimizer is ZeRO-1"]),
+    (["--framework", "megatron", "--zero", "3"], ["--zero", "ZeRO-3 does not run on the megatron runtime on cuda; allowed: 0 or 1"]),
     (["--framework", "deepspeed", "--zero", "3", "--pp", "2"], ["--zero", "pipeline"]),
     (["--cluster", "v100-32g", "--gpus", "16", "--precision", "bf16"], ["--precision", "bf16", "fp16"]),
     (["--cp", "3"], ["--cp"]),

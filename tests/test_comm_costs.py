@@ -55,6 +55,19 @@ def test_context_parallel_ring_exchange_overlaps_attention():
     assert 0 < c.cp_comm_s < 2 * comm
 
 
+def test_context_parallel_all_gather_exchange_is_exposed_and_keeps_the_whole_sequence():
+    """meshplan's executor (runtime torch) all-gathers K and V before attention and reduce-scatters
+    their gradients after it (executor/context.py): nothing overlapped."""
+    ring, gathered = layer_cost(BLOCK, ctx(tp=2, cp=4), A100), layer_cost(BLOCK, ctx(tp=2, cp=4, framework="torch"),
+                                                                             A100)
+    # the whole sequence's K and V: b * s * 2 (K and V) * kv_heads / tp * d * 2 bytes; cp ranks 2 apart
+    whole = 2 * 2048 * 2 * (32 // 2) * 128 * 2
+    grp = Group(4, 4)                       # 4 ranks spaced 2 apart: all in one 8-GPU node
+    assert gathered.cp_comm_s == pytest.approx(all_gather_s(A100, whole, grp) + reduce_scatter_s(A100, whole, grp))
+    # it keeps the other ranks' 3/4 of K and V for backward: more saved bytes than the ring
+    assert gathered.act_bytes[0] - ring.act_bytes[0] == pytest.approx(whole * 3 / 4)
+
+
 def test_no_tp_no_comm():
     assert layer_cost(BLOCK, ctx(tp=1), A100).tp_comm_s == 0.0
 

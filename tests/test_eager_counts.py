@@ -94,5 +94,6 @@ def test_memory_peak_is_the_larger_of_gradients_and_activations_without_accumula
     assert not grads_follow_activations("megatron", one)
     from dataclasses import replace
     assert not grads_follow_activations("torch", replace(one, num_microbatches=2))
-    assert not grads_follow_activations("torch", replace(one, dp=2))          # DDP's buckets
+    assert not grads_follow_activations("torch", replace(one, dp=2))          # DDP's buckets (ZeRO-0)
+    assert grads_follow_activations("torch", replace(one, dp=2, zero=1))      # sharded AdamW, no buckets
     assert grads_follow_activations("torch", replace(one, dp=2, zero=3))      # FSDP allocates in backward

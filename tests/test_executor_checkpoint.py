@@ -24,6 +24,10 @@ CASES = {
     "llama": (TINY_LLAMA, (2, {"dp": 2, "zero": 3}), (2, {"tp": 2, "sequence_parallel": True})),
     # the tied head: two copies under a pipeline, one parameter without
     "gpt": (TINY_GPT, (2, {"pp": 2, "schedule": "gpipe", "micro_batch": 2}), (2, {"dp": 2, "zero": 2})),
+    # ZeRO-1's sharded states (over the replicas, after TP) into FSDP's, and FSDP's into ZeRO-1's under a pipeline
+    "llama-zero1-tp": (TINY_LLAMA, (4, {"dp": 2, "tp": 2, "zero": 1}), (2, {"dp": 2, "zero": 3})),
+    "gpt-zero2-to-zero1-pp": (TINY_GPT, (2, {"dp": 2, "zero": 2}),
+                              (4, {"pp": 2, "dp": 2, "zero": 1, "schedule": "gpipe", "micro_batch": 1})),
 }
 
 

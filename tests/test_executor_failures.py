@@ -1,9 +1,10 @@
 """Failing ranks (issue 7.5), end to end through `meshplan run` and torchrun, 2 processes.
 
 Failures are made with MESHPLAN_FAULT (executor/faults.py): a rank SIGKILLs itself, or stops
-answering, at a given step of the job's first attempt. Every run trains TINY_GPT with ZeRO-3 over
-2 processes; the uninterrupted run they are compared with is the single-process reference (the
-same training without any parallelism or failure, executor_support.reference_run).
+answering, at a given step of the job's first attempt. Every run trains TINY_GPT on 2 processes
+(ZeRO-3; the restart test under every ZeRO stage and under the planner's own choice); the
+uninterrupted run they are compared with is the single-process reference (the same training
+without any parallelism or failure, executor_support.reference_run).
 """
 from __future__ import annotations
 
@@ -29,6 +30,17 @@ STEPS, EVERY = 12, 4
 def plan(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("failures")
     return write_plan(tmp, TINY_GPT, gpus=2, dp=2, zero=3), str(tmp / "tiny-gpt.json")
+
+
+# the restart test for every ZeRO stage over 2 replicas, and for the plan the planner chooses itself
+RESTART_PLANS = {"zero0": {"dp": 2, "zero": 0}, "zero1": {"dp": 2, "zero": 1}, "zero2": {"dp": 2, "zero": 2},
+                 "zero3": {"dp": 2, "zero": 3}, "planner's choice": {"searched": True}}
+
+
+@pytest.fixture(scope="module", params=list(RESTART_PLANS))
+def restart_plan(request, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("restart")
+    return write_plan(tmp, TINY_GPT, gpus=2, **RESTART_PLANS[request.param]), str(tmp / "tiny-gpt.json")
 
 
 @pytest.fixture(scope="module")
@@ -65,10 +77,11 @@ def meshplan_run(plan, *args: str, cwd: Path, fault: str | None = None) -> subpr
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
-def test_a_killed_rank_restarts_the_job_which_resumes_from_the_last_checkpoint(tmp_path, plan, uninterrupted):
+def test_a_killed_rank_restarts_the_job_which_resumes_from_the_last_checkpoint(tmp_path, restart_plan,
+                                                                               uninterrupted):
     """Rank 1 is SIGKILLed at the start of step 6; checkpoints after steps 4 and 8: torchrun restarts
     both ranks, they resume from step 4, and the 12 losses of the run are the uninterrupted ones."""
-    done = meshplan_run(plan, "--checkpoint-dir", "ckpt", "--checkpoint-every", str(EVERY), "--max-restarts", "1",
+    done = meshplan_run(restart_plan, "--checkpoint-dir", "ckpt", "--checkpoint-every", str(EVERY), "--max-restarts", "1",
                         "--timeout", "30", cwd=tmp_path, fault="kill:1:6")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "kill on rank 1 at step 6" in done.stderr

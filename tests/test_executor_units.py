@@ -83,30 +83,14 @@ def test_degrees_must_multiply_to_the_world():
     assert dims.dp == 2 and dims.shape == (1, 1, 2, 1, 2)
 
 
-def test_context_parallel_is_refused_naming_the_missing_support(tmp_path):
+def test_replicated_key_value_heads_are_refused(tmp_path):
     from executor.parallelize import check_supported
     from executor.plan_file import plan_from_json
-    plan = plan_from_json(_plan_doc(tmp_path, gpus=2, cp=2, micro_batch=8), "p.json")
-    with pytest.raises(UserError, match="p.json: config.cp: cp 2: context parallelism needs torch's context_parallel"):
-        check_supported(plan)
-
-
-def test_zero1_with_tensor_parallelism_is_refused(tmp_path):
-    from executor.parallelize import check_supported
-    from executor.plan_file import plan_from_json
-    # planned for Megatron-LM's runtime (which has ZeRO-1 with TP), then given to meshplan run
-    plan = plan_from_json(_plan_doc(tmp_path, gpus=4, dp=2, tp=2, zero=1, framework="megatron"), "p.json")
-    with pytest.raises(UserError, match="config.zero: ZeRO-1 with tp > 1"):
-        check_supported(plan)
-
-
-def test_zero1_under_a_pipeline_needs_1f1b(tmp_path):
-    from executor.parallelize import check_supported
-    from executor.plan_file import plan_from_json
-    plan = plan_from_json(_plan_doc(tmp_path, gpus=4, dp=2, pp=2, zero=1, schedule="gpipe", micro_batch=1,
-                                    framework="megatron"), "p.json")
-    with pytest.raises(UserError, match="config.schedule: ZeRO-1 with the gpipe schedule"):
-        check_supported(plan)
+    # planned for Megatron-LM's runtime (which replicates key/value heads), then given to meshplan run
+    plan = plan_from_json(_plan_doc(tmp_path, gpus=4, tp=4, framework="megatron", micro_batch=8), "p.json")
+    with pytest.raises(UserError, match="p.json: config.tp: tp 4 must divide the 2 key/value heads on the torch "
+                                        "runtime on cuda"):
+        check_supported(plan, "cuda")
 
 
 def test_torchrun_command_standalone_or_rendezvous():
@@ -127,3 +111,26 @@ def test_importing_the_executor_package_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
                          env={"PYTHONPATH": root, "PATH": ""})
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_context_parallel_ranks_hold_an_early_and_a_late_chunk():
+    """Llama 3's load balancing: 16 tokens in 2 x cp = 4 chunks of 4; rank i holds chunks i and 3 - i."""
+    from executor.models import SequenceLayout
+    assert SequenceLayout(cp=2, rank=0).positions(8, "cpu").tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
+    assert SequenceLayout(cp=2, rank=1).positions(8, "cpu").tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
+    # each run of queries attends to the keys up to its own end
+    assert SequenceLayout(cp=2, rank=0).query_blocks(8) == [(0, 4, 4), (4, 8, 16)]
+    assert SequenceLayout(cp=2, rank=1).query_blocks(8) == [(0, 4, 8), (4, 8, 12)]
+    assert SequenceLayout().positions(5, "cpu").tolist() == [0, 1, 2, 3, 4]
+
+
+def test_attention_of_a_late_query_chunk_against_the_keys_before_it_is_causal():
+    """The core's mask for L queries against S > L keys is causal aligned to the last query
+    (what a rank's late chunk needs), equal to the rows of full causal attention."""
+    import torch
+    from executor.models import sdpa
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 4, 12, 8), torch.randn(1, 2, 12, 8), torch.randn(1, 2, 12, 8)   # GQA: 4 heads, 2 kv
+    full = sdpa(q, k, v, 0.0)                                          # (1, 4, 12, 8)
+    torch.testing.assert_close(sdpa(q[:, :, 8:], k, v, 0.0), full[:, :, 8:])
+    torch.testing.assert_close(sdpa(q[:, :, 4:8], k[:, :, :8], v[:, :, :8], 0.0), full[:, :, 4:8])

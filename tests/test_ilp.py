@@ -135,10 +135,10 @@ def test_large_vocabulary_pipeline_gets_unequal_stages(cli):
 
 
 def test_partial_recompute_when_memory_needs_only_some(cli):
-    """Llama-3 70B on 64 A100-80GB with tp 8 x pp 4, no context parallelism, 8K sequences:
+    """Llama-3 70B on 64 A100-80GB with tp 8 x pp 4, no context parallelism, ZeRO-0, 8K sequences:
     memory is short on the early stages (they hold the most micro-batches in flight)."""
     out = cli("plan", "--model", "llama3-70b", "--cluster", "a100-80g", "--gpus", "64", "--global-batch", "128",
-              "--pp", "4", "--tp", "8", "--cp", "1", "--seq-len", "8192", "--json")
+              "--pp", "4", "--tp", "8", "--cp", "1", "--zero", "0", "--seq-len", "8192", "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     layers = doc["config"]["recompute_layers"]

@@ -53,7 +53,7 @@ def eager_regime(*, framework: str, precision: str, zero: int, dp: int, tp: int,
     """'autocast', 'bf16' or '' (not eager mixed precision: priced by the fused-kernel model)."""
     if framework != "torch" or precision == "fp32":
         return ""
-    fsdp = zero >= 2 or (zero == 0 and dp > 1 and (tp > 1 or pp > 1))
+    fsdp = zero >= 2 or (zero == 0 and dp > 1 and (tp > 1 or pp > 1))      # dp: data x context parallel
     return "bf16" if fsdp else "autocast"
 
 

@@ -8,7 +8,8 @@ turns each all-reduce into a reduce-scatter plus an all-gather of the same
 volume and shards the norms, dropout and residuals along the sequence.
 Context parallelism splits the sequence across ``cp`` ranks; attention passes
 key/value blocks around a ring (Liu et al. 2023, Ring Attention), overlapped with
-the attention kernel of the block at hand.
+the attention kernel of the block at hand, or all-gathers them before attention
+(Dubey et al. 2024, Llama 3, Sec 3.3.2), as the runtime's ``cp_exchange`` says.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from ..cluster import DTYPE_BYTES, Cluster
 from ..config import RECOMPUTES
 from ..layers import Layer, Op, Saved
 from .. import network
+from ..runtimes import RUNTIMES
 from .compute import flash_attention_s, gemm_s, memory_bound_s, unfused_attention_s
 from .eager import CAST_UP_BYTES, eager_s
 
@@ -76,7 +78,7 @@ def _op_divisor(op: Op, ctx: Context) -> int:
 
 def _saved_bytes(saved: Saved, ctx: Context) -> float:
     divide = _split(saved.split, ctx)
-    if saved.gathered_input and ctx.sequence_parallel and ctx.framework == "torch":
+    if saved.gathered_input and ctx.sequence_parallel and RUNTIMES[ctx.framework].timing.sp_keeps_gathered_input:
         divide = 1      # DTensor's ColwiseParallel keeps the all-gathered input for the weight gradient
     dtype = saved.dtype_bytes or DTYPE_BYTES[ctx.precision]
     return saved.elems * ctx.tokens * dtype / divide
@@ -116,12 +118,34 @@ def _attention(op: Op, ctx: Context, cluster: Cluster) -> tuple[float, float, fl
     cp_fwd = cp_bwd = 0.0
     if ctx.cp > 1:
         block = b * q_len * 2 * kv_heads * op.head_dim * dt           # one rank's K and V
+        if RUNTIMES[ctx.framework].timing.cp_exchange == "all-gather":
+            cp_fwd, cp_bwd = _cp_all_gather(ctx, cluster, block)
+            kept += block * (ctx.cp - 1)                              # the others' K and V, kept for backward
+            return fwd, bwd, cp_fwd, cp_bwd, kept
         same_node = ctx.tp * ctx.cp <= cluster.gpus_per_node
         comm_fwd = (ctx.cp - 1) * network.p2p_s(cluster, block, same_node=same_node)
         comm_bwd = 2 * comm_fwd                                       # K, V again plus dK, dV
         cp_fwd = max(0.0, comm_fwd - fwd * (ctx.cp - 1) / ctx.cp)     # each step hides behind one block
         cp_bwd = max(0.0, comm_bwd - bwd * (ctx.cp - 1) / ctx.cp)
     return fwd, bwd, cp_fwd, cp_bwd, kept
+
+
+def _cp_exposed_floor(op: Op, ctx: Context, cluster: Cluster) -> float:
+    """A lower bound, linear in the tokens, on the exposed context-parallel exchange: the
+    bandwidth terms of the all-gather exchange (it overlaps nothing); 0 for the ring."""
+    if ctx.cp == 1 or RUNTIMES[ctx.framework].timing.cp_exchange != "all-gather":
+        return 0.0
+    kv_heads = max(1.0, op.kv_heads / ctx.tp)
+    whole = ctx.micro_batch * ctx.seq_len * 2 * kv_heads * op.head_dim * DTYPE_BYTES[ctx.precision]
+    return 2 * network.all_gather_bandwidth_s(cluster, whole, network.group(cluster, ctx.cp, ctx.tp))
+
+
+def _cp_all_gather(ctx: Context, cluster: Cluster, block_bytes: float) -> tuple[float, float]:
+    """(forward, backward) seconds of the all-gather exchange, none of it overlapped: K and V
+    all-gathered over the cp ranks (spaced tp apart in the mesh), their gradients reduce-scattered."""
+    grp = network.group(cluster, ctx.cp, ctx.tp)
+    whole = block_bytes * ctx.cp                                      # every rank's K and V
+    return network.all_gather_s(cluster, whole, grp), network.reduce_scatter_s(cluster, whole, grp)
 
 
 def _tp_comm(layer: Layer, ctx: Context, cluster: Cluster, elems: float) -> float:
@@ -188,6 +212,7 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
             fwd, bwd, core_fwd, cp_fwd, cp_bwd = fwd + f, bwd + b, f, cf, cb
             if ctx.attention == "flash":                 # linear in the micro-batch (unfused: bound 0)
                 floor += f + b
+            floor += _cp_exposed_floor(op, ctx, cluster)
         elif eager is not None:     # priced as a whole below
             pass
         else:   # elementwise and embedding: memory-bound; byte counts are given for 2-byte activations

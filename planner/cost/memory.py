@@ -1,7 +1,10 @@
 """Memory per GPU: model states by runtime and ZeRO stage, activations by schedule."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+
+from ..runtimes import RUNTIMES
 
 # Adam(W) keeps two fp32 moments; mixed precision adds an fp32 master copy of the
 # weights: K = 12 bytes per parameter (Rajbhandari et al. 2020, ZeRO, Sec 3.1).
@@ -17,60 +20,41 @@ class StateBytes:
     host_optimizer: float = 0.0     # moved to host memory by optimizer offload
 
 
+@functools.lru_cache(maxsize=4096)       # pure: a memo of the search's most frequent call
 def state_bytes_per_param(*, framework: str, precision: str, zero: int, shard: int, offload: str) -> StateBytes:
-    """Bytes per parameter of each model-state category on one GPU.
+    """Bytes per parameter of each model-state category on one GPU, from the runtime's layout
+    (planner/runtimes.py ``StateLayout``, where each runtime's numbers name their source).
 
-    ``shard`` is the size of the group ZeRO partitions over (data x context parallel).
-
-    deepspeed: the ZeRO paper's layout (Rajbhandari et al. 2020, Sec 5.1, Table 1):
-        fp16 parameters 2, fp16 gradients 2, optimizer K = 12; stage 1 shards the
-        optimizer, stage 2 also the gradients, stage 3 also the parameters.
-    megatron: bf16 parameters 2, fp32 main gradients 4, fp32 master + Adam 12
-        (18 bytes; Megatron-LM docs, 'distributed optimizer'); ZeRO-1 is its
-        distributed optimizer, which shards the 12 (6 + 12/d bytes).
-    torch: what meshplan's executor runs. ZeRO-0/1: DDP on fp32 parameters with
-        autocast, whose bf16 weight copies live from forward until backward (+2);
-        fp32 gradients 4; Adam 8 (ZeRO-1: ZeroRedundancyOptimizer shards it).
-        ZeRO-2/3: FSDP2 fully_shard with MixedPrecisionPolicy(bf16 params, fp32
-        reduce): sharded fp32 parameters, gradients and Adam (16/d); ZeRO-2 keeps
-        the unsharded bf16 parameters between forward and backward
-        (reshard_after_forward=False, +2); ZeRO-3 holds only a layer or two of them
-        (counted with the communication buffers).
-    fp32 training has no master copy: parameters 4, gradients 4, Adam 8.
+    ``shard`` is the size of the group ZeRO partitions over (data x context parallel). A
+    category is divided by it from the ZeRO stage the layout shards it at; the parameters
+    add the unsharded working copy the runtime holds from forward until backward at that
+    stage. fp32 training has no master copy: parameters 4, gradients 4, Adam 8.
     """
-    mixed = precision != "fp32"
+    layout = RUNTIMES[framework].layout(precision)
     d = max(1, shard)
-    if framework == "deepspeed":
-        p, g, o = (2.0, 2.0, 12.0) if mixed else (4.0, 4.0, 8.0)
-        params, grads, opt = p / (d if zero >= 3 else 1), g / (d if zero >= 2 else 1), o / (d if zero >= 1 else 1)
-    elif framework == "megatron":
-        p, g, o = (2.0, 4.0, 12.0) if mixed else (4.0, 4.0, 8.0)
-        params, grads, opt = p, g, o / (d if zero >= 1 else 1)
-    else:
-        working = 2.0 if mixed else 0.0
-        if zero <= 1:
-            params, grads, opt = 4.0 + working, 4.0, 8.0 / (d if zero == 1 else 1)
-        else:
-            unsharded = (working or 4.0) if zero == 2 else 0.0
-            params, grads, opt = 4.0 / d + unsharded, 4.0 / d, 8.0 / d
+
+    def share(nbytes: float, sharded_from: int) -> float:
+        return nbytes / (d if zero >= sharded_from else 1)
+
+    params = share(layout.params_bytes, layout.params_sharded_from) + layout.held_copy_bytes[zero]
+    grads = share(layout.grads_bytes, layout.grads_sharded_from)
+    opt = share(layout.optimizer_bytes, layout.optimizer_sharded_from)
     if offload == "optimizer":
         return StateBytes(params=params, grads=grads, optimizer=0.0, host_optimizer=opt)
     return StateBytes(params=params, grads=grads, optimizer=opt)
 
 
 def working_copy_bytes_per_param(*, framework: str, precision: str, zero: int, tp: int, pp: int) -> float:
-    """A buffer of gathered parameters held from forward to backward, per parameter.
-
-    Under TP or a pipeline meshplan's executor runs ZeRO-0 through torch's
-    replicate(), which gathers a working copy of the parameters for forward and keeps
-    it until backward. In mixed precision that copy is the bf16 one already counted
-    with the parameters; in fp32 it is 4 more bytes (measured on cpu-gloo,
-    tests/test_executor_plans.py). Counted with the buffers ("other")."""
-    if framework == "torch" and zero == 0 and precision == "fp32" and (tp > 1 or pp > 1):
-        return 4.0
+    """A buffer of gathered parameters held from forward to backward, per parameter: the
+    runtime's ``replicate_copy_bytes`` for ZeRO-0 under TP or a pipeline (meshplan's executor
+    runs it through torch's replicate(); in mixed precision that copy is the bf16 one already
+    counted with the parameters). Counted with the buffers ("other")."""
+    if zero == 0 and (tp > 1 or pp > 1):
+        return RUNTIMES[framework].layout(precision).replicate_copy_bytes
     return 0.0
 
 
+@functools.lru_cache(maxsize=4096)
 def resident_bytes_per_param(*, framework: str, precision: str, zero: int, shard: int, offload: str, tp: int,
                              pp: int) -> float:
     """Device bytes per parameter that scale with the parameters: the model states on the
@@ -81,12 +65,10 @@ def resident_bytes_per_param(*, framework: str, precision: str, zero: int, shard
 
 
 def grad_comm_bytes_per_param(framework: str, precision: str) -> float:
-    """Dtype of the gradient reduction: torch reduces in fp32 (torchtitan's
-    MixedPrecisionPolicy(reduce_dtype=float32); DDP on fp32 parameters); DeepSpeed
-    and Megatron reduce 16-bit gradients by default."""
-    if precision == "fp32" or framework == "torch":
-        return 4.0
-    return 2.0
+    """Bytes per parameter of the gradient reduction: the runtime layout's ``grad_reduce_bytes``
+    (torch reduces in fp32: torchtitan's MixedPrecisionPolicy(reduce_dtype=float32), DDP on fp32
+    parameters; DeepSpeed and Megatron reduce 16-bit gradients by default)."""
+    return RUNTIMES[framework].layout(precision).grad_reduce_bytes
 
 
 def inflight_microbatches(schedule: str, *, rank: int, pp: int, vpp: int, num_microbatches: int) -> float:

@@ -13,6 +13,7 @@ from ..cluster import DTYPE_BYTES, Cluster
 from ..config import ParallelConfig, Workload
 from ..layers import LayerGraph
 from .. import network
+from ..runtimes import RUNTIMES
 from .eager import eager_regime, eager_s, layer_eager_regime, step_param_bytes
 from .layer import POLICY_INDEX, Context, LayerCost, layer_cost
 from .memory import (grad_comm_bytes_per_param, inflight_microbatches, resident_bytes_per_param,
@@ -212,7 +213,7 @@ class CostCache:
             return 0.0
         w = self.workload
         nbytes = config.micro_batch * w.seq_len / config.cp * self.graph.hidden * DTYPE_BYTES[w.precision]
-        if config.sequence_parallel or w.framework == "megatron":
+        if config.sequence_parallel or RUNTIMES[w.framework].timing.pp_sends_tp_shards:
             nbytes /= config.tp
         same_node = config.tp * config.cp * config.dp < self.cluster.gpus_per_node
         return network.p2p_s(self.cluster, nbytes, same_node=same_node)
@@ -349,13 +350,13 @@ def _dp_comm(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[
 def gathers_every_microbatch(config: ParallelConfig, framework: str) -> bool:
     """Whether a layer's parameters are all-gathered before every micro-batch's forward (ZeRO-3,
     and FSDP2's ZeRO-2, which re-gathers them every forward) rather than once per step."""
-    return config.zero == 3 or (config.zero == 2 and framework == "torch")
+    return config.zero in RUNTIMES[framework].timing.params_gathered_every_microbatch
 
 
-def reduces_every_microbatch(config: ParallelConfig) -> bool:
+def reduces_every_microbatch(config: ParallelConfig, framework: str) -> bool:
     """Whether a layer's gradients are reduce-scattered after every micro-batch's backward
     (ZeRO-2 and ZeRO-3 keep only their shard) rather than once after the last."""
-    return config.zero >= 2
+    return config.zero in RUNTIMES[framework].timing.grads_reduced_every_microbatch
 
 
 def dp_phases(cache: CostCache, config: ParallelConfig, params: float) -> tuple[float, float, float]:
@@ -396,17 +397,15 @@ def dp_collectives(cache: CostCache, config: ParallelConfig, params: float) -> t
     ZeRO-0 reduces once after the last backward; ZeRO-1 too, and all-gathers the updated
     parameters after the optimizer; ZeRO-2 reduce-scatters every micro-batch (FSDP2 also
     re-gathers the parameters every forward); ZeRO-3 gathers for forward and again for
-    backward and reduce-scatters every micro-batch.
+    backward and reduce-scatters every micro-batch. Which stage does what every micro-batch
+    is the runtime's ``Timing`` (planner/runtimes.py).
     """
-    gather, _, reduce = dp_phases(cache, config, params)
-    if config.zero == 0:
-        return 0.0, reduce, 0.0
-    if config.zero == 1:
-        return 0.0, reduce, gather
-    if config.zero == 2:
-        every = gathers_every_microbatch(config, cache.workload.framework)
-        return (reduce + gather, 0.0, 0.0) if every else (reduce, 0.0, gather)
-    return 2 * gather + reduce, 0.0, 0.0
+    gather_fwd, gather_bwd, reduce = dp_phases(cache, config, params)
+    framework = cache.workload.framework
+    every_gather = gathers_every_microbatch(config, framework)
+    every_reduce = reduces_every_microbatch(config, framework)
+    per_micro = (reduce if every_reduce else 0.0) + (gather_fwd + gather_bwd if every_gather else 0.0)
+    return per_micro, 0.0 if every_reduce else reduce, 0.0 if every_gather else gather_fwd
 
 
 _dp_collectives = dp_collectives      # the name tests/test_simulate.py imports
@@ -440,8 +439,10 @@ def _dp_comm_uncached(cache: CostCache, config: ParallelConfig, rank: RankCost) 
     out = m * exposed(per_micro, rank.fwd_s + rank.bwd_s, first[0]) if per_micro else 0.0
     if once:
         out += exposed(once, rank.bwd_s, first[1])
-    if after:   # the parameter all-gather overlaps the next step's forward (Megatron --overlap-param-gather)
-        out += exposed(after, rank.fwd_s, first[2])
+    if after and RUNTIMES[cache.workload.framework].timing.overlaps_param_gather:
+        out += exposed(after, rank.fwd_s, first[2])     # beside the next forward (--overlap-param-gather)
+    elif after:
+        out += after                                     # ends the optimizer step
     return total, out
 
 
@@ -452,8 +453,8 @@ def optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float) ->
     cluster, w = cache.cluster, cache.workload
     local = params / (config.dp * config.cp if config.zero >= 1 else 1)
     dev = cluster.device
-    regime = eager_regime(framework=w.framework, precision=w.precision, zero=config.zero, dp=config.dp,
-                          tp=config.tp, pp=config.pp)
+    regime = eager_regime(framework=w.framework, precision=w.precision, zero=config.zero,
+                          dp=config.dp * config.cp, tp=config.tp, pp=config.pp)
     per_param = step_param_bytes(regime, zero=config.zero, num_microbatches=config.num_microbatches)
     casts_s = eager_s({c: params * b for c, b in per_param.items()}, 0, dev)
     if config.offload == "none":
@@ -515,10 +516,11 @@ def grads_follow_activations(framework: str, config: ParallelConfig) -> bool:
     micro-batch and no pipeline the step's peak is the larger of the two (end of forward, or end
     of backward), not their sum. Not under gradient accumulation (earlier micro-batches' gradients
     wait while the next forward runs), a pipeline, DDP's gradient buckets (allocated when DDP wraps
-    the model) or Megatron's and DeepSpeed's contiguous gradient buffers. Measured on an H100:
-    benchmarks/results/gpu_runs.json (categories against torch.cuda.max_memory_allocated)."""
+    the model: ZeRO-0 with data parallelism) or Megatron's and DeepSpeed's contiguous gradient
+    buffers. Measured on an H100: benchmarks/results/gpu_runs.json (categories against
+    torch.cuda.max_memory_allocated)."""
     return (framework == "torch" and config.pp == 1 and config.num_microbatches == 1
-            and (config.dp * config.cp == 1 or config.zero >= 2))
+            and (config.dp * config.cp == 1 or config.zero >= 1))
 
 
 def _memories(cache: CostCache, config: ParallelConfig, ranks: list[RankCost]) -> list[Memory]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from ..commands import _gib, _runs, describe_config
+from ..describe import describe_config, gib, runs
 from ..cost.step import Estimate, StepTime
 from ..explain import PARTS, gains, limits, lost_on
 from ..exports import DOCS, Export, recompute_per_stage
@@ -65,7 +65,7 @@ def _summary(plan, analytic: Estimate) -> Section:
              f"{analytic.step_time_s:.3f} s ({100 * (analytic.step_time_s / e.step_time_s - 1):+.1f}%)"),
             ("throughput", f"{e.tokens_per_s:,.0f} tokens/s"),
             ("model FLOP/s per GPU", f"{e.model_tflops_per_gpu:.1f} TFLOP/s (MFU {100 * e.mfu:.1f}%)"),
-            ("memory, most loaded GPU", f"{_gib(e.memory.total)} of {_gib(e.capacity_bytes)} GiB "
+            ("memory, most loaded GPU", f"{gib(e.memory.total)} of {gib(e.capacity_bytes)} GiB "
                                         f"(stage {e.peak_stage})")]
     if cl.gpu_hour_usd:
         usd = cost_per_million_tokens(cl.gpu_hour_usd, cl.num_gpus, e.tokens_per_s)
@@ -95,10 +95,10 @@ def _time(plan, timeline: Timeline) -> Section:
 
 def _memory(plan) -> Section:
     e = plan.best.estimate
-    rows = tuple((str(i), *(_gib(getattr(m, k)) for k in ("params", "grads", "optimizer", "activations", "other")),
-                  _gib(m.total)) for i, m in enumerate(e.memory_per_stage))
+    rows = tuple((str(i), *(gib(getattr(m, k)) for k in ("params", "grads", "optimizer", "activations", "other")),
+                  gib(m.total)) for i, m in enumerate(e.memory_per_stage))
     return Section(title="Where the memory goes",
-                   paragraphs=(f"GiB per GPU on each pipeline stage, against {_gib(e.capacity_bytes)} GiB.",),
+                   paragraphs=(f"GiB per GPU on each pipeline stage, against {gib(e.capacity_bytes)} GiB.",),
                    table=Table(header=("stage", "params", "grads", "optimizer", "activations", "other", "total"),
                                rows=rows),
                    figures=(Figure(name="memory_per_stage", caption="Memory per GPU by stage and category"),))
@@ -133,7 +133,7 @@ def _stages(plan) -> Section:
         span = f"{modules[0]} ... {modules[-1]}" if len(modules) > 2 else ", ".join(modules)
         rows.append((str(j), str(j % c.pp), str(len(modules)), span,
                      ", ".join(f"{p} {rec[p]}" for p in ("full", "selective") if rec[p]) or "none"))
-    text = f"{len(stages)} virtual stage(s) on {c.pp} rank(s); layers per stage {_runs([len(s) for s in stages])}."
+    text = f"{len(stages)} virtual stage(s) on {c.pp} rank(s); layers per stage {runs([len(s) for s in stages])}."
     return Section(title="Stages and recompute", paragraphs=(text,),
                    table=Table(header=("stage", "rank", "layers", "modules", "recompute"), rows=tuple(rows)))
 

@@ -114,7 +114,7 @@ def _against(s: Scenario, cmp) -> str:
 
 
 def _index(rows: list[tuple[Scenario, object, object]]) -> str:
-    from ..commands import describe_config
+    from ..describe import describe_config
 
     lines = ["# The meshplan gallery", "",
              "Strategy reports that meshplan wrote for four reference scenarios. Regenerate them all with",

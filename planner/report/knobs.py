@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..commands import _gib
 from ..config import check_config
 from ..cost.step import CostCache
+from ..describe import gib
 from ..errors import UserError
+from ..runtimes import RUNTIMES
+from ..search.space import max_stages
 from ..simulate import simulated_estimate
 
 
@@ -21,8 +23,8 @@ class Knob:
     fits: bool
 
     def describe(self, capacity_bytes: float) -> str:
-        memory = (f"{_gib(self.memory_bytes)} GiB per GPU" if self.fits else
-                  f"needs {_gib(self.memory_bytes)} GiB per GPU, {_gib(self.memory_bytes - capacity_bytes)} "
+        memory = (f"{gib(self.memory_bytes)} GiB per GPU" if self.fits else
+                  f"needs {gib(self.memory_bytes)} GiB per GPU, {gib(self.memory_bytes - capacity_bytes)} "
                   "more than the device has")
         return f"{self.name}: {self.gain_pct:+.1f}% tokens/s ({self.step_time_s:.3g} s per step), {memory}"
 
@@ -53,9 +55,11 @@ def _config_variants(plan) -> list[tuple[str, object]]:
 def _legal(plan, config) -> bool:
     g, w = plan.graph, plan.workload
     try:
+        can = RUNTIMES[w.framework].on(plan.cluster.device_kind)
         check_config(config, num_gpus=plan.cluster.num_gpus, global_batch=w.global_batch, seq_len=w.seq_len,
                      num_heads=g.num_heads, num_kv_heads=g.num_kv_heads, num_blocks=g.num_blocks,
-                     framework=w.framework)
+                     framework=w.framework, device_kind=plan.cluster.device_kind,
+                     max_stages=max_stages(g, can.stages_without_blocks))
     except UserError:
         return False
     return True

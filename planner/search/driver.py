@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..cluster import Cluster
 from ..config import ParallelConfig, Workload
-from ..cost.step import CostCache, estimate
+from ..cost.step import CostCache, estimate, peak_memory
 from ..layers import LayerGraph
-from .enumerate import (Candidate, LayoutBounds, SearchResult, _TopK, _sort_key, layout_order, least_memory_candidate,
-                        uniform_phase)
+from .enumerate import (RECOMPUTE_ORDER, Candidate, LayoutBounds, SearchResult, _TopK, _sort_key, layout_order,
+                        least_memory_candidate, uniform_phase)
 from .space import Knobs, Layout, Space
 from .stages import GroupProblem, graph_shape, group_lower_bound
 
@@ -57,7 +57,7 @@ def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs
     the few finalists by their simulated step (``planner/simulate.py``), whose times
     replace the closed form's in their estimates."""
     t0 = time.perf_counter()
-    space = Space(graph, cluster.num_gpus, workload, knobs, cluster.device.dtypes)
+    space = Space(graph, cluster.num_gpus, workload, knobs, cluster.device.dtypes, cluster.device_kind)
     cache = CostCache(graph, cluster, workload)
     top = _TopK(top_k + 1)
     order, bounds = layout_order(space, cache)
@@ -140,7 +140,7 @@ def _stage_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout]
                 if found is None:
                     continue
                 counts, option, _ = found
-                config = pr.config(counts, option)
+                config = least_recompute(cache, pr.config(counts, option))
                 est = estimate(space.graph, cache.cluster, space.w, config, cache)
                 if est.fits:
                     before = top.items[0].estimate.step_time_s if top.items else math.inf
@@ -148,6 +148,27 @@ def _stage_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout]
                     if est.step_time_s < before * (1 - 1e-9):
                         stats.improved += 1
     return stats
+
+
+def least_recompute(cache: CostCache, config: ParallelConfig) -> ParallelConfig:
+    """``config`` with each recomputed layer, in order, moved to the lightest policy that still fits:
+    the stage ILP only sees the slowest rank, so where recompute on another rank costs it nothing
+    its solvers may leave any of it in; this keeps only what memory requires (which the step,
+    simulated rank by rank, does see)."""
+    if config.recompute_layers is None:
+        return config
+    policies = list(config.recompute_layers)
+    capacity, host_capacity = cache.cluster.device.memory_bytes, cache.cluster.host_memory_bytes
+    for i, policy in enumerate(policies):
+        for lighter in ("none", "selective")[:RECOMPUTE_ORDER[policy]]:
+            trial = replace(config, recompute_layers=tuple(policies[:i] + [lighter] + policies[i + 1:]))
+            device, host = peak_memory(cache, trial)
+            if device <= capacity and host <= host_capacity:
+                policies[i] = lighter
+                break
+    used = set(policies) - {"none"}
+    uniform = "none" if not used else "full" if "full" in used else "selective"
+    return replace(config, recompute=uniform, recompute_layers=tuple(policies))
 
 
 def _group_space(space: Space, layout: Layout, vpp: int, shape, schedule: str | None = None) -> int:

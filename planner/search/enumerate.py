@@ -15,13 +15,15 @@ only be higher and memory no lower than a fitting choice are skipped:
 """
 from __future__ import annotations
 
-import time
+import math
+
 from dataclasses import dataclass, field, replace
 
 from ..cluster import Cluster
 from ..config import ParallelConfig, Workload
-from ..cost.memory import resident_bytes_per_param
-from ..cost.step import CostCache, Estimate, estimate, peak_memory, rank_costs, rank_pipeline_s
+from ..cost.memory import resident_bytes_per_param, state_bytes_per_param
+from ..cost.step import (CostCache, Estimate, estimate, grads_follow_activations, peak_memory, rank_costs,
+                         rank_pipeline_s)
 from ..layers import LayerGraph
 from .space import Knobs, Layout, Space
 
@@ -139,7 +141,11 @@ class LayoutBounds:
             _, act, params, _ = cache.totals(cache.context(one))
             best_act = min(best_act, layout.micro_batch * act / layout.pp)
         params /= layout.pp
-        return params * _least_resident_bytes(space, layout) + best_act + cache.cluster.device.reserved_bytes
+        base = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp,
+                              micro_batch=layout.micro_batch,
+                              num_microbatches=layout.num_microbatches(space.w.global_batch))
+        return _least_state_and_activation_bytes(space, layout, base, None, [(params, best_act)]) \
+            + cache.cluster.device.reserved_bytes
 
 
 @dataclass
@@ -231,61 +237,82 @@ def _count_layout(space: Space, layout: Layout) -> int:
     return n
 
 
-def _group_bounds(space: Space, cache: CostCache, layout: Layout, schedule: str, vpp: int, sp: bool) -> tuple:
-    """(time, memory) lower bounds over the ZeRO/offload/recompute choices of one group.
-
-    Time: the pipeline with recompute none (the other choices only add to it).
-    Memory: the least model-state bytes any ZeRO/offload choice gives, plus the
-    full-recompute activations and the runtime reserve."""
+def _group_config(space: Space, layout: Layout, schedule: str, vpp: int, sp: bool) -> ParallelConfig:
     m = layout.num_microbatches(space.w.global_batch)
-    base = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, micro_batch=layout.micro_batch,
+    return ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, micro_batch=layout.micro_batch,
                           num_microbatches=m, vpp=vpp, schedule=schedule, sequence_parallel=sp)
-    time_lb = rank_pipeline_s(cache, base)
-    per_param = _least_resident_bytes(space, layout, schedule)
+
+
+def _group_time_bound(cache: CostCache, base: ParallelConfig) -> float:
+    """A lower bound on the step time over the ZeRO/offload/recompute choices of one group: the
+    pipeline with recompute none (the other choices only add to it)."""
+    return rank_pipeline_s(cache, base)
+
+
+def _group_memory_bound(space: Space, cache: CostCache, layout: Layout, base: ParallelConfig) -> float:
+    """A lower bound on the memory of the group's most loaded GPU: the least, over the ZeRO/offload
+    choices, of the model-state bytes plus the full-recompute activations and the runtime reserve
+    (where gradients only follow the activations, planner.cost.step.grads_follow_activations, the
+    larger of the two instead of their sum)."""
     full = rank_costs(cache, replace(base, recompute="full"))
-    memory_lb = cache.cluster.device.reserved_bytes + max(r.params * per_param + r.act_bytes for r in full)
-    return time_lb, memory_lb
+    return cache.cluster.device.reserved_bytes + _least_state_and_activation_bytes(
+        space, layout, base, base.schedule, [(r.params, r.act_bytes) for r in full])
 
 
-def _least_resident_bytes(space: Space, layout: Layout, schedule: str | None = None) -> float:
-    """The fewest device bytes per parameter any ZeRO stage and offload choice of the layout leaves."""
+def _least_state_and_activation_bytes(space: Space, layout: Layout, base: ParallelConfig, schedule: str | None,
+                                      ranks: list[tuple[float, float]]) -> float:
+    """The least over the layout's ZeRO/offload choices of the most loaded rank's model states plus
+    activations, for (parameters, activation bytes) per rank: their sum, or where gradients only
+    follow the activations (planner.cost.step.grads_follow_activations) the larger of the two."""
     w = space.w
-    return min(resident_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
-                                        shard=layout.dp * layout.cp, offload=offload, tp=layout.tp, pp=layout.pp)
-               for zero in space.zeros(layout, schedule) for offload in space.offloads(zero))
+    best = math.inf
+    for zero in space.zeros(layout, schedule):
+        for offload in space.offloads(zero):
+            per_param = resident_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
+                                                 shard=layout.dp * layout.cp, offload=offload, tp=layout.tp,
+                                                 pp=layout.pp)
+            grads = 0.0
+            if grads_follow_activations(w.framework, replace(base, zero=zero, offload=offload)):
+                grads = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
+                                              shard=layout.dp * layout.cp, offload=offload).grads
+            best = min(best, max(p * (per_param - grads) + max(p * grads, act) for p, act in ranks))
+    return best
 
 
 def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bool, top: _TopK):
     """Estimate the candidates of a layout, skipping those dominated by a fitting one.
 
-    Memory is checked first: a candidate that does not fit is only kept (estimated)
-    when it needs less memory than any seen so far (for the no-fit message)."""
+    A candidate whose pipeline alone is slower than the k-th best is skipped with those of more
+    offload or recompute; of the others memory is checked first: a candidate that does not fit
+    is only kept (estimated) when it needs less memory than any seen so far (for the no-fit
+    message)."""
     capacity, host_capacity = cache.cluster.device.memory_bytes, cache.cluster.host_memory_bytes
     for schedule, vpp in space.schedules(layout):
         if prune and schedule == "gpipe" and space.k.schedule is None:
             continue      # same time as 1F1B, more activations in flight: never better
         for sp in space.sequence_parallel(layout):
             if prune:
-                time_lb, memory_lb = _group_bounds(space, cache, layout, schedule, vpp, sp)
-                if time_lb >= top.threshold:
+                base = _group_config(space, layout, schedule, vpp, sp)
+                if _group_time_bound(cache, base) >= top.threshold:
                     continue
-                if memory_lb > capacity:
+                if _group_memory_bound(space, cache, layout, base) > capacity:
                     yield _SkippedForMemory()
                     continue
             for zero in space.zeros(layout, schedule):
-                fitting: list[tuple[int, int]] = []
+                done: list[tuple[int, int]] = []     # fitting, or too slow: more offload/recompute is no better
                 for config in space.configs(layout, schedule, vpp, sp, zero):
                     o, r = OFFLOAD_ORDER[config.offload], RECOMPUTE_ORDER[config.recompute]
-                    if prune and any(fo <= o and fr <= r for fo, fr in fitting):
+                    if prune and any(fo <= o and fr <= r for fo, fr in done):
                         continue
                     if prune:
+                        if rank_pipeline_s(cache, config) >= top.threshold:
+                            done.append((o, r))     # its pipeline alone (a part of the step) is too slow
+                            continue
                         device, host = peak_memory(cache, config)
                         if device > capacity or host > host_capacity:
                             yield _Unfit(config=config, memory=device)
                             continue
-                        fitting.append((o, r))
-                        if rank_pipeline_s(cache, config) >= top.threshold:
-                            continue      # fits, but its pipeline alone (a part of the step) is too slow
+                        done.append((o, r))
                     yield Candidate(config=config, estimate=estimate(space.graph, cache.cluster, space.w, config,
                                                                      cache))
 
@@ -316,7 +343,7 @@ def _frugal_candidates(space: Space, cache: CostCache, layout: Layout):
 
 def evaluate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: ParallelConfig) -> Candidate:
     """A fully fixed config: check it and estimate it (it may not fit)."""
-    space = Space(graph, cluster.num_gpus, workload, Knobs(), cluster.device.dtypes)
+    space = Space(graph, cluster.num_gpus, workload, Knobs(), cluster.device.dtypes, cluster.device_kind)
     space.check(config)
     return Candidate(config=config, estimate=estimate(graph, cluster, workload, config))
 

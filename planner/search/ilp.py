@@ -177,6 +177,9 @@ def _data_parallel(prob, pr: GroupProblem, opt: Option, k: int, r: int, nb, F, B
         for i, weight in enumerate((m, 1, 1)):
             if blk[i] == 0 and all(f[i] == 0 for f in fixed):
                 continue
+            if i == 2 and not pr.param_gather_overlaps:
+                exposed += totals[i]        # the step's all-gather ends the optimizer step
+                continue
             x = pulp.LpVariable(f"x{i}_{k}_{r}", 0)
             prob += x >= totals[i] - windows[i], f"i_rank_{r}_opt_{k}_term_{i}_exceeds_window"
             prob += x >= first[i], f"i_rank_{r}_opt_{k}_term_{i}_first_layer"

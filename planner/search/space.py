@@ -4,10 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Iterator
 
-from ..config import (FRAMEWORKS, OFFLOADS, RECOMPUTES, SCHEDULES, ParallelConfig, Workload, check_config,
-                      check_executor_limits)
+from ..config import FRAMEWORKS, OFFLOADS, RECOMPUTES, SCHEDULES, ParallelConfig, Workload, check_config, knob_flag
 from ..errors import UserError, one_of
 from ..layers import LayerGraph
+from ..runtimes import RUNTIMES, refusals
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,6 +34,15 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def max_stages(graph: LayerGraph, can_stand_alone: bool) -> int:
+    """The most (virtual) pipeline stages ``graph`` splits into: one block each, and where the
+    runtime lets them (``Combinations.stages_without_blocks``) the layers before the first block
+    (the embedding) and after the last (final norm and head) as a stage each."""
+    kinds = [layer.is_block for layer in graph.layers]
+    ends = kinds and not kinds[0] and not kinds[-1]
+    return graph.num_blocks + (2 if can_stand_alone and ends else 0)
+
+
 @dataclass(frozen=True)
 class Layout:
     """The global degrees and micro-batch: one group of candidates sharing a compute lower bound."""
@@ -49,12 +58,17 @@ class Layout:
 
 
 class Space:
-    """All legal ParallelConfigs for (graph, gpus, workload) under the fixed knobs."""
+    """All legal ParallelConfigs for (graph, gpus, workload) under the fixed knobs: those the
+    workload's runtime runs on ``device_kind`` (its ``Combinations`` in planner/runtimes.py)."""
 
     def __init__(self, graph: LayerGraph, num_gpus: int, workload: Workload, knobs: Knobs,
-                 dtypes: tuple[str, ...] = ()):
+                 dtypes: tuple[str, ...] = (), device_kind: str = "cuda"):
         self.graph, self.n, self.w, self.k = graph, num_gpus, workload, knobs
         self.blocks = graph.num_blocks
+        self.device_kind = device_kind
+        if workload.framework in RUNTIMES:
+            self.can = RUNTIMES[workload.framework].on(device_kind)
+            self.max_stages = max_stages(graph, self.can.stages_without_blocks)
         self._check_fixed(dtypes)
 
     # -- validation of what the user fixed ------------------------------------------------------
@@ -96,8 +110,9 @@ class Space:
             if g.num_kv_heads % k.tp and k.tp % g.num_kv_heads:
                 raise UserError(f"tp {k.tp} neither divides nor is a multiple of the {g.num_kv_heads} "
                                 "key/value heads", field="--tp")
-        if k.pp is not None and k.pp > self.blocks:
-            raise UserError(f"pp {k.pp} is more stages than the model's {self.blocks} layers", field="--pp")
+        if k.pp is not None and k.pp > self.max_stages:
+            raise UserError(f"pp {k.pp} is more stages than the model's {self.blocks} layers can make (at most "
+                            f"{self.max_stages})", field="--pp")
         if k.cp is not None and k.cp > 1 and w.seq_len % (2 * k.cp):
             raise UserError(f"cp {k.cp} needs the sequence length ({w.seq_len}) to be a multiple of 2 x cp",
                             field="--cp")
@@ -120,19 +135,20 @@ class Space:
                             field="--sequence-parallel")
         if k.offload == "optimizer" and k.zero == 0:
             raise UserError("optimizer offload (ZeRO-Offload) needs ZeRO stage 1, 2 or 3", field="--offload")
-        if w.framework == "megatron" and k.zero is not None and k.zero > 1:
-            raise UserError(f"Megatron-LM's distributed optimizer is ZeRO-1; ZeRO-{k.zero} needs "
-                            "--framework torch or deepspeed", field="--zero")
-        if w.framework == "torch":      # what meshplan's executor cannot run: say so before searching
-            check_executor_limits(zero=k.zero, tp=k.tp, offload=k.offload, num_kv_heads=g.num_kv_heads)
-        if w.framework == "deepspeed" and k.zero is not None and k.zero > 1 and k.pp is not None and k.pp > 1:
-            raise UserError(f"DeepSpeed does not combine ZeRO-{k.zero} with pipeline parallelism; "
-                            "use --zero 0 or 1 with --pp > 1", field="--zero")
+        for knob, why in refusals(w.framework, self.device_kind, zero=k.zero, tp=k.tp, pp=k.pp, cp=k.cp,
+                                  schedule=k.schedule, offload=k.offload, sequence_parallel=k.sequence_parallel,
+                                  recompute=k.recompute, num_kv_heads=g.num_kv_heads):
+            raise UserError(why, field=knob_flag(knob))
 
     # -- enumeration ----------------------------------------------------------------------------
     def _options(self, name: str, values: list) -> list:
         fixed = getattr(self.k, name)
         return [fixed] if fixed is not None else values
+
+    def _allowed(self, name: str, values: list) -> list:
+        """``values``, or the fixed value of knob ``name`` where it is one of them."""
+        fixed = getattr(self.k, name)
+        return values if fixed is None else [fixed] if fixed in values else []
 
     def layouts(self) -> Iterator[Layout]:
         """(tp, pp, cp, dp, micro-batch) combinations that can work."""
@@ -140,12 +156,12 @@ class Space:
         for tp in self._options("tp", divisors(n)):
             if g.num_heads % tp or (g.num_kv_heads % tp and tp % g.num_kv_heads):
                 continue
-            if w.framework == "torch" and g.num_kv_heads % tp:
-                continue      # meshplan's executor does not replicate key/value heads
+            if g.num_kv_heads % tp and not self.can.replicates_kv_heads:
+                continue
             for pp in self._options("pp", divisors(n // tp)):
-                if pp > self.blocks or (n // tp) % pp:
+                if pp > self.max_stages or (n // tp) % pp:
                     continue
-                for cp in self._options("cp", divisors(n // (tp * pp))):
+                for cp in self._options("cp", divisors(n // (tp * pp)) if self.can.context_parallel else [1]):
                     if (n // (tp * pp)) % cp or (cp > 1 and w.seq_len % (2 * cp)):
                         continue
                     dp = n // (tp * pp * cp)
@@ -163,43 +179,51 @@ class Space:
             return [(self.k.schedule or "1f1b", 1)] if (self.k.vpp or 1) == 1 else []
         m = layout.num_microbatches(self.w.global_batch)
         out = []
-        for schedule in self._options("schedule", list(SCHEDULES)):
+        for schedule in self._options("schedule", list(self.can.schedules)):
             if schedule == "interleaved-1f1b":
                 if m % layout.pp:
                     continue
-                for vpp in self._options("vpp", divisors(self.blocks // layout.pp)):
-                    if vpp >= 2 and layout.pp * vpp <= self.blocks:
+                for vpp in self._options("vpp", self._virtual_stages(layout.pp)):
+                    if vpp >= 2 and layout.pp * vpp <= self.max_stages:
                         out.append((schedule, vpp))
             elif (self.k.vpp or 1) == 1:
                 out.append((schedule, 1))
         return out
 
+    def _virtual_stages(self, pp: int) -> list[int]:
+        """Virtual stages per rank to try: those dividing the rank's blocks, and the one that makes
+        every stage a single layer (the embedding and the head alone at the ends) where it exists."""
+        out = divisors(self.blocks // pp)
+        if self.max_stages > self.blocks and self.max_stages % pp == 0:
+            out.append(self.max_stages // pp)
+        return out
+
     def zeros(self, layout: Layout, schedule: str | None = None) -> list[int]:
-        """ZeRO stages the runtime can combine with this layout (and schedule, when known)."""
-        allowed = [0, 1] if self.w.framework == "megatron" else [0, 1, 2, 3]
-        if self.w.framework == "deepspeed" and layout.pp > 1:
-            allowed = [0, 1]
-        if self.w.framework == "torch":
-            # meshplan's executor: ZeroRedundancyOptimizer cannot shard TP parameters, and DDP under
-            # torch.distributed.pipelining runs only the 1F1B schedule
-            if layout.tp > 1 or (layout.pp > 1 and layout.dp > 1 and schedule not in (None, "1f1b")):
-                allowed = [z for z in allowed if z != 1]
-        if layout.dp * layout.cp == 1:
-            allowed = [0]     # nothing to shard over: the stages are all equal to ZeRO-0
-            if self.k.zero is not None:
-                return [self.k.zero]
-        return self._options("zero", allowed)
+        """ZeRO stages the runtime runs with this layout (and schedule, when known)."""
+        key = (layout.tp > 1, layout.pp > 1, layout.dp * layout.cp == 1, schedule)
+        memo = self.__dict__.setdefault("_zeros_memo", {})
+        if key not in memo:
+            memo[key] = self._zeros(layout, schedule)
+        return memo[key]
+
+    def _zeros(self, layout: Layout, schedule: str | None) -> list[int]:
+        allowed = [z for z in self.can.zero_stages
+                   if not refusals(self.w.framework, self.device_kind, zero=z, tp=layout.tp, pp=layout.pp,
+                                   schedule=schedule)]
+        if layout.dp * layout.cp == 1:    # nothing to shard over: the stages are all equal to ZeRO-0
+            fixed = self.k.zero
+            return [0] if fixed is None else [fixed] if fixed in allowed else []
+        return self._allowed("zero", allowed)
 
     def sequence_parallel(self, layout: Layout) -> list[bool]:
-        return self._options("sequence_parallel", [False, True] if layout.tp > 1 else [False])
+        return self._allowed("sequence_parallel", [False, True] if layout.tp > 1 and self.can.sequence_parallel
+                             else [False])
 
     def offloads(self, zero: int) -> list[str]:
-        if self.w.framework == "torch":
-            return ["none"]       # meshplan's executor runs no optimizer offload
-        return self._options("offload", ["none", "optimizer"] if zero >= 1 else ["none"])
+        return self._allowed("offload", ["none", "optimizer"] if zero in self.can.offload_zero_stages else ["none"])
 
     def recomputes(self) -> list[str]:
-        return self._options("recompute", list(RECOMPUTES))
+        return self._options("recompute", list(self.can.recomputes))
 
     def configs(self, layout: Layout, schedule: str, vpp: int, sp: bool, zero: int) -> Iterator[ParallelConfig]:
         m = layout.num_microbatches(self.w.global_batch)
@@ -213,4 +237,5 @@ class Space:
     def check(self, config: ParallelConfig) -> None:
         check_config(config, num_gpus=self.n, global_batch=self.w.global_batch, seq_len=self.w.seq_len,
                      num_heads=self.graph.num_heads, num_kv_heads=self.graph.num_kv_heads, num_blocks=self.blocks,
-                     framework=self.w.framework, precision=self.w.precision)
+                     framework=self.w.framework, precision=self.w.precision, device_kind=self.device_kind,
+                     max_stages=self.max_stages)

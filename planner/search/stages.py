@@ -22,6 +22,7 @@ from ..config import RECOMPUTES, ParallelConfig
 from ..cost.layer import POLICY_INDEX, LayerCost
 from ..cost.memory import inflight_microbatches, resident_bytes_per_param, state_bytes_per_param
 from ..cost.step import CostCache, _other_bytes, dp_collectives, optimizer_time_s, tied_embedding_sync_s
+from ..runtimes import RUNTIMES
 from .space import Layout, Space
 
 
@@ -94,6 +95,7 @@ class GroupProblem:
         self.fixed = [self._fixed(r, ctx) for r in range(self.p)]
         self.options = [self._option(z, o) for z in space.zeros(layout, schedule) for o in space.offloads(z)]
         self.tied_s = tied_embedding_sync_s(cache, self.base)
+        self.param_gather_overlaps = RUNTIMES[space.w.framework].timing.overlaps_param_gather
 
     # -- constants ----------------------------------------------------------------------------
     def _useful_policies(self, space: Space) -> tuple[str, ...]:
@@ -360,6 +362,7 @@ class _Rank0Collectives:
         fixed = [pr.collectives(opt, params) for params in pr.fixed[0].buckets]
         self.fixed = [sum(f[i] for f in fixed) for i in range(3)]
         self.overlap = pr.cache.workload.overlap_grad_reduce
+        self.param_gather_overlaps = pr.param_gather_overlaps
         self.first = pr.collectives(opt, pr.first_layer_params(0))
         self.kappa = pr.cache.cluster.comm_sm_fraction
 
@@ -373,6 +376,8 @@ class _Rank0Collectives:
         windows = (fwd_s + bwd_s, bwd_s, fwd_s)
         out = 0.0
         for i, weight in enumerate((self.m, 1, 1)):
-            if totals[i]:
+            if i == 2 and not self.param_gather_overlaps:
+                out += totals[i]            # the step's all-gather ends the optimizer step
+            elif totals[i]:
                 out += weight * (max(totals[i] - windows[i], self.first[i]) + self.kappa * totals[i])
         return out

@@ -128,3 +128,24 @@ def trace_source(source: str, example_input: str | None = None, **kwargs):
 def load_traced_model(source: str, example_input: str | None = None):
     """The layer graph of a traced ``--model`` (what ``meshplan plan`` consumes)."""
     return trace_source(source, example_input).graph
+
+
+def trace_any(source: str, example_input: str | None, *, seq_len: int | None = None, dtype=None,
+              keep_replays: bool = False, device: str = "cpu"):
+    """(TraceResult, ModelSpec or None): a factory, or a zoo/config model built with transformers.
+    ``device``: the device type the fake tensors pretend to be on (its kernels are what is recorded)."""
+    if dtype is not None:
+        import torch
+        dtype = getattr(torch, dtype)
+    if is_traced_source(source):
+        return trace_source(source, example_input, dtype=dtype, keep_replays=keep_replays, device=device), None
+    from ..model import load_model
+    from .api import trace_module
+    from .zoo import build_hf_module
+    spec = load_model(source, seq_len=seq_len)
+    module, ids = build_hf_module(spec)
+    if example_input:
+        from .load import example_tensors
+        ids = example_tensors(example_input)
+    return trace_module(module, ids, name=spec.name, dtype=dtype, keep_replays=keep_replays, device=device,
+                        source=f"traced: transformers {type(module).__name__} from {spec.source or spec.name}"), spec

@@ -43,7 +43,7 @@ def measure_collectives(nproc: int, backend: str, *, quick: bool, threads: int) 
 
 
 def _ops(args, out: Path, command: str, device: str) -> Path:
-    from .cli import trace_any
+    from .load import trace_any
     from .measured import ops_path_for, write_ops_profile
     from .replay import time_ops
     result, _ = trace_any(args.ops, args.example_input, keep_replays=True, device=device)

@@ -4,18 +4,18 @@ from colossalai.booster.plugin import HybridParallelPlugin
 
 plugin = HybridParallelPlugin(
     tp_size=8,
-    pp_size=32,
+    pp_size=16,
     precision='bf16',
-    zero_stage=0,
+    zero_stage=1,
     max_norm=1.0,
     enable_flash_attention=True,
     overlap_communication=True,
     sp_size=4,
     enable_sequence_parallelism=True,
     sequence_parallelism_mode='ring_attn',
-    num_microbatches=128,
+    num_microbatches=64,
     pp_style='interleaved',
-    num_model_chunks=3,
+    num_model_chunks=8,
 )
 booster = Booster(plugin=plugin)
-# per data-parallel rank and step: plugin.prepare_dataloader(dataset, batch_size=128)
+# per data-parallel rank and step: plugin.prepare_dataloader(dataset, batch_size=64)

@@ -1,0 +1,224 @@
+"""`meshplan run --dry-run`: a plan's job at its full world size, built in one process, trained never.
+
+torch's fake process group (``torch.testing._internal.distributed.fake_pg``: collectives that
+return at once, no data) stands in for the world, and every module is built on the meta
+device (shapes, no memory). The job is built for one representative rank of each role: every
+pipeline rank, once as the first rank of its data-, context- and tensor-parallel groups and
+once as the last (the last ranks hold the shorter shards where a dimension does not divide).
+Two fake worlds are started (as rank 0 and as the last rank); in each, every pipeline rank's
+stages are built with that world's data/context/tensor coordinates, and the rank's own
+pipeline schedule is constructed.
+
+For each representative it checks every parameter against the plan, computed here from the
+plan alone (the TP style per module in ``tp_plan``, the ZeRO stage, the degrees): which mesh
+dimension shards which tensor dimension, and the local shard's shape (torch.chunk's split, as
+DTensor and FSDP2 cut); under ZeRO-1, the shape of the optimizer rows the rank owns. It then
+counts the rank's parameter, gradient and optimizer bytes and puts them next to the plan's
+prediction for its pipeline stage. No step runs: activations and the buffers a step holds
+(gathered parameters, autocast copies) are not built.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
+
+from planner.errors import UserError
+
+from .mesh import ParallelDims
+from .models import canonical_name
+from .parallelize import shard_model
+from .pipeline import build_schedule, build_stage_model, stage_indices
+from .plan_file import RunPlan
+from .support import check_stages, check_supported
+from .zero1 import ShardedAdamW
+
+# The tensor dimension each TP style shards (torch.distributed.tensor.parallel: ColwiseParallel
+# splits a linear's output features, RowwiseParallel its input features, and an embedding's rows);
+# a rowwise linear's bias and SequenceParallel's norm parameters stay replicated.
+TP_SHARD_DIM = {("colwise", "weight"): 0, ("colwise", "bias"): 0, ("rowwise", "weight"): 1,
+                ("vocab", "weight"): 0, ("colwise_loss", "weight"): 0, ("colwise_loss", "bias"): 0}
+ADAMW_STATE_BYTES_PER_ELEMENT = 8       # exp_avg and exp_avg_sq in fp32 (torch.optim.AdamW)
+ADAMW_STEP_BYTES = 4                    # one float32 step count per parameter tensor
+
+
+@dataclass(kw_only=True)
+class RankReport:
+    """What one representative rank holds, against the plan."""
+
+    rank: int
+    pp_rank: int
+    coordinates: dict[str, int]          # its place in the dp_cp and tp groups
+    params_bytes: int = 0
+    grads_bytes: int = 0
+    optimizer_bytes: int = 0
+    predicted: dict = field(default_factory=dict)     # the plan's bytes for its pipeline stage
+    problems: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"rank": self.rank, "pp_rank": self.pp_rank, "coordinates": self.coordinates,
+                "params": self.params_bytes, "grads": self.grads_bytes, "optimizer": self.optimizer_bytes,
+                "predicted": {k: self.predicted.get(k) for k in ("params", "grads", "optimizer")},
+                "problems": self.problems}
+
+
+def _chunk(size: int, parts: int, index: int) -> int:
+    """torch.chunk's length of piece ``index`` of ``size`` cut into ``parts`` (DTensor's Shard)."""
+    piece = math.ceil(size / parts)
+    return max(0, min(piece, size - piece * index))
+
+
+def expected_shards(name: str, shape: torch.Size, plan: RunPlan, dims: ParallelDims,
+                    coords: dict[str, int]) -> tuple[dict[str, int], tuple[int, ...]]:
+    """({mesh dimension: tensor dimension it shards}, local shape) of parameter ``name`` under the
+    plan: its TP style's dimension over ``tp``, then ZeRO-2/3's dim 0 over ``dp_cp``."""
+    module, _, leaf = name.rpartition(".")
+    local = list(shape)
+    sharded: dict[str, int] = {}
+    tp_dim = TP_SHARD_DIM.get((plan.tp_plan.get(module), leaf)) if dims.tp > 1 else None
+    if tp_dim is not None:
+        sharded["tp"] = tp_dim
+        local[tp_dim] = _chunk(local[tp_dim], dims.tp, coords["tp"])
+    if plan.config.zero >= 2:
+        sharded["dp_cp"] = 0
+        local[0] = _chunk(local[0], dims.dp * dims.cp, coords["dp_cp"])
+    return sharded, tuple(local)
+
+
+def built_shards(param: torch.Tensor) -> tuple[dict[str, int], tuple[int, ...]]:
+    """({mesh dimension: tensor dimension it shards}, local shape) of a built parameter."""
+    if not isinstance(param, DTensor):
+        return {}, tuple(param.shape)
+    names = param.device_mesh.mesh_dim_names
+    sharded = {names[i]: p.dim for i, p in enumerate(param.placements) if isinstance(p, (Shard, _StridedShard))}
+    return sharded, tuple(param.to_local().shape)
+
+
+def _check_params(model: nn.Module, plan: RunPlan, dims: ParallelDims, coords: dict[str, int],
+                  full_shapes: dict[str, torch.Size]) -> list[str]:
+    problems = []
+    for raw, param in model.named_parameters():
+        name = canonical_name(raw)
+        want = expected_shards(name, full_shapes[name], plan, dims, coords)
+        got = built_shards(param)
+        if got != want:
+            problems.append(f"{name}: sharded {got[0]} to {list(got[1])}, the plan says {want[0]} to {list(want[1])}")
+    return problems
+
+
+def _check_zero1(optimizer: ShardedAdamW, coords: dict[str, int], n: int) -> list[str]:
+    """The AdamW rows each ZeRO-1 rank owns: its chunk of the local tensor's rows."""
+    problems = []
+    for s in optimizer.shards:
+        local = s.param.to_local() if isinstance(s.param, DTensor) else s.param
+        rows = _chunk(local.shape[0] if local.dim() else 1, n, coords["dp_cp"])
+        got = optimizer.state[s.param]["exp_avg"].shape
+        if got[0] != rows:
+            problems.append(f"{s.name}: ZeRO-1 owns {got[0]} rows of {local.shape[0]}, expected {rows}")
+    return problems
+
+
+def _local_bytes(t: torch.Tensor) -> int:
+    local = t.to_local() if isinstance(t, DTensor) else t
+    return local.numel() * local.element_size()
+
+
+def _optimizer_bytes(model: nn.Module, optimizer) -> int:
+    """The states the optimizer holds after its first step: ZeRO-1's (built now, on meta), or
+    AdamW's two fp32 moments of every local parameter and its step count."""
+    if isinstance(optimizer, ShardedAdamW):
+        return sum(_local_bytes(v) for st in optimizer.state.values() for v in st.values())
+    return sum(_local_bytes(p) // p.element_size() * ADAMW_STATE_BYTES_PER_ELEMENT + ADAMW_STEP_BYTES
+               for p in model.parameters())
+
+
+def _coordinates(mesh, dp_cp_mesh) -> dict[str, int]:
+    return {"dp_cp": dp_cp_mesh.get_local_rank(), "tp": mesh["tp"].get_local_rank()}
+
+
+def _build_rank(plan: RunPlan, dims: ParallelDims, meshes, pp_rank: int, own: bool) -> RankReport:
+    """Every stage of pipeline rank ``pp_rank`` with this fake world's other coordinates; its
+    schedule too where ``own`` (the world's own pipeline rank)."""
+    from .train import make_optimizer
+    mesh, _, dp_cp_mesh = meshes
+    c, spec = plan.config, plan.spec
+    coords = _coordinates(mesh, dp_cp_mesh)
+    where = list(mesh.get_coordinate())
+    where[0] = pp_rank                           # the same place in another pipeline stage
+    report = RankReport(rank=int(mesh.mesh[tuple(where)]), pp_rank=pp_rank, coordinates=coords,
+                        predicted=(plan.estimate.get("memory_per_stage_bytes") or [{}] * c.pp)[pp_rank])
+    mine = stage_indices(len(plan.stages), c.pp, pp_rank)
+    parts = []
+    for j in mine:
+        part = build_stage_model(spec, plan.stages[j])
+        full_shapes = {canonical_name(n): p.shape for n, p in part.named_parameters()}
+        shard_model(part, plan, dims, mesh, dp_cp_mesh, "meta")
+        report.problems += _check_params(part, plan, dims, coords, full_shapes)
+        optimizer = make_optimizer(part, lr=1e-3, zero=c.zero, dp_mesh=dp_cp_mesh)
+        if isinstance(optimizer, ShardedAdamW):
+            report.problems += _check_zero1(optimizer, coords, dp_cp_mesh.size())
+        report.params_bytes += sum(_local_bytes(p) for p in part.parameters())
+        report.grads_bytes += sum(_local_bytes(p) for p in part.parameters())    # fp32, shaped as the shard
+        report.optimizer_bytes += _optimizer_bytes(part, optimizer)
+        parts.append(part)
+    if own and c.pp > 1:
+        build_schedule(list(zip(mine, parts)), num_stages=len(plan.stages), pp_mesh=mesh["pp"], schedule=c.schedule,
+                       num_microbatches=c.num_microbatches, loss_fn=lambda out, target: out.sum(),
+                       device=torch.device("meta"))
+    return report
+
+
+def _fake_world(plan: RunPlan, dims: ParallelDims, rank: int) -> list[RankReport]:
+    """Start a fake world as ``rank``, build every pipeline rank's stages in it, end it."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=dims.world_size)
+    try:
+        meshes = dims.build_mesh("cpu")
+        own = meshes[0]["pp"].get_local_rank()
+        return [_build_rank(plan, dims, meshes, r, own=r == own) for r in range(plan.config.pp)]
+    finally:
+        dist.destroy_process_group()
+
+
+def dry_run(plan: RunPlan, device_kind: str = "cuda") -> tuple[list[RankReport], float]:
+    """(a report per representative rank, seconds it took). Raises UserError for a plan the
+    executor does not run on ``device_kind`` (the plan's GPUs: "cuda")."""
+    if dist.is_initialized():
+        raise UserError("a dry run starts its own fake process group; run it outside a torch.distributed job",
+                        field="--dry-run")
+    check_supported(plan, device_kind)
+    check_stages(plan.stages, plan.spec, plan.source)
+    t0 = time.perf_counter()
+    dims = ParallelDims.from_config(plan.config, plan.world_size)
+    reports = _fake_world(plan, dims, 0)
+    if plan.world_size > 1:
+        reports += _fake_world(plan, dims, plan.world_size - 1)
+    return reports, time.perf_counter() - t0
+
+
+def format_dry_run(plan: RunPlan, reports: list[RankReport], seconds: float) -> str:
+    """The table `meshplan run --dry-run` prints: bytes per representative rank against the plan."""
+    c = plan.config
+    lines = [f"dry run of {plan.source}: {plan.world_size} ranks (dp {c.dp} x tp {c.tp} x pp {c.pp} x cp {c.cp}, "
+             f"ZeRO-{c.zero}), {len(reports)} representative ranks built on the meta device in {seconds:.1f} s",
+             f"{'rank':>6} {'stage':>5} {'dp_cp':>5} {'tp':>3}  {'category':<10} {'predicted B':>16} {'built B':>16} "
+             f"{'error':>7}"]
+    for r in reports:
+        for key, got in (("params", r.params_bytes), ("grads", r.grads_bytes), ("optimizer", r.optimizer_bytes)):
+            want = r.predicted.get(key)
+            error = f"{100 * (got / want - 1):+6.1f}%" if want else "     -"
+            lines.append(f"{r.rank:>6} {r.pp_rank:>5} {r.coordinates['dp_cp']:>5} {r.coordinates['tp']:>3}  "
+                         f"{key:<10} {want if want is not None else '-':>16} {got:>16} {error:>7}")
+    problems = [p for r in reports for p in r.problems]
+    lines.append("placements and shard shapes: " + ("every parameter as the plan says" if not problems else
+                                                    f"{len(problems)} differ from the plan:"))
+    lines += [f"  rank {r.rank} stage {r.pp_rank}: {p}" for r in reports for p in r.problems[:20]]
+    lines.append("predicted params include the working copies a step holds (autocast's 16-bit copy, ZeRO-2's "
+                 "gathered parameters), which a dry run does not build")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,216 @@
+"""ZeRO-1 (Rajbhandari et al. 2020, Sec 5.1, P_os): AdamW's states sharded over the data-parallel
+replicas, for plain and DTensor (tensor-parallel) parameters alike, under any pipeline schedule.
+
+Every replica keeps its whole parameters and accumulates whole gradients over the step's
+micro-batches (no reduction in backward); ``ShardedAdamW.step`` then
+
+1. reduce-scatters the gradients over the replicas, averaging them: each replica keeps the
+   rows it owns of each parameter (FSDP2's dim-0 chunks of the local tensor: ``ceil(rows / n)``
+   rows each, the last ones shorter or empty);
+2. runs AdamW (torch's own single-tensor or fused kernel) on its rows: 8 bytes of state per
+   owned parameter;
+3. all-gathers the updated rows, so every replica holds the whole parameters again.
+
+Collectives run in buckets of about ``BUCKET_BYTES`` (DDP's default ``bucket_cap_mb=25``).
+The states are exposed as DTensors over the replicas (and the parameter's own TP mesh) with
+the placements FSDP2 gives a sharded parameter, so a DCP checkpoint of a ZeRO-1 run loads
+under any other plan and the other way round (executor/checkpoint.py).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
+from torch.optim.adam import adam
+
+BUCKET_BYTES = 25 * 2**20       # torch DDP's bucket_cap_mb default
+STATE_KEYS = ("step", "exp_avg", "exp_avg_sq")
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+@dataclass
+class _Shard:
+    """One parameter and the rows of its local tensor this replica owns."""
+
+    name: str                   # the parameter's path in the model (checkpoint key)
+    param: nn.Parameter
+    chunk_rows: int             # rows per replica (the last replicas may own fewer)
+    start_row: int
+    rows: int                   # rows this replica owns (0 or more)
+    row_numel: int              # elements per row
+
+    @property
+    def numel(self) -> int:      # elements of a full chunk (padded), in the collectives' buffers
+        return self.chunk_rows * self.row_numel
+
+    def owned(self) -> torch.Tensor:
+        """View of this replica's rows of the parameter's local tensor. (rows, ...)"""
+        return _local(self.param).detach().narrow(0, self.start_row, self.rows)
+
+
+def _shard_of(name: str, param: nn.Parameter, n: int, rank: int) -> _Shard:
+    local = _local(param)
+    total_rows = local.shape[0] if local.dim() else 1
+    chunk = math.ceil(total_rows / n)
+    start = min(chunk * rank, total_rows)
+    return _Shard(name=name, param=param, chunk_rows=chunk, start_row=start,
+                  rows=max(0, min(chunk, total_rows - start)), row_numel=local.numel() // max(total_rows, 1))
+
+
+def _buckets(shards: list[_Shard], n: int, cap_bytes: int) -> list[list[_Shard]]:
+    out: list[list[_Shard]] = [[]]
+    size = 0
+    for s in shards:
+        nbytes = n * s.numel * _local(s.param).element_size()
+        if out[-1] and size + nbytes > cap_bytes:
+            out.append([])
+            size = 0
+        out[-1].append(s)
+        size += nbytes
+    return out
+
+
+class ShardedAdamW:
+    """AdamW over ``named_params`` with its states sharded over ``dp_mesh`` (see the module
+    docstring). ``step`` and ``zero_grad`` as torch's optimizers; ``state`` maps each parameter
+    to its owned states (what executor/measure.py counts)."""
+
+    def __init__(self, named_params: list[tuple[str, nn.Parameter]], *, lr: float, dp_mesh: DeviceMesh,
+                 bucket_bytes: int = BUCKET_BYTES):
+        self.dp_mesh = dp_mesh
+        self.group = dp_mesh.get_group()
+        self.n, self.rank = dp_mesh.size(), dp_mesh.get_local_rank()
+        self.shards = [_shard_of(name, p, self.n, self.rank) for name, p in named_params]
+        self.buckets = _buckets(self.shards, self.n, bucket_bytes)
+        # on CUDA one fused kernel (as executor/train.py's make_optimizer), whose step counts live there too
+        self.fused = bool(self.shards) and _local(self.shards[0].param).device.type == "cuda"
+        # torch.optim.AdamW's hyperparameters and their defaults, as its param_groups hold them
+        # (so checkpoints carry the same keys as those of the other plans' optimizers)
+        template = torch.optim.AdamW([torch.zeros(1)], lr=lr, foreach=False, fused=self.fused or None)
+        self.hyper = {k: v for k, v in template.param_groups[0].items() if k != "params"}
+        self.state: dict[nn.Parameter, dict[str, torch.Tensor]] = {}
+        for s in self.shards:
+            owned = s.owned()
+            step = torch.zeros((), dtype=torch.float32, device=owned.device if self.fused else "cpu")
+            self.state[s.param] = {"step": step, "exp_avg": torch.zeros_like(owned),
+                                   "exp_avg_sq": torch.zeros_like(owned)}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for s in self.shards:
+            s.param.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for bucket in self.buckets:
+            grads = self._reduce_scatter(bucket)
+            self._adamw(bucket, grads)
+            self._all_gather(bucket)
+
+    def _local_grad(self, s: _Shard) -> torch.Tensor:
+        grad = s.param.grad
+        if grad is None:
+            return torch.zeros_like(_local(s.param))
+        if isinstance(grad, DTensor) and grad.placements != s.param.placements:
+            grad = grad.redistribute(placements=s.param.placements)
+        return _local(grad)
+
+    def _padded_rows(self, s: _Shard, local: torch.Tensor) -> torch.Tensor:
+        """``local`` (rows, ...) padded to n chunks, as (n, chunk elements)."""
+        flat = local.reshape(-1)
+        want = self.n * s.numel
+        if flat.numel() < want:
+            flat = torch.cat([flat, flat.new_zeros(want - flat.numel())])
+        return flat.view(self.n, s.numel)
+
+    def _reduce_scatter(self, bucket: list[_Shard]) -> list[torch.Tensor]:
+        """The averaged gradient rows this replica owns, one (rows, ...) tensor per parameter."""
+        width = sum(s.numel for s in bucket)
+        first = self._local_grad(bucket[0])
+        send = first.new_empty(self.n, width)               # (replica, its chunks of every parameter)
+        offset = 0
+        for s in bucket:
+            send[:, offset:offset + s.numel] = self._padded_rows(s, self._local_grad(s))
+            offset += s.numel
+        mine = first.new_empty(width)
+        dist.reduce_scatter_single(mine, send.view(-1), group=self.group)
+        mine /= self.n
+        out, offset = [], 0
+        for s in bucket:
+            owned_shape = (s.rows, *_local(s.param).shape[1:])
+            out.append(mine[offset:offset + s.rows * s.row_numel].view(owned_shape))
+            offset += s.numel
+        return out
+
+    def _adamw(self, bucket: list[_Shard], grads: list[torch.Tensor]) -> None:
+        """torch's AdamW update (``torch.optim.adam.adam`` with decoupled weight decay) on the owned rows."""
+        live = [(s, g) for s, g in zip(bucket, grads) if s.rows]
+        if not live:
+            return
+        states = [self.state[s.param] for s, _ in live]
+        adam([s.owned() for s, _ in live], [g for _, g in live], [st["exp_avg"] for st in states],
+             [st["exp_avg_sq"] for st in states], [], [st["step"] for st in states], foreach=False,
+             fused=self.fused or None, decoupled_weight_decay=True, amsgrad=False, beta1=self.hyper["betas"][0],
+             beta2=self.hyper["betas"][1], lr=self.hyper["lr"], weight_decay=self.hyper["weight_decay"],
+             eps=self.hyper["eps"], maximize=False)
+
+    def _all_gather(self, bucket: list[_Shard]) -> None:
+        """Every replica's updated rows into every replica's parameters."""
+        width = sum(s.numel for s in bucket)
+        first = _local(bucket[0].param)
+        mine = first.new_zeros(width)
+        offset = 0
+        for s in bucket:
+            mine[offset:offset + s.rows * s.row_numel] = s.owned().reshape(-1)
+            offset += s.numel
+        everyone = first.new_empty(self.n, width)
+        dist.all_gather_single(everyone.view(-1), mine, group=self.group)
+        offset = 0
+        for s in bucket:
+            local = _local(s.param).detach()
+            rows = everyone[:, offset:offset + s.numel].reshape(-1)[:local.numel()]
+            local.copy_(rows.view(local.shape))
+            offset += s.numel
+
+    # -- checkpoints: the flattened keys of torch.distributed.checkpoint.state_dict -------------
+    def _state_dtensor(self, s: _Shard, local: torch.Tensor) -> DTensor:
+        """An owned state tensor as the DTensor of the whole parameter's shape: Shard(0) over the
+        replicas, after the parameter's own TP placements (FSDP2's layout for a sharded DTensor)."""
+        p = s.param
+        if not isinstance(p, DTensor):
+            return DTensor.from_local(local, self.dp_mesh, (Shard(0),), run_check=False, shape=p.shape,
+                                      stride=p.stride())
+        split = math.prod(p.device_mesh.size(i) for i, pl in enumerate(p.placements) if pl == Shard(0))
+        dp_placement = _StridedShard(0, split_factor=split) if split > 1 else Shard(0)
+        mesh = DeviceMesh._concatenate([self.dp_mesh, p.device_mesh])
+        return DTensor.from_local(local, mesh, (dp_placement, *p.placements), run_check=False, shape=p.shape,
+                                  stride=p.stride())
+
+    def flat_state_dict(self) -> dict:
+        """{"state.NAME.step" | ".exp_avg" | ".exp_avg_sq": tensor, "param_groups.NAME.lr": lr, ...}."""
+        out = {}
+        for s in self.shards:
+            st = self.state[s.param]
+            out[f"state.{s.name}.step"] = st["step"]
+            out[f"state.{s.name}.exp_avg"] = self._state_dtensor(s, st["exp_avg"])
+            out[f"state.{s.name}.exp_avg_sq"] = self._state_dtensor(s, st["exp_avg_sq"])
+            out.update({f"param_groups.{s.name}.{k}": v for k, v in self.hyper.items()})
+        return out
+
+    def load_flat_state_dict(self, flat: dict) -> None:
+        """The inverse of ``flat_state_dict`` (after ``dcp.load`` filled its tensors)."""
+        for s in self.shards:
+            st = self.state[s.param]
+            for key in STATE_KEYS:
+                value = flat[f"state.{s.name}.{key}"]
+                st[key].copy_(_local(value) if isinstance(value, DTensor) else value)
+            for k in ("lr", "betas", "eps", "weight_decay"):
+                self.hyper[k] = flat[f"param_groups.{s.name}.{k}"]

@@ -1,0 +1,48 @@
+"""Text for plain values (configs, byte counts, runs of numbers): shared by the CLI's output, the
+exports and the reports, which read the Plan and never the CLI layer."""
+from __future__ import annotations
+
+from .cluster import GiB
+from .config import ParallelConfig
+
+
+def runs(values) -> str:
+    """[2, 1, 1, 1, 3] as "2, 1 x3, 3"."""
+    out, values = [], list(values)
+    i = 0
+    while i < len(values):
+        j = i
+        while j < len(values) and values[j] == values[i]:
+            j += 1
+        out.append(f"{values[i]}" + (f" x{j - i}" if j - i > 1 else ""))
+        i = j
+    return "[" + ", ".join(out) + "]"
+
+
+def gib(nbytes: float) -> str:
+    return f"{nbytes / GiB:.1f}"
+
+
+def describe_recompute(c: ParallelConfig) -> str:
+    if not c.recompute_layers:
+        return c.recompute
+    used = [p for p in c.recompute_layers]
+    counts = {p: used.count(p) for p in ("selective", "full") if used.count(p)}
+    if not counts:
+        return "none"
+    blocks = len(used)
+    return ", ".join(f"{p} on {n} of {blocks} layers" for p, n in counts.items())
+
+
+def describe_stages(c: ParallelConfig) -> str:
+    if not c.stage_layers or c.pp == 1:
+        return ""
+    sizes = list(c.stage_layers)
+    return f", layers per stage {sizes}" if len(set(sizes[1:-1] or sizes)) > 1 or len(sizes) <= 8 else ""
+
+
+def describe_config(c: ParallelConfig) -> str:
+    sched = c.schedule + (f" (vpp {c.vpp})" if c.vpp > 1 else "") if c.pp > 1 else "no pipeline"
+    return (f"dp {c.dp} x tp {c.tp} x pp {c.pp} x cp {c.cp}, ZeRO-{c.zero}, micro-batch {c.micro_batch} "
+            f"x {c.num_microbatches}, {sched}, recompute {describe_recompute(c)}, "
+            f"sequence parallel {'on' if c.sequence_parallel else 'off'}, offload {c.offload}")

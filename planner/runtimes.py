@@ -1,0 +1,211 @@
+"""What each runtime runs: one table (../shared/DESIGN.md, "Runtimes: one table of what can run").
+
+For every runtime meshplan models (``torch``: meshplan's own executor; ``megatron``;
+``deepspeed``): the knob combinations it runs on each kind of device, its memory layout,
+which collectives it overlaps and when it reduces gradients across micro-batches. Plain
+data, read by the search space (planner/search/space.py builds its candidates from
+``Combinations``), by the cost model (``StateLayout`` and ``Timing``) and by the
+executor's pre-launch check (executor/support.py refuses exactly what ``refusals`` finds
+for runtime ``torch``). A new capability of the executor is added here and nowhere else.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from .errors import one_of
+
+DeviceKind = Literal["cuda", "cpu"]
+DEVICE_KINDS = ("cuda", "cpu")
+ALL_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+ALL_RECOMPUTES = ("none", "selective", "full")
+NEVER = 4       # a ZeRO stage past the last: "never sharded"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Combinations:
+    """The knob values a runtime runs on one kind of device, and which of them go together."""
+
+    zero_stages: tuple[int, ...]            # ZeRO stages (Rajbhandari et al. 2020)
+    zero_stages_with_pp: tuple[int, ...]    # of those, the ones that run under pipeline parallelism
+    zero_stages_with_tp: tuple[int, ...]    # of those, the ones that run with tensor parallelism
+    schedules: tuple[str, ...]              # pipeline schedules (planner/config.py SCHEDULES)
+    recomputes: tuple[str, ...]             # activation recomputation policies
+    sequence_parallel: bool                 # Korthikanti et al. 2022, Sec 4.2.2
+    context_parallel: bool                  # cp > 1: the sequence split over ranks
+    offload_zero_stages: tuple[int, ...]    # ZeRO stages optimizer offload runs with (empty: no offload)
+    replicates_kv_heads: bool               # tp may exceed the key/value heads (a multiple of them)
+    stages_without_blocks: bool             # the embedding alone, or the final norm and head alone, can be a
+                                            # (virtual) pipeline stage (Dubey et al. 2024, Llama 3, Sec 3.3.2)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StateLayout:
+    """Bytes per parameter of one rank's model states at one precision, and the ZeRO stage from
+    which each category is sharded over the data-parallel group (``NEVER``: not sharded)."""
+
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    params_sharded_from: int
+    grads_sharded_from: int
+    optimizer_sharded_from: int
+    held_copy_bytes: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    # ^ by ZeRO stage: an unsharded working copy of the parameters held from forward until backward
+    replicate_copy_bytes: float = 0.0       # ZeRO-0 with tp or pp > 1: a gathered copy held as a buffer
+    grad_reduce_bytes: float = 4.0          # bytes per parameter of the gradient reduction's dtype
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timing:
+    """When a runtime runs its collectives, and which it overlaps with compute."""
+
+    params_gathered_every_microbatch: tuple[int, ...]   # ZeRO stages gathering parameters before every
+                                                        # micro-batch's forward (else once per step)
+    grads_reduced_every_microbatch: tuple[int, ...]     # ZeRO stages reducing after every micro-batch's
+                                                        # backward (else once, after the last)
+    overlaps_param_gather: bool     # ZeRO-1/2's all-gather after the optimizer runs beside the next forward
+    pp_sends_tp_shards: bool        # each TP rank sends 1/tp of a stage boundary even without SP
+    sp_keeps_gathered_input: bool   # under SP a column-parallel linear saves its all-gathered input
+    cp_exchange: Literal["ring", "all-gather"] = "ring"
+    # ^ context parallelism's key/value exchange: a ring of blocks overlapped with attention (Liu et
+    #   al. 2023, Ring Attention), or one all-gather before attention and a reduce-scatter of their
+    #   gradients after it, with the whole sequence's keys and values kept for backward (Dubey et al.
+    #   2024, Llama 3, Sec 3.3.2)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Runtime:
+    name: str
+    description: str
+    runs: dict[str, Combinations]           # device kind -> what runs there
+    mixed: StateLayout                      # bf16/fp16 with fp32 master weights
+    fp32: StateLayout
+    timing: Timing
+
+    def layout(self, precision: str) -> StateLayout:
+        return self.fp32 if precision == "fp32" else self.mixed
+
+    def on(self, device_kind: str) -> Combinations:
+        return self.runs[device_kind]
+
+
+# meshplan's executor (executor/). What it cannot run yet is left out, so no plan asks for it.
+_TORCH_RUNS = Combinations(
+    zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1, 2, 3), zero_stages_with_tp=(0, 1, 2, 3),
+    schedules=ALL_SCHEDULES, recomputes=ALL_RECOMPUTES, sequence_parallel=True,
+    context_parallel=True, offload_zero_stages=(), replicates_kv_heads=False, stages_without_blocks=True)
+
+TORCH = Runtime(
+    name="torch",
+    description="meshplan's executor: DDP or FSDP2's replicate for ZeRO-0, a sharded optimizer for ZeRO-1, "
+                "FSDP2 for ZeRO-2/3, DTensor TP/SP, torch.distributed.pipelining",
+    runs={"cuda": _TORCH_RUNS, "cpu": _TORCH_RUNS},
+    # fp32 parameters; ZeRO-0/1 autocast keeps bf16 weight copies from forward until backward (+2);
+    # FSDP2 with MixedPrecisionPolicy(bf16 params, fp32 reduce) shards the fp32 parameters at
+    # ZeRO-2/3, and ZeRO-2 (reshard_after_forward=False) keeps the gathered bf16 ones (+2)
+    mixed=StateLayout(params_bytes=4.0, grads_bytes=4.0, optimizer_bytes=8.0, params_sharded_from=2,
+                      grads_sharded_from=2, optimizer_sharded_from=1, held_copy_bytes=(2.0, 2.0, 2.0, 0.0)),
+    # fp32: ZeRO-2 keeps the gathered fp32 parameters (+4); replicate() (ZeRO-0 under TP or a
+    # pipeline) gathers a working copy for forward and keeps it until backward (+4, measured on
+    # cpu-gloo, tests/test_executor_plans.py)
+    fp32=StateLayout(params_bytes=4.0, grads_bytes=4.0, optimizer_bytes=8.0, params_sharded_from=2,
+                     grads_sharded_from=2, optimizer_sharded_from=1, held_copy_bytes=(0.0, 0.0, 4.0, 0.0),
+                     replicate_copy_bytes=4.0),
+    # FSDP2 gathers every forward at ZeRO-2 too; the ZeRO-1 optimizer's step ends by sending the
+    # updated shards to every replica, before the next forward starts (executor/train.py)
+    timing=Timing(params_gathered_every_microbatch=(2, 3), grads_reduced_every_microbatch=(2, 3),
+                  overlaps_param_gather=False, pp_sends_tp_shards=False, sp_keeps_gathered_input=True,
+                  cp_exchange="all-gather"),      # executor/context.py
+)
+
+_MEGATRON_RUNS = Combinations(
+    zero_stages=(0, 1), zero_stages_with_pp=(0, 1), zero_stages_with_tp=(0, 1), schedules=ALL_SCHEDULES,
+    recomputes=ALL_RECOMPUTES, sequence_parallel=True, context_parallel=True, offload_zero_stages=(1,),
+    replicates_kv_heads=True, stages_without_blocks=False)      # exports/megatron_args.txt splits blocks only
+
+MEGATRON = Runtime(
+    name="megatron",
+    description="Megatron-LM (Megatron-Core): its distributed optimizer is ZeRO-1",
+    runs={"cuda": _MEGATRON_RUNS, "cpu": _MEGATRON_RUNS},
+    # bf16 parameters 2, fp32 main gradients 4, fp32 master + Adam 12 (18 bytes; Megatron-LM docs,
+    # "distributed optimizer"), which shards the 12; gradients reduced in bf16 by default
+    mixed=StateLayout(params_bytes=2.0, grads_bytes=4.0, optimizer_bytes=12.0, params_sharded_from=NEVER,
+                      grads_sharded_from=NEVER, optimizer_sharded_from=1, grad_reduce_bytes=2.0),
+    fp32=StateLayout(params_bytes=4.0, grads_bytes=4.0, optimizer_bytes=8.0, params_sharded_from=NEVER,
+                     grads_sharded_from=NEVER, optimizer_sharded_from=1),
+    # --overlap-param-gather: the all-gather runs beside the next forward; scatter/gather of
+    # the stage boundary over TP (Narayanan et al. 2021, Sec 4.1)
+    timing=Timing(params_gathered_every_microbatch=(3,), grads_reduced_every_microbatch=(2, 3),
+                  overlaps_param_gather=True, pp_sends_tp_shards=True, sp_keeps_gathered_input=False),
+)
+
+_DEEPSPEED_RUNS = Combinations(
+    zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1), zero_stages_with_tp=(0, 1, 2, 3),
+    schedules=ALL_SCHEDULES, recomputes=ALL_RECOMPUTES, sequence_parallel=True, context_parallel=True,
+    offload_zero_stages=(1, 2, 3), replicates_kv_heads=True, stages_without_blocks=False)
+
+DEEPSPEED = Runtime(
+    name="deepspeed",
+    description="DeepSpeed ZeRO (Rajbhandari et al. 2020) and ZeRO-Offload (Ren et al. 2021)",
+    runs={"cuda": _DEEPSPEED_RUNS, "cpu": _DEEPSPEED_RUNS},
+    # the ZeRO paper's layout (Sec 5.1, Table 1): fp16 parameters 2, gradients 2, K = 12; stage 1
+    # shards the optimizer, 2 also the gradients, 3 also the parameters
+    mixed=StateLayout(params_bytes=2.0, grads_bytes=2.0, optimizer_bytes=12.0, params_sharded_from=3,
+                      grads_sharded_from=2, optimizer_sharded_from=1, grad_reduce_bytes=2.0),
+    fp32=StateLayout(params_bytes=4.0, grads_bytes=4.0, optimizer_bytes=8.0, params_sharded_from=3,
+                     grads_sharded_from=2, optimizer_sharded_from=1),
+    # overlap_comm overlaps the gradient reduction; the ZeRO-1/2 optimizer's parameter all-gather
+    # ends its step (deepspeed/runtime/zero/stage_1_and_2.py, ``step``: all_gather_dp_groups)
+    timing=Timing(params_gathered_every_microbatch=(3,), grads_reduced_every_microbatch=(2, 3),
+                  overlaps_param_gather=False, pp_sends_tp_shards=False, sp_keeps_gathered_input=False),
+)
+
+RUNTIMES: dict[str, Runtime] = {r.name: r for r in (TORCH, MEGATRON, DEEPSPEED)}
+EXECUTOR_RUNTIME = "torch"      # the runtime `meshplan run` is
+
+
+def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int | None = None,
+             pp: int | None = None, cp: int | None = None, schedule: str | None = None,
+             offload: str | None = None, sequence_parallel: bool | None = None, recompute: str | None = None,
+             num_kv_heads: int | None = None) -> list[tuple[str, str]]:
+    """(knob, why) for every knob value, or pair of them, that ``runtime`` does not run on
+    ``device_kind``; None means the knob is not known yet (nothing is said about it)."""
+    rt = RUNTIMES[runtime]
+    can = rt.on(device_kind)
+    who = f"the {runtime} runtime on {device_kind}"
+    out = []
+    if zero is not None and zero not in can.zero_stages:
+        out.append(("zero", f"ZeRO-{zero} does not run on {who}; allowed: {one_of(can.zero_stages)}"))
+    elif zero is not None and pp is not None and pp > 1 and zero not in can.zero_stages_with_pp:
+        out.append(("zero", f"ZeRO-{zero} with pipeline parallelism does not run on {who}; allowed with "
+                            f"pp > 1: {one_of(can.zero_stages_with_pp)}"))
+    elif zero is not None and tp is not None and tp > 1 and zero not in can.zero_stages_with_tp:
+        out.append(("zero", f"ZeRO-{zero} with tensor parallelism does not run on {who}; allowed with "
+                            f"tp > 1: {one_of(can.zero_stages_with_tp)}"))
+    if schedule is not None and schedule not in can.schedules:
+        out.append(("schedule", f"{schedule!r} does not run on {who}; allowed: {one_of(can.schedules)}"))
+    if recompute is not None and recompute not in can.recomputes:
+        out.append(("recompute", f"{recompute!r} does not run on {who}; allowed: {one_of(can.recomputes)}"))
+    if sequence_parallel and not can.sequence_parallel:
+        out.append(("sequence_parallel", f"sequence parallelism does not run on {who}; allowed: off"))
+    if cp is not None and cp > 1 and not can.context_parallel:
+        out.append(("cp", f"context parallelism (cp {cp}) does not run on {who}; allowed: 1"))
+    if offload not in (None, "none"):
+        if not can.offload_zero_stages:
+            out.append(("offload", f"optimizer offload does not run on {who}; allowed: none"))
+        elif zero is not None and zero not in can.offload_zero_stages:
+            out.append(("offload", f"optimizer offload with ZeRO-{zero} does not run on {who}; allowed with "
+                                   f"ZeRO {one_of(can.offload_zero_stages)}"))
+    if tp is not None and num_kv_heads is not None and num_kv_heads % tp and not can.replicates_kv_heads:
+        out.append(("tp", f"tp {tp} must divide the {num_kv_heads} key/value heads on {who} (it does not "
+                          "replicate key/value heads)"))
+    return out
+
+
+def config_refusals(config, runtime: str, device_kind: str, num_kv_heads: int | None = None) -> list[tuple[str, str]]:
+    """``refusals`` for every knob of a ParallelConfig (planner/config.py)."""
+    c = config
+    return refusals(runtime, device_kind, zero=c.zero, tp=c.tp, pp=c.pp, cp=c.cp, schedule=c.schedule,
+                    offload=c.offload, sequence_parallel=c.sequence_parallel, recompute=c.recompute,
+                    num_kv_heads=num_kv_heads)

@@ -1,0 +1,86 @@
+"""`meshplan run --dry-run`: the job of a plan built at its full world size in one process (fake
+process group, meta device), every parameter's placement and shard shape checked against the plan,
+per-rank model-state bytes against the prediction (executor/dryrun.py)."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from conftest import ROOT
+from gallery_plans import gallery_plan
+from planner.report.gallery import SCENARIOS
+
+
+def _run_plan(doc: dict, source: str):
+    from executor.plan_file import plan_from_json
+    return plan_from_json(doc, source)
+
+
+def _candidates(name: str) -> list[tuple[str, dict]]:
+    """The recommended plan and every runner-up the search lists, each as the plan.json it makes."""
+    plan = gallery_plan(name)
+    out = [("recommended", plan.to_json())]
+    for i, alt in enumerate(plan.alternatives):
+        out.append((f"runner-up {i + 1}", replace(plan, best=alt, alternatives=()).to_json()))
+    return out
+
+
+@pytest.mark.parametrize("scenario", [s.name for s in SCENARIOS])
+def test_every_gallery_plan_and_runner_up_builds_as_planned(scenario):
+    from executor.dryrun import dry_run
+    for label, doc in _candidates(scenario):
+        plan = _run_plan(doc, f"{scenario} {label}")
+        reports, seconds = dry_run(plan)
+        assert seconds < 60, f"{scenario} {label}: {seconds:.1f} s"
+        assert {r.pp_rank for r in reports} == set(range(plan.config.pp))
+        for r in reports:
+            assert r.problems == [], (scenario, label, r.problems[:5])
+            # gradients and optimizer states have no working copies: the built bytes are the prediction's
+            # (1/d of each tensor) on the first ranks, which hold the full chunks; the last ranks may hold
+            # less where a dimension does not divide (torch.chunk's split)
+            first = r.coordinates == {"dp_cp": 0, "tp": 0}
+            for key, got in (("grads", r.grads_bytes), ("optimizer", r.optimizer_bytes)):
+                want = r.predicted[key]
+                assert (abs(got - want) if first else got - want) <= 0.01 * want, (scenario, label, r.rank, key,
+                                                                                    got, want)
+            # the prediction adds what a step holds beyond the shards (autocast copies, ZeRO-2's gathered ones)
+            assert r.params_bytes <= r.predicted["params"] * 1.001, (scenario, label, r.rank)
+
+
+def test_the_committed_405b_plan_at_16384_ranks_builds_in_under_a_minute(cli, tmp_path):
+    plan = ROOT / "reports" / "llama3-405b-16384-h100" / "plan.json"
+    out = cli("run", "--plan", str(plan), "--model", "llama3-405b", "--dry-run", "--json", timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    doc = json.loads(out.stdout)
+    assert doc["seconds"] < 60
+    pp = json.loads(plan.read_text())["config"]["pp"]
+    assert len(doc["ranks"]) == 2 * pp                  # every stage, as the first and as the last rank
+    assert {r["rank"] for r in doc["ranks"]} >= {0, 16383}
+
+
+def test_expected_shards_by_hand():
+    """Llama-3 8B's q_proj weight (4096 x 4096), colwise under tp 2, ZeRO-3 over dp 2 x cp 2:
+    rows split by TP (2048), then FSDP's dim-0 chunks over the 4 dp_cp ranks (512)."""
+    from executor.dryrun import expected_shards
+    from executor.mesh import ParallelDims
+    plan = _run_plan(_candidates("llama3-8b-8-h100")[0][1], "p.json")
+    plan = replace(plan, tp_plan={"layers.0.attn.q_proj": "colwise", "layers.0.attn.o_proj": "rowwise"},
+                   config=replace(plan.config, zero=3))
+    dims = ParallelDims(pp=1, dp_replicate=1, dp_shard=2, cp=2, tp=2, world_size=8)
+    coords = {"dp_cp": 3, "tp": 1}
+    assert expected_shards("layers.0.attn.q_proj.weight", torch.Size([4096, 4096]), plan, dims, coords) == (
+        {"tp": 0, "dp_cp": 0}, (512, 4096))
+    assert expected_shards("layers.0.attn.o_proj.weight", torch.Size([4096, 4096]), plan, dims, coords) == (
+        {"tp": 1, "dp_cp": 0}, (1024, 2048))
+    # 5 rows over 4 ranks: torch.chunk gives 2, 2, 1, 0
+    assert expected_shards("norm.weight", torch.Size([5]), plan, dims, coords) == ({"dp_cp": 0}, (0,))
+
+
+def test_a_dry_run_needs_no_steps_and_a_run_does(cli, tmp_path):
+    plan = ROOT / "reports" / "llama3-8b-8-h100" / "plan.json"
+    out = cli("run", "--plan", str(plan), "--model", "llama3-8b")
+    assert out.returncode == 2
+    assert out.stderr.strip() == "meshplan run: error: --steps: required unless --dry-run: the optimizer steps to run"

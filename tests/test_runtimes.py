@@ -1,0 +1,185 @@
+"""One table of what each runtime runs (planner/runtimes.py): the search space for runtime
+``torch`` and the executor's pre-launch check (executor/support.py) agree, walked by
+hypothesis over small models, world sizes, devices and fixed knobs.
+
+- every configuration the search space emits passes the executor's check (and its stage list
+  passes ``check_stages``);
+- every configuration the executor refuses is outside the space;
+- every configuration the executor accepts, and the planner's own checks accept, is inside the
+  space (with ZeRO normalised to 0 where there is nothing to shard over): the space leaves
+  nothing runnable out, but for one choice of the search's own: it offers the interleaved
+  schedule with virtual stages per rank that divide the rank's blocks, or that make every
+  stage a single layer (the embedding and the head alone at the ends).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from executor.plan_file import Fingerprints, RunPlan
+from executor.support import check_stages, check_supported
+from planner.config import ParallelConfig, Workload, check_config
+from planner.cost.step import assign_layers
+from planner.errors import UserError
+from planner.layers import build_layer_graph
+from planner.model import ModelSpec
+from planner.runtimes import RUNTIMES, refusals
+from planner.search.space import Knobs, Space, divisors
+
+SEQ = 16
+
+
+@st.composite
+def problems(draw):
+    """A small Llama-like model, a world size, a global batch and a device kind."""
+    heads = draw(st.sampled_from([1, 2, 4, 8]))
+    kv_heads = draw(st.sampled_from(divisors(heads)))
+    spec = ModelSpec(name="prop", num_layers=draw(st.integers(1, 6)), hidden=16 * heads, num_heads=heads,
+                     num_kv_heads=kv_heads, head_dim=16, ffn_hidden=32 * heads, vocab_size=64, seq_len=SEQ,
+                     max_positions=0, mlp="swiglu", norm="rmsnorm", linear_bias=False, qkv_bias=False,
+                     tied_embeddings=draw(st.booleans()), dropout=False)
+    gpus = draw(st.sampled_from([1, 2, 4, 8]))
+    global_batch = gpus * draw(st.sampled_from([1, 2, 4]))
+    return spec, gpus, global_batch, draw(st.sampled_from(["cuda", "cpu"]))
+
+
+def _space(spec, gpus, global_batch, device_kind, knobs=Knobs()) -> Space:
+    workload = Workload(global_batch=global_batch, seq_len=SEQ, precision="fp32", framework="torch")
+    return Space(build_layer_graph(spec), gpus, workload, knobs, device_kind=device_kind)
+
+
+def emitted(space: Space) -> set[ParallelConfig]:
+    out = set()
+    for layout in space.layouts():
+        for schedule, vpp in space.schedules(layout):
+            for sp in space.sequence_parallel(layout):
+                for zero in space.zeros(layout, schedule):
+                    out.update(space.configs(layout, schedule, vpp, sp, zero))
+    return out
+
+
+def run_plan(spec: ModelSpec, space: Space, config: ParallelConfig) -> RunPlan:
+    """The plan.json the planner would write for ``config``, as the executor reads it."""
+    graph = space.graph
+    placement = assign_layers(graph, config)
+    stages = tuple(tuple(graph.layers[i].name for i in placement[rank][chunk])
+                   for chunk in range(config.vpp) for rank in range(config.pp))
+    return RunPlan(source="plan.json", spec=spec, config=config, workload=space.w, stages=stages,
+                   fingerprints=Fingerprints(model="0" * 16, cluster="0" * 16, world_size=config.world_size))
+
+
+def executor_accepts(spec, space, config, device_kind) -> bool:
+    plan = run_plan(spec, space, config)
+    try:
+        check_supported(plan, device_kind)
+        check_stages(plan.stages, spec, plan.source)
+    except UserError:
+        return False
+    return True
+
+
+def planner_accepts(space: Space, config: ParallelConfig) -> bool:
+    try:
+        space.check(config)
+    except UserError:
+        return False
+    return True
+
+
+KNOB_VALUES = {"zero": [0, 1, 2, 3], "schedule": ["gpipe", "1f1b", "interleaved-1f1b"],
+               "recompute": ["none", "selective", "full"], "sequence_parallel": [False, True],
+               "offload": ["none", "optimizer"]}
+
+
+def any_configs(gpus: int, global_batch: int, num_layers: int):
+    """Every combination of knob values for this world and batch, runnable or not."""
+    for dp, tp, pp in itertools.product(divisors(gpus), repeat=3):
+        if gpus % (dp * tp * pp):
+            continue
+        cp = gpus // (dp * tp * pp)
+        for mb in divisors(global_batch // dp) if global_batch % dp == 0 else []:
+            single = [(num_layers + 2) // pp] if (num_layers + 2) % pp == 0 and pp > 1 else []
+            for vpp in divisors(max(1, num_layers // pp)) + single:    # the space's choice (module docstring)
+                for values in itertools.product(*KNOB_VALUES.values()):
+                    knobs = dict(zip(KNOB_VALUES, values))
+                    yield ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=mb, vpp=vpp,
+                                         num_microbatches=global_batch // (dp * mb), **knobs)
+
+
+def normalised(config: ParallelConfig) -> ParallelConfig:
+    """As the space emits equivalent configs: ZeRO-1/2/3 with nothing to shard over is ZeRO-0, and
+    without a pipeline the schedule is 1F1B."""
+    if config.dp * config.cp == 1:
+        config = replace(config, zero=0)
+    if config.pp == 1 and config.schedule == "gpipe":
+        config = replace(config, schedule="1f1b")
+    return config
+
+
+SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(problems(), st.data())
+def test_every_config_the_space_emits_passes_the_executor_check(problem, data):
+    spec, gpus, global_batch, device_kind = problem
+    fixed = data.draw(st.fixed_dictionaries({}, optional={
+        "zero": st.sampled_from([0, 1, 2, 3]), "tp": st.sampled_from(divisors(gpus)),
+        "pp": st.sampled_from(divisors(gpus)), "schedule": st.sampled_from(KNOB_VALUES["schedule"]),
+        "sequence_parallel": st.booleans(), "cp": st.sampled_from(divisors(gpus))}))
+    try:
+        space = _space(spec, gpus, global_batch, device_kind, Knobs(**fixed))
+    except UserError:
+        return      # fixed knobs the runtime does not run are refused before the search
+    for config in emitted(space):
+        assert executor_accepts(spec, space, config, device_kind), config
+
+
+@SETTINGS
+@given(problems())
+def test_the_executor_refuses_only_what_is_outside_the_space_and_accepts_all_inside(problem):
+    spec, gpus, global_batch, device_kind = problem
+    space = _space(spec, gpus, global_batch, device_kind)
+    inside = emitted(space)
+    assert inside, "a small model on a few processes always has a plan"
+    for config in {normalised(c) for c in any_configs(gpus, global_batch, spec.num_layers)}:
+        if not planner_accepts(space, config):
+            assert config not in inside, config
+            continue
+        accepted = executor_accepts(spec, space, config, device_kind)
+        assert (config in inside) == accepted, (config, accepted)
+
+
+def test_refusals_name_the_knob_and_what_is_allowed():
+    assert refusals("megatron", "cuda", zero=3) == [
+        ("zero", "ZeRO-3 does not run on the megatron runtime on cuda; allowed: 0 or 1")]
+    assert refusals("deepspeed", "cuda", zero=2, pp=2) == [
+        ("zero", "ZeRO-2 with pipeline parallelism does not run on the deepspeed runtime on cuda; allowed with "
+                 "pp > 1: 0 or 1")]
+    assert refusals("deepspeed", "cuda", zero=2, pp=1, offload="optimizer") == []
+    assert refusals("torch", "cpu", tp=4, num_kv_heads=2) == [
+        ("tp", "tp 4 must divide the 2 key/value heads on the torch runtime on cpu (it does not replicate "
+               "key/value heads)")]
+    assert refusals("megatron", "cuda", tp=4, num_kv_heads=2) == []
+
+
+def test_nothing_under_planner_names_executor_classes():
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1] / "planner"
+    names = ("ZeroRedundancyOptimizer", "fully_shard", "FSDPModule", "ScheduleGPipe", "Schedule1F1B")
+    found = [(str(path), name) for path in root.rglob("*.py") for name in names if name in path.read_text()]
+    assert found == []
+
+
+@pytest.mark.parametrize("runtime", list(RUNTIMES))
+def test_every_runtime_describes_both_device_kinds(runtime):
+    rt = RUNTIMES[runtime]
+    for kind in ("cuda", "cpu"):
+        can = rt.on(kind)
+        assert set(can.zero_stages_with_pp) <= set(can.zero_stages)
+        assert set(can.zero_stages_with_tp) <= set(can.zero_stages)
+        assert set(can.offload_zero_stages) <= set(can.zero_stages) - {0}
