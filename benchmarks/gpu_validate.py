@@ -292,13 +292,30 @@ def measure(args) -> None:
 
 # -- predicting (no torch) --------------------------------------------------------------------------
 
+class Predictor:
+    """Estimates of single-GPU cases against one cluster profile (``meshplan plan --json``): the step
+    time, and the peak less the runtime reserve, which torch.cuda.max_memory_allocated does not count."""
+
+    def __init__(self, cluster: str | None):
+        from planner.cluster import load_cluster
+        self.named = cluster or default_cluster()
+        # a path under the checkout (so any working directory works), or a built-in name
+        self.cluster = str(ROOT / self.named) if (ROOT / self.named).is_file() else self.named
+        self.reserved = load_cluster(self.cluster, 1).device.reserved_bytes
+        self.tmp = Path(tempfile.mkdtemp(prefix="meshplan-gpu-predict-"))
+
+    def estimate(self, model: str, config: dict, case: tuple) -> tuple[dict, float]:
+        """(the estimate, the predicted peak bytes) of ``case`` for ``model`` (its config.json)."""
+        model_path = self.tmp / f"{model}.json"
+        model_path.write_text(json.dumps(config))
+        est = json.loads(meshplan(plan_args(str(model_path), case, self.cluster) + ["--json"]))["estimate"]
+        return est, est["memory_per_gpu_bytes"]["total"] - self.reserved
+
+
 def predict(args) -> None:
-    from planner.cluster import load_cluster
     raw = json.loads(Path(args.raw).read_text())
-    named = args.cluster or default_cluster()
-    cluster = str(ROOT / named) if (ROOT / named).is_file() else named     # a path under the checkout, or a name
-    reserved = load_cluster(cluster, 1).device.reserved_bytes
-    tmp = Path(tempfile.mkdtemp(prefix="meshplan-gpu-predict-"))
+    predictor = Predictor(args.cluster)
+    named = predictor.named
     env = raw["environment"]
     out = {"device": env["device"], "torch": env["torch"], "cuda": env["cuda"], "cluster": named,
            "measured_by": raw["command"], "predicted_by": " ".join(["python", "benchmarks/gpu_validate.py",
@@ -309,12 +326,9 @@ def predict(args) -> None:
         if "measured_step_s" not in r or "measured_peak_bytes" not in r:
             print(f"{r['name']:<26} not measured: {r.get('error', 'no peak memory (not a GPU run)')}")
             continue
-        model_path = tmp / f"{r['model']}.json"
-        model_path.write_text(json.dumps(r["model_config"]))
         case = (r["model"], r["micro_batch"], r["num_microbatches"], r["seq_len"], r["recompute"], r["zero"])
-        est = json.loads(meshplan(plan_args(str(model_path), case, cluster) + ["--json"]))["estimate"]
+        est, pred_b = predictor.estimate(r["model"], r["model_config"], case)
         pred_s = est["step_time_s"]
-        pred_b = est["memory_per_gpu_bytes"]["total"] - reserved
         row = {"name": r["name"], "predicted_step_s": pred_s, "measured_step_s": r["measured_step_s"],
                "predicted_peak_bytes": int(pred_b), "measured_peak_bytes": r["measured_peak_bytes"],
                "step_error": r["measured_step_s"] / pred_s - 1, "peak_error": r["measured_peak_bytes"] / pred_b - 1,
@@ -340,20 +354,14 @@ def case_set(name: str) -> tuple[dict, dict]:
 def predict_only(args) -> None:
     """Predictions of a case set before any run (the holdout's pre-registration)."""
     models, cases = case_set(args.set)
-    named = args.cluster or default_cluster()
-    cluster = str(ROOT / named) if (ROOT / named).is_file() else named
-    from planner.cluster import load_cluster
-    reserved = load_cluster(cluster, 1).device.reserved_bytes
-    tmp = Path(tempfile.mkdtemp(prefix="meshplan-gpu-predict-"))
+    predictor = Predictor(args.cluster)
     rows = []
     for name, case in cases.items():
-        model_path = tmp / f"{case[0]}.json"
-        model_path.write_text(json.dumps(models[case[0]]))
-        est = json.loads(meshplan(plan_args(str(model_path), case, cluster) + ["--json"]))["estimate"]
-        rows.append({"name": name, "predicted_step_s": est["step_time_s"],
-                     "predicted_peak_bytes": int(est["memory_per_gpu_bytes"]["total"] - reserved)})
-        print(f"{name:<28} {est['step_time_s']:.4f} s {rows[-1]['predicted_peak_bytes'] / 2**30:.2f} GiB")
-    Path(args.out).write_text(json.dumps({"cluster": named, "set": args.set, "rows": rows}, indent=1) + "\n")
+        est, peak = predictor.estimate(case[0], models[case[0]], case)
+        rows.append({"name": name, "predicted_step_s": est["step_time_s"], "predicted_peak_bytes": int(peak)})
+        print(f"{name:<28} {est['step_time_s']:.4f} s {peak / 2**30:.2f} GiB")
+    Path(args.out).write_text(json.dumps({"cluster": predictor.named, "set": args.set, "rows": rows}, indent=1)
+                              + "\n")
     print(f"wrote {args.out}")
 
 

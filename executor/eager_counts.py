@@ -47,12 +47,6 @@ TABLE = Path(__file__).resolve().parent.parent / "planner" / "cost" / "eager_tab
 REGIMES = ("autocast", "bf16", "fp32")
 
 
-def feature_key(spec) -> str:
-    """What decides the operator sequence of a block (planner.cost.eager_table.feature_key)."""
-    from planner.cost.eager_table import feature_key as key
-    return key(spec)
-
-
 def _spec(base: dict, h: int, heads: int, kv: int, hd: int, f: int, vocab: int = 512, seq: int = 32):
     from planner.model import ModelSpec
     return ModelSpec(name="count", num_layers=1, hidden=h, num_heads=heads, num_kv_heads=kv, head_dim=hd,
@@ -158,7 +152,7 @@ def count(spec, regime: str, batch: int) -> dict[str, dict]:
     return out
 
 
-FAMILIES = {   # the feature combinations of the reference models (planner.cost.eager_table.feature_key)
+FAMILIES = {   # the feature combinations of the reference models (planner.cost.eager.feature_key)
     "layernorm-gelu-bias-learned": dict(norm="layernorm", mlp="gelu", bias=True, qkv_bias=False, dropout=False,
                                         learned=True),
     "layernorm-gelu-bias-learned-dropout": dict(norm="layernorm", mlp="gelu", bias=True, qkv_bias=False,
@@ -216,8 +210,7 @@ def render(data: dict) -> str:
             "by tests/test_eager_counts.py. Do not edit by hand. Per bandwidth class (executor.eager_counts.\n"
             "kernel_class), block coefficients multiply (h, q, kv, f, 1), head and embedding coefficients\n"
             "(h, vocab, 1); kernels are per micro-batch.\n"
-            '"""\n\nTABLE = ' + _compact(data) + "\n\n\n"
-            + _FEATURE_KEY)
+            '"""\n\nTABLE = ' + _compact(data) + "\n")
 
 
 def _compact(data: dict) -> str:
@@ -234,17 +227,6 @@ def _compact(data: dict) -> str:
     return "\n".join(lines + ["}"])
 
 
-_FEATURE_KEY = '''def feature_key(spec) -> str | None:
-    """The family of ``spec`` in TABLE (what decides a block's operator sequence), None if none fits."""
-    if spec.is_moe or spec.sliding_window:
-        return None
-    if spec.norm == "layernorm" and spec.mlp == "gelu" and spec.linear_bias and spec.max_positions:
-        return "layernorm-gelu-bias-learned" + ("-dropout" if spec.dropout else "")
-    if spec.norm == "rmsnorm" and spec.mlp == "swiglu" and not spec.linear_bias and not spec.max_positions \\
-            and not spec.dropout:
-        return "rmsnorm-swiglu-rope" + ("-qkvbias" if spec.qkv_bias else "")
-    return None
-'''
 
 
 def main(argv: list[str] | None = None) -> int:

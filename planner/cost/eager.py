@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .eager_table import TABLE, feature_key
+from .eager_table import TABLE
 
 CAST_DOWN_BYTES = 6.0      # fp32 -> bf16: read 4, write 2
 CAST_UP_BYTES = 6.0        # bf16 -> fp32: read 2, write 4
@@ -47,6 +47,19 @@ class EagerBytes:
     by_class: tuple[tuple[str, float, float, float, float], ...]
     fwd_kernels: int
     bwd_kernels: int
+
+
+def feature_key(spec) -> str | None:
+    """The family of ``spec`` in TABLE (what decides a block's operator sequence; the families are
+    executor.eager_counts.FAMILIES), None if none fits."""
+    if spec.is_moe or spec.sliding_window:
+        return None
+    if spec.norm == "layernorm" and spec.mlp == "gelu" and spec.linear_bias and spec.max_positions:
+        return "layernorm-gelu-bias-learned" + ("-dropout" if spec.dropout else "")
+    if spec.norm == "rmsnorm" and spec.mlp == "swiglu" and not spec.linear_bias and not spec.max_positions \
+            and not spec.dropout:
+        return "rmsnorm-swiglu-rope" + ("-qkvbias" if spec.qkv_bias else "")
+    return None
 
 
 def eager_regime(*, framework: str, precision: str, zero: int, dp: int, tp: int, pp: int) -> str:

@@ -124,15 +124,3 @@ TABLE = {
         },
     },
 }
-
-
-def feature_key(spec) -> str | None:
-    """The family of ``spec`` in TABLE (what decides a block's operator sequence), None if none fits."""
-    if spec.is_moe or spec.sliding_window:
-        return None
-    if spec.norm == "layernorm" and spec.mlp == "gelu" and spec.linear_bias and spec.max_positions:
-        return "layernorm-gelu-bias-learned" + ("-dropout" if spec.dropout else "")
-    if spec.norm == "rmsnorm" and spec.mlp == "swiglu" and not spec.linear_bias and not spec.max_positions \
-            and not spec.dropout:
-        return "rmsnorm-swiglu-rope" + ("-qkvbias" if spec.qkv_bias else "")
-    return None

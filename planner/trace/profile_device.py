@@ -62,12 +62,9 @@ def attention(device: str, dtype: str, quick: bool, repeat: int) -> dict:
 
 def copy_bandwidth(device: str, quick: bool, repeat: int) -> dict:
     """A large tensor copy: read + write bytes over time (STREAM 'copy')."""
-    import torch
+    from .profile_kernels import bandwidth_sweep
     nbytes = (64 if quick or not device.startswith("cuda") else 1024) * 2**20
-    x = torch.empty(nbytes // 4, device=device)
-    y = torch.empty_like(x)
-    t = best_of(lambda: y.copy_(x), device, repeat)
-    return {"bytes": nbytes, "seconds": t, "GBps": 2 * nbytes / t / 1e9}
+    return bandwidth_sweep(device, [nbytes], repeat)[0]
 
 
 def host_to_device(device: str, repeat: int) -> dict | None:
