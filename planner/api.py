@@ -11,11 +11,11 @@ from .config import Workload
 from .errors import NoFeasiblePlan
 from .layers import LayerGraph
 from .plan import Plan
-from .search import Knobs, search
+from .search import Knobs, default_solver, search
 
 
 def plan_json(graph: LayerGraph, cluster: Cluster | str, workload: Workload, *, gpus: int | None = None,
-              knobs: Knobs | None = None, solver: str = "cbc", model_source: str = "module") -> dict:
+              knobs: Knobs | None = None, solver: str | None = None, model_source: str = "module") -> dict:
     """The fastest plan that fits, as the plan.json document.
 
     ``cluster`` is a Cluster or a profile name / TOML path (then ``gpus`` says how many).
@@ -25,6 +25,7 @@ def plan_json(graph: LayerGraph, cluster: Cluster | str, workload: Workload, *, 
         cluster = load_cluster(cluster, gpus)
     elif gpus is not None and gpus != cluster.num_gpus:
         cluster = cluster.with_gpus(gpus)
+    solver = solver or default_solver()
     result = search(graph, cluster, workload, knobs or Knobs(), top_k=1, solver=solver)
     if result.best is None:
         need = result.least_memory.estimate.memory.total / 2**30 if result.least_memory else float("nan")

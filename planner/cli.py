@@ -101,8 +101,10 @@ def build_parser(with_run: bool = False) -> argparse.ArgumentParser:
     _add_model_args(p)
     _add_knob_args(p)
     p.add_argument("--top-k", type=positive_int, default=5, help="runners-up to keep (default 5)")
-    p.add_argument("--solver", choices=("cbc", "highs"), default="cbc",
-                   help="ILP solver for stage sizes, per-layer recompute and ZeRO/offload (default cbc)")
+    p.add_argument("--solver", choices=("cbc", "highs"), default=None,
+                   help="ILP solver for stage sizes, per-layer recompute and ZeRO/offload (default: highs where "
+                        "highspy is installed, as it is with meshplan: it solves in-process; else cbc, which "
+                        "ships with PuLP). Both find the same optimum")
     p.add_argument("--exhaustive", action="store_true",
                    help="enumerate every stage split and recompute assignment instead of the ILP (the "
                         "reference solver: exact and slow, for small models)")

@@ -14,7 +14,7 @@ from .layers import LayerGraph, build_layer_graph
 from .model import ALIASES, ZOO, load_model
 from .explain import fixes_for_no_fit, gains, limits, lost_on
 from .plan import Plan, config_json
-from .search import Candidate, SearchResult, evaluate, search
+from .search import Candidate, SearchResult, default_solver, evaluate, search
 from .search.space import Knobs
 from .simulate import simulated_estimate
 from .trace.load import is_traced_source, load_traced_model
@@ -108,11 +108,12 @@ def plan_command(args) -> int:
     t0 = time.perf_counter()
     spec, graph, cluster, workload = load_inputs(args)
     knobs = _knobs(args)
+    ilp_solver = args.solver or default_solver()
     fixed = _fully_fixed(knobs, workload, cluster.num_gpus)
     if fixed is not None:
         result = fixed_result(graph, cluster, workload, fixed, time.perf_counter() - t0)
     else:
-        solver = "exhaustive" if args.exhaustive else "uniform" if args.uniform_stages else args.solver
+        solver = "exhaustive" if args.exhaustive else "uniform" if args.uniform_stages else ilp_solver
         if args.exhaustive and args.uniform_stages:
             raise UserError("choose --exhaustive or --uniform-stages, not both", field="--exhaustive")
         result = search(graph, cluster, workload, knobs, top_k=args.top_k, solver=solver,
@@ -121,7 +122,7 @@ def plan_command(args) -> int:
             raise NoFeasiblePlan(_no_fit_message(result, graph, cluster, workload, knobs))
     plan = Plan.from_search(result, model_name=spec.name if spec else graph.name, model_source=args.model, spec=spec,
                             graph=graph, cluster=cluster, workload=workload, seconds=time.perf_counter() - t0,
-                            solver="exhaustive" if args.exhaustive else args.solver)
+                            solver="exhaustive" if args.exhaustive else ilp_solver)
     if args.out:
         try:
             plan.write(args.out)

@@ -166,8 +166,16 @@ class CostCache:
         self._largest: dict[Context, float] = {}
         self._dp: dict[tuple, tuple[float, float]] = {}
         self._totals: dict[Context, tuple[float, float, float, float]] = {}
+        self._contexts: dict[tuple, Context] = {}
 
     def context(self, config: ParallelConfig) -> Context:
+        key = (config.micro_batch, config.tp, config.cp, config.sequence_parallel, config.dp, config.pp)
+        ctx = self._contexts.get(key)
+        if ctx is None:
+            ctx = self._contexts[key] = self._context(config)
+        return ctx
+
+    def _context(self, config: ParallelConfig) -> Context:
         w = self.workload
         return Context(micro_batch=config.micro_batch, seq_len=w.seq_len, tp=config.tp, cp=config.cp,
                        sequence_parallel=config.sequence_parallel, precision=w.precision, attention=w.attention,
@@ -519,8 +527,13 @@ def grads_follow_activations(framework: str, config: ParallelConfig) -> bool:
     the model: ZeRO-0 with data parallelism) or Megatron's and DeepSpeed's contiguous gradient
     buffers. Measured on an H100: benchmarks/results/gpu_runs.json (categories against
     torch.cuda.max_memory_allocated)."""
-    return (framework == "torch" and config.pp == 1 and config.num_microbatches == 1
-            and (config.dp * config.cp == 1 or config.zero >= 1))
+    return grads_follow_activations_at(framework, pp=config.pp, num_microbatches=config.num_microbatches,
+                                       shard=config.dp * config.cp, zero=config.zero)
+
+
+def grads_follow_activations_at(framework: str, *, pp: int, num_microbatches: int, shard: int, zero: int) -> bool:
+    """``grads_follow_activations`` from the knobs it depends on (``shard``: dp x cp)."""
+    return framework == "torch" and pp == 1 and num_microbatches == 1 and (shard == 1 or zero >= 1)
 
 
 def _memories(cache: CostCache, config: ParallelConfig, ranks: list[RankCost]) -> list[Memory]:

@@ -60,14 +60,15 @@ def plan_for(scenario: Scenario):
     from ..cli import build_parser
     from ..commands import load_inputs, _knobs
     from ..plan import Plan
-    from ..search import search
+    from ..search import default_solver, search
 
     args = build_parser().parse_args(["plan", *scenario.argv])
     spec, graph, cluster, workload = load_inputs(args)
-    result = search(graph, cluster, workload, _knobs(args), top_k=args.top_k, solver=args.solver,
+    solver = args.solver or default_solver()
+    result = search(graph, cluster, workload, _knobs(args), top_k=args.top_k, solver=solver,
                     time_limit_s=args.time_limit)
     return Plan.from_search(result, model_name=spec.name, model_source=args.model, spec=spec, graph=graph,
-                            cluster=cluster, workload=workload, solver=args.solver)
+                            cluster=cluster, workload=workload, solver=solver)
 
 
 def published_comparison(scenario: Scenario, plan):

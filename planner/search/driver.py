@@ -28,11 +28,20 @@ from ..config import ParallelConfig, Workload
 from ..cost.step import CostCache, estimate, peak_memory
 from ..layers import LayerGraph
 from .enumerate import (RECOMPUTE_ORDER, Candidate, LayoutBounds, SearchResult, _TopK, _sort_key, layout_order,
-                        least_memory_candidate, uniform_phase)
+                        least_memory_candidate, optimizer_floor, uniform_phase)
 from .space import Knobs, Layout, Space
 from .stages import GroupProblem, graph_shape, group_lower_bound
 
 SOLVER_CHOICES = ("cbc", "highs", "exhaustive", "uniform")
+
+
+def default_solver() -> str:
+    """HiGHS where highspy is installed: it solves in the planner's own process, where PuLP runs
+    CBC as a new process per ILP (about 70 ms each to start on a laptop-class core; a search runs
+    up to a few dozen). Otherwise CBC, which ships with PuLP."""
+    import importlib.util
+    return "highs" if importlib.util.find_spec("highspy") is not None else "cbc"
+
 OPTIMALITY_GAP = 1e-3     # a group is skipped when its bound is within 0.1% of the winner
 
 
@@ -46,17 +55,18 @@ class StageStats:
 
 
 def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs = Knobs(), *, top_k: int = 5,
-           solver: str = "cbc", prune: bool = True, time_limit_s: float = 20.0, progress=None,
+           solver: str | None = None, prune: bool = True, time_limit_s: float = 20.0, progress=None,
            simulate: bool = True) -> SearchResult:
     """The fastest plan that fits, the best plan of each of the next ``top_k`` layouts,
     and how much of the space was covered.
 
-    ``solver``: "cbc" or "highs" for the stage ILPs, "exhaustive" to enumerate every
+    ``solver``: "cbc" or "highs" for the stage ILPs (None: ``default_solver()``), "exhaustive" to enumerate every
     stage split and recompute assignment instead (small models only), "uniform" for
     balanced stages and one recompute policy only. ``simulate``: the final ranking of
     the few finalists by their simulated step (``planner/simulate.py``), whose times
     replace the closed form's in their estimates."""
     t0 = time.perf_counter()
+    solver = solver or default_solver()
     space = Space(graph, cluster.num_gpus, workload, knobs, cluster.device.dtypes, cluster.device_kind)
     cache = CostCache(graph, cluster, workload)
     top = _TopK(top_k + 1)
@@ -86,18 +96,20 @@ def _rank_by_simulation(finalists: list[Candidate], cache: CostCache) -> list[Ca
 
 
 def _group_cheap_bound(space: Space, cache: CostCache, layout: Layout, schedule: str, vpp: int, sp: bool) -> float:
-    """Any split, any recompute: the pipeline with the average rank's work (Tmax >= mean).
+    """Any split, any recompute: the pipeline with the average rank's work (Tmax >= mean), plus
+    the least optimizer step of the average rank's parameters (the slowest rank's is on the path).
     The total work does not depend on where layers go: summed per layer signature."""
     m = layout.num_microbatches(space.w.global_batch)
     config = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, micro_batch=layout.micro_batch,
                             num_microbatches=m, sequence_parallel=sp)
-    work = cache.totals(cache.context(config))[0]
+    work, _, params, _ = cache.totals(cache.context(config))
     p = layout.pp
+    optimizer = optimizer_floor(space, layout, cache, config, params / p, schedule)
     if p == 1:
-        return m * work
+        return m * work + optimizer
     if schedule == "interleaved-1f1b":
-        return (m + (p - 1) / vpp) * work / p
-    return (m + p - 1) * work / p
+        return (m + (p - 1) / vpp) * work / p + optimizer
+    return (m + p - 1) * work / p + optimizer
 
 
 def _stage_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout], bounds: LayoutBounds, shape,
@@ -140,7 +152,9 @@ def _stage_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout]
                 if found is None:
                     continue
                 counts, option, _ = found
-                config = least_recompute(cache, pr.config(counts, option))
+                config = pr.config(counts, option)
+                if space.k.recompute is None:       # a fixed --recompute is the user's, not lightened
+                    config = least_recompute(cache, config)
                 est = estimate(space.graph, cache.cluster, space.w, config, cache)
                 if est.fits:
                     before = top.items[0].estimate.step_time_s if top.items else math.inf
@@ -177,8 +191,12 @@ def _group_space(space: Space, layout: Layout, vpp: int, shape, schedule: str | 
     matrices with row sums >= v adding up to the blocks (dominated policies included: the ILP
     leaves them out because they cannot win, not because they are not candidates)."""
     p, blocks = layout.pp, len(shape.blocks)
-    policies = 1 if space.k.recompute is not None else 3
-    options = sum(len(space.offloads(z)) for z in space.zeros(layout, schedule))
-    cells = p * policies
-    free = blocks - p * vpp
-    return math.comb(free + cells - 1, cells - 1) * options if free >= 0 else 0
+    key = (p, vpp, schedule, layout.tp > 1, layout.dp * layout.cp == 1)      # what zeros() depends on
+    memo = space.__dict__.setdefault("_group_space", {})
+    if key not in memo:
+        policies = 1 if space.k.recompute is not None else 3
+        options = sum(len(space.offloads(z)) for z in space.zeros(layout, schedule))
+        cells = p * policies
+        free = blocks - p * vpp
+        memo[key] = math.comb(free + cells - 1, cells - 1) * options if free >= 0 else 0
+    return memo[key]

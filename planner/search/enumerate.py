@@ -21,8 +21,9 @@ from dataclasses import dataclass, field, replace
 
 from ..cluster import Cluster
 from ..config import ParallelConfig, Workload
-from ..cost.memory import resident_bytes_per_param, state_bytes_per_param
-from ..cost.step import (CostCache, Estimate, estimate, grads_follow_activations, peak_memory, rank_costs,
+from ..cost.memory import inflight_microbatches, resident_bytes_per_param, state_bytes_per_param
+from ..cost.step import (CostCache, Estimate, estimate, grads_follow_activations_at, optimizer_time_s, peak_memory,
+                         rank_costs,
                          rank_pipeline_s)
 from ..layers import LayerGraph
 from .space import Knobs, Layout, Space
@@ -96,15 +97,19 @@ class LayoutBounds:
     micro-batch 1 (GEMMs at their ideal rate, no communication; ``LayerCost.work_floor_s``),
     which orders the layouts; and ``time``, the pipeline of the mean rank's exact work at
     the layout's micro-batch with recompute none, priced only for the layouts the search
-    reaches. A layout that cannot fit has infinite time bounds."""
+    reaches, with the least optimizer step of the mean rank. A layout whose memory bound
+    exceeds the device has an infinite ``time`` bound. The memory bound is computed only for
+    the layouts the search reaches."""
 
     def __init__(self, space: Space, cache: CostCache, layouts: list[Layout]):
         self.space, self.cache = space, cache
-        self._memory = {lay: self._memory_bound(lay) for lay in layouts}
+        self._memory: dict[Layout, float] = {}
         self._floor = {lay: self._time_bound(lay, floor=True) for lay in layouts}
         self._time: dict[Layout, float] = {}
 
     def memory(self, layout: Layout) -> float:
+        if layout not in self._memory:
+            self._memory[layout] = self._memory_bound(layout)
         return self._memory[layout]
 
     def floor(self, layout: Layout) -> float:
@@ -117,7 +122,7 @@ class LayoutBounds:
 
     def _time_bound(self, layout: Layout, *, floor: bool) -> float:
         space, cache = self.space, self.cache
-        if self._memory[layout] > cache.cluster.device.memory_bytes:
+        if not floor and self.memory(layout) > cache.cluster.device.memory_bytes:
             return float("inf")
         m = layout.num_microbatches(space.w.global_batch)
         vmax = max([v for _, v in space.schedules(layout)] or [1])
@@ -128,7 +133,10 @@ class LayoutBounds:
                                  sequence_parallel=sp)
             totals = cache.totals(cache.context(cfg))
             work = (layout.micro_batch * totals[3] if floor else totals[0]) / layout.pp   # mean rank, no recompute
-            best = min(best, (m + (layout.pp - 1) / vmax) * work if layout.pp > 1 else m * work)
+            pipe = (m + (layout.pp - 1) / vmax) * work if layout.pp > 1 else m * work
+            if not floor:       # the step adds the slowest rank's optimizer to the pipeline
+                pipe += optimizer_floor(space, layout, cache, cfg, totals[2] / layout.pp)
+            best = min(best, pipe)
         return best
 
     def _memory_bound(self, layout: Layout) -> float:
@@ -167,13 +175,13 @@ def uniform_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout
     for index, layout in enumerate(order):
         if progress:
             progress(index, len(order))
-        if prune and bounds.memory(layout) > capacity:     # before the time tests: its bounds are infinite
-            stats.covered += _layout_size(space, layout)
-            stats.infeasible_layouts.append(layout)
-            continue
         if prune and bounds.floor(layout) >= top.threshold:  # the order's key: none after it can win
             stats.covered += sum(_layout_size(space, lay) for lay in order[index:])
             break
+        if prune and bounds.memory(layout) > capacity:
+            stats.covered += _layout_size(space, layout)
+            stats.infeasible_layouts.append(layout)
+            continue
         stats.covered += _layout_size(space, layout)
         if prune and bounds.time(layout) >= top.threshold:
             continue
@@ -243,20 +251,52 @@ def _group_config(space: Space, layout: Layout, schedule: str, vpp: int, sp: boo
                           num_microbatches=m, vpp=vpp, schedule=schedule, sequence_parallel=sp)
 
 
-def _group_time_bound(cache: CostCache, base: ParallelConfig) -> float:
+def optimizer_floor(space: Space, layout: Layout, cache: CostCache, base: ParallelConfig, params: float,
+                    schedule: str | None = None) -> float:
+    """The least optimizer step over the layout's ZeRO/offload choices for a rank of ``params``
+    parameters: the step adds the slowest rank's optimizer (``cost.step.estimate``), which holds at
+    least the mean rank's parameters (``optimizer_time_s`` grows with them)."""
+    return params * least_optimizer_rate(space, layout, cache, base, schedule)
+
+
+def least_optimizer_rate(space: Space, layout: Layout, cache: CostCache, base: ParallelConfig,
+                         schedule: str | None = None, zero: int | None = None) -> float:
+    """Seconds per parameter of the fastest optimizer step over the layout's ZeRO/offload choices (of
+    ZeRO stage ``zero`` only, when given): ``optimizer_time_s`` is linear in the parameters (every
+    term is bytes per parameter over a bandwidth), so one rate per choice, memoised on the cache."""
+    key = (base.dp, base.cp, base.tp, base.pp, base.num_microbatches, schedule, zero)
+    memo = cache.__dict__.setdefault("_least_optimizer_rate", {})
+    out = memo.get(key)
+    if out is None:
+        zeros = space.zeros(layout, schedule) if zero is None else [zero]
+        out = memo[key] = min((optimizer_time_s(cache, replace(base, zero=z, offload=o), 1.0)
+                               for z in zeros for o in space.offloads(z)), default=0.0)
+    return out
+
+
+def _group_time_bound(space: Space, cache: CostCache, layout: Layout, base: ParallelConfig) -> float:
     """A lower bound on the step time over the ZeRO/offload/recompute choices of one group: the
-    pipeline with recompute none (the other choices only add to it)."""
-    return rank_pipeline_s(cache, base)
+    pipeline with recompute none (the other choices only add to it) and the least optimizer step
+    of its most loaded rank."""
+    params = max(r.params for r in rank_costs(cache, base))
+    return rank_pipeline_s(cache, base) + optimizer_floor(space, layout, cache, base, params, base.schedule)
 
 
-def _group_memory_bound(space: Space, cache: CostCache, layout: Layout, base: ParallelConfig) -> float:
-    """A lower bound on the memory of the group's most loaded GPU: the least, over the ZeRO/offload
-    choices, of the model-state bytes plus the full-recompute activations and the runtime reserve
-    (where gradients only follow the activations, planner.cost.step.grads_follow_activations, the
-    larger of the two instead of their sum)."""
-    full = rank_costs(cache, replace(base, recompute="full"))
+def _policy_memory_bound(space: Space, cache: CostCache, layout: Layout, base: ParallelConfig, policy: str) -> float:
+    """For one recompute policy, a lower bound on the memory of the group's most loaded GPU: the least,
+    over the ZeRO/offload choices, of each rank's model states plus its activations (those of its
+    micro-batches in flight and its transient peak) and the runtime reserve; where gradients only
+    follow the activations (planner.cost.step.grads_follow_activations), the larger of the two
+    instead of their sum. Bounded per policy, not by full recompute for all: a one-layer stage with
+    one micro-batch in flight needs more under full recompute (the recomputed layer's transient)
+    than without."""
+    m = base.num_microbatches
+    inflight = [inflight_microbatches(base.schedule, rank=r, pp=base.pp, vpp=base.vpp, num_microbatches=m)
+                for r in range(base.pp)]
+    ranks = rank_costs(cache, replace(base, recompute=policy))
     return cache.cluster.device.reserved_bytes + _least_state_and_activation_bytes(
-        space, layout, base, base.schedule, [(r.params, r.act_bytes) for r in full])
+        space, layout, base, base.schedule,
+        [(r.params, r.act_bytes * f + r.peak_extra_bytes) for r, f in zip(ranks, inflight)])
 
 
 def _least_state_and_activation_bytes(space: Space, layout: Layout, base: ParallelConfig, schedule: str | None,
@@ -265,16 +305,18 @@ def _least_state_and_activation_bytes(space: Space, layout: Layout, base: Parall
     activations, for (parameters, activation bytes) per rank: their sum, or where gradients only
     follow the activations (planner.cost.step.grads_follow_activations) the larger of the two."""
     w = space.w
+    shard = layout.dp * layout.cp
     best = math.inf
     for zero in space.zeros(layout, schedule):
+        follows = grads_follow_activations_at(w.framework, pp=base.pp, num_microbatches=base.num_microbatches,
+                                              shard=shard, zero=zero)
         for offload in space.offloads(zero):
             per_param = resident_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
-                                                 shard=layout.dp * layout.cp, offload=offload, tp=layout.tp,
-                                                 pp=layout.pp)
+                                                 shard=shard, offload=offload, tp=layout.tp, pp=layout.pp)
             grads = 0.0
-            if grads_follow_activations(w.framework, replace(base, zero=zero, offload=offload)):
+            if follows:
                 grads = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
-                                              shard=layout.dp * layout.cp, offload=offload).grads
+                                              shard=shard, offload=offload).grads
             best = min(best, max(p * (per_param - grads) + max(p * grads, act) for p, act in ranks))
     return best
 
@@ -282,21 +324,21 @@ def _least_state_and_activation_bytes(space: Space, layout: Layout, base: Parall
 def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bool, top: _TopK):
     """Estimate the candidates of a layout, skipping those dominated by a fitting one.
 
-    A candidate whose pipeline alone is slower than the k-th best is skipped with those of more
-    offload or recompute; of the others memory is checked first: a candidate that does not fit
-    is only kept (estimated) when it needs less memory than any seen so far (for the no-fit
-    message)."""
+    A group whose pipeline with recompute none and least optimizer step is slower than the k-th
+    best is skipped whole; so is a recompute policy whose memory bound (``_policy_memory_bound``)
+    exceeds the device. A candidate whose pipeline and least optimizer step are slower than the
+    k-th best is skipped with those of more offload or recompute; of the others memory is checked
+    next: a candidate that does not fit is yielded as ``_Unfit`` (for the no-fit message), one
+    that fits is estimated."""
     capacity, host_capacity = cache.cluster.device.memory_bytes, cache.cluster.host_memory_bytes
     for schedule, vpp in space.schedules(layout):
         if prune and schedule == "gpipe" and space.k.schedule is None:
             continue      # same time as 1F1B, more activations in flight: never better
         for sp in space.sequence_parallel(layout):
+            may_fit: dict[str, bool] = {}      # recompute policy -> whether its memory bound fits (lazily)
             if prune:
                 base = _group_config(space, layout, schedule, vpp, sp)
-                if _group_time_bound(cache, base) >= top.threshold:
-                    continue
-                if _group_memory_bound(space, cache, layout, base) > capacity:
-                    yield _SkippedForMemory()
+                if _group_time_bound(space, cache, layout, base) >= top.threshold:
                     continue
             for zero in space.zeros(layout, schedule):
                 done: list[tuple[int, int]] = []     # fitting, or too slow: more offload/recompute is no better
@@ -305,8 +347,17 @@ def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bo
                     if prune and any(fo <= o and fr <= r for fo, fr in done):
                         continue
                     if prune:
-                        if rank_pipeline_s(cache, config) >= top.threshold:
-                            done.append((o, r))     # its pipeline alone (a part of the step) is too slow
+                        if config.recompute not in may_fit:
+                            may_fit[config.recompute] = _policy_memory_bound(
+                                space, cache, layout, base, config.recompute) <= capacity
+                        if not may_fit[config.recompute]:
+                            continue
+                        # its pipeline and the least optimizer step of its ZeRO stage: too slow, and so
+                        # is every choice with more offload or recompute
+                        params = max(rank.params for rank in rank_costs(cache, config))
+                        least_opt = params * least_optimizer_rate(space, layout, cache, config, schedule, zero)
+                        if rank_pipeline_s(cache, config) + least_opt >= top.threshold:
+                            done.append((o, r))
                             continue
                         device, host = peak_memory(cache, config)
                         if device > capacity or host > host_capacity:
@@ -315,6 +366,8 @@ def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bo
                         done.append((o, r))
                     yield Candidate(config=config, estimate=estimate(space.graph, cache.cluster, space.w, config,
                                                                      cache))
+            if prune and may_fit and not any(may_fit.values()):
+                yield _SkippedForMemory()       # no policy's memory bound fits: nothing of the group can
 
 
 class _SkippedForMemory:

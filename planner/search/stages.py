@@ -134,6 +134,16 @@ class GroupProblem:
                      buckets=buckets)
 
     def _option(self, zero: int, offload: str) -> Option:
+        """Memoised on the cache: an option depends on the layout, sequence parallelism and the
+        choice, not on the schedule or the virtual stages (the groups that differ only by those
+        share it)."""
+        key = (self.layout, self.base.sequence_parallel, zero, offload)
+        memo = self.cache.__dict__.setdefault("_stage_options", {})
+        if key not in memo:
+            memo[key] = self._new_option(zero, offload)
+        return memo[key]
+
+    def _new_option(self, zero: int, offload: str) -> Option:
         cache, w, lay = self.cache, self.cache.workload, self.layout
         states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
                                        shard=lay.dp * lay.cp, offload=offload)
@@ -189,12 +199,25 @@ class GroupProblem:
                 out.append(k)
             return out
 
+        # the search only needs the total: ranks with the same fixed work (all but the ends) at once
+        alike: dict[float, int] = {}
+        for f in fixed:
+            alike[f] = alike.get(f, 0) + 1
+
+        def enough(cap: float) -> bool:
+            total = 0
+            for f, count in alike.items():
+                k = math.floor((cap - f) / t_block + 1e-9)
+                if k < self.v:
+                    return False
+                total += count * k
+            return total >= self.num_blocks
+
         lo = max(fixed[r] + chunks[r] * t_block for r in range(ranks))
         hi = max(fixed) + self.num_blocks * t_block
         for _ in range(40):
             mid = (lo + hi) / 2
-            caps = capacity(mid)
-            if caps is not None and sum(caps) >= self.num_blocks:
+            if enough(mid):
                 hi = mid
             else:
                 lo = mid
@@ -300,6 +323,9 @@ def group_lower_bound(pr: GroupProblem, stop_at: float = math.inf) -> tuple[floa
         total = work + recompute
         pipe = _pipeline(pr, max(max(times), total / p), total)
         optimizer = opt.optimizer_s_per_param * (L * block.params + sum(f.params for f in pr.fixed)) / p
+        if pipe + optimizer + pr.tied_s >= min(best + pr.tied_s, stop_at):
+            best = min(best, pipe + optimizer)      # the scan only adds to it: not needed to rule it out
+            continue
         best = min(best, max(pipe, _rank0_scan(pr, opt, recompute)) + optimizer)
     return best + pr.tied_s, split
 
