@@ -306,6 +306,10 @@ def _least_state_and_activation_bytes(space: Space, layout: Layout, base: Parall
     follow the activations (planner.cost.step.grads_follow_activations) the larger of the two."""
     w = space.w
     shard = layout.dp * layout.cp
+    most: dict[float, float] = {}        # ranks with the same parameters: only the most activations count
+    for params, act in ranks:
+        most[params] = max(act, most.get(params, act))
+    ranks = list(most.items())
     best = math.inf
     for zero in space.zeros(layout, schedule):
         follows = grads_follow_activations_at(w.framework, pp=base.pp, num_microbatches=base.num_microbatches,
@@ -340,6 +344,20 @@ def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bo
                 base = _group_config(space, layout, schedule, vpp, sp)
                 if _group_time_bound(space, cache, layout, base) >= top.threshold:
                     continue
+                # every candidate here recomputes all its blocks alike: the lightest policy whose
+                # memory bound fits bounds the group's time (recompute only adds to the pipeline)
+                lightest = None
+                for policy in sorted(space.recomputes(), key=RECOMPUTE_ORDER.get):
+                    may_fit[policy] = _policy_memory_bound(space, cache, layout, base, policy) <= capacity
+                    if may_fit[policy]:
+                        lightest = policy
+                        break
+                if lightest is None:
+                    yield _SkippedForMemory()
+                    continue
+                if lightest != base.recompute and _group_time_bound(
+                        space, cache, layout, replace(base, recompute=lightest)) >= top.threshold:
+                    continue
             for zero in space.zeros(layout, schedule):
                 done: list[tuple[int, int]] = []     # fitting, or too slow: more offload/recompute is no better
                 for config in space.configs(layout, schedule, vpp, sp, zero):
@@ -366,8 +384,6 @@ def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bo
                         done.append((o, r))
                     yield Candidate(config=config, estimate=estimate(space.graph, cache.cluster, space.w, config,
                                                                      cache))
-            if prune and may_fit and not any(may_fit.values()):
-                yield _SkippedForMemory()       # no policy's memory bound fits: nothing of the group can
 
 
 class _SkippedForMemory:
