@@ -4,11 +4,12 @@
    parallelism) are enumerated (``space.py``).
 2. Uniform candidates (balanced stages, one recompute policy) are estimated first,
    pruned only by bounds and dominance (``enumerate.py``): a strong incumbent.
-3. For every group of global choices whose lower bound (``stages.group_lower_bound``:
-   the exact memory-free pipeline optimum, the least recompute memory forces, the
-   optimizer, rank 0's own data-parallel time) is below the k-th best found, the
-   stage ILP (``ilp.py``) chooses stage sizes, recompute per block and the ZeRO /
-   offload option, with the k-th best as its cutoff.
+3. For every group of global choices and every ZeRO/offload option whose lower bound
+   (``stages.option_lower_bounds``: the exact memory-free pipeline optimum, the least
+   recompute memory forces, the optimizer, rank 0's own data-parallel time) is below
+   the best found, the stage ILP (``ilp.py``) chooses stage sizes and recompute per
+   block under that option, with the best as its cutoff (one ILP per option: smaller
+   than one choosing between them, and options that cannot win are not solved).
 
 Nothing is pruned by a guess: every skipped group has a lower bound within
 ``OPTIMALITY_GAP`` of a candidate already found, so the winner is the cost model's
@@ -30,7 +31,7 @@ from ..layers import LayerGraph
 from .enumerate import (RECOMPUTE_ORDER, Candidate, LayoutBounds, SearchResult, _TopK, _sort_key, layout_order,
                         least_memory_candidate, optimizer_floor, uniform_phase)
 from .space import Knobs, Layout, Space
-from .stages import GroupProblem, graph_shape, group_lower_bound
+from .stages import GroupProblem, graph_shape, option_lower_bounds
 
 SOLVER_CHOICES = ("cbc", "highs", "exhaustive", "uniform")
 
@@ -139,28 +140,38 @@ def _stage_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout]
                 pr = GroupProblem(space, cache, layout, schedule, vpp, sp, shape)
                 stats.space += _group_space(space, layout, vpp, shape, schedule)
                 stats.bounded += 1
+                # one problem per ZeRO/offload option whose own bound can still win, most promising
+                # first: without the choice between options (binaries and big-M rows) each ILP is
+                # smaller, and the options that cannot win are not solved at all
                 if prune:
-                    lower, _ = group_lower_bound(pr, stop_at=threshold())
-                    if lower >= threshold():
-                        continue
-                stats.solved += 1
-                cutoff = top.items[0].estimate.step_time_s if prune and top.items else None
-                if solver == "exhaustive":
-                    found = solve_group_exhaustively(pr)
+                    lowers, _ = option_lower_bounds(pr, stop_at=threshold())
+                    problems = sorted((lower, k) for k, lower in enumerate(lowers) if lower < threshold())
+                    problems = [(lower, pr.with_options([pr.options[k]])) for lower, k in problems]
                 else:
-                    found = solve_group(pr, solver, time_limit_s, cutoff_s=cutoff)
-                if found is None:
-                    continue
-                counts, option, _ = found
-                config = pr.config(counts, option)
-                if space.k.recompute is None:       # a fixed --recompute is the user's, not lightened
-                    config = least_recompute(cache, config)
-                est = estimate(space.graph, cache.cluster, space.w, config, cache)
-                if est.fits:
-                    before = top.items[0].estimate.step_time_s if top.items else math.inf
-                    top.add(Candidate(config=config, estimate=est))
-                    if est.step_time_s < before * (1 - 1e-9):
-                        stats.improved += 1
+                    problems = [(-math.inf, pr)]
+                if solver == "exhaustive" and problems:     # the reference enumerates the whole group
+                    problems = [(-math.inf, pr)]
+                for lower, problem in problems:
+                    if lower >= threshold():        # a plan found meanwhile beats this option's bound
+                        continue
+                    stats.solved += 1
+                    cutoff = top.items[0].estimate.step_time_s if prune and top.items else None
+                    if solver == "exhaustive":
+                        found = solve_group_exhaustively(problem)
+                    else:
+                        found = solve_group(problem, solver, time_limit_s, cutoff_s=cutoff)
+                    if found is None:
+                        continue
+                    counts, option, _ = found
+                    config = problem.config(counts, option)
+                    if space.k.recompute is None:       # a fixed --recompute is the user's, not lightened
+                        config = least_recompute(cache, config)
+                    est = estimate(space.graph, cache.cluster, space.w, config, cache)
+                    if est.fits:
+                        before = top.items[0].estimate.step_time_s if top.items else math.inf
+                        top.add(Candidate(config=config, estimate=est))
+                        if est.step_time_s < before * (1 - 1e-9):
+                            stats.improved += 1
     return stats
 
 

@@ -15,6 +15,7 @@ every constant of the cost model that these decisions combine linearly.
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, replace
 
@@ -154,6 +155,12 @@ class GroupProblem:
                       other_bytes=_other_bytes(cache, config),
                       optimizer_s_per_param=optimizer_time_s(cache, config, 1.0))
 
+    def with_options(self, options: list[Option]) -> "GroupProblem":
+        """The same group restricted to some of its ZeRO/offload options."""
+        out = copy.copy(self)
+        out.options = list(options)
+        return out
+
     def collectives(self, option: Option, params: float) -> tuple[float, float, float]:
         config = replace(self.base, zero=option.zero, offload=option.offload)
         return dp_collectives(self.cache, config, params)
@@ -259,7 +266,15 @@ class GroupProblem:
 
 def group_lower_bound(pr: GroupProblem, stop_at: float = math.inf) -> tuple[float, list[int]]:
     """A lower bound on the step time of every candidate in the group, and the
-    memory-free split it is built on.
+    memory-free split it is built on: the least of ``option_lower_bounds``."""
+    bounds, split = option_lower_bounds(pr, stop_at)
+    return min(bounds, default=math.inf), split
+
+
+def option_lower_bounds(pr: GroupProblem, stop_at: float = math.inf) -> tuple[list[float], list[int]]:
+    """Per ZeRO/offload option of ``pr.options``, a lower bound on the step time of the
+    group's candidates with that option (infinite where none fits), and the memory-free
+    split they are built on.
 
     For each ZeRO/offload option k (the bound is the least over them):
     - pipeline: the exact memory-free optimum (``memory_free_split``), combined with
@@ -272,7 +287,8 @@ def group_lower_bound(pr: GroupProblem, stop_at: float = math.inf) -> tuple[floa
     - data parallel: rank 0 waits for its own exposed share with at least v blocks.
 
     Returns as soon as the memory-free pipeline alone reaches ``stop_at`` (no option can
-    then do better).
+    then do better), and leaves out the data-parallel scan of an option whose other terms
+    already reach it (its bound is then those terms).
     """
     block, L, p, v, m = pr.block, pr.num_blocks, pr.p, pr.v, pr.m
     cap = pr.cache.cluster.device.memory_bytes
@@ -284,12 +300,12 @@ def group_lower_bound(pr: GroupProblem, stop_at: float = math.inf) -> tuple[floa
     work = sum(times)
     floor = _pipeline(pr, max(times), work)
     if floor + pr.tied_s >= stop_at:
-        return floor + pr.tied_s, split
+        return [floor + pr.tied_s] * len(pr.options), split
     a_none = block.act_bytes[0]
     savers = [(block.recompute_s[POLICY_INDEX[c]], a_none - block.act_bytes[POLICY_INDEX[c]])
               for c in pr.policies if block.act_bytes[POLICY_INDEX[c]] < a_none]
     a_min = min(block.act_bytes[POLICY_INDEX[c]] for c in pr.policies)
-    best = math.inf
+    out = []
     for opt in pr.options:
         recompute = 0.0
         cheap = []      # (seconds per extra block, how many) per rank
@@ -312,6 +328,7 @@ def group_lower_bound(pr: GroupProblem, stop_at: float = math.inf) -> tuple[floa
                 per_byte = min(rc / (saved * inf_r) for rc, saved in savers)
                 cheap.append((per_block_none * per_byte, c_full - c0))
         if not feasible:
+            out.append(math.inf)
             continue
         extra = max(0.0, L - free_total)
         for cost, room in sorted(cheap):
@@ -319,15 +336,16 @@ def group_lower_bound(pr: GroupProblem, stop_at: float = math.inf) -> tuple[floa
             recompute += take * cost
             extra -= take
         if extra > 1e-9:
-            continue                                  # cannot fit even with recompute
+            out.append(math.inf)                      # cannot fit even with recompute
+            continue
         total = work + recompute
         pipe = _pipeline(pr, max(max(times), total / p), total)
         optimizer = opt.optimizer_s_per_param * (L * block.params + sum(f.params for f in pr.fixed)) / p
-        if pipe + optimizer + pr.tied_s >= min(best + pr.tied_s, stop_at):
-            best = min(best, pipe + optimizer)      # the scan only adds to it: not needed to rule it out
+        if pipe + optimizer + pr.tied_s >= stop_at:
+            out.append(pipe + optimizer + pr.tied_s)  # the scan only adds to it: not needed to rule it out
             continue
-        best = min(best, max(pipe, _rank0_scan(pr, opt, recompute)) + optimizer)
-    return best + pr.tied_s, split
+        out.append(max(pipe, _rank0_scan(pr, opt, recompute)) + optimizer + pr.tied_s)
+    return out, split
 
 
 def _pipeline(pr: GroupProblem, slowest: float, total: float) -> float:
