@@ -93,18 +93,20 @@ class LayoutBounds:
     much). Saved activations are linear in the micro-batch (every quantity is per token,
     attention's per sequence), so micro-batch 1 gives them for all.
 
-    Time, two bounds: ``floor`` for every layout, from each layer's linear floor at
+    Time, three bounds: ``order`` for every layout, from each layer's linear floor at
     micro-batch 1 (GEMMs at their ideal rate, no communication; ``LayerCost.work_floor_s``),
-    which orders the layouts; and ``time``, the pipeline of the mean rank's exact work at
-    the layout's micro-batch with recompute none, priced only for the layouts the search
-    reaches, with the least optimizer step of the mean rank. A layout whose memory bound
+    which orders the layouts; ``floor``, that plus the least optimizer step of the mean
+    rank (at one micro-batch); and ``time``, the pipeline of the mean rank's exact work at
+    the layout's micro-batch with recompute none plus the least optimizer step of the mean
+    rank. The last two only for the layouts the search reaches. A layout whose memory bound
     exceeds the device has an infinite ``time`` bound. The memory bound is computed only for
     the layouts the search reaches."""
 
     def __init__(self, space: Space, cache: CostCache, layouts: list[Layout]):
         self.space, self.cache = space, cache
         self._memory: dict[Layout, float] = {}
-        self._floor = {lay: self._time_bound(lay, floor=True) for lay in layouts}
+        self._order = {lay: self._time_bound(lay, floor=True, optimizer=False) for lay in layouts}
+        self._floor: dict[Layout, float] = {}
         self._time: dict[Layout, float] = {}
 
     def memory(self, layout: Layout) -> float:
@@ -112,7 +114,13 @@ class LayoutBounds:
             self._memory[layout] = self._memory_bound(layout)
         return self._memory[layout]
 
+    def order(self, layout: Layout) -> float:
+        """The floor without the optimizer: the key the layouts are visited by."""
+        return self._order[layout]
+
     def floor(self, layout: Layout) -> float:
+        if layout not in self._floor:
+            self._floor[layout] = self._time_bound(layout, floor=True)
         return self._floor[layout]
 
     def time(self, layout: Layout) -> float:
@@ -120,7 +128,7 @@ class LayoutBounds:
             self._time[layout] = self._time_bound(layout, floor=False)
         return self._time[layout]
 
-    def _time_bound(self, layout: Layout, *, floor: bool) -> float:
+    def _time_bound(self, layout: Layout, *, floor: bool, optimizer: bool = True) -> float:
         space, cache = self.space, self.cache
         if not floor and self.memory(layout) > cache.cluster.device.memory_bytes:
             return float("inf")
@@ -134,8 +142,12 @@ class LayoutBounds:
             totals = cache.totals(cache.context(cfg))
             work = (layout.micro_batch * totals[3] if floor else totals[0]) / layout.pp   # mean rank, no recompute
             pipe = (m + (layout.pp - 1) / vmax) * work if layout.pp > 1 else m * work
-            if not floor:       # the step adds the slowest rank's optimizer to the pipeline
-                pipe += optimizer_floor(space, layout, cache, cfg, totals[2] / layout.pp)
+            # the step adds the slowest rank's optimizer to the pipeline; the floor takes it at one
+            # micro-batch (the step's casts and accumulation only grow with them), so that layouts
+            # differing only in micro-batch share it
+            if optimizer:
+                opt_at = replace(cfg, num_microbatches=1) if floor else cfg
+                pipe += optimizer_floor(space, layout, cache, opt_at, totals[2] / layout.pp)
             best = min(best, pipe)
         return best
 
@@ -175,9 +187,12 @@ def uniform_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout
     for index, layout in enumerate(order):
         if progress:
             progress(index, len(order))
-        if prune and bounds.floor(layout) >= top.threshold:  # the order's key: none after it can win
+        if prune and bounds.order(layout) >= top.threshold:  # the order's key: none after it can win
             stats.covered += sum(_layout_size(space, lay) for lay in order[index:])
             break
+        if prune and bounds.floor(layout) >= top.threshold:
+            stats.covered += _layout_size(space, layout)
+            continue
         if prune and bounds.memory(layout) > capacity:
             stats.covered += _layout_size(space, layout)
             stats.infeasible_layouts.append(layout)
@@ -222,7 +237,7 @@ def layout_order(space: Space, cache: CostCache) -> tuple[list[Layout], LayoutBo
     """The layouts, most promising first (by their time floor), and their bounds."""
     layouts = list(space.layouts())
     bounds = LayoutBounds(space, cache, layouts)
-    return sorted(layouts, key=bounds.floor), bounds
+    return sorted(layouts, key=bounds.order), bounds
 
 
 def _layout_size(space: Space, layout: Layout) -> int:
