@@ -11,9 +11,10 @@ import re
 import sys
 import time
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
-from .compare import (Comparison, changes, comparison_rows, counterpart, does_not_fit_by, file_edits, gain,
-                      gain_line, plan_of, switch_costs, verdict_line, word)
+if TYPE_CHECKING:      # the comparison itself (and the search) load when the command runs, not with the parser
+    from .compare import Comparison
 
 EPILOG = """\
 examples:
@@ -80,7 +81,7 @@ def compare_command(args) -> int:
     from .baseline import Context, check_baseline, read_baseline
     from .cluster import load_cluster
     from .commands import _no_fit_message, fixed_result
-    from .compare import CHINCHILLA_TOKENS_PER_PARAM
+    from .compare import CHINCHILLA_TOKENS_PER_PARAM, Comparison, does_not_fit_by, plan_of
     from .errors import NoFeasiblePlan
     from .search import Knobs, search
 
@@ -119,6 +120,7 @@ def compare_command(args) -> int:
 def comparison_json(cmp: Comparison) -> dict:
     """{"baseline": {config, estimate, ...}, "recommended": {config, estimate}, "changes", "speedup", ...}:
     config and estimate as `meshplan plan --json` writes them."""
+    from .compare import changes, does_not_fit_by, file_edits, gain, switch_costs
     from .plan import config_json
     b = cmp.baseline
     return {
@@ -138,6 +140,7 @@ def comparison_json(cmp: Comparison) -> dict:
 
 def format_comparison(cmp: Comparison) -> str:
     from .baseline import FORMAT_NAMES
+    from .compare import changes, comparison_rows, counterpart, file_edits, gain_line, switch_costs, verdict_line, word
     w, b = cmp.workload, cmp.baseline
     label, other = counterpart(cmp)
     table = comparison_rows(cmp.mine, other or cmp.mine)
