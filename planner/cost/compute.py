@@ -22,10 +22,28 @@ SPLIT_K_MIN_K = 256
 GEMM_ALIGN_ELEMS = 8          # 16-byte rows in 16-bit types: the alignment tensor-core kernels need
 
 
+# gemm_s is pure and the search asks for the same shapes in many contexts: results per device
+# (the device object itself is kept with them, so its id cannot be reused while they live)
+_GEMM_MEMO: dict[int, tuple[Device, dict]] = {}
+
+
 def gemm_s(m: float, n: float, k: float, device: Device, precision: str, batch: int = 1) -> float:
     """Time of ``batch`` products (m x k) @ (k x n)."""
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
+    held = _GEMM_MEMO.get(id(device))
+    if held is None or held[0] is not device:
+        if len(_GEMM_MEMO) > 64:
+            _GEMM_MEMO.clear()
+        held = _GEMM_MEMO[id(device)] = (device, {})
+    key = (m, n, k, precision, batch)
+    out = held[1].get(key)
+    if out is None:
+        out = held[1][key] = _gemm_s(m, n, k, device, precision, batch)
+    return out
+
+
+def _gemm_s(m: float, n: float, k: float, device: Device, precision: str, batch: int) -> float:
     sms = device.sm_count
     rate = device.peak(precision) * device.gemm_efficiency
     if device.gemm_unaligned_efficiency < 1.0 and (n % GEMM_ALIGN_ELEMS or k % GEMM_ALIGN_ELEMS):

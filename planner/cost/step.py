@@ -167,6 +167,7 @@ class CostCache:
         self._dp: dict[tuple, tuple[float, float]] = {}
         self._totals: dict[Context, tuple[float, float, float, float]] = {}
         self._contexts: dict[tuple, Context] = {}
+        self._rank_sums: dict[tuple, tuple] = {}
 
     def context(self, config: ParallelConfig) -> Context:
         key = (config.micro_batch, config.tp, config.cp, config.sequence_parallel, config.dp, config.pp)
@@ -293,24 +294,7 @@ def _rank_costs(cache: CostCache, config: ParallelConfig, ctx: Context) -> list[
             out.append(same[group])
             continue
         counts, chunks, layers, first = group
-        fwd = bwd = rec = tp = cp = act = extra = params = flops = 0.0
-        buckets: dict[float, int] = {}
-        for (sig, policy), n in counts:
-            cost = cache.signature_cost(sig, ctx)
-            buckets[cost.params] = buckets.get(cost.params, 0) + n
-            p = POLICY_INDEX[policy]
-            fwd += n * cost.fwd_s
-            bwd += n * (cost.bwd_s + cost.recompute_s[p])
-            rec += n * cost.recompute_s[p]
-            tp += n * cost.tp_comm_s
-            cp += n * cost.cp_comm_s
-            act += n * cost.act_bytes[p]
-            extra = max(extra, cost.peak_extra_bytes[p])
-            params += n * cost.params
-            flops += n * cost.matmul_flops_fwd * (4 if policy == "full" else 3)
-        if tied:
-            params += graph.tied_params / config.tp      # the head's copy of the shared embedding
-            buckets[graph.tied_params / config.tp] = buckets.get(graph.tied_params / config.tp, 0) + 1
+        fwd, bwd, rec, tp, cp, act, extra, params, flops, buckets = _rank_sums(cache, ctx, counts, tied, config.tp)
         # per micro-batch each chunk receives/sends once forward and once backward. 1F1B and
         # GPipe wait for them; the interleaved schedule posts them asynchronously and runs
         # another chunk meanwhile (Megatron-LM overlap_p2p_comm; torch's interleaved
@@ -320,11 +304,42 @@ def _rank_costs(cache: CostCache, config: ParallelConfig, ctx: Context) -> list[
             p2p = 2 * chunks * max(0.0, one_p2p - (fwd + bwd) / (2 * chunks))
         out.append(RankCost(fwd_s=fwd, bwd_s=bwd, recompute_s=rec, tp_comm_s=tp, cp_comm_s=cp,
                             p2p_s=p2p, act_bytes=act, peak_extra_bytes=extra, params=params,
-                            matmul_flops=flops, num_layers=max(1, layers),
-                            buckets=tuple(sorted(buckets.items())),
+                            matmul_flops=flops, num_layers=max(1, layers), buckets=buckets,
                             first_bucket=cache.signature_cost(first, ctx).params if first else 0.0))
         if not tied:
             same[group] = out[-1]
+    return out
+
+
+def _rank_sums(cache: CostCache, ctx: Context, counts: tuple, tied: bool, tp_degree: int) -> tuple:
+    """A rank's layer sums for one micro-batch (forward, backward with recompute, recompute, TP and CP
+    communication, activations, transient, parameters, FLOPs, buckets), memoised on what they depend
+    on: the layers it holds and their policies, not how they are cut into chunks (virtual stages of
+    the same rank share them)."""
+    key = (ctx, counts, tied)       # the context holds the TP degree
+    out = cache._rank_sums.get(key)
+    if out is not None:
+        return out
+    fwd = bwd = rec = tp = cp = act = extra = params = flops = 0.0
+    buckets: dict[float, int] = {}
+    for (sig, policy), n in counts:
+        cost = cache.signature_cost(sig, ctx)
+        buckets[cost.params] = buckets.get(cost.params, 0) + n
+        p = POLICY_INDEX[policy]
+        fwd += n * cost.fwd_s
+        bwd += n * (cost.bwd_s + cost.recompute_s[p])
+        rec += n * cost.recompute_s[p]
+        tp += n * cost.tp_comm_s
+        cp += n * cost.cp_comm_s
+        act += n * cost.act_bytes[p]
+        extra = max(extra, cost.peak_extra_bytes[p])
+        params += n * cost.params
+        flops += n * cost.matmul_flops_fwd * (4 if policy == "full" else 3)
+    if tied:
+        shared = cache.graph.tied_params / tp_degree     # the head's copy of the shared embedding
+        params += shared
+        buckets[shared] = buckets.get(shared, 0) + 1
+    out = cache._rank_sums[key] = (fwd, bwd, rec, tp, cp, act, extra, params, flops, tuple(sorted(buckets.items())))
     return out
 
 
