@@ -325,9 +325,15 @@ def _toml_value(value) -> str:
     return repr(value)
 
 
-def _split_points(plan) -> list[str]:
-    """The module that begins each virtual stage after the first (torchtitan's split points)."""
-    return [modules[0] for modules in plan.stage_modules()[1:]]
+# meshplan's layer names -> torchtitan's module names (torchtitan/models/llama3/model/model.py)
+_TORCHTITAN_MODULES = {"embed": "tok_embeddings", "lm_head": "output"}
+
+
+def _modules_per_stage(plan) -> list[list[str]]:
+    """The modules of each virtual stage, in order, under torchtitan's names: its
+    ``module_fqns_per_model_part`` (torchtitan/distributed/pipeline_parallel.py; the older
+    ``pipeline_parallel_split_points`` is refused there as deprecated)."""
+    return [[_TORCHTITAN_MODULES.get(name, name) for name in modules] for modules in plan.stage_modules()]
 
 
 def torchtitan(plan) -> Export:
@@ -343,6 +349,10 @@ def torchtitan(plan) -> Export:
         if c.zero == 1:
             notes.append("torchtitan has no ZeRO-1: data parallelism is DDP (replicate) here, optimizer states "
                          "unsharded; or shard with data_parallel_shard_degree for FSDP (ZeRO-3)")
+    if c.cp > 1 and c.zero <= 1:
+        notes.append(f"torchtitan shards parameters with FSDP over the context-parallel ranks too (its dp_shard_cp "
+                     f"mesh, torchtitan/distributed/parallel_dims.py): with cp {c.cp} the model states are sharded "
+                     f"{c.cp} ways (ZeRO-3 over cp) where the plan keeps ZeRO-{c.zero}")
     if c.tp > 1 and not c.sequence_parallel:
         notes.append("torchtitan's tensor parallelism always shards norms along the sequence (sequence "
                      "parallelism on): less activation memory than planned")
@@ -350,7 +360,7 @@ def torchtitan(plan) -> Export:
         parallelism["pipeline_parallel_schedule"] = {"gpipe": "GPipe", "1f1b": "1F1B",
                                                      "interleaved-1f1b": "Interleaved1F1B"}[c.schedule]
         parallelism["pipeline_parallel_microbatch_size"] = c.micro_batch
-        parallelism["pipeline_parallel_split_points"] = _split_points(plan)
+        parallelism["module_fqns_per_model_part"] = _modules_per_stage(plan)
     local = c.micro_batch * (c.num_microbatches if c.pp > 1 else 1)
     training = {"local_batch_size": local, "global_batch_size": w.global_batch,
                 "seq_len": w.seq_len, "max_norm": 1.0,

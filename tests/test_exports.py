@@ -13,6 +13,7 @@ import pytest
 
 from gallery_plans import (INTERLEAVED_BLOCKS, INTERLEAVED_UNEQUAL, UNEQUAL, UNEQUAL_BLOCKS, UNEQUAL_RECOMPUTED,
                            fixed_plan, gallery_plan)
+from planner.config import ParallelConfig
 from planner.exports import colossalai, deepspeed, megatron, meshplan_run, torchtitan, write_exports
 from planner.report.gallery import SCENARIOS
 
@@ -84,7 +85,7 @@ TORCHTITAN_KEYS = {
                  "gc_debug", "seed", "deterministic"},
     "parallelism": {"data_parallel_replicate_degree", "enable_compiled_autograd", "data_parallel_shard_degree",
                     "fsdp_reshard_after_forward", "tensor_parallel_degree", "disable_loss_parallel",
-                    "enable_async_tensor_parallel", "pipeline_parallel_degree", "pipeline_parallel_split_points",
+                    "enable_async_tensor_parallel", "pipeline_parallel_degree", "module_fqns_per_model_part",
                     "pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule",
                     "pipeline_parallel_schedule_csv", "pipeline_parallel_microbatch_size", "context_parallel_degree",
                     "context_parallel_rotate_method", "expert_parallel_degree"},
@@ -255,14 +256,20 @@ def test_torchtitan_config_uses_documented_keys(name):
     assert doc["activation_checkpoint"]["mode"] in {"selective", "full", "none"}
     if c.pp > 1:
         assert par["pipeline_parallel_schedule"] in TORCH_SCHEDULES
-        assert len(par["pipeline_parallel_split_points"]) == c.pp * c.vpp - 1
+        parts = par["module_fqns_per_model_part"]
+        assert len(parts) == c.pp * c.vpp
+        modules = [name for part in parts for name in part]     # every module once, in order
+        assert modules == ["tok_embeddings"] + [f"layers.{i}" for i in range(plan.graph.num_blocks)] + ["norm",
+                                                                                                       "output"]
     assert doc["training"]["seq_len"] == plan.workload.seq_len
 
 
 def test_torchtitan_split_points_follow_unequal_stages():
     doc = tomllib.loads(torchtitan(fixed_plan("llama3-8b", "h100-80g", 16, UNEQUAL)).text)
     # stage 0 = embed + layers.0-5, stage 1 = layers.6-13, stage 2 = layers.14-22, stage 3 the rest
-    assert doc["parallelism"]["pipeline_parallel_split_points"] == ["layers.6", "layers.14", "layers.23"]
+    parts = doc["parallelism"]["module_fqns_per_model_part"]
+    assert [part[0] for part in parts] == ["tok_embeddings", "layers.6", "layers.14", "layers.23"]
+    assert parts[0][-1] == "layers.5" and parts[-1][-2:] == ["norm", "output"]
 
 
 # -- meshplan run / torchrun ---------------------------------------------------------------------------
@@ -295,3 +302,10 @@ def test_exports_and_notes_are_written(tmp_path):
                      "meshplan_run.sh", "torchtitan.toml"]
     notes = (tmp_path / "NOTES.md").read_text()
     assert "cannot be given exactly" in notes and "## megatron_args.txt" in notes
+
+
+def test_torchtitan_says_it_shards_over_context_parallel_ranks():
+    plan = fixed_plan("llama3-8b", "h100-80g", 8, ParallelConfig(dp=4, tp=1, pp=1, cp=2, zero=0, micro_batch=1,
+                                                                num_microbatches=1))
+    notes = " ".join(torchtitan(plan).notes)
+    assert "dp_shard_cp" in notes and "cp 2" in notes and "ZeRO-0" in notes
