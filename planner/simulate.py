@@ -45,6 +45,8 @@ simulation changes how they compose, never what a layer costs.
 """
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass, fields, replace
 
 from .cluster import Cluster
@@ -124,11 +126,11 @@ class StepWork:
     embedding_allreduce_s: float = 0.0                    # tied embedding, first and last stage
     optimizer_s: tuple[float, ...] = ()                   # per rank
 
-    @property
+    @functools.cached_property
     def pp(self) -> int:
         return len(self.chunks)
 
-    @property
+    @functools.cached_property
     def vpp(self) -> int:
         return len(self.chunks[0])
 
@@ -256,6 +258,10 @@ def _run_pass(work: StepWork, st: _Rank, op: tuple[str, int, int], ready_s: floa
         ready[j] = st.collective(at, sizes[j], mb, chunk) if sizes[j] else at
 
     reduce = not forward and (work.reduce_every_microbatch or mb == work.num_microbatches - 1)
+    if not plan and not reduce and (not st.dp_busy or st.dp_busy[-1][1] <= t):
+        for lw in order:                    # no collective beside it: the layers add up
+            t += lw.fwd_s if forward else lw.bwd_s
+        order = ()
     for j, lw in enumerate(order):
         if plan:
             if ready[j] is None:              # issued now (no overlap: when the layer needs it)
@@ -342,13 +348,14 @@ def simulate_work(work: StepWork, *, record: bool = True) -> Timeline:
         for st in ranks:
             for chunk in (0, 1):
                 _param_sync(work, st, chunk, 0.0)
+    needs = [[_needs(work, r, op) for op in prog] for r, prog in enumerate(programs)]
     while remaining:
         progressed = False
         for r in range(p):
-            st, prog = ranks[r], programs[r]
+            st, prog, need_of = ranks[r], programs[r], needs[r]
             while position[r] < len(prog):
                 op = prog[position[r]]
-                need = _needs(work, r, op)
+                need = need_of[position[r]]
                 if need is not None and need not in arrivals:
                     break
                 if step_sync and op[0] == "F":
