@@ -16,6 +16,7 @@ every constant of the cost model that these decisions combine linearly.
 from __future__ import annotations
 
 import copy
+import heapq
 import math
 from dataclasses import dataclass, replace
 
@@ -364,34 +365,56 @@ def _rank0_scan(pr: GroupProblem, opt: Option, recompute: float) -> float:
 
     Rank 0 finishes last and has no slack, so its exposed share is on the path. Its
     exposure grows with its blocks while the pipeline wants them balanced: scanning
-    rank 0's count b gives a bound on both together. The backward window is taken at
-    its largest (every block fully recomputed), which only lowers the exposure."""
+    rank 0's count b gives a bound on both together. The other ranks' slowest is the
+    least any integer split of the remaining blocks allows (``_others_slowest``: where the
+    head sits on one rank, that rank cannot shed it). The backward window is taken at its
+    largest (every block fully recomputed), which only lowers the exposure."""
     block, L, p, v, m = pr.block, pr.num_blocks, pr.p, pr.v, pr.m
     t_block = block.fwd_s + block.bwd_s
     rc_max = max(block.recompute_s[POLICY_INDEX[c]] for c in pr.policies)
     fixed_t = [f.fwd_s + f.bwd_s for f in pr.fixed]
     work = L * t_block + sum(fixed_t) + recompute
     dp = _Rank0Collectives(pr, opt)
-    lo, hi = (v, L - (p - 1) * v) if p > 1 else (L, L)
-
-    def total(b: int) -> float:
+    if p == 1:
+        fwd = L * block.fwd_s + pr.fixed[0].fwd_s
+        return m * (L * t_block + fixed_t[0] + recompute) + dp.floor(L, fwd, L * (block.bwd_s + rc_max)
+                                                                    + pr.fixed[0].bwd_s)
+    others = _others_slowest(pr)
+    best = math.inf
+    for b in range(v, L - (p - 1) * v + 1):     # the others' step function is not convex in b: every b
         t0 = b * t_block + fixed_t[0]
-        if p == 1:
-            pipe = m * (t0 + recompute)
-        else:
-            pipe = _pipeline(pr, max(t0, ((L - b) * t_block + sum(fixed_t[1:])) / (p - 1), work / p), work)
+        pipe = _pipeline(pr, max(t0, others[L - b], work / p), work)
+        if pipe >= best:
+            continue            # the exposure only adds to it
         fwd = b * block.fwd_s + pr.fixed[0].fwd_s
-        return pipe + dp.floor(b, fwd, b * (block.bwd_s + rc_max) + pr.fixed[0].bwd_s)
+        best = min(best, pipe + dp.floor(b, fwd, b * (block.bwd_s + rc_max) + pr.fixed[0].bwd_s))
+    return best
 
-    # both parts are maxima of linear functions of b plus linear terms: convex, so the
-    # first b whose next step does not decrease the total is the minimum
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if total(mid + 1) >= total(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return total(lo)
+
+def _others_slowest(pr: GroupProblem) -> list[float]:
+    """Indexed by a block count n: the least possible forward + backward time of the slowest of
+    ranks 1 .. p-1 when they hold n blocks between them, at least v each (memory-free, no
+    recompute; infinite below (p - 1) v). Blocks of equal cost, added one at a time to the rank
+    that is then fastest, give the least maximum at every count (greedy water-filling)."""
+    cached = pr.__dict__.get("_others")
+    if cached is not None:
+        return cached
+    block, L, p, v = pr.block, pr.num_blocks, pr.p, pr.v
+    t_block = block.fwd_s + block.bwd_s
+    loads = [f.fwd_s + f.bwd_s + v * t_block for f in pr.fixed[1:]]
+    heapq.heapify(loads)
+    start = (p - 1) * v
+    out = [math.inf] * (L + 1)
+    slowest = max(loads) if loads else 0.0
+    if start <= L:
+        out[start] = slowest
+    for n in range(start + 1, L + 1):
+        load = heapq.heappop(loads) + t_block
+        heapq.heappush(loads, load)
+        slowest = max(slowest, load)
+        out[n] = slowest
+    pr.__dict__["_others"] = out
+    return out
 
 
 class _Rank0Collectives:
