@@ -115,8 +115,6 @@ def _group_cheap_bound(space: Space, cache: CostCache, layout: Layout, schedule:
 
 def _stage_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout], bounds: LayoutBounds, shape,
                  solver: str, prune: bool, time_limit_s: float) -> StageStats:
-    from .exhaustive import solve_group_exhaustively
-    from .ilp import solve_group
     stats = StageStats()
 
     def threshold() -> float:
@@ -157,8 +155,10 @@ def _stage_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout]
                     stats.solved += 1
                     cutoff = top.items[0].estimate.step_time_s if prune and top.items else None
                     if solver == "exhaustive":
+                        from .exhaustive import solve_group_exhaustively
                         found = solve_group_exhaustively(problem)
                     else:
+                        from .ilp import solve_group     # PuLP and the solver load when a group needs them
                         found = solve_group(problem, solver, time_limit_s, cutoff_s=cutoff)
                     if found is None:
                         continue
