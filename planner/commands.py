@@ -189,6 +189,7 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"recompute {g['recomputed_layers']} of {g['blocks']} blocks: {g['saved_s']:.3g} s per step "
                      f"({g['saved_pct']:.1f}%) faster than recomputing every block")
     lines.append(f"limits    {limits(c, e, plan.cluster)}")
+    lines.append(f"checked   {plan.accuracy().line()}")
     if plan.alternatives:
         lines += ["", "runners-up (the best plan of each other layout)"]
         for alt in plan.alternatives:
