@@ -42,18 +42,12 @@ DP = ["--dp", "2", "--tp", "1", "--pp", "1", "--cp", "1"]
 TP = ["--dp", "1", "--tp", "2", "--pp", "1", "--cp", "1", "--zero", "0"]
 PP = ["--dp", "1", "--tp", "1", "--pp", "2", "--cp", "1", "--zero", "0"]
 GRID = {   # name -> `meshplan plan` knobs (None: the planner's own choice, nothing fixed)
-    "dp2 zero0 mb4": DP + ["--zero", "0", "--micro-batch", "4", "--recompute", "none"],
-    "dp2 zero1 mb4": DP + ["--zero", "1", "--micro-batch", "4", "--recompute", "none"],
-    "dp2 zero2 mb4": DP + ["--zero", "2", "--micro-batch", "4", "--recompute", "none"],
-    "dp2 zero3 mb4": DP + ["--zero", "3", "--micro-batch", "4", "--recompute", "none"],
-    "dp2 zero0 mb2": DP + ["--zero", "0", "--micro-batch", "2", "--recompute", "none"],
-    "dp2 zero0 mb1": DP + ["--zero", "0", "--micro-batch", "1", "--recompute", "none"],
-    "dp2 selective": DP + ["--zero", "0", "--micro-batch", "4", "--recompute", "selective"],
-    "dp2 full": DP + ["--zero", "0", "--micro-batch", "4", "--recompute", "full"],
-    "tp2 sp off": TP + ["--micro-batch", "4", "--sequence-parallel", "off", "--recompute", "none"],
-    "tp2 sp on": TP + ["--micro-batch", "4", "--sequence-parallel", "on", "--recompute", "none"],
-    "pp2 gpipe": PP + ["--schedule", "gpipe", "--micro-batch", "2", "--recompute", "none"],
-    "pp2 1f1b": PP + ["--schedule", "1f1b", "--micro-batch", "2", "--recompute", "none"],
+    **{f"dp2 zero{z} mb4": DP + ["--zero", str(z), "--micro-batch", "4", "--recompute", "none"] for z in range(4)},
+    **{f"dp2 zero0 mb{mb}": DP + ["--zero", "0", "--micro-batch", str(mb), "--recompute", "none"] for mb in (2, 1)},
+    **{f"dp2 {rc}": DP + ["--zero", "0", "--micro-batch", "4", "--recompute", rc] for rc in ("selective", "full")},
+    **{f"tp2 sp {sp}": TP + ["--micro-batch", "4", "--sequence-parallel", sp, "--recompute", "none"]
+       for sp in ("off", "on")},
+    **{f"pp2 {s}": PP + ["--schedule", s, "--micro-batch", "2", "--recompute", "none"] for s in ("gpipe", "1f1b")},
     "pp2 interleaved": PP + ["--schedule", "interleaved-1f1b", "--vpp", "2", "--micro-batch", "1",
                              "--recompute", "none"],
     "cp2": ["--dp", "1", "--tp", "1", "--pp", "1", "--cp", "2", "--zero", "0", "--micro-batch", "4",
