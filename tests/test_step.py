@@ -103,3 +103,25 @@ def test_work_floor_is_linear_and_below_the_layer_time(model, cluster):
                 assert k * one <= (cost.fwd_s + cost.bwd_s) * (1 + 1e-12)      # equal for memory-bound layers
             if layer.is_block and tp <= 2:
                 assert cost.work_floor_s > 0.5 * (cost.fwd_s + cost.bwd_s)
+
+
+def test_processes_beyond_the_cores_time_share_them():
+    """cpu-gloo is 2 cores (profiles/cpu-gloo.toml [host] cores): 4 one-thread processes get half a
+    core each, so every layer runs 2x as long as with 2 processes and gloo moves half as fast;
+    GPU profiles have no cores to share."""
+    from planner.cost.layer import Context, layer_cost
+    graph = build_layer_graph(ZOO["llama2-7b"])
+    ctx = Context(micro_batch=1, seq_len=256, tp=1, cp=1, sequence_parallel=False, precision="fp32",
+                  attention="flash", framework="torch", tp_comm_overlap=False)
+    two, four, eight = (load_cluster("cpu-gloo", n) for n in (2, 4, 8))
+    assert (two.time_share, four.time_share, eight.time_share) == (1.0, 0.5, 0.25)
+    block = graph.layers[1]
+    base = layer_cost(block, ctx, two)
+    for cluster, factor in ((four, 2.0), (eight, 4.0)):
+        cost = layer_cost(block, ctx, cluster)
+        assert cost.fwd_s == pytest.approx(factor * base.fwd_s, rel=1e-9)
+        assert cost.bwd_s == pytest.approx(factor * base.bwd_s, rel=1e-9)
+        assert cluster.intra.bytes_per_s == pytest.approx(two.intra.bytes_per_s / factor)
+    assert eight.with_gpus(2).device.peak("fp32") == two.device.peak("fp32")      # back to alone
+    gpu = load_cluster("a100-80g", 1024)
+    assert gpu.time_share == 1.0 and gpu.with_gpus(8).device == gpu.device
