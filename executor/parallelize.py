@@ -11,7 +11,8 @@ The dispatcher ``parallelize`` composes them in this order (torchtitan's
                   so recomputation runs while the unit's parameters are gathered;
 3. data parallelism by ZeRO stage, over ``dp_cp`` (the data-parallel and context-parallel ranks
                   hold the same parameters): ``apply_fsdp`` (ZeRO-3: ``fully_shard`` resharding
-                  after forward; ZeRO-2: keeping the gathered parameters until backward),
+                  after forward; ZeRO-2: keeping the gathered parameters until backward; with
+                  optimizer offload, FSDP2's ``CPUOffloadPolicy``),
                   ``apply_replicate`` (ZeRO-0 with TP or a pipeline: torch's FSDP2-based
                   replicate, the DDP that composes with DTensor and with every schedule);
 4. ``materialize`` the meta parameters shard by shard (each rank allocates and fills
@@ -29,7 +30,7 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
                                                RowwiseParallel, SequenceParallel, parallelize_module)
@@ -107,12 +108,13 @@ def apply_ac(model: Transformer, recompute_per_layer: dict[str, str]) -> None:
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, units: Iterable[nn.Module], reshard_after_forward: bool,
-               mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy()) -> None:
+               mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy(),
+               offload_policy: OffloadPolicy = OffloadPolicy()) -> None:
     """FSDP2 (ZeRO-2/3): one unit per module of ``units`` (the blocks), the root unit holds the rest
     (embedding, final norm and head)."""
-    for unit in units:
-        fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
+    for unit in [*units, model]:
+        fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy,
+                    offload_policy=offload_policy)
 
 
 def apply_replicate(model: nn.Module, dp_mesh: DeviceMesh, *, units: Iterable[nn.Module],
@@ -137,6 +139,17 @@ def mixed_precision(precision: str, device_type: str) -> MixedPrecisionPolicy:
         return MixedPrecisionPolicy()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+
+
+def offload_policy(offload: str, device_type: str) -> OffloadPolicy:
+    """FSDP2's offload policy for plan.json's ``offload``. ``CPUOffloadPolicy`` (ZeRO-Offload, Ren et al.
+    2021) keeps each rank's sharded parameters, their gradients and so the optimizer step and its states
+    in host memory, copying the shards to the device before each all-gather and the reduced gradients
+    back (torch/distributed/fsdp/_fully_shard/_fsdp_api.py); planner/runtimes.py's torch layout says so.
+    Pinned host memory where there is a GPU to copy to: pinning needs an accelerator."""
+    if offload != "optimizer":
+        return OffloadPolicy()
+    return CPUOffloadPolicy(pin_memory=device_type == "cuda")
 
 
 def uses_fsdp(plan: RunPlan, dims: ParallelDims) -> bool:
@@ -172,7 +185,7 @@ def shard_model(model: Transformer, plan: RunPlan, dims: ParallelDims, mesh: Dev
     fsdp_managed = uses_fsdp(plan, dims)
     if c.zero >= 2:
         apply_fsdp(model, dp_cp_mesh, units=model.layers.values(), reshard_after_forward=c.zero == 3,
-                   mp_policy=mp_policy)
+                   mp_policy=mp_policy, offload_policy=offload_policy(c.offload, device_type))
     elif fsdp_managed:
         apply_replicate(model, dp_cp_mesh, units=model.layers.values(), mp_policy=mp_policy)
     return fsdp_managed

@@ -101,10 +101,12 @@ class Runtime:
 
 
 # meshplan's executor (executor/). What it cannot run yet is left out, so no plan asks for it.
+# Optimizer offload: ZeRO-1's sharded AdamW with its states in host memory (executor/zero1.py),
+# FSDP2's CPUOffloadPolicy at ZeRO-2/3 (executor/parallelize.py offload_policy)
 _TORCH_RUNS = Combinations(
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1, 2, 3), zero_stages_with_tp=(0, 1, 2, 3),
     schedules=ALL_SCHEDULES, recomputes=ALL_RECOMPUTES, sequence_parallel=True,
-    context_parallel=True, offload_zero_stages=(), replicates_kv_heads=False, stages_without_blocks=True)
+    context_parallel=True, offload_zero_stages=(1, 2, 3), replicates_kv_heads=False, stages_without_blocks=True)
 
 TORCH = Runtime(
     name="torch",
