@@ -13,7 +13,9 @@ by the module paths the tracer gave its layers (``planner.trace``):
                        torch's selective checkpointing, executor/selective.py);
 4. ``apply_dp``        by ZeRO stage: FSDP2 per layer and at the root (ZeRO-2/3), FSDP2's
                        ``replicate`` (ZeRO-0 with TP or a pipeline), DDP (ZeRO-0 otherwise),
-                       nothing for ZeRO-1 (its optimizer reduces: executor/zero1.py).
+                       nothing for ZeRO-1 (its optimizer reduces: executor/zero1.py); FSDP2's
+                       units take the plan's mixed precision, the others autocast
+                       (executor/auto.py).
 
 The order is executor/parallelize.py's, for the same reasons.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from planner.errors import UserError
 
@@ -135,19 +138,20 @@ def apply_ac(part: nn.Module, recompute_per_layer: dict[str, str]) -> list[str]:
     return notes
 
 
-def apply_dp(part: nn.Module, *, zero: int, units: list[str], mesh: DeviceMesh, dp: int,
-             replicate_ddp: bool) -> tuple[nn.Module, bool]:
+def apply_dp(part: nn.Module, *, zero: int, units: list[str], mesh: DeviceMesh, dp: int, replicate_ddp: bool,
+             mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy()) -> tuple[nn.Module, bool]:
     """Data parallelism by ZeRO stage (Rajbhandari et al. 2020). Returns (the module to train, whether
-    FSDP2 manages its gradients). ``replicate_ddp``: ZeRO-0/1 where DDP cannot go (DTensor parameters,
-    pipelines), as executor/parallelize.py's ``uses_fsdp``. The layers ``units`` names that this part
-    holds become the FSDP / replicate units, as the blocks do in executor/parallelize.py."""
+    FSDP2 manages its gradients and, with ``mp_policy``, its mixed precision). ``replicate_ddp``: ZeRO-0/1
+    where DDP cannot go (DTensor parameters, pipelines), as executor/parallelize.py's ``uses_fsdp``. The
+    layers ``units`` names that this part holds become the FSDP / replicate units, as the blocks do in
+    executor/parallelize.py."""
     modules = dict(part.named_modules())
     mine = [modules[u] for u in units if u in modules and u]
     if zero >= 2 and dp > 1:
-        apply_fsdp(part, mesh["dp_shard"], units=mine, reshard_after_forward=zero == 3)
+        apply_fsdp(part, mesh["dp_shard"], units=mine, reshard_after_forward=zero == 3, mp_policy=mp_policy)
         return part, True
     if dp > 1 and replicate_ddp:
-        apply_replicate(part, mesh["dp_replicate"], units=mine)
+        apply_replicate(part, mesh["dp_replicate"], units=mine, mp_policy=mp_policy)
         return part, True
     if dp > 1 and zero == 0:      # ZeRO-1: no wrapper, its optimizer reduces (executor/zero1.py)
         return apply_ddp(part, mesh["dp_replicate"]), False

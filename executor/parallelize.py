@@ -165,9 +165,15 @@ def uses_fsdp(plan: RunPlan, dims: ParallelDims) -> bool:
 def autocast_dtype(plan: RunPlan, dims: ParallelDims, device: torch.device) -> torch.dtype | None:
     """The autocast dtype where mixed precision is not FSDP's (DDP keeps fp32 parameters and
     autocasts, as the cost model's torch layout says); None on CPU or in fp32."""
-    if device.type == "cpu" or plan.workload.precision == "fp32" or uses_fsdp(plan, dims):
+    return autocast_for(plan.workload.precision, device.type, fsdp_managed=uses_fsdp(plan, dims))
+
+
+def autocast_for(precision: str, device_type: str, *, fsdp_managed: bool) -> torch.dtype | None:
+    """``autocast_dtype`` from its parts: the 16-bit dtype where the device has mixed precision and
+    FSDP2 does not manage the parameters (its MixedPrecisionPolicy casts them: ``mixed_precision``)."""
+    if device_type == "cpu" or precision == "fp32" or fsdp_managed:
         return None
-    return torch.bfloat16 if plan.workload.precision == "bf16" else torch.float16
+    return torch.bfloat16 if precision == "bf16" else torch.float16
 
 
 def shard_model(model: Transformer, plan: RunPlan, dims: ParallelDims, mesh: DeviceMesh, dp_cp_mesh: DeviceMesh,
