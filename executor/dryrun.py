@@ -228,7 +228,8 @@ def format_dry_run(plan: RunPlan, reports: list[RankReport], seconds: float) -> 
              f"{'rank':>6} {'stage':>5} {'dp_cp':>5} {'tp':>3}  {'category':<10} {'predicted B':>16} {'built B':>16} "
              f"{'error':>7}"]
     for r in reports:
-        for key, got in (("params", r.params_bytes), ("grads", r.grads_bytes), ("optimizer", r.optimizer_bytes)):
+        rows = [("params", r.params_bytes), ("grads", r.grads_bytes), ("optimizer", r.optimizer_bytes)]
+        for key, got in rows + ([("(host)", r.host_bytes)] if r.host_bytes else []):     # offloaded states
             want = r.predicted.get(key)
             error = f"{100 * (got / want - 1):+6.1f}%" if want else "     -"
             lines.append(f"{r.rank:>6} {r.pp_rank:>5} {r.coordinates['dp_cp']:>5} {r.coordinates['tp']:>3}  "
