@@ -125,3 +125,26 @@ def test_processes_beyond_the_cores_time_share_them():
     assert eight.with_gpus(2).device.peak("fp32") == two.device.peak("fp32")      # back to alone
     gpu = load_cluster("a100-80g", 1024)
     assert gpu.time_share == 1.0 and gpu.with_gpus(8).device == gpu.device
+
+
+def test_torch_offload_copies_every_microbatch_under_fsdp_and_once_under_zero1():
+    """Offloaded, the torch runtime copies per local parameter: FSDP2 (ZeRO-3) the fp32 shard up
+    before the forward and the backward all-gathers and the fp32 gradient shard down, 4 + 4 + 4 bytes
+    every micro-batch; ZeRO-1's sharded AdamW gradient rows down, parameter rows down and up, 12 bytes
+    once a step (planner/runtimes.py). Doubling the micro-batches adds 8 x 12 bytes per local
+    parameter under ZeRO-3 and nothing under ZeRO-1, beyond what it adds without offload."""
+    from planner.cost.step import CostCache, optimizer_time_s
+    from planner.network import host_transfer_s
+    params = 1e9
+    work = replace(WORK, framework="torch", precision="fp32")
+    extra = {}
+    for zero in (1, 3):
+        seconds = {}
+        for offload in ("none", "optimizer"):
+            for m in (8, 16):
+                c = ParallelConfig(dp=8, tp=1, pp=1, zero=zero, micro_batch=1, num_microbatches=m, offload=offload)
+                cache = CostCache(GRAPH, CLUSTER, replace(work, global_batch=8 * m))
+                seconds[offload, m] = optimizer_time_s(cache, c, params)
+        extra[zero] = (seconds["optimizer", 16] - seconds["optimizer", 8]) - (seconds["none", 16] - seconds["none", 8])
+    assert extra[3] == pytest.approx(host_transfer_s(CLUSTER, params / 8 * 12 * 8))
+    assert extra[1] == pytest.approx(0.0, abs=1e-12)

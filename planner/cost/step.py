@@ -81,7 +81,7 @@ class Estimate:
     memory_per_stage: tuple[Memory, ...]
     time: StepTime
     capacity_bytes: float
-    host_bytes_per_node: float     # offloaded optimizer states per node
+    host_bytes_per_node: float     # offloaded model states per node
     host_capacity_bytes: float
     fits: bool
 
@@ -482,11 +482,16 @@ def optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float) ->
     casts_s = eager_s({c: params * b for c, b in per_param.items()}, 0, dev)
     if config.offload == "none":
         return casts_s + local * ADAM_BYTES_PER_PARAM / (dev.hbm_bytes_per_s * dev.hbm_efficiency)
-    # ZeRO-Offload (Ren et al. 2021): gradients down, Adam on the CPU, parameters up.
+    # ZeRO-Offload (Ren et al. 2021): gradients down, Adam on the CPU, parameters up, as the
+    # runtime copies them (planner/runtimes.py Timing.offload_*_copy_bytes).
     # All GPUs of a node share the host's DRAM bandwidth.
     per_node = min(cluster.gpus_per_node, cluster.num_gpus)
     cpu_s = per_node * local * ADAM_BYTES_PER_PARAM / (cluster.host_dram.effective_bytes_per_s)
-    return casts_s + cpu_s + network.host_transfer_s(cluster, local * (4.0 + DTYPE_BYTES[w.precision]))
+    timing = RUNTIMES[w.framework].timing
+    once = timing.offload_step_copy_bytes
+    copies = ((4.0 + DTYPE_BYTES[w.precision]) if once is None else once[config.zero]) \
+        + config.num_microbatches * timing.offload_microbatch_copy_bytes[config.zero]
+    return casts_s + cpu_s + network.host_transfer_s(cluster, local * copies)
 
 
 def _optimizer_s(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[float, float]:
@@ -497,7 +502,7 @@ def _optimizer_s(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tu
     w, cluster = cache.workload, cache.cluster
     states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
                                    shard=config.dp * config.cp, offload="optimizer")
-    return seconds, min(cluster.gpus_per_node, cluster.num_gpus) * rank.params * states.host_optimizer
+    return seconds, min(cluster.gpus_per_node, cluster.num_gpus) * rank.params * states.host
 
 
 def tied_embedding_sync_s(cache: CostCache, config: ParallelConfig) -> float:

@@ -207,14 +207,14 @@ def uniform_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout
                 continue
             if isinstance(cand, _Unfit):
                 stats.checked += 1
-                if stats.least_unfit is None or cand.memory < stats.least_unfit.memory:
+                if stats.least_unfit is None or cand.need < stats.least_unfit.need:
                     stats.least_unfit = cand
             elif cand.estimate.fits:
                 stats.evaluated += 1
                 top.add(cand)
             else:
                 stats.evaluated += 1
-                if stats.least is None or cand.estimate.memory.total < stats.least.estimate.memory.total:
+                if stats.least is None or _need(cand) < _need(stats.least):
                     stats.least = cand
     return stats
 
@@ -222,15 +222,22 @@ def uniform_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout
 def least_memory_candidate(space: Space, cache: CostCache, stats: _Stats) -> Candidate | None:
     """When nothing fits: the candidate that needs the least memory, for the error message."""
     least = stats.least
-    if stats.least_unfit is not None and (least is None or stats.least_unfit.memory < least.estimate.memory.total):
+    if stats.least_unfit is not None and (least is None or stats.least_unfit.need < _need(least)):
         least = Candidate(config=stats.least_unfit.config,
                           estimate=estimate(space.graph, cache.cluster, space.w, stats.least_unfit.config, cache))
     for layout in stats.infeasible_layouts:
         for cand in _frugal_candidates(space, cache, layout):
             stats.evaluated += 1
-            if least is None or cand.estimate.memory.total < least.estimate.memory.total:
+            if least is None or _need(cand) < _need(least):
                 least = cand
     return least
+
+
+def _need(cand: Candidate) -> tuple[bool, float]:
+    """How the no-fit message ranks candidates: those whose offloaded states fit in host memory
+    first (offload can empty the device of model states, but not the host), then by device memory."""
+    e = cand.estimate
+    return e.host_bytes_per_node > e.host_capacity_bytes, e.memory.total
 
 
 def layout_order(space: Space, cache: CostCache) -> tuple[list[Layout], LayoutBounds]:
@@ -394,7 +401,7 @@ def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bo
                             continue
                         device, host = peak_memory(cache, config)
                         if device > capacity or host > host_capacity:
-                            yield _Unfit(config=config, memory=device)
+                            yield _Unfit(config=config, memory=device, host_fits=host <= host_capacity)
                             continue
                         done.append((o, r))
                     yield Candidate(config=config, estimate=estimate(space.graph, cache.cluster, space.w, config,
@@ -411,6 +418,11 @@ class _Unfit:
 
     config: ParallelConfig
     memory: float
+    host_fits: bool = True
+
+    @property
+    def need(self) -> tuple[bool, float]:       # as ``_need``
+        return not self.host_fits, self.memory
 
 
 def _frugal_candidates(space: Space, cache: CostCache, layout: Layout):

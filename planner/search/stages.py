@@ -70,7 +70,7 @@ class Option:
     zero: int
     offload: str
     state_bytes: float            # params + grads + optimizer bytes per parameter on the GPU
-    host_bytes: float             # optimizer bytes per parameter in host memory
+    host_bytes: float             # bytes per parameter in host memory (offload)
     other_bytes: float            # runtime reserve and communication buffers
     optimizer_s_per_param: float  # optimizer step seconds per parameter of the rank
 
@@ -152,7 +152,7 @@ class GroupProblem:
         resident = resident_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
                                             shard=lay.dp * lay.cp, offload=offload, tp=lay.tp, pp=lay.pp)
         config = replace(self.base, zero=zero, offload=offload)
-        return Option(zero=zero, offload=offload, state_bytes=resident, host_bytes=states.host_optimizer,
+        return Option(zero=zero, offload=offload, state_bytes=resident, host_bytes=states.host,
                       other_bytes=_other_bytes(cache, config),
                       optimizer_s_per_param=optimizer_time_s(cache, config, 1.0))
 
