@@ -168,6 +168,7 @@ class CostCache:
         self._totals: dict[Context, tuple[float, float, float, float]] = {}
         self._contexts: dict[tuple, Context] = {}
         self._rank_sums: dict[tuple, tuple] = {}
+        self._optimizer_rates: dict[tuple, float] = {}
 
     def context(self, config: ParallelConfig) -> Context:
         key = (config.micro_batch, config.tp, config.cp, config.sequence_parallel, config.dp, config.pp)
@@ -472,7 +473,19 @@ def _dp_comm_uncached(cache: CostCache, config: ParallelConfig, rank: RankCost) 
 def optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float) -> float:
     """Seconds of the optimizer step over ``params`` parameters of one rank (its ZeRO share), and of
     the step's parameter-sized casts and gradient accumulation under torch eager mixed precision
-    (planner.cost.eager.step_param_bytes; zero for the fused runtimes)."""
+    (planner.cost.eager.step_param_bytes; zero for the fused runtimes). Every term is bytes per
+    parameter over a bandwidth: linear in ``params``, one rate per configuration (memoised on what
+    it depends on)."""
+    if params <= 0:
+        return 0.0
+    key = (config.dp * config.cp, config.tp > 1, config.pp > 1, config.num_microbatches, config.zero, config.offload)
+    rate = cache._optimizer_rates.get(key)
+    if rate is None:
+        rate = cache._optimizer_rates[key] = _optimizer_time_s(cache, config, 1.0)
+    return params * rate
+
+
+def _optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float) -> float:
     cluster, w = cache.cluster, cache.workload
     local = params / (config.dp * config.cp if config.zero >= 1 else 1)
     dev = cluster.device
@@ -496,13 +509,17 @@ def optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float) ->
 
 def _optimizer_s(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[float, float]:
     """(seconds, host bytes per node) of the optimizer step of one rank."""
-    seconds = optimizer_time_s(cache, config, rank.params)
+    return optimizer_time_s(cache, config, rank.params), _host_bytes(cache, config, rank)
+
+
+def _host_bytes(cache: CostCache, config: ParallelConfig, rank: RankCost) -> float:
+    """Bytes the node's host memory holds for this rank's offloaded states, times the node's ranks."""
     if config.offload == "none":
-        return seconds, 0.0
+        return 0.0
     w, cluster = cache.workload, cache.cluster
     states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
                                    shard=config.dp * config.cp, offload="optimizer")
-    return seconds, min(cluster.gpus_per_node, cluster.num_gpus) * rank.params * states.host
+    return min(cluster.gpus_per_node, cluster.num_gpus) * rank.params * states.host
 
 
 def tied_embedding_sync_s(cache: CostCache, config: ParallelConfig) -> float:
@@ -589,7 +606,7 @@ def peak_memory(cache: CostCache, config: ParallelConfig) -> tuple[float, float]
             rank.params * per_param + rank.peak_extra_bytes + rank.act_bytes * inflight_microbatches(
                 config.schedule, rank=r, pp=config.pp, vpp=config.vpp, num_microbatches=config.num_microbatches)
             for r, rank in enumerate(ranks))
-    host = max(_optimizer_s(cache, config, rank)[1] for rank in ranks) if config.offload != "none" else 0.0
+    host = max(_host_bytes(cache, config, rank) for rank in ranks) if config.offload != "none" else 0.0
     return device, host
 
 

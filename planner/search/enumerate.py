@@ -282,17 +282,19 @@ def optimizer_floor(space: Space, layout: Layout, cache: CostCache, base: Parall
 
 
 def least_optimizer_rate(space: Space, layout: Layout, cache: CostCache, base: ParallelConfig,
-                         schedule: str | None = None, zero: int | None = None) -> float:
+                         schedule: str | None = None, zero: int | None = None, offload: str | None = None) -> float:
     """Seconds per parameter of the fastest optimizer step over the layout's ZeRO/offload choices (of
-    ZeRO stage ``zero`` only, when given): ``optimizer_time_s`` is linear in the parameters (every
-    term is bytes per parameter over a bandwidth), so one rate per choice, memoised on the cache."""
-    key = (base.dp, base.cp, base.tp, base.pp, base.num_microbatches, schedule, zero)
+    ZeRO stage ``zero`` and offload ``offload`` only, when given): ``optimizer_time_s`` is linear in
+    the parameters (every term is bytes per parameter over a bandwidth), so one rate per choice,
+    memoised on the cache."""
+    key = (base.dp, base.cp, base.tp, base.pp, base.num_microbatches, schedule if zero is None else None, zero,
+           offload)
     memo = cache.__dict__.setdefault("_least_optimizer_rate", {})
     out = memo.get(key)
     if out is None:
         zeros = space.zeros(layout, schedule) if zero is None else [zero]
         out = memo[key] = min((optimizer_time_s(cache, replace(base, zero=z, offload=o), 1.0)
-                               for z in zeros for o in space.offloads(z)), default=0.0)
+                               for z in zeros for o in space.offloads(z) if offload in (None, o)), default=0.0)
     return out
 
 
@@ -392,18 +394,20 @@ def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bo
                                 space, cache, layout, base, config.recompute) <= capacity
                         if not may_fit[config.recompute]:
                             continue
-                        # its pipeline and the least optimizer step of its ZeRO stage: too slow, and so
-                        # is every choice with more offload or recompute
-                        params = max(rank.params for rank in rank_costs(cache, config))
-                        least_opt = params * least_optimizer_rate(space, layout, cache, config, schedule, zero)
-                        if rank_pipeline_s(cache, config) + least_opt >= top.threshold:
-                            done.append((o, r))
-                            continue
+                        # memory first (most candidates that get this far do not fit), then its
+                        # pipeline and its optimizer step on its most loaded rank: too slow, and so is
+                        # every choice with more recompute (a longer pipeline) or offload (a slower
+                        # optimizer step, as this search assumes throughout)
                         device, host = peak_memory(cache, config)
                         if device > capacity or host > host_capacity:
                             yield _Unfit(config=config, memory=device, host_fits=host <= host_capacity)
                             continue
                         done.append((o, r))
+                        params = max(rank.params for rank in rank_costs(cache, config))
+                        least_opt = params * least_optimizer_rate(space, layout, cache, config, schedule, zero,
+                                                                  config.offload)
+                        if rank_pipeline_s(cache, config) + least_opt >= top.threshold:
+                            continue
                     yield Candidate(config=config, estimate=estimate(space.graph, cache.cluster, space.w, config,
                                                                      cache))
 
