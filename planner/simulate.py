@@ -295,21 +295,30 @@ def _run_pass(work: StepWork, st: _Rank, op: tuple[str, int, int], ready_s: floa
     st.compute_free = t
 
 
-def _send(work: StepWork, st: _Rank, op: tuple[str, int, int], arrivals: dict) -> None:
-    """Pass the pass's output to the next virtual stage (forward) or the previous (backward)."""
+def _send_target(work: StepWork, rank: int, op: tuple[str, int, int]) -> tuple | None:
+    """(stream, arrival key) of a pass's output: the next virtual stage (forward) or the previous
+    (backward); None at the ends."""
     kind, mb, chunk = op
-    p, stages = work.pp, work.pp * work.vpp
-    stage = chunk * p + st.rank
+    stage = chunk * work.pp + rank
     target = stage + 1 if kind == "F" else stage - 1
-    if not 0 <= target < stages:
+    if not 0 <= target < work.pp * work.vpp:
+        return None
+    return SEND_NEXT if kind == "F" else SEND_PREV, (kind, mb, target)
+
+
+def _send(work: StepWork, st: _Rank, op: tuple[str, int, int], target: tuple | None, arrivals: dict) -> None:
+    """Pass the pass's output on (``target``: ``_send_target``)."""
+    if target is None:
         return
-    stream = SEND_NEXT if kind == "F" else SEND_PREV
-    start = max(st.compute_free, st.send_free[stream])
+    stream, key = target
+    _, mb, chunk = op
+    free = st.send_free[stream]
+    start = st.compute_free if st.compute_free > free else free
     end = start + work.hop_s
     st.send_free[stream] = end
     if work.hop_s > 0 and st.events is not None:
         st.record(stream=stream, kind="send", start_s=start, end_s=end, microbatch=mb, chunk=chunk)
-    arrivals[(kind, mb, target)] = end
+    arrivals[key] = end
     if work.blocking_sends:
         st.block_until = end
 
@@ -349,10 +358,11 @@ def simulate_work(work: StepWork, *, record: bool = True) -> Timeline:
             for chunk in (0, 1):
                 _param_sync(work, st, chunk, 0.0)
     needs = [[_needs(work, r, op) for op in prog] for r, prog in enumerate(programs)]
+    targets = [[_send_target(work, r, op) for op in prog] for r, prog in enumerate(programs)]
     while remaining:
         progressed = False
         for r in range(p):
-            st, prog, need_of = ranks[r], programs[r], needs[r]
+            st, prog, need_of, target_of = ranks[r], programs[r], needs[r], targets[r]
             while position[r] < len(prog):
                 op = prog[position[r]]
                 need = need_of[position[r]]
@@ -362,7 +372,7 @@ def simulate_work(work: StepWork, *, record: bool = True) -> Timeline:
                     _sync_ahead(work, st, forwards[r], arrivals[need] if need is not None else 0.0)
                     forwards[r] += 1
                 _run_pass(work, st, op, arrivals[need] if need is not None else 0.0)
-                _send(work, st, op, arrivals)
+                _send(work, st, op, target_of[position[r]], arrivals)
                 position[r] += 1
                 remaining -= 1
                 progressed = True
