@@ -28,8 +28,8 @@ from ..cluster import Cluster
 from ..config import ParallelConfig, Workload
 from ..cost.step import CostCache, estimate, peak_memory
 from ..layers import LayerGraph
-from .enumerate import (RECOMPUTE_ORDER, Candidate, LayoutBounds, SearchResult, _TopK, _sort_key, layout_order,
-                        least_memory_candidate, optimizer_floor, uniform_phase)
+from .enumerate import (OPTIMALITY_GAP, RECOMPUTE_ORDER, Candidate, LayoutBounds, SearchResult, _TopK, _sort_key,
+                        layout_order, least_memory_candidate, optimizer_floor, uniform_phase)
 from .space import Knobs, Layout, Space
 from .stages import GroupProblem, graph_shape, option_lower_bounds
 
@@ -43,7 +43,7 @@ def default_solver() -> str:
     import importlib.util
     return "highs" if importlib.util.find_spec("highspy") is not None else "cbc"
 
-OPTIMALITY_GAP = 1e-3     # a group is skipped when its bound is within 0.1% of the winner
+# a group is skipped when its bound is within OPTIMALITY_GAP (0.1%) of the winner (enumerate.py)
 
 
 @dataclass

@@ -64,9 +64,36 @@ def layout_key(config: ParallelConfig) -> tuple[int, int, int, int]:
     return (config.dp, config.tp, config.pp, config.cp)
 
 
+OPTIMALITY_GAP = 1e-3     # the search's answer is the cost model's optimum to within this fraction
+
+
+def _complexity(c: Candidate) -> tuple[int, float]:
+    """What a plan asks of its runtime beyond the plain one: optimizer offload, then the share of
+    its layers it recomputes."""
+    cfg = c.config
+    if cfg.recompute_layers is not None:
+        share = sum(p != "none" for p in cfg.recompute_layers) / max(1, len(cfg.recompute_layers))
+    else:
+        share = 0.0 if cfg.recompute == "none" else 1.0
+    return OFFLOAD_ORDER[cfg.offload], share
+
+
+def _better(new: Candidate, old: Candidate) -> bool:
+    """Whether ``new`` should replace ``old`` (the same layout): faster, unless ``old`` is simpler and
+    within the optimality gap of it; or simpler and within the gap of ``old``."""
+    t_new, t_old = new.estimate.step_time_s, old.estimate.step_time_s
+    if _complexity(new) < _complexity(old) and t_new <= t_old * (1 + OPTIMALITY_GAP):
+        return True
+    if _complexity(new) > _complexity(old) and t_new >= t_old * (1 - OPTIMALITY_GAP):
+        return False
+    return _sort_key(new) < _sort_key(old)
+
+
 class _TopK:
     """The best candidate of each distinct parallel layout (dp, tp, pp, cp), the k fastest
-    layouts kept: the runners-up are other ways to split the job, not near-copies."""
+    layouts kept: the runners-up are other ways to split the job, not near-copies. Within a
+    layout, a plan with more offload or recompute must be faster by more than the optimality gap
+    to displace a simpler one (a 0.02% gain is not worth moving the optimizer to the host)."""
 
     def __init__(self, k: int):
         self.k, self.items = k, []
@@ -74,7 +101,7 @@ class _TopK:
     def add(self, c: Candidate) -> None:
         key = layout_key(c.config)
         same = [x for x in self.items if layout_key(x.config) == key]
-        if same and _sort_key(same[0]) <= _sort_key(c):
+        if same and not _better(c, same[0]):
             return
         self.items = [x for x in self.items if layout_key(x.config) != key] + [c]
         self.items.sort(key=_sort_key)
