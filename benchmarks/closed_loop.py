@@ -56,12 +56,16 @@ GRID = {   # name -> `meshplan plan` knobs (None: the planner's own choice, noth
 }
 
 
+class Failed(Exception):
+    """A `meshplan` command that exited non-zero (its stderr)."""
+
+
 def meshplan(*args: str, cwd: Path) -> str:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-m", "planner.cli", *args], cwd=cwd, env=env, capture_output=True,
                           text=True)
     if done.returncode:
-        raise SystemExit(f"meshplan {' '.join(args)}: {done.stderr.strip()}")
+        raise Failed(f"meshplan {' '.join(args)}: {done.stderr.strip()}")
     return done.stdout
 
 
@@ -101,7 +105,7 @@ def main() -> int:
     meshplan("profile", "--device", "cpu", "--nproc", "2", *(["--quick"] if args.quick else []),
              "--out", str(profile), cwd=tmp)
     print(f"profiled this machine in {time.perf_counter() - t0:.0f} s: {profile}")
-    rows = []
+    rows, failures = [], []
     print(f"{'plan':<18} {'predicted s':>11} {'measured s':>10} {'error':>7}   {'pred MiB':>8} {'meas MiB':>8} "
           f"{'error':>7}  config")
     for name, knobs in GRID.items():
@@ -111,8 +115,13 @@ def main() -> int:
         meshplan("plan", "--model", "llama-mid.json", "--cluster", str(profile), "--gpus", "2", *BATCH,
                  *(knobs or []), "--out", str(plan), cwd=tmp)
         doc = json.loads(plan.read_text())
-        meshplan("run", "--plan", str(plan), "--model", "llama-mid.json", "--steps", str(args.steps),
-                 "--out", str(tmp / "measured.json"), cwd=tmp)
+        try:
+            meshplan("run", "--plan", str(plan), "--model", "llama-mid.json", "--steps", str(args.steps),
+                     "--out", str(tmp / "measured.json"), cwd=tmp)
+        except Failed as e:        # reported and counted, not retried: a failing run is a result too
+            failures.append({"name": name, "error": str(e).splitlines()[-1]})
+            print(f"{name:<18} FAILED: {str(e).splitlines()[-1]}", flush=True)
+            continue
         out = json.loads((tmp / "measured.json").read_text())
         times = out["step_times_s"][2:] or out["step_times_s"]
         measured_s = statistics.median(times)
@@ -145,10 +154,13 @@ def main() -> int:
             print(f"planner's choice {mine['measured_step_s']:.3f} s against the measured fastest "
                   f"({fastest['name']}) {fastest['measured_step_s']:.3f} s: "
                   f"{100 * (mine['measured_step_s'] / fastest['measured_step_s'] - 1):+.1f}%")
+    if failures:
+        print(f"{len(failures)} run(s) failed: " + "; ".join(f["name"] for f in failures))
     if args.out:
         args.out.write_text(json.dumps({"measured_by": "python benchmarks/closed_loop.py --out "
                                         "benchmarks/results/closed_loop.json", "processes": 2,
-                                        "model": MODEL, "steps": args.steps, "rows": rows}, indent=1) + "\n")
+                                        "load_average": os.getloadavg()[0], "model": MODEL, "steps": args.steps,
+                                        "rows": rows, "failures": failures}, indent=1) + "\n")
     return 0
 
 
