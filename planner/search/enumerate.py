@@ -132,7 +132,7 @@ class LayoutBounds:
     def __init__(self, space: Space, cache: CostCache, layouts: list[Layout]):
         self.space, self.cache = space, cache
         self._memory: dict[Layout, float] = {}
-        self._order = {lay: self._time_bound(lay, floor=True, optimizer=False) for lay in layouts}
+        self._order = {lay: self._order_bound(lay) for lay in layouts}
         self._floor: dict[Layout, float] = {}
         self._time: dict[Layout, float] = {}
 
@@ -154,6 +154,27 @@ class LayoutBounds:
         if layout not in self._time:
             self._time[layout] = self._time_bound(layout, floor=False)
         return self._time[layout]
+
+    def _order_bound(self, layout: Layout) -> float:
+        """``_time_bound(layout, floor=True, optimizer=False)`` for every layout at once: the linear
+        floor of one micro-batch depends on (tp, pp, cp, dp) only, the schedule's largest virtual
+        stage count on pp and whether the micro-batches divide it (memoised on those)."""
+        space, pp = self.space, layout.pp
+        m = layout.num_microbatches(space.w.global_batch)
+        memo = self.__dict__.setdefault("_order_memo", {})
+        key = (layout.tp, pp, layout.cp, layout.dp)
+        work = memo.get(key)
+        if work is None:
+            work = memo[key] = min(
+                self.cache.totals(self.cache.context(ParallelConfig(
+                    dp=layout.dp, tp=layout.tp, pp=pp, cp=layout.cp, micro_batch=1, num_microbatches=m,
+                    sequence_parallel=sp)))[3] for sp in space.sequence_parallel(layout)) / pp
+        vkey = ("vmax", pp, m % pp == 0)
+        vmax = memo.get(vkey)
+        if vmax is None:
+            vmax = memo[vkey] = max([v for _, v in space.schedules(layout)] or [1])
+        work *= layout.micro_batch
+        return (m + (pp - 1) / vmax) * work if pp > 1 else m * work
 
     def _time_bound(self, layout: Layout, *, floor: bool, optimizer: bool = True) -> float:
         space, cache = self.space, self.cache
