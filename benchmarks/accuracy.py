@@ -76,7 +76,8 @@ def evidence(results: Path = RESULTS) -> list[dict]:
 def to_toml(entries: list[dict]) -> str:
     lines = ["# The validation behind the error band each plan prints (planner/accuracy.py): the",
              "# relative error of the cost model against runs, per body of evidence. Written by",
-             "# `python benchmarks/accuracy.py --write` from benchmarks/results/ (do not edit).", ""]
+             "# `python benchmarks/accuracy.py --write` from benchmarks/results/ (do not edit).",
+             'source = "measured: the committed results in benchmarks/results/, each entry\'s command"', ""]
     for e in entries:
         lines.append("[[evidence]]")
         for key in ("name", "device_kind", "what", "command"):
