@@ -35,13 +35,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.cli import main as cli_main  # noqa: E402
-from planner.cluster import load_cluster  # noqa: E402
-from planner.config import Workload  # noqa: E402
-from planner.layers import build_layer_graph  # noqa: E402
+from planner.cli import build_parser, main as cli_main  # noqa: E402
+from planner.commands import _knobs, load_inputs  # noqa: E402
 from planner.model import ModelSpec  # noqa: E402
 from planner.search import search  # noqa: E402
-from planner.search.space import Knobs  # noqa: E402
 
 DEFAULT_CASES = Path(__file__).resolve().parents[2] / "shared" / "validation" / "public_cases.json"
 
@@ -88,21 +85,6 @@ def case_flags(case: dict) -> list[str]:
             "--zero", "1"]
 
 
-def case_setup(case: dict) -> tuple[str, Workload, Knobs]:
-    cfg, m = case["config"], case["model"]
-    if case["id"].startswith("NAR21"):
-        workload = Workload(global_batch=cfg["global_batch"], seq_len=m["seq_len"], precision="fp16",
-                            framework="megatron", attention="unfused", overlap_grad_reduce=False)
-        knobs = Knobs(tp=cfg["tp"], pp=cfg["pp"], dp=cfg["dp"], cp=1, zero=0, recompute="full",
-                      sequence_parallel=False if cfg["tp"] > 1 else None,
-                      schedule="interleaved-1f1b" if cfg["pp"] > 1 else None)
-        return "a100-80g", workload, knobs
-    workload = Workload(global_batch=cfg["global_batch"], seq_len=m["seq_len"], precision="bf16",
-                        framework="megatron", attention="flash", overlap_grad_reduce=True, tp_comm_overlap=True)
-    knobs = Knobs(tp=cfg["tp"], pp=cfg["pp"], dp=cfg["dp"], cp=1, zero=1)
-    return "h100-80g", workload, knobs
-
-
 def published_convention_tflops(case: dict, step_s: float) -> float:
     m, cfg = case["model"], case["config"]
     B, s, l, h, V = cfg["global_batch"], m["seq_len"], m["layers"], m["hidden"], m["vocab"]
@@ -143,14 +125,18 @@ def run_case(case: dict, workdir: Path) -> dict:
 
 
 def case_inputs(case: dict, profile_override: dict | None = None):
-    """What the planner searches a case with: (layer graph, cluster, workload, fixed knobs);
-    ``profile_override`` replaces fields of the cluster's device."""
-    cluster_name, workload, knobs = case_setup(case)
-    cluster = load_cluster(cluster_name, case["hardware"]["num_gpus"])
+    """What `meshplan plan` searches a case with, read by the CLI's own parser from the case's flags
+    (``case_flags``): (layer graph, cluster, workload, fixed knobs); ``profile_override`` replaces
+    fields of the cluster's device."""
+    with tempfile.TemporaryDirectory(prefix="meshplan-fidelity-") as tmp:
+        config = Path(tmp) / f"{case['id']}.json"
+        config.write_text(json.dumps(case_config_json(case)))
+        args = build_parser().parse_args(["plan", "--model", str(config), *case_flags(case)])
+        _, graph, cluster, workload = load_inputs(args)
     if profile_override:
         from dataclasses import replace
         cluster = replace(cluster, device=replace(cluster.device, **profile_override))
-    return build_layer_graph(case_model(case)), cluster, workload, knobs
+    return graph, cluster, workload, _knobs(args)
 
 
 def run_case_api(case: dict, profile_override: dict | None = None) -> dict:

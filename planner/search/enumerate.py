@@ -23,8 +23,7 @@ from ..cluster import Cluster
 from ..config import ParallelConfig, Workload
 from ..cost.memory import inflight_microbatches, resident_bytes_per_param, state_bytes_per_param
 from ..cost.step import (CostCache, Estimate, estimate, grads_follow_activations_at, optimizer_time_s, peak_memory,
-                         rank_costs,
-                         rank_pipeline_s)
+                         rank_costs, rank_pipeline_s)
 from ..layers import LayerGraph
 from .space import Knobs, Layout, Space
 
@@ -146,19 +145,33 @@ class LayoutBounds:
         return self._order[layout]
 
     def floor(self, layout: Layout) -> float:
+        """The order key plus the least optimizer step of the mean rank at one micro-batch (the
+        step's casts and accumulation only grow with them; the parameters do not depend on
+        sequence parallelism, so it adds to the least over it)."""
         if layout not in self._floor:
-            self._floor[layout] = self._time_bound(layout, floor=True)
+            one = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, micro_batch=1,
+                                 num_microbatches=1)
+            params = self.cache.totals(self.cache.context(one))[2] / layout.pp
+            self._floor[layout] = self._order[layout] + optimizer_floor(self.space, layout, self.cache, one, params)
         return self._floor[layout]
 
     def time(self, layout: Layout) -> float:
         if layout not in self._time:
-            self._time[layout] = self._time_bound(layout, floor=False)
+            self._time[layout] = self._time_bound(layout)
         return self._time[layout]
 
+    def _vmax(self, layout: Layout, m: int) -> int:
+        """The most virtual stages any schedule of the layout takes: it depends on pp and on whether
+        the micro-batches divide it (memoised on those)."""
+        memo = self.__dict__.setdefault("_vmax_memo", {})
+        key = (layout.pp, m % layout.pp == 0)
+        if key not in memo:
+            memo[key] = max([v for _, v in self.space.schedules(layout)] or [1])
+        return memo[key]
+
     def _order_bound(self, layout: Layout) -> float:
-        """``_time_bound(layout, floor=True, optimizer=False)`` for every layout at once: the linear
-        floor of one micro-batch depends on (tp, pp, cp, dp) only, the schedule's largest virtual
-        stage count on pp and whether the micro-batches divide it (memoised on those)."""
+        """The pipeline of the mean rank's linear work floor: the floor of one micro-batch depends on
+        (tp, pp, cp, dp) only (memoised on those), the least over sequence parallelism."""
         space, pp = self.space, layout.pp
         m = layout.num_microbatches(space.w.global_batch)
         memo = self.__dict__.setdefault("_order_memo", {})
@@ -169,34 +182,25 @@ class LayoutBounds:
                 self.cache.totals(self.cache.context(ParallelConfig(
                     dp=layout.dp, tp=layout.tp, pp=pp, cp=layout.cp, micro_batch=1, num_microbatches=m,
                     sequence_parallel=sp)))[3] for sp in space.sequence_parallel(layout)) / pp
-        vkey = ("vmax", pp, m % pp == 0)
-        vmax = memo.get(vkey)
-        if vmax is None:
-            vmax = memo[vkey] = max([v for _, v in space.schedules(layout)] or [1])
+        vmax = self._vmax(layout, m)
         work *= layout.micro_batch
         return (m + (pp - 1) / vmax) * work if pp > 1 else m * work
 
-    def _time_bound(self, layout: Layout, *, floor: bool, optimizer: bool = True) -> float:
+    def _time_bound(self, layout: Layout) -> float:
         space, cache = self.space, self.cache
-        if not floor and self.memory(layout) > cache.cluster.device.memory_bytes:
+        if self.memory(layout) > cache.cluster.device.memory_bytes:
             return float("inf")
         m = layout.num_microbatches(space.w.global_batch)
-        vmax = max([v for _, v in space.schedules(layout)] or [1])
+        vmax = self._vmax(layout, m)
         best = float("inf")
         for sp in space.sequence_parallel(layout):
             cfg = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp,
-                                 micro_batch=1 if floor else layout.micro_batch, num_microbatches=m,
-                                 sequence_parallel=sp)
-            totals = cache.totals(cache.context(cfg))
-            work = (layout.micro_batch * totals[3] if floor else totals[0]) / layout.pp   # mean rank, no recompute
+                                 micro_batch=layout.micro_batch, num_microbatches=m, sequence_parallel=sp)
+            work, _, params, _ = cache.totals(cache.context(cfg))
+            work /= layout.pp                                       # mean rank, no recompute
             pipe = (m + (layout.pp - 1) / vmax) * work if layout.pp > 1 else m * work
-            # the step adds the slowest rank's optimizer to the pipeline; the floor takes it at one
-            # micro-batch (the step's casts and accumulation only grow with them), so that layouts
-            # differing only in micro-batch share it
-            if optimizer:
-                opt_at = replace(cfg, num_microbatches=1) if floor else cfg
-                pipe += optimizer_floor(space, layout, cache, opt_at, totals[2] / layout.pp)
-            best = min(best, pipe)
+            # the step adds the slowest rank's optimizer to the pipeline
+            best = min(best, pipe + optimizer_floor(space, layout, cache, cfg, params / layout.pp))
         return best
 
     def _memory_bound(self, layout: Layout) -> float:
