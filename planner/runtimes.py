@@ -204,8 +204,11 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
 
 
 def config_refusals(config, runtime: str, device_kind: str, num_kv_heads: int | None = None) -> list[tuple[str, str]]:
-    """``refusals`` for every knob of a ParallelConfig (planner/config.py)."""
+    """``refusals`` for every knob of a ParallelConfig (planner/config.py), the recompute policy of each
+    layer included (an every-K pattern is its layers' policies)."""
     c = config
-    return refusals(runtime, device_kind, zero=c.zero, tp=c.tp, pp=c.pp, cp=c.cp, schedule=c.schedule,
-                    offload=c.offload, sequence_parallel=c.sequence_parallel, recompute=c.recompute,
-                    num_kv_heads=num_kv_heads)
+    out = refusals(runtime, device_kind, zero=c.zero, tp=c.tp, pp=c.pp, cp=c.cp, schedule=c.schedule,
+                   offload=c.offload, sequence_parallel=c.sequence_parallel, num_kv_heads=num_kv_heads)
+    for policy in dict.fromkeys(c.recompute_layers or (c.recompute,)):
+        out += refusals(runtime, device_kind, recompute=policy)
+    return out

@@ -15,7 +15,8 @@ Variables
     D >= 0, O >= 0        exposed data-parallel time, optimizer time
 
 Rank quantities (linear in n): F[r] = sum n f + F_fixed, B[r] = sum n (b + rc_c) +
-B_fixed, P[r] params, A[r] saved activations per micro-batch.
+B_fixed, P[r] params, A[r] saved activations per micro-batch (on the device; policy "offload" keeps
+its blocks' on the host, counted in (g)).
 
 Constraints
     (a) sum_{r,c} n[r,c] = L                               every block placed
@@ -24,7 +25,7 @@ Constraints
     (d) T_max >= F[r] + B[r] + sends[r]                    the slowest rank
     (e) y[r] >= 2 v hop - (F[r] + B[r])                    interleaved sends not hidden
     (f) P[r] s_k + A[r] inflight_r + E[r] + other_k <= cap + M (1 - z[k])     GPU memory (GiB)
-    (g) nodes' offloaded optimizer <= host memory + M (1 - z[k])
+    (g) nodes' offloaded optimizer and activations <= host memory + M (1 - z[k])
     (h) E[r] >= e_c h[r,c], n[j,c] <= L h[r,c]             transient of recomputed blocks
     (i) x1 >= per_micro - (F + B), x1 >= first layer's;   x2, x3 alike for the
         reduction after backward and the gather after the optimizer (overlap)
@@ -84,6 +85,7 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
     rc = {c: block.recompute_s[POLICY_INDEX[c]] for c in pr.policies}
     act = {c: block.act_bytes[POLICY_INDEX[c]] / gib for c in pr.policies}
     transient = {c: block.peak_extra_bytes[POLICY_INDEX[c]] / gib for c in pr.policies}
+    host_act = {c: block.host_bytes[POLICY_INDEX[c]] / gib for c in pr.policies}
 
     prob += pulp.lpSum(n.values()) == L, "a_every_block_placed"
     for r in range(p):
@@ -121,11 +123,13 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
                     + max([fixed.extra_bytes / gib] + list(transient.values())) + opt.other_bytes / gib)
             prob += (opt.state_bytes / gib * P + pr.inflight[r] * A + E + opt.other_bytes / gib
                      <= cap + max(0.0, most - cap) * (1 - z[k])), f"f_rank_{r}_memory_{k}"
-            if opt.host_bytes:
+            if opt.host_bytes or any(host_act.values()):
+                # the node's GPUs alike: offloaded optimizer states and offloaded activations in flight
                 per_node = min(cache.cluster.gpus_per_node, cache.cluster.num_gpus)
-                host = per_node * opt.host_bytes / gib
-                prob += (host * P <= host_cap + max(0.0, host * total_params - host_cap) * (1 - z[k])), \
-                    f"g_rank_{r}_host_{k}"
+                H = per_node * (opt.host_bytes / gib * P + pr.inflight[r] * pulp.lpSum(
+                    host_act[c] * n[r, c] for c in pr.policies if host_act[c]))
+                most = per_node * (opt.host_bytes / gib * total_params + pr.inflight[r] * L * max(host_act.values()))
+                prob += H <= host_cap + max(0.0, most - host_cap) * (1 - z[k]), f"g_rank_{r}_host_{k}"
             _data_parallel(prob, pr, opt, k, r, nb, F, B, D, z[k])
             most_opt = opt.optimizer_s_per_param * (L * block.params + fixed.params)
             prob += O >= opt.optimizer_s_per_param * P - most_opt * (1 - z[k]), f"k_rank_{r}_optimizer_{k}"
