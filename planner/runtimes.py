@@ -18,7 +18,11 @@ from .errors import one_of
 DeviceKind = Literal["cuda", "cpu"]
 DEVICE_KINDS = ("cuda", "cpu")
 ALL_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
-ALL_RECOMPUTES = ("none", "selective", "full")
+ALL_RECOMPUTES = ("none", "selective", "op", "full", "offload")   # planner/recompute.py; meshplan's executor
+                                                                  # runs them all (executor/recompute.py)
+# Megatron-LM: --recompute-granularity selective|full (no operator-level policy; its activation offload,
+# --cpu-offloading, is not modelled); DeepSpeed: checkpointing by layer (and Megatron-DeepSpeed's selective)
+MEGATRON_RECOMPUTES = ("none", "selective", "full")
 NEVER = 4       # a ZeRO stage past the last: "never sharded"
 
 
@@ -121,7 +125,7 @@ TORCH = Runtime(
 
 _MEGATRON_RUNS = Combinations(
     zero_stages=(0, 1), zero_stages_with_pp=(0, 1), zero_stages_with_tp=(0, 1), schedules=ALL_SCHEDULES,
-    recomputes=ALL_RECOMPUTES, sequence_parallel=True, context_parallel=True, offload_zero_stages=(1,),
+    recomputes=MEGATRON_RECOMPUTES, sequence_parallel=True, context_parallel=True, offload_zero_stages=(1,),
     replicates_kv_heads=True, stages_without_blocks=False)      # exports/megatron_args.txt splits blocks only
 
 MEGATRON = Runtime(
@@ -142,7 +146,7 @@ MEGATRON = Runtime(
 
 _DEEPSPEED_RUNS = Combinations(
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1), zero_stages_with_tp=(0, 1, 2, 3),
-    schedules=ALL_SCHEDULES, recomputes=ALL_RECOMPUTES, sequence_parallel=True, context_parallel=True,
+    schedules=ALL_SCHEDULES, recomputes=MEGATRON_RECOMPUTES, sequence_parallel=True, context_parallel=True,
     offload_zero_stages=(1, 2, 3), replicates_kv_heads=True, stages_without_blocks=False)
 
 DEEPSPEED = Runtime(

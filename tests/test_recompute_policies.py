@@ -68,15 +68,19 @@ def test_op_recomputes_less_than_full_and_more_than_none():
     assert c.recompute_flops[POLICY_INDEX["op"]] == pytest.approx(2 * (H * KV + Q * H + H * F) * TOKENS, rel=1e-9)
 
 
+# h100-80g's host side: PCIe 50 GB/s per GPU, but 8 GPUs share 614.4 GB/s of DRAM at 0.5 efficiency
+HOST_RATE = min(50e9, 614.4e9 * 0.5 / 8)        # 38.4 GB/s per GPU
+
+
 def test_offload_moves_everything_to_the_host_over_pcie():
     """Nothing kept on the device between forward and backward, all of it on the host; the copy each way
-    at the profile's 50 GB/s per GPU ([host] pcie_GBps of h100-80g), exposed where it exceeds the
-    layer's forward (out) and backward (in)."""
+    at the GPU's share of the host (HOST_RATE), exposed where it exceeds the layer's forward (out) and
+    backward (in)."""
     c = cost(LLAMA, regime="bf16")
     i = POLICY_INDEX["offload"]
     nbytes = NONE_PER_TOKEN * TOKENS
     assert c.act_bytes[i] == 0 and c.host_bytes[i] == pytest.approx(nbytes, rel=1e-9)
-    copy_s = nbytes / 50e9
+    copy_s = nbytes / HOST_RATE
     assert copy_s > c.bwd_s > c.fwd_s            # this block: slower to move than to compute
     assert c.recompute_s[i] == pytest.approx((copy_s - c.fwd_s) + (copy_s - c.bwd_s), rel=1e-9)
     # two layers on the device at a time: the one in backward and the next, copied in beside it
@@ -87,7 +91,7 @@ def test_offload_is_free_where_compute_hides_the_copy():
     """At 128k tokens causal attention (quadratic) outlasts the copies (linear): nothing exposed."""
     c = cost(LLAMA, mb=1, seq=131072)
     nbytes = NONE_PER_TOKEN * 131072
-    assert nbytes / 50e9 < c.fwd_s < c.bwd_s
+    assert nbytes / HOST_RATE < c.fwd_s < c.bwd_s
     assert c.recompute_s[POLICY_INDEX["offload"]] == 0.0
 
 

@@ -180,9 +180,10 @@ def _stage_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout]
 
 def least_recompute(cache: CostCache, config: ParallelConfig, allowed) -> ParallelConfig:
     """``config`` with each recomputed layer, in order, moved to the fastest of the ``allowed`` policies that
-    add less time to that layer and still fit: the stage ILP only sees the slowest rank, so where recompute
-    on another rank costs it nothing its solvers may leave any of it in; this keeps only what memory
-    requires (which the step, simulated rank by rank, does see)."""
+    add less time to that layer (or as little, and are simpler: earlier in ``POLICIES``) and still fit: the
+    stage ILP only sees the slowest rank, so where recompute on another rank costs it nothing its solvers
+    may leave any of it in; this keeps only what memory requires (which the step, simulated rank by rank,
+    does see)."""
     if config.recompute_layers is None:
         return config
     policies = list(config.recompute_layers)
@@ -192,8 +193,10 @@ def least_recompute(cache: CostCache, config: ParallelConfig, allowed) -> Parall
         if policy == "none":
             continue
         added = cache.layer(i, ctx).recompute_s
-        for lighter in sorted((p for p in allowed if added[POLICY_INDEX[p]] < added[POLICY_INDEX[policy]]),
-                              key=lambda p: added[POLICY_INDEX[p]]):
+
+        def cheaper(p: str) -> tuple[float, int]:
+            return added[POLICY_INDEX[p]], POLICY_INDEX[p]
+        for lighter in sorted((p for p in allowed if cheaper(p) < cheaper(policy)), key=cheaper):
             trial = replace(config, recompute_layers=tuple(policies[:i] + [lighter] + policies[i + 1:]))
             device, host = peak_memory(cache, trial)
             if device <= capacity and host <= host_capacity:
