@@ -86,6 +86,11 @@ class Runtime:
     mixed: StateLayout                      # bf16/fp16 with fp32 master weights
     fp32: StateLayout
     timing: Timing
+    loss: Literal["eager", "vocab-parallel"] = "eager"
+    # ^ the cross-entropy over the logits (planner/layers.py prices each): torch's eager one on fp32 logits
+    #   (log_softmax + nll_loss: torch's F.cross_entropy; meshplan's executor, torchtitan, and the Hugging Face
+    #   models DeepSpeed trains, whose ForCausalLMLoss upcasts the logits), or Megatron-LM's fused
+    #   vocab-parallel one (megatron/core/tensor_parallel/cross_entropy.py), whose gradient is written in place
 
     def layout(self, precision: str) -> StateLayout:
         return self.fp32 if precision == "fp32" else self.mixed
@@ -131,6 +136,7 @@ _MEGATRON_RUNS = Combinations(
 MEGATRON = Runtime(
     name="megatron",
     description="Megatron-LM (Megatron-Core): its distributed optimizer is ZeRO-1",
+    loss="vocab-parallel",
     runs={"cuda": _MEGATRON_RUNS, "cpu": _MEGATRON_RUNS},
     # bf16 parameters 2, fp32 main gradients 4, fp32 master + Adam 12 (18 bytes; Megatron-LM docs,
     # "distributed optimizer"), which shards the 12; gradients reduced in bf16 by default

@@ -119,3 +119,34 @@ def test_every_k_on_the_cli_is_the_pattern_in_plan_json(cli, tmp_path):
     config = json.loads(out.stdout)["config"]
     assert config["recompute"] == "every-4"
     assert config["recompute_layers"] == list(every_k_layers(LLAMA, 4))
+
+
+# -- the output layer: logits and the loss as each runtime computes them ---------------------------
+
+V = 128256
+
+
+def head(framework: str, tp: int = 1):
+    ctx = Context(micro_batch=2, seq_len=8192, tp=tp, cp=1, sequence_parallel=tp > 1, precision="bf16",
+                  attention="flash", framework=framework, tp_comm_overlap=False,
+                  eager_regime="bf16" if framework == "torch" else "")
+    return layer_cost(LLAMA.layers[-1], ctx, H100)
+
+
+@pytest.mark.parametrize("framework", ["torch", "deepspeed"])
+def test_eager_cross_entropy_holds_fp32_log_probs_and_two_fp32_gradients(framework):
+    """torch's F.cross_entropy on fp32 logits (meshplan's executor, torchtitan; the Hugging Face loss DeepSpeed
+    trains with): log_softmax keeps its fp32 output, backward holds nll_loss's and log_softmax's fp32
+    gradients at once. At 16,384 tokens of a 128,256 vocabulary: 7.8 GiB kept, 15.7 GiB in backward."""
+    c = head(framework)
+    assert c.act_bytes[0] == pytest.approx(TOKENS * (V * 4 + H * 2), rel=1e-9)       # + the head's input
+    assert c.peak_extra_bytes[0] == pytest.approx(TOKENS * V * 8, rel=1e-9)
+
+
+@pytest.mark.parametrize("tp", [1, 8])
+def test_megatron_vocab_parallel_cross_entropy_writes_its_gradient_in_place(tp):
+    """Megatron-LM's _VocabParallelCrossEntropy keeps the fp32 softmax of its vocabulary shard and turns it
+    into the gradient in place; only the cast to bf16 is new in backward."""
+    c = head("megatron", tp)
+    assert c.act_bytes[0] == pytest.approx(TOKENS * V * 4 / tp + TOKENS / tp * H * 2, rel=1e-9)
+    assert c.peak_extra_bytes[0] == pytest.approx(TOKENS * V * 2 / tp, rel=1e-9)

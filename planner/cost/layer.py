@@ -200,6 +200,7 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     params = layer.params_replicated + (layer.params - layer.params_replicated) / ctx.tp
     eager = dict(layer.eager).get(ctx.eager_regime) if ctx.eager_regime else None
     sac = _SacOutputs()         # what operator-level selective checkpointing keeps (``_op_policy``)
+    eager_loss = RUNTIMES[ctx.framework].loss == "eager" if ctx.framework in RUNTIMES else True
     for op in layer.ops:
         if op.measured_fwd_s is not None:        # measured by `meshplan profile --ops`, per token
             share = ctx.tokens / _op_divisor(op, ctx)
@@ -232,7 +233,7 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
         saved += sum(_saved_bytes(s, ctx) for s in op.saved)
         if op.unfused and op.unfused not in dev.fused_kernels:
             saved += sum(_saved_bytes(s, ctx) for s in op.unfused_saved)
-        transient = op.eager_workspace if eager is not None and op.eager_workspace is not None else op.workspace
+        transient = op.eager_workspace if op.eager_workspace is not None and eager_loss else op.workspace
         workspace = max(workspace, sum(_saved_bytes(s, ctx) for s in transient))
     if eager is not None:
         f, b = _eager_s(eager, params, ctx, cluster)
