@@ -167,9 +167,13 @@ def _stage_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout]
                         continue
                     counts, option, _ = found
                     config = problem.config(counts, option)
-                    if space.k.recompute is None:       # a fixed --recompute is the user's, not lightened
-                        config = least_recompute(cache, config, problem.policies)
                     est = estimate(space.graph, cache.cluster, space.w, config, cache)
+                    if space.k.recompute is None:       # a fixed --recompute is the user's, not lightened
+                        lighter = least_recompute(cache, config, problem.policies)
+                        lighter_est = estimate(space.graph, cache.cluster, space.w, lighter, cache)
+                        # less recompute can expose more data-parallel time (a shorter backward hides less)
+                        if lighter_est.step_time_s <= est.step_time_s:
+                            config, est = lighter, lighter_est
                     if est.fits:
                         before = top.items[0].estimate.step_time_s if top.items else math.inf
                         top.add(Candidate(config=config, estimate=est))
