@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fidelity import DEFAULT_CASES, run_case, throughput_cases  # noqa: E402
+from fidelity import DEFAULT_CASES, run_case_api, throughput_cases  # noqa: E402
 
 
 def device_of(case: dict) -> str:
@@ -33,7 +33,7 @@ def main() -> int:
         sub = [c for c in cases if device_of(c) == device]
         scores = []
         for eff in [x / 100 for x in range(45, 86)]:
-            errs = [run_case(c, {"gemm_efficiency": eff})["error"] for c in sub]
+            errs = [run_case_api(c, {"gemm_efficiency": eff})["error"] for c in sub]
             scores.append((statistics.mean(abs(e) for e in errs), eff, max(abs(e) for e in errs)))
         mae, eff, worst = min(scores)
         print(f"{device}: gemm_efficiency {eff:.2f}  MAE {100 * mae:.1f}%  max {100 * worst:.1f}%  "

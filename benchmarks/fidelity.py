@@ -2,10 +2,12 @@
 
     python benchmarks/fidelity.py [--cases ../shared/validation/public_cases.json]
 
-For every throughput case: the published degrees (tp, pp, dp) and what the
-source states about its runtime are fixed; what it does not publish (micro-
-batch, virtual stages, and for Megatron-Core also recompute and sequence
-parallelism) is searched by meshplan's planner. The prediction is converted to
+For every throughput case, through `meshplan plan` itself (the case's model written
+as a GPT-2 config.json, ``case_flags`` for the command): the published degrees (tp,
+pp, dp) and what the source states about its runtime are fixed; what it does not
+publish (micro-batch, virtual stages, and for Megatron-Core also recompute and
+sequence parallelism) is searched. It prints the error by model size and pipeline
+depth, with a least-squares trend. The prediction is converted to
 the source's own FLOP convention (see ../shared/validation/README.md):
 
 - NAR21-T1 (Narayanan et al. SC'21, Table 1): F = 96 B s l h^2 (1 + s/6h + V/16lh)
@@ -21,14 +23,19 @@ the source's own FLOP convention (see ../shared/validation/README.md):
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import math
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from planner.cli import main as cli_main  # noqa: E402
 from planner.cluster import load_cluster  # noqa: E402
 from planner.config import Workload  # noqa: E402
 from planner.layers import build_layer_graph  # noqa: E402
@@ -50,6 +57,35 @@ def case_model(case: dict) -> ModelSpec:
                      # NAR21: tied embeddings (the source says so); MLM24: the parameter labels
                      # (e.g. 1.7B for 24 x 2048 with V = 131072) need untied embeddings
                      tied_embeddings=nar, dropout=nar, source=case["source"].get("paper", case["source"].get("repo", "")))
+
+
+def case_config_json(case: dict) -> dict:
+    """The case's model as a Hugging Face GPT-2 config.json (what `meshplan plan --model` reads):
+    the same architecture as ``case_model``."""
+    spec = case_model(case)
+    drop = 0.1 if spec.dropout else 0.0
+    return {"model_type": "gpt2", "n_embd": spec.hidden, "n_head": spec.num_heads, "n_layer": spec.num_layers,
+            "n_inner": spec.ffn_hidden, "vocab_size": spec.vocab_size, "n_positions": spec.seq_len,
+            "tie_word_embeddings": spec.tied_embeddings, "resid_pdrop": drop, "attn_pdrop": drop,
+            "embd_pdrop": drop}
+
+
+def case_flags(case: dict) -> list[str]:
+    """`meshplan plan` flags for a case: the published degrees and what the source states about
+    its runtime, fixed; what it does not publish (micro-batch, virtual stages; for Megatron-Core
+    also recompute and sequence parallelism) searched. The published runtimes split layers evenly
+    across stages (Megatron-LM requires it): --uniform-stages."""
+    cfg, m = case["config"], case["model"]
+    common = ["--gpus", str(case["hardware"]["num_gpus"]), "--global-batch", str(cfg["global_batch"]),
+              "--seq-len", str(m["seq_len"]), "--framework", "megatron", "--tp", str(cfg["tp"]), "--pp", str(cfg["pp"]),
+              "--dp", str(cfg["dp"]), "--cp", "1", "--uniform-stages", "--top-k", "1"]
+    if case["id"].startswith("NAR21"):
+        return ["--cluster", "a100-80g", *common, "--precision", "fp16", "--attention", "unfused",
+                "--no-overlap-grad-reduce", "--zero", "0", "--recompute", "full",
+                *(["--sequence-parallel", "off"] if cfg["tp"] > 1 else []),
+                *(["--schedule", "interleaved-1f1b"] if cfg["pp"] > 1 else [])]
+    return ["--cluster", "h100-80g", *common, "--precision", "bf16", "--attention", "flash", "--tp-comm-overlap",
+            "--zero", "1"]
 
 
 def case_setup(case: dict) -> tuple[str, Workload, Knobs]:
@@ -78,6 +114,34 @@ def published_convention_tflops(case: dict, step_s: float) -> float:
     return flops / (step_s * n) / 1e12
 
 
+def plan_cli(args: list[str]) -> dict:
+    """`meshplan plan ARGS --json`, in this process (the CLI's own code path), as a dict."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli_main(["plan", *args, "--json"])
+    if code:
+        raise SystemExit(f"meshplan plan {' '.join(args)}: exit {code}")
+    return json.loads(out.getvalue())
+
+
+def run_case(case: dict, workdir: Path) -> dict:
+    config = workdir / f"{case['id']}.json"
+    config.write_text(json.dumps(case_config_json(case)))
+    flags = ["--model", str(config), *case_flags(case)]
+    t0 = time.perf_counter()
+    doc = plan_cli(flags)
+    seconds = time.perf_counter() - t0
+    published = case["published"]["tflops_per_gpu"]
+    step_s = doc["estimate"]["step_time_s"]
+    predicted = published_convention_tflops(case, step_s)
+    c = doc["config"]
+    chosen = f"mb {c['micro_batch']} vpp {c['vpp']} rc {c['recompute']} sp {'on' if c['sequence_parallel'] else 'off'}"
+    return {"id": case["id"], "params": doc["model"]["params"], "pp": case["config"]["pp"], "published": published,
+            "predicted": predicted, "error": predicted / published - 1, "config": chosen, "seconds": seconds,
+            "step_s": step_s, "mem_gib": doc["estimate"]["memory_per_gpu_bytes"]["total"] / 2**30,
+            "command": "meshplan plan " + " ".join(["--model", f"{case['id']}.json", *case_flags(case)])}
+
+
 def case_inputs(case: dict, profile_override: dict | None = None):
     """What the planner searches a case with: (layer graph, cluster, workload, fixed knobs);
     ``profile_override`` replaces fields of the cluster's device."""
@@ -89,7 +153,9 @@ def case_inputs(case: dict, profile_override: dict | None = None):
     return build_layer_graph(case_model(case)), cluster, workload, knobs
 
 
-def run_case(case: dict, profile_override: dict | None = None) -> dict:
+def run_case_api(case: dict, profile_override: dict | None = None) -> dict:
+    """``run_case`` through the library instead of the CLI (the same search), for scripts that
+    change the device profile (benchmarks/calibrate.py)."""
     graph, cluster, workload, knobs = case_inputs(case, profile_override)
     t0 = time.perf_counter()
     # the published runtimes split layers evenly across stages (Megatron-LM requires it):
@@ -112,22 +178,57 @@ def throughput_cases(path: Path) -> list[dict]:
     return [c for c in json.loads(path.read_text()) if c["case_type"] == "throughput"]
 
 
+def trend(rows: list[dict], key) -> tuple[float, float]:
+    """(slope of the signed error per decade of ``key``, Pearson correlation): least squares."""
+    xs = [math.log10(key(r)) for r in rows]
+    ys = [r["error"] for r in rows]
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    syy = sum((y - my) ** 2 for y in ys)
+    return sxy / sxx, sxy / math.sqrt(sxx * syy) if sxx and syy else 0.0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", type=Path, default=DEFAULT_CASES)
+    parser.add_argument("--json", type=Path, metavar="OUT", help="also write the rows and the summary to OUT "
+                                                                  "(benchmarks/results/fidelity.json)")
     args = parser.parse_args()
-    rows = [run_case(case) for case in throughput_cases(args.cases)]
+    with tempfile.TemporaryDirectory(prefix="meshplan-fidelity-") as tmp:
+        rows = [run_case(case, Path(tmp)) for case in throughput_cases(args.cases)]
     print(f"{'case':<18} {'published':>9} {'predicted':>9} {'error':>7}  {'step s':>7} {'GiB':>5}  searched knobs")
     for r in rows:
         print(f"{r['id']:<18} {r['published']:>9.1f} {r['predicted']:>9.1f} {100 * r['error']:>+6.1f}%  "
-              f"{r.get('step_s', float('nan')):>7.2f} {r.get('mem_gib', float('nan')):>5.1f}  {r['config']}")
+              f"{r['step_s']:>7.2f} {r['mem_gib']:>5.1f}  {r['config']}")
     errors = [abs(r["error"]) for r in rows]
     print(f"\nmean absolute error {100 * statistics.mean(errors):.1f}%   max {100 * max(errors):.1f}%   "
-          f"({len(rows)} cases; TFLOP/s per GPU in each source's own convention)")
+          f"({len(rows)} cases through `meshplan plan`; TFLOP/s per GPU in each source's own convention)")
+    by_source = {}
     for prefix in ("NAR21", "MLM24"):
         sub = [abs(r["error"]) for r in rows if r["id"].startswith(prefix)]
         if sub:
+            by_source[prefix] = {"cases": len(sub), "mean_abs": statistics.mean(sub), "max_abs": max(sub)}
             print(f"  {prefix}: mean {100 * statistics.mean(sub):.1f}%  max {100 * max(sub):.1f}%")
+    print("\nerror by model size (signed; a trend would show the model missing something that grows with scale)")
+    buckets = [("< 10B", 0, 1e10), ("10B-100B", 1e10, 1e11), ("100B-1T", 1e11, 1e12), (">= 1T", 1e12, math.inf)]
+    for label, lo, hi in buckets:
+        sub = [r["error"] for r in rows if lo <= r["params"] < hi]
+        if sub:
+            print(f"  {label:<9} {len(sub):>2} cases  mean {100 * statistics.mean(sub):+5.1f}%  "
+                  f"mean |error| {100 * statistics.mean(abs(e) for e in sub):4.1f}%")
+    size_slope, size_r = trend(rows, lambda r: r["params"])
+    print(f"  least squares: {100 * size_slope:+.2f}% per decade of parameters (r = {size_r:+.2f})")
+    piped = [r for r in rows if r["pp"] > 1]
+    pp_slope, pp_r = trend(piped, lambda r: r["pp"]) if len(piped) > 2 else (0.0, 0.0)
+    print(f"  by pipeline depth (pp > 1): {100 * pp_slope:+.2f}% per decade of stages (r = {pp_r:+.2f})")
+    if args.json:
+        summary = {"cases": len(rows), "mean_abs": statistics.mean(errors), "max_abs": max(errors),
+                   "by_source": by_source, "size_slope_per_decade": size_slope, "size_r": size_r,
+                   "pp_slope_per_decade": pp_slope, "pp_r": pp_r}
+        args.json.write_text(json.dumps({"measured_by": "python benchmarks/fidelity.py --json "
+                                         "benchmarks/results/fidelity.json", "cases_file": str(args.cases.name),
+                                         "summary": summary, "rows": rows}, indent=1) + "\n")
     return 0
 
 

@@ -10,7 +10,10 @@ What it does, in order:
    cpu-gloo) with as many GPUs as the job has processes. The plan.json document is broadcast,
    so every rank applies the same plan (or raises the same error);
 3. applies it (executor/generic.py): the pipeline stages of this rank, TP styles, recompute,
-   then FSDP2 / replicate / DDP by ZeRO stage, and the pipeline schedule;
+   then FSDP2 / replicate / DDP by ZeRO stage, and the pipeline schedule; mixed precision as
+   meshplan's own models take it (executor/parallelize.py): where the device has it, FSDP2's
+   MixedPrecisionPolicy (16-bit compute, fp32 gradient reduction) where FSDP2 manages the
+   parameters, autocast otherwise; fp32 on a CPU;
 4. returns a ``ParallelTraining``: the parallel module(s), their optimizers, ``step`` and the plan.
 
 The knobs the executor cannot run on an arbitrary module are fixed before the search: no
@@ -20,6 +23,7 @@ is not known), no offload.
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -27,12 +31,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from planner.errors import UserError
+from planner.config import PRECISIONS
+from planner.errors import UserError, one_of
 
 from .generic import apply_ac, apply_dp, apply_tp, split_pipeline
 from .integrity import check_world_size
 from .mesh import ParallelDims, init_process_group, local_device
-from .parallelize import shard_embedding_grads
+from .parallelize import autocast_for, mixed_precision, shard_embedding_grads
 from .pipeline import build_schedule, runnable_schedule, stage_indices
 from .plan_file import RunPlan, plan_from_json
 from .support import DEFAULT_TIMEOUT_S
@@ -51,6 +56,8 @@ class AutoPlan:
     tp: int
     pp: int
     zero: int                              # the ZeRO stage
+    precision: str                         # the plan's: fp32, bf16 or fp16
+    autocast: str | None                   # the dtype the forward autocasts to (None: FSDP2's policy, or fp32)
     schedule: str | None                   # the pipeline schedule (None without a pipeline)
     num_microbatches: int
     stages: tuple[tuple[str, ...], ...]    # layer paths per virtual stage
@@ -114,8 +121,9 @@ class ParallelTraining:
     replica's share of the global batch (``shard`` cuts it from the global batch)."""
 
     def __init__(self, *, plan: AutoPlan, parts: list[nn.Module], indices: list[int],
-                 optimizers: list[torch.optim.Optimizer], loss_fn: Callable, mesh, dp_mesh, device, schedule):
-        self.plan, self.parts, self.optimizers = plan, parts, optimizers
+                 optimizers: list[torch.optim.Optimizer], loss_fn: Callable, mesh, dp_mesh, device, schedule,
+                 autocast: torch.dtype | None = None):
+        self.plan, self.parts, self.optimizers, self.autocast = plan, parts, optimizers, autocast
         self.loss_fn, self.mesh, self.dp_mesh, self.device, self.schedule = loss_fn, mesh, dp_mesh, device, schedule
         self.dp, self.dp_rank = plan.dp, dp_mesh.get_local_rank()
         self.first_stage = 0 in indices
@@ -142,12 +150,15 @@ class ParallelTraining:
         """One optimizer step; returns the loss over the whole global batch (every rank the same)."""
         inputs = tuple(x.to(self.device) for x in (inputs if isinstance(inputs, (tuple, list)) else (inputs,)))
         targets = targets.to(self.device)
-        if self.schedule is not None:
-            local = schedule_step(self.schedule, inputs, targets, first_stage=self.first_stage,
-                                  last_stage=self.last_stage, device=self.device)
-        else:
-            local = accumulate(self.parts[0], inputs, targets, num_microbatches=self.plan.num_microbatches,
-                               zero=self.plan.zero, loss_fn=self.microbatch_loss, device=self.device)
+        autocast = (torch.autocast(self.device.type, dtype=self.autocast) if self.autocast is not None
+                    else nullcontext())
+        with autocast:
+            if self.schedule is not None:
+                local = schedule_step(self.schedule, inputs, targets, first_stage=self.first_stage,
+                                      last_stage=self.last_stage, device=self.device)
+            else:
+                local = accumulate(self.parts[0], inputs, targets, num_microbatches=self.plan.num_microbatches,
+                                   zero=self.plan.zero, loss_fn=self.microbatch_loss, device=self.device)
         optimizer_step(self.optimizers)
         return global_loss(local, mesh=self.mesh, dp_mesh=self.dp_mesh, dp=self.dp)
 
@@ -155,9 +166,10 @@ class ParallelTraining:
 def apply_plan(module: nn.Module, plan: RunPlan, doc: dict, *, device: torch.device, loss_fn: Callable,
                lr: float) -> ParallelTraining:
     """Apply a traced module's plan to ``module`` on this rank (executor/generic.py, in its order)."""
-    c, world = plan.config, dist.get_world_size()
+    c, world, precision = plan.config, dist.get_world_size(), plan.workload.precision
     schedule = runnable_schedule(c.schedule, c.num_microbatches, c.pp) if c.pp > 1 else None
-    zero, notes = c.zero, ()
+    zero, notes, fsdp = c.zero, (), False
+    mp_policy = mixed_precision(precision, device.type)
     dims = ParallelDims.from_config(c, world)
     mesh, dp_mesh, _ = dims.build_mesh(device.type)      # no context parallelism here: dp x cp is dp
     layers = [path for stage in plan.stages for path in stage]
@@ -174,19 +186,25 @@ def apply_plan(module: nn.Module, plan: RunPlan, doc: dict, *, device: torch.dev
         names = dict(part.named_modules())
         units += [u for u in layers if u in names and u]
         model, fsdp = apply_dp(part, zero=zero, units=layers, mesh=mesh, dp=dims.dp,
-                               replicate_ddp=zero == 0 and (dims.tp > 1 or c.pp > 1))
+                               replicate_ddp=zero == 0 and (dims.tp > 1 or c.pp > 1), mp_policy=mp_policy)
         if dims.tp > 1 and not fsdp:       # FSDP reduces (and shards) gradients itself
             shard_embedding_grads(part, plan.tp_plan)
         trained.append(model)
         optimizers.append(make_optimizer(model, lr=lr, zero=zero, dp_mesh=dp_mesh))
+    autocast = autocast_for(precision, device.type, fsdp_managed=fsdp)    # fsdp: the same for every part
+    if precision != "fp32" and device.type == "cpu":
+        notes += (f"precision {precision} runs in fp32 on the CPU (mixed precision where the device has it, as "
+                  "meshplan's own models)",)
     if schedule is not None and schedule != c.schedule:
         notes += (f"the {c.schedule} schedule with {c.num_microbatches} micro-batch(es) for {c.pp} stages runs "
                   f"as {schedule} (the same order)",)
-    auto = AutoPlan(doc=doc, dp=c.dp, tp=c.tp, pp=c.pp, zero=zero, schedule=schedule,
+    auto = AutoPlan(doc=doc, dp=c.dp, tp=c.tp, pp=c.pp, zero=zero, precision=precision,
+                    autocast=str(autocast).removeprefix("torch.") if autocast is not None else None, schedule=schedule,
                     num_microbatches=c.num_microbatches, stages=plan.stages, tp_plan=dict(plan.tp_plan),
                     layers=tuple(units), notes=notes)
     training = ParallelTraining(plan=auto, parts=trained, indices=indices, optimizers=optimizers,
-                                loss_fn=loss_fn, mesh=mesh, dp_mesh=dp_mesh, device=device, schedule=None)
+                                loss_fn=loss_fn, mesh=mesh, dp_mesh=dp_mesh, device=device, schedule=None,
+                                autocast=autocast)
     if schedule is not None:
         training.schedule = build_schedule(list(zip(indices, trained)), num_stages=len(plan.stages),
                                            pp_mesh=mesh["pp"], schedule=schedule,
@@ -196,30 +214,34 @@ def apply_plan(module: nn.Module, plan: RunPlan, doc: dict, *, device: torch.dev
 
 
 def auto_parallelize(module: nn.Module, example_inputs, *, global_batch: int, cluster: str | None = None,
-                     knobs=None, loss_fn: Callable | None = None, lr: float = 1e-3,
+                     knobs=None, loss_fn: Callable | None = None, lr: float = 1e-3, precision: str = "fp32",
                      timeout_s: float = DEFAULT_TIMEOUT_S) -> ParallelTraining:
     """Plan ``module`` for the live torchrun world and apply the plan (see the module docstring).
 
     ``example_inputs``: one micro-batch of inputs (a tensor or a tuple), for the tracer.
     ``global_batch``: rows per optimizer step over all replicas. ``knobs``: a ``planner.api.Knobs``
     fixing some of the search's choices (e.g. ``Knobs(tp=2)``). ``loss_fn(output, targets)``: a
-    mean over the rows (default mean squared error). ``timeout_s``: how long a collective waits for a
+    mean over the rows (default mean squared error). ``precision``: fp32, or bf16 / fp16 mixed
+    precision (fp32 parameters, gradients and optimizer; 16-bit compute): the planner plans for it and
+    the executor applies it (module docstring). ``timeout_s``: how long a collective waits for a
     peer before it raises, where this call starts the process group."""
+    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
+        raise UserError(f"must be a positive integer, got {global_batch!r}", field="global_batch")
+    if precision not in PRECISIONS:
+        raise UserError(f"{precision!r} is not allowed; allowed: {one_of(PRECISIONS)}", field="precision")
     if not dist.is_initialized():
         if "RANK" not in os.environ:
             raise UserError("auto_parallelize runs inside a torchrun job (no RANK in the environment); "
                             "launch with torchrun --nproc-per-node N your_script.py", field="environment")
         init_process_group(timeout_s)
     world = dist.get_world_size()
-    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
-        raise UserError(f"must be a positive integer, got {global_batch!r}", field="global_batch")
     device = local_device()
     module = module.to(device)
     with torch.no_grad():                       # every rank starts from rank 0's weights
         for tensor in [*module.parameters(), *module.buffers()]:
             dist.broadcast(tensor, src=0)
     doc = _broadcast_plan(lambda: plan_module(module, example_inputs, global_batch=global_batch, world=world,
-                                              cluster=cluster, knobs=knobs))
+                                              cluster=cluster, knobs=knobs, precision=precision))
     plan = plan_from_json(doc, SOURCE)
     check_world_size(plan, world, "this torchrun job")
     return apply_plan(module, plan, doc, device=device, loss_fn=loss_fn or nn.functional.mse_loss, lr=lr)

@@ -111,6 +111,9 @@ def format_comparison(measured: dict) -> str:
         if rank["params_gathered"]:
             lines.append(f"{rank['rank']:>4} {rank['pp_rank']:>5}  {'(gathered)':<12} {'':>14} "
                          f"{rank['params_gathered']:>14}")
+        host = sum(rank.get("host", {}).values())
+        if host:            # optimizer offload: model states in host memory, apart from the GPU's
+            lines.append(f"{rank['rank']:>4} {rank['pp_rank']:>5}  {'(host)':<12} {'':>14} {host:>14}")
     return "\n".join(lines) + "\n"
 
 

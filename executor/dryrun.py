@@ -14,8 +14,10 @@ plan alone (the TP style per module in ``tp_plan``, the ZeRO stage, the degrees)
 dimension shards which tensor dimension, and the local shard's shape (torch.chunk's split, as
 DTensor and FSDP2 cut); under ZeRO-1, the shape of the optimizer rows the rank owns. It then
 counts the rank's parameter, gradient and optimizer bytes and puts them next to the plan's
-prediction for its pipeline stage. No step runs: activations and the buffers a step holds
-(gathered parameters, autocast copies) are not built.
+prediction for its pipeline stage; under optimizer offload, what stays in host memory (FSDP2's
+offloaded parameter shards, their gradients and optimizer states; ZeRO-1's offloaded states) is
+counted apart. No step runs: activations and the buffers a step holds (gathered parameters,
+autocast copies) are not built.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 
 from planner.errors import UserError
 
+from .measure import offloaded_params
 from .mesh import ParallelDims
 from .models import canonical_name
 from .parallelize import shard_model
@@ -58,12 +61,14 @@ class RankReport:
     params_bytes: int = 0
     grads_bytes: int = 0
     optimizer_bytes: int = 0
+    host_bytes: int = 0                  # model states optimizer offload keeps in host memory
     predicted: dict = field(default_factory=dict)     # the plan's bytes for its pipeline stage
     problems: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"rank": self.rank, "pp_rank": self.pp_rank, "coordinates": self.coordinates,
                 "params": self.params_bytes, "grads": self.grads_bytes, "optimizer": self.optimizer_bytes,
+                "host": self.host_bytes,
                 "predicted": {k: self.predicted.get(k) for k in ("params", "grads", "optimizer")},
                 "problems": self.problems}
 
@@ -129,13 +134,24 @@ def _local_bytes(t: torch.Tensor) -> int:
     return local.numel() * local.element_size()
 
 
-def _optimizer_bytes(model: nn.Module, optimizer) -> int:
-    """The states the optimizer holds after its first step: ZeRO-1's (built now, on meta), or
-    AdamW's two fp32 moments of every local parameter and its step count."""
+def _state_bytes(model: nn.Module, optimizer) -> tuple[dict[str, int], dict[str, int]]:
+    """({category: bytes on the device}, {category: bytes in host memory}) of the parameters, their
+    gradients (fp32, shaped as the shard) and the states the optimizer holds after its first step:
+    ZeRO-1's (built now, on meta), or AdamW's two fp32 moments of every local parameter and its step
+    count. In host memory: FSDP2's offloaded parameters with their gradients and states, and an
+    offloaded ZeRO-1 optimizer's states (executor/measure.py tells them apart the same way)."""
+    device, host = dict.fromkeys(("params", "grads", "optimizer"), 0), dict.fromkeys(("params", "grads", "optimizer"), 0)
+    offloaded = offloaded_params([model])
+    for p in model.parameters():
+        where = host if id(p) in offloaded else device
+        where["params"] += _local_bytes(p)
+        where["grads"] += _local_bytes(p)
+        if not isinstance(optimizer, ShardedAdamW):
+            where["optimizer"] += _local_bytes(p) // p.element_size() * ADAMW_STATE_BYTES_PER_ELEMENT + ADAMW_STEP_BYTES
     if isinstance(optimizer, ShardedAdamW):
-        return sum(_local_bytes(v) for st in optimizer.state.values() for v in st.values())
-    return sum(_local_bytes(p) // p.element_size() * ADAMW_STATE_BYTES_PER_ELEMENT + ADAMW_STEP_BYTES
-               for p in model.parameters())
+        where = host if optimizer.offload else device
+        where["optimizer"] += sum(_local_bytes(v) for st in optimizer.state.values() for v in st.values())
+    return device, host
 
 
 def _coordinates(mesh, dp_cp_mesh) -> dict[str, int]:
@@ -160,12 +176,14 @@ def _build_rank(plan: RunPlan, dims: ParallelDims, meshes, pp_rank: int, own: bo
         full_shapes = {canonical_name(n): p.shape for n, p in part.named_parameters()}
         shard_model(part, plan, dims, mesh, dp_cp_mesh, "meta")
         report.problems += _check_params(part, plan, dims, coords, full_shapes)
-        optimizer = make_optimizer(part, lr=1e-3, zero=c.zero, dp_mesh=dp_cp_mesh)
+        optimizer = make_optimizer(part, lr=1e-3, zero=c.zero, dp_mesh=dp_cp_mesh, offload=c.offload)
         if isinstance(optimizer, ShardedAdamW):
             report.problems += _check_zero1(optimizer, coords, dp_cp_mesh.size())
-        report.params_bytes += sum(_local_bytes(p) for p in part.parameters())
-        report.grads_bytes += sum(_local_bytes(p) for p in part.parameters())    # fp32, shaped as the shard
-        report.optimizer_bytes += _optimizer_bytes(part, optimizer)
+        device, host = _state_bytes(part, optimizer)
+        report.params_bytes += device["params"]
+        report.grads_bytes += device["grads"]
+        report.optimizer_bytes += device["optimizer"]
+        report.host_bytes += sum(host.values())
         parts.append(part)
     if own and c.pp > 1:
         build_schedule(list(zip(mine, parts)), num_stages=len(plan.stages), pp_mesh=mesh["pp"], schedule=c.schedule,
@@ -210,7 +228,8 @@ def format_dry_run(plan: RunPlan, reports: list[RankReport], seconds: float) -> 
              f"{'rank':>6} {'stage':>5} {'dp_cp':>5} {'tp':>3}  {'category':<10} {'predicted B':>16} {'built B':>16} "
              f"{'error':>7}"]
     for r in reports:
-        for key, got in (("params", r.params_bytes), ("grads", r.grads_bytes), ("optimizer", r.optimizer_bytes)):
+        rows = [("params", r.params_bytes), ("grads", r.grads_bytes), ("optimizer", r.optimizer_bytes)]
+        for key, got in rows + ([("(host)", r.host_bytes)] if r.host_bytes else []):     # offloaded states
             want = r.predicted.get(key)
             error = f"{100 * (got / want - 1):+6.1f}%" if want else "     -"
             lines.append(f"{r.rank:>6} {r.pp_rank:>5} {r.coordinates['dp_cp']:>5} {r.coordinates['tp']:>3}  "

@@ -9,10 +9,13 @@ by the module paths the tracer gave its layers (``planner.trace``):
                        their original paths), the graph cut before each stage's first layer
                        (``torch.fx.passes.split_module``);
 2. ``apply_tp``        colwise/rowwise/vocab styles per module path (DTensor ``parallelize_module``);
-3. ``apply_ac``        recomputation per layer (``torch.utils.checkpoint`` around the layer);
+3. ``apply_ac``        recomputation per layer (``torch.utils.checkpoint`` around the layer; selective:
+                       torch's selective checkpointing, executor/selective.py);
 4. ``apply_dp``        by ZeRO stage: FSDP2 per layer and at the root (ZeRO-2/3), FSDP2's
                        ``replicate`` (ZeRO-0 with TP or a pipeline), DDP (ZeRO-0 otherwise),
-                       nothing for ZeRO-1 (its optimizer reduces: executor/zero1.py).
+                       nothing for ZeRO-1 (its optimizer reduces: executor/zero1.py); FSDP2's
+                       units take the plan's mixed precision, the others autocast
+                       (executor/auto.py).
 
 The order is executor/parallelize.py's, for the same reasons.
 """
@@ -20,10 +23,12 @@ from __future__ import annotations
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from planner.errors import UserError
 
 from .parallelize import apply_ddp, apply_fsdp, apply_replicate, checkpoint_forward
+from .selective import selective_forward
 
 
 def layer_of(path: str, layers: list[str]) -> str | None:
@@ -113,35 +118,40 @@ def apply_tp(part: nn.Module, tp_mesh: DeviceMesh, tp_plan: dict[str, str], laye
 
 
 def apply_ac(part: nn.Module, recompute_per_layer: dict[str, str]) -> list[str]:
-    """Recompute the layers the plan says (Chen et al. 2016; Korthikanti et al. 2022, Sec 5): the
-    layer's forward runs under ``checkpoint`` and keeps only its input. ``selective`` (attention
-    core only) has no attention core to pick in an arbitrary layer: it recomputes the whole layer
-    (less memory than planned, more compute). Returns the notes to report."""
+    """Recompute the layers the plan says (Chen et al. 2016; Korthikanti et al. 2022, Sec 5): ``full``
+    runs the layer's forward under ``checkpoint`` and keeps only its input; ``selective`` runs it under
+    torch's selective checkpointing, recomputing the attention core and the layer's pointwise ops and
+    keeping the rest (executor/selective.py). Returns the notes to report: where the generic path's
+    selective recompute differs from the plan's."""
     modules = dict(part.named_modules())
     notes = []
     for path, policy in recompute_per_layer.items():
         if policy == "none" or path not in modules or not path:
             continue
         layer = modules[path]
-        layer.forward = checkpoint_forward(layer)
         if policy == "selective":
-            notes.append(f"{path}: selective recompute runs as full recompute of the layer")
+            layer.forward = selective_forward(layer, path)
+            notes.append(f"{path}: selective recompute also recomputes the layer's pointwise ops (the plan prices "
+                         "the attention core alone)")
+        else:
+            layer.forward = checkpoint_forward(layer)
     return notes
 
 
-def apply_dp(part: nn.Module, *, zero: int, units: list[str], mesh: DeviceMesh, dp: int,
-             replicate_ddp: bool) -> tuple[nn.Module, bool]:
+def apply_dp(part: nn.Module, *, zero: int, units: list[str], mesh: DeviceMesh, dp: int, replicate_ddp: bool,
+             mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy()) -> tuple[nn.Module, bool]:
     """Data parallelism by ZeRO stage (Rajbhandari et al. 2020). Returns (the module to train, whether
-    FSDP2 manages its gradients). ``replicate_ddp``: ZeRO-0/1 where DDP cannot go (DTensor parameters,
-    pipelines), as executor/parallelize.py's ``uses_fsdp``. The layers ``units`` names that this part
-    holds become the FSDP / replicate units, as the blocks do in executor/parallelize.py."""
+    FSDP2 manages its gradients and, with ``mp_policy``, its mixed precision). ``replicate_ddp``: ZeRO-0/1
+    where DDP cannot go (DTensor parameters, pipelines), as executor/parallelize.py's ``uses_fsdp``. The
+    layers ``units`` names that this part holds become the FSDP / replicate units, as the blocks do in
+    executor/parallelize.py."""
     modules = dict(part.named_modules())
     mine = [modules[u] for u in units if u in modules and u]
     if zero >= 2 and dp > 1:
-        apply_fsdp(part, mesh["dp_shard"], units=mine, reshard_after_forward=zero == 3)
+        apply_fsdp(part, mesh["dp_shard"], units=mine, reshard_after_forward=zero == 3, mp_policy=mp_policy)
         return part, True
     if dp > 1 and replicate_ddp:
-        apply_replicate(part, mesh["dp_replicate"], units=mine)
+        apply_replicate(part, mesh["dp_replicate"], units=mine, mp_policy=mp_policy)
         return part, True
     if dp > 1 and zero == 0:      # ZeRO-1: no wrapper, its optimizer reduces (executor/zero1.py)
         return apply_ddp(part, mesh["dp_replicate"]), False

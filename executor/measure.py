@@ -6,6 +6,11 @@ Bytes are counted per storage, once, however many tensors view it:
   gathered copies FSDP holds from the end of forward to backward (``params_gathered``);
 - gradients: the storage of ``.grad`` after backward (DDP: its buckets; FSDP: the shards);
 - optimizer: the optimizer's state tensors after a step (AdamW: exp_avg, exp_avg_sq, step);
+- host: what optimizer offload keeps in host memory instead, left out of the three above:
+  FSDP2's CPU-offloaded parameter shards, their gradients and their optimizer states, and
+  ZeRO-1's offloaded optimizer states (``ShardedAdamW.offload``). Told apart by what the
+  executor asked for (the FSDPParam's ``offload_to_cpu``), not by the tensor's device: on a
+  CPU run the device is the host;
 - activations: the peak of the bytes autograd keeps for backward, counted through
   saved-tensor hooks (``torch.autograd.graph.saved_tensors_hooks``), parameters excluded.
   A checkpointed region's inputs are saved through autograd and counted; the activations
@@ -41,18 +46,39 @@ def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     return sum(seen.values())
 
 
-def param_bytes(modules: Iterable[nn.Module]) -> int:
-    return storage_bytes(p for m in modules for p in m.parameters())
+def offloaded_params(modules: Iterable[nn.Module]) -> set[int]:
+    """ids of the parameters FSDP2 keeps in host memory (``CPUOffloadPolicy``)."""
+    from torch.distributed.fsdp import FSDPModule
+    out = set()
+    for root in modules:
+        for module in root.modules():
+            group = module._get_fsdp_state()._fsdp_param_group if isinstance(module, FSDPModule) else None
+            out.update(id(fp.sharded_param) for fp in (group.fsdp_params if group is not None else ())
+                       if fp.offload_to_cpu)
+    return out
 
 
-def grad_bytes(modules: Iterable[nn.Module]) -> int:
-    return storage_bytes(p.grad for m in modules for p in m.parameters() if p.grad is not None)
+def param_bytes(modules: Iterable[nn.Module], host: bool = False) -> int:
+    """Bytes of the parameters on the device (``host``: those optimizer offload keeps in host memory)."""
+    offloaded = offloaded_params(modules)
+    return storage_bytes(p for m in modules for p in m.parameters() if (id(p) in offloaded) == host)
 
 
-def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """State tensors of the rank's optimizer (ZeroRedundancyOptimizer: its local shard's)."""
+def grad_bytes(modules: Iterable[nn.Module], host: bool = False) -> int:
+    """Bytes of the gradients on the device (``host``: those of offloaded parameters)."""
+    offloaded = offloaded_params(modules)
+    return storage_bytes(p.grad for m in modules for p in m.parameters()
+                         if p.grad is not None and (id(p) in offloaded) == host)
+
+
+def optimizer_bytes(optimizer, modules: Iterable[nn.Module] = (), host: bool = False) -> int:
+    """State tensors of the rank's optimizer on the device (``host``: those in host memory: all of an
+    offloaded ZeRO-1 optimizer's, and those of ``modules``' offloaded parameters)."""
     inner = getattr(optimizer, "optim", optimizer)
-    return storage_bytes(v for state in inner.state.values() for v in state.values() if isinstance(v, torch.Tensor))
+    offloaded = offloaded_params(modules)
+    whole = getattr(optimizer, "offload", False)
+    return storage_bytes(v for p, state in inner.state.items() for v in state.values()
+                         if isinstance(v, torch.Tensor) and (whole or id(p) in offloaded) == host)
 
 
 def gathered_param_bytes(modules: Iterable[nn.Module]) -> int:

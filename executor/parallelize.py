@@ -11,7 +11,8 @@ The dispatcher ``parallelize`` composes them in this order (torchtitan's
                   so recomputation runs while the unit's parameters are gathered;
 3. data parallelism by ZeRO stage, over ``dp_cp`` (the data-parallel and context-parallel ranks
                   hold the same parameters): ``apply_fsdp`` (ZeRO-3: ``fully_shard`` resharding
-                  after forward; ZeRO-2: keeping the gathered parameters until backward),
+                  after forward; ZeRO-2: keeping the gathered parameters until backward; with
+                  optimizer offload, FSDP2's ``CPUOffloadPolicy``),
                   ``apply_replicate`` (ZeRO-0 with TP or a pipeline: torch's FSDP2-based
                   replicate, the DDP that composes with DTensor and with every schedule);
 4. ``materialize`` the meta parameters shard by shard (each rank allocates and fills
@@ -28,7 +29,7 @@ from typing import Iterable
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
                                                RowwiseParallel, SequenceParallel, parallelize_module)
@@ -99,12 +100,13 @@ def apply_ac(model: Transformer, recompute_per_layer: dict[str, str]) -> None:
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, units: Iterable[nn.Module], reshard_after_forward: bool,
-               mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy()) -> None:
+               mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy(),
+               offload_policy: OffloadPolicy = OffloadPolicy()) -> None:
     """FSDP2 (ZeRO-2/3): one unit per module of ``units`` (the blocks), the root unit holds the rest
     (embedding, final norm and head)."""
-    for unit in units:
-        fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
+    for unit in [*units, model]:
+        fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy,
+                    offload_policy=offload_policy)
 
 
 def apply_replicate(model: nn.Module, dp_mesh: DeviceMesh, *, units: Iterable[nn.Module],
@@ -131,6 +133,17 @@ def mixed_precision(precision: str, device_type: str) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
 
+def offload_policy(offload: str, device_type: str) -> OffloadPolicy:
+    """FSDP2's offload policy for plan.json's ``offload``. ``CPUOffloadPolicy`` (ZeRO-Offload, Ren et al.
+    2021) keeps each rank's sharded parameters, their gradients and so the optimizer step and its states
+    in host memory, copying the shards to the device before each all-gather and the reduced gradients
+    back (torch/distributed/fsdp/_fully_shard/_fsdp_api.py); planner/runtimes.py's torch layout says so.
+    Pinned host memory where there is a GPU to copy to: pinning needs an accelerator."""
+    if offload != "optimizer":
+        return OffloadPolicy()
+    return CPUOffloadPolicy(pin_memory=device_type == "cuda")
+
+
 def uses_fsdp(plan: RunPlan, dims: ParallelDims) -> bool:
     """Whether FSDP2 (fully_shard, or replicate for ZeRO-0) manages the parameters, their
     gradients' reduction and their mixed precision. ZeRO-0 takes replicate where DDP cannot go:
@@ -144,9 +157,15 @@ def uses_fsdp(plan: RunPlan, dims: ParallelDims) -> bool:
 def autocast_dtype(plan: RunPlan, dims: ParallelDims, device: torch.device) -> torch.dtype | None:
     """The autocast dtype where mixed precision is not FSDP's (DDP keeps fp32 parameters and
     autocasts, as the cost model's torch layout says); None on CPU or in fp32."""
-    if device.type == "cpu" or plan.workload.precision == "fp32" or uses_fsdp(plan, dims):
+    return autocast_for(plan.workload.precision, device.type, fsdp_managed=uses_fsdp(plan, dims))
+
+
+def autocast_for(precision: str, device_type: str, *, fsdp_managed: bool) -> torch.dtype | None:
+    """``autocast_dtype`` from its parts: the 16-bit dtype where the device has mixed precision and
+    FSDP2 does not manage the parameters (its MixedPrecisionPolicy casts them: ``mixed_precision``)."""
+    if device_type == "cpu" or precision == "fp32" or fsdp_managed:
         return None
-    return torch.bfloat16 if plan.workload.precision == "bf16" else torch.float16
+    return torch.bfloat16 if precision == "bf16" else torch.float16
 
 
 def shard_model(model: Transformer, plan: RunPlan, dims: ParallelDims, mesh: DeviceMesh, dp_cp_mesh: DeviceMesh,
@@ -164,7 +183,7 @@ def shard_model(model: Transformer, plan: RunPlan, dims: ParallelDims, mesh: Dev
     fsdp_managed = uses_fsdp(plan, dims)
     if c.zero >= 2:
         apply_fsdp(model, dp_cp_mesh, units=model.layers.values(), reshard_after_forward=c.zero == 3,
-                   mp_policy=mp_policy)
+                   mp_policy=mp_policy, offload_policy=offload_policy(c.offload, device_type))
     elif fsdp_managed:
         apply_replicate(model, dp_cp_mesh, units=model.layers.values(), mp_policy=mp_policy)
     return fsdp_managed

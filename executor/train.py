@@ -87,7 +87,7 @@ class Job:
             trained.append(parallelize(part, plan, self.dims, self.mesh, self.grad_mesh, device, options.seed))
             self.parts.append(part)
         self.trained = trained
-        self.optimizers = [make_optimizer(m, lr=options.lr, zero=c.zero, dp_mesh=self.grad_mesh)
+        self.optimizers = [make_optimizer(m, lr=options.lr, zero=c.zero, dp_mesh=self.grad_mesh, offload=c.offload)
                            for m in trained]      # one per part (DCP)
         self.schedule = None
         if c.pp > 1:
@@ -117,17 +117,22 @@ class Job:
 
 # One training step, in pieces shared with auto_parallelize's ParallelTraining (executor/auto.py).
 
-def make_optimizer(model: nn.Module, *, lr: float, zero: int, dp_mesh):
+def make_optimizer(model: nn.Module, *, lr: float, zero: int, dp_mesh, offload: str = "none"):
     """AdamW with a constant ``lr`` over ``model``'s parameters; under ZeRO-1 with more than one
-    replica (``dp_mesh``) its states sharded over them (executor/zero1.py)."""
-    if zero == 1 and dp_mesh.size() > 1:
+    replica (``dp_mesh``), or with optimizer offload, its states sharded over them (executor/zero1.py,
+    which keeps them in host memory with ``offload``). Under ZeRO-2/3 with offload FSDP2 holds the
+    parameters in host memory, so this AdamW and its states are there too (executor/parallelize.py)."""
+    if zero == 1 and (dp_mesh.size() > 1 or offload == "optimizer"):
         named = [(canonical_name(name), p) for name, p in model.named_parameters()]
-        return ShardedAdamW(named, lr=lr, dp_mesh=dp_mesh)
+        return ShardedAdamW(named, lr=lr, dp_mesh=dp_mesh, offload=offload == "optimizer")
     params = list(model.parameters())
     # on CUDA one fused kernel per step (torchtitan's default implementation): it streams 28 bytes per
     # parameter where the multi-tensor (foreach) path runs eight passes and keeps a temporary copy of
     # the second moments (measured on H100: benchmarks/results/gpu_runs_foreach_adam.json against gpu_runs.json); the CPU runs the loop
-    fused = bool(params) and params[0].device.type == "cuda"
+    # but for offloaded states (FSDP2's CPUOffloadPolicy): torch's fused CPU kernel, one pass as the cost
+    # model's host step assumes (2.1 ns against 21 ns per parameter for the loop, 4M parameters, this
+    # machine: ADAM_CPU_NOTE in executor/zero1.py)
+    fused = bool(params) and (params[0].device.type == "cuda" or offload == "optimizer")
     return torch.optim.AdamW(params, lr=lr, fused=fused or None, foreach=False if not fused else None)
 
 
@@ -215,11 +220,15 @@ def write_grads(job: Job, path: str) -> None:
     torch.save(grads, f"{path}.rank{dist.get_rank()}.pt")
 
 
-def _memory(job: Job, meter: SavedTensorMeter, gathered_bytes: int, grads_bytes: int) -> dict:
-    """This rank's bytes by category (see executor/measure.py for how each is counted)."""
+def _memory(job: Job, meter: SavedTensorMeter, gathered_bytes: int, grads_bytes: tuple[int, int]) -> dict:
+    """This rank's bytes by category (see executor/measure.py for how each is counted); ``host``:
+    what optimizer offload keeps in host memory (parameters, gradients, optimizer states)."""
+    host = {"params": param_bytes(job.trained, host=True), "grads": grads_bytes[1],
+            "optimizer": sum(optimizer_bytes(o, job.trained, host=True) for o in job.optimizers)}
     return {"rank": dist.get_rank(), "pp_rank": job.pp_rank, "params": param_bytes(job.trained),
-            "params_gathered": gathered_bytes, "grads": grads_bytes,
-            "optimizer": sum(optimizer_bytes(o) for o in job.optimizers), "activations": meter.peak_bytes,
+            "params_gathered": gathered_bytes, "grads": grads_bytes[0],
+            "optimizer": sum(optimizer_bytes(o, job.trained) for o in job.optimizers), "activations": meter.peak_bytes,
+            "host": host,
             "peak_allocated": torch.cuda.max_memory_allocated(job.device) if job.device.type == "cuda" else None}
 
 
@@ -233,12 +242,13 @@ def _measured_step(job: Job, step: int, dump_grads: str | None) -> tuple[float, 
         gathered[0] = max(gathered[0], gathered_param_bytes(job.trained))
 
     hooks = [m.register_forward_hook(after_forward) for m in job.trained]
-    grads = [0]
+    grads = [(0, 0)]      # (on the device, in host memory)
     original_step = [o.step for o in job.optimizers]
 
     def count_grads_then(step_fn):
         def run(*args, **kwargs):
-            grads[0] = max(grads[0], grad_bytes(job.trained))
+            now = (grad_bytes(job.trained), grad_bytes(job.trained, host=True))
+            grads[0] = (max(grads[0][0], now[0]), max(grads[0][1], now[1]))
             return step_fn(*args, **kwargs)
         return run
 

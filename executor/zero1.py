@@ -12,6 +12,15 @@ micro-batches (no reduction in backward); ``ShardedAdamW.step`` then
 3. all-gathers the updated rows, so every replica holds the whole parameters again.
 
 Collectives run in buckets of about ``BUCKET_BYTES`` (DDP's default ``bucket_cap_mb=25``).
+
+With ``offload`` (plan.json ``offload: "optimizer"``; ZeRO-Offload, Ren et al. 2021, Sec 4) the
+states live in host memory and step 2 runs there: the owned gradient rows are copied to the
+host, AdamW updates a host copy of the owned parameter rows, and the updated rows are copied
+back into the parameters before the all-gather. The parameters are fp32 on the device (the
+torch runtime's layout: planner/runtimes.py), so they are the master weights and no other
+master copy is kept; the host holds 8 bytes of state per owned parameter, and one bucket's
+rows at a time.
+
 The states are exposed as DTensors over the replicas (and the parameter's own TP mesh) with
 the placements FSDP2 gives a sharded parameter, so a DCP checkpoint of a ZeRO-1 run loads
 under any other plan and the other way round (executor/checkpoint.py).
@@ -30,6 +39,10 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from torch.optim.adam import adam
 
 BUCKET_BYTES = 25 * 2**20       # torch DDP's bucket_cap_mb default
+# ADAM_CPU_NOTE: an offloaded step runs torch's fused CPU AdamW (torch.optim.adam.adam(fused=True) on
+# CPU tensors, torch >= 2.4): one pass over the states, as planner/cost/step.py's host step assumes.
+# The single-tensor loop takes ten times longer: 21.4 ns against 2.1 ns per parameter, 4M fp32
+# parameters, torch 2.13 on this project's 2-core CPU machine (timed with time.perf_counter, 10 steps).
 STATE_KEYS = ("step", "exp_avg", "exp_avg_sq")
 
 
@@ -85,14 +98,16 @@ class ShardedAdamW:
     to its owned states (what executor/measure.py counts)."""
 
     def __init__(self, named_params: list[tuple[str, nn.Parameter]], *, lr: float, dp_mesh: DeviceMesh,
-                 bucket_bytes: int = BUCKET_BYTES):
+                 bucket_bytes: int = BUCKET_BYTES, offload: bool = False):
         self.dp_mesh = dp_mesh
+        self.offload = offload      # states in host memory, AdamW stepped there (module docstring)
         self.group = dp_mesh.get_group()
         self.n, self.rank = dp_mesh.size(), dp_mesh.get_local_rank()
         self.shards = [_shard_of(name, p, self.n, self.rank) for name, p in named_params]
         self.buckets = _buckets(self.shards, self.n, bucket_bytes)
-        # on CUDA one fused kernel (as executor/train.py's make_optimizer), whose step counts live there too
-        self.fused = bool(self.shards) and _local(self.shards[0].param).device.type == "cuda"
+        # one fused kernel on CUDA (as executor/train.py's make_optimizer), whose step counts live there too,
+        # and on the host when offloaded (ADAM_CPU_NOTE)
+        self.fused = bool(self.shards) and (_local(self.shards[0].param).device.type == "cuda" or offload)
         # torch.optim.AdamW's hyperparameters and their defaults, as its param_groups hold them
         # (so checkpoints carry the same keys as those of the other plans' optimizers)
         template = torch.optim.AdamW([torch.zeros(1)], lr=lr, foreach=False, fused=self.fused or None)
@@ -100,9 +115,10 @@ class ShardedAdamW:
         self.state: dict[nn.Parameter, dict[str, torch.Tensor]] = {}
         for s in self.shards:
             owned = s.owned()
-            step = torch.zeros((), dtype=torch.float32, device=owned.device if self.fused else "cpu")
-            self.state[s.param] = {"step": step, "exp_avg": torch.zeros_like(owned),
-                                   "exp_avg_sq": torch.zeros_like(owned)}
+            where = "cpu" if offload and not owned.is_meta else owned.device     # a dry run's stay on meta
+            step = torch.zeros((), dtype=torch.float32, device=where if self.fused else "cpu")
+            self.state[s.param] = {"step": step, "exp_avg": torch.zeros_like(owned, device=where),
+                                   "exp_avg_sq": torch.zeros_like(owned, device=where)}
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for s in self.shards:
@@ -151,16 +167,27 @@ class ShardedAdamW:
         return out
 
     def _adamw(self, bucket: list[_Shard], grads: list[torch.Tensor]) -> None:
-        """torch's AdamW update (``torch.optim.adam.adam`` with decoupled weight decay) on the owned rows."""
+        """torch's AdamW update (``torch.optim.adam.adam`` with decoupled weight decay) on the owned rows;
+        offloaded, on host copies of them (copied back after the update)."""
         live = [(s, g) for s, g in zip(bucket, grads) if s.rows]
         if not live:
             return
         states = [self.state[s.param] for s, _ in live]
-        adam([s.owned() for s, _ in live], [g for _, g in live], [st["exp_avg"] for st in states],
+        owned = [s.owned() for s, _ in live]
+        grads = [g for _, g in live]
+        if self.offload:        # copy=True: a real host copy even where the device is the host (CPU runs)
+            params = [p.to("cpu", copy=True) for p in owned]
+            grads = [g.to("cpu", copy=True) for g in grads]
+        else:
+            params = owned
+        adam(params, grads, [st["exp_avg"] for st in states],
              [st["exp_avg_sq"] for st in states], [], [st["step"] for st in states], foreach=False,
              fused=self.fused or None, decoupled_weight_decay=True, amsgrad=False, beta1=self.hyper["betas"][0],
              beta2=self.hyper["betas"][1], lr=self.hyper["lr"], weight_decay=self.hyper["weight_decay"],
              eps=self.hyper["eps"], maximize=False)
+        if self.offload:
+            for device_rows, host_rows in zip(owned, params):
+                device_rows.copy_(host_rows)
 
     def _all_gather(self, bucket: list[_Shard]) -> None:
         """Every replica's updated rows into every replica's parameters."""

@@ -95,6 +95,9 @@ class Cluster:
     source: str = ""
     gpu_hour_usd: float = 0.0             # price of one GPU for one hour (0: the profile has no [pricing])
     price_source: str = ""                # the public price list and its date
+    cores_per_node: int = 0               # CPU cores a node's processes share (CPU profiles; 0: none shared)
+    threads_per_process: int = 1          # compute threads each process runs (CPU profiles)
+    time_share: float = 1.0               # the share of its threads' cores each process gets (``with_gpus``)
 
     @property
     def num_nodes(self) -> int:
@@ -115,7 +118,31 @@ class Cluster:
 
     def with_gpus(self, num_gpus: int) -> "Cluster":
         from dataclasses import replace
-        return replace(self, num_gpus=num_gpus)
+        out = replace(self, num_gpus=num_gpus)
+        if not self.cores_per_node:
+            return out
+        # processes beyond the cores time-share them (the OS scheduler gives each an equal share):
+        # every rate of a process (its GEMMs, memory streams, kernel issue, gloo) runs at
+        # cores / (processes x threads) of what it does alone, its fixed latencies that much longer
+        # (measured: 4 processes on this 2-core machine, issue #11; `meshplan profile` records cores)
+        processes = min(num_gpus, self.gpus_per_node)
+        share = min(1.0, self.cores_per_node / (processes * self.threads_per_process))
+        k = share / self.time_share
+        if k == 1.0:
+            return out
+        return replace(out, time_share=share, device=_time_shared(self.device, k),
+                       intra=Link(bytes_per_s=self.intra.bytes_per_s * k, efficiency=self.intra.efficiency,
+                                  latency_s=self.intra.latency_s / k))
+
+
+def _time_shared(device: Device, k: float) -> Device:
+    """``device`` with its rates scaled by ``k`` and its fixed times by 1 / k."""
+    from dataclasses import replace
+    return replace(device, hbm_bytes_per_s=device.hbm_bytes_per_s * k,
+                   peak_flops=tuple((d, f * k) for d, f in device.peak_flops),
+                   eager_bytes_per_s=tuple((c, b * k) for c, b in device.eager_bytes_per_s),
+                   gemm_latency_s=device.gemm_latency_s / k, gemm_wave_latency_s=device.gemm_wave_latency_s / k,
+                   attention_latency_s=device.attention_latency_s / k, kernel_gap_s=device.kernel_gap_s / k)
 
 
 # -- the topology graph -------------------------------------------------------------------------
@@ -345,6 +372,8 @@ def parse_cluster(data: dict, source: str) -> Cluster:
         max_nodes=root.integer("max_nodes", allow_zero=True, default=0),
         comm_sm_fraction=min(1.0, root.table("runtime").number("comm_sms", allow_zero=True, default=0.0)
                              / gpu.integer("sm_count")),
+        cores_per_node=host.integer("cores", default=0, allow_zero=True),
+        threads_per_process=gpu.integer("threads", default=1),
         source=source, **_pricing(root))
 
 

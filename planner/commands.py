@@ -100,9 +100,12 @@ def _no_fit_message(result: SearchResult, graph, cluster, workload: Workload, kn
     need = least.estimate.memory.total / GiB
     c = least.config
     fixes = fixes_for_no_fit(graph, cluster, workload, knobs, need_bytes=least.estimate.memory.total)
+    e = least.estimate
+    host = (f" and {e.host_bytes_per_node / GiB:.1f} GiB of host memory per node against "
+            f"{e.host_capacity_bytes / GiB:.1f} GiB" if e.host_bytes_per_node > e.host_capacity_bytes else "")
     return (f"no plan fits: the least memory any candidate needs is {need:.1f} GiB per GPU "
             f"(dp {c.dp} tp {c.tp} pp {c.pp} cp {c.cp}, ZeRO-{c.zero}, recompute {c.recompute}, "
-            f"offload {c.offload}, micro-batch {c.micro_batch}) against {capacity:.1f} GiB; "
+            f"offload {c.offload}, micro-batch {c.micro_batch}) against {capacity:.1f} GiB{host}; "
             + ("what would change it: " + "; ".join(fixes) if fixes else
                "no single change tried (more GPUs, a shorter sequence, more memory) makes it fit"))
 
@@ -192,6 +195,7 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"recompute {g['recomputed_layers']} of {g['blocks']} blocks: {g['saved_s']:.3g} s per step "
                      f"({g['saved_pct']:.1f}%) faster than recomputing every block")
     lines.append(f"limits    {limits(c, e, plan.cluster)}")
+    lines.append(f"checked   {plan.accuracy().line()}")
     if plan.alternatives:
         lines += ["", "runners-up (the best plan of each other layout)"]
         for alt in plan.alternatives:

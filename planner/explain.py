@@ -164,6 +164,8 @@ def fixes_for_no_fit(graph, cluster, workload, knobs, need_bytes: float = 0.0) -
                        f"{e.capacity_bytes / GiB:.1f} GiB, dp {cfg.dp} tp {cfg.tp} pp {cfg.pp} cp {cfg.cp} "
                        f"ZeRO-{cfg.zero})")
         elif result.least_memory is not None:
-            need = result.least_memory.estimate.memory.total / GiB
-            out.append(f"{label} still needs {need:.1f} GiB")
+            e = result.least_memory.estimate
+            host = (f" and {e.host_bytes_per_node / GiB:.1f} GiB of host memory per node"
+                    if e.host_bytes_per_node > e.host_capacity_bytes else "")
+            out.append(f"{label} still needs {e.memory.total / GiB:.1f} GiB{host}")
     return out

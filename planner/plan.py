@@ -148,10 +148,16 @@ class Plan:
             "alternatives": [{"config": config_json(c.config), "estimate": c.estimate.to_json(),
                               "lost_on": lost_on(self.best.estimate, c.estimate)} for c in self.alternatives],
             "limits": limits(self.best.config, self.best.estimate, self.cluster),
+            "accuracy": self.accuracy().to_json(),
             "gains": gains(self.graph, self.cluster, self.workload, self.best.config, self.best.estimate),
             "search": {"seconds": self.search_seconds, "candidates": self.candidates, "evaluated": self.evaluated,
                        "solver": self.solver, "global_choices": self.groups, "ilp_solves": self.ilp_solves},
         }
+
+    def accuracy(self):
+        """The validation that covers this plan's numbers and how far off it was (planner/accuracy.py)."""
+        from .accuracy import accuracy
+        return accuracy(self.cluster, self.workload)
 
     def _closed_form_step_s(self) -> float:
         """The analytical step time of the winner (``estimate`` holds the simulated one when

@@ -58,6 +58,10 @@ class StateLayout:
     # ^ by ZeRO stage: an unsharded working copy of the parameters held from forward until backward
     replicate_copy_bytes: float = 0.0       # ZeRO-0 with tp or pp > 1: a gathered copy held as a buffer
     grad_reduce_bytes: float = 4.0          # bytes per parameter of the gradient reduction's dtype
+    offload_params_grads_from: int = NEVER
+    # ^ the ZeRO stage from which optimizer offload also keeps the sharded parameters and gradients in
+    #   host memory (the device then holds only the working copy of ``held_copy_bytes``); below it,
+    #   and for every stage at NEVER, offload moves the optimizer states alone
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +75,12 @@ class Timing:
     overlaps_param_gather: bool     # ZeRO-1/2's all-gather after the optimizer runs beside the next forward
     pp_sends_tp_shards: bool        # each TP rank sends 1/tp of a stage boundary even without SP
     sp_keeps_gathered_input: bool   # under SP a column-parallel linear saves its all-gathered input
+    offload_step_copy_bytes: tuple[float, float, float, float] | None = None
+    # ^ by ZeRO stage: bytes per offloaded (local) parameter copied between the device and the host once
+    #   a step; None: ZeRO-Offload's fp32 gradients down and parameters at the training dtype up (Ren et
+    #   al. 2021, Sec 4.1)
+    offload_microbatch_copy_bytes: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    # ^ by ZeRO stage: bytes per offloaded parameter copied every micro-batch
     cp_exchange: Literal["ring", "all-gather"] = "ring"
     # ^ context parallelism's key/value exchange: a ring of blocks overlapped with attention (Liu et
     #   al. 2023, Ring Attention), or one all-gather before attention and a reduce-scatter of their
@@ -100,10 +110,12 @@ class Runtime:
 
 
 # meshplan's executor (executor/). What it cannot run yet is left out, so no plan asks for it.
+# Optimizer offload: ZeRO-1's sharded AdamW with its states in host memory (executor/zero1.py),
+# FSDP2's CPUOffloadPolicy at ZeRO-2/3 (executor/parallelize.py offload_policy)
 _TORCH_RUNS = Combinations(
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1, 2, 3), zero_stages_with_tp=(0, 1, 2, 3),
     schedules=ALL_SCHEDULES, recomputes=ALL_RECOMPUTES, sequence_parallel=True,
-    context_parallel=True, offload_zero_stages=(), replicates_kv_heads=False, stages_without_blocks=True)
+    context_parallel=True, offload_zero_stages=(1, 2, 3), replicates_kv_heads=False, stages_without_blocks=True)
 
 TORCH = Runtime(
     name="torch",
@@ -112,19 +124,31 @@ TORCH = Runtime(
     runs={"cuda": _TORCH_RUNS, "cpu": _TORCH_RUNS},
     # fp32 parameters; ZeRO-0/1 autocast keeps bf16 weight copies from forward until backward (+2);
     # FSDP2 with MixedPrecisionPolicy(bf16 params, fp32 reduce) shards the fp32 parameters at
-    # ZeRO-2/3, and ZeRO-2 (reshard_after_forward=False) keeps the gathered bf16 ones (+2)
+    # ZeRO-2/3, and ZeRO-2 (reshard_after_forward=False) keeps the gathered bf16 ones (+2).
+    # Offload: FSDP2's CPUOffloadPolicy "offloads parameters, gradients, and optimizer states to
+    # CPU" (torch 2.13, torch.distributed.fsdp.CPUOffloadPolicy: the sharded parameters live in host
+    # memory and are copied to the device before each all-gather, the reduced gradient shards are
+    # copied back, AdamW steps there); ZeRO-1's sharded AdamW moves its states alone
     mixed=StateLayout(params_bytes=4.0, grads_bytes=4.0, optimizer_bytes=8.0, params_sharded_from=2,
-                      grads_sharded_from=2, optimizer_sharded_from=1, held_copy_bytes=(2.0, 2.0, 2.0, 0.0)),
+                      grads_sharded_from=2, optimizer_sharded_from=1, held_copy_bytes=(2.0, 2.0, 2.0, 0.0),
+                      offload_params_grads_from=2),
     # fp32: ZeRO-2 keeps the gathered fp32 parameters (+4); replicate() (ZeRO-0 under TP or a
     # pipeline) gathers a working copy for forward and keeps it until backward (+4, measured on
     # cpu-gloo, tests/test_executor_plans.py)
     fp32=StateLayout(params_bytes=4.0, grads_bytes=4.0, optimizer_bytes=8.0, params_sharded_from=2,
                      grads_sharded_from=2, optimizer_sharded_from=1, held_copy_bytes=(0.0, 0.0, 4.0, 0.0),
-                     replicate_copy_bytes=4.0),
+                     replicate_copy_bytes=4.0, offload_params_grads_from=2),
     # FSDP2 gathers every forward at ZeRO-2 too; the ZeRO-1 optimizer's step ends by sending the
-    # updated shards to every replica, before the next forward starts (executor/train.py)
+    # updated shards to every replica, before the next forward starts (executor/train.py).
+    # Offload copies: ZeRO-1's sharded AdamW copies its gradient rows and parameter rows to the host
+    # and the parameter rows back, fp32, once a step (4 + 4 + 4, executor/zero1.py); FSDP2's
+    # CPUOffloadPolicy copies the fp32 parameter shard to the device before every all-gather (each
+    # forward; ZeRO-3 again for backward) and the fp32 reduced gradient shard back every micro-batch
+    # (ZeRO-2: 4 + 4, ZeRO-3: 4 + 4 + 4; torch 2.13, torch.distributed.fsdp: FSDPParam.all_gather_inputs
+    # and foreach_reduce)
     timing=Timing(params_gathered_every_microbatch=(2, 3), grads_reduced_every_microbatch=(2, 3),
                   overlaps_param_gather=False, pp_sends_tp_shards=False, sp_keeps_gathered_input=True,
+                  offload_step_copy_bytes=(0.0, 12.0, 0.0, 0.0), offload_microbatch_copy_bytes=(0.0, 0.0, 8.0, 12.0),
                   cp_exchange="all-gather"),      # executor/context.py
 )
 

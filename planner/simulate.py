@@ -45,6 +45,8 @@ simulation changes how they compose, never what a layer costs.
 """
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass, fields, replace
 
 from .cluster import Cluster
@@ -124,11 +126,11 @@ class StepWork:
     embedding_allreduce_s: float = 0.0                    # tied embedding, first and last stage
     optimizer_s: tuple[float, ...] = ()                   # per rank
 
-    @property
+    @functools.cached_property
     def pp(self) -> int:
         return len(self.chunks)
 
-    @property
+    @functools.cached_property
     def vpp(self) -> int:
         return len(self.chunks[0])
 
@@ -256,6 +258,10 @@ def _run_pass(work: StepWork, st: _Rank, op: tuple[str, int, int], ready_s: floa
         ready[j] = st.collective(at, sizes[j], mb, chunk) if sizes[j] else at
 
     reduce = not forward and (work.reduce_every_microbatch or mb == work.num_microbatches - 1)
+    if not plan and not reduce and (not st.dp_busy or st.dp_busy[-1][1] <= t):
+        for lw in order:                    # no collective beside it: the layers add up
+            t += lw.fwd_s if forward else lw.bwd_s
+        order = ()
     for j, lw in enumerate(order):
         if plan:
             if ready[j] is None:              # issued now (no overlap: when the layer needs it)
@@ -289,21 +295,30 @@ def _run_pass(work: StepWork, st: _Rank, op: tuple[str, int, int], ready_s: floa
     st.compute_free = t
 
 
-def _send(work: StepWork, st: _Rank, op: tuple[str, int, int], arrivals: dict) -> None:
-    """Pass the pass's output to the next virtual stage (forward) or the previous (backward)."""
+def _send_target(work: StepWork, rank: int, op: tuple[str, int, int]) -> tuple | None:
+    """(stream, arrival key) of a pass's output: the next virtual stage (forward) or the previous
+    (backward); None at the ends."""
     kind, mb, chunk = op
-    p, stages = work.pp, work.pp * work.vpp
-    stage = chunk * p + st.rank
+    stage = chunk * work.pp + rank
     target = stage + 1 if kind == "F" else stage - 1
-    if not 0 <= target < stages:
+    if not 0 <= target < work.pp * work.vpp:
+        return None
+    return SEND_NEXT if kind == "F" else SEND_PREV, (kind, mb, target)
+
+
+def _send(work: StepWork, st: _Rank, op: tuple[str, int, int], target: tuple | None, arrivals: dict) -> None:
+    """Pass the pass's output on (``target``: ``_send_target``)."""
+    if target is None:
         return
-    stream = SEND_NEXT if kind == "F" else SEND_PREV
-    start = max(st.compute_free, st.send_free[stream])
+    stream, key = target
+    _, mb, chunk = op
+    free = st.send_free[stream]
+    start = st.compute_free if st.compute_free > free else free
     end = start + work.hop_s
     st.send_free[stream] = end
     if work.hop_s > 0 and st.events is not None:
         st.record(stream=stream, kind="send", start_s=start, end_s=end, microbatch=mb, chunk=chunk)
-    arrivals[(kind, mb, target)] = end
+    arrivals[key] = end
     if work.blocking_sends:
         st.block_until = end
 
@@ -342,20 +357,22 @@ def simulate_work(work: StepWork, *, record: bool = True) -> Timeline:
         for st in ranks:
             for chunk in (0, 1):
                 _param_sync(work, st, chunk, 0.0)
+    needs = [[_needs(work, r, op) for op in prog] for r, prog in enumerate(programs)]
+    targets = [[_send_target(work, r, op) for op in prog] for r, prog in enumerate(programs)]
     while remaining:
         progressed = False
         for r in range(p):
-            st, prog = ranks[r], programs[r]
+            st, prog, need_of, target_of = ranks[r], programs[r], needs[r], targets[r]
             while position[r] < len(prog):
                 op = prog[position[r]]
-                need = _needs(work, r, op)
+                need = need_of[position[r]]
                 if need is not None and need not in arrivals:
                     break
                 if step_sync and op[0] == "F":
                     _sync_ahead(work, st, forwards[r], arrivals[need] if need is not None else 0.0)
                     forwards[r] += 1
                 _run_pass(work, st, op, arrivals[need] if need is not None else 0.0)
-                _send(work, st, op, arrivals)
+                _send(work, st, op, target_of[position[r]], arrivals)
                 position[r] += 1
                 remaining -= 1
                 progressed = True

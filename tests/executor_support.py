@@ -128,12 +128,22 @@ def reference_run(spec: ModelSpec, *, steps: int, seed: int = 0, lr: float = 1e-
     if recompute_per_layer:
         from executor.parallelize import apply_ac
         apply_ac(model, recompute_per_layer)
+
+    def loss_of(step: int) -> torch.Tensor:
+        tokens = global_batch(step, seed=seed, batch=global_batch_size, seq_len=seq_len, vocab_size=spec.vocab_size)
+        logits = model(tokens[:, :-1])                                   # (B, S, V)
+        return F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+
+    return adamw_steps(model, loss_of, steps=steps, lr=lr)
+
+
+def adamw_steps(model, loss_of, *, steps: int, lr: float = 1e-3):
+    """``steps`` AdamW steps of ``model`` on ``loss_of(step)`` (the loss of step ``step``'s batch).
+    Returns (losses, first step's gradients by parameter path)."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, foreach=False)
     losses, grads = [], None
     for step in range(steps):
-        tokens = global_batch(step, seed=seed, batch=global_batch_size, seq_len=seq_len, vocab_size=spec.vocab_size)
-        logits = model(tokens[:, :-1])                                   # (B, S, V)
-        loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+        loss = loss_of(step)
         loss.backward()
         if grads is None:
             grads = {name: p.grad.clone() for name, p in model.named_parameters()}

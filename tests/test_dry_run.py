@@ -84,3 +84,19 @@ def test_a_dry_run_needs_no_steps_and_a_run_does(cli, tmp_path):
     out = cli("run", "--plan", str(plan), "--model", "llama3-8b")
     assert out.returncode == 2
     assert out.stderr.strip() == "meshplan run: error: --steps: required unless --dry-run: the optimizer steps to run"
+
+
+def test_an_offloaded_zero3_plan_keeps_its_model_states_in_host_memory(cli, tmp_path):
+    """FSDP2's CPU offload at ZeRO-3: no parameter, gradient or optimizer byte on the GPU (the plan's
+    prediction), and on the host each rank's share of 16 bytes per parameter (fp32 weights, gradients,
+    two Adam moments) of Llama-3 8B's 8.03e9 over tp 2 x dp 4."""
+    from executor.dryrun import dry_run
+    from executor.plan_file import load_plan
+    out = cli("plan", "--model", "llama3-8b", "--cluster", "h100-80g", "--gpus", "8", "--global-batch", "64",
+              "--tp", "2", "--zero", "3", "--offload", "optimizer", "--out", str(tmp_path / "plan.json"))
+    assert out.returncode == 0, out.stderr
+    reports, _ = dry_run(load_plan(str(tmp_path / "plan.json")))
+    for r in reports:
+        assert r.problems == [] and (r.params_bytes, r.grads_bytes, r.optimizer_bytes) == (0, 0, 0)
+        assert r.predicted["params"] == r.predicted["grads"] == r.predicted["optimizer"] == 0
+        assert abs(r.host_bytes - 8.03e9 * 16 / 8) <= 0.01 * 8.03e9 * 16 / 8, r.host_bytes

@@ -39,23 +39,14 @@ EXAMPLE = (torch.randn(2, 16),)
 loss_fn = None                                            # auto_parallelize's default: mean squared error
 '''
 
-# a small language model: vocabulary-parallel embedding, residual blocks whose MLPs TP splits
-# column then row, a head, and code between the layers (the pipeline must carry it over)
-TOKENS = '''
+LM_HEADER = '''
 import torch
 import torch.nn.functional as F
 from torch import nn
+'''
 
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.norm = nn.LayerNorm(32)
-        self.fc1 = nn.Linear(32, 64)
-        self.fc2 = nn.Linear(64, 32)
-
-    def forward(self, x):                                 # (B, S, 32) -> (B, S, 32)
-        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
-
+# the language model around the blocks, and its data and loss (the block is defined before it)
+LM = '''
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
@@ -79,6 +70,41 @@ EXAMPLE = (torch.randint(0, 64, (2, 16)),)
 def loss_fn(logits, targets):                             # (B, S, V), (B, S)
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 '''
+
+# a small language model: vocabulary-parallel embedding, residual blocks whose MLPs TP splits
+# column then row, a head, and code between the layers (the pipeline must carry it over)
+TOKENS = LM_HEADER + '''
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(32)
+        self.fc1 = nn.Linear(32, 64)
+        self.fc2 = nn.Linear(64, 32)
+
+    def forward(self, x):                                 # (B, S, 32) -> (B, S, 32)
+        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+''' + LM
+
+# causal self-attention written out (QK^T, softmax, by V) in residual blocks: what selective
+# recompute finds and recomputes in a module it did not build (executor/selective.py)
+ATTENTION = LM_HEADER + '''
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.RMSNorm(32)
+        self.q, self.k, self.v = nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 32)
+        self.proj = nn.Linear(32, 32)
+        self.fc = nn.Linear(32, 32)
+
+    def forward(self, x):                                 # (B, S, 32) -> (B, S, 32)
+        b, s, _ = x.shape
+        n = self.norm(x)
+        q, k, v = (f(n).view(b, s, -1, 8).transpose(1, 2) for f in (self.q, self.k, self.v))  # (B, nh, S, 8)
+        scores = (q @ k.transpose(-1, -2) / 8 ** 0.5).masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1),
+                                                                   float("-inf"))           # (B, nh, S, S)
+        x = x + self.proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(b, s, -1))
+        return x + self.fc(F.gelu(x))
+''' + LM
 
 SCRIPT = '''
 import json, os, sys
@@ -169,3 +195,15 @@ def test_auto_parallelize_runs_a_tensor_and_pipeline_parallel_plan(tmp_path):
     if result["pp"] > 1:
         assert [p for s in result["stages"] for p in s] == ["embed", "blocks.0", "blocks.1", "head"]
     assert_losses(result["losses"], _reference(TOKENS), against="single process")
+
+
+def test_auto_parallelize_runs_selective_recompute_with_tp_and_fsdp(tmp_path):
+    """Knobs(recompute="selective", dp=2, tp=2, zero=3): every block runs under torch's selective
+    checkpointing (the attention core and pointwise ops recomputed, the linears kept) on DTensor
+    shards inside FSDP2's units, and trains as one process does; the run notes where it differs
+    from the plan."""
+    result = _torchrun(tmp_path, ATTENTION, knobs={"recompute": "selective", "dp": 2, "tp": 2, "zero": 3})
+    assert result["planned"]["recompute"] == "selective" and (result["dp"], result["tp"], result["zero"]) == (2, 2, 3)
+    assert result["tp_plan"]["blocks.0.q"] == "colwise" and result["tp_plan"]["blocks.0.proj"] == "rowwise"
+    assert [n.split(":")[0] for n in result["notes"] if "selective" in n] == ["blocks.0", "blocks.1"]
+    assert_losses(result["losses"], _reference(ATTENTION), against="single process")

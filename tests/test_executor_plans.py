@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from executor.models import build_model
 from executor_support import (TINY_GPT, TINY_LLAMA, assert_losses, load_rank_grads, plan_cluster, reference_run,
                               spawn, write_plan)
 
@@ -67,23 +68,44 @@ def _run_plans(jobs: list[tuple[str, str]], out_dir: str) -> None:
             Path(f"{out_dir}/{name}.json").write_text(json.dumps(measured))
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    """Run every plan once, grouped by world size; {(model, plan): (measured, gradients)}."""
-    tmp = tmp_path_factory.mktemp("equivalence")
+# optimizer offload (ZeRO-Offload, Ren et al. 2021): ZeRO-1's sharded AdamW stepping in host memory
+# (executor/zero1.py), FSDP2's CPUOffloadPolicy at ZeRO-2/3; run apart from PLANS (their own processes)
+OFFLOAD_PLANS = {
+    "zero1-offload": (2, {"dp": 2, "zero": 1, "offload": "optimizer"}),
+    "zero2-offload": (2, {"dp": 2, "zero": 2, "offload": "optimizer"}),
+    "zero3-offload": (2, {"dp": 2, "zero": 3, "offload": "optimizer"}),
+    "dp2-tp2-zero3-offload": (4, {"dp": 2, "tp": 2, "zero": 3, "offload": "optimizer"}),
+    "pp2-dp2-zero1-offload": (4, {"pp": 2, "dp": 2, "zero": 1, "schedule": "1f1b", "micro_batch": 1,
+                                  "offload": "optimizer"}),
+    "cp2-dp2-zero2-offload": (4, {"cp": 2, "dp": 2, "zero": 2, "offload": "optimizer"}),
+}
+
+
+def _results(tmp, plans: dict) -> dict:
+    """Run every plan of ``plans`` once, grouped by world size; {(model, plan): (measured, gradients)}."""
     by_world: dict[int, list[tuple[str, str]]] = {}
     for model, spec in MODELS.items():
-        for plan, (world, knobs) in PLANS.items():
+        for plan, (world, knobs) in plans.items():
             path = write_plan(tmp, spec, gpus=world, name=f"{model}-{plan}", cluster=plan_cluster(spec, knobs), **knobs)
             by_world.setdefault(world, []).append((f"{model}-{plan}", path))
     for world, jobs in sorted(by_world.items()):
         spawn(_run_plans, world, jobs, str(tmp))
     out = {}
     for model, spec in MODELS.items():
-        for plan, (world, _) in PLANS.items():
+        for plan, (world, _) in plans.items():
             measured = json.loads((tmp / f"{model}-{plan}.json").read_text())
             out[model, plan] = measured, load_rank_grads(str(tmp / f"{model}-{plan}.grads"), world, spec)
     return out
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return _results(tmp_path_factory.mktemp("equivalence"), PLANS)
+
+
+@pytest.fixture(scope="module")
+def offload_results(tmp_path_factory):
+    return _results(tmp_path_factory.mktemp("offload"), OFFLOAD_PLANS)
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +116,18 @@ def references():
 @pytest.mark.parametrize("plan", list(PLANS))
 @pytest.mark.parametrize("model", list(MODELS))
 def test_losses_and_gradients_equal_single_process(results, references, model, plan):
-    measured, grads = results[model, plan]
-    ref_losses, ref_grads = references[model]
+    _assert_equal_single_process(results[model, plan], references[model])
+
+
+@pytest.mark.parametrize("plan", list(OFFLOAD_PLANS))
+@pytest.mark.parametrize("model", list(MODELS))
+def test_offload_losses_and_gradients_equal_single_process(offload_results, references, model, plan):
+    _assert_equal_single_process(offload_results[model, plan], references[model])
+
+
+def _assert_equal_single_process(result, reference) -> None:
+    measured, grads = result
+    ref_losses, ref_grads = reference
     assert len(measured["losses"]) == STEPS
     assert_losses(measured["losses"], ref_losses, against="single process")
     assert set(grads) == set(ref_grads)
@@ -129,7 +161,10 @@ def test_model_state_bytes_match_cost_model(results, model, plan):
     The cost model counts ZeRO-2's gathered parameters (held from forward to backward) with the
     parameters, ZeRO-3's transient ones with 'other'."""
     measured, _ = results[model, plan]
-    zero = PLANS[plan][1].get("zero", 0)
+    _assert_device_states(measured, zero=PLANS[plan][1].get("zero", 0))
+
+
+def _assert_device_states(measured: dict, zero: int) -> None:
     for rank in measured["memory_per_rank_bytes"]:
         want = _predicted(measured, rank["pp_rank"])
         got = {"params": rank["params"] + (rank["params_gathered"] if zero == 2 else 0),
@@ -137,6 +172,29 @@ def test_model_state_bytes_match_cost_model(results, model, plan):
         for key, value in got.items():
             assert abs(value - want[key]) <= 0.02 * want[key], (
                 f"rank {rank['rank']} {key}: measured {value} B, predicted {want[key]} B")
+
+
+@pytest.mark.parametrize("plan", [plan for plan, (_, knobs) in OFFLOAD_PLANS.items() if "tp" not in knobs
+                                  and "pp" not in knobs])   # every rank holds (a shard of) every parameter
+@pytest.mark.parametrize("model", list(MODELS))
+def test_offload_keeps_the_states_the_cost_model_says_in_host_memory(offload_results, model, plan):
+    """Offloaded, the device keeps what the plan predicts (ZeRO-1: the parameters and gradients, no
+    optimizer; ZeRO-2: the gathered parameters alone; ZeRO-3: nothing), and host memory the rest,
+    each category within 2% of planner/cost/memory.py's host bytes per parameter times the model's
+    parameters. Host and device are told apart by what the executor asked for (executor/measure.py)."""
+    from planner.cost.memory import state_bytes_per_param
+    measured, _ = offload_results[model, plan]
+    _, knobs = OFFLOAD_PLANS[plan]
+    assert measured["predicted"]["memory_per_stage_bytes"][0]["optimizer"] == 0     # the plan offloads
+    _assert_device_states(measured, zero=knobs["zero"])
+    host = state_bytes_per_param(framework="torch", precision="fp32", zero=knobs["zero"],
+                                 shard=knobs["dp"] * knobs.get("cp", 1), offload="optimizer")
+    params = sum(p.numel() for p in build_model(MODELS[model], "meta").parameters())    # tied: counted once
+    for rank in measured["memory_per_rank_bytes"]:
+        for key, per_param in (("params", host.host_params), ("grads", host.host_grads),
+                               ("optimizer", host.host_optimizer)):
+            want, got = params * per_param, rank["host"][key]
+            assert abs(got - want) <= 0.02 * want, f"rank {rank['rank']} host {key}: measured {got} B, predicted {want} B"
 
 
 # Full recompute: the hooks see each block's input (checkpoint saves it through autograd) but not

@@ -72,6 +72,19 @@ def test_offload_moves_the_optimizer_to_the_host():
     assert s.optimizer == 0 and s.host_optimizer == 12 / 4
 
 
+def test_torch_offload_layouts():
+    """meshplan's executor: ZeRO-1's sharded AdamW moves its 8 bytes of states alone (executor/zero1.py);
+    FSDP2's CPUOffloadPolicy at ZeRO-2/3 moves the fp32 parameter and gradient shards too, and the
+    device keeps only ZeRO-2's gathered copy (bf16 under mixed precision)."""
+    z1 = state_bytes_per_param(framework="torch", precision="bf16", zero=1, shard=8, offload="optimizer")
+    assert (z1.params, z1.grads, z1.optimizer) == (6, 4, 0) and (z1.host_params, z1.host_grads, z1.host) == (0, 0, 1)
+    z2 = state_bytes_per_param(framework="torch", precision="bf16", zero=2, shard=8, offload="optimizer")
+    assert (z2.params, z2.grads, z2.optimizer) == (2, 0, 0)
+    assert (z2.host_params, z2.host_grads, z2.host_optimizer) == (0.5, 0.5, 1)
+    z3 = state_bytes_per_param(framework="torch", precision="fp32", zero=3, shard=4, offload="optimizer")
+    assert (z3.params, z3.grads, z3.optimizer) == (0, 0, 0) and z3.host == 1 + 1 + 2
+
+
 def test_inflight_microbatches_per_schedule():
     assert inflight_microbatches("gpipe", rank=0, pp=4, vpp=1, num_microbatches=16) == 16
     assert [inflight_microbatches("1f1b", rank=r, pp=4, vpp=1, num_microbatches=16) for r in range(4)] == \

@@ -103,3 +103,48 @@ def test_work_floor_is_linear_and_below_the_layer_time(model, cluster):
                 assert k * one <= (cost.fwd_s + cost.bwd_s) * (1 + 1e-12)      # equal for memory-bound layers
             if layer.is_block and tp <= 2:
                 assert cost.work_floor_s > 0.5 * (cost.fwd_s + cost.bwd_s)
+
+
+def test_processes_beyond_the_cores_time_share_them():
+    """cpu-gloo is 2 cores (profiles/cpu-gloo.toml [host] cores): 4 one-thread processes get half a
+    core each, so every layer runs 2x as long as with 2 processes and gloo moves half as fast;
+    GPU profiles have no cores to share."""
+    from planner.cost.layer import Context, layer_cost
+    graph = build_layer_graph(ZOO["llama2-7b"])
+    ctx = Context(micro_batch=1, seq_len=256, tp=1, cp=1, sequence_parallel=False, precision="fp32",
+                  attention="flash", framework="torch", tp_comm_overlap=False)
+    two, four, eight = (load_cluster("cpu-gloo", n) for n in (2, 4, 8))
+    assert (two.time_share, four.time_share, eight.time_share) == (1.0, 0.5, 0.25)
+    block = graph.layers[1]
+    base = layer_cost(block, ctx, two)
+    for cluster, factor in ((four, 2.0), (eight, 4.0)):
+        cost = layer_cost(block, ctx, cluster)
+        assert cost.fwd_s == pytest.approx(factor * base.fwd_s, rel=1e-9)
+        assert cost.bwd_s == pytest.approx(factor * base.bwd_s, rel=1e-9)
+        assert cluster.intra.bytes_per_s == pytest.approx(two.intra.bytes_per_s / factor)
+    assert eight.with_gpus(2).device.peak("fp32") == two.device.peak("fp32")      # back to alone
+    gpu = load_cluster("a100-80g", 1024)
+    assert gpu.time_share == 1.0 and gpu.with_gpus(8).device == gpu.device
+
+
+def test_torch_offload_copies_every_microbatch_under_fsdp_and_once_under_zero1():
+    """Offloaded, the torch runtime copies per local parameter: FSDP2 (ZeRO-3) the fp32 shard up
+    before the forward and the backward all-gathers and the fp32 gradient shard down, 4 + 4 + 4 bytes
+    every micro-batch; ZeRO-1's sharded AdamW gradient rows down, parameter rows down and up, 12 bytes
+    once a step (planner/runtimes.py). Doubling the micro-batches adds 8 x 12 bytes per local
+    parameter under ZeRO-3 and nothing under ZeRO-1, beyond what it adds without offload."""
+    from planner.cost.step import CostCache, optimizer_time_s
+    from planner.network import host_transfer_s
+    params = 1e9
+    work = replace(WORK, framework="torch", precision="fp32")
+    extra = {}
+    for zero in (1, 3):
+        seconds = {}
+        for offload in ("none", "optimizer"):
+            for m in (8, 16):
+                c = ParallelConfig(dp=8, tp=1, pp=1, zero=zero, micro_batch=1, num_microbatches=m, offload=offload)
+                cache = CostCache(GRAPH, CLUSTER, replace(work, global_batch=8 * m))
+                seconds[offload, m] = optimizer_time_s(cache, c, params)
+        extra[zero] = (seconds["optimizer", 16] - seconds["optimizer", 8]) - (seconds["none", 16] - seconds["none", 8])
+    assert extra[3] == pytest.approx(host_transfer_s(CLUSTER, params / 8 * 12 * 8))
+    assert extra[1] == pytest.approx(0.0, abs=1e-12)

@@ -202,8 +202,8 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     sac = _SacOutputs()         # what operator-level selective checkpointing keeps (``_op_policy``)
     eager_loss = RUNTIMES[ctx.framework].loss == "eager" if ctx.framework in RUNTIMES else True
     for op in layer.ops:
-        if op.measured_fwd_s is not None:        # measured by `meshplan profile --ops`, per token
-            share = ctx.tokens / _op_divisor(op, ctx)
+        if op.measured_fwd_s is not None:        # measured by `meshplan profile --ops`, per token, alone
+            share = ctx.tokens / _op_divisor(op, ctx) / cluster.time_share     # processes sharing cores
             f = op.measured_fwd_s * share
             b = (op.measured_bwd_s if op.measured_bwd_s is not None else 2 * op.measured_fwd_s) * share
             fwd, bwd, floor = fwd + f, bwd + b, floor + f + b

@@ -18,6 +18,13 @@ class StateBytes:
     grads: float
     optimizer: float
     host_optimizer: float = 0.0     # moved to host memory by optimizer offload
+    host_params: float = 0.0        # sharded parameters and gradients moved with it, where the runtime
+    host_grads: float = 0.0         # offloads them too (StateLayout.offload_params_grads_from)
+
+    @property
+    def host(self) -> float:
+        """Bytes per parameter in host memory."""
+        return self.host_params + self.host_grads + self.host_optimizer
 
 
 @functools.lru_cache(maxsize=4096)       # pure: a memo of the search's most frequent call
@@ -28,7 +35,10 @@ def state_bytes_per_param(*, framework: str, precision: str, zero: int, shard: i
     ``shard`` is the size of the group ZeRO partitions over (data x context parallel). A
     category is divided by it from the ZeRO stage the layout shards it at; the parameters
     add the unsharded working copy the runtime holds from forward until backward at that
-    stage. fp32 training has no master copy: parameters 4, gradients 4, Adam 8.
+    stage. fp32 training has no master copy: parameters 4, gradients 4, Adam 8. Optimizer
+    offload moves the optimizer states to the host, and from the layout's
+    ``offload_params_grads_from`` stage the parameter and gradient shards too (the working
+    copy stays on the device).
     """
     layout = RUNTIMES[framework].layout(precision)
     d = max(1, shard)
@@ -36,12 +46,16 @@ def state_bytes_per_param(*, framework: str, precision: str, zero: int, shard: i
     def share(nbytes: float, sharded_from: int) -> float:
         return nbytes / (d if zero >= sharded_from else 1)
 
-    params = share(layout.params_bytes, layout.params_sharded_from) + layout.held_copy_bytes[zero]
+    params = share(layout.params_bytes, layout.params_sharded_from)
+    held = layout.held_copy_bytes[zero]
     grads = share(layout.grads_bytes, layout.grads_sharded_from)
     opt = share(layout.optimizer_bytes, layout.optimizer_sharded_from)
-    if offload == "optimizer":
-        return StateBytes(params=params, grads=grads, optimizer=0.0, host_optimizer=opt)
-    return StateBytes(params=params, grads=grads, optimizer=opt)
+    if offload != "optimizer":
+        return StateBytes(params=params + held, grads=grads, optimizer=opt)
+    if zero >= layout.offload_params_grads_from:
+        return StateBytes(params=held, grads=0.0, optimizer=0.0, host_optimizer=opt, host_params=params,
+                          host_grads=grads)
+    return StateBytes(params=params + held, grads=grads, optimizer=0.0, host_optimizer=opt)
 
 
 def working_copy_bytes_per_param(*, framework: str, precision: str, zero: int, tp: int, pp: int) -> float:

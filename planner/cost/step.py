@@ -81,7 +81,7 @@ class Estimate:
     memory_per_stage: tuple[Memory, ...]
     time: StepTime
     capacity_bytes: float
-    host_bytes_per_node: float     # offloaded optimizer states and activations per node
+    host_bytes_per_node: float     # offloaded model states and activations per node
     host_capacity_bytes: float
     fits: bool
 
@@ -171,6 +171,7 @@ class CostCache:
         self._totals: dict[Context, tuple[float, float, float, float]] = {}
         self._contexts: dict[tuple, Context] = {}
         self._rank_sums: dict[tuple, tuple] = {}
+        self._optimizer_rates: dict[tuple, float] = {}
 
     def context(self, config: ParallelConfig) -> Context:
         key = (config.micro_batch, config.tp, config.cp, config.sequence_parallel, config.dp, config.pp)
@@ -480,7 +481,19 @@ def _dp_comm_uncached(cache: CostCache, config: ParallelConfig, rank: RankCost) 
 def optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float) -> float:
     """Seconds of the optimizer step over ``params`` parameters of one rank (its ZeRO share), and of
     the step's parameter-sized casts and gradient accumulation under torch eager mixed precision
-    (planner.cost.eager.step_param_bytes; zero for the fused runtimes)."""
+    (planner.cost.eager.step_param_bytes; zero for the fused runtimes). Every term is bytes per
+    parameter over a bandwidth: linear in ``params``, one rate per configuration (memoised on what
+    it depends on)."""
+    if params <= 0:
+        return 0.0
+    key = (config.dp * config.cp, config.tp > 1, config.pp > 1, config.num_microbatches, config.zero, config.offload)
+    rate = cache._optimizer_rates.get(key)
+    if rate is None:
+        rate = cache._optimizer_rates[key] = _optimizer_time_s(cache, config, 1.0)
+    return params * rate
+
+
+def _optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float) -> float:
     cluster, w = cache.cluster, cache.workload
     local = params / (config.dp * config.cp if config.zero >= 1 else 1)
     dev = cluster.device
@@ -490,34 +503,43 @@ def optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float) ->
     casts_s = eager_s({c: params * b for c, b in per_param.items()}, 0, dev)
     if config.offload == "none":
         return casts_s + local * ADAM_BYTES_PER_PARAM / (dev.hbm_bytes_per_s * dev.hbm_efficiency)
-    # ZeRO-Offload (Ren et al. 2021): gradients down, Adam on the CPU, parameters up.
+    # ZeRO-Offload (Ren et al. 2021): gradients down, Adam on the CPU, parameters up, as the
+    # runtime copies them (planner/runtimes.py Timing.offload_*_copy_bytes).
     # All GPUs of a node share the host's DRAM bandwidth.
     per_node = min(cluster.gpus_per_node, cluster.num_gpus)
     cpu_s = per_node * local * ADAM_BYTES_PER_PARAM / (cluster.host_dram.effective_bytes_per_s)
-    return casts_s + cpu_s + network.host_transfer_s(cluster, local * (4.0 + DTYPE_BYTES[w.precision]))
+    timing = RUNTIMES[w.framework].timing
+    once = timing.offload_step_copy_bytes
+    copies = ((4.0 + DTYPE_BYTES[w.precision]) if once is None else once[config.zero]) \
+        + config.num_microbatches * timing.offload_microbatch_copy_bytes[config.zero]
+    return casts_s + cpu_s + network.host_transfer_s(cluster, local * copies)
 
 
 def _optimizer_s(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[float, float]:
     """(seconds, host bytes per node) of the optimizer step of one rank."""
-    seconds = optimizer_time_s(cache, config, rank.params)
+    return optimizer_time_s(cache, config, rank.params), _host_bytes(cache, config, rank)
+
+
+def _host_bytes(cache: CostCache, config: ParallelConfig, rank: RankCost) -> float:
+    """Bytes the node's host memory holds for this rank's offloaded states, times the node's ranks."""
     if config.offload == "none":
-        return seconds, 0.0
+        return 0.0
     w, cluster = cache.workload, cache.cluster
     states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
                                    shard=config.dp * config.cp, offload="optimizer")
-    return seconds, min(cluster.gpus_per_node, cluster.num_gpus) * rank.params * states.host_optimizer
+    return min(cluster.gpus_per_node, cluster.num_gpus) * rank.params * states.host
 
 
-def _host_bytes(cache: CostCache, config: ParallelConfig, ranks: list[RankCost]) -> float:
-    """Host memory per node: the offloaded optimizer states, and the activations offloaded by recompute
-    "offload" of the micro-batches in flight, of the node's GPUs (all alike: the most loaded rank's)."""
+def _host_bytes_per_node(cache: CostCache, config: ParallelConfig, ranks: list[RankCost]) -> float:
+    """Host memory per node: the offloaded model states (``_host_bytes``), and the activations offloaded by
+    recompute "offload" of the micro-batches in flight, of the node's GPUs (all alike: the most loaded
+    rank's)."""
     per_node = min(cache.cluster.gpus_per_node, cache.cluster.num_gpus)
     most = 0.0
     for r, rank in enumerate(ranks):
-        optimizer = _optimizer_s(cache, config, rank)[1] if config.offload != "none" else 0.0
         inflight = inflight_microbatches(config.schedule, rank=r, pp=config.pp, vpp=config.vpp,
                                          num_microbatches=config.num_microbatches)
-        most = max(most, optimizer + per_node * rank.host_act_bytes * inflight)
+        most = max(most, _host_bytes(cache, config, rank) + per_node * rank.host_act_bytes * inflight)
     return most
 
 
@@ -605,7 +627,7 @@ def peak_memory(cache: CostCache, config: ParallelConfig) -> tuple[float, float]
             rank.params * per_param + rank.peak_extra_bytes + rank.act_bytes * inflight_microbatches(
                 config.schedule, rank=r, pp=config.pp, vpp=config.vpp, num_microbatches=config.num_microbatches)
             for r, rank in enumerate(ranks))
-    return device, _host_bytes(cache, config, ranks)
+    return device, _host_bytes_per_node(cache, config, ranks)
 
 
 def fits(cache: CostCache, config: ParallelConfig) -> bool:
@@ -631,7 +653,7 @@ def estimate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: Pa
         dp_exposed = max(dp_exposed, exposed - slack)
     opt = [_optimizer_s(cache, config, rank) for rank in ranks]
     opt_s = max(o[0] for o in opt)
-    host_bytes = _host_bytes(cache, config, ranks)
+    host_bytes = _host_bytes_per_node(cache, config, ranks)
     tied_s = tied_embedding_sync_s(cache, config)
     step = pipe + dp_exposed + opt_s + tied_s
     compute = m * (slow.fwd_s + slow.bwd_s - slow.recompute_s - slow.tp_comm_s - slow.cp_comm_s)

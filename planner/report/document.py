@@ -108,7 +108,8 @@ def _memory(plan) -> Section:
 
 def _why(plan, analytic: Estimate, knobs: list[Knob]) -> Section:
     e = plan.best.estimate
-    bullets = [f"What limits it: {limits(plan.best.config, e, plan.cluster)}."]
+    bullets = [f"What limits it: {limits(plan.best.config, e, plan.cluster)}.",
+               f"How far to trust these numbers: checked {plan.accuracy().line()}."]
     won = gains(plan.graph, plan.cluster, plan.workload, plan.best.config, analytic)
     for key, what in (("non_uniform_stages", "unequal stages"), ("partial_recompute", "recomputing only some blocks")):
         if key in won:

@@ -30,7 +30,7 @@ from ..cost.layer import POLICY_INDEX
 from ..cost.step import CostCache, estimate, peak_memory
 from ..recompute import every_k, summary_policy
 from ..layers import LayerGraph
-from .enumerate import (Candidate, LayoutBounds, SearchResult, _TopK, _sort_key, layout_order,
+from .enumerate import (OPTIMALITY_GAP, Candidate, LayoutBounds, SearchResult, _TopK, _sort_key, layout_order,
                         least_memory_candidate, optimizer_floor, uniform_phase)
 from .space import Knobs, Layout, Space
 from .stages import GroupProblem, graph_shape, option_lower_bounds
@@ -45,7 +45,7 @@ def default_solver() -> str:
     import importlib.util
     return "highs" if importlib.util.find_spec("highspy") is not None else "cbc"
 
-OPTIMALITY_GAP = 1e-3     # a group is skipped when its bound is within 0.1% of the winner
+# a group is skipped when its bound is within OPTIMALITY_GAP (0.1%) of the winner (enumerate.py)
 
 
 @dataclass
@@ -118,8 +118,6 @@ def _group_cheap_bound(space: Space, cache: CostCache, layout: Layout, schedule:
 
 def _stage_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout], bounds: LayoutBounds, shape,
                  solver: str, prune: bool, time_limit_s: float) -> StageStats:
-    from .exhaustive import solve_group_exhaustively
-    from .ilp import solve_group
     stats = StageStats()
 
     def threshold() -> float:
@@ -160,8 +158,10 @@ def _stage_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout]
                     stats.solved += 1
                     cutoff = top.items[0].estimate.step_time_s if prune and top.items else None
                     if solver == "exhaustive":
+                        from .exhaustive import solve_group_exhaustively
                         found = solve_group_exhaustively(problem)
                     else:
+                        from .ilp import solve_group     # PuLP and the solver load when a group needs them
                         found = solve_group(problem, solver, time_limit_s, cutoff_s=cutoff)
                     if found is None:
                         continue

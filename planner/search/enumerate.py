@@ -67,9 +67,36 @@ def layout_key(config: ParallelConfig) -> tuple[int, int, int, int]:
     return (config.dp, config.tp, config.pp, config.cp)
 
 
+OPTIMALITY_GAP = 1e-3     # the search's answer is the cost model's optimum to within this fraction
+
+
+def _complexity(c: Candidate) -> tuple[int, float]:
+    """What a plan asks of its runtime beyond the plain one: optimizer offload, then the share of
+    its layers it recomputes."""
+    cfg = c.config
+    if cfg.recompute_layers is not None:
+        share = sum(p != "none" for p in cfg.recompute_layers) / max(1, len(cfg.recompute_layers))
+    else:
+        share = 0.0 if cfg.recompute == "none" else 1.0
+    return OFFLOAD_ORDER[cfg.offload], share
+
+
+def _better(new: Candidate, old: Candidate) -> bool:
+    """Whether ``new`` should replace ``old`` (the same layout): faster, unless ``old`` is simpler and
+    within the optimality gap of it; or simpler and within the gap of ``old``."""
+    t_new, t_old = new.estimate.step_time_s, old.estimate.step_time_s
+    if _complexity(new) < _complexity(old) and t_new <= t_old * (1 + OPTIMALITY_GAP):
+        return True
+    if _complexity(new) > _complexity(old) and t_new >= t_old * (1 - OPTIMALITY_GAP):
+        return False
+    return _sort_key(new) < _sort_key(old)
+
+
 class _TopK:
     """The best candidate of each distinct parallel layout (dp, tp, pp, cp), the k fastest
-    layouts kept: the runners-up are other ways to split the job, not near-copies."""
+    layouts kept: the runners-up are other ways to split the job, not near-copies. Within a
+    layout, a plan with more offload or recompute must be faster by more than the optimality gap
+    to displace a simpler one (a 0.02% gain is not worth moving the optimizer to the host)."""
 
     def __init__(self, k: int):
         self.k, self.items = k, []
@@ -77,7 +104,7 @@ class _TopK:
     def add(self, c: Candidate) -> None:
         key = layout_key(c.config)
         same = [x for x in self.items if layout_key(x.config) == key]
-        if same and _sort_key(same[0]) <= _sort_key(c):
+        if same and not _better(c, same[0]):
             return
         self.items = [x for x in self.items if layout_key(x.config) != key] + [c]
         self.items.sort(key=_sort_key)
@@ -108,7 +135,7 @@ class LayoutBounds:
     def __init__(self, space: Space, cache: CostCache, layouts: list[Layout]):
         self.space, self.cache = space, cache
         self._memory: dict[Layout, float] = {}
-        self._order = {lay: self._time_bound(lay, floor=True, optimizer=False) for lay in layouts}
+        self._order = {lay: self._order_bound(lay) for lay in layouts}
         self._floor: dict[Layout, float] = {}
         self._time: dict[Layout, float] = {}
 
@@ -130,6 +157,27 @@ class LayoutBounds:
         if layout not in self._time:
             self._time[layout] = self._time_bound(layout, floor=False)
         return self._time[layout]
+
+    def _order_bound(self, layout: Layout) -> float:
+        """``_time_bound(layout, floor=True, optimizer=False)`` for every layout at once: the linear
+        floor of one micro-batch depends on (tp, pp, cp, dp) only, the schedule's largest virtual
+        stage count on pp and whether the micro-batches divide it (memoised on those)."""
+        space, pp = self.space, layout.pp
+        m = layout.num_microbatches(space.w.global_batch)
+        memo = self.__dict__.setdefault("_order_memo", {})
+        key = (layout.tp, pp, layout.cp, layout.dp)
+        work = memo.get(key)
+        if work is None:
+            work = memo[key] = min(
+                self.cache.totals(self.cache.context(ParallelConfig(
+                    dp=layout.dp, tp=layout.tp, pp=pp, cp=layout.cp, micro_batch=1, num_microbatches=m,
+                    sequence_parallel=sp)))[3] for sp in space.sequence_parallel(layout)) / pp
+        vkey = ("vmax", pp, m % pp == 0)
+        vmax = memo.get(vkey)
+        if vmax is None:
+            vmax = memo[vkey] = max([v for _, v in space.schedules(layout)] or [1])
+        work *= layout.micro_batch
+        return (m + (pp - 1) / vmax) * work if pp > 1 else m * work
 
     def _time_bound(self, layout: Layout, *, floor: bool, optimizer: bool = True) -> float:
         space, cache = self.space, self.cache
@@ -210,14 +258,14 @@ def uniform_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout
                 continue
             if isinstance(cand, _Unfit):
                 stats.checked += 1
-                if stats.least_unfit is None or cand.memory < stats.least_unfit.memory:
+                if stats.least_unfit is None or cand.need < stats.least_unfit.need:
                     stats.least_unfit = cand
             elif cand.estimate.fits:
                 stats.evaluated += 1
                 top.add(cand)
             else:
                 stats.evaluated += 1
-                if stats.least is None or cand.estimate.memory.total < stats.least.estimate.memory.total:
+                if stats.least is None or _need(cand) < _need(stats.least):
                     stats.least = cand
     return stats
 
@@ -225,15 +273,22 @@ def uniform_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout
 def least_memory_candidate(space: Space, cache: CostCache, stats: _Stats) -> Candidate | None:
     """When nothing fits: the candidate that needs the least memory, for the error message."""
     least = stats.least
-    if stats.least_unfit is not None and (least is None or stats.least_unfit.memory < least.estimate.memory.total):
+    if stats.least_unfit is not None and (least is None or stats.least_unfit.need < _need(least)):
         least = Candidate(config=stats.least_unfit.config,
                           estimate=estimate(space.graph, cache.cluster, space.w, stats.least_unfit.config, cache))
     for layout in stats.infeasible_layouts:
         for cand in _frugal_candidates(space, cache, layout):
             stats.evaluated += 1
-            if least is None or cand.estimate.memory.total < least.estimate.memory.total:
+            if least is None or _need(cand) < _need(least):
                 least = cand
     return least
+
+
+def _need(cand: Candidate) -> tuple[bool, float]:
+    """How the no-fit message ranks candidates: those whose offloaded states fit in host memory
+    first (offload can empty the device of model states, but not the host), then by device memory."""
+    e = cand.estimate
+    return e.host_bytes_per_node > e.host_capacity_bytes, e.memory.total
 
 
 def layout_order(space: Space, cache: CostCache) -> tuple[list[Layout], LayoutBounds]:
@@ -278,17 +333,19 @@ def optimizer_floor(space: Space, layout: Layout, cache: CostCache, base: Parall
 
 
 def least_optimizer_rate(space: Space, layout: Layout, cache: CostCache, base: ParallelConfig,
-                         schedule: str | None = None, zero: int | None = None) -> float:
+                         schedule: str | None = None, zero: int | None = None, offload: str | None = None) -> float:
     """Seconds per parameter of the fastest optimizer step over the layout's ZeRO/offload choices (of
-    ZeRO stage ``zero`` only, when given): ``optimizer_time_s`` is linear in the parameters (every
-    term is bytes per parameter over a bandwidth), so one rate per choice, memoised on the cache."""
-    key = (base.dp, base.cp, base.tp, base.pp, base.num_microbatches, schedule, zero)
+    ZeRO stage ``zero`` and offload ``offload`` only, when given): ``optimizer_time_s`` is linear in
+    the parameters (every term is bytes per parameter over a bandwidth), so one rate per choice,
+    memoised on the cache."""
+    key = (base.dp, base.cp, base.tp, base.pp, base.num_microbatches, schedule if zero is None else None, zero,
+           offload)
     memo = cache.__dict__.setdefault("_least_optimizer_rate", {})
     out = memo.get(key)
     if out is None:
         zeros = space.zeros(layout, schedule) if zero is None else [zero]
         out = memo[key] = min((optimizer_time_s(cache, replace(base, zero=z, offload=o), 1.0)
-                               for z in zeros for o in space.offloads(z)), default=0.0)
+                               for z in zeros for o in space.offloads(z) if offload in (None, o)), default=0.0)
     return out
 
 
@@ -393,18 +450,20 @@ def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bo
                                 may_fit[policy] = _policy_memory_bound(space, cache, layout, base, policy) <= capacity
                             if not may_fit[policy]:
                                 continue
-                            # its pipeline and the least optimizer step of its ZeRO stage: too slow, and so is
-                            # every choice with more offload and a policy no faster
-                            params = max(rank.params for rank in rank_costs(cache, config))
-                            least_opt = params * least_optimizer_rate(space, layout, cache, config, schedule, zero)
-                            if rank_pipeline_s(cache, config) + least_opt >= top.threshold:
-                                done.append((o, policy))
-                                continue
+                            # memory first (most candidates that get this far do not fit), then its
+                            # pipeline and its optimizer step on its most loaded rank: too slow, and so is
+                            # every choice with more offload (a slower optimizer step, as this search
+                            # assumes throughout) and a policy no faster (a longer pipeline)
                             device, host = peak_memory(cache, config)
                             if device > capacity or host > host_capacity:
-                                yield _Unfit(config=config, memory=device)
+                                yield _Unfit(config=config, memory=device, host_fits=host <= host_capacity)
                                 continue
                             done.append((o, policy))
+                            params = max(rank.params for rank in rank_costs(cache, config))
+                            least_opt = params * least_optimizer_rate(space, layout, cache, config, schedule, zero,
+                                                                      config.offload)
+                            if rank_pipeline_s(cache, config) + least_opt >= top.threshold:
+                                continue
                         yield Candidate(config=config, estimate=estimate(space.graph, cache.cluster, space.w, config,
                                                                          cache))
 
@@ -419,6 +478,11 @@ class _Unfit:
 
     config: ParallelConfig
     memory: float
+    host_fits: bool = True
+
+    @property
+    def need(self) -> tuple[bool, float]:       # as ``_need``
+        return not self.host_fits, self.memory
 
 
 def _frugal_candidates(space: Space, cache: CostCache, layout: Layout):

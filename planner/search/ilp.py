@@ -238,7 +238,8 @@ def _most_blocks(pr: GroupProblem, r: int, cap_gib: float, act_gib: dict[str, fl
         base = (opt.other_bytes + fixed.params * opt.state_bytes + fixed.extra_bytes) / gib + inflight * fixed.act_bytes / gib
         per_block = pr.block.params * opt.state_bytes / gib + inflight * min(act_gib.values())
         fit = max(fit, (cap_gib - base) / per_block if per_block > 0 else math.inf)
-    return max(0, min(pr.num_blocks - (pr.p - 1) * pr.v, math.floor(fit + 1e-9)))
+    most = pr.num_blocks - (pr.p - 1) * pr.v
+    return most if fit >= most else max(0, math.floor(fit + 1e-9))
 
 
 def _data_parallel(prob, pr: GroupProblem, opt: Option, k: int, r: int, nb, F, B, D, z) -> None:

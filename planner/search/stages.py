@@ -16,6 +16,7 @@ every constant of the cost model that these decisions combine linearly.
 from __future__ import annotations
 
 import copy
+import heapq
 import math
 from dataclasses import dataclass, replace
 
@@ -71,7 +72,7 @@ class Option:
     zero: int
     offload: str
     state_bytes: float            # params + grads + optimizer bytes per parameter on the GPU
-    host_bytes: float             # optimizer bytes per parameter in host memory
+    host_bytes: float             # bytes per parameter in host memory (offload)
     other_bytes: float            # runtime reserve and communication buffers
     optimizer_s_per_param: float  # optimizer step seconds per parameter of the rank
 
@@ -146,7 +147,7 @@ class GroupProblem:
         resident = resident_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
                                             shard=lay.dp * lay.cp, offload=offload, tp=lay.tp, pp=lay.pp)
         config = replace(self.base, zero=zero, offload=offload)
-        return Option(zero=zero, offload=offload, state_bytes=resident, host_bytes=states.host_optimizer,
+        return Option(zero=zero, offload=offload, state_bytes=resident, host_bytes=states.host,
                       other_bytes=_other_bytes(cache, config),
                       optimizer_s_per_param=optimizer_time_s(cache, config, 1.0))
 
@@ -311,8 +312,7 @@ def option_lower_bounds(pr: GroupProblem, stop_at: float = math.inf) -> tuple[li
             per_block_min = block.params * opt.state_bytes + a_min * inf_r
             if pr.fixed[r].extra_bytes:
                 base += pr.fixed[r].extra_bytes
-            c0 = max(0.0, (cap - base) / per_block_none)
-            c_full = max(0.0, (cap - base) / per_block_min)
+            c0, c_full = _blocks_that_fit(cap - base, per_block_none), _blocks_that_fit(cap - base, per_block_min)
             if c_full < v:
                 feasible = False
                 break
@@ -341,6 +341,14 @@ def option_lower_bounds(pr: GroupProblem, stop_at: float = math.inf) -> tuple[li
     return out, split
 
 
+def _blocks_that_fit(room: float, per_block: float) -> float:
+    """Blocks of ``per_block`` bytes in ``room`` bytes (fractional); without bytes per block (model states
+    and activations both off the device: optimizer offload with recompute offload) as many as wanted."""
+    if per_block <= 0:
+        return math.inf if room >= 0 else 0.0
+    return max(0.0, room / per_block)
+
+
 def _pipeline(pr: GroupProblem, slowest: float, total: float) -> float:
     """The schedule's pipeline (``cost.step.pipeline_s``) from the slowest rank's time and
     the sum over ranks, both without the stage-boundary sends (added here)."""
@@ -357,34 +365,56 @@ def _rank0_scan(pr: GroupProblem, opt: Option, recompute: float) -> float:
 
     Rank 0 finishes last and has no slack, so its exposed share is on the path. Its
     exposure grows with its blocks while the pipeline wants them balanced: scanning
-    rank 0's count b gives a bound on both together. The backward window is taken at
-    its largest (every block fully recomputed), which only lowers the exposure."""
+    rank 0's count b gives a bound on both together. The other ranks' slowest is the
+    least any integer split of the remaining blocks allows (``_others_slowest``: where the
+    head sits on one rank, that rank cannot shed it). The backward window is taken at its
+    largest (every block fully recomputed), which only lowers the exposure."""
     block, L, p, v, m = pr.block, pr.num_blocks, pr.p, pr.v, pr.m
     t_block = block.fwd_s + block.bwd_s
     rc_max = max(block.recompute_s[POLICY_INDEX[c]] for c in pr.policies)
     fixed_t = [f.fwd_s + f.bwd_s for f in pr.fixed]
     work = L * t_block + sum(fixed_t) + recompute
     dp = _Rank0Collectives(pr, opt)
-    lo, hi = (v, L - (p - 1) * v) if p > 1 else (L, L)
-
-    def total(b: int) -> float:
+    if p == 1:
+        fwd = L * block.fwd_s + pr.fixed[0].fwd_s
+        return m * (L * t_block + fixed_t[0] + recompute) + dp.floor(L, fwd, L * (block.bwd_s + rc_max)
+                                                                    + pr.fixed[0].bwd_s)
+    others = _others_slowest(pr)
+    best = math.inf
+    for b in range(v, L - (p - 1) * v + 1):     # the others' step function is not convex in b: every b
         t0 = b * t_block + fixed_t[0]
-        if p == 1:
-            pipe = m * (t0 + recompute)
-        else:
-            pipe = _pipeline(pr, max(t0, ((L - b) * t_block + sum(fixed_t[1:])) / (p - 1), work / p), work)
+        pipe = _pipeline(pr, max(t0, others[L - b], work / p), work)
+        if pipe >= best:
+            continue            # the exposure only adds to it
         fwd = b * block.fwd_s + pr.fixed[0].fwd_s
-        return pipe + dp.floor(b, fwd, b * (block.bwd_s + rc_max) + pr.fixed[0].bwd_s)
+        best = min(best, pipe + dp.floor(b, fwd, b * (block.bwd_s + rc_max) + pr.fixed[0].bwd_s))
+    return best
 
-    # both parts are maxima of linear functions of b plus linear terms: convex, so the
-    # first b whose next step does not decrease the total is the minimum
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if total(mid + 1) >= total(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return total(lo)
+
+def _others_slowest(pr: GroupProblem) -> list[float]:
+    """Indexed by a block count n: the least possible forward + backward time of the slowest of
+    ranks 1 .. p-1 when they hold n blocks between them, at least v each (memory-free, no
+    recompute; infinite below (p - 1) v). Blocks of equal cost, added one at a time to the rank
+    that is then fastest, give the least maximum at every count (greedy water-filling)."""
+    cached = pr.__dict__.get("_others")
+    if cached is not None:
+        return cached
+    block, L, p, v = pr.block, pr.num_blocks, pr.p, pr.v
+    t_block = block.fwd_s + block.bwd_s
+    loads = [f.fwd_s + f.bwd_s + v * t_block for f in pr.fixed[1:]]
+    heapq.heapify(loads)
+    start = (p - 1) * v
+    out = [math.inf] * (L + 1)
+    slowest = max(loads) if loads else 0.0
+    if start <= L:
+        out[start] = slowest
+    for n in range(start + 1, L + 1):
+        load = heapq.heappop(loads) + t_block
+        heapq.heappush(loads, load)
+        slowest = max(slowest, load)
+        out[n] = slowest
+    pr.__dict__["_others"] = out
+    return out
 
 
 class _Rank0Collectives:

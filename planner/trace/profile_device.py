@@ -107,6 +107,12 @@ def device_info(device: str) -> dict:
             "sm_count": 1}
 
 
+def _cores() -> int:
+    """The CPUs this process may run on (its affinity), which its peers on the host share."""
+    import os
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def measure(device: str, dtypes: list[str], *, threads: int, quick: bool) -> dict:
     """Everything above for one device, threads fixed as a training process would run."""
     import torch
@@ -115,7 +121,7 @@ def measure(device: str, dtypes: list[str], *, threads: int, quick: bool) -> dic
     repeat = 3 if quick else 5
     shapes = GEMM_SHAPES_QUICK if quick else GEMM_SHAPES
     out = {"device": device_info(device), "device_type": device.split(":")[0], "threads": threads, "gemm": [],
-           "attention": {}}
+           "attention": {}, "cores": _cores()}
     for dtype in dtypes:
         out["gemm"] += gemm(device, dtype, shapes, repeat)
         out["attention"][dtype] = attention(device, dtype, quick, repeat)

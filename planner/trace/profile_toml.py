@@ -121,6 +121,8 @@ def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, da
         f"hbm_GBps = {_num(m['copy']['GBps'])}   # measured: {m['copy']['bytes'] >> 20} MiB copy, read + write",
         "peak_tflops = { " + ", ".join(f"{d} = {_num(v)}" for d, v in peaks.items()) + " }   # measured: best GEMM",
         f"sm_count = {m['device']['sm_count']}" + ("   # one CPU process" if cpu else "   # reported by the runtime"),
+        *([f"threads = {threads}   # compute threads per process, as measured (torch.set_num_threads)"] if cpu
+          else []),
         f"source = {_q(gpu_src)}",
         "",
         "[gpu.kernels]",
@@ -139,6 +141,8 @@ def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, da
         f"source = {_q(f'{measured}: {comm_src}')}",
         "",
         "[host]",
+        *([f"cores = {m['cores']}   # the CPUs the processes share (os.sched_getaffinity)"]
+          if cpu and m.get("cores") else []),
         f"memory_GBps = {_num(host_copy)}   # measured: host memory copy",
         f"memory_efficiency = {_num(adam_eff)}   # measured: CPU AdamW {m['adam']['GBps']:.3g} GB/s at 28 B/param",
         f"pcie_GBps = {_num(pcie)}" + ("   # the host is the device: the copy bandwidth" if cpu

@@ -1,0 +1,111 @@
+"""Summarise every validation of the cost model into profiles/validation/accuracy.toml: the evidence
+behind the error band each plan prints (planner/accuracy.py).
+
+    python benchmarks/accuracy.py            # print what the evidence says
+    python benchmarks/accuracy.py --write    # and write profiles/validation/accuracy.toml
+
+It reads only committed results, so the file can be checked against them anywhere
+(tests/test_accuracy.py):
+
+- benchmarks/results/fidelity.json: published Megatron-LM runs through `meshplan plan`
+  (python benchmarks/fidelity.py --json benchmarks/results/fidelity.json);
+- benchmarks/results/gpu_validate.json and gpu_holdout_validate.json: meshplan's executor
+  on one H100, step time and peak memory (python benchmarks/gpu_validate.py [--set holdout]);
+- benchmarks/results/closed_loop.json, when it exists: meshplan's executor on this kind of
+  CPU machine (python benchmarks/closed_loop.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+OUT = ROOT / "profiles" / "validation" / "accuracy.toml"
+
+
+def _band(errors: list[float]) -> dict:
+    values = [abs(e) for e in errors]
+    return {"cases": len(values), "median_abs": round(statistics.median(values), 4),
+            "mean_abs": round(statistics.mean(values), 4), "max_abs": round(max(values), 4)}
+
+
+def evidence(results: Path = RESULTS) -> list[dict]:
+    """One entry per body of validation found under ``results``, most specific first."""
+    out = []
+    closed = results / "closed_loop.json"
+    if closed.exists():
+        doc = json.loads(closed.read_text())
+        rows = doc["rows"]
+        out.append({"name": "closed-loop", "device_kind": "cpu", "frameworks": ["torch"],
+                    "what": f"{len(rows)} plans run by meshplan's executor on cpu-gloo, {doc['processes']} "
+                            "processes, against this machine's measured profile",
+                    "command": doc["measured_by"],
+                    "step_time": _band([r["step_error"] for r in rows]),
+                    "memory": _band([r["peak_error"] for r in rows])})
+    gpu_rows, gpus = [], set()
+    for name in ("gpu_validate.json", "gpu_holdout_validate.json"):
+        path = results / name
+        if path.exists():
+            doc = json.loads(path.read_text())
+            gpu_rows += doc["rows"]
+            gpus.add(next(g for g in ("H200", "H100", "A100", "L40S", "V100") if g in doc["device"]))
+    if gpu_rows:
+        out.append({"name": "one-gpu", "device_kind": "cuda", "frameworks": ["torch"],
+                    "what": f"{len(gpu_rows)} single-GPU plans run by meshplan's executor on an H100 SXM "
+                            "(12 calibration runs and 6 predicted before they ran)",
+                    "command": "python benchmarks/gpu_validate.py; python benchmarks/gpu_validate.py --set holdout",
+                    "step_time": _band([r["step_error"] for r in gpu_rows]),
+                    "memory": _band([r["peak_error"] for r in gpu_rows]),
+                    "single_device": True, "gpu": "/".join(sorted(gpus))})
+    fidelity = results / "fidelity.json"
+    if fidelity.exists():
+        rows = json.loads(fidelity.read_text())["rows"]
+        out.append({"name": "published", "device_kind": "cuda", "frameworks": ["megatron", "deepspeed", "torch"],
+                    "what": f"{len(rows)} published Megatron-LM runs (Narayanan et al. 2021 Table 1, Megatron-Core "
+                            "r0.8 on H100), throughput",
+                    "command": "python benchmarks/fidelity.py",
+                    # throughput error e = predicted / published - 1; the step time's is 1 / (1 + e) - 1
+                    "step_time": _band([1 / (1 + r["error"]) - 1 for r in rows])})
+    return out
+
+
+def to_toml(entries: list[dict]) -> str:
+    lines = ["# The validation behind the error band each plan prints (planner/accuracy.py): the",
+             "# relative error of the cost model against runs, per body of evidence. Written by",
+             "# `python benchmarks/accuracy.py --write` from benchmarks/results/ (do not edit).", ""]
+    for e in entries:
+        lines.append("[[evidence]]")
+        for key in ("name", "device_kind", "what", "command"):
+            lines.append(f"{key} = {json.dumps(e[key])}")
+        lines.append(f"frameworks = {json.dumps(e['frameworks'])}")
+        if e.get("single_device"):
+            lines.append("single_device = true")
+        if e.get("gpu"):
+            lines.append(f"gpu = {json.dumps(e['gpu'])}")
+        for part in ("step_time", "memory"):
+            if part in e:
+                b = e[part]
+                lines.append(f"{part} = {{ cases = {b['cases']}, median_abs = {b['median_abs']}, "
+                             f"mean_abs = {b['mean_abs']}, max_abs = {b['max_abs']} }}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help=f"write {OUT.relative_to(ROOT)}")
+    args = parser.parse_args()
+    text = to_toml(evidence())
+    print(text)
+    if args.write:
+        OUT.write_text(text)
+        print(f"wrote {OUT.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""Plan, run and measure on this machine: meshplan's predictions against its own executor.
+
+    python benchmarks/closed_loop.py [--steps 6] [--quick] [--out benchmarks/results/closed_loop.json]
+
+1. Profiles this machine for 2 processes (`meshplan profile --nproc 2`; --quick: fewer shapes).
+2. For a small compute-dominated Llama-style model, plans a grid of plans on 2 processes
+   against that profile (`meshplan plan ... --out`): data parallelism with ZeRO 0-3, tensor
+   parallelism with and without sequence parallelism, pipelines with GPipe, 1F1B and the
+   interleaved schedule, context parallelism, recompute none / selective / full, micro-batch
+   1-4, and the planner's own choice with nothing fixed.
+3. Runs each (`meshplan run --steps N --json`) and takes the median step after the first two
+   (the first initialises, the second is instrumented) and, per rank, the bytes the executor
+   holds by the cost model's categories (executor/measure.py) against the predicted per-stage
+   memory without the runtime reserve (which the executor's counters do not see).
+4. Prints predicted against measured step time and memory, their errors, the rank correlation
+   of step times (Spearman), and how the planner's own choice compares with the measured
+   fastest plan. Writes the rows to --out (benchmarks/results/closed_loop.json), which
+   benchmarks/accuracy.py summarises into each CPU plan's error band.
+
+It asserts nothing: the errors are what they are. The machine must be otherwise idle: the
+profile and the runs share its cores.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from planner.cluster import load_cluster  # noqa: E402
+MODEL = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 512, "num_attention_heads": 8,
+         "num_key_value_heads": 8, "intermediate_size": 1408, "vocab_size": 8192, "max_position_embeddings": 256}
+BATCH = ["--global-batch", "8", "--precision", "fp32"]
+DP = ["--dp", "2", "--tp", "1", "--pp", "1", "--cp", "1"]
+TP = ["--dp", "1", "--tp", "2", "--pp", "1", "--cp", "1", "--zero", "0"]
+PP = ["--dp", "1", "--tp", "1", "--pp", "2", "--cp", "1", "--zero", "0"]
+GRID = {   # name -> `meshplan plan` knobs (None: the planner's own choice, nothing fixed)
+    **{f"dp2 zero{z} mb4": DP + ["--zero", str(z), "--micro-batch", "4", "--recompute", "none"] for z in range(4)},
+    **{f"dp2 zero0 mb{mb}": DP + ["--zero", "0", "--micro-batch", str(mb), "--recompute", "none"] for mb in (2, 1)},
+    **{f"dp2 {rc}": DP + ["--zero", "0", "--micro-batch", "4", "--recompute", rc] for rc in ("selective", "full")},
+    **{f"tp2 sp {sp}": TP + ["--micro-batch", "4", "--sequence-parallel", sp, "--recompute", "none"]
+       for sp in ("off", "on")},
+    **{f"pp2 {s}": PP + ["--schedule", s, "--micro-batch", "2", "--recompute", "none"] for s in ("gpipe", "1f1b")},
+    "pp2 interleaved": PP + ["--schedule", "interleaved-1f1b", "--vpp", "2", "--micro-batch", "1",
+                             "--recompute", "none"],
+    "cp2": ["--dp", "1", "--tp", "1", "--pp", "1", "--cp", "2", "--zero", "0", "--micro-batch", "4",
+            "--recompute", "none"],
+    "planner's choice": None,
+}
+
+
+class Failed(Exception):
+    """A `meshplan` command that exited non-zero (its stderr)."""
+
+
+def meshplan(*args: str, cwd: Path) -> str:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "planner.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True)
+    if done.returncode:
+        raise Failed(f"meshplan {' '.join(args)}: {done.stderr.strip()}")
+    return done.stdout
+
+
+MEASURED = ("params", "params_gathered", "grads", "optimizer", "activations")
+
+
+def measured_bytes(rank: dict) -> float:
+    """What the executor's counters saw on one rank (executor/measure.py): model states, the
+    gathered parameter copies, the peak of the activations kept for backward."""
+    return sum(rank.get(k) or 0 for k in MEASURED)
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    def ranks(v):
+        order = sorted(range(len(v)), key=v.__getitem__)
+        out = [0.0] * len(v)
+        for position, i in enumerate(order):
+            out[i] = position
+        return out
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.mean(rx), statistics.mean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    return cov / (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--quick", action="store_true", help="a quicker, coarser profile")
+    parser.add_argument("--only", nargs="*", help="run only these grid entries")
+    parser.add_argument("--out", type=Path, help="write the rows as JSON (benchmarks/results/closed_loop.json)")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="meshplan-closed-loop-"))
+    (tmp / "llama-mid.json").write_text(json.dumps(MODEL))
+    profile = tmp / "measured.toml"
+    t0 = time.perf_counter()
+    meshplan("profile", "--device", "cpu", "--nproc", "2", *(["--quick"] if args.quick else []),
+             "--out", str(profile), cwd=tmp)
+    print(f"profiled this machine in {time.perf_counter() - t0:.0f} s: {profile}")
+    rows, failures = [], []
+    print(f"{'plan':<18} {'predicted s':>11} {'measured s':>10} {'error':>7}   {'pred MiB':>8} {'meas MiB':>8} "
+          f"{'error':>7}  config")
+    for name, knobs in GRID.items():
+        if args.only and name not in args.only:
+            continue
+        plan = tmp / "plan.json"
+        meshplan("plan", "--model", "llama-mid.json", "--cluster", str(profile), "--gpus", "2", *BATCH,
+                 *(knobs or []), "--out", str(plan), cwd=tmp)
+        doc = json.loads(plan.read_text())
+        try:
+            meshplan("run", "--plan", str(plan), "--model", "llama-mid.json", "--steps", str(args.steps),
+                     "--out", str(tmp / "measured.json"), cwd=tmp)
+        except Failed as e:        # reported and counted, not retried: a failing run is a result too
+            failures.append({"name": name, "error": str(e).splitlines()[-1]})
+            print(f"{name:<18} FAILED: {str(e).splitlines()[-1]}", flush=True)
+            continue
+        out = json.loads((tmp / "measured.json").read_text())
+        times = out["step_times_s"][2:] or out["step_times_s"]
+        measured_s = statistics.median(times)
+        predicted_s = doc["estimate"]["step_time_s"]
+        reserve = load_cluster(str(profile), 2).device.reserved_bytes
+        stages = doc["estimate"]["memory_per_stage_bytes"]
+        per_rank = out["memory_per_rank_bytes"]
+        # the most loaded rank of each: what `fits` is decided on
+        predicted_mem = max(s["total"] for s in stages) - reserve
+        measured_mem = max(measured_bytes(r) for r in per_rank)
+        c = doc["config"]
+        config = (f"dp {c['dp']} tp {c['tp']} pp {c['pp']} cp {c['cp']} zero {c['zero']} mb {c['micro_batch']} "
+                  f"{c['schedule']} v{c['vpp']} sp {'on' if c['sequence_parallel'] else 'off'} rc {c['recompute']}")
+        row = {"name": name, "config": config, "predicted_step_s": predicted_s, "measured_step_s": measured_s,
+               "step_error": measured_s / predicted_s - 1, "predicted_peak_bytes": predicted_mem,
+               "measured_peak_bytes": measured_mem, "peak_error": measured_mem / predicted_mem - 1,
+               "step_times_s": out["step_times_s"]}
+        rows.append(row)
+        print(f"{name:<18} {predicted_s:>11.3f} {measured_s:>10.3f} {100 * row['step_error']:>+6.1f}%   "
+              f"{predicted_mem / 2**20:>8.1f} {measured_mem / 2**20:>8.1f} {100 * row['peak_error']:>+6.1f}%  "
+              f"{config}", flush=True)
+    if len(rows) > 2:
+        rho = spearman([r["predicted_step_s"] for r in rows], [r["measured_step_s"] for r in rows])
+        fastest = min(rows, key=lambda r: r["measured_step_s"])
+        mine = next((r for r in rows if r["name"] == "planner's choice"), None)
+        within = lambda key: sum(abs(r[key]) <= 0.10 for r in rows)   # noqa: E731
+        print(f"\nstep time within 10%: {within('step_error')} of {len(rows)}; memory within 10%: "
+              f"{within('peak_error')} of {len(rows)}; rank correlation {rho:+.2f}")
+        if mine:
+            print(f"planner's choice {mine['measured_step_s']:.3f} s against the measured fastest "
+                  f"({fastest['name']}) {fastest['measured_step_s']:.3f} s: "
+                  f"{100 * (mine['measured_step_s'] / fastest['measured_step_s'] - 1):+.1f}%")
+    if failures:
+        print(f"{len(failures)} run(s) failed: " + "; ".join(f["name"] for f in failures))
+    if args.out:
+        args.out.write_text(json.dumps({"measured_by": "python benchmarks/closed_loop.py --out "
+                                        "benchmarks/results/closed_loop.json", "processes": 2,
+                                        "load_average": os.getloadavg()[0], "model": MODEL, "steps": args.steps,
+                                        "rows": rows, "failures": failures}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

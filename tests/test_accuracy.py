@@ -1,0 +1,80 @@
+"""The error band each plan prints: which validation covers it, and that the band is the one
+that validation measured (recomputed here from the committed results)."""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.accuracy import accuracy
+from planner.cluster import load_cluster
+from planner.config import Workload
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def abs_errors(rows, key):
+    return [abs(r[key]) for r in rows]
+
+
+def test_profile_is_what_the_committed_results_say():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from accuracy import evidence, to_toml
+    finally:
+        sys.path.pop(0)
+    assert (ROOT / "profiles" / "validation" / "accuracy.toml").read_text() == to_toml(evidence()), \
+        "profiles/validation/accuracy.toml is stale: python benchmarks/accuracy.py --write"
+
+
+def test_megatron_plans_carry_the_published_runs_band():
+    rows = json.loads((RESULTS / "fidelity.json").read_text())["rows"]
+    # throughput error e -> step-time error 1 / (1 + e) - 1
+    step = [abs(1 / (1 + r["error"]) - 1) for r in rows]
+    acc = accuracy(load_cluster("h100-80g", 64), Workload(global_batch=512, seq_len=4096, framework="megatron"))
+    assert acc.basis == "published" and acc.memory is None and not acc.caveats
+    assert acc.step_time.cases == len(rows) == 19
+    assert acc.step_time.max_abs == pytest.approx(max(step), abs=1e-4)
+    assert acc.step_time.mean_abs == pytest.approx(statistics.mean(step), abs=1e-4)
+    assert "memory not checked" in acc.line() and "benchmarks/fidelity.py" in acc.line()
+
+
+def test_torch_plans_carry_the_single_gpu_band_and_say_what_it_misses():
+    rows = []
+    for name in ("gpu_validate.json", "gpu_holdout_validate.json"):
+        rows += json.loads((RESULTS / name).read_text())["rows"]
+    work = Workload(global_batch=512, seq_len=4096, framework="torch")
+    one = accuracy(load_cluster("h100-80g", 1), work)
+    assert one.basis == "one-gpu" and one.caveats == ()
+    assert one.memory.max_abs == pytest.approx(max(abs_errors(rows, "peak_error")), abs=1e-4)
+    assert one.step_time.median_abs == pytest.approx(statistics.median(abs_errors(rows, "step_error")), abs=1e-4)
+    many = accuracy(load_cluster("a100-80g", 64), work)
+    assert many.basis == "one-gpu"
+    assert any("A100" in c for c in many.caveats) and any("communication" in c for c in many.caveats)
+
+
+def test_deepspeed_borrows_the_megatron_runs_and_says_so():
+    acc = accuracy(load_cluster("a100-80g", 64), Workload(global_batch=512, seq_len=2048, framework="deepspeed"))
+    assert acc.basis == "published" and any("not the deepspeed runtime" in c for c in acc.caveats)
+
+
+def test_cpu_plans_without_closed_loop_results_say_they_are_not_validated():
+    evidence = tuple(e for e in _all() if e["device_kind"] != "cpu")
+    acc = accuracy(load_cluster("cpu-gloo", 2), Workload(global_batch=8, seq_len=256), evidence)
+    assert acc.basis is None and acc.step_time is None and acc.line().startswith("not validated")
+
+
+def _all():
+    from planner.accuracy import _evidence
+    return _evidence()
+
+
+def test_plan_json_and_table_print_the_band(cli):
+    args = ["plan", "--model", "gpt-7.5b", "--cluster", "h100-80g", "--gpus", "8", "--framework", "megatron"]
+    doc = json.loads(cli(*args, "--json").stdout)
+    assert doc["accuracy"]["basis"] == "published" and doc["accuracy"]["step_time"]["cases"] == 19
+    assert "checked   against 19 published Megatron-LM runs" in cli(*args).stdout
