@@ -6,8 +6,8 @@
 2. For a small compute-dominated Llama-style model, plans a grid of plans on 2 processes
    against that profile (`meshplan plan ... --out`): data parallelism with ZeRO 0-3, tensor
    parallelism with and without sequence parallelism, pipelines with GPipe, 1F1B and the
-   interleaved schedule, context parallelism, recompute none / selective / full, micro-batch
-   1-4, and the planner's own choice with nothing fixed.
+   interleaved schedule, context parallelism, every recompute policy (none, selective, op, full,
+   offload, every-2), micro-batch 1-4, and the planner's own choice with nothing fixed.
 3. Runs each (`meshplan run --steps N --json`) and takes the median step after the first two
    (the first initialises, the second is instrumented) and, per rank, the bytes the executor
    holds by the cost model's categories (executor/measure.py) against the predicted per-stage
@@ -44,7 +44,8 @@ PP = ["--dp", "1", "--tp", "1", "--pp", "2", "--cp", "1", "--zero", "0"]
 GRID = {   # name -> `meshplan plan` knobs (None: the planner's own choice, nothing fixed)
     **{f"dp2 zero{z} mb4": DP + ["--zero", str(z), "--micro-batch", "4", "--recompute", "none"] for z in range(4)},
     **{f"dp2 zero0 mb{mb}": DP + ["--zero", "0", "--micro-batch", str(mb), "--recompute", "none"] for mb in (2, 1)},
-    **{f"dp2 {rc}": DP + ["--zero", "0", "--micro-batch", "4", "--recompute", rc] for rc in ("selective", "full")},
+    **{f"dp2 {rc}": DP + ["--zero", "0", "--micro-batch", "4", "--recompute", rc]
+       for rc in ("selective", "op", "full", "offload", "every-2")},         # every recompute policy
     **{f"tp2 sp {sp}": TP + ["--micro-batch", "4", "--sequence-parallel", sp, "--recompute", "none"]
        for sp in ("off", "on")},
     **{f"pp2 {s}": PP + ["--schedule", s, "--micro-batch", "2", "--recompute", "none"] for s in ("gpipe", "1f1b")},

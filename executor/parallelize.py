@@ -24,8 +24,7 @@ The dispatcher ``parallelize`` composes them in this order (torchtitan's
 """
 from __future__ import annotations
 
-from functools import partial
-from typing import Callable, Iterable
+from typing import Iterable
 
 import torch
 from torch import nn
@@ -34,13 +33,13 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
                                                RowwiseParallel, SequenceParallel, parallelize_module)
-from torch.utils.checkpoint import checkpoint
 
 
 from .context import apply_cp
 from .mesh import ParallelDims
 from .models import Transformer, materialize, sdpa
 from .plan_file import RunPlan
+from .recompute import apply_policy, checkpoint_forward  # noqa: F401  (checkpoint_forward re-exported)
 from .support import check_supported  # noqa: F401  (re-exported)
 
 
@@ -90,21 +89,14 @@ def shard_embedding_grads(model: Transformer, tp_plan: dict[str, str]) -> None:
             param.register_hook(lambda grad, p=param: grad.redistribute(placements=p.placements).clone())
 
 
-def checkpoint_forward(module: nn.Module) -> Callable:
-    """``module``'s own forward under ``torch.utils.checkpoint`` (non-reentrant), to assign to
-    ``module.forward``: the module keeps only its input and recomputes the rest in backward."""
-    return partial(checkpoint, type(module).forward.__get__(module), use_reentrant=False)
-
-
 def apply_ac(model: Transformer, recompute_per_layer: dict[str, str]) -> None:
-    """Activation recomputation per layer (Korthikanti et al. 2022, Sec 5): ``full`` checkpoints the
-    whole block and keeps only its input; ``selective`` checkpoints only the attention core."""
+    """Activation recomputation per layer, each block with its plan.json policy (executor/recompute.py):
+    ``full`` checkpoints the whole block and keeps only its input (Korthikanti et al. 2022, Sec 5);
+    ``selective`` checkpoints only the attention core; ``op`` checkpoints the block keeping the outputs of
+    its matmuls (every other mm) and attention (torchtitan's SelectiveAC); ``offload`` moves what the block
+    saves to host memory and back. An every-K plan is its per-layer policies."""
     for index, block in model.layers.items():
-        policy = recompute_per_layer.get(f"layers.{index}", "none")
-        if policy == "full":
-            block.forward = checkpoint_forward(block)
-        elif policy == "selective":
-            block.attn.core = partial(checkpoint, sdpa, use_reentrant=False)
+        apply_policy(block, recompute_per_layer.get(f"layers.{index}", "none"), attention_core=sdpa)
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, units: Iterable[nn.Module], reshard_after_forward: bool,

@@ -18,3 +18,13 @@ def int_at_least(minimum: int, what: str):
 
 
 positive_int = int_at_least(1, "a positive integer")
+
+
+def recompute(text: str) -> str:
+    """An argparse type: a recompute policy or ``every-K`` (planner/recompute.py)."""
+    from .errors import UserError
+    from .recompute import parse_recompute
+    try:
+        return parse_recompute(text)
+    except UserError as e:
+        raise argparse.ArgumentTypeError(e.detail) from None

@@ -10,7 +10,8 @@ import json
 import sys
 import time
 
-from .argtypes import positive_int
+from .argtypes import positive_int, recompute
+from .recompute import DESCRIPTIONS, EVERY_K_DESCRIPTION
 from .errors import UserError
 
 DEFAULT_MODEL = "llama3-8b"
@@ -29,7 +30,9 @@ Knobs you leave out are searched: dp, tp, pp, cp (data, tensor, pipeline, contex
 parallel degrees), --zero, --micro-batch, --vpp, --schedule, --recompute,
 --sequence-parallel, --offload. A fully fixed plan that does not fit is still
 reported, with "fits": false. Exit codes: 0 ok, 2 bad input, 3 nothing fits.
-"""
+
+recompute policies (--recompute; the search chooses one per block among those the runtime runs):
+""" + "".join(f"  {name:<10} {text}\n" for name, text in DESCRIPTIONS.items()) + f"  {'every-K':<10} {EVERY_K_DESCRIPTION}\n"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -84,7 +87,9 @@ def _add_knob_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--micro-batch", type=positive_int, help="sequences per micro-batch per replica")
     g.add_argument("--vpp", type=positive_int, help="virtual stages per pipeline rank (interleaved schedule)")
     g.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved-1f1b"), help="pipeline schedule")
-    g.add_argument("--recompute", choices=("none", "selective", "full"), help="activation recomputation")
+    g.add_argument("--recompute", type=recompute, metavar="POLICY",
+                   help="activation recompute policy of every block: none, selective, op, full, offload, or every-K "
+                        "(one line on each below); left out, the search picks one per block")
     g.add_argument("--sequence-parallel", type=_on_off, metavar="on|off", help="sequence parallelism (tp >= 2)")
     g.add_argument("--offload", choices=("none", "optimizer"), help="optimizer states in host memory")
 

@@ -14,6 +14,7 @@ from .layers import LayerGraph, build_layer_graph
 from .model import ALIASES, ZOO, load_model
 from .explain import fixes_for_no_fit, gains, limits, lost_on
 from .plan import Plan, config_json
+from .recompute import expand_recompute
 from .search import Candidate, SearchResult, default_solver, evaluate, search
 from .search.space import Knobs
 from .simulate import simulated_estimate
@@ -65,8 +66,9 @@ def _knobs(args) -> Knobs:
     return Knobs(**{name: getattr(args, name) for name in KNOB_NAMES})
 
 
-def _fully_fixed(knobs: Knobs, workload: Workload, num_gpus: int) -> ParallelConfig | None:
-    """A ParallelConfig when every knob that matters is given (dp may be implied)."""
+def _fully_fixed(knobs: Knobs, workload: Workload, num_gpus: int, graph: LayerGraph) -> ParallelConfig | None:
+    """A ParallelConfig when every knob that matters is given (dp may be implied); ``every-K`` expanded
+    into the per-layer policies of ``graph``."""
     k = knobs
     if None in (k.tp, k.pp, k.micro_batch, k.zero, k.recompute):
         return None
@@ -76,9 +78,10 @@ def _fully_fixed(knobs: Knobs, workload: Workload, num_gpus: int) -> ParallelCon
     if k.pp > 1 and k.schedule is None and k.vpp is None:
         return None
     m = workload.global_batch // max(1, dp * k.micro_batch)
-    return ParallelConfig(dp=dp, tp=k.tp, pp=k.pp, cp=cp, zero=k.zero, micro_batch=k.micro_batch,
-                          num_microbatches=max(1, m), vpp=k.vpp or 1, schedule=schedule, recompute=k.recompute,
-                          sequence_parallel=bool(k.sequence_parallel), offload=k.offload or "none")
+    config = ParallelConfig(dp=dp, tp=k.tp, pp=k.pp, cp=cp, zero=k.zero, micro_batch=k.micro_batch,
+                            num_microbatches=max(1, m), vpp=k.vpp or 1, schedule=schedule,
+                            sequence_parallel=bool(k.sequence_parallel), offload=k.offload or "none")
+    return expand_recompute(config, k.recompute, graph)
 
 
 def fixed_result(graph, cluster, workload: Workload, config: ParallelConfig, seconds: float) -> SearchResult:
@@ -112,7 +115,7 @@ def plan_command(args) -> int:
     spec, graph, cluster, workload = load_inputs(args)
     knobs = _knobs(args)
     ilp_solver = args.solver or default_solver()
-    fixed = _fully_fixed(knobs, workload, cluster.num_gpus)
+    fixed = _fully_fixed(knobs, workload, cluster.num_gpus, graph)
     if fixed is not None:
         result = fixed_result(graph, cluster, workload, fixed, time.perf_counter() - t0)
     else:

@@ -5,18 +5,19 @@ from dataclasses import asdict, dataclass, fields
 from typing import Literal
 
 from .errors import UserError, one_of
+from .recompute import POLICIES, every_k
 from .runtimes import config_refusals
 
 Precision = Literal["bf16", "fp16", "fp32"]
 Framework = Literal["torch", "megatron", "deepspeed"]
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
-Recompute = Literal["none", "selective", "full"]
+Recompute = str     # one of RECOMPUTES, or "every-K" (planner/recompute.py says what each is)
 Offload = Literal["none", "optimizer"]
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 FRAMEWORKS = ("torch", "megatron", "deepspeed")
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
-RECOMPUTES = ("none", "selective", "full")
+RECOMPUTES = POLICIES
 OFFLOADS = ("none", "optimizer")
 ZERO_STAGES = (0, 1, 2, 3)
 
@@ -64,7 +65,9 @@ class ParallelConfig:
     num_microbatches: int = 1              # micro-batches per step per replica (gradient accumulation)
     vpp: int = 1                           # virtual stages per pipeline rank (interleaved 1F1B)
     schedule: Schedule = "1f1b"
-    recompute: Recompute = "none"          # activation recomputation (Korthikanti et al. 2022)
+    recompute: Recompute = "none"          # activation recompute policy (planner/recompute.py): with
+                                           # recompute_layers, "every-K" where they are that pattern, else the
+                                           # policy that names their mix (summary_policy)
     sequence_parallel: bool = False        # shard norms/dropout along the sequence inside the TP group
     offload: Offload = "none"              # optimizer states (and fp32 master weights) in host memory
     # Per-layer choices made by the ILP planner; None means uniform.
@@ -101,8 +104,13 @@ class ParallelConfig:
                 if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "zero" else 1):
                     raise UserError(f"must be a {'non-negative' if name == 'zero' else 'positive'} integer, "
                                     f"got {value!r}", source=source, field=where)
+            elif name == "recompute" and isinstance(value, str) and (every_k(value) or 0) >= 1:
+                if not isinstance(data.get("recompute_layers"), list):
+                    raise UserError(f"{value!r} needs the per-layer policies (recompute_layers) it expands into",
+                                    source=source, field=where)
             elif name in ("schedule", "recompute", "offload"):
-                allowed = {"schedule": SCHEDULES, "recompute": RECOMPUTES, "offload": OFFLOADS}[name]
+                allowed = {"schedule": SCHEDULES, "recompute": RECOMPUTES + ("every-K",),
+                           "offload": OFFLOADS}[name]
                 if value not in allowed:
                     raise UserError(f"{value!r} is not allowed; allowed: {one_of(allowed)}", source=source,
                                     field=where)
@@ -180,8 +188,9 @@ def check_config(config: ParallelConfig, *, num_gpus: int, global_batch: int, se
                             f"{num_blocks} layers can make", field="--vpp")
     elif c.vpp != 1:
         raise UserError(f"--vpp {c.vpp} needs --schedule interleaved-1f1b", field="--vpp")
-    if c.recompute not in RECOMPUTES:
-        raise UserError(f"{c.recompute!r} is not allowed; allowed: {one_of(RECOMPUTES)}", field="--recompute")
+    if c.recompute not in RECOMPUTES and not (every_k(c.recompute) and c.recompute_layers):
+        raise UserError(f"{c.recompute!r} is not allowed; allowed: {one_of(RECOMPUTES + ('every-K',))}",
+                        field="--recompute")
     if c.sequence_parallel and c.tp == 1:
         raise UserError("sequence parallelism shards along the TP group: it needs tp >= 2",
                         field="--sequence-parallel")

@@ -3,7 +3,8 @@ exports and the reports, which read the Plan and never the CLI layer."""
 from __future__ import annotations
 
 from .cluster import GiB
-from .config import ParallelConfig
+from .config import RECOMPUTES, ParallelConfig
+from .recompute import every_k
 
 
 def runs(values) -> str:
@@ -24,14 +25,17 @@ def gib(nbytes: float) -> str:
 
 
 def describe_recompute(c: ParallelConfig) -> str:
+    """The recompute policy, or the policies per layer: "op on 30 of 35 layers, full on 2 of 35 layers";
+    an every-K pattern by its name."""
     if not c.recompute_layers:
         return c.recompute
-    used = [p for p in c.recompute_layers]
-    counts = {p: used.count(p) for p in ("selective", "full") if used.count(p)}
+    used = list(c.recompute_layers)
+    if every_k(c.recompute):
+        return f"{c.recompute} (full on {used.count('full')} of {len(used)} layers)"
+    counts = {p: used.count(p) for p in RECOMPUTES if p != "none" and used.count(p)}
     if not counts:
         return "none"
-    blocks = len(used)
-    return ", ".join(f"{p} on {n} of {blocks} layers" for p, n in counts.items())
+    return ", ".join(f"{p} on {n} of {len(used)} layers" for p, n in counts.items())
 
 
 def describe_stages(c: ParallelConfig) -> str:

@@ -5,9 +5,10 @@ import math
 from dataclasses import fields, replace
 
 from .cluster import GiB, Cluster, builtin_profiles, load_cluster
-from .config import ParallelConfig
+from .config import RECOMPUTES, ParallelConfig
 from .cost.step import Estimate, StepTime, balanced_stage_layers, estimate, layer_policies
 from . import network
+from .recompute import policy_rank
 from .runtimes import RUNTIMES
 
 PARTS = {
@@ -86,10 +87,12 @@ def gains(graph, cluster, workload, config: ParallelConfig, est: Estimate) -> di
             "saved_pct": 100 * (balanced.step_time_s / est.step_time_s - 1)}
     policies = layer_policies(graph, config)
     blocks = [p for p, layer in zip(policies, graph.layers) if layer.is_block]
-    if "full" in blocks and "none" in blocks:
+    recomputed = [p for p in blocks if p != "none"]
+    if recomputed and "none" in blocks:
         everything = estimate(graph, cluster, workload, replace(config, recompute="full", recompute_layers=None))
         out["partial_recompute"] = {
-            "recomputed_layers": blocks.count("full"), "blocks": len(blocks),
+            "recomputed_layers": len(recomputed), "blocks": len(blocks),
+            "by_policy": {p: recomputed.count(p) for p in RECOMPUTES if p in recomputed},
             "full_recompute_step_time_s": everything.step_time_s,
             "saved_s": everything.step_time_s - est.step_time_s,
             "saved_pct": 100 * (everything.step_time_s / est.step_time_s - 1)}
@@ -100,7 +103,7 @@ def _rebalanced(graph, config: ParallelConfig):
     """The same number of recomputed blocks per policy, laid over balanced stages."""
     policies = layer_policies(graph, config)
     blocks = sorted((p for p, layer in zip(policies, graph.layers) if layer.is_block),
-                    key=lambda p: {"full": 0, "selective": 1, "none": 2}[p])
+                    key=lambda p: (p == "none", -policy_rank(p)))
     out, it = [], iter(blocks)
     for layer in graph.layers:
         out.append(next(it) if layer.is_block else "none")
@@ -133,8 +136,10 @@ def fixes_for_no_fit(graph, cluster, workload, knobs, need_bytes: float = 0.0) -
     # each fixed memory knob moved alone to its most frugal value
     if knobs.micro_batch is not None and knobs.micro_batch > 1:
         tries.append(("--micro-batch 1", graph, cluster, workload, replace(knobs, micro_batch=1)))
-    if knobs.recompute not in (None, "full"):
-        tries.append(("--recompute full", graph, cluster, workload, replace(knobs, recompute="full")))
+    for frugal in ("full", "offload"):      # the least activations on the device, where the runtime runs them
+        if knobs.recompute not in (None, frugal) and frugal in RUNTIMES[workload.framework].on(
+                cluster.device_kind).recomputes:
+            tries.append((f"--recompute {frugal}", graph, cluster, workload, replace(knobs, recompute=frugal)))
     most_sharded = max(RUNTIMES[workload.framework].on(cluster.device_kind).zero_stages)
     if knobs.zero is not None and knobs.zero < most_sharded:
         tries.append((f"--zero {most_sharded}", graph, cluster, workload, replace(knobs, zero=most_sharded)))

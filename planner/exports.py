@@ -18,7 +18,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from .config import RECOMPUTES
 from .describe import runs
+from .recompute import every_k
 from .cost.step import balanced_stage_layers, layer_policies
 
 DOCS = {
@@ -42,13 +44,13 @@ class Export:
 # -- what the plan says, framework-neutral ------------------------------------------------------
 
 def recompute_per_stage(plan) -> list[dict[str, int]]:
-    """Per virtual stage, in order: how many blocks recompute fully, selectively, not at all."""
+    """Per virtual stage, in order: how many blocks use each recompute policy (planner/recompute.py)."""
     c = plan.best.config
     counts = c.stage_layers or balanced_stage_layers(plan.graph, c.pp * c.vpp)
     policies = layer_policies(plan.graph, c)
     out, start = [], 0
     for count in counts:
-        stage = {"none": 0, "selective": 0, "full": 0}
+        stage = {p: 0 for p in RECOMPUTES}
         for layer, policy in zip(plan.graph.layers[start:start + count], policies[start:start + count]):
             if layer.is_block:
                 stage[policy] += 1
@@ -65,6 +67,21 @@ def _blocks_per_stage(plan) -> list[int]:
 def _balanced(plan) -> bool:
     c = plan.best.config
     return c.stage_layers is None or tuple(c.stage_layers) == balanced_stage_layers(plan.graph, c.pp * c.vpp)
+
+
+def _checkpointed(stage: dict[str, int]) -> int:
+    """Blocks of a stage a framework that only checkpoints whole blocks recomputes: every policy but none
+    (selective and op keep more than a whole-block checkpoint; offload keeps less on the device but has
+    no equivalent there: full recompute is the nearest that fits)."""
+    return sum(n for p, n in stage.items() if p != "none")
+
+
+def _recomputed_as_full(rec: list[dict[str, int]]) -> list[str]:
+    """A note per policy other than none and full that a whole-block checkpoint stands in for."""
+    why = {"selective": "selective (attention-core) recompute", "op": "operator-level selective recompute (op)",
+           "offload": "activation offload to host memory"}
+    return [f"{why[p]} is not an option here: those blocks recompute in full" for p in why
+            if any(s[p] for s in rec)]
 
 
 def _uniform_recompute(plan) -> str | None:
@@ -111,14 +128,12 @@ def deepspeed(plan) -> Export:
         if c.zero > 1:
             notes.append(f"DeepSpeed refuses ZeRO-{c.zero} with pipeline parallelism: use stage 0 or 1")
     rec = recompute_per_stage(plan)
-    per_stage = [s["full"] + s["selective"] for s in rec]
+    per_stage = [_checkpointed(s) for s in rec]
     if sum(per_stage):
         cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False}
         notes.append(f"activation checkpointing is applied in code: wrap {sum(per_stage)} block forwards in "
                      f"`deepspeed.checkpointing.checkpoint` (per stage: {runs(per_stage)})")
-        if any(s["selective"] for s in rec):
-            notes.append("selective (attention-only) recompute is not a DeepSpeed option: those blocks "
-                         "recompute in full")
+        notes += _recomputed_as_full(rec)
     return Export(framework="deepspeed", filename="deepspeed_config.json", text=json.dumps(cfg, indent=2) + "\n",
                   notes=tuple(notes))
 
@@ -194,15 +209,16 @@ def _megatron_recompute(plan) -> tuple[list[list[str]], list[str]]:
         return [], []
     if uniform == "selective":
         return [["--recompute-granularity", "selective"]], []
-    if uniform == "full":
+    if uniform is not None:
         return [["--recompute-granularity", "full"], ["--recompute-method", "uniform"],
-                ["--recompute-num-layers", "1"]], []
+                ["--recompute-num-layers", "1"]], _recomputed_as_full(rec)
     notes = []
     full = [s["full"] for s in rec]
-    if any(s["selective"] for s in rec):
+    if any(s[p] for s in rec for p in ("selective", "op", "offload")):
         notes.append("Megatron applies one recompute granularity to every layer: the blocks meshplan recomputes "
-                     "selectively are recomputed in full here (less memory, slightly slower)")
-        full = [s["full"] + s["selective"] for s in rec]
+                     "with another policy are recomputed in full here (less memory, slower)")
+        notes += _recomputed_as_full(rec)
+        full = [_checkpointed(s) for s in rec]
     most = max(full)
     if len(set(full)) > 1:
         notes.append(f"--recompute-method block recomputes the same number of blocks on every (virtual) stage: "
@@ -288,10 +304,9 @@ def colossalai(plan) -> Export:
             kwargs["num_layers_per_stage"] = _blocks_per_stage(plan)
     rec = recompute_per_stage(plan)
     checkpoint = None
-    if any(s["full"] or s["selective"] for s in rec):
-        checkpoint = [s["full"] + s["selective"] for s in rec]
-        if any(s["selective"] for s in rec):
-            notes.append("Colossal-AI checkpoints whole layers: selective recompute becomes full here")
+    if any(_checkpointed(s) for s in rec):
+        checkpoint = [_checkpointed(s) for s in rec]
+        notes += [f"Colossal-AI checkpoints whole layers: {n}" for n in _recomputed_as_full(rec)]
         if c.pp == 1:
             notes.append(f"without a pipeline, call model.gradient_checkpointing_enable() for the {checkpoint[0]} "
                          "recomputed blocks (Hugging Face models); the pipeline config below is then unused")
@@ -375,22 +390,8 @@ def torchtitan(plan) -> Export:
     if c.offload == "optimizer":
         training["enable_cpu_offload"] = True
         notes.append("torchtitan's CPU offload (FSDP) moves parameters and gradients too, not only the optimizer")
-    uniform = _uniform_recompute(plan)
-    checkpoint: dict = {"mode": uniform or "full"}
-    if uniform == "selective":
-        checkpoint["selective_ac_option"] = "op"
-        notes.append("torchtitan's per-op selective checkpointing ('op') keeps matmul outputs and recomputes the "
-                     "rest: close to, not the same as, the attention-only recompute meshplan modelled")
-    elif uniform is None:
-        rec = recompute_per_stage(plan)
-        done = sum(s["full"] + s["selective"] for s in rec)
-        total = sum(sum(s.values()) for s in rec)
-        every = max(1, round(total / done))
-        checkpoint = {"mode": "selective", "selective_ac_option": str(every)}
-        per_stage = runs([s["full"] + s["selective"] for s in rec])
-        notes.append(f"meshplan recomputes {done} of {total} blocks ({per_stage} "
-                     f"per stage); torchtitan's nearest is one block in every {every} in full "
-                     "(activation_checkpoint.selective_ac_option)")
+    checkpoint, more = _torchtitan_checkpoint(plan)
+    notes += more
     sections = {"job": {"description": f"meshplan plan: {plan.model_name} on {plan.cluster.num_gpus} x "
                                       f"{plan.cluster.name}"},
                 "training": training, "parallelism": parallelism, "activation_checkpoint": checkpoint}
@@ -400,6 +401,59 @@ def torchtitan(plan) -> Export:
         lines += ["", f"[{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in body.items()]
     return Export(framework="torchtitan", filename="torchtitan.toml", text="\n".join(lines) + "\n",
                   notes=tuple(notes))
+
+
+def _torchtitan_layer_sac(plan) -> int | None:
+    """K where the plan's per-layer policies are exactly what torchtitan's ``selective_ac_option = "K"`` does:
+    its ``_apply_layer_sac`` counts the blocks it wraps in one process-wide counter, so on each pipeline rank
+    (its stages built in order) the K-th, 2K-th... of the rank's blocks are checkpointed in full."""
+    k = every_k(plan.best.config.recompute)
+    if k is None:
+        return None
+    c = plan.best.config
+    policies = layer_policies(plan.graph, c)
+    counts = c.stage_layers or balanced_stage_layers(plan.graph, c.pp * c.vpp)
+    starts = [sum(counts[:j]) for j in range(len(counts))]
+    for rank in range(c.pp):
+        n = 0
+        for j in range(rank, len(counts), c.pp):
+            for i in range(starts[j], starts[j] + counts[j]):
+                if plan.graph.layers[i].is_block:
+                    n += 1
+                    if policies[i] != ("full" if n % k == 0 else "none"):
+                        return None
+    return k
+
+
+def _torchtitan_checkpoint(plan) -> tuple[dict, list[str]]:
+    """[activation_checkpoint] (torchtitan's modes none, full and selective with selective_ac_option "op" or
+    "K"), and what it cannot say."""
+    uniform = _uniform_recompute(plan)
+    if uniform in ("none", "full"):
+        return {"mode": uniform}, []
+    if uniform == "op":
+        return {"mode": "selective", "selective_ac_option": "op"}, []
+    if uniform == "selective":
+        return {"mode": "selective", "selective_ac_option": "op"}, [
+            "torchtitan has no attention-core recompute: its per-op selective checkpointing ('op') keeps matmul "
+            "and attention outputs and recomputes the rest (less memory, more recompute than planned)"]
+    if uniform == "offload":
+        return {"mode": "full"}, ["torchtitan has no activation offload: full recompute instead (less memory, "
+                                  "slower); or wrap the blocks' forward in torch.autograd.graph.save_on_cpu"]
+    k = _torchtitan_layer_sac(plan)
+    if k is not None:
+        return {"mode": "selective", "selective_ac_option": str(k)}, []
+    rec = recompute_per_stage(plan)
+    done, total = sum(_checkpointed(s) for s in rec), sum(sum(s.values()) for s in rec)
+    per_stage = runs([_checkpointed(s) for s in rec])
+    if all(s["full"] == s["selective"] == s["offload"] == 0 for s in rec):     # op on some blocks, none on others
+        return {"mode": "selective", "selective_ac_option": "op"}, [
+            f"meshplan recomputes {done} of {total} blocks operator by operator ({per_stage} per stage); "
+            "torchtitan applies one policy to every block: 'op' on all of them (more recompute than planned)"]
+    every = max(1, round(total / done))
+    return {"mode": "selective", "selective_ac_option": str(every)}, [
+        f"meshplan recomputes {done} of {total} blocks ({per_stage} per stage); torchtitan's nearest is one "
+        f"block in every {every} in full (activation_checkpoint.selective_ac_option)"] + _recomputed_as_full(rec)
 
 
 # -- meshplan run / torchrun ----------------------------------------------------------------------

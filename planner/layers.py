@@ -72,8 +72,8 @@ class Op:
     split: Split = "none"
     saved: tuple[Saved, ...] = ()
     workspace: tuple[Saved, ...] = ()     # transient tensors its backward allocates (freed after)
-    eager_workspace: tuple[Saved, ...] | None = None   # the transient of torch eager (planner.cost.eager)
-                                    # where it differs from ``workspace``
+    eager_workspace: tuple[Saved, ...] | None = None   # the loss's transient where the runtime's loss is
+                                    # torch's eager cross-entropy (Runtime.loss "eager"), where it differs
     norm: bool = False                    # a LayerNorm/RMSNorm (sharded along the sequence with SP)
     unfused: str = ""                     # the fused kernel this op runs as where the device has one
     unfused_saved: tuple[Saved, ...] = ()  # what it also keeps for backward where it does not
@@ -286,16 +286,19 @@ def build_layer_graph(spec: ModelSpec) -> LayerGraph:
     # (max, sum, target logit) per token. Bytes per logit of Megatron-LM's vocab-parallel
     # cross-entropy (megatron/core/tensor_parallel/cross_entropy.py): upcast r2 w4, max r4,
     # subtract r4 w4, exp r4 w4, sum r4, divide r4 w4 = 38; backward multiply r4 w4 and the
-    # cast back r4 w2 = 14. It keeps the fp32 softmax (4 bytes per logit) for backward.
+    # cast back r4 w2 = 14. Both losses the runtimes run (planner/runtimes.py ``Runtime.loss``) keep
+    # 4 bytes per logit for backward: Megatron's the fp32 softmax (_VocabParallelCrossEntropy saves
+    # exp_logits), torch's the fp32 log-probabilities (log_softmax's output).
     head_ops = (
         _linear("lm_head", spec, h, v, "column", bias=False, input_split="sp") if not spec.tied_embeddings else
         Op(name="lm_head", kind="linear", params=0, in_features=h, out_features=v, tp="column",
            saved=(Saved(elems=h, split="sp", gathered_input=True),)),
         Op(name="loss", kind="elementwise", bytes_fwd=38 * v, bytes_bwd=14 * v, split="tp",
            saved=(Saved(elems=v, split="tp", dtype_bytes=4),),
-           # backward: the fp32 gradient of the logits, then its cast to the activation dtype
-           workspace=(Saved(elems=v, split="tp", dtype_bytes=4), Saved(elems=v, split="tp")),
-           # torch eager: nll_loss_backward writes a dense fp32 gradient of the log-probabilities and
+           # vocab-parallel backward: the gradient is written into the saved fp32 softmax in place
+           # (grad_input = softmax; grad_input.mul_(grad_output)), then cast to the logits' dtype
+           workspace=(Saved(elems=v, split="tp"),),
+           # eager backward: nll_loss_backward writes a dense fp32 gradient of the log-probabilities and
            # log_softmax_backward another beside it (aten's cross_entropy = log_softmax + nll_loss)
            eager_workspace=(Saved(elems=v, split="tp", dtype_bytes=4), Saved(elems=v, split="tp", dtype_bytes=4))),
     )

@@ -18,7 +18,11 @@ from .errors import one_of
 DeviceKind = Literal["cuda", "cpu"]
 DEVICE_KINDS = ("cuda", "cpu")
 ALL_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
-ALL_RECOMPUTES = ("none", "selective", "full")
+ALL_RECOMPUTES = ("none", "selective", "op", "full", "offload")   # planner/recompute.py; meshplan's executor
+                                                                  # runs them all (executor/recompute.py)
+# Megatron-LM: --recompute-granularity selective|full (no operator-level policy; its activation offload,
+# --cpu-offloading, is not modelled); DeepSpeed: checkpointing by layer (and Megatron-DeepSpeed's selective)
+MEGATRON_RECOMPUTES = ("none", "selective", "full")
 NEVER = 4       # a ZeRO stage past the last: "never sharded"
 
 
@@ -92,6 +96,11 @@ class Runtime:
     mixed: StateLayout                      # bf16/fp16 with fp32 master weights
     fp32: StateLayout
     timing: Timing
+    loss: Literal["eager", "vocab-parallel"] = "eager"
+    # ^ the cross-entropy over the logits (planner/layers.py prices each): torch's eager one on fp32 logits
+    #   (log_softmax + nll_loss: torch's F.cross_entropy; meshplan's executor, torchtitan, and the Hugging Face
+    #   models DeepSpeed trains, whose ForCausalLMLoss upcasts the logits), or Megatron-LM's fused
+    #   vocab-parallel one (megatron/core/tensor_parallel/cross_entropy.py), whose gradient is written in place
 
     def layout(self, precision: str) -> StateLayout:
         return self.fp32 if precision == "fp32" else self.mixed
@@ -145,12 +154,13 @@ TORCH = Runtime(
 
 _MEGATRON_RUNS = Combinations(
     zero_stages=(0, 1), zero_stages_with_pp=(0, 1), zero_stages_with_tp=(0, 1), schedules=ALL_SCHEDULES,
-    recomputes=ALL_RECOMPUTES, sequence_parallel=True, context_parallel=True, offload_zero_stages=(1,),
+    recomputes=MEGATRON_RECOMPUTES, sequence_parallel=True, context_parallel=True, offload_zero_stages=(1,),
     replicates_kv_heads=True, stages_without_blocks=False)      # exports/megatron_args.txt splits blocks only
 
 MEGATRON = Runtime(
     name="megatron",
     description="Megatron-LM (Megatron-Core): its distributed optimizer is ZeRO-1",
+    loss="vocab-parallel",
     runs={"cuda": _MEGATRON_RUNS, "cpu": _MEGATRON_RUNS},
     # bf16 parameters 2, fp32 main gradients 4, fp32 master + Adam 12 (18 bytes; Megatron-LM docs,
     # "distributed optimizer"), which shards the 12; gradients reduced in bf16 by default
@@ -166,7 +176,7 @@ MEGATRON = Runtime(
 
 _DEEPSPEED_RUNS = Combinations(
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1), zero_stages_with_tp=(0, 1, 2, 3),
-    schedules=ALL_SCHEDULES, recomputes=ALL_RECOMPUTES, sequence_parallel=True, context_parallel=True,
+    schedules=ALL_SCHEDULES, recomputes=MEGATRON_RECOMPUTES, sequence_parallel=True, context_parallel=True,
     offload_zero_stages=(1, 2, 3), replicates_kv_heads=True, stages_without_blocks=False)
 
 DEEPSPEED = Runtime(
@@ -228,8 +238,11 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
 
 
 def config_refusals(config, runtime: str, device_kind: str, num_kv_heads: int | None = None) -> list[tuple[str, str]]:
-    """``refusals`` for every knob of a ParallelConfig (planner/config.py)."""
+    """``refusals`` for every knob of a ParallelConfig (planner/config.py), the recompute policy of each
+    layer included (an every-K pattern is its layers' policies)."""
     c = config
-    return refusals(runtime, device_kind, zero=c.zero, tp=c.tp, pp=c.pp, cp=c.cp, schedule=c.schedule,
-                    offload=c.offload, sequence_parallel=c.sequence_parallel, recompute=c.recompute,
-                    num_kv_heads=num_kv_heads)
+    out = refusals(runtime, device_kind, zero=c.zero, tp=c.tp, pp=c.pp, cp=c.cp, schedule=c.schedule,
+                   offload=c.offload, sequence_parallel=c.sequence_parallel, num_kv_heads=num_kv_heads)
+    for policy in dict.fromkeys(c.recompute_layers or (c.recompute,)):
+        out += refusals(runtime, device_kind, recompute=policy)
+    return out

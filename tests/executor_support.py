@@ -115,14 +115,19 @@ def spawn(fn, world_size: int, *args) -> None:
 
 
 def reference_run(spec: ModelSpec, *, steps: int, seed: int = 0, lr: float = 1e-3,
-                  global_batch_size: int = GLOBAL_BATCH, seq_len: int = SEQ):
-    """Single process, no parallelism: mean cross-entropy over the global batch, AdamW.
+                  global_batch_size: int = GLOBAL_BATCH, seq_len: int = SEQ,
+                  recompute_per_layer: dict[str, str] | None = None):
+    """Single process, no parallelism: mean cross-entropy over the global batch, AdamW; with
+    ``recompute_per_layer`` (plan.json's), the executor's recompute policies applied (apply_ac).
     Returns (losses, first step's gradients by parameter path)."""
     torch.manual_seed(0)
     model = build_model(spec, "cpu")
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(full_init(name, p.shape, spec, seed))
+    if recompute_per_layer:
+        from executor.parallelize import apply_ac
+        apply_ac(model, recompute_per_layer)
 
     def loss_of(step: int) -> torch.Tensor:
         tokens = global_batch(step, seed=seed, batch=global_batch_size, seq_len=seq_len, vocab_size=spec.vocab_size)

@@ -277,7 +277,7 @@ def test_torchtitan_interleaved_default_split(tmp_path):
     assert c.stage_layers == (5, 5, 4, 4, 4, 4, 4, 5)
     # every second block (the 2nd, 4th, ...) checkpointed in full
     blocks = [p for p, layer in zip(c.recompute_layers, range(35)) if 1 <= layer <= 32]
-    assert blocks == ["none", "full"] * 16
+    assert blocks == ["none", "full"] * 16 and c.recompute == "every-2"
 
 
 def test_torchtitan_split_points(tmp_path):
@@ -385,7 +385,7 @@ def test_bad_plan_json(cli, tmp_path):
 
 PUBLISHED = {   # file -> (gpus, global batch, dp, tp, pp, vpp, ZeRO, micro-batch, micro-batches, recompute)
     "gpt3-175b-1024-a100.args": (1024, 1536, 8, 8, 16, 2, 0, 1, 192, "full"),
-    "llama3-8b-8-h100.toml": (8, 128, 8, 1, 1, 1, 3, 1, 16, "selective"),
+    "llama3-8b-8-h100.toml": (8, 128, 8, 1, 1, 1, 3, 1, 16, "op"),        # selective_ac_option = "op"
     "llama3-70b-256-h100.toml": (256, 256, 32, 8, 1, 1, 3, 8, 1, "full"),
     "llama3-405b-16384-h100.toml": (16384, 2048, 128, 8, 16, 2, 2, 1, 16, "none"),
 }

@@ -309,3 +309,57 @@ def test_torchtitan_says_it_shards_over_context_parallel_ranks():
                                                                 num_microbatches=1))
     notes = " ".join(torchtitan(plan).notes)
     assert "dp_shard_cp" in notes and "cp 2" in notes and "ZeRO-0" in notes
+
+
+# -- recompute policies in each framework's words -------------------------------------------------
+
+EIGHT = ParallelConfig(dp=8, tp=1, pp=1, zero=3, micro_batch=1, num_microbatches=1)
+
+
+def torch_plan(config: ParallelConfig):
+    return fixed_plan("llama3-8b", "h100-80g", 8, config, framework="torch")
+
+
+def test_torchtitan_runs_op_and_every_k_exactly():
+    from dataclasses import replace
+    from planner.recompute import every_k_layers
+    from planner.layers import build_layer_graph
+    from planner.model import ZOO
+    op = torchtitan(torch_plan(replace(EIGHT, recompute="op")))
+    assert tomllib.loads(op.text)["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+    assert not op.notes
+    every = replace(EIGHT, recompute="every-3", recompute_layers=every_k_layers(build_layer_graph(ZOO["llama3-8b"]), 3))
+    ex = torchtitan(torch_plan(every))
+    assert tomllib.loads(ex.text)["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "3"}
+    assert not ex.notes
+
+
+def test_every_k_over_a_pipeline_is_counted_per_rank_as_torchtitan_does():
+    """torchtitan's layer-wise option counts the blocks of each pipeline rank: 32 blocks on 2 stages of
+    16 with every-3 over the whole model is not what it runs (the 2nd stage would start at its 1st block)."""
+    from dataclasses import replace
+    from planner.recompute import every_k_layers
+    from planner.layers import build_layer_graph
+    from planner.model import ZOO
+    config = ParallelConfig(dp=4, tp=1, pp=2, zero=1, micro_batch=1, num_microbatches=4, schedule="1f1b")
+    graph = build_layer_graph(ZOO["llama3-8b"])
+    three = replace(config, recompute="every-3", recompute_layers=every_k_layers(graph, 3))
+    ex = torchtitan(torch_plan(three))              # 16 is not a multiple of 3: only the nearest, said so
+    assert any("nearest" in n and "10 of 32" in n for n in ex.notes)
+    two = replace(config, recompute="every-2", recompute_layers=every_k_layers(graph, 2))
+    ex = torchtitan(torch_plan(two))
+    assert tomllib.loads(ex.text)["activation_checkpoint"]["selective_ac_option"] == "2"
+    assert not any("recompute" in n for n in ex.notes)
+
+
+def test_policies_a_framework_lacks_become_full_recompute_with_a_note():
+    from dataclasses import replace
+    for policy, words in (("op", "operator-level"), ("offload", "offload")):
+        plan = torch_plan(replace(EIGHT, recompute=policy))
+        mega = megatron(plan)
+        assert megatron_args(mega.text)["--recompute-granularity"] == ["full"]
+        assert any(words in n for n in mega.notes)
+        assert any(words in n for n in deepspeed(plan).notes)
+    offload = torchtitan(torch_plan(replace(EIGHT, recompute="offload")))
+    assert tomllib.loads(offload.text)["activation_checkpoint"] == {"mode": "full"}
+    assert any("offload" in n for n in offload.notes)

@@ -7,8 +7,9 @@ as torchtitan applies them: FSDP over the shard and context-parallel ranks
 (distributed/parallel_dims.py ``fsdp_enabled``), ``fsdp_reshard_after_forward``
 "default" resharding only without a pipeline, the default stage split of
 distributed/pipeline_parallel.py (``generate_llm_fqn_per_model_part``: the embedding
-and the output each count as one layer), and ``selective_ac_option = "n"``
-checkpointing every n-th block (distributed/activation_checkpoint.py).
+and the output each count as one layer), ``selective_ac_option = "n"``
+checkpointing every n-th block (meshplan's every-n) and ``"op"`` its per-operator policy (meshplan's op;
+distributed/activation_checkpoint.py).
 """
 from __future__ import annotations
 
@@ -243,10 +244,12 @@ def _recompute(ac: dict | None, source: str, blocks: int, pp: int) -> tuple[list
     if mode in ("none", "full"):
         return [mode] * blocks, notes
     option = str(ac.get("selective_ac_option", "2"))
-    if mode == "memory_budget" or option == "op":
-        return ["selective"] * blocks, notes + [
-            f"activation_checkpoint {mode}{' op' if option == 'op' else ''} is modelled as selective recompute "
-            "(attention recomputed, matmul outputs kept)"]
+    if option == "op" and mode == "selective":
+        return ["op"] * blocks, notes       # torchtitan's per-op policy: meshplan's "op" (planner/recompute.py)
+    if mode == "memory_budget":
+        return ["op"] * blocks, notes + [
+            "activation_checkpoint memory_budget (torch.compile's partitioner chooses what to save) is modelled as "
+            "operator-level selective recompute (op)"]
     every = positive_int(source, "activation_checkpoint.selective_ac_option", option, minimum=0) or 1
     if pp > 1 and every > 1:
         notes.append("selective_ac_option counts blocks per pipeline rank in torchtitan; here over the whole model")

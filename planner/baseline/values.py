@@ -16,6 +16,7 @@ from ..cost.step import balanced_stage_layers, stage_layers_of_blocks
 from ..errors import UserError, one_of
 from ..layers import LayerGraph
 from ..model import ModelSpec
+from ..recompute import every_k_layers, summary_policy
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,4 +144,7 @@ def recompute_of(graph: LayerGraph, per_block: list[str]) -> tuple[str, tuple[st
         return used.pop(), None
     policies = iter(per_block)
     layers = tuple(next(policies) if layer.is_block else "none" for layer in graph.layers)
-    return ("full" if "full" in used else "selective"), layers
+    full = [i + 1 for i, p in enumerate(per_block) if p == "full"]
+    if used == {"none", "full"} and layers == every_k_layers(graph, full[0]):
+        return f"every-{full[0]}", layers            # full on every K-th block (planner/recompute.py)
+    return summary_policy(per_block), layers

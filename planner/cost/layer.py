@@ -51,9 +51,11 @@ class Context(NamedTuple):
 class LayerCost:
     fwd_s: float                          # forward, exposed TP/CP communication included
     bwd_s: float                          # backward, exposed communication included
-    recompute_s: tuple[float, float, float]   # extra forward before backward: none, selective, full
-    act_bytes: tuple[float, float, float]     # saved for backward per micro-batch: none, selective, full
-    peak_extra_bytes: tuple[float, float, float]  # transient on top while this layer runs backward
+    # per recompute policy, indexed by POLICY_INDEX (none, selective, op, full, offload; planner/recompute.py):
+    recompute_s: tuple[float, ...]        # seconds the policy adds before backward: the forward redone, or
+                                          # the host transfer that compute does not hide (offload)
+    act_bytes: tuple[float, ...]          # kept on the device for backward, per micro-batch
+    peak_extra_bytes: tuple[float, ...]   # transient on top while this layer runs backward
     tp_comm_s: float                      # exposed TP collective time, forward + backward
     cp_comm_s: float                      # exposed context-parallel exchange, forward + backward
     params: float                         # parameters held by one TP rank
@@ -61,6 +63,8 @@ class LayerCost:
     work_floor_s: float = 0.0             # a lower bound on fwd_s + bwd_s that is linear in the tokens
                                           # (GEMMs at their ideal rate, no quantization, no communication):
                                           # k times it at micro-batch 1 bounds the time at micro-batch k
+    host_bytes: tuple[float, ...] = (0.0,) * len(RECOMPUTES)   # per policy: in host memory, per micro-batch
+    recompute_flops: tuple[float, ...] = (0.0,) * len(RECOMPUTES)   # per policy: matmul FLOPs redone
 
 
 def _split(split: str, ctx: Context) -> int:
@@ -148,18 +152,18 @@ def _cp_all_gather(ctx: Context, cluster: Cluster, block_bytes: float) -> tuple[
     return network.all_gather_s(cluster, whole, grp), network.reduce_scatter_s(cluster, whole, grp)
 
 
-def _tp_comm(layer: Layer, ctx: Context, cluster: Cluster, elems: float) -> float:
-    """One direction's TP collectives: all-reduces, or reduce-scatter + all-gather with SP."""
+def _tp_comm(layer: Layer, ctx: Context, cluster: Cluster, elems: float) -> tuple[float, float]:
+    """One direction's TP collectives: all-reduces, or reduce-scatter + all-gather with SP; (all of
+    them, the reduce-scatters' part) in seconds."""
     if ctx.tp == 1 or elems <= 0:
-        return 0.0
+        return 0.0, 0.0
     grp = network.group(cluster, ctx.tp, 1)
     count = max(1, round(elems / layer.output_elems)) if layer.output_elems else 1
     nbytes = elems / count * ctx.tokens * DTYPE_BYTES[ctx.precision]
     if ctx.sequence_parallel:
-        one = network.reduce_scatter_s(cluster, nbytes, grp) + network.all_gather_s(cluster, nbytes, grp)
-    else:
-        one = network.all_reduce_s(cluster, nbytes, grp)
-    return count * one
+        rs = network.reduce_scatter_s(cluster, nbytes, grp)
+        return count * (rs + network.all_gather_s(cluster, nbytes, grp)), count * rs
+    return count * network.all_reduce_s(cluster, nbytes, grp), 0.0
 
 
 def _exposed(comm_s: float, overlap_with_s: float, ctx: Context) -> float:
@@ -195,12 +199,15 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     saved = workspace = 0.0
     params = layer.params_replicated + (layer.params - layer.params_replicated) / ctx.tp
     eager = dict(layer.eager).get(ctx.eager_regime) if ctx.eager_regime else None
+    sac = _SacOutputs()         # what operator-level selective checkpointing keeps (``_op_policy``)
+    eager_loss = RUNTIMES[ctx.framework].loss == "eager" if ctx.framework in RUNTIMES else True
     for op in layer.ops:
         if op.measured_fwd_s is not None:        # measured by `meshplan profile --ops`, per token, alone
             share = ctx.tokens / _op_divisor(op, ctx) / cluster.time_share     # processes sharing cores
             f = op.measured_fwd_s * share
             b = (op.measured_bwd_s if op.measured_bwd_s is not None else 2 * op.measured_fwd_s) * share
             fwd, bwd, floor = fwd + f, bwd + b, floor + f + b
+            fl = 2.0 * op.in_features * op.out_features * op.tokens_factor * ctx.tokens / _op_divisor(op, ctx)
         elif op.kind == "linear":
             f, b, fl = _linear(op, ctx, cluster)
             fwd, bwd, flops = fwd + f, bwd + b, flops + fl
@@ -219,16 +226,21 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
             scale = ctx.tokens * dt / 2 / _split(op.split, ctx)
             f, b = memory_bound_s(op.bytes_fwd * scale, dev), memory_bound_s(op.bytes_bwd * scale, dev)
             fwd, bwd, floor = fwd + f, bwd + b, floor + f + b
+        if op.kind == "linear":
+            sac.linear(op, ctx, f, fl)
+        elif op.kind == "attention":
+            sac.attention(op, ctx, f)
         saved += sum(_saved_bytes(s, ctx) for s in op.saved)
         if op.unfused and op.unfused not in dev.fused_kernels:
             saved += sum(_saved_bytes(s, ctx) for s in op.unfused_saved)
-        transient = op.eager_workspace if eager is not None and op.eager_workspace is not None else op.workspace
+        transient = op.eager_workspace if op.eager_workspace is not None and eager_loss else op.workspace
         workspace = max(workspace, sum(_saved_bytes(s, ctx) for s in transient))
     if eager is not None:
         f, b = _eager_s(eager, params, ctx, cluster)
         fwd, bwd, floor = fwd + f, bwd + b, floor + f + b
-    tp_fwd = _exposed(_tp_comm(layer, ctx, cluster, layer.tp_allreduce_fwd_elems), tp_gemm_fwd, ctx)
-    tp_bwd = _exposed(_tp_comm(layer, ctx, cluster, layer.tp_allreduce_bwd_elems), tp_gemm_bwd, ctx)
+    tp_fwd_all, tp_fwd_rs = _tp_comm(layer, ctx, cluster, layer.tp_allreduce_fwd_elems)
+    tp_fwd = _exposed(tp_fwd_all, tp_gemm_fwd, ctx)
+    tp_bwd = _exposed(_tp_comm(layer, ctx, cluster, layer.tp_allreduce_bwd_elems)[0], tp_gemm_bwd, ctx)
     fwd_total = fwd + tp_fwd + cp_fwd
     bwd_total = bwd + tp_bwd + cp_bwd
     # what each recompute policy keeps (Korthikanti et al. 2022, Sec 5): selective drops the
@@ -240,11 +252,91 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     none_keep = saved + kept
     select_keep = saved + (kept if ctx.attention == "flash" else 0.0)
     select_extra = core_fwd + cp_fwd if ctx.attention == "unfused" and core_fwd else 0.0
+    # the reduce-scatters' share of the exposed forward TP time: their outputs are kept under "op"
+    rs_share = tp_fwd * tp_fwd_rs / tp_fwd_all if tp_fwd_all else 0.0
+    op_keep, op_redo_s, op_redo_flops = _op_policy(sac, full_keep, fwd_total, rs_share)
+    offload_redo_s = _offload_exposed_s(none_keep, fwd_total, bwd_total, cluster)
     return LayerCost(
         fwd_s=fwd_total, bwd_s=bwd_total,
-        recompute_s=(0.0, select_extra, fwd_total),
-        act_bytes=(none_keep, select_keep, min(full_keep, none_keep)),
-        # full recompute rebuilds the layer's activations while its backward runs
-        peak_extra_bytes=(workspace, workspace + none_keep - select_keep, workspace + none_keep),
+        recompute_s=(0.0, select_extra, op_redo_s, fwd_total, offload_redo_s),
+        act_bytes=(none_keep, select_keep, op_keep, min(full_keep, none_keep), 0.0),
+        # full and op recompute rebuild the layer's saved tensors while its backward runs; offload holds
+        # two layers' on the device at a time: the one whose backward runs and the next, copied in beside it
+        # (while the forward copies one out, the next computes: two again)
+        peak_extra_bytes=(workspace, workspace + none_keep - select_keep, workspace + none_keep,
+                          workspace + none_keep, workspace + 2 * none_keep),
         tp_comm_s=tp_fwd + tp_bwd, cp_comm_s=cp_fwd + cp_bwd, params=params, matmul_flops_fwd=flops,
-        work_floor_s=floor)
+        work_floor_s=floor, host_bytes=(0.0, 0.0, 0.0, 0.0, none_keep),
+        recompute_flops=(0.0, 0.0, op_redo_flops, flops, 0.0))
+
+
+class _SacOutputs:
+    """The outputs torchtitan's operator-level selective checkpointing keeps, op by op in forward order
+    (torchtitan/distributed/activation_checkpoint.py, ``SelectiveAC``, 2026-03; the same rule as its
+    ``_apply_op_sac`` of 2025): an op's output is saved (MUST_SAVE) when the op is in the save list, and
+    every other op recomputed (PREFER_RECOMPUTE). The save list is torch's compute-intensive ops
+    (torch._functorch.partitioners.get_default_op_list: aten.mm, addmm, bmm, the flash and efficient
+    attention kernels) plus the other SDPA kernels and the reduce-scatter, except that of aten.mm (and
+    aten.linear) only every other one is saved, counted per block and per forward: the 1st, 3rd, 5th...
+    A biased linear runs as aten.addmm (aten/src/ATen/native/Linear.cpp: 2-D input, or 3-D contiguous
+    input flattened) and is always saved; an unbiased one runs as aten.mm and falls under the rule."""
+
+    def __init__(self):
+        self.kept_bytes = 0.0           # outputs saved
+        self.kept_s = 0.0               # forward seconds of the ops whose outputs are saved
+        self.redo_flops = 0.0           # matmul FLOPs of the mms recomputed
+        self.mm_count = 0
+
+    def linear(self, op: Op, ctx: Context, fwd_s: float, flops: float) -> None:
+        dt = DTYPE_BYTES[ctx.precision]
+        if op.tp == "row" and ctx.sequence_parallel and ctx.tp > 1:
+            # its reduce-scatter (a _c10d_functional.reduce_scatter_tensor under DTensor SP) is saved whether
+            # or not the mm before it is
+            self.kept_bytes += op.out_features * ctx.tokens * dt / ctx.tp
+        addmm = op.params > op.num_gemms * op.in_features * op.out_features      # a bias
+        if not addmm:
+            self.mm_count += 1
+            if self.mm_count % 2 == 0:                   # every second mm is recomputed
+                self.redo_flops += flops
+                return
+        # a column-parallel output is split over tp; a row-parallel one is the full width of partial sums
+        width = op.out_features * op.tokens_factor / (ctx.tp if op.tp == "column" else 1)
+        self.kept_bytes += width * ctx.tokens * dt
+        self.kept_s += fwd_s
+
+    def attention(self, op: Op, ctx: Context, fwd_s: float) -> None:
+        """The attention kernel's outputs: its output and, for flash kernels, the fp32 log-sum-exp per head
+        and query; unfused attention (the math path) saves its two batched matmuls, the scores and the
+        output."""
+        heads = op.heads / ctx.tp
+        out = heads * op.head_dim * ctx.tokens * DTYPE_BYTES[ctx.precision]
+        if ctx.attention == "flash":
+            extra = 4.0 * heads * ctx.tokens
+        else:
+            extra = ctx.micro_batch * heads * ctx.seq_len / ctx.cp * ctx.seq_len * DTYPE_BYTES[ctx.precision]
+        self.kept_bytes += out + extra
+        self.kept_s += fwd_s
+
+
+def _op_policy(sac: _SacOutputs, input_bytes: float, fwd_s: float, saved_comm_s: float
+               ) -> tuple[float, float, float]:
+    """(bytes kept, seconds redone, matmul FLOPs redone) under operator-level selective checkpointing: the
+    checkpoint keeps the block's input and the saved outputs (``_SacOutputs``); backward first reruns the
+    forward with the saved ops replaced by their outputs, so everything else is redone (norms, activations,
+    RoPE, the recomputed mms, the TP all-gathers or all-reduces whose outputs are not saved)."""
+    return input_bytes + sac.kept_bytes, max(0.0, fwd_s - sac.kept_s - saved_comm_s), sac.redo_flops
+
+
+def _offload_exposed_s(nbytes: float, fwd_s: float, bwd_s: float, cluster: Cluster) -> float:
+    """Seconds activation offload adds to a layer: its saved bytes go to the host during forward and come
+    back during backward on a copy stream beside the compute stream (torchtune OffloadActivations,
+    use_streams=True; executor/recompute.py): the copy out of one layer runs beside the next layer's
+    forward, the copy in beside the backward of the layer before it, and only what exceeds that compute is
+    exposed. The rate is the GPU's host link ([host] pcie_GBps of the cluster profile, per direction), or
+    its share of the node's host DRAM bandwidth where that is less: every GPU of the node offloads at once
+    ([host] memory_GBps at its memory_efficiency, over the GPUs of the node). Not modelled: a PCIe link
+    shared with the GPU's NIC traffic (GPUDirect RDMA) or with a second GPU behind one PCIe switch."""
+    per_node = min(cluster.gpus_per_node, cluster.num_gpus)
+    rate = min(network.fabric(cluster).host_bytes_per_s, cluster.host_dram.effective_bytes_per_s / per_node)
+    copy_s = nbytes / rate if nbytes > 0 else 0.0
+    return max(0.0, copy_s - fwd_s) + max(0.0, copy_s - bwd_s)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..cluster import DTYPE_BYTES, Cluster
-from ..config import ParallelConfig, Workload
+from ..config import RECOMPUTES, ParallelConfig, Workload
 from ..layers import LayerGraph
 from .. import network
 from ..runtimes import RUNTIMES
@@ -81,7 +81,7 @@ class Estimate:
     memory_per_stage: tuple[Memory, ...]
     time: StepTime
     capacity_bytes: float
-    host_bytes_per_node: float     # offloaded model states per node
+    host_bytes_per_node: float     # offloaded model states and activations per node
     host_capacity_bytes: float
     fits: bool
 
@@ -159,6 +159,9 @@ class CostCache:
             self.representative.setdefault(sig, i)
             self.signature_counts[sig] = self.signature_counts.get(sig, 0) + 1
         self.model_flops_per_token = graph.model_flops_per_token(workload.seq_len)
+        # the recompute policies the runtime runs here: the least activations any of them leaves bound memory
+        self.policies = RUNTIMES[workload.framework].on(cluster.device_kind).recomputes \
+            if workload.framework in RUNTIMES else RECOMPUTES
         self._layer: dict[Context, dict[str, LayerCost]] = {}
         self._phases: dict[tuple, tuple[float, float, float]] = {}
         self._groups: dict[tuple, list] = {}
@@ -205,7 +208,7 @@ class CostCache:
             for sig, n in self.signature_counts.items():
                 c = self.signature_cost(sig, ctx)
                 work += n * (c.fwd_s + c.bwd_s)
-                act += n * min(c.act_bytes)
+                act += n * min(c.act_bytes[POLICY_INDEX[p]] for p in self.policies)
                 params += n * c.params
                 floor += n * c.work_floor_s
             out = self._totals[ctx] = (work, act, params, floor)
@@ -272,6 +275,7 @@ class RankCost:
                                                   # data-parallel collective per layer
     first_bucket: float = 0.0    # parameters of the rank's first layer: its gather opens the forward,
                                  # its reduction closes the backward
+    host_act_bytes: float = 0.0  # activations offloaded to host memory per micro-batch (recompute "offload")
 
 
 def rank_costs(cache: CostCache, config: ParallelConfig) -> list[RankCost]:
@@ -295,7 +299,8 @@ def _rank_costs(cache: CostCache, config: ParallelConfig, ctx: Context) -> list[
             out.append(same[group])
             continue
         counts, chunks, layers, first = group
-        fwd, bwd, rec, tp, cp, act, extra, params, flops, buckets = _rank_sums(cache, ctx, counts, tied, config.tp)
+        fwd, bwd, rec, tp, cp, act, extra, params, flops, buckets, host = _rank_sums(cache, ctx, counts, tied,
+                                                                                    config.tp)
         # per micro-batch each chunk receives/sends once forward and once backward. 1F1B and
         # GPipe wait for them; the interleaved schedule posts them asynchronously and runs
         # another chunk meanwhile (Megatron-LM overlap_p2p_comm; torch's interleaved
@@ -306,7 +311,8 @@ def _rank_costs(cache: CostCache, config: ParallelConfig, ctx: Context) -> list[
         out.append(RankCost(fwd_s=fwd, bwd_s=bwd, recompute_s=rec, tp_comm_s=tp, cp_comm_s=cp,
                             p2p_s=p2p, act_bytes=act, peak_extra_bytes=extra, params=params,
                             matmul_flops=flops, num_layers=max(1, layers), buckets=buckets,
-                            first_bucket=cache.signature_cost(first, ctx).params if first else 0.0))
+                            first_bucket=cache.signature_cost(first, ctx).params if first else 0.0,
+                            host_act_bytes=host))
         if not tied:
             same[group] = out[-1]
     return out
@@ -321,7 +327,7 @@ def _rank_sums(cache: CostCache, ctx: Context, counts: tuple, tied: bool, tp_deg
     out = cache._rank_sums.get(key)
     if out is not None:
         return out
-    fwd = bwd = rec = tp = cp = act = extra = params = flops = 0.0
+    fwd = bwd = rec = tp = cp = act = extra = params = flops = host = 0.0
     buckets: dict[float, int] = {}
     for (sig, policy), n in counts:
         cost = cache.signature_cost(sig, ctx)
@@ -335,12 +341,14 @@ def _rank_sums(cache: CostCache, ctx: Context, counts: tuple, tied: bool, tp_deg
         act += n * cost.act_bytes[p]
         extra = max(extra, cost.peak_extra_bytes[p])
         params += n * cost.params
-        flops += n * cost.matmul_flops_fwd * (4 if policy == "full" else 3)
+        flops += n * (3 * cost.matmul_flops_fwd + cost.recompute_flops[p])
+        host += n * cost.host_bytes[p]
     if tied:
         shared = cache.graph.tied_params / tp_degree     # the head's copy of the shared embedding
         params += shared
         buckets[shared] = buckets.get(shared, 0) + 1
-    out = cache._rank_sums[key] = (fwd, bwd, rec, tp, cp, act, extra, params, flops, tuple(sorted(buckets.items())))
+    out = cache._rank_sums[key] = (fwd, bwd, rec, tp, cp, act, extra, params, flops, tuple(sorted(buckets.items())),
+                                   host)
     return out
 
 
@@ -522,6 +530,19 @@ def _host_bytes(cache: CostCache, config: ParallelConfig, rank: RankCost) -> flo
     return min(cluster.gpus_per_node, cluster.num_gpus) * rank.params * states.host
 
 
+def _host_bytes_per_node(cache: CostCache, config: ParallelConfig, ranks: list[RankCost]) -> float:
+    """Host memory per node: the offloaded model states (``_host_bytes``), and the activations offloaded by
+    recompute "offload" of the micro-batches in flight, of the node's GPUs (all alike: the most loaded
+    rank's)."""
+    per_node = min(cache.cluster.gpus_per_node, cache.cluster.num_gpus)
+    most = 0.0
+    for r, rank in enumerate(ranks):
+        inflight = inflight_microbatches(config.schedule, rank=r, pp=config.pp, vpp=config.vpp,
+                                         num_microbatches=config.num_microbatches)
+        most = max(most, _host_bytes(cache, config, rank) + per_node * rank.host_act_bytes * inflight)
+    return most
+
+
 def tied_embedding_sync_s(cache: CostCache, config: ParallelConfig) -> float:
     """The all-reduce of a tied embedding's gradients between the first and the last stage
     (each holds a copy), once per step; zero without tied embeddings or a pipeline."""
@@ -606,8 +627,7 @@ def peak_memory(cache: CostCache, config: ParallelConfig) -> tuple[float, float]
             rank.params * per_param + rank.peak_extra_bytes + rank.act_bytes * inflight_microbatches(
                 config.schedule, rank=r, pp=config.pp, vpp=config.vpp, num_microbatches=config.num_microbatches)
             for r, rank in enumerate(ranks))
-    host = max(_host_bytes(cache, config, rank) for rank in ranks) if config.offload != "none" else 0.0
-    return device, host
+    return device, _host_bytes_per_node(cache, config, ranks)
 
 
 def fits(cache: CostCache, config: ParallelConfig) -> bool:
@@ -633,7 +653,7 @@ def estimate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: Pa
         dp_exposed = max(dp_exposed, exposed - slack)
     opt = [_optimizer_s(cache, config, rank) for rank in ranks]
     opt_s = max(o[0] for o in opt)
-    host_bytes = max(o[1] for o in opt)
+    host_bytes = _host_bytes_per_node(cache, config, ranks)
     tied_s = tied_embedding_sync_s(cache, config)
     step = pipe + dp_exposed + opt_s + tied_s
     compute = m * (slow.fwd_s + slow.bwd_s - slow.recompute_s - slow.tp_comm_s - slow.cp_comm_s)

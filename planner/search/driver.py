@@ -26,10 +26,12 @@ from dataclasses import dataclass, replace
 
 from ..cluster import Cluster
 from ..config import ParallelConfig, Workload
+from ..cost.layer import POLICY_INDEX
 from ..cost.step import CostCache, estimate, peak_memory
+from ..recompute import every_k, summary_policy
 from ..layers import LayerGraph
-from .enumerate import (OPTIMALITY_GAP, RECOMPUTE_ORDER, Candidate, LayoutBounds, SearchResult, _TopK, _sort_key,
-                        layout_order, least_memory_candidate, optimizer_floor, uniform_phase)
+from .enumerate import (OPTIMALITY_GAP, Candidate, LayoutBounds, SearchResult, _TopK, _sort_key, layout_order,
+                        least_memory_candidate, optimizer_floor, uniform_phase)
 from .space import Knobs, Layout, Space
 from .stages import GroupProblem, graph_shape, option_lower_bounds
 
@@ -75,7 +77,8 @@ def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs
     stats = uniform_phase(space, cache, top, order, bounds, prune, progress)
     stage = StageStats()
     shape = graph_shape(cache)
-    if solver != "uniform" and shape is not None:
+    # a fixed every-K pattern fixes each block's policy by its index in the model: balanced stages only
+    if solver != "uniform" and shape is not None and not every_k(knobs.recompute):
         stage = _stage_phase(space, cache, top, order, bounds, shape, solver, prune, time_limit_s)
     if simulate:
         top.items = _rank_by_simulation(top.items, cache)
@@ -164,9 +167,13 @@ def _stage_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout]
                         continue
                     counts, option, _ = found
                     config = problem.config(counts, option)
-                    if space.k.recompute is None:       # a fixed --recompute is the user's, not lightened
-                        config = least_recompute(cache, config)
                     est = estimate(space.graph, cache.cluster, space.w, config, cache)
+                    if space.k.recompute is None:       # a fixed --recompute is the user's, not lightened
+                        lighter = least_recompute(cache, config, problem.policies)
+                        lighter_est = estimate(space.graph, cache.cluster, space.w, lighter, cache)
+                        # less recompute can expose more data-parallel time (a shorter backward hides less)
+                        if lighter_est.step_time_s <= est.step_time_s:
+                            config, est = lighter, lighter_est
                     if est.fits:
                         before = top.items[0].estimate.step_time_s if top.items else math.inf
                         top.add(Candidate(config=config, estimate=est))
@@ -175,25 +182,31 @@ def _stage_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout]
     return stats
 
 
-def least_recompute(cache: CostCache, config: ParallelConfig) -> ParallelConfig:
-    """``config`` with each recomputed layer, in order, moved to the lightest policy that still fits:
-    the stage ILP only sees the slowest rank, so where recompute on another rank costs it nothing
-    its solvers may leave any of it in; this keeps only what memory requires (which the step,
-    simulated rank by rank, does see)."""
+def least_recompute(cache: CostCache, config: ParallelConfig, allowed) -> ParallelConfig:
+    """``config`` with each recomputed layer, in order, moved to the fastest of the ``allowed`` policies that
+    add less time to that layer (or as little, and are simpler: earlier in ``POLICIES``) and still fit: the
+    stage ILP only sees the slowest rank, so where recompute on another rank costs it nothing its solvers
+    may leave any of it in; this keeps only what memory requires (which the step, simulated rank by rank,
+    does see)."""
     if config.recompute_layers is None:
         return config
     policies = list(config.recompute_layers)
     capacity, host_capacity = cache.cluster.device.memory_bytes, cache.cluster.host_memory_bytes
+    ctx = cache.context(config)
     for i, policy in enumerate(policies):
-        for lighter in ("none", "selective")[:RECOMPUTE_ORDER[policy]]:
+        if policy == "none":
+            continue
+        added = cache.layer(i, ctx).recompute_s
+
+        def cheaper(p: str) -> tuple[float, int]:
+            return added[POLICY_INDEX[p]], POLICY_INDEX[p]
+        for lighter in sorted((p for p in allowed if cheaper(p) < cheaper(policy)), key=cheaper):
             trial = replace(config, recompute_layers=tuple(policies[:i] + [lighter] + policies[i + 1:]))
             device, host = peak_memory(cache, trial)
             if device <= capacity and host <= host_capacity:
                 policies[i] = lighter
                 break
-    used = set(policies) - {"none"}
-    uniform = "none" if not used else "full" if "full" in used else "selective"
-    return replace(config, recompute=uniform, recompute_layers=tuple(policies))
+    return replace(config, recompute=summary_policy(policies), recompute_layers=tuple(policies))
 
 
 def _group_space(space: Space, layout: Layout, vpp: int, shape, schedule: str | None = None) -> int:
@@ -205,7 +218,7 @@ def _group_space(space: Space, layout: Layout, vpp: int, shape, schedule: str | 
     key = (p, vpp, schedule, layout.tp > 1, layout.dp * layout.cp == 1)      # what zeros() depends on
     memo = space.__dict__.setdefault("_group_space", {})
     if key not in memo:
-        policies = 1 if space.k.recompute is not None else 3
+        policies = len(space.recomputes())
         options = sum(len(space.offloads(z)) for z in space.zeros(layout, schedule))
         cells = p * policies
         free = blocks - p * vpp

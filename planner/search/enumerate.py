@@ -7,7 +7,9 @@ layouts are visited in order of that bound and the search stops when the bound
 reaches the k-th best step time found. Inside a layout, choices whose time can
 only be higher and memory no lower than a fitting choice are skipped:
 
-- recompute none <= selective <= full in time, >= in memory;
+- a recompute policy that adds no more seconds to any block than one found fitting (or too slow)
+  is no slower (planner/search/policies.py; the policies are not a total order: "op" recomputes
+  less than "full" but keeps more, "offload" may add nothing but needs host memory);
 - no offload is faster than optimizer offload;
 - GPipe takes the same time as 1F1B and holds more micro-batches.
 
@@ -25,9 +27,10 @@ from ..cost.memory import inflight_microbatches, resident_bytes_per_param, state
 from ..cost.step import (CostCache, Estimate, estimate, grads_follow_activations_at, optimizer_time_s, peak_memory,
                          rank_costs, rank_pipeline_s)
 from ..layers import LayerGraph
+from ..recompute import policy_rank
+from .policies import distinct_policies, no_slower
 from .space import Knobs, Layout, Space
 
-RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}
 OFFLOAD_ORDER = {"none": 0, "optimizer": 1}
 
 
@@ -55,7 +58,7 @@ def _sort_key(c: Candidate) -> tuple:
     """Fastest first; ties go to less memory, then to the simpler config."""
     cfg = c.config
     return (round(c.estimate.step_time_s, 12), round(c.estimate.memory.total), cfg.tp, cfg.pp, cfg.cp, cfg.zero,
-            RECOMPUTE_ORDER[cfg.recompute], cfg.vpp, cfg.sequence_parallel, OFFLOAD_ORDER[cfg.offload],
+            policy_rank(cfg.recompute), cfg.vpp, cfg.sequence_parallel, OFFLOAD_ORDER[cfg.offload],
             cfg.micro_batch)
 
 
@@ -369,7 +372,7 @@ def _policy_memory_bound(space: Space, cache: CostCache, layout: Layout, base: P
     m = base.num_microbatches
     inflight = [inflight_microbatches(base.schedule, rank=r, pp=base.pp, vpp=base.vpp, num_microbatches=m)
                 for r in range(base.pp)]
-    ranks = rank_costs(cache, replace(base, recompute=policy))
+    ranks = rank_costs(cache, space.with_recompute(base, policy))
     return cache.cluster.device.reserved_bytes + _least_state_and_activation_bytes(
         space, layout, base, base.schedule,
         [(r.params, r.act_bytes * f + r.peak_extra_bytes) for r, f in zip(ranks, inflight)])
@@ -406,62 +409,67 @@ def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bo
 
     A group whose pipeline with recompute none and least optimizer step is slower than the k-th
     best is skipped whole; so is a recompute policy whose memory bound (``_policy_memory_bound``)
-    exceeds the device. A candidate whose pipeline and least optimizer step are slower than the
-    k-th best is skipped with those of more offload or recompute; of the others memory is checked
-    next: a candidate that does not fit is yielded as ``_Unfit`` (for the no-fit message), one
-    that fits is estimated."""
+    exceeds the device, and the group when the fastest of the policies that may fit is too slow. A
+    candidate whose pipeline and least optimizer step are slower than the k-th best is skipped with
+    those of more offload and a policy no faster (``policies.no_slower``); of the others memory is
+    checked next: a candidate that does not fit is yielded as ``_Unfit`` (for the no-fit message),
+    one that fits is estimated (and those of more offload and a policy no faster are skipped)."""
     capacity, host_capacity = cache.cluster.device.memory_bytes, cache.cluster.host_memory_bytes
     for schedule, vpp in space.schedules(layout):
         if prune and schedule == "gpipe" and space.k.schedule is None:
             continue      # same time as 1F1B, more activations in flight: never better
         for sp in space.sequence_parallel(layout):
+            base = _group_config(space, layout, schedule, vpp, sp)
+            ctx = cache.context(base)
+            policies = distinct_policies(cache, ctx, space.recomputes())     # fastest first
             may_fit: dict[str, bool] = {}      # recompute policy -> whether its memory bound fits (lazily)
             if prune:
-                base = _group_config(space, layout, schedule, vpp, sp)
                 if _group_time_bound(space, cache, layout, base) >= top.threshold:
                     continue
-                # every candidate here recomputes all its blocks alike: the lightest policy whose
-                # memory bound fits bounds the group's time (recompute only adds to the pipeline)
-                lightest = None
-                for policy in sorted(space.recomputes(), key=RECOMPUTE_ORDER.get):
+                # every candidate here recomputes all its blocks alike: the fastest policies whose memory
+                # bound fits bound the group's time (a policy no faster than one of them is not needed)
+                fitting: list[str] = []
+                for policy in policies:
+                    if any(no_slower(cache, ctx, f, policy) for f in fitting):
+                        continue
                     may_fit[policy] = _policy_memory_bound(space, cache, layout, base, policy) <= capacity
                     if may_fit[policy]:
-                        lightest = policy
-                        break
-                if lightest is None:
+                        fitting.append(policy)
+                if not fitting:
                     yield _SkippedForMemory()
                     continue
-                if lightest != base.recompute and _group_time_bound(
-                        space, cache, layout, replace(base, recompute=lightest)) >= top.threshold:
+                if fitting != ["none"] and min(_group_time_bound(space, cache, layout, space.with_recompute(
+                        base, policy)) for policy in fitting) >= top.threshold:
                     continue
             for zero in space.zeros(layout, schedule):
-                done: list[tuple[int, int]] = []     # fitting, or too slow: more offload/recompute is no better
-                for config in space.configs(layout, schedule, vpp, sp, zero):
-                    o, r = OFFLOAD_ORDER[config.offload], RECOMPUTE_ORDER[config.recompute]
-                    if prune and any(fo <= o and fr <= r for fo, fr in done):
-                        continue
-                    if prune:
-                        if config.recompute not in may_fit:
-                            may_fit[config.recompute] = _policy_memory_bound(
-                                space, cache, layout, base, config.recompute) <= capacity
-                        if not may_fit[config.recompute]:
+                done: list[tuple[int, str]] = []     # fitting, or too slow: more offload, no faster policy, no better
+                for offload in space.offloads(zero):
+                    for policy in policies:
+                        o = OFFLOAD_ORDER[offload]
+                        if prune and any(fo <= o and no_slower(cache, ctx, fp, policy) for fo, fp in done):
                             continue
-                        # memory first (most candidates that get this far do not fit), then its
-                        # pipeline and its optimizer step on its most loaded rank: too slow, and so is
-                        # every choice with more recompute (a longer pipeline) or offload (a slower
-                        # optimizer step, as this search assumes throughout)
-                        device, host = peak_memory(cache, config)
-                        if device > capacity or host > host_capacity:
-                            yield _Unfit(config=config, memory=device, host_fits=host <= host_capacity)
-                            continue
-                        done.append((o, r))
-                        params = max(rank.params for rank in rank_costs(cache, config))
-                        least_opt = params * least_optimizer_rate(space, layout, cache, config, schedule, zero,
-                                                                  config.offload)
-                        if rank_pipeline_s(cache, config) + least_opt >= top.threshold:
-                            continue
-                    yield Candidate(config=config, estimate=estimate(space.graph, cache.cluster, space.w, config,
-                                                                     cache))
+                        config = space.config(layout, schedule, vpp, sp, zero, offload, policy)
+                        if prune:
+                            if policy not in may_fit:
+                                may_fit[policy] = _policy_memory_bound(space, cache, layout, base, policy) <= capacity
+                            if not may_fit[policy]:
+                                continue
+                            # memory first (most candidates that get this far do not fit), then its
+                            # pipeline and its optimizer step on its most loaded rank: too slow, and so is
+                            # every choice with more offload (a slower optimizer step, as this search
+                            # assumes throughout) and a policy no faster (a longer pipeline)
+                            device, host = peak_memory(cache, config)
+                            if device > capacity or host > host_capacity:
+                                yield _Unfit(config=config, memory=device, host_fits=host <= host_capacity)
+                                continue
+                            done.append((o, policy))
+                            params = max(rank.params for rank in rank_costs(cache, config))
+                            least_opt = params * least_optimizer_rate(space, layout, cache, config, schedule, zero,
+                                                                      config.offload)
+                            if rank_pipeline_s(cache, config) + least_opt >= top.threshold:
+                                continue
+                        yield Candidate(config=config, estimate=estimate(space.graph, cache.cluster, space.w, config,
+                                                                         cache))
 
 
 class _SkippedForMemory:
@@ -482,14 +490,15 @@ class _Unfit:
 
 
 def _frugal_candidates(space: Space, cache: CostCache, layout: Layout):
-    """The least-memory choices of a layout: full recompute, offload where allowed, each ZeRO stage."""
+    """The least-memory choices of a layout: for each ZeRO stage, the offload and recompute policy that
+    need the least memory on the device."""
     for schedule, vpp in space.schedules(layout):
         if schedule == "gpipe" and space.k.schedule is None:
             continue
         for sp in space.sequence_parallel(layout):
             for zero in space.zeros(layout, schedule):
                 configs = list(space.configs(layout, schedule, vpp, sp, zero))
-                frugal = max(configs, key=lambda c: (OFFLOAD_ORDER[c.offload], RECOMPUTE_ORDER[c.recompute]))
+                frugal = min(configs, key=lambda c: (peak_memory(cache, c)[0], -OFFLOAD_ORDER[c.offload]))
                 yield Candidate(config=frugal, estimate=estimate(space.graph, cache.cluster, space.w, frugal, cache))
 
 

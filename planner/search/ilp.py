@@ -15,7 +15,8 @@ Variables
     D >= 0, O >= 0        exposed data-parallel time, optimizer time
 
 Rank quantities (linear in n): F[r] = sum n f + F_fixed, B[r] = sum n (b + rc_c) +
-B_fixed, P[r] params, A[r] saved activations per micro-batch.
+B_fixed, P[r] params, A[r] saved activations per micro-batch (on the device; policy "offload" keeps
+its blocks' on the host, counted in (g)).
 
 Constraints
     (a) sum_{r,c} n[r,c] = L                               every block placed
@@ -24,13 +25,14 @@ Constraints
     (d) T_max >= F[r] + B[r] + sends[r]                    the slowest rank
     (e) y[r] >= 2 v hop - (F[r] + B[r])                    interleaved sends not hidden
     (f) P[r] s_k + A[r] inflight_r + E[r] + other_k <= cap + M (1 - z[k])     GPU memory (GiB)
-    (g) nodes' offloaded optimizer <= host memory + M (1 - z[k])
+    (g) nodes' offloaded optimizer and activations <= host memory + M (1 - z[k])
     (h) E[r] >= e_c h[r,c], n[j,c] <= L h[r,c]             transient of recomputed blocks
     (i) x1 >= per_micro - (F + B), x1 >= first layer's;   x2, x3 alike for the
         reduction after backward and the gather after the optimizer (overlap)
     (j) D >= exposed_k[r] - slack[r] - M (1 - z[k])        data-parallel time on the path
     (k) O >= optimizer_k(P[r]) - M (1 - z[k])              optimizer step
     (l) objective <= the best step time found so far       (optional cutoff)
+    (m) T_max >= the least slowest rank of any integer split that fits    (a cut: implied by the rest)
 
 Objective: pipeline(T_max, sum of rank times) + D + O + tied-embedding sync (+ a
 millionth of the summed rank times to break ties toward less work), where
@@ -41,10 +43,13 @@ decisions, so the optimum here is the cost model's optimum over this space.
 """
 from __future__ import annotations
 
+import math
+
 import pulp
 
 from ..cost.layer import POLICY_INDEX
 from ..errors import UserError
+from .exhaustive import compositions
 from .stages import GroupProblem, Option
 
 SOLVERS = ("cbc", "highs")
@@ -84,6 +89,7 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
     rc = {c: block.recompute_s[POLICY_INDEX[c]] for c in pr.policies}
     act = {c: block.act_bytes[POLICY_INDEX[c]] / gib for c in pr.policies}
     transient = {c: block.peak_extra_bytes[POLICY_INDEX[c]] / gib for c in pr.policies}
+    host_act = {c: block.host_bytes[POLICY_INDEX[c]] / gib for c in pr.policies}
 
     prob += pulp.lpSum(n.values()) == L, "a_every_block_placed"
     for r in range(p):
@@ -105,13 +111,17 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
             sends = y
         rank_time.append(F + B + sends)
         prob += t_max >= rank_time[r], f"d_rank_{r}_slowest"
-        # (h) the rank's transient peak: the largest of its layers' while they run backward
+        # (h) the rank's transient peak: the largest of its layers' while they run backward. One binary per
+        # distinct transient above the fixed layers' (policies with the same transient share it): h[r,e] = 1
+        # when a block of the rank has a transient of at least e
         E = pulp.LpVariable(f"E_{r}", fixed.extra_bytes / gib)
-        for c in pr.policies:
-            if transient[c] > fixed.extra_bytes / gib:
-                h = pulp.LpVariable(f"h_{r}_{c}", cat="Binary")
-                prob += n[r, c] <= L * h, f"h_rank_{r}_uses_{c}"
-                prob += E >= transient[c] * h, f"h_rank_{r}_transient_{c}"
+        most_blocks = _most_blocks(pr, r, cap, act)
+        levels = sorted({t for t in transient.values() if t > fixed.extra_bytes / gib})
+        for i, level in enumerate(levels):
+            h = pulp.LpVariable(f"h_{r}_{i}", cat="Binary")
+            prob += pulp.lpSum(n[r, c] for c in pr.policies if transient[c] >= level) <= most_blocks * h, \
+                f"h_rank_{r}_uses_transient_{i}"
+            prob += E >= level * h, f"h_rank_{r}_transient_{i}"
         A = pulp.lpSum(act[c] * n[r, c] for c in pr.policies) + fixed.act_bytes / gib
         for k, opt in enumerate(pr.options):
             # big-M: the row's left-hand side at its largest (every block on this rank, the
@@ -121,15 +131,25 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
                     + max([fixed.extra_bytes / gib] + list(transient.values())) + opt.other_bytes / gib)
             prob += (opt.state_bytes / gib * P + pr.inflight[r] * A + E + opt.other_bytes / gib
                      <= cap + max(0.0, most - cap) * (1 - z[k])), f"f_rank_{r}_memory_{k}"
-            if opt.host_bytes:
+            if opt.host_bytes or any(host_act.values()):
+                # the node's GPUs alike: offloaded optimizer states and offloaded activations in flight
                 per_node = min(cache.cluster.gpus_per_node, cache.cluster.num_gpus)
-                host = per_node * opt.host_bytes / gib
-                prob += (host * P <= host_cap + max(0.0, host * total_params - host_cap) * (1 - z[k])), \
-                    f"g_rank_{r}_host_{k}"
+                H = per_node * (opt.host_bytes / gib * P + pr.inflight[r] * pulp.lpSum(
+                    host_act[c] * n[r, c] for c in pr.policies if host_act[c]))
+                most = per_node * (opt.host_bytes / gib * total_params + pr.inflight[r] * L * max(host_act.values()))
+                prob += H <= host_cap + max(0.0, most - host_cap) * (1 - z[k]), f"g_rank_{r}_host_{k}"
             _data_parallel(prob, pr, opt, k, r, nb, F, B, D, z[k])
             most_opt = opt.optimizer_s_per_param * (L * block.params + fixed.params)
             prob += O >= opt.optimizer_s_per_param * P - most_opt * (1 - z[k]), f"k_rank_{r}_optimizer_{k}"
 
+    # (m) a cut implied by (a)-(h): the slowest rank is at least as slow as in the best integer split when
+    # each rank recomputes as little as its memory allows (``_least_slowest_rank``). The LP relaxation
+    # spreads fractions of blocks and of recompute evenly over the ranks; this lifts its bound to the
+    # integer balance, which the branch and bound otherwise proves rank by rank
+    least = min(_least_slowest_rank(pr, opt) for opt in pr.options)
+    if least == math.inf:
+        return None                                     # no split fits even with the most frugal policies
+    prob += t_max >= least, "m_least_slowest_rank"
     if p == 1:
         pipeline = m * t_max
     elif schedule == "interleaved-1f1b":
@@ -151,6 +171,75 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
     per_rank = [{c: int(round(n[r, c].value() or 0)) for c in pr.policies} for r in range(p)]
     chosen = max(z, key=lambda k: z[k].value() or 0)
     return pr.spread_counts(per_rank), pr.options[chosen], pulp.value(prob.objective) * unit
+
+
+def _least_slowest_rank(pr: GroupProblem, opt: Option) -> float:
+    """A lower bound on T_max of every integer split under option ``opt`` by rows (a), (b), (f) and (h):
+    rank r holding b blocks takes at least g_r(b) = its fixed layers, b blocks and the least recompute
+    that fits its device memory with fractions of blocks per policy allowed (``_least_recompute_s``); g_r
+    grows with b, so giving each next block to the rank whose g grows least minimises the largest
+    (greedy is exact for nondecreasing per-rank costs under a max). Infinite where a rank cannot fit."""
+    t_block = pr.block.fwd_s + pr.block.bwd_s
+    memo: dict[tuple[int, int], float] = {}
+
+    def g(r: int, b: int) -> float:
+        if (r, b) not in memo:
+            fixed = pr.fixed[r]
+            memo[r, b] = fixed.fwd_s + fixed.bwd_s + b * t_block + _least_recompute_s(pr, opt, r, b)
+        return memo[r, b]
+
+    held = [pr.v] * pr.p
+    for _ in range(pr.num_blocks - pr.p * pr.v):
+        r = min(range(pr.p), key=lambda r: g(r, held[r] + 1))
+        held[r] += 1
+    return max(g(r, held[r]) for r in range(pr.p))
+
+
+def _least_recompute_s(pr: GroupProblem, opt: Option, r: int, b: int) -> float:
+    """The least recompute seconds of b blocks on rank r within its device memory (row (f) under ``opt``):
+    every assignment of the policies to the blocks where they are few (exact), else blocks split
+    fractionally between policies (a lower bound): for each transient the rank may reach (h), the
+    policies whose transient is at most it, two at a time (an LP with two rows mixes at most two)."""
+    block, fixed, inflight = pr.block, pr.fixed[r], pr.inflight[r]
+    cap = pr.cache.cluster.device.memory_bytes
+    base = opt.other_bytes + (fixed.params + b * block.params) * opt.state_bytes + inflight * fixed.act_bytes
+    cost = {c: (block.recompute_s[POLICY_INDEX[c]], inflight * block.act_bytes[POLICY_INDEX[c]],
+                block.peak_extra_bytes[POLICY_INDEX[c]]) for c in pr.policies}
+    if math.comb(b + len(cost) - 1, len(cost) - 1) <= 1000:
+        best = math.inf
+        for counts in compositions(b, len(cost), 0):
+            used = [v for v, n in zip(cost.values(), counts) if n]
+            memory = base + sum(n * a for (_, a, _), n in zip(cost.values(), counts)) \
+                + max([fixed.extra_bytes] + [e for _, _, e in used])
+            if memory <= cap:
+                best = min(best, sum(n * rc for (rc, _, _), n in zip(cost.values(), counts)))
+        return best
+    best = math.inf
+    for level in {fixed.extra_bytes} | {e for _, _, e in cost.values()}:
+        room = cap - base - max(level, fixed.extra_bytes)           # for the blocks' activations
+        allowed = [(rc, a) for rc, a, e in cost.values() if e <= level]
+        for rc1, a1 in allowed:
+            for rc2, a2 in allowed:             # x blocks of the second, b - x of the first
+                if b * a1 <= room:
+                    best = min(best, b * rc1)
+                elif a2 < a1 and b * a2 <= room:
+                    x = (b * a1 - room) / (a1 - a2)
+                    best = min(best, (b - x) * rc1 + x * rc2)
+    return best
+
+
+def _most_blocks(pr: GroupProblem, r: int, cap_gib: float, act_gib: dict[str, float]) -> int:
+    """The most blocks rank r can hold: the others hold at least v each (b), and its memory (f) fits
+    no more with the least activations any policy keeps under the most frugal option."""
+    gib = 2.0**30
+    fixed, inflight = pr.fixed[r], pr.inflight[r]
+    fit = 0.0
+    for opt in pr.options:
+        base = (opt.other_bytes + fixed.params * opt.state_bytes + fixed.extra_bytes) / gib + inflight * fixed.act_bytes / gib
+        per_block = pr.block.params * opt.state_bytes / gib + inflight * min(act_gib.values())
+        fit = max(fit, (cap_gib - base) / per_block if per_block > 0 else math.inf)
+    most = pr.num_blocks - (pr.p - 1) * pr.v
+    return most if fit >= most else max(0, math.floor(fit + 1e-9))
 
 
 def _data_parallel(prob, pr: GroupProblem, opt: Option, k: int, r: int, nb, F, B, D, z) -> None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Iterator
 
-from ..config import FRAMEWORKS, OFFLOADS, RECOMPUTES, SCHEDULES, ParallelConfig, Workload, check_config, knob_flag
+from ..config import FRAMEWORKS, OFFLOADS, SCHEDULES, ParallelConfig, Workload, check_config, knob_flag
 from ..errors import UserError, one_of
 from ..layers import LayerGraph
+from ..recompute import every_k, expand_recompute, parse_recompute
 from ..runtimes import RUNTIMES, refusals
 
 
@@ -80,10 +81,12 @@ class Space:
                 raise UserError(f"must be a positive integer, got {value!r}", field=f"--{name.replace('_', '-')}")
         if k.zero is not None and k.zero not in (0, 1, 2, 3):
             raise UserError(f"{k.zero!r} is not a ZeRO stage; allowed: 0, 1, 2 or 3", field="--zero")
-        for name, allowed in (("schedule", SCHEDULES), ("recompute", RECOMPUTES), ("offload", OFFLOADS)):
+        for name, allowed in (("schedule", SCHEDULES), ("offload", OFFLOADS)):
             value = getattr(k, name)
             if value is not None and value not in allowed:
                 raise UserError(f"{value!r} is not allowed; allowed: {one_of(allowed)}", field=f"--{name}")
+        if k.recompute is not None:
+            parse_recompute(k.recompute)        # a policy or every-K, else UserError
         if w.framework not in FRAMEWORKS:
             raise UserError(f"{w.framework!r} is not allowed; allowed: {one_of(FRAMEWORKS)}", field="--framework")
         if dtypes and w.precision not in dtypes:
@@ -137,7 +140,8 @@ class Space:
             raise UserError("optimizer offload (ZeRO-Offload) needs ZeRO stage 1, 2 or 3", field="--offload")
         for knob, why in refusals(w.framework, self.device_kind, zero=k.zero, tp=k.tp, pp=k.pp, cp=k.cp,
                                   schedule=k.schedule, offload=k.offload, sequence_parallel=k.sequence_parallel,
-                                  recompute=k.recompute, num_kv_heads=g.num_kv_heads):
+                                  recompute="full" if every_k(k.recompute) else k.recompute,
+                                  num_kv_heads=g.num_kv_heads):
             raise UserError(why, field=knob_flag(knob))
 
     # -- enumeration ----------------------------------------------------------------------------
@@ -223,16 +227,25 @@ class Space:
         return self._allowed("offload", ["none", "optimizer"] if zero in self.can.offload_zero_stages else ["none"])
 
     def recomputes(self) -> list[str]:
+        """The recompute policies to search (the runtime's), or the fixed one: a policy or ``every-K``."""
         return self._options("recompute", list(self.can.recomputes))
 
+    def with_recompute(self, config: ParallelConfig, policy: str) -> ParallelConfig:
+        """``config`` recomputing every block with ``policy``, or in the ``every-K`` pattern (full on every
+        K-th block, planner/recompute.py), per layer."""
+        return expand_recompute(config, policy, self.graph)
+
     def configs(self, layout: Layout, schedule: str, vpp: int, sp: bool, zero: int) -> Iterator[ParallelConfig]:
-        m = layout.num_microbatches(self.w.global_batch)
         for offload in self.offloads(zero):
             for recompute in self.recomputes():
-                yield ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, zero=zero,
-                                     micro_batch=layout.micro_batch, num_microbatches=m, vpp=vpp,
-                                     schedule=schedule, recompute=recompute, sequence_parallel=sp,
-                                     offload=offload)
+                yield self.config(layout, schedule, vpp, sp, zero, offload, recompute)
+
+    def config(self, layout: Layout, schedule: str, vpp: int, sp: bool, zero: int, offload: str,
+               recompute: str) -> ParallelConfig:
+        m = layout.num_microbatches(self.w.global_batch)
+        return self.with_recompute(ParallelConfig(
+            dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, zero=zero, micro_batch=layout.micro_batch,
+            num_microbatches=m, vpp=vpp, schedule=schedule, sequence_parallel=sp, offload=offload), recompute)
 
     def check(self, config: ParallelConfig) -> None:
         check_config(config, num_gpus=self.n, global_batch=self.w.global_batch, seq_len=self.w.seq_len,

@@ -25,6 +25,8 @@ from ..cost.layer import POLICY_INDEX, LayerCost
 from ..cost.memory import inflight_microbatches, resident_bytes_per_param, state_bytes_per_param
 from ..cost.step import CostCache, _other_bytes, dp_collectives, optimizer_time_s, tied_embedding_sync_s
 from ..runtimes import RUNTIMES
+from ..recompute import summary_policy
+from .policies import distinct_policies
 from .space import Layout, Space
 
 
@@ -101,17 +103,10 @@ class GroupProblem:
 
     # -- constants ----------------------------------------------------------------------------
     def _useful_policies(self, space: Space) -> tuple[str, ...]:
-        """Recompute policies worth deciding: a fixed --recompute, else those not dominated
-        (selective with fused attention keeps what none keeps and costs nothing extra)."""
-        if space.k.recompute is not None:
-            return (space.k.recompute,)
-        b = self.block
-        out = ["none"]
-        sel, full = POLICY_INDEX["selective"], POLICY_INDEX["full"]
-        if b.act_bytes[sel] < b.act_bytes[0]:
-            out.append("selective")
-        out.append("full")
-        return tuple(out)
+        """Recompute policies worth deciding: a fixed --recompute, else the runtime's without those whose
+        costs equal another's on every block (planner/search/policies.py: selective with fused attention
+        keeps what none keeps and costs nothing extra)."""
+        return distinct_policies(self.cache, self.cache.context(self.base), space.recomputes())
 
     def _fixed(self, rank: int, ctx) -> Fixed:
         """Prefix layers sit on virtual stage 0 (rank 0), suffix layers on the last stage."""
@@ -184,9 +179,7 @@ class GroupProblem:
             for policy in RECOMPUTES:
                 policies += [policy] * stage.get(policy, 0)
         policies += ["none"] * len(self.shape.suffix)
-        used = {p for stage in counts for p, k in stage.items() if k}
-        uniform = next(iter(used)) if len(used) == 1 else ("full" if "full" in used else "selective")
-        return replace(self.base, zero=option.zero, offload=option.offload, recompute=uniform,
+        return replace(self.base, zero=option.zero, offload=option.offload, recompute=summary_policy(policies),
                        recompute_layers=tuple(policies), stage_layers=tuple(stage_layers))
 
     def memory_free_split(self) -> list[int]:
@@ -319,8 +312,7 @@ def option_lower_bounds(pr: GroupProblem, stop_at: float = math.inf) -> tuple[li
             per_block_min = block.params * opt.state_bytes + a_min * inf_r
             if pr.fixed[r].extra_bytes:
                 base += pr.fixed[r].extra_bytes
-            c0 = max(0.0, (cap - base) / per_block_none)
-            c_full = max(0.0, (cap - base) / per_block_min)
+            c0, c_full = _blocks_that_fit(cap - base, per_block_none), _blocks_that_fit(cap - base, per_block_min)
             if c_full < v:
                 feasible = False
                 break
@@ -347,6 +339,14 @@ def option_lower_bounds(pr: GroupProblem, stop_at: float = math.inf) -> tuple[li
             continue
         out.append(max(pipe, _rank0_scan(pr, opt, recompute)) + optimizer + pr.tied_s)
     return out, split
+
+
+def _blocks_that_fit(room: float, per_block: float) -> float:
+    """Blocks of ``per_block`` bytes in ``room`` bytes (fractional); without bytes per block (model states
+    and activations both off the device: optimizer offload with recompute offload) as many as wanted."""
+    if per_block <= 0:
+        return math.inf if room >= 0 else 0.0
+    return max(0.0, room / per_block)
 
 
 def _pipeline(pr: GroupProblem, slowest: float, total: float) -> float:

@@ -1,0 +1,152 @@
+"""The recompute policies in the cost model, against bytes and seconds computed here by hand.
+
+Per token of a Llama-3 8B block (h 4096, q 4096, kv 1024, f 14336, 32 heads) in bf16 under flash
+attention, what autograd saves without recompute (planner/layers.py, Korthikanti et al. 2022 Sec 4.1
+with SwiGLU): two norms' inputs and fp32 rstd, the q projection's input, q k v and the attention
+output, the gate's input, SwiGLU's three f-wide tensors and the down projection's input, and the
+kernel's fp32 log-sum-exp per head.
+"""
+import pytest
+
+from planner.cluster import load_cluster
+from planner.cost.layer import POLICY_INDEX, Context, layer_cost
+from planner.errors import UserError
+from planner.layers import build_layer_graph
+from planner.model import ZOO
+from planner.recompute import every_k_layers, parse_recompute
+
+H, Q, KV, F, HEADS = 4096, 4096, 1024, 14336, 32
+LLAMA = build_layer_graph(ZOO["llama3-8b"])
+H100 = load_cluster("h100-80g", 8)
+TOKENS = 2 * 8192
+NONE_PER_TOKEN = 2 * (4 * H + 2 * Q + 2 * KV + 4 * F) + 2 * 4 + 4 * HEADS     # 168,072 B
+
+
+def cost(graph, *, tp=1, sp=False, mb=2, seq=8192, cluster=H100, precision="bf16", regime=""):
+    ctx = Context(micro_batch=mb, seq_len=seq, tp=tp, cp=1, sequence_parallel=sp, precision=precision,
+                  attention="flash", framework="torch", tp_comm_overlap=False, eager_regime=regime)
+    return layer_cost(graph.layers[1], ctx, cluster)
+
+
+def test_no_recompute_is_the_hand_count():
+    assert NONE_PER_TOKEN == 168_072
+    assert cost(LLAMA).act_bytes[POLICY_INDEX["none"]] == pytest.approx(NONE_PER_TOKEN * TOKENS, rel=1e-9)
+
+
+def test_op_keeps_odd_matmuls_attention_and_the_input():
+    """torchtitan's SelectiveAC: mm outputs 1, 3, 5, 7 of q k v o gate up down are saved (q, v, gate,
+    down), the attention kernel's output and log-sum-exp, and the checkpoint keeps the block's input."""
+    per_token = 2 * (H + Q + KV + Q + F + H) + 4 * HEADS
+    assert per_token == 63_616
+    assert cost(LLAMA).act_bytes[POLICY_INDEX["op"]] == pytest.approx(per_token * TOKENS, rel=1e-9)
+
+
+def test_op_under_tensor_and_sequence_parallelism():
+    """tp 8 with SP: column outputs split 8 ways, a row-parallel mm output is the full width of partial
+    sums, each row-parallel reduce-scatter output (1/8) is saved too, the input is the sequence shard."""
+    t = 8
+    per_token = 2 * (H / t + Q / t + KV / t + H / t + F / t + H + H / t + Q / t) + 4 * HEADS / t
+    got = cost(LLAMA, tp=t, sp=True).act_bytes[POLICY_INDEX["op"]]
+    assert got == pytest.approx(per_token * TOKENS, rel=1e-9)
+
+
+def test_op_saves_every_biased_linear():
+    """GPT's linears have biases: aten.addmm, always saved (the every-other rule counts aten.mm only)."""
+    spec = ZOO["gpt-18.4b"]
+    h, heads = spec.hidden, spec.num_heads
+    assert spec.ffn_hidden == 4 * h and spec.linear_bias
+    per_token = 2 * (h + 3 * h + h + 4 * h + h + h) + 4 * heads       # input, q k v, o, fc1, fc2, attention
+    got = cost(build_layer_graph(spec), mb=1, seq=2048).act_bytes[POLICY_INDEX["op"]]
+    assert got == pytest.approx(per_token * 2048, rel=1e-9)
+
+
+def test_op_recomputes_less_than_full_and_more_than_none():
+    c = cost(LLAMA, regime="bf16")
+    op, full = c.recompute_s[POLICY_INDEX["op"]], c.recompute_s[POLICY_INDEX["full"]]
+    assert 0 < op < full == c.fwd_s
+    # the recomputed mms (k, o, up) are 2 (h kv + q h + h f) FLOPs per token
+    assert c.recompute_flops[POLICY_INDEX["op"]] == pytest.approx(2 * (H * KV + Q * H + H * F) * TOKENS, rel=1e-9)
+
+
+# h100-80g's host side: PCIe 50 GB/s per GPU, but 8 GPUs share 614.4 GB/s of DRAM at 0.5 efficiency
+HOST_RATE = min(50e9, 614.4e9 * 0.5 / 8)        # 38.4 GB/s per GPU
+
+
+def test_offload_moves_everything_to_the_host_over_pcie():
+    """Nothing kept on the device between forward and backward, all of it on the host; the copy each way
+    at the GPU's share of the host (HOST_RATE), exposed where it exceeds the layer's forward (out) and
+    backward (in)."""
+    c = cost(LLAMA, regime="bf16")
+    i = POLICY_INDEX["offload"]
+    nbytes = NONE_PER_TOKEN * TOKENS
+    assert c.act_bytes[i] == 0 and c.host_bytes[i] == pytest.approx(nbytes, rel=1e-9)
+    copy_s = nbytes / HOST_RATE
+    assert copy_s > c.bwd_s > c.fwd_s            # this block: slower to move than to compute
+    assert c.recompute_s[i] == pytest.approx((copy_s - c.fwd_s) + (copy_s - c.bwd_s), rel=1e-9)
+    # two layers on the device at a time: the one in backward and the next, copied in beside it
+    assert c.peak_extra_bytes[i] == pytest.approx(c.peak_extra_bytes[POLICY_INDEX["none"]] + 2 * nbytes, rel=1e-9)
+
+
+def test_offload_is_free_where_compute_hides_the_copy():
+    """At 128k tokens causal attention (quadratic) outlasts the copies (linear): nothing exposed."""
+    c = cost(LLAMA, mb=1, seq=131072)
+    nbytes = NONE_PER_TOKEN * 131072
+    assert nbytes / HOST_RATE < c.fwd_s < c.bwd_s
+    assert c.recompute_s[POLICY_INDEX["offload"]] == 0.0
+
+
+def test_every_k_expands_over_the_blocks_counted_from_one():
+    policies = every_k_layers(LLAMA, 3)
+    blocks = [p for p, layer in zip(policies, LLAMA.layers) if layer.is_block]
+    assert [i + 1 for i, p in enumerate(blocks) if p == "full"] == [3, 6, 9, 12, 15, 18, 21, 24, 27, 30]
+    assert all(p == "none" for p, layer in zip(policies, LLAMA.layers) if not layer.is_block)
+
+
+@pytest.mark.parametrize("text", ["every-0", "every-x", "every-", "sometimes"])
+def test_bad_recompute_is_one_line(cli, text):
+    with pytest.raises(UserError):
+        parse_recompute(text)
+    out = cli("plan", "--model", "gpt-1.7b", "--gpus", "8", "--recompute", text)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and "--recompute" in out.stderr
+
+
+def test_every_k_on_the_cli_is_the_pattern_in_plan_json(cli, tmp_path):
+    out = cli("plan", "--model", "llama3-8b", "--cluster", "h100-80g", "--gpus", "8", "--dp", "8", "--tp", "1",
+              "--pp", "1", "--zero", "3", "--micro-batch", "1", "--global-batch", "16", "--recompute", "every-4",
+              "--json")
+    assert out.returncode == 0, out.stderr
+    import json
+    config = json.loads(out.stdout)["config"]
+    assert config["recompute"] == "every-4"
+    assert config["recompute_layers"] == list(every_k_layers(LLAMA, 4))
+
+
+# -- the output layer: logits and the loss as each runtime computes them ---------------------------
+
+V = 128256
+
+
+def head(framework: str, tp: int = 1):
+    ctx = Context(micro_batch=2, seq_len=8192, tp=tp, cp=1, sequence_parallel=tp > 1, precision="bf16",
+                  attention="flash", framework=framework, tp_comm_overlap=False,
+                  eager_regime="bf16" if framework == "torch" else "")
+    return layer_cost(LLAMA.layers[-1], ctx, H100)
+
+
+@pytest.mark.parametrize("framework", ["torch", "deepspeed"])
+def test_eager_cross_entropy_holds_fp32_log_probs_and_two_fp32_gradients(framework):
+    """torch's F.cross_entropy on fp32 logits (meshplan's executor, torchtitan; the Hugging Face loss DeepSpeed
+    trains with): log_softmax keeps its fp32 output, backward holds nll_loss's and log_softmax's fp32
+    gradients at once. At 16,384 tokens of a 128,256 vocabulary: 7.8 GiB kept, 15.7 GiB in backward."""
+    c = head(framework)
+    assert c.act_bytes[0] == pytest.approx(TOKENS * (V * 4 + H * 2), rel=1e-9)       # + the head's input
+    assert c.peak_extra_bytes[0] == pytest.approx(TOKENS * V * 8, rel=1e-9)
+
+
+@pytest.mark.parametrize("tp", [1, 8])
+def test_megatron_vocab_parallel_cross_entropy_writes_its_gradient_in_place(tp):
+    """Megatron-LM's _VocabParallelCrossEntropy keeps the fp32 softmax of its vocabulary shard and turns it
+    into the gradient in place; only the cast to bf16 is new in backward."""
+    c = head("megatron", tp)
+    assert c.act_bytes[0] == pytest.approx(TOKENS * V * 4 / tp + TOKENS / tp * H * 2, rel=1e-9)
+    assert c.peak_extra_bytes[0] == pytest.approx(TOKENS * V * 2 / tp, rel=1e-9)
