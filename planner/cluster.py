@@ -86,7 +86,8 @@ class Cluster:
     nvls_allreduce_bytes_per_s: float     # NVLink SHARP all-reduce algorithm bandwidth (0: none)
     nics_per_node: int
     nic: Link                             # one NIC
-    host: Link                            # GPU to host memory (offload)
+    host: Link                            # GPU to host memory (offload): one GPU's PCIe link
+    gpus_per_host_uplink: int = 1         # GPUs behind one PCIe switch that share its one link to the CPU
     host_memory_bytes: float              # per node
     host_dram: Link                       # host DRAM bandwidth per node (CPU optimizer step)
     oversubscription: float               # leaf-to-spine oversubscription of the fat tree
@@ -365,6 +366,7 @@ def parse_cluster(data: dict, source: str) -> Cluster:
                  efficiency=net.fraction("efficiency"),
                  latency_s=net.number("latency_us", allow_zero=True) * 1e-6),
         host=Link(bytes_per_s=host.number("pcie_GBps") * 1e9, efficiency=1.0, latency_s=10e-6),
+        gpus_per_host_uplink=host.integer("gpus_per_uplink", default=1),
         host_memory_bytes=host.number("memory_GiB") * GiB,
         host_dram=Link(bytes_per_s=host.number("memory_GBps") * 1e9, efficiency=host.fraction("memory_efficiency"),
                        latency_s=0.0),

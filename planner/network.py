@@ -85,7 +85,14 @@ def _fabric(cluster: Cluster) -> Fabric:
         net = min(achievable("gpu0", nic), achievable(nic, uplink) / sharing)
     return Fabric(intra_bytes_per_s=intra, net_bytes_per_s=net, intra_latency_s=cluster.intra.latency_s,
                   net_latency_s=cluster.nic.latency_s, nvls_bytes_per_s=cluster.nvls_allreduce_bytes_per_s,
-                  host_bytes_per_s=cluster.host.bytes_per_s)
+                  host_bytes_per_s=host_bytes_per_s(cluster))
+
+
+def host_bytes_per_s(cluster: Cluster) -> float:
+    """What one GPU copies to or from host memory per second while every GPU of its node copies too (the
+    plans are symmetric, so they do): its own PCIe link, or its share of the PCIe switch's one uplink to
+    the CPU where GPUs share a switch ([host] gpus_per_uplink; the uplink is as wide as a GPU's link)."""
+    return cluster.host.bytes_per_s / max(1, min(cluster.gpus_per_host_uplink, cluster.num_gpus))
 
 
 def _ring_bandwidth(f: Fabric, grp: Group) -> float:

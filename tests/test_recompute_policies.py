@@ -95,6 +95,21 @@ def test_offload_is_free_where_compute_hides_the_copy():
     assert c.recompute_s[POLICY_INDEX["offload"]] == 0.0
 
 
+def test_offload_shares_a_pcie_switch_uplink_between_two_a100s():
+    """DGX A100: two GPUs behind each PCIe switch share its x16 link to the CPU (gpus_per_uplink = 2), so
+    each copies at 25 / 2 = 12.5 GB/s when all offload, below its DRAM share (409.6 x 0.5 / 8 = 25.6);
+    a single GPU has the link to itself."""
+    from planner.network import host_bytes_per_s
+    a100 = load_cluster("a100-80g", 8)
+    assert host_bytes_per_s(a100) == pytest.approx(12.5e9)
+    assert host_bytes_per_s(load_cluster("a100-80g", 1)) == pytest.approx(25e9)
+    assert host_bytes_per_s(H100) == pytest.approx(50e9)          # no shared uplink documented
+    c = cost(LLAMA, cluster=a100, regime="bf16")
+    copy_s = NONE_PER_TOKEN * TOKENS / 12.5e9
+    expected = max(0.0, copy_s - c.fwd_s) + max(0.0, copy_s - c.bwd_s)
+    assert c.recompute_s[POLICY_INDEX["offload"]] == pytest.approx(expected, rel=1e-9) and expected > 0
+
+
 def test_every_k_expands_over_the_blocks_counted_from_one():
     policies = every_k_layers(LLAMA, 3)
     blocks = [p for p, layer in zip(policies, LLAMA.layers) if layer.is_block]

@@ -332,10 +332,11 @@ def _offload_exposed_s(nbytes: float, fwd_s: float, bwd_s: float, cluster: Clust
     back during backward on a copy stream beside the compute stream (torchtune OffloadActivations,
     use_streams=True; executor/recompute.py): the copy out of one layer runs beside the next layer's
     forward, the copy in beside the backward of the layer before it, and only what exceeds that compute is
-    exposed. The rate is the GPU's host link ([host] pcie_GBps of the cluster profile, per direction), or
-    its share of the node's host DRAM bandwidth where that is less: every GPU of the node offloads at once
-    ([host] memory_GBps at its memory_efficiency, over the GPUs of the node). Not modelled: a PCIe link
-    shared with the GPU's NIC traffic (GPUDirect RDMA) or with a second GPU behind one PCIe switch."""
+    exposed. The rate is the GPU's host link ([host] pcie_GBps of the cluster profile, per direction) or its
+    share of a PCIe switch's uplink ([host] gpus_per_uplink; network.host_bytes_per_s), or its share of the
+    node's host DRAM bandwidth where that is less: every GPU of the node offloads at once ([host]
+    memory_GBps at its memory_efficiency, over the GPUs of the node). Not modelled: a PCIe link shared
+    with the GPU's NIC traffic (GPUDirect RDMA)."""
     per_node = min(cluster.gpus_per_node, cluster.num_gpus)
     rate = min(network.fabric(cluster).host_bytes_per_s, cluster.host_dram.effective_bytes_per_s / per_node)
     copy_s = nbytes / rate if nbytes > 0 else 0.0
