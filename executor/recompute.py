@@ -6,14 +6,23 @@ says what each one is; planner/cost/layer.py prices exactly these mechanisms).
   ``torch.utils.checkpoint`` with ``create_selective_checkpoint_contexts``; the outputs of the ops in
   ``SAVE_OPS`` are kept (MUST_SAVE), except every second ``aten.mm``, and everything else is recomputed
   (PREFER_RECOMPUTE) when backward reaches the block.
-- ``offload``: the tensors autograd saves inside the block go to host memory as they are saved and come
-  back when backward unpacks them (``torch.autograd.graph.saved_tensors_hooks``); on CUDA into pinned
-  memory on a side stream, so the copies run beside compute (torchtune's ``OffloadActivations`` with
-  ``use_streams=True``).
+- ``offload``: the tensors autograd saves inside the block go to host memory as they are saved
+  (``torch.autograd.graph.saved_tensors_hooks``) and come back for backward, prefetched: when a block's
+  backward starts (its first unpack), the copy-in of the block before it (the newest block of the same
+  device whose backward has not started and whose forward ran before this one's: the block before, of
+  the same micro-batch, under GPipe and 1F1B orders alike) is issued, so that it runs while this block's
+  backward computes, as torchtune's ``OffloadActivations`` does with ``use_streams=True``. Two blocks'
+  saved tensors are then on the device at once: the one whose backward runs and the one before it,
+  copied in beside it (what planner/cost/layer.py prices). On CUDA the copies go through pinned host
+  memory on one side stream per device, and the compute stream waits for a copy-in (an event per
+  storage) only where it uses it; on CPU a prefetch is the same copy done earlier.
 """
 from __future__ import annotations
 
+import threading
+import weakref
 from functools import partial
+from itertools import count
 from typing import Callable
 
 import torch
@@ -89,18 +98,82 @@ class _Moved:
         self.dtype, self.offset, self.size, self.stride = t.dtype, t.storage_offset(), t.size(), t.stride()
 
 
+class _Pending:
+    """Per device, the stashes whose backward has not started, in the order of their forwards: weakly held,
+    so that a stash leaves when its graph dies without a backward (an eval forward with grad enabled, a
+    dropped loss); a forward under ``torch.no_grad`` packs nothing and its stash dies as it returns."""
+
+    def __init__(self):
+        self._lock = threading.RLock()      # backward may run on autograd's device threads; gc callbacks anywhere
+        self._seq = count()
+        self._stashes: dict[torch.device, dict[int, weakref.ref]] = {}   # device -> {creation seq -> stash}
+
+    def add(self, stash: "HostStash") -> int:
+        """Register a new stash; its creation number."""
+        with self._lock:
+            seq = next(self._seq)
+            forget = partial(self._drop, stash.device, seq)
+            self._stashes.setdefault(stash.device, {})[seq] = weakref.ref(stash, forget)
+        return seq
+
+    def _drop(self, device: torch.device, seq: int, _ref=None) -> None:
+        with self._lock:
+            pending = self._stashes.get(device, {})
+            pending.pop(seq, None)
+            if not pending:
+                self._stashes.pop(device, None)
+
+    def start(self, stash: "HostStash") -> "HostStash | None":
+        """``stash``'s backward starts: off the list, and the newest stash still pending on its device that
+        was created before it (the block before, whose backward comes next), or None."""
+        self._drop(stash.device, stash.seq)
+        with self._lock:
+            before = [ref for seq, ref in self._stashes.get(stash.device, {}).items() if seq < stash.seq]
+        for ref in reversed(before):
+            prev = ref()
+            if prev is not None:
+                return prev
+        return None
+
+    def stashes(self, device: torch.device) -> list["HostStash"]:
+        """The live stashes pending on ``device``, oldest first."""
+        with self._lock:
+            refs = list(self._stashes.get(device, {}).values())
+        return [s for s in (ref() for ref in refs) if s is not None]
+
+    def __len__(self) -> int:
+        """Entries held, all devices (a dead stash's entry leaves as it dies)."""
+        with self._lock:
+            return sum(len(p) for p in self._stashes.values())
+
+
+PENDING = _Pending()
+_STREAMS: dict[torch.device, "torch.cuda.Stream"] = {}
+
+
+def side_stream(device: torch.device):
+    """The copy stream of a CUDA ``device``, shared by all offloaded blocks (None elsewhere)."""
+    if device.type != "cuda":
+        return None
+    return _STREAMS.get(device) or _STREAMS.setdefault(device, torch.cuda.Stream(device))
+
+
 class HostStash:
     """The saved tensors of one forward of one block, in host memory: each storage copied once however
-    many saved tensors view it, and brought back once in backward (the copies live until the block's
-    backward has used them all). Parameters stay: the module holds them anyway. ``host_bytes`` is what
-    went to the host."""
+    many saved tensors view it, and brought back once for backward: all of them when the block's
+    backward starts, if the block after it has not prefetched them already, and then the block before it
+    prefetched (``PENDING``). The copies back live until the block's backward has used them all.
+    Parameters stay: the module holds them anyway. ``host_bytes`` is what went to the host."""
 
     def __init__(self, module: nn.Module, device: torch.device, stream=None):
         self.device, self.stream = device, stream
         self.params = {_local(p).untyped_storage().data_ptr() for p in module.parameters()}
         self.host: dict[int, torch.Tensor] = {}        # storage key -> uint8 copy on the host
         self.back: dict[int, torch.Tensor] = {}        # storage key -> uint8 copy on the device again
+        self.ready: dict[int, torch.cuda.Event] = {}   # storage key -> its copy-in done (CUDA), until first use
         self._alive: list = []                          # the device storages, until the forward ends
+        self.started = False                            # its backward has begun
+        self.seq = PENDING.add(self)
 
     @property
     def host_bytes(self) -> int:
@@ -133,14 +206,40 @@ class HostStash:
         return host
 
     def _copy_in(self, key: int) -> torch.Tensor:
+        """Issue the copy of one storage back to the device (on CUDA on the side stream, after the copy out
+        it queued there; ``ready`` marks its end)."""
         host = self.host[key]
         if self.stream is None:
             return host if self.device.type == "cpu" else host.to(self.device)
         with torch.cuda.stream(self.stream):
             dev = host.to(self.device, non_blocking=True)
-        current = torch.cuda.current_stream(self.device)
-        current.wait_stream(self.stream)
-        dev.record_stream(current)
+            self.ready[key] = self.stream.record_event()
+        return dev
+
+    def bring_back(self) -> None:
+        """Issue the copy-in of every storage not back yet."""
+        for key in self.host:
+            if key not in self.back:
+                self.back[key] = self._copy_in(key)
+
+    def _start_backward(self) -> None:
+        """The first unpack: this block's storages back (unless prefetched), then the block before's."""
+        self.started = True
+        before = PENDING.start(self)
+        self.bring_back()
+        if before is not None:
+            before.bring_back()
+
+    def _on_device(self, key: int) -> torch.Tensor:
+        """The storage back on the device, the compute stream ordered after its copy-in (CUDA)."""
+        if key not in self.back:            # not met: _start_backward brought every storage back
+            self.back[key] = self._copy_in(key)
+        dev = self.back[key]
+        done = self.ready.pop(key, None)
+        if done is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(done)
+            dev.record_stream(current)      # allocated on the side stream, used on this one
         return dev
 
     @staticmethod
@@ -148,9 +247,9 @@ class HostStash:
         if isinstance(packed, _Kept):
             return packed.tensor
         stash = packed.stash
-        if packed.key not in stash.back:
-            stash.back[packed.key] = stash._copy_in(packed.key)
-        storage = stash.back[packed.key].untyped_storage()
+        if not stash.started:
+            stash._start_backward()
+        storage = stash._on_device(packed.key).untyped_storage()
         t = torch.empty(0, dtype=packed.dtype, device=storage.device).set_(storage, packed.offset, packed.size,
                                                                               packed.stride)
         if packed.spec is not None:
@@ -171,14 +270,10 @@ def offload_forward(module: nn.Module, on_stash: Callable[[HostStash], None] | N
     """``module``'s own forward with the tensors autograd saves moved to host memory (``HostStash``), to
     assign to ``module.forward``. ``on_stash`` sees each forward's stash (measurements)."""
     forward = type(module).forward.__get__(module)
-    streams: dict = {}
 
     def run(*args, **kwargs):
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
-        stream = None
-        if device.type == "cuda":
-            stream = streams.get(device) or streams.setdefault(device, torch.cuda.Stream(device))
-        stash = HostStash(module, device, stream)
+        stash = HostStash(module, device, side_stream(device))
         if on_stash is not None:
             on_stash(stash)
         with torch.autograd.graph.saved_tensors_hooks(stash.pack, HostStash.unpack):

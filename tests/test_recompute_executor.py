@@ -12,12 +12,15 @@ once: "none" (and what "offload" moves) measures about 6% above the prediction o
 """
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 
 from executor.data import global_batch
 from executor.held_bytes import block_held_bytes, model_held_bytes
 from executor.models import build_model, sdpa
+from executor.recompute import PENDING, HostStash, _Moved, apply_policy
 from executor_support import SEQ, TINY_GPT, TINY_LLAMA, assert_losses, reference_run
 from planner.cluster import load_cluster
 from planner.cost.layer import POLICY_INDEX, Context, layer_cost
@@ -113,3 +116,134 @@ def test_kept_bytes_of_the_whole_model_match_the_cost_model(model, plan):
     want = [predicted(spec, i, policies[layer.name]) for i, layer in enumerate(layers)]
     assert close(device, sum(d for d, _ in want)), (device, sum(d for d, _ in want))
     assert close(host, sum(h for _, h in want)), (host, sum(h for _, h in want))
+
+
+# -- offload prefetch: the copy-in of the block before runs beside a block's backward -----------------
+
+STACK = TINY_LLAMA.num_layers                # blocks in the offload stack
+
+
+def offload_stack(offload: bool):
+    """TINY_LLAMA's blocks alone (input and output (B, S, h)), every one offloaded where ``offload``; the
+    same parameters either way."""
+    torch.manual_seed(0)
+    model = build_model(TINY_LLAMA, "cpu", keep=tuple(f"layers.{i}" for i in range(STACK)))
+    if offload:
+        for block in model.layers.values():
+            apply_policy(block, "offload")
+    return model
+
+
+def stack_grads(micro_batches, order) -> dict[str, torch.Tensor]:
+    """Gradients of a no-recompute stack: forward every micro-batch, then backward in ``order``."""
+    model = offload_stack(offload=False)
+    xs = [x.detach().requires_grad_() for x in micro_batches]
+    losses = [model(x).square().mean() for x in xs]
+    for m in order:
+        losses[m].backward()
+    return {**{n: p.grad for n, p in model.named_parameters()}, **{f"x{m}": x.grad for m, x in enumerate(xs)}}
+
+
+def run_logged(monkeypatch, micro_batches, order):
+    """The offloaded stack on ``micro_batches`` (every forward first, then the backwards in ``order``),
+    with every copy-in and every unpack logged as (event, stash seq, storage key, micro-batch in backward).
+    Returns (log, stash seqs per micro-batch in block order, gradients)."""
+    log, backward_of = [], [None]
+    copy_in, unpack = HostStash._copy_in, HostStash.unpack
+
+    def logged_copy_in(self, key):
+        log.append(("in", self.seq, key, backward_of[0]))
+        return copy_in(self, key)
+
+    def logged_unpack(packed):
+        if isinstance(packed, _Moved):
+            log.append(("unpack", packed.stash.seq, packed.key, backward_of[0]))
+        return unpack(packed)
+
+    monkeypatch.setattr(HostStash, "_copy_in", logged_copy_in)
+    monkeypatch.setattr(HostStash, "unpack", staticmethod(logged_unpack))
+    model = offload_stack(offload=True)
+    xs = [x.detach().requires_grad_() for x in micro_batches]
+    seqs, losses = [], []
+    for x in xs:
+        first = len(PENDING)
+        losses.append(model(x).square().mean())
+        seqs.append([s.seq for s in PENDING.stashes(torch.device("cpu"))][-STACK:])
+        assert len(PENDING) == first + STACK
+    for m in order:
+        backward_of[0] = m
+        losses[m].backward()
+    grads = {**{n: p.grad for n, p in model.named_parameters()}, **{f"x{m}": x.grad for m, x in enumerate(xs)}}
+    return log, seqs, grads
+
+
+def assert_prefetched(log, seqs):
+    """In each micro-batch, block k-1's storages are each copied in once, while block k's backward runs:
+    after block k's first unpack, before its last, and before block k-1's first unpack; the last block's
+    right at its own first unpack (no block after it prefetches it)."""
+    def unpacks(seq):
+        return [i for i, e in enumerate(log) if e[:2] == ("unpack", seq)]
+
+    for blocks in seqs:
+        for k, seq in enumerate(blocks):
+            copies = [i for i, e in enumerate(log) if e[:2] == ("in", seq)]
+            keys = [log[i][2] for i in copies]
+            assert copies and len(keys) == len(set(keys)), f"block {k}: copied in {keys}"
+            assert set(keys) == {log[i][2] for i in unpacks(seq)}, f"block {k}: copied in what it unpacks"
+            if k + 1 < len(blocks):
+                after = unpacks(blocks[k + 1])
+                assert after[0] < min(copies) and max(copies) < min(after[-1], unpacks(seq)[0]), (
+                    f"block {k}: copy-ins at {copies}, block {k + 1}'s unpacks at {after}, its own at {unpacks(seq)}")
+            else:
+                assert copies == list(range(unpacks(seq)[0] + 1, unpacks(seq)[0] + 1 + len(copies))), (
+                    f"last block: copy-ins at {copies}, unpacks at {unpacks(seq)}")
+
+
+def assert_grads(got, want):
+    for name, w in want.items():
+        torch.testing.assert_close(got[name], w, rtol=1e-6, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+def test_offload_prefetches_the_block_before_while_a_backward_runs(monkeypatch):
+    torch.manual_seed(1)
+    x = torch.randn(MICRO_BATCH, SEQ, TINY_LLAMA.hidden)                              # (B, S, h)
+    log, seqs, grads = run_logged(monkeypatch, [x], order=[0])
+    assert_prefetched(log, seqs)
+    assert_grads(grads, stack_grads([x], order=[0]))
+
+
+def test_offload_prefetch_stays_within_a_micro_batch(monkeypatch):
+    """Forward mb0, forward mb1, backward mb0, backward mb1: mb1's blocks are newer than mb0's, so none
+    is fetched during mb0's backward, and mb0's have all started when mb1's backward runs."""
+    torch.manual_seed(1)
+    xs = [torch.randn(MICRO_BATCH, SEQ, TINY_LLAMA.hidden) for _ in range(2)]       # 2 x (B, S, h)
+    log, seqs, grads = run_logged(monkeypatch, xs, order=[0, 1])
+    assert_prefetched(log, seqs)
+    for event, seq, key, during in log:
+        assert seq in seqs[during], f"{event} of stash {seq} during micro-batch {during}'s backward"
+    assert_grads(grads, stack_grads(xs, order=[0, 1]))
+
+
+def test_offload_pending_stashes_do_not_leak():
+    """After a backward no stash is pending; a forward whose graph is dropped (grad enabled) or that
+    keeps none (no_grad) leaves nothing behind, step after step; a live graph's stashes stay pending."""
+    cpu = torch.device("cpu")
+    before = len(PENDING)
+    model = offload_stack(offload=True)
+    x = torch.randn(MICRO_BATCH, SEQ, TINY_LLAMA.hidden, requires_grad=True)       # (B, S, h)
+    y = model(x)
+    mine = PENDING.stashes(cpu)[-STACK:]
+    assert len(PENDING) == before + STACK and all(not s.started for s in mine)
+    y.sum().backward()
+    assert len(PENDING) == before and all(s.started for s in mine)
+    refs = [weakref.ref(s) for s in mine]
+    del y, mine
+    assert all(ref() is None for ref in refs), "a stash outlived its backward"
+    for _ in range(3):
+        y = model(x)                        # an eval forward with grad enabled: its graph is dropped
+        assert len(PENDING) == before + STACK
+        del y
+        assert len(PENDING) == before
+        with torch.no_grad():
+            model(x)
+        assert len(PENDING) == before
