@@ -44,6 +44,7 @@ class Device:
     eager_bytes_per_s: tuple[tuple[str, float], ...] = ()   # achieved bandwidth of eager elementwise
                                           # kernels by class (planner.cost.eager.CLASSES); absent: HBM rate
     kernel_gap_s: float = 0.0             # GPU time between two queued kernels (issue gap)
+    optimizer_bytes_per_s: float = 0.0    # AdamW as the executor steps it here, at 28 B per parameter (0: HBM)
 
     def eager_bandwidth(self, kind: str) -> float:
         """Bytes per second an eager elementwise kernel of class ``kind`` streams."""
@@ -143,7 +144,8 @@ def _time_shared(device: Device, k: float) -> Device:
                    peak_flops=tuple((d, f * k) for d, f in device.peak_flops),
                    eager_bytes_per_s=tuple((c, b * k) for c, b in device.eager_bytes_per_s),
                    gemm_latency_s=device.gemm_latency_s / k, gemm_wave_latency_s=device.gemm_wave_latency_s / k,
-                   attention_latency_s=device.attention_latency_s / k, kernel_gap_s=device.kernel_gap_s / k)
+                   attention_latency_s=device.attention_latency_s / k, kernel_gap_s=device.kernel_gap_s / k,
+                   optimizer_bytes_per_s=device.optimizer_bytes_per_s * k)
 
 
 # -- the topology graph -------------------------------------------------------------------------
@@ -351,7 +353,8 @@ def parse_cluster(data: dict, source: str) -> Cluster:
         if "gemm_unaligned_efficiency" in kernels.data else 1.0,
         attention_latency_s=kernels.number("attention_latency_us", allow_zero=True, default=0.0) * 1e-6,
         eager_bytes_per_s=_eager_bandwidths(kernels, source),
-        kernel_gap_s=kernels.number("kernel_gap_us", allow_zero=True, default=0.0) * 1e-6)
+        kernel_gap_s=kernels.number("kernel_gap_us", allow_zero=True, default=0.0) * 1e-6,
+        optimizer_bytes_per_s=kernels.number("optimizer_GBps", allow_zero=True, default=0.0) * 1e9)
     intra, host, net = root.table("intra_node"), root.table("host"), root.table("network")
     nics = net.integer("nics_per_node", allow_zero=True)
     return Cluster(

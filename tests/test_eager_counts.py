@@ -64,7 +64,8 @@ def test_regimes_follow_the_executor():
     assert eager_regime(zero=3, **kw) == "bf16"
     assert eager_regime(zero=0, **{**kw, "dp": 2, "tp": 2}) == "bf16"          # replicate under TP
     assert eager_regime(zero=0, **{**kw, "framework": "megatron"}) == ""
-    assert eager_regime(zero=0, **{**kw, "precision": "fp32"}) == ""
+    assert eager_regime(zero=0, **{**kw, "precision": "fp32"}) == "fp32"        # eager fp32 (the CPU runs)
+    assert eager_regime(zero=2, **{**kw, "precision": "fp32"}) == "fp32-fsdp"
 
 
 def test_step_param_bytes():
@@ -73,6 +74,10 @@ def test_step_param_bytes():
                                                                        "stream": 3 * 12.0}
     # FSDP under ZeRO-3 unshards twice per micro-batch: copy-in cast (6) and copy-out (4) each time
     assert step_param_bytes("bf16", zero=3, num_microbatches=1) == {"cast_down": 12.0, "stream": 8.0}
+    # fp32: no casts; FSDP2 copies the fp32 shard into the all-gather buffer and out (8 + 8 B) per
+    # unshard, twice per micro-batch under ZeRO-3; micro-batches after the first accumulate (12 B)
+    assert step_param_bytes("fp32", zero=0, num_microbatches=2) == {"stream": 12.0}
+    assert step_param_bytes("fp32-fsdp", zero=3, num_microbatches=2) == {"stream": 4 * 16.0 + 12.0}
 
 
 def test_layer_eager_bytes_of_a_config_model():
@@ -82,6 +87,9 @@ def test_layer_eager_bytes_of_a_config_model():
     fwd_h = dict((c, fh) for c, fh, *_ in rows.by_class)["cast_down"]
     assert fwd_h == pytest.approx(t[0] * 4096 + t[4])
     assert layer_eager_bytes(load_model("mixtral-8x7b"), "block") == ()      # no counted family
+    fp32 = dict(layer_eager_bytes(spec, "block"))["fp32"]                   # the CPU runs' regime
+    t32 = TABLE["rmsnorm-swiglu-rope"]["fp32"]["block_fwd"]["stream"]
+    assert dict((c, fh) for c, fh, *_ in fp32.by_class)["stream"] == pytest.approx(t32[0] * 4096 + t32[4])
 
 
 def test_memory_peak_is_the_larger_of_gradients_and_activations_without_accumulation():

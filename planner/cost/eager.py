@@ -8,8 +8,8 @@ time is those bytes over the device's memory bandwidth (roofline, Williams et al
 
 Three precision regimes, as executor/parallelize.py chooses them (``uses_fsdp``, ``autocast_dtype``):
 ``autocast`` (fp32 parameters, DDP or no wrapper), ``bf16`` (FSDP2's MixedPrecisionPolicy: ZeRO-2/3,
-and ZeRO-0 under TP or PP through ``replicate``), and fp32 (no mixed precision; priced by
-planner.layers as before).
+and ZeRO-0 under TP or PP through ``replicate``), and ``fp32`` (no mixed precision: every operator
+streams fp32, and FSDP2 copies the fp32 shards in and out of its all-gather buffer).
 
 Parameter-sized work of a step, per parameter of a rank:
 - autocast caches one bf16 copy of each weight per autocast region, i.e. per step: read 4, write 2;
@@ -31,6 +31,7 @@ CAST_DOWN_BYTES = 6.0      # fp32 -> bf16: read 4, write 2
 CAST_UP_BYTES = 6.0        # bf16 -> fp32: read 2, write 4
 ACCUMULATE_BYTES = 12.0    # fp32 += fp32: read 4 + 4, write 4
 FSDP_UNSHARD_BYTES = 10.0  # copy-in cast (6) and copy-out (4) of the all-gather buffer
+FP32_UNSHARD_BYTES = 16.0  # fp32: copy-in (read 4, write 4) and copy-out (read 4, write 4)
 
 
 # the bandwidth classes of eager kernels (executor.eager_counts.kernel_class); a profile measures
@@ -63,10 +64,13 @@ def feature_key(spec) -> str | None:
 
 
 def eager_regime(*, framework: str, precision: str, zero: int, dp: int, tp: int, pp: int) -> str:
-    """'autocast', 'bf16' or '' (not eager mixed precision: priced by the fused-kernel model)."""
-    if framework != "torch" or precision == "fp32":
+    """'autocast', 'bf16', 'fp32' or 'fp32-fsdp' (torch eager; fp32 under FSDP2 or replicate, whose
+    unshards copy the parameters), or '' (not torch: priced by the fused-kernel model)."""
+    if framework != "torch":
         return ""
     fsdp = zero >= 2 or (zero == 0 and dp > 1 and (tp > 1 or pp > 1))      # dp: data x context parallel
+    if precision == "fp32":
+        return "fp32-fsdp" if fsdp else "fp32"
     return "bf16" if fsdp else "autocast"
 
 
@@ -79,7 +83,7 @@ def layer_eager_bytes(spec, kind: str) -> tuple[tuple[str, EagerBytes], ...]:
     h, q, kv, f, v = spec.hidden, spec.q_dim, spec.kv_dim, spec.ffn_hidden, spec.vocab_size
     part = {"block": "block", "embedding": "embed", "head": "head"}.get(kind)
     out = []
-    for regime in ("autocast", "bf16"):
+    for regime in ("autocast", "bf16", "fp32"):
         t = TABLE[family][regime]
         if part is None:
             out.append((regime, EagerBytes(by_class=(), fwd_kernels=0, bwd_kernels=0)))
@@ -114,8 +118,10 @@ def layer_eager_regime(*, framework: str, precision: str, dp: int, tp: int, pp: 
     every ZeRO stage in FSDP2 or replicate ('bf16'); otherwise the layers are priced as autocast
     runs them, also for ZeRO-2/3, whose FSDP bf16 compute skips the input casts (an over-estimate
     of about those casts; measured on one H100: benchmarks/results/gpu_validate.json, fsdp row)."""
-    if framework != "torch" or precision == "fp32":
+    if framework != "torch":
         return ""
+    if precision == "fp32":
+        return "fp32"
     return "bf16" if dp > 1 and (tp > 1 or pp > 1) else "autocast"
 
 
@@ -123,6 +129,9 @@ def step_param_bytes(regime: str, *, zero: int, num_microbatches: int) -> dict[s
     """Bytes moved per parameter of a rank per step by the casts and accumulations above, by
     bandwidth class, but the per-micro-batch gradient cast (priced with each layer's backward)."""
     m = num_microbatches
+    if regime in ("fp32", "fp32-fsdp"):
+        unshards = m * (2 if zero == 3 else 1) if regime == "fp32-fsdp" else 0
+        return {"stream": unshards * FP32_UNSHARD_BYTES + (m - 1) * ACCUMULATE_BYTES}
     if regime == "autocast":
         return {"cast_down": CAST_DOWN_BYTES, "stream": (m - 1) * ACCUMULATE_BYTES}
     if regime == "bf16":

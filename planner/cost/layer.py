@@ -185,7 +185,8 @@ def _eager_s(eager, params: float, ctx: Context, cluster: Cluster) -> tuple[floa
     sp = ctx.tp if ctx.sequence_parallel else 1
     fwd = {c: ctx.tokens * (fh / sp + ft / ctx.tp) for c, fh, ft, _, _ in eager.by_class}
     bwd = {c: ctx.tokens * (bh / sp + bt / ctx.tp) for c, _, _, bh, bt in eager.by_class}
-    bwd["cast_up"] = bwd.get("cast_up", 0.0) + params * CAST_UP_BYTES
+    if ctx.eager_regime != "fp32":      # mixed precision: bf16 weight gradients cast to the fp32 .grad
+        bwd["cast_up"] = bwd.get("cast_up", 0.0) + params * CAST_UP_BYTES
     dev = cluster.device
     return eager_s(fwd, eager.fwd_kernels, dev), eager_s(bwd, eager.bwd_kernels, dev)
 

@@ -502,7 +502,11 @@ def _optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float) -
     per_param = step_param_bytes(regime, zero=config.zero, num_microbatches=config.num_microbatches)
     casts_s = eager_s({c: params * b for c, b in per_param.items()}, 0, dev)
     if config.offload == "none":
-        return casts_s + local * ADAM_BYTES_PER_PARAM / (dev.hbm_bytes_per_s * dev.hbm_efficiency)
+        # at the rate measured for the executor's own AdamW on this device where the profile has one
+        # ([gpu.kernels] optimizer_GBps: the CPU's per-parameter loop is far from a memory stream),
+        # else streamed at the memory bandwidth (one fused kernel)
+        rate = dev.optimizer_bytes_per_s or dev.hbm_bytes_per_s * dev.hbm_efficiency
+        return casts_s + local * ADAM_BYTES_PER_PARAM / rate
     # ZeRO-Offload (Ren et al. 2021): gradients down, Adam on the CPU, parameters up, as the
     # runtime copies them (planner/runtimes.py Timing.offload_*_copy_bytes).
     # All GPUs of a node share the host's DRAM bandwidth.

@@ -91,6 +91,22 @@ def cpu_adam(quick: bool, repeat: int) -> dict:
     return {"params": n, "seconds": t, "GBps": ADAM_BYTES_PER_PARAM * n / t / 1e9}
 
 
+def device_adam(quick: bool, repeat: int) -> dict:
+    """One AdamW step as the executor runs it on a CPU device (executor/train.py make_optimizer:
+    ``foreach=False``, the per-parameter loop of elementwise ops), over parameters in 8 tensors:
+    28 B per parameter over the time, which the cost model charges for the step on this device."""
+    import torch
+    n, tensors = (4 if quick else 16) * 2**20, 8
+    params = [torch.nn.Parameter(torch.randn(n // tensors)) for _ in range(tensors)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-3, foreach=False)
+    opt.step()                       # the moments are allocated by the first step
+    t = best_of(opt.step, "cpu", repeat)
+    return {"params": n, "tensors": tensors, "foreach": False, "seconds": t,
+            "GBps": ADAM_BYTES_PER_PARAM * n / t / 1e9}
+
+
 def host_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
@@ -129,6 +145,8 @@ def measure(device: str, dtypes: list[str], *, threads: int, quick: bool) -> dic
     out["host_copy"] = copy_bandwidth("cpu", quick, repeat) if device.startswith("cuda") else out["copy"]
     out["h2d"] = host_to_device(device, repeat)
     out["adam"] = cpu_adam(quick, repeat)
+    if not device.startswith("cuda"):
+        out["device_adam"] = device_adam(quick, repeat)
     out["host_memory_bytes"] = host_memory_bytes()
     out["kernels"] = kernel_detail(device, dtypes, quick=quick)
     return out

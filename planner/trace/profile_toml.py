@@ -101,6 +101,11 @@ def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, da
         f"attention_efficiency = {_num(max(attn_eff, 1e-3))}",
         f"attention_efficiency_source = {_q(attn_src)}",
     ]
+    if cpu and m.get("device_adam"):
+        a = m["device_adam"]
+        adam_src = (f"{measured}: torch.optim.AdamW(foreach=False) as the executor steps a CPU device, "
+                    f"{a['params'] / 2**20:.0f}M parameters in {a['tensors']} tensors, at 28 B per parameter")
+        kernel_lines += [f"optimizer_GBps = {_num(a['GBps'])}", f"optimizer_GBps_source = {_q(adam_src)}"]
     if not cpu and m.get("kernels"):
         peaks, kernel_lines, gpu_src = _fitted(m, peaks, measured)
     lines = [
