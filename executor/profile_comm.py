@@ -120,6 +120,32 @@ def _contention(dist, torch, device, samples: int) -> dict:
             "all_reduce_bytes": x.numel() * 4, "fraction": float(value.item())}
 
 
+# the shapes of planner/trace/profile_device.py GEMM_SHAPES (m, n, k)
+GEMM_SHAPES = ((512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 1024, 4096), (2048, 4096, 1024))
+
+
+def _concurrent_gemm(dist, torch, device, quick: bool) -> list[dict] | None:
+    """GEMM rates while every process of the host runs GEMMs at once, as the ranks of a training job
+    compute side by side on shared cores, caches and memory (a CPU; a GPU's processes do not share its
+    compute): per shape, the median of the timed products on each rank, averaged over the ranks."""
+    if device.type == "cuda":
+        return None
+    rows = []
+    for m, n, k in GEMM_SHAPES[:2] if quick else GEMM_SHAPES:
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        a @ b
+        dist.barrier()
+        times, t0 = [], time.perf_counter()
+        while time.perf_counter() - t0 < (0.5 if quick else 2.0) or len(times) < 3:
+            t = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - t)
+        rate = torch.tensor([2.0 * m * n * k / sorted(times)[len(times) // 2]], dtype=torch.float64)
+        dist.all_reduce(rate)
+        rows.append({"m": m, "n": n, "k": k, "tflops": rate.item() / dist.get_world_size() / 1e12})
+    return rows
+
+
 def _worker(rank: int, world: int, backend: str, port: int, out: str, quick: bool, threads: int) -> None:
     import torch
     import torch.distributed as dist
@@ -140,10 +166,11 @@ def _worker(rank: int, world: int, backend: str, port: int, out: str, quick: boo
     rows = [_collectives(dist, torch, device, world, rank, size, 3 if quick else 5)
             for size in (SIZES_QUICK if quick else SIZES)]
     contention = _contention(dist, torch, device, 3 if quick else 7)
+    concurrent = _concurrent_gemm(dist, torch, device, quick)
     if rank == 0:
         with open(out, "w") as f:
             json.dump({"backend": backend, "world": world, "threads": threads, "reserved_bytes": reserved_t.item(),
-                       "sizes": rows, "contention": contention}, f, indent=1)
+                       "sizes": rows, "contention": contention, "gemm_concurrent": concurrent}, f, indent=1)
     dist.barrier()
     dist.destroy_process_group()
 

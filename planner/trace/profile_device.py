@@ -175,8 +175,9 @@ def kernel_detail(device: str, dtypes: list[str], *, quick: bool) -> dict:
     dtype = "bf16" if "bf16" in dtypes else dtypes[0]
     return {"gemm": pk.gemm_sweep(device, dtype, list(tokens), list(widths), graph=gpu)
             + pk.gemm_sweep(device, dtype, list(tokens[:2]), list(heads), graph=gpu),
-            "eager": pk.eager_kernels(device, tokens=8192 if gpu else 256, hidden=2048 if gpu else 64,
-                                      vocab=50257 if gpu else 512),
+            # on a CPU at a size past its caches (8 MiB fp32 activations), as a training step streams them
+            "eager": pk.eager_kernels(device, tokens=8192 if gpu else 2048, hidden=2048 if gpu else 1024,
+                                      vocab=50257 if gpu else 8192),
             "gap": pk.kernel_gap(device, kernels=200 if gpu else 20),
             "attention": pk.attention_backends(device, dtype, list(attn)),
             "dispatch": pk.dispatch_overhead(device, ops=200 if gpu else 20),

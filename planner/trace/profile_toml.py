@@ -4,7 +4,10 @@ Each number says it was measured and by which command; the raw measurements
 follow under ``[measured]`` (``planner.cluster.parse_cluster`` reads only the
 fields it knows). Derived fields say how they were derived:
 
-- ``peak_tflops``: the best GEMM rate over the measured shapes, so
+- ``peak_tflops``: the best GEMM rate over the measured shapes on a GPU without
+  kernel sweeps, the median over them on a CPU (whose rate varies with the shape
+  by how its operands fit the caches, 45-85 GFLOP/s on the development machine:
+  one rate stands for all, and the typical one errs least), so
   ``gemm_efficiency`` is 1 and ``gemm_tile`` is [1, 1] (the measured rates
   already contain the tile and wave effects of those shapes);
 - ``attention_efficiency``: the measured causal SDPA rate (forward + backward,
@@ -18,6 +21,7 @@ fields it knows). Derived fields say how they were derived:
 from __future__ import annotations
 
 import math
+import statistics
 
 from ..cluster import GiB
 
@@ -34,11 +38,12 @@ def _num(x: float, digits: int = 4) -> str:
     return repr(float(f"{x:.{digits}g}"))
 
 
-def _peaks(m: dict) -> dict[str, float]:
-    peaks: dict[str, float] = {}
+def _peaks(m: dict, cpu: bool) -> dict[str, float]:
+    """{dtype: TFLOP/s}: the best measured GEMM, or on a CPU the median over the shapes."""
+    rates: dict[str, list[float]] = {}
     for row in m["gemm"]:
-        peaks[row["dtype"]] = max(peaks.get(row["dtype"], 0.0), row["tflops"])
-    return peaks
+        rates.setdefault(row["dtype"], []).append(row["tflops"])
+    return {d: statistics.median(r) if cpu else max(r) for d, r in rates.items()}
 
 
 def _collective_fields(comm: dict | None, m: dict) -> tuple[float, float, str]:
@@ -73,7 +78,10 @@ def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, da
     """The profile text for measurements ``m`` (profile_device.measure) and ``comm`` (profile_comm.py)."""
     cpu = m["device_type"] != "cuda"
     measured = f"measured: `{command}` on {host} ({date})"
-    peaks = _peaks(m)
+    peaks = _peaks(m, cpu)
+    concurrent = (comm or {}).get("gemm_concurrent") if cpu else None
+    if concurrent:      # the rate each process gets while all compute at once (executor/profile_comm.py)
+        peaks[max(peaks, key=peaks.get)] = statistics.median(r["tflops"] for r in concurrent)
     first = max(peaks, key=peaks.get)
     attn = m["attention"].get(first, {})
     attn_eff = min(1.0, attn.get("tflops", 0.0) / peaks[first]) if peaks[first] else 0.5
@@ -86,8 +94,13 @@ def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, da
     pcie = m["h2d"]["GBps"] if m.get("h2d") else host_copy
     reserved = (comm or {}).get("reserved_bytes", 0.0) / GiB
     best = max(m["gemm"], key=lambda r: r["tflops"])
-    gpu_src = (f"{measured}: GEMM {best['m']}x{best['n']}x{best['k']} {best['dtype']}: "
-               f"{best['tflops'] * 1e3:.1f} GFLOP/s; copy {m['copy']['GBps']:.1f} GB/s")
+    gemm_text = (f"median GEMM over {len(concurrent)} shapes with all {nproc} processes computing at once "
+                 f"{peaks[first] * 1e3:.1f} GFLOP/s (alone: median {statistics.median(r['tflops'] for r in m['gemm']) * 1e3:.1f})"
+                 if concurrent else
+                 f"median GEMM over {len(m['gemm'])} shapes {peaks[first] * 1e3:.1f} GFLOP/s (best "
+                 f"{best['m']}x{best['n']}x{best['k']} {best['tflops'] * 1e3:.1f})" if cpu else
+                 f"GEMM {best['m']}x{best['n']}x{best['k']} {best['dtype']}: {best['tflops'] * 1e3:.1f} GFLOP/s")
+    gpu_src = f"{measured}: {gemm_text}; copy {m['copy']['GBps']:.1f} GB/s"
     attn_src = f"{measured}: causal SDPA {first} fwd+bwd {_attn_text(attn)} over the GEMM peak"
     reserved_src = measured + (": resident memory of a rank after init_process_group" if comm
                                else ": no process group started (--nproc 1)")
@@ -106,6 +119,8 @@ def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, da
         adam_src = (f"{measured}: torch.optim.AdamW(foreach=False) as the executor steps a CPU device, "
                     f"{a['params'] / 2**20:.0f}M parameters in {a['tensors']} tensors, at 28 B per parameter")
         kernel_lines += [f"optimizer_GBps = {_num(a['GBps'])}", f"optimizer_GBps_source = {_q(adam_src)}"]
+    if cpu and m.get("kernels"):
+        kernel_lines += _cpu_eager_lines(m["kernels"], measured)
     if not cpu and m.get("kernels"):
         peaks, kernel_lines, gpu_src = _fitted(m, peaks, measured)
     lines = [
@@ -124,7 +139,8 @@ def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, da
         f"memory_GiB = {_num(memory_gib)}" + ("   # host memory divided among the processes (a budget)" if cpu
                                               else "   # reported by torch.cuda.get_device_properties"),
         f"hbm_GBps = {_num(m['copy']['GBps'])}   # measured: {m['copy']['bytes'] >> 20} MiB copy, read + write",
-        "peak_tflops = { " + ", ".join(f"{d} = {_num(v)}" for d, v in peaks.items()) + " }   # measured: best GEMM",
+        "peak_tflops = { " + ", ".join(f"{d} = {_num(v)}" for d, v in peaks.items()) + " }   # measured: "
+        + ("median GEMM over the shapes" if cpu else "best GEMM"),
         f"sm_count = {m['device']['sm_count']}" + ("   # one CPU process" if cpu else "   # reported by the runtime"),
         *([f"threads = {threads}   # compute threads per process, as measured (torch.set_num_threads)"] if cpu
           else []),
@@ -214,6 +230,26 @@ def _fitted(m: dict, peaks: dict[str, float], measured: str) -> tuple[dict[str, 
     return peaks, lines, src
 
 
+def _cpu_eager_lines(k: dict, measured: str) -> list[str]:
+    """A CPU's eager elementwise kernels by bandwidth class (the same classes and kernels as on a GPU:
+    profile_fit.EAGER_CLASS_KERNELS; a CPU streams norms, softmax and activations far below its copy
+    bandwidth), and the time a process spends dispatching each op, which runs in series with the ops
+    on a CPU as the issue gap does on a GPU (profile_kernels.dispatch_overhead)."""
+    from .profile_fit import eager_bandwidths
+    out = []
+    eager = eager_bandwidths(k.get("eager", []))
+    if eager:
+        src = (f"{measured}: eager elementwise kernels at 2048 x 1024 (planner/trace/profile_kernels.py "
+               "eager_kernels), the median of each class (profile_fit.EAGER_CLASS_KERNELS)")
+        out += ["eager_GBps = { " + ", ".join(f"{c} = {_num(v / 1e9)}" for c, v in eager.items()) + " }",
+                f"eager_GBps_source = {_q(src)}"]
+    d = k.get("dispatch")
+    if d and d.get("op_s"):
+        src = f"{measured}: the dispatch time of a small op (planner/trace/profile_kernels.py dispatch_overhead)"
+        out += [f"kernel_gap_us = {_num(d['op_s'] * 1e6)}", f"kernel_gap_source = {_q(src)}"]
+    return out
+
+
 def _attn_text(attn: dict) -> str:
     if not attn:
         return "(not measured)"
@@ -229,6 +265,8 @@ def _raw(m: dict, comm: dict | None) -> str:
     for dtype, row in m["attention"].items():
         out += ["", "[[measured.attention]]"] + [f"{k} = {_q(v) if isinstance(v, str) else _num(v, 6)}"
                                                  for k, v in row.items()]
+    for row in (comm or {}).get("gemm_concurrent") or []:
+        out += ["", "[[measured.gemm_concurrent]]"] + [f"{k} = {_num(v, 6)}" for k, v in row.items()]
     for row in (comm or {}).get("sizes", []):
         out += ["", "[[measured.collectives]]"] + [
             f"{k} = {_q(v) if isinstance(v, str) else _num(v, 6)}" for k, v in row.items()
