@@ -134,9 +134,23 @@ def _local_bytes(t: torch.Tensor) -> int:
     return local.numel() * local.element_size()
 
 
-def _state_bytes(model: nn.Module, optimizer) -> tuple[dict[str, int], dict[str, int]]:
+def _unsharded_over_dp_bytes(p: torch.Tensor) -> int:
+    """Bytes of ``p`` gathered over the data-parallel mesh dimensions but still split by TP: what a
+    pipeline's deferred FSDP gradient holds (planner/runtimes.py pp_defers_sharded_dp_sync)."""
+    if not isinstance(p, DTensor):
+        return _local_bytes(p)
+    numel = p.numel()
+    for name, placement in zip(p.device_mesh.mesh_dim_names or (), p.placements):
+        if name == "tp" and placement.is_shard():
+            numel = -(-numel // p.device_mesh.size(p.device_mesh.mesh_dim_names.index(name)))
+    return numel * p.element_size()
+
+
+def _state_bytes(model: nn.Module, optimizer, deferred: bool = False) -> tuple[dict[str, int], dict[str, int]]:
     """({category: bytes on the device}, {category: bytes in host memory}) of the parameters, their
-    gradients (fp32, shaped as the shard) and the states the optimizer holds after its first step:
+    gradients (fp32, shaped as the shard; ``deferred``: gathered over the data-parallel ranks, as a
+    pipeline accumulates them under FSDP before its one reduce-scatter, on the device also where
+    the shards are offloaded) and the states the optimizer holds after its first step:
     ZeRO-1's (built now, on meta), or AdamW's two fp32 moments of every local parameter and its step
     count. In host memory: FSDP2's offloaded parameters with their gradients and states, and an
     offloaded ZeRO-1 optimizer's states (executor/measure.py tells them apart the same way)."""
@@ -145,7 +159,11 @@ def _state_bytes(model: nn.Module, optimizer) -> tuple[dict[str, int], dict[str,
     for p in model.parameters():
         where = host if id(p) in offloaded else device
         where["params"] += _local_bytes(p)
-        where["grads"] += _local_bytes(p)
+        if deferred:       # the unsharded accumulator on the device; an offloaded shard's reduced copy on the host
+            device["grads"] += _unsharded_over_dp_bytes(p)
+            host["grads"] += _local_bytes(p) if where is host else 0
+        else:
+            where["grads"] += _local_bytes(p)
         if not isinstance(optimizer, ShardedAdamW):
             where["optimizer"] += _local_bytes(p) // p.element_size() * ADAMW_STATE_BYTES_PER_ELEMENT + ADAMW_STEP_BYTES
     if isinstance(optimizer, ShardedAdamW):
@@ -179,7 +197,7 @@ def _build_rank(plan: RunPlan, dims: ParallelDims, meshes, pp_rank: int, own: bo
         optimizer = make_optimizer(part, lr=1e-3, zero=c.zero, dp_mesh=dp_cp_mesh, offload=c.offload)
         if isinstance(optimizer, ShardedAdamW):
             report.problems += _check_zero1(optimizer, coords, dp_cp_mesh.size())
-        device, host = _state_bytes(part, optimizer)
+        device, host = _state_bytes(part, optimizer, deferred=c.pp > 1 and c.zero >= 2)
         report.params_bytes += device["params"]
         report.grads_bytes += device["grads"]
         report.optimizer_bytes += device["optimizer"]

@@ -4,7 +4,9 @@ Bytes are counted per storage, once, however many tensors view it:
 
 - parameters: the rank's parameter storage (its shards under TP/FSDP), and separately the
   gathered copies FSDP holds from the end of forward to backward (``params_gathered``);
-- gradients: the storage of ``.grad`` after backward (DDP: its buckets; FSDP: the shards);
+- gradients: the storage of ``.grad`` after backward (DDP: its buckets; FSDP: the shards), or
+  where more, the unsharded gradients a pipeline accumulates under FSDP before its one
+  reduce-scatter (``unsharded_grad_bytes``, seen at the end of each forward);
 - optimizer: the optimizer's state tensors after a step (AdamW: exp_avg, exp_avg_sq, step);
 - host: what optimizer offload keeps in host memory instead, left out of the three above:
   FSDP2's CPU-offloaded parameter shards, their gradients and their optimizer states, and
@@ -81,23 +83,42 @@ def optimizer_bytes(optimizer, modules: Iterable[nn.Module] = (), host: bool = F
                          if isinstance(v, torch.Tensor) and (whole or id(p) in offloaded) == host)
 
 
-def gathered_param_bytes(modules: Iterable[nn.Module]) -> int:
-    """Bytes of FSDP's gathered (unsharded) parameters alive now, beyond the shards."""
+def _fsdp_params(modules: Iterable[nn.Module]):
+    """The FSDPParams of every FSDP module under ``modules``."""
     from torch.distributed.fsdp import FSDPModule
-    from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
-    total = 0
     for root in modules:
         for module in root.modules():
-            if not isinstance(module, FSDPModule):
-                continue
-            group = module._get_fsdp_state()._fsdp_param_group
-            for fsdp_param in group.fsdp_params if group is not None else ():
-                if fsdp_param.sharded_state != ShardedState.UNSHARDED:
-                    continue
-                gathered = _local(fsdp_param._unsharded_param)
-                shard = _local(fsdp_param.sharded_param)
-                if gathered.untyped_storage().data_ptr() != shard.untyped_storage().data_ptr():
-                    total += gathered.numel() * gathered.element_size()
+            if isinstance(module, FSDPModule):
+                group = module._get_fsdp_state()._fsdp_param_group
+                yield from group.fsdp_params if group is not None else ()
+
+
+def unsharded_grad_bytes(modules: Iterable[nn.Module]) -> int:
+    """Bytes of FSDP's unsharded gradients alive now: those a pipeline accumulates over its micro-
+    batches when it defers the reduce-scatter to the last backward (torch.distributed.pipelining
+    turns FSDP's gradient sync off for every other backward; planner/runtimes.py
+    ``pp_defers_sharded_dp_sync``): the fp32 accumulator and the last backward's gradient."""
+    total = 0
+    for fsdp_param in _fsdp_params(modules):
+        unsharded = getattr(fsdp_param, "_unsharded_param", None)
+        for grad in (fsdp_param.unsharded_accumulated_grad, None if unsharded is None else unsharded.grad):
+            if grad is not None:
+                local = _local(grad)
+                total += local.numel() * local.element_size()
+    return total
+
+
+def gathered_param_bytes(modules: Iterable[nn.Module]) -> int:
+    """Bytes of FSDP's gathered (unsharded) parameters alive now, beyond the shards."""
+    from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
+    total = 0
+    for fsdp_param in _fsdp_params(modules):
+        if fsdp_param.sharded_state != ShardedState.UNSHARDED:
+            continue
+        gathered = _local(fsdp_param._unsharded_param)
+        shard = _local(fsdp_param.sharded_param)
+        if gathered.untyped_storage().data_ptr() != shard.untyped_storage().data_ptr():
+            total += gathered.numel() * gathered.element_size()
     return total
 
 

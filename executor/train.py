@@ -35,7 +35,8 @@ from . import faults
 from .checkpoint_dir import check_resumable
 from .data import local_batch
 from .integrity import check_model, check_world_size
-from .measure import SavedTensorMeter, gathered_param_bytes, grad_bytes, optimizer_bytes, param_bytes
+from .measure import (SavedTensorMeter, gathered_param_bytes, grad_bytes, optimizer_bytes, param_bytes,
+                      unsharded_grad_bytes)
 from .mesh import ParallelDims, init_process_group, local_device
 from .context import shard_sequence
 from .models import SequenceLayout, build_model, canonical_name
@@ -236,10 +237,12 @@ def _measured_step(job: Job, step: int, dump_grads: str | None) -> tuple[float, 
     """One step, instrumented: saved tensors through hooks, FSDP's gathered parameters at the end of
     each forward, gradients before the optimizer step."""
     meter = SavedTensorMeter(job.trained)
-    gathered = [0]
+    gathered, unsharded = [0], [0]
 
     def after_forward(module, args, output):
         gathered[0] = max(gathered[0], gathered_param_bytes(job.trained))
+        if job.schedule is not None:    # a pipeline's deferred FSDP gradients, from the backwards before
+            unsharded[0] = max(unsharded[0], unsharded_grad_bytes(job.trained))
 
     hooks = [m.register_forward_hook(after_forward) for m in job.trained]
     grads = [(0, 0)]      # (on the device, in host memory)
@@ -261,7 +264,7 @@ def _measured_step(job: Job, step: int, dump_grads: str | None) -> tuple[float, 
             h.remove()
         for o, fn in zip(job.optimizers, original_step):
             o.step = fn
-    return loss, _memory(job, meter, gathered[0], grads[0])
+    return loss, _memory(job, meter, gathered[0], (max(grads[0][0], unsharded[0]), grads[0][1]))
 
 
 def _resume(job: Job, options: RunOptions) -> tuple[int, list[float]]:

@@ -81,6 +81,13 @@ class Timing:
     #   al. 2021, Sec 4.1)
     offload_microbatch_copy_bytes: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
     # ^ by ZeRO stage: bytes per offloaded parameter copied every micro-batch
+    pp_defers_sharded_dp_sync: bool = False
+    # ^ under a pipeline, ZeRO-2/3 gradients accumulate unsharded over the micro-batches and the
+    #   parameters stay gathered after each backward; one reduce-scatter runs after the last backward,
+    #   not overlapped with it (torch.distributed.pipelining, stage.py: backward_maybe_with_nosync sets
+    #   set_requires_gradient_sync(False) and set_reshard_after_backward(False) on FSDP modules for
+    #   every backward, perform_reduce_grad runs FSDP's post_backward once the schedule's last backward
+    #   is done; torch 2.13)
     cp_exchange: Literal["ring", "all-gather"] = "ring"
     # ^ context parallelism's key/value exchange: a ring of blocks overlapped with attention (Liu et
     #   al. 2023, Ring Attention), or one all-gather before attention and a reduce-scatter of their
@@ -149,7 +156,7 @@ TORCH = Runtime(
     timing=Timing(params_gathered_every_microbatch=(2, 3), grads_reduced_every_microbatch=(2, 3),
                   overlaps_param_gather=False, pp_sends_tp_shards=False, sp_keeps_gathered_input=True,
                   offload_step_copy_bytes=(0.0, 12.0, 0.0, 0.0), offload_microbatch_copy_bytes=(0.0, 0.0, 8.0, 12.0),
-                  cp_exchange="all-gather"),      # executor/context.py
+                  pp_defers_sharded_dp_sync=True, cp_exchange="all-gather"),      # executor/context.py
 )
 
 _MEGATRON_RUNS = Combinations(

@@ -52,7 +52,7 @@ from dataclasses import dataclass, fields, replace
 from .cluster import Cluster
 from .config import ParallelConfig, Workload
 from .cost.layer import POLICY_INDEX
-from .cost.step import CostCache, Estimate, StepTime, assign_layers, dp_phases, estimate, \
+from .cost.step import CostCache, Estimate, StepTime, assign_layers, deferred_sharded_sync, dp_phases, estimate, \
     gathers_every_microbatch, layer_policies, optimizer_time_s, rank_costs, reduces_every_microbatch, \
     tied_embedding_sync_s
 from .layers import LayerGraph
@@ -463,7 +463,9 @@ def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
                     blocking_sends=config.schedule != "interleaved-1f1b",
                     gather_every_microbatch=gathers_every_microbatch(config, w.framework),
                     reduce_every_microbatch=reduces_every_microbatch(config, w.framework),
-                    overlap_dp=w.overlap_grad_reduce, contention=cluster.comm_sm_fraction,
+                    # torch pipelining runs the deferred ZeRO-2/3 sync after the last backward
+                    overlap_dp=w.overlap_grad_reduce and not deferred_sharded_sync(config, w.framework),
+                    contention=cluster.comm_sm_fraction,
                     overlap_param_gather=RUNTIMES[w.framework].timing.overlaps_param_gather,
                     embedding_allreduce_s=tied_embedding_sync_s(cache, config),
                     optimizer_s=tuple(optimizer_time_s(cache, config, r.params) for r in ranks))

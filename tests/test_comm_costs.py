@@ -137,6 +137,23 @@ def test_offloaded_optimizer_runs_on_the_host():
     assert host == pytest.approx(8 * 1e9 * 12 / 8)                  # fp32 master + Adam, sharded over 8
 
 
+def test_torch_pipeline_defers_the_sharded_reduction_to_after_the_last_backward():
+    """torch pipelining with FSDP ZeRO-3: the parameters are gathered every micro-batch (forward and
+    backward), the gradients reduce-scattered once after the last backward, with nothing beside it:
+    exposed whole, where without a pipeline each micro-batch's reduce-scatter overlaps backward."""
+    from planner.cost.step import dp_collectives
+    cache = CostCache(GRAPH, A100, replace(WORK, framework="torch", precision="bf16"))
+    config = ParallelConfig(dp=4, tp=8, pp=2, zero=3, micro_batch=1, num_microbatches=4)
+    grp, params = Group(4, 1), 1e8                # tp 8 fills the node: DP peers one per node
+    ag = all_gather_s(A100, params * 2, grp)      # bf16 parameters
+    rs = reduce_scatter_s(A100, params * 4, grp)  # torch reduces in fp32
+    assert dp_collectives(cache, config, params) == pytest.approx((2 * ag, rs, 0.0))
+    assert dp_collectives(cache, replace(config, pp=1), params) == pytest.approx((2 * ag + rs, 0.0, 0.0))
+    total, exposed = _dp_comm(cache, config, fake_rank(params=params, layers=1))
+    assert total == pytest.approx(4 * 2 * ag + rs)
+    assert exposed >= rs                          # the deferred reduction hides behind nothing
+
+
 def test_pipeline_sends_are_exposed_in_1f1b():
     config = ParallelConfig(dp=2, tp=8, pp=4, zero=1, micro_batch=1, num_microbatches=8)
     ranks = rank_costs(CACHE, config)

@@ -85,6 +85,26 @@ def test_torch_offload_layouts():
     assert (z3.params, z3.grads, z3.optimizer) == (0, 0, 0) and z3.host == 1 + 1 + 2
 
 
+def test_torch_pipelines_hold_zero2_and_zero3_gradients_unsharded():
+    """torch.distributed.pipelining turns FSDP's gradient sync and reshard-after-backward off for every
+    backward but the schedule's own final reduction (stage.py, torch 2.13): under a pipeline the
+    gradients accumulate unsharded (fp32, 4 B) and ZeRO-3 keeps the gathered bf16 parameters (2 B)
+    as ZeRO-2 does; without a pipeline, and for ZeRO-1 or Megatron, nothing changes."""
+    kw = dict(framework="torch", precision="bf16", shard=8, offload="none")
+    z3 = state_bytes_per_param(zero=3, pp=2, **kw)
+    assert (z3.params, z3.grads, z3.optimizer) == (4 / 8 + 2, 4.0, 8 / 8)
+    z2 = state_bytes_per_param(zero=2, pp=4, **kw)
+    assert (z2.params, z2.grads) == (4 / 8 + 2, 4.0)
+    flat = state_bytes_per_param(zero=3, pp=1, **kw)
+    assert (flat.params, flat.grads) == (4 / 8, 4 / 8)
+    assert state_bytes_per_param(zero=1, pp=2, **kw) == state_bytes_per_param(zero=1, pp=1, **kw)
+    mkw = {**kw, "framework": "megatron"}
+    assert state_bytes_per_param(zero=1, pp=2, **mkw) == state_bytes_per_param(zero=1, pp=1, **mkw)
+    # optimizer offload: the reduced shard goes to the host, the unsharded accumulator stays
+    off = state_bytes_per_param(framework="torch", precision="bf16", shard=8, offload="optimizer", zero=3, pp=2)
+    assert (off.params, off.grads, off.host_params, off.host_grads) == (2.0, 4.0, 4 / 8, 4 / 8)
+
+
 def test_inflight_microbatches_per_schedule():
     assert inflight_microbatches("gpipe", rank=0, pp=4, vpp=1, num_microbatches=16) == 16
     assert [inflight_microbatches("1f1b", rank=r, pp=4, vpp=1, num_microbatches=16) for r in range(4)] == \

@@ -28,7 +28,8 @@ class StateBytes:
 
 
 @functools.lru_cache(maxsize=4096)       # pure: a memo of the search's most frequent call
-def state_bytes_per_param(*, framework: str, precision: str, zero: int, shard: int, offload: str) -> StateBytes:
+def state_bytes_per_param(*, framework: str, precision: str, zero: int, shard: int, offload: str,
+                          pp: int = 1) -> StateBytes:
     """Bytes per parameter of each model-state category on one GPU, from the runtime's layout
     (planner/runtimes.py ``StateLayout``, where each runtime's numbers name their source).
 
@@ -38,21 +39,28 @@ def state_bytes_per_param(*, framework: str, precision: str, zero: int, shard: i
     stage. fp32 training has no master copy: parameters 4, gradients 4, Adam 8. Optimizer
     offload moves the optimizer states to the host, and from the layout's
     ``offload_params_grads_from`` stage the parameter and gradient shards too (the working
-    copy stays on the device).
+    copy stays on the device). Where the runtime defers a sharded stage's gradient sync under a
+    pipeline (``Timing.pp_defers_sharded_dp_sync``, ``pp`` > 1), the gradients are held unsharded
+    on the device until the step's one reduce-scatter, and ZeRO-3's parameters stay gathered after
+    each backward as ZeRO-2's do.
     """
     layout = RUNTIMES[framework].layout(precision)
     d = max(1, shard)
+    deferred = pp > 1 and zero >= 2 and RUNTIMES[framework].timing.pp_defers_sharded_dp_sync
 
     def share(nbytes: float, sharded_from: int) -> float:
         return nbytes / (d if zero >= sharded_from else 1)
 
     params = share(layout.params_bytes, layout.params_sharded_from)
-    held = layout.held_copy_bytes[zero]
-    grads = share(layout.grads_bytes, layout.grads_sharded_from)
+    held = layout.held_copy_bytes[2 if deferred else zero]
+    grads = layout.grads_bytes if deferred else share(layout.grads_bytes, layout.grads_sharded_from)
     opt = share(layout.optimizer_bytes, layout.optimizer_sharded_from)
     if offload != "optimizer":
         return StateBytes(params=params + held, grads=grads, optimizer=opt)
     if zero >= layout.offload_params_grads_from:
+        if deferred:        # the unsharded gradients accumulate on the device; the reduced shard goes down
+            return StateBytes(params=held, grads=grads, optimizer=0.0, host_optimizer=opt, host_params=params,
+                              host_grads=share(layout.grads_bytes, layout.grads_sharded_from))
         return StateBytes(params=held, grads=0.0, optimizer=0.0, host_optimizer=opt, host_params=params,
                           host_grads=grads)
     return StateBytes(params=params + held, grads=grads, optimizer=0.0, host_optimizer=opt)
@@ -73,7 +81,8 @@ def resident_bytes_per_param(*, framework: str, precision: str, zero: int, shard
                              pp: int) -> float:
     """Device bytes per parameter that scale with the parameters: the model states on the
     GPU plus the executor's working copy (``working_copy_bytes_per_param``)."""
-    s = state_bytes_per_param(framework=framework, precision=precision, zero=zero, shard=shard, offload=offload)
+    s = state_bytes_per_param(framework=framework, precision=precision, zero=zero, shard=shard, offload=offload,
+                              pp=pp)
     return s.params + s.grads + s.optimizer + working_copy_bytes_per_param(
         framework=framework, precision=precision, zero=zero, tp=tp, pp=pp)
 

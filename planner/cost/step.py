@@ -387,8 +387,16 @@ def gathers_every_microbatch(config: ParallelConfig, framework: str) -> bool:
 
 def reduces_every_microbatch(config: ParallelConfig, framework: str) -> bool:
     """Whether a layer's gradients are reduce-scattered after every micro-batch's backward
-    (ZeRO-2 and ZeRO-3 keep only their shard) rather than once after the last."""
-    return config.zero in RUNTIMES[framework].timing.grads_reduced_every_microbatch
+    (ZeRO-2 and ZeRO-3 keep only their shard) rather than once after the last (and under a
+    pipeline, once, where the runtime defers it: ``deferred_sharded_sync``)."""
+    return config.zero in RUNTIMES[framework].timing.grads_reduced_every_microbatch \
+        and not deferred_sharded_sync(config, framework)
+
+
+def deferred_sharded_sync(config: ParallelConfig, framework: str) -> bool:
+    """Whether the ZeRO-2/3 gradient sync waits for the pipeline's last backward and then runs
+    alone (``Timing.pp_defers_sharded_dp_sync``: torch.distributed.pipelining)."""
+    return config.pp > 1 and config.zero >= 2 and RUNTIMES[framework].timing.pp_defers_sharded_dp_sync
 
 
 def dp_phases(cache: CostCache, config: ParallelConfig, params: float) -> tuple[float, float, float]:
@@ -469,7 +477,9 @@ def _dp_comm_uncached(cache: CostCache, config: ParallelConfig, rank: RankCost) 
         return max(comm - window, last) + contention * comm
 
     out = m * exposed(per_micro, rank.fwd_s + rank.bwd_s, first[0]) if per_micro else 0.0
-    if once:
+    if once and deferred_sharded_sync(config, cache.workload.framework):
+        out += once                                      # after the last backward, nothing beside it
+    elif once:
         out += exposed(once, rank.bwd_s, first[1])
     if after and RUNTIMES[cache.workload.framework].timing.overlaps_param_gather:
         out += exposed(after, rank.fwd_s, first[2])     # beside the next forward (--overlap-param-gather)
@@ -530,7 +540,7 @@ def _host_bytes(cache: CostCache, config: ParallelConfig, rank: RankCost) -> flo
         return 0.0
     w, cluster = cache.workload, cache.cluster
     states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
-                                   shard=config.dp * config.cp, offload="optimizer")
+                                   shard=config.dp * config.cp, offload="optimizer", pp=config.pp)
     return min(cluster.gpus_per_node, cluster.num_gpus) * rank.params * states.host
 
 
@@ -601,7 +611,7 @@ def grads_follow_activations_at(framework: str, *, pp: int, num_microbatches: in
 def _memories(cache: CostCache, config: ParallelConfig, ranks: list[RankCost]) -> list[Memory]:
     w = cache.workload
     states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
-                                   shard=config.dp * config.cp, offload=config.offload)
+                                   shard=config.dp * config.cp, offload=config.offload, pp=config.pp)
     other = _other_bytes(cache, config)
     copy = working_copy_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
                                         tp=config.tp, pp=config.pp)

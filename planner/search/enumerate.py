@@ -399,7 +399,7 @@ def _least_state_and_activation_bytes(space: Space, layout: Layout, base: Parall
             grads = 0.0
             if follows:
                 grads = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
-                                              shard=shard, offload=offload).grads
+                                              shard=shard, offload=offload, pp=layout.pp).grads
             best = min(best, max(p * (per_param - grads) + max(p * grads, act) for p, act in ranks))
     return best
 

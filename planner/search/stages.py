@@ -143,7 +143,7 @@ class GroupProblem:
     def _new_option(self, zero: int, offload: str) -> Option:
         cache, w, lay = self.cache, self.cache.workload, self.layout
         states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
-                                       shard=lay.dp * lay.cp, offload=offload)
+                                       shard=lay.dp * lay.cp, offload=offload, pp=lay.pp)
         resident = resident_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
                                             shard=lay.dp * lay.cp, offload=offload, tp=lay.tp, pp=lay.pp)
         config = replace(self.base, zero=zero, offload=offload)
