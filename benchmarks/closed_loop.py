@@ -2,7 +2,11 @@
 
     python benchmarks/closed_loop.py [--steps 6] [--quick] [--out benchmarks/results/closed_loop.json]
 
-1. Profiles this machine for 2 processes (`meshplan profile --nproc 2`; --quick: fewer shapes).
+1. Profiles this machine for 2 processes (`meshplan profile --nproc 2`; --quick: fewer shapes),
+   and again (--quick) right before each plan: this VM's speed drifts by up to 25% within
+   minutes (the same plan measured 2.03 s and 2.48 s half an hour apart, 2026-11-23), so each
+   prediction is made from the machine as it is when its plan runs (--profile-once: the first
+   profile for all).
 2. For a small compute-dominated Llama-style model, plans a grid of plans on 2 processes
    against that profile (`meshplan plan ... --out`): data parallelism with ZeRO 0-3, tensor
    parallelism with and without sequence parallelism, pipelines with GPipe, 1F1B and the
@@ -98,6 +102,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="a quicker, coarser profile")
     parser.add_argument("--only", nargs="*", help="run only these grid entries")
     parser.add_argument("--out", type=Path, help="write the rows as JSON (benchmarks/results/closed_loop.json)")
+    parser.add_argument("--profile-once", action="store_true",
+                        help="plan every entry against the first profile (default: a quick profile before each)")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="meshplan-closed-loop-"))
     (tmp / "llama-mid.json").write_text(json.dumps(MODEL))
@@ -113,6 +119,9 @@ def main() -> int:
         if args.only and name not in args.only:
             continue
         plan = tmp / "plan.json"
+        if not args.profile_once:
+            profile = tmp / f"measured-{len(rows) + len(failures)}.toml"
+            meshplan("profile", "--device", "cpu", "--nproc", "2", "--quick", "--out", str(profile), cwd=tmp)
         meshplan("plan", "--model", "llama-mid.json", "--cluster", str(profile), "--gpus", "2", *BATCH,
                  *(knobs or []), "--out", str(plan), cwd=tmp)
         doc = json.loads(plan.read_text())
@@ -139,7 +148,8 @@ def main() -> int:
         row = {"name": name, "config": config, "predicted_step_s": predicted_s, "measured_step_s": measured_s,
                "step_error": measured_s / predicted_s - 1, "predicted_peak_bytes": predicted_mem,
                "measured_peak_bytes": measured_mem, "peak_error": measured_mem / predicted_mem - 1,
-               "step_times_s": out["step_times_s"]}
+               "step_times_s": out["step_times_s"],
+               "profile_gemm_tflops": load_cluster(str(profile), 2).device.peak("fp32") / 1e12}
         rows.append(row)
         print(f"{name:<18} {predicted_s:>11.3f} {measured_s:>10.3f} {100 * row['step_error']:>+6.1f}%   "
               f"{predicted_mem / 2**20:>8.1f} {measured_mem / 2**20:>8.1f} {100 * row['peak_error']:>+6.1f}%  "
@@ -160,6 +170,7 @@ def main() -> int:
     if args.out:
         args.out.write_text(json.dumps({"measured_by": "python benchmarks/closed_loop.py --out "
                                         "benchmarks/results/closed_loop.json", "processes": 2,
+                                        "profiled": "once" if args.profile_once else "before each plan (--quick)",
                                         "load_average": os.getloadavg()[0], "model": MODEL, "steps": args.steps,
                                         "rows": rows, "failures": failures}, indent=1) + "\n")
     return 0
