@@ -82,8 +82,7 @@ def summary_policy(policies) -> str:
 
 def expand_recompute(config, policy: str, graph):
     """``config`` recomputing every block with ``policy``, or per layer in the ``every-K`` pattern."""
-    from dataclasses import replace
     k = every_k(policy)
     if k is None:
-        return replace(config, recompute=policy, recompute_layers=None)
-    return replace(config, recompute=f"every-{k}", recompute_layers=every_k_layers(graph, k))
+        return config.but(recompute=policy, recompute_layers=None)
+    return config.but(recompute=f"every-{k}", recompute_layers=every_k_layers(graph, k))

@@ -295,7 +295,7 @@ def _run_pass(work: StepWork, st: _Rank, op: tuple[str, int, int], ready_s: floa
     st.compute_free = t
 
 
-def _send_target(work: StepWork, rank: int, op: tuple[str, int, int]) -> tuple | None:
+def _send_target(work: StepWork | _Shape, rank: int, op: tuple[str, int, int]) -> tuple | None:
     """(stream, arrival key) of a pass's output: the next virtual stage (forward) or the previous
     (backward); None at the ends."""
     kind, mb, chunk = op
@@ -333,7 +333,7 @@ def _sync_ahead(work: StepWork, st: _Rank, k: int, ready_s: float) -> None:
         _param_sync(work, st, vid // p + 1, max(st.compute_free, ready_s, st.block_until))
 
 
-def _needs(work: StepWork, rank: int, op: tuple[str, int, int]) -> tuple | None:
+def _needs(work: StepWork | _Shape, rank: int, op: tuple[str, int, int]) -> tuple | None:
     """The arrival a pass waits for (None: its input is local)."""
     kind, mb, chunk = op
     stage = chunk * work.pp + rank
@@ -342,12 +342,31 @@ def _needs(work: StepWork, rank: int, op: tuple[str, int, int]) -> tuple | None:
     return ("B", mb, stage) if stage < work.pp * work.vpp - 1 else None
 
 
+@functools.lru_cache(maxsize=64)
+def _programs(schedule: str, pp: int, vpp: int, num_microbatches: int) -> tuple[tuple, tuple, tuple]:
+    """Per rank: its passes in order (``schedule_order``), the arrival each waits for (``_needs``) and where
+    its output goes (``_send_target``). They depend on the schedule's shape only, so the finalists of a
+    search, which mostly share it, build them once (read-only tuples)."""
+    shape = _Shape(pp, vpp)
+    programs = tuple(tuple(schedule_order(schedule, pp=pp, vpp=vpp, num_microbatches=num_microbatches, rank=r))
+                     for r in range(pp))
+    needs = tuple(tuple(_needs(shape, r, op) for op in prog) for r, prog in enumerate(programs))
+    targets = tuple(tuple(_send_target(shape, r, op) for op in prog) for r, prog in enumerate(programs))
+    return programs, needs, targets
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What ``_needs`` and ``_send_target`` read of a StepWork."""
+    pp: int
+    vpp: int
+
+
 def simulate_work(work: StepWork, *, record: bool = True) -> Timeline:
     """Run every rank's schedule against the others: a discrete-event simulation of one step.
     ``record=False`` keeps no events (the step time and its parts only)."""
     p = work.pp
-    programs = [schedule_order(work.schedule, pp=p, vpp=work.vpp, num_microbatches=work.num_microbatches, rank=r)
-                for r in range(p)]
+    programs, needs, targets = _programs(work.schedule, p, work.vpp, work.num_microbatches)
     ranks = [_Rank(r, record) for r in range(p)]
     arrivals: dict[tuple, float] = {}
     position, forwards = [0] * p, [0] * p
@@ -357,8 +376,6 @@ def simulate_work(work: StepWork, *, record: bool = True) -> Timeline:
         for st in ranks:
             for chunk in (0, 1):
                 _param_sync(work, st, chunk, 0.0)
-    needs = [[_needs(work, r, op) for op in prog] for r, prog in enumerate(programs)]
-    targets = [[_send_target(work, r, op) for op in prog] for r, prog in enumerate(programs)]
     while remaining:
         progressed = False
         for r in range(p):

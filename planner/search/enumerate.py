@@ -348,7 +348,7 @@ def least_optimizer_rate(space: Space, layout: Layout, cache: CostCache, base: P
     out = memo.get(key)
     if out is None:
         zeros = space.zeros(layout, schedule) if zero is None else [zero]
-        out = memo[key] = min((optimizer_time_s(cache, replace(base, zero=z, offload=o), 1.0)
+        out = memo[key] = min((optimizer_time_s(cache, base.but(zero=z, offload=o), 1.0)
                                for z in zeros for o in space.offloads(z) if offload in (None, o)), default=0.0)
     return out
 
@@ -389,19 +389,24 @@ def _least_state_and_activation_bytes(space: Space, layout: Layout, base: Parall
     for params, act in ranks:
         most[params] = max(act, most.get(params, act))
     ranks = list(most.items())
-    best = math.inf
-    for zero in space.zeros(layout, schedule):
-        follows = grads_follow_activations_at(w.framework, pp=base.pp, num_microbatches=base.num_microbatches,
-                                              shard=shard, zero=zero)
-        for offload in space.offloads(zero):
-            per_param = resident_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
-                                                 shard=shard, offload=offload, tp=layout.tp, pp=layout.pp)
-            grads = 0.0
-            if follows:
-                grads = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
-                                              shard=shard, offload=offload, pp=layout.pp).grads
-            best = min(best, max(p * (per_param - grads) + max(p * grads, act) for p, act in ranks))
-    return best
+    key = (layout, schedule, base.pp, base.num_microbatches)
+    memo = space.__dict__.setdefault("_state_rates", {})
+    rates = memo.get(key)
+    if rates is None:           # (bytes per parameter, of which gradients that only follow the activations)
+        rates = memo[key] = []
+        for zero in space.zeros(layout, schedule):
+            follows = grads_follow_activations_at(w.framework, pp=base.pp, num_microbatches=base.num_microbatches,
+                                                  shard=shard, zero=zero)
+            for offload in space.offloads(zero):
+                per_param = resident_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
+                                                     shard=shard, offload=offload, tp=layout.tp, pp=layout.pp)
+                grads = 0.0
+                if follows:
+                    grads = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
+                                                  shard=shard, offload=offload, pp=layout.pp).grads
+                rates.append((per_param, grads))
+    return min((max(p * (per_param - grads) + max(p * grads, act) for p, act in ranks)
+                for per_param, grads in rates), default=math.inf)
 
 
 def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bool, top: _TopK):

@@ -44,7 +44,9 @@ decisions, so the optimum here is the cost model's optimum over this space.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
+import numpy as np
 import pulp
 
 from ..cost.layer import POLICY_INDEX
@@ -206,14 +208,12 @@ def _least_recompute_s(pr: GroupProblem, opt: Option, r: int, b: int) -> float:
     cost = {c: (block.recompute_s[POLICY_INDEX[c]], inflight * block.act_bytes[POLICY_INDEX[c]],
                 block.peak_extra_bytes[POLICY_INDEX[c]]) for c in pr.policies}
     if math.comb(b + len(cost) - 1, len(cost) - 1) <= 1000:
-        best = math.inf
-        for counts in compositions(b, len(cost), 0):
-            used = [v for v, n in zip(cost.values(), counts) if n]
-            memory = base + sum(n * a for (_, a, _), n in zip(cost.values(), counts)) \
-                + max([fixed.extra_bytes] + [e for _, _, e in used])
-            if memory <= cap:
-                best = min(best, sum(n * rc for (rc, _, _), n in zip(cost.values(), counts)))
-        return best
+        counts = _compositions_array(b, len(cost))          # every assignment, one row each
+        rc, act, extra = (np.array([v[i] for v in cost.values()], dtype=float) for i in range(3))
+        transient = np.where(counts > 0, extra, -np.inf).max(axis=1)
+        memory = base + counts @ act + np.maximum(transient, fixed.extra_bytes)
+        fits = memory <= cap
+        return float((counts @ rc)[fits].min()) if fits.any() else math.inf
     best = math.inf
     for level in {fixed.extra_bytes} | {e for _, _, e in cost.values()}:
         room = cap - base - max(level, fixed.extra_bytes)           # for the blocks' activations
@@ -226,6 +226,14 @@ def _least_recompute_s(pr: GroupProblem, opt: Option, r: int, b: int) -> float:
                     x = (b * a1 - room) / (a1 - a2)
                     best = min(best, (b - x) * rc1 + x * rc2)
     return best
+
+
+@lru_cache(maxsize=256)
+def _compositions_array(total: int, parts: int) -> np.ndarray:
+    """Every way to split ``total`` blocks over ``parts`` policies, one row each (read-only)."""
+    rows = np.array(list(compositions(total, parts, 0)), dtype=float).reshape(-1, parts)
+    rows.setflags(write=False)
+    return rows
 
 
 def _most_blocks(pr: GroupProblem, r: int, cap_gib: float, act_gib: dict[str, float]) -> int:

@@ -146,7 +146,7 @@ class GroupProblem:
                                        shard=lay.dp * lay.cp, offload=offload, pp=lay.pp)
         resident = resident_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
                                             shard=lay.dp * lay.cp, offload=offload, tp=lay.tp, pp=lay.pp)
-        config = replace(self.base, zero=zero, offload=offload)
+        config = self.base.but(zero=zero, offload=offload)
         return Option(zero=zero, offload=offload, state_bytes=resident, host_bytes=states.host,
                       other_bytes=_other_bytes(cache, config),
                       optimizer_s_per_param=optimizer_time_s(cache, config, 1.0))
@@ -158,7 +158,7 @@ class GroupProblem:
         return out
 
     def collectives(self, option: Option, params: float) -> tuple[float, float, float]:
-        config = replace(self.base, zero=option.zero, offload=option.offload)
+        config = self.base.but(zero=option.zero, offload=option.offload)
         return dp_collectives(self.cache, config, params)
 
     def first_layer_params(self, rank: int) -> float:
