@@ -48,14 +48,28 @@ class Launch:
         return [sys.executable, "-m", "torch.distributed.run", *self.torchrun_args()]
 
 
+# torch's CPU allocator (c10 alloc_cpu) has no cache: glibc maps every allocation of 32 MiB or more
+# anew (mallopt(3): the mmap threshold adapts up to DEFAULT_MMAP_THRESHOLD_MAX, 32 MiB on 64-bit) and
+# unmaps it on free, so each step faults its large CPU tensors in again, 4 KiB at a time (the logits
+# and their gradients; FSDP2's flat all-gather and reduce-scatter buffers). THP_MEM_ALLOC_ENABLE=1
+# (read by c10 when the process starts) aligns allocations of 2 MiB or more to 2 MiB and madvises
+# them MADV_HUGEPAGE: 512 times fewer faults. Measured on the 2-core VM (2026-11-23): a fresh 64 MiB
+# clone took 16,385 minor faults and 31 ms, with it 544 faults and 15.6 ms (a copy into a reused
+# buffer: 10.6 ms); tests/test_launch_env.py checks the fault counts. GPU ranks keep their large
+# tensors in device memory: their host allocations are few, and aligned alike.
+HUGE_PAGES = ("THP_MEM_ALLOC_ENABLE", "1")
+
+
 def launch_env() -> dict[str, str]:
     """The environment of the launched processes: this checkout first on the path, nothing from the
-    working directory, one thread per process unless the user set OMP_NUM_THREADS."""
+    working directory, one thread per process unless the user set OMP_NUM_THREADS, large CPU tensors
+    on huge pages unless the user set THP_MEM_ALLOC_ENABLE."""
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent)      # so every rank imports this executor
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     env["PYTHONSAFEPATH"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")                  # what torchrun sets (and announces) otherwise
+    env.setdefault(*HUGE_PAGES)
     # A restarted job must not share the rendezvous TCPStore of the failed attempt: process groups
     # would read the dead ranks' addresses from it (pytorch/pytorch#135712, "TORCH_DISABLE_SHARE_RDZV_
     # TCP_STORE=0 is not compatible with torchelastic restarts"); rank 0 hosts a fresh store per attempt.

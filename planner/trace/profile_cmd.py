@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import shlex
 import socket
 import subprocess
@@ -32,7 +33,9 @@ def measure_collectives(nproc: int, backend: str, *, quick: bool, threads: int) 
         cmd = [sys.executable, str(script), "--nproc", str(nproc), "--backend", backend, "--out", str(out),
                "--threads", str(threads)] + (["--quick"] if quick else [])
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+            # the ranks allocate as the executor's do (executor/launch.py HUGE_PAGES)
+            env = {"THP_MEM_ALLOC_ENABLE": "1", **os.environ}
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
         except subprocess.TimeoutExpired:
             raise UserError(f"{backend} collectives over {nproc} processes did not finish in 30 minutes",
                             field="--nproc") from None

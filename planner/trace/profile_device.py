@@ -175,9 +175,11 @@ def kernel_detail(device: str, dtypes: list[str], *, quick: bool) -> dict:
     dtype = "bf16" if "bf16" in dtypes else dtypes[0]
     return {"gemm": pk.gemm_sweep(device, dtype, list(tokens), list(widths), graph=gpu)
             + pk.gemm_sweep(device, dtype, list(tokens[:2]), list(heads), graph=gpu),
-            # on a CPU at a size past its caches (8 MiB fp32 activations), as a training step streams them
+            # on a CPU at a size past its caches (8 MiB fp32 activations), as a training step streams them;
+            # the logits too (1000 x 8192 fp32: 31 MiB, their log-softmax as much again, past a 32 MiB L3
+            # and below glibc's 32 MiB mmap threshold, so no page faults: executor/launch.py HUGE_PAGES)
             "eager": pk.eager_kernels(device, tokens=8192 if gpu else 2048, hidden=2048 if gpu else 1024,
-                                      vocab=50257 if gpu else 8192),
+                                      vocab=50257 if gpu else 8192, logit_rows=None if gpu else 1000),
             "gap": pk.kernel_gap(device, kernels=200 if gpu else 20),
             "attention": pk.attention_backends(device, dtype, list(attn)),
             "dispatch": pk.dispatch_overhead(device, ops=200 if gpu else 20),

@@ -94,7 +94,7 @@ def _flops(row: dict) -> float:
 EAGER_CLASS_KERNELS = {
     "stream": ("add_fp32", "add_fp32_bf16", "mul_bf16", "gelu_bf16", "silu_bf16"),
     "cast_up": ("cast_up",), "cast_down": ("cast_down",), "strided": ("strided_mul", "stack"),
-    "reduce": ("sum_rows_bf16",), "softmax": ("log_softmax_fp32",),
+    "reduce": ("sum_rows_bf16",), "softmax": ("log_softmax_fp32", "log_softmax_fp32_bwd"),
     "norm": ("layer_norm_fp32", "rms_norm_fp32", "layer_norm_fp32_bwd", "rms_norm_fp32_bwd"),
 }
 

@@ -223,12 +223,14 @@ def adam_variants(device: str, tensors: int, params_per_tensor: int, repeat: int
     return rows
 
 
-def eager_kernels(device: str, tokens: int, hidden: int, vocab: int, repeat: int = 3) -> list[dict]:
+def eager_kernels(device: str, tokens: int, hidden: int, vocab: int, repeat: int = 3,
+                  logit_rows: int | None = None) -> list[dict]:
     """The elementwise kernels torch eager runs in a transformer step, at one training size, each
     with the bytes it reads and writes (as planner.trace counts them) and the bandwidth it reached:
     dtype casts both ways, fp32 and mixed adds, a bf16 product, RoPE's strided products and stack,
     a bias-gradient sum, LayerNorm and RMSNorm forward and backward, GELU, SiLU, and the fp32
-    log-softmax of the loss over the vocabulary."""
+    log-softmax of the loss over the vocabulary, forward and backward, on ``logit_rows`` rows
+    (default tokens / 8)."""
     import torch
     import torch.nn.functional as F
     t, h = tokens, hidden
@@ -240,7 +242,9 @@ def eager_kernels(device: str, tokens: int, hidden: int, vocab: int, repeat: int
     rope = torch.randn(t // 64, 64, h // 64, 64, device=device, dtype=f32)      # (S, nh, hd) style
     cos = torch.randn(t // 64, 1, 1, 32, device=device, dtype=f32)
     w = torch.ones(h, device=device, dtype=f32)
-    logits = torch.randn(t // 8, vocab, device=device, dtype=f32)
+    logits = torch.randn(logit_rows or t // 8, vocab, device=device, dtype=f32)
+    log_probs = torch.log_softmax(logits, -1)
+    grad_log_probs = torch.randn_like(log_probs)
     e = {f32: 4, bf: 2}
     n = t * h
     cases = {
@@ -257,6 +261,9 @@ def eager_kernels(device: str, tokens: int, hidden: int, vocab: int, repeat: int
         "layer_norm_fp32": (lambda: F.layer_norm(x32, (h,), w, w), n * 8),
         "rms_norm_fp32": (lambda: F.rms_norm(x32, (h,), w), n * 8),
         "log_softmax_fp32": (lambda: torch.log_softmax(logits, -1), logits.numel() * 8),
+        # backward: read the output gradient and the output, write the input gradient
+        "log_softmax_fp32_bwd": (lambda: torch._log_softmax_backward_data(grad_log_probs, log_probs, -1, f32),
+                                 logits.numel() * 12),
     }
     rows = []
     for name, (fn, nbytes) in cases.items():

@@ -80,7 +80,7 @@ def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, da
     measured = f"measured: `{command}` on {host} ({date})"
     peaks = _peaks(m, cpu)
     concurrent = (comm or {}).get("gemm_concurrent") if cpu else None
-    if concurrent:      # the rate each process gets while all compute at once (executor/profile_comm.py)
+    if concurrent:      # the slowest process's rate while all compute at once (executor/profile_comm.py)
         peaks[max(peaks, key=peaks.get)] = statistics.median(r["tflops"] for r in concurrent)
     first = max(peaks, key=peaks.get)
     attn = m["attention"].get(first, {})
@@ -94,7 +94,7 @@ def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, da
     pcie = m["h2d"]["GBps"] if m.get("h2d") else host_copy
     reserved = (comm or {}).get("reserved_bytes", 0.0) / GiB
     best = max(m["gemm"], key=lambda r: r["tflops"])
-    gemm_text = (f"median GEMM over {len(concurrent)} shapes with all {nproc} processes computing at once "
+    gemm_text = (f"median GEMM over {len(concurrent)} shapes of the slowest of {nproc} processes computing at once "
                  f"{peaks[first] * 1e3:.1f} GFLOP/s (alone: median {statistics.median(r['tflops'] for r in m['gemm']) * 1e3:.1f})"
                  if concurrent else
                  f"median GEMM over {len(m['gemm'])} shapes {peaks[first] * 1e3:.1f} GFLOP/s (best "
@@ -239,8 +239,9 @@ def _cpu_eager_lines(k: dict, measured: str) -> list[str]:
     out = []
     eager = eager_bandwidths(k.get("eager", []))
     if eager:
-        src = (f"{measured}: eager elementwise kernels at 2048 x 1024 (planner/trace/profile_kernels.py "
-               "eager_kernels), the median of each class (profile_fit.EAGER_CLASS_KERNELS)")
+        src = (f"{measured}: eager elementwise kernels at 2048 x 1024, the log-softmax forward and backward "
+               "at 1000 x 8192 (planner/trace/profile_kernels.py eager_kernels), the median of each class "
+               "(profile_fit.EAGER_CLASS_KERNELS)")
         out += ["eager_GBps = { " + ", ".join(f"{c} = {_num(v / 1e9)}" for c, v in eager.items()) + " }",
                 f"eager_GBps_source = {_q(src)}"]
     d = k.get("dispatch")
