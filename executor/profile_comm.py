@@ -120,6 +120,45 @@ def _contention(dist, torch, device, samples: int) -> dict:
             "all_reduce_bytes": x.numel() * 4, "fraction": float(value.item())}
 
 
+def _sync_wait(dist, torch, device, quick: bool) -> dict | None:
+    """How much longer ranks take when they must meet after every stretch of work than the slowest of
+    them takes on its own: the wait at a blocking collective (a tensor-parallel all-reduce, a gloo
+    FSDP collective) for the rank that happens to be slowest this time. Processes sharing a CPU's cores
+    do not run at one steady speed each: the OS and the other process take turns, so which rank is
+    behind changes from stretch to stretch. Every rank runs the same stretch (GEMMs of about 20 ms, as
+    a layer's share of work between two all-reduces), then all meet; over the samples, fraction =
+    mean(slowest rank's stretch) / (slowest mean stretch of a rank) - 1, in [0, 1]. On a GPU the
+    kernels' times repeat to within a percent: not measured (0)."""
+    if device.type == "cuda":
+        return None
+    a = torch.randn(512, 512)
+    a @ a
+    t0 = time.perf_counter()
+    for _ in range(4):
+        a @ a
+    per_gemm = (time.perf_counter() - t0) / 4
+    count = max(1, round(0.02 / per_gemm))
+    count_t = torch.tensor([count], dtype=torch.float64)
+    dist.all_reduce(count_t, op=dist.ReduceOp.MAX)             # every rank the same work
+    count = int(count_t.item())
+    own, slowest = [], []
+    for _ in range(12 if quick else 40):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(count):
+            a @ a
+        mine = time.perf_counter() - t0
+        most = torch.tensor([mine], dtype=torch.float64)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX)
+        own.append(mine)
+        slowest.append(most.item())
+    mean_own = torch.tensor([sum(own) / len(own)], dtype=torch.float64)
+    dist.all_reduce(mean_own, op=dist.ReduceOp.MAX)            # the slowest rank on average
+    fraction = max(0.0, min(1.0, sum(slowest) / len(slowest) / mean_own.item() - 1.0))
+    return {"gemm": "512x512x512 fp32", "gemms_per_stretch": count, "samples": len(own),
+            "stretch_s": mean_own.item(), "fraction": fraction}
+
+
 # the shapes of planner/trace/profile_device.py GEMM_SHAPES (m, n, k)
 GEMM_SHAPES = ((512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 1024, 4096), (2048, 4096, 1024))
 
@@ -173,10 +212,12 @@ def _worker(rank: int, world: int, backend: str, port: int, out: str, quick: boo
             for size in (SIZES_QUICK if quick else SIZES)]
     contention = _contention(dist, torch, device, 3 if quick else 7)
     concurrent = _concurrent_gemm(dist, torch, device, quick)
+    sync_wait = _sync_wait(dist, torch, device, quick)
     if rank == 0:
         with open(out, "w") as f:
             json.dump({"backend": backend, "world": world, "threads": threads, "reserved_bytes": reserved_t.item(),
-                       "sizes": rows, "contention": contention, "gemm_concurrent": concurrent}, f, indent=1)
+                       "sizes": rows, "contention": contention, "gemm_concurrent": concurrent,
+                       "sync_wait": sync_wait}, f, indent=1)
     dist.barrier()
     dist.destroy_process_group()
 

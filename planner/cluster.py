@@ -94,6 +94,8 @@ class Cluster:
     oversubscription: float               # leaf-to-spine oversubscription of the fat tree
     max_nodes: int = 0                    # 0: unlimited
     comm_sm_fraction: float = 0.0         # share of the device's SMs a running collective occupies
+    sync_wait: float = 0.0                # extra share of the work between two blocking collectives that ranks
+                                          # wait for the slowest one (CPU profiles: executor/profile_comm.py)
     source: str = ""
     gpu_hour_usd: float = 0.0             # price of one GPU for one hour (0: the profile has no [pricing])
     price_source: str = ""                # the public price list and its date
@@ -377,9 +379,18 @@ def parse_cluster(data: dict, source: str) -> Cluster:
         max_nodes=root.integer("max_nodes", allow_zero=True, default=0),
         comm_sm_fraction=min(1.0, root.table("runtime").number("comm_sms", allow_zero=True, default=0.0)
                              / gpu.integer("sm_count")),
+        sync_wait=_sync_wait(root.table("runtime")),
         cores_per_node=host.integer("cores", default=0, allow_zero=True),
         threads_per_process=gpu.integer("threads", default=1),
         source=source, **_pricing(root))
+
+
+def _sync_wait(runtime: _Table) -> float:
+    value = runtime.number("sync_wait", allow_zero=True, default=0.0)
+    if value > 1:
+        raise UserError(f"must be a fraction in [0, 1], got {value!r}", source=runtime.source,
+                        field=runtime._name("sync_wait"))
+    return value
 
 
 def _pricing(root: _Table) -> dict:

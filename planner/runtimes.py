@@ -88,6 +88,17 @@ class Timing:
     #   set_requires_gradient_sync(False) and set_reshard_after_backward(False) on FSDP modules for
     #   every backward, perform_reduce_grad runs FSDP's post_backward once the schedule's last backward
     #   is done; torch 2.13)
+    grads_reduced_in_optimizer: tuple[int, ...] = ()
+    # ^ ZeRO stages whose once-per-step gradient reduction runs inside the optimizer step, after
+    #   backward, not beside it (meshplan's ZeRO-1: executor/zero1.py ShardedAdamW.step reduce-scatters,
+    #   steps, then all-gathers)
+    fsdp_blocks_on_gloo: bool = False
+    # ^ FSDP2 issues its all-gathers and reduce-scatters with async_op=False (torch 2.13
+    #   FSDP2's _fsdp_collectives.py under torch/distributed/fsdp: reduce_scatter_comm(...) in foreach_reduce, and
+    #   FSDPParamGroup.unshard_async_op = False), which on CUDA only enqueues them on FSDP's own
+    #   streams but on a gloo process group returns when they are done: on a CPU they block the
+    #   training loop between layers (torch.profiler of a ZeRO-2 step on 2 CPU ranks, 2026-11-23:
+    #   FSDP::post_backward_reduce and FSDP::all_gather 0.3-0.8 s of self time in a 3.4 s step)
     cp_exchange: Literal["ring", "all-gather"] = "ring"
     # ^ context parallelism's key/value exchange: a ring of blocks overlapped with attention (Liu et
     #   al. 2023, Ring Attention), or one all-gather before attention and a reduce-scatter of their
@@ -156,7 +167,8 @@ TORCH = Runtime(
     timing=Timing(params_gathered_every_microbatch=(2, 3), grads_reduced_every_microbatch=(2, 3),
                   overlaps_param_gather=False, pp_sends_tp_shards=False, sp_keeps_gathered_input=True,
                   offload_step_copy_bytes=(0.0, 12.0, 0.0, 0.0), offload_microbatch_copy_bytes=(0.0, 0.0, 8.0, 12.0),
-                  pp_defers_sharded_dp_sync=True, cp_exchange="all-gather"),      # executor/context.py
+                  pp_defers_sharded_dp_sync=True, grads_reduced_in_optimizer=(1,), fsdp_blocks_on_gloo=True,
+                  cp_exchange="all-gather"),      # executor/context.py
 )
 
 _MEGATRON_RUNS = Combinations(

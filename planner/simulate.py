@@ -52,7 +52,7 @@ from dataclasses import dataclass, fields, replace
 from .cluster import Cluster
 from .config import ParallelConfig, Workload
 from .cost.layer import POLICY_INDEX
-from .cost.step import CostCache, Estimate, StepTime, assign_layers, deferred_sharded_sync, dp_phases, estimate, \
+from .cost.step import CostCache, Estimate, StepTime, assign_layers, dp_overlaps, dp_phases, estimate, \
     gathers_every_microbatch, layer_policies, optimizer_time_s, rank_costs, reduces_every_microbatch, \
     tied_embedding_sync_s
 from .layers import LayerGraph
@@ -480,8 +480,11 @@ def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
                     blocking_sends=config.schedule != "interleaved-1f1b",
                     gather_every_microbatch=gathers_every_microbatch(config, w.framework),
                     reduce_every_microbatch=reduces_every_microbatch(config, w.framework),
-                    # torch pipelining runs the deferred ZeRO-2/3 sync after the last backward
-                    overlap_dp=w.overlap_grad_reduce and not deferred_sharded_sync(config, w.framework),
+                    # torch pipelining runs the deferred ZeRO-2/3 sync after the last backward, the torch
+                    # ZeRO-1 one in its optimizer step; FSDP2 on gloo blocks (cost.step.dp_overlaps)
+                    overlap_dp=all(dp_overlaps(framework=w.framework, device_kind=cluster.device_kind,
+                                               overlap_grad_reduce=w.overlap_grad_reduce, zero=config.zero,
+                                               dp=config.dp * config.cp, tp=config.tp, pp=config.pp)),
                     contention=cluster.comm_sm_fraction,
                     overlap_param_gather=RUNTIMES[w.framework].timing.overlaps_param_gather,
                     embedding_allreduce_s=tied_embedding_sync_s(cache, config),

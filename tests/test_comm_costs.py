@@ -160,3 +160,56 @@ def test_pipeline_sends_are_exposed_in_1f1b():
     hop = p2p_s(A100, 2048 * H * 2 / 8, same_node=False)      # megatron scatter/gather: 1/tp per rank
     assert all(r.p2p_s == pytest.approx(2 * hop) for r in ranks)
     assert CACHE.hop_s(config) == pytest.approx(hop)
+
+
+@pytest.mark.parametrize("framework, device, zero, tp, expected", [
+    ("torch", "cuda", 2, 1, (True, True)),      # FSDP2's collectives on their own CUDA streams
+    ("torch", "cpu", 2, 1, (False, False)),     # ... on gloo they block the training thread
+    ("torch", "cpu", 3, 1, (False, False)),
+    ("torch", "cpu", 0, 1, (True, True)),       # DDP's all-reduce runs on gloo's own threads
+    ("torch", "cpu", 0, 2, (False, False)),     # ZeRO-0 under TP is FSDP2's replicate
+    ("torch", "cuda", 1, 1, (True, False)),     # meshplan's ZeRO-1 reduces in its optimizer step
+    ("torch", "cpu", 1, 1, (True, False)),
+    ("megatron", "cuda", 1, 1, (True, True)),   # --overlap-grad-reduce
+    ("deepspeed", "cuda", 2, 1, (True, True)),
+])
+def test_which_data_parallel_collectives_run_beside_compute(framework, device, zero, tp, expected):
+    from planner.cost.step import dp_overlaps
+    assert dp_overlaps(framework=framework, device_kind=device, overlap_grad_reduce=True, zero=zero, dp=2, tp=tp,
+                       pp=1) == expected
+    assert dp_overlaps(framework=framework, device_kind=device, overlap_grad_reduce=False, zero=zero, dp=2, tp=tp,
+                       pp=1) == (False, False)
+
+
+def test_torch_zero1_reduces_after_backward_and_fsdp_on_a_cpu_exposes_everything():
+    """meshplan's ZeRO-1 reduce-scatters in the optimizer step: the reduction is exposed whole, where
+    Megatron's overlaps backward. FSDP2 on a CPU (gloo) blocks on each collective: nothing overlaps."""
+    from planner.cost.step import dp_collectives
+    cache = CostCache(GRAPH, A100, replace(WORK, framework="torch", precision="bf16", overlap_grad_reduce=True))
+    config = ParallelConfig(dp=8, tp=8, pp=1, zero=1, micro_batch=1, num_microbatches=4)
+    params = 1e9 / 10
+    rs, ag = dp_collectives(cache, config, params)[1:]
+    rank = fake_rank(params=1e9, layers=10)
+    total, exposed = _dp_comm(cache, config, rank)
+    assert total == pytest.approx(10 * (rs + ag))
+    assert exposed == pytest.approx(10 * (rs + ag))           # both after backward, nothing beside them
+    cpu = load_cluster("cpu-gloo", 2)
+    cache = CostCache(GRAPH, cpu, replace(WORK, framework="torch", precision="fp32", overlap_grad_reduce=True))
+    config = ParallelConfig(dp=2, tp=1, pp=1, zero=2, micro_batch=1, num_microbatches=4)
+    total, exposed = _dp_comm(cache, config, rank)
+    per_micro, once, after = dp_collectives(cache, config, params)
+    assert total == pytest.approx(10 * (4 * per_micro + once + after)) and exposed == pytest.approx(total)
+
+
+def test_ranks_wait_for_the_slowest_at_each_blocking_tp_collective():
+    """[runtime] sync_wait w: the work between a TP group's blocking all-reduces takes (1 + w) times as
+    long for the group (each all-reduce waits for whichever rank is behind); without TP nothing waits."""
+    cpu = load_cluster("cpu-gloo", 2)
+    c = ctx(framework="torch", precision="fp32", tp=2, micro_batch=1, seq_len=256)
+    steady = layer_cost(BLOCK, c, cpu)
+    jittery = layer_cost(BLOCK, c, replace(cpu, sync_wait=0.1))
+    compute = steady.fwd_s + steady.bwd_s - steady.tp_comm_s       # the layer's work without its all-reduces
+    assert jittery.tp_comm_s == pytest.approx(steady.tp_comm_s + 0.1 * compute)
+    assert jittery.fwd_s + jittery.bwd_s == pytest.approx(steady.fwd_s + steady.bwd_s + 0.1 * compute)
+    alone = ctx(framework="torch", precision="fp32", tp=1, micro_batch=1, seq_len=256)
+    assert layer_cost(BLOCK, alone, replace(cpu, sync_wait=0.1)) == layer_cost(BLOCK, alone, cpu)

@@ -242,8 +242,13 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     tp_fwd_all, tp_fwd_rs = _tp_comm(layer, ctx, cluster, layer.tp_allreduce_fwd_elems)
     tp_fwd = _exposed(tp_fwd_all, tp_gemm_fwd, ctx)
     tp_bwd = _exposed(_tp_comm(layer, ctx, cluster, layer.tp_allreduce_bwd_elems)[0], tp_gemm_bwd, ctx)
-    fwd_total = fwd + tp_fwd + cp_fwd
-    bwd_total = bwd + tp_bwd + cp_bwd
+    # the layer's work runs between blocking collectives of its TP (or CP) group: each waits for the rank
+    # that happens to be slowest this time ([runtime] sync_wait, measured by the profile; 0 on GPUs)
+    wait_fwd, wait_bwd = (cluster.sync_wait * fwd, cluster.sync_wait * bwd) if tp_fwd_all or cp_fwd else (0.0, 0.0)
+    if tp_fwd_all:
+        tp_fwd, tp_bwd = tp_fwd + wait_fwd, tp_bwd + wait_bwd
+    fwd_total = fwd + tp_fwd + cp_fwd + (0.0 if tp_fwd_all else wait_fwd)
+    bwd_total = bwd + tp_bwd + cp_bwd + (0.0 if tp_fwd_all else wait_bwd)
     # what each recompute policy keeps (Korthikanti et al. 2022, Sec 5): selective drops the
     # attention core's internals and recomputes the core; full keeps only the layer's input
     if layer.kind == "embedding":
@@ -266,7 +271,8 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
         # (while the forward copies one out, the next computes: two again)
         peak_extra_bytes=(workspace, workspace + none_keep - select_keep, workspace + none_keep,
                           workspace + none_keep, workspace + 2 * none_keep),
-        tp_comm_s=tp_fwd + tp_bwd, cp_comm_s=cp_fwd + cp_bwd, params=params, matmul_flops_fwd=flops,
+        tp_comm_s=tp_fwd + tp_bwd, cp_comm_s=cp_fwd + cp_bwd + (0.0 if tp_fwd_all else wait_fwd + wait_bwd),
+        params=params, matmul_flops_fwd=flops,
         work_floor_s=floor, host_bytes=(0.0, 0.0, 0.0, 0.0, none_keep),
         recompute_flops=(0.0, 0.0, op_redo_flops, flops, 0.0))
 

@@ -393,6 +393,25 @@ def reduces_every_microbatch(config: ParallelConfig, framework: str) -> bool:
         and not deferred_sharded_sync(config, framework)
 
 
+def dp_overlaps(*, framework: str, device_kind: str, overlap_grad_reduce: bool, zero: int, dp: int, tp: int,
+                pp: int) -> tuple[bool, bool]:
+    """(whether the data-parallel collectives run beside compute at all, whether the once-per-step
+    gradient reduction runs beside backward), ``dp`` being data x context parallel.
+
+    Not at all: where the user turned the overlap off, and where the runtime's collectives block the
+    thread that issues them on this device (``Timing.fsdp_blocks_on_gloo``: FSDP2 issues its
+    all-gathers and reduce-scatters with ``async_op=False``, which a gloo process group runs to the
+    end before returning, so on a CPU they stand between the layers). The once-per-step reduction not
+    beside backward: where the runtime defers it past the last backward (``deferred_sharded_sync``) or
+    runs it in the optimizer step (``Timing.grads_reduced_in_optimizer``)."""
+    timing = RUNTIMES[framework].timing
+    fsdp = zero >= 2 or (zero == 0 and dp > 1 and (tp > 1 or pp > 1))       # as executor/parallelize.py wraps
+    if not overlap_grad_reduce or (device_kind == "cpu" and timing.fsdp_blocks_on_gloo and fsdp and dp > 1):
+        return False, False
+    deferred = pp > 1 and zero >= 2 and timing.pp_defers_sharded_dp_sync
+    return True, not deferred and zero not in timing.grads_reduced_in_optimizer
+
+
 def deferred_sharded_sync(config: ParallelConfig, framework: str) -> bool:
     """Whether the ZeRO-2/3 gradient sync waits for the pipeline's last backward and then runs
     alone (``Timing.pp_defers_sharded_dp_sync``: torch.distributed.pipelining)."""
@@ -468,7 +487,11 @@ def _dp_comm_uncached(cache: CostCache, config: ParallelConfig, rank: RankCost) 
         a, b, c = dp_collectives(cache, config, params)
         per_micro, once, after = per_micro + count * a, once + count * b, after + count * c
     total = m * per_micro + once + after
-    if not cache.workload.overlap_grad_reduce:
+    w = cache.workload
+    overlap, once_overlaps = dp_overlaps(framework=w.framework, device_kind=cache.cluster.device_kind,
+                                         overlap_grad_reduce=w.overlap_grad_reduce, zero=config.zero,
+                                         dp=config.dp * config.cp, tp=config.tp, pp=config.pp)
+    if not overlap:
         return total, total
     first = dp_collectives(cache, config, rank.first_bucket)
     contention = cache.cluster.comm_sm_fraction
@@ -477,8 +500,8 @@ def _dp_comm_uncached(cache: CostCache, config: ParallelConfig, rank: RankCost) 
         return max(comm - window, last) + contention * comm
 
     out = m * exposed(per_micro, rank.fwd_s + rank.bwd_s, first[0]) if per_micro else 0.0
-    if once and deferred_sharded_sync(config, cache.workload.framework):
-        out += once                                      # after the last backward, nothing beside it
+    if once and not once_overlaps:
+        out += once                      # after the last backward or in the optimizer step, nothing beside it
     elif once:
         out += exposed(once, rank.bwd_s, first[1])
     if after and RUNTIMES[cache.workload.framework].timing.overlaps_param_gather:

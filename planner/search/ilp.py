@@ -266,7 +266,8 @@ def _data_parallel(prob, pr: GroupProblem, opt: Option, k: int, r: int, nb, F, B
     L = pr.num_blocks
     big = sum(w * ((blk[i] * L + sum(f[i] for f in fixed)) * (1 + kappa) + first[i])
               for i, w in enumerate((m, 1, 1)))
-    if not cache.workload.overlap_grad_reduce:
+    overlap, once_overlaps = pr.dp_overlaps(opt)
+    if not overlap:
         exposed = m * totals[0] + totals[1] + totals[2]
     else:
         windows = (F + B, B, F)
@@ -274,9 +275,9 @@ def _data_parallel(prob, pr: GroupProblem, opt: Option, k: int, r: int, nb, F, B
         for i, weight in enumerate((m, 1, 1)):
             if blk[i] == 0 and all(f[i] == 0 for f in fixed):
                 continue
-            if i == 2 and not pr.param_gather_overlaps:
-                exposed += totals[i]        # the step's all-gather ends the optimizer step
-                continue
+            if (i == 2 and not pr.param_gather_overlaps) or (i == 1 and not once_overlaps):
+                exposed += totals[i]        # the step's all-gather ends the optimizer step; the reduction
+                continue                    # runs after the last backward (cost.step.dp_overlaps)
             x = pulp.LpVariable(f"x{i}_{k}_{r}", 0)
             prob += x >= totals[i] - windows[i], f"i_rank_{r}_opt_{k}_term_{i}_exceeds_window"
             prob += x >= first[i], f"i_rank_{r}_opt_{k}_term_{i}_first_layer"

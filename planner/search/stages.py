@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from ..config import RECOMPUTES, ParallelConfig
 from ..cost.layer import POLICY_INDEX, LayerCost
 from ..cost.memory import inflight_microbatches, resident_bytes_per_param, state_bytes_per_param
-from ..cost.step import CostCache, _other_bytes, dp_collectives, optimizer_time_s, tied_embedding_sync_s
+from ..cost.step import CostCache, _other_bytes, dp_collectives, dp_overlaps, optimizer_time_s, tied_embedding_sync_s
 from ..runtimes import RUNTIMES
 from ..recompute import summary_policy
 from .policies import distinct_policies
@@ -100,6 +100,13 @@ class GroupProblem:
         self.options = [self._option(z, o) for z in space.zeros(layout, schedule) for o in space.offloads(z)]
         self.tied_s = tied_embedding_sync_s(cache, self.base)
         self.param_gather_overlaps = RUNTIMES[space.w.framework].timing.overlaps_param_gather
+
+    def dp_overlaps(self, opt: Option) -> tuple[bool, bool]:
+        """``cost.step.dp_overlaps`` of this group under option ``opt``."""
+        lay, w = self.layout, self.cache.workload
+        return dp_overlaps(framework=w.framework, device_kind=self.cache.cluster.device_kind,
+                           overlap_grad_reduce=w.overlap_grad_reduce, zero=opt.zero, dp=lay.dp * lay.cp, tp=lay.tp,
+                           pp=lay.pp)
 
     # -- constants ----------------------------------------------------------------------------
     def _useful_policies(self, space: Space) -> tuple[str, ...]:
@@ -428,7 +435,7 @@ class _Rank0Collectives:
         self.blk = pr.collectives(opt, pr.block.params)
         fixed = [pr.collectives(opt, params) for params in pr.fixed[0].buckets]
         self.fixed = [sum(f[i] for f in fixed) for i in range(3)]
-        self.overlap = pr.cache.workload.overlap_grad_reduce
+        self.overlap, self.once_overlaps = pr.dp_overlaps(opt)
         self.param_gather_overlaps = pr.param_gather_overlaps
         self.first = pr.collectives(opt, pr.first_layer_params(0))
         self.kappa = pr.cache.cluster.comm_sm_fraction
@@ -443,8 +450,8 @@ class _Rank0Collectives:
         windows = (fwd_s + bwd_s, bwd_s, fwd_s)
         out = 0.0
         for i, weight in enumerate((self.m, 1, 1)):
-            if i == 2 and not self.param_gather_overlaps:
-                out += totals[i]            # the step's all-gather ends the optimizer step
+            if (i == 2 and not self.param_gather_overlaps) or (i == 1 and not self.once_overlaps):
+                out += totals[i]            # the step's all-gather ends the optimizer step (cost.step.dp_overlaps)
             elif totals[i]:
                 out += weight * (max(totals[i] - windows[i], self.first[i]) + self.kappa * totals[i])
         return out

@@ -70,8 +70,16 @@ def _contention_lines(comm: dict | None, m: dict, measured: str) -> list[str]:
     during = f"{c['during_s'] * 1e3:.3g} ms" if c.get("during_s") else "n/a"
     src = (f"{measured}: GEMM {c['gemm']} {alone_ms:.3g} ms alone, {during} beside an all_reduce of "
            f"{c['all_reduce_bytes']} B")
-    return [f"comm_sms = {_num(sms)}   # measured: compute lost while a collective runs, x sm_count",
-            f"comm_sms_source = {_q(src)}"]
+    out = [f"comm_sms = {_num(sms)}   # measured: compute lost while a collective runs, x sm_count",
+           f"comm_sms_source = {_q(src)}"]
+    w = (comm or {}).get("sync_wait")
+    if w:
+        src = (f"{measured}: {w['samples']} stretches of {w['gemms_per_stretch']} GEMMs {w['gemm']} "
+               f"({w['stretch_s'] * 1e3:.3g} ms) on every rank, each followed by an all-reduce: the slowest "
+               "rank's stretch against the slowest rank's mean (executor/profile_comm.py _sync_wait)")
+        out += [f"sync_wait = {_num(w['fraction'])}   # measured: extra time ranks wait at a blocking collective",
+                f"sync_wait_source = {_q(src)}"]
+    return out
 
 
 def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, date: str, nproc: int) -> str:
