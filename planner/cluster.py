@@ -94,6 +94,8 @@ class Cluster:
     oversubscription: float               # leaf-to-spine oversubscription of the fat tree
     max_nodes: int = 0                    # 0: unlimited
     comm_sm_fraction: float = 0.0         # share of the device's SMs a running collective occupies
+    intra_all_gather_ratio: float = 1.0       # all-gather's bus bandwidth in a node against all-reduce's (gloo: < 1)
+    intra_reduce_scatter_ratio: float = 1.0   # reduce-scatter's likewise
     sync_wait: float = 0.0                # extra share of the work between two blocking collectives that ranks
                                           # wait for the slowest one (CPU profiles: executor/profile_comm.py)
     source: str = ""
@@ -366,6 +368,8 @@ def parse_cluster(data: dict, source: str) -> Cluster:
         intra=Link(bytes_per_s=intra.number("link_GBps") * 1e9, efficiency=intra.fraction("efficiency"),
                    latency_s=intra.number("latency_us", allow_zero=True) * 1e-6),
         nvls_allreduce_bytes_per_s=intra.number("nvls_allreduce_algbw_GBps", allow_zero=True, default=0.0) * 1e9,
+        intra_all_gather_ratio=intra.number("all_gather_busbw_ratio", default=1.0),
+        intra_reduce_scatter_ratio=intra.number("reduce_scatter_busbw_ratio", default=1.0),
         nics_per_node=nics,
         nic=Link(bytes_per_s=net.number("nic_Gbps", allow_zero=not nics) / 8 * 1e9,
                  efficiency=net.fraction("efficiency"),

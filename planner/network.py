@@ -145,17 +145,25 @@ def all_gather_s(cluster: Cluster, nbytes: float, grp: Group) -> float:
     return all_gather_bandwidth_s(cluster, nbytes, grp) + (n - 1) * _step_latency(fabric(cluster), grp)
 
 
-def all_gather_bandwidth_s(cluster: Cluster, nbytes: float, grp: Group) -> float:
-    """The bandwidth term of ``all_gather_s`` (no per-step latency): linear in the bytes."""
+def all_gather_bandwidth_s(cluster: Cluster, nbytes: float, grp: Group, *, ratio: float | None = None) -> float:
+    """The bandwidth term of ``all_gather_s`` (no per-step latency): linear in the bytes. Inside a node
+    at the profile's all-gather bus bandwidth against all-reduce's ([intra_node]
+    all_gather_busbw_ratio; or ``ratio``)."""
     n = grp.size
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return (n - 1) / n * nbytes / _ring_bandwidth(fabric(cluster), grp)
+    r = (cluster.intra_all_gather_ratio if ratio is None else ratio) if grp.nodes == 1 else 1.0
+    return (n - 1) / n * nbytes / (_ring_bandwidth(fabric(cluster), grp) * r)
 
 
 def reduce_scatter_s(cluster: Cluster, nbytes: float, grp: Group) -> float:
-    """Reduce-scatter whose *input* is ``nbytes`` on every rank: the mirror of all-gather."""
-    return all_gather_s(cluster, nbytes, grp)
+    """Reduce-scatter whose *input* is ``nbytes`` on every rank: the mirror of all-gather, inside a node
+    at the profile's reduce-scatter bus bandwidth ([intra_node] reduce_scatter_busbw_ratio)."""
+    n = grp.size
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return (all_gather_bandwidth_s(cluster, nbytes, grp, ratio=cluster.intra_reduce_scatter_ratio)
+            + (n - 1) * _step_latency(fabric(cluster), grp))
 
 
 def all_to_all_s(cluster: Cluster, nbytes: float, grp: Group) -> float:

@@ -213,3 +213,19 @@ def test_ranks_wait_for_the_slowest_at_each_blocking_tp_collective():
     assert jittery.fwd_s + jittery.bwd_s == pytest.approx(steady.fwd_s + steady.bwd_s + 0.1 * compute)
     alone = ctx(framework="torch", precision="fp32", tp=1, micro_batch=1, seq_len=256)
     assert layer_cost(BLOCK, alone, replace(cpu, sync_wait=0.1)) == layer_cost(BLOCK, alone, cpu)
+
+
+def test_gloo_gathers_and_scatters_at_their_own_measured_bus_bandwidth():
+    """[intra_node] all_gather_busbw_ratio / reduce_scatter_busbw_ratio: inside a node each runs at its
+    ratio of the all-reduce bus bandwidth (link_GBps); across nodes the ratios do not apply."""
+    cpu = load_cluster("cpu-gloo", 2)
+    slow = replace(cpu, intra_all_gather_ratio=0.5, intra_reduce_scatter_ratio=0.25)
+    grp, nbytes = Group(2, 2), 2**24
+    bw = cpu.intra.bytes_per_s * cpu.intra.efficiency
+    latency = cpu.intra.latency_s
+    assert all_gather_s(cpu, nbytes, grp) == pytest.approx(0.5 * nbytes / bw + latency)
+    assert all_gather_s(slow, nbytes, grp) == pytest.approx(0.5 * nbytes / (0.5 * bw) + latency)
+    assert reduce_scatter_s(slow, nbytes, grp) == pytest.approx(0.5 * nbytes / (0.25 * bw) + latency)
+    a100 = replace(A100, intra_all_gather_ratio=0.5)
+    across = Group(8, 1)
+    assert all_gather_s(a100, nbytes, across) == pytest.approx(all_gather_s(A100, nbytes, across))

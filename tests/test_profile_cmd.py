@@ -60,7 +60,7 @@ def test_every_number_says_it_was_measured_and_by_which_command(profile):
     # a CPU: the median over the shapes, timed with both processes computing at once
     assert {(r["m"], r["n"], r["k"]) for r in measured["gemm_concurrent"]} <= {(r["m"], r["n"], r["k"])
                                                                               for r in measured["gemm"]}
-    assert "processes computing at once" in data["gpu"]["source"]
+    assert "slowest of 2 processes computing at once" in data["gpu"]["source"]
     rates = sorted(r["tflops"] for r in measured["gemm_concurrent"])
     median = rates[len(rates) // 2] if len(rates) % 2 else (rates[len(rates) // 2 - 1] + rates[len(rates) // 2]) / 2
     assert data["gpu"]["peak_tflops"]["fp32"] == pytest.approx(median, rel=1e-3)
@@ -68,6 +68,17 @@ def test_every_number_says_it_was_measured_and_by_which_command(profile):
     assert data["intra_node"]["link_GBps"] == pytest.approx(largest["all_reduce_busbw_GBps"], rel=1e-3)
     smallest = min(measured["collectives"], key=lambda r: r["bytes"])
     assert data["intra_node"]["latency_us"] == pytest.approx(smallest["all_reduce_s"] / 2 * 1e6, rel=1e-3)
+    # all-gather and reduce-scatter at their own bus bandwidth: (n-1)/n of the buffer over their time
+    for name in ("all_gather", "reduce_scatter"):
+        busbw = largest["bytes"] / 2 / largest[name + "_s"] / 1e9
+        assert data["intra_node"][name + "_busbw_ratio"] == pytest.approx(
+            busbw / largest["all_reduce_busbw_GBps"], rel=1e-3)
+        assert data["intra_node"][name + "_busbw_ratio_source"].startswith("measured: `" + command)
+    cluster = load_cluster(str(profile), 2)
+    assert cluster.intra_reduce_scatter_ratio == pytest.approx(data["intra_node"]["reduce_scatter_busbw_ratio"])
+    # ranks waiting for the slowest at a blocking collective: a measured fraction
+    assert data["runtime"]["sync_wait_source"].startswith("measured: `" + command)
+    assert cluster.sync_wait == pytest.approx(data["runtime"]["sync_wait"]) and 0 <= cluster.sync_wait <= 1
 
 
 def test_planning_against_the_profile_uses_the_measured_ops(profile, capsys):

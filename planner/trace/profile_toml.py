@@ -59,6 +59,25 @@ def _collective_fields(comm: dict | None, m: dict) -> tuple[float, float, str]:
     return big["all_reduce_busbw_GBps"], latency, src
 
 
+def _collective_ratio_lines(comm: dict | None, measured: str) -> list[str]:
+    """All-gather's and reduce-scatter's bus bandwidth against all-reduce's (link_GBps), at the largest
+    size measured: gloo runs all-reduce with its own ring algorithm but the other two far slower,
+    where NCCL runs all three at one bus bandwidth (nccl-tests doc/PERFORMANCE.md). Not written where
+    they were not measured (the ratios default to 1)."""
+    if not comm:
+        return []
+    big = max(comm["sizes"], key=lambda r: r["bytes"])
+    n, ar = comm["world"], big["all_reduce_busbw_GBps"]
+    out = []
+    for name, key in (("all_gather", "all_gather_s"), ("reduce_scatter", "reduce_scatter_s")):
+        if key in big and ar:
+            busbw = (n - 1) / n * big["bytes"] / big[key] / 1e9
+            src = (f"{measured}: {comm['backend']} {name} {big['bytes']} B x{n}: busbw {busbw:.3g} GB/s against "
+                   f"all_reduce {ar:.3g} GB/s")
+            out += [f"{name}_busbw_ratio = {_num(busbw / ar)}", f"{name}_busbw_ratio_source = {_q(src)}"]
+    return out
+
+
 def _contention_lines(comm: dict | None, m: dict, measured: str) -> list[str]:
     """comm_sms: the share of the device that a running collective takes from compute, as
     profile_comm.py measured it (1 - GEMM time alone / GEMM time beside an all-reduce), in SMs."""
@@ -168,6 +187,7 @@ def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, da
         "efficiency = 1.0                # the bandwidth above is the measured achieved one",
         f"latency_us = {_num(latency)}",
         f"source = {_q(f'{measured}: {comm_src}')}",
+        *_collective_ratio_lines(comm, measured),
         "",
         "[host]",
         *([f"cores = {m['cores']}   # the CPUs the processes share (os.sched_getaffinity)"]
