@@ -121,42 +121,56 @@ def _contention(dist, torch, device, samples: int) -> dict:
 
 
 def _sync_wait(dist, torch, device, quick: bool) -> dict | None:
-    """How much longer ranks take when they must meet after every stretch of work than the slowest of
-    them takes on its own: the wait at a blocking collective (a tensor-parallel all-reduce, a gloo
-    FSDP collective) for the rank that happens to be slowest this time. Processes sharing a CPU's cores
-    do not run at one steady speed each: the OS and the other process take turns, so which rank is
-    behind changes from stretch to stretch. Every rank runs the same stretch (GEMMs of about 20 ms, as
-    a layer's share of work between two all-reduces), then all meet; over the samples, fraction =
-    mean(slowest rank's stretch) / (slowest mean stretch of a rank) - 1, in [0, 1]. On a GPU the
-    kernels' times repeat to within a percent: not measured (0)."""
+    """How long a rank waits at a blocking collective for the others after a stretch of work, beyond
+    what the same collective takes when the ranks arrive together: processes sharing a CPU's cores do
+    not progress at one steady pace (the OS and the other process take turns), so after every stretch
+    the ranks arrive apart, and the wait grows with the stretch. Every rank runs the same stretch of
+    GEMMs (about 20 ms and 80 ms, as a layer's work between two tensor-parallel all-reduces), then an
+    8-byte all-reduce; per stretch length, the mean over samples and ranks of its time less the mean
+    of the same all-reduce right after a barrier. ``coefficient`` fits wait = c sqrt(stretch) (the
+    spread of a sum of independent delays grows with its square root) by least squares. On a GPU the
+    ranks' kernels repeat to within a percent: not measured."""
     if device.type == "cuda":
         return None
-    a = torch.randn(512, 512)
+    a, x = torch.randn(512, 512), torch.ones(2)
     a @ a
     t0 = time.perf_counter()
     for _ in range(4):
         a @ a
     per_gemm = (time.perf_counter() - t0) / 4
-    count = max(1, round(0.02 / per_gemm))
-    count_t = torch.tensor([count], dtype=torch.float64)
-    dist.all_reduce(count_t, op=dist.ReduceOp.MAX)             # every rank the same work
-    count = int(count_t.item())
-    own, slowest = [], []
-    for _ in range(12 if quick else 40):
+    samples = 10 if quick else 30
+
+    def mean_over_ranks(values: list[float]) -> float:
+        t = torch.tensor([sum(values) / len(values)], dtype=torch.float64)
+        dist.all_reduce(t)
+        return t.item() / dist.get_world_size()
+
+    together = []
+    for _ in range(samples):
         dist.barrier()
         t0 = time.perf_counter()
-        for _ in range(count):
-            a @ a
-        mine = time.perf_counter() - t0
-        most = torch.tensor([mine], dtype=torch.float64)
-        dist.all_reduce(most, op=dist.ReduceOp.MAX)
-        own.append(mine)
-        slowest.append(most.item())
-    mean_own = torch.tensor([sum(own) / len(own)], dtype=torch.float64)
-    dist.all_reduce(mean_own, op=dist.ReduceOp.MAX)            # the slowest rank on average
-    fraction = max(0.0, min(1.0, sum(slowest) / len(slowest) / mean_own.item() - 1.0))
-    return {"gemm": "512x512x512 fp32", "gemms_per_stretch": count, "samples": len(own),
-            "stretch_s": mean_own.item(), "fraction": fraction}
+        dist.all_reduce(x)
+        together.append(time.perf_counter() - t0)
+    base = mean_over_ranks(together)
+    rows = []
+    for target in (0.02, 0.08):
+        count = torch.tensor([max(1, round(target / per_gemm))], dtype=torch.float64)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)             # every rank the same work
+        stretch, waits = [], []
+        for _ in range(samples):
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(int(count.item())):
+                a @ a
+            t1 = time.perf_counter()
+            dist.all_reduce(x)
+            stretch.append(t1 - t0)
+            waits.append(time.perf_counter() - t1)
+        rows.append({"gemms": int(count.item()), "stretch_s": mean_over_ranks(stretch),
+                     "wait_s": max(0.0, mean_over_ranks(waits) - base)})
+    coefficient = sum(r["wait_s"] * r["stretch_s"] ** 0.5 for r in rows) / sum(r["stretch_s"] for r in rows)
+    return {"gemm": "512x512x512 fp32", "samples": samples, "all_reduce_s": base, "stretches": rows,
+            "coefficient": coefficient}
 
 
 # the shapes of planner/trace/profile_device.py GEMM_SHAPES (m, n, k)

@@ -96,8 +96,8 @@ class Cluster:
     comm_sm_fraction: float = 0.0         # share of the device's SMs a running collective occupies
     intra_all_gather_ratio: float = 1.0       # all-gather's bus bandwidth in a node against all-reduce's (gloo: < 1)
     intra_reduce_scatter_ratio: float = 1.0   # reduce-scatter's likewise
-    sync_wait: float = 0.0                # extra share of the work between two blocking collectives that ranks
-                                          # wait for the slowest one (CPU profiles: executor/profile_comm.py)
+    sync_wait_coefficient: float = 0.0    # a blocking collective after t seconds of work waits c sqrt(t) for the
+                                          # slowest rank (CPU profiles: executor/profile_comm.py _sync_wait)
     source: str = ""
     gpu_hour_usd: float = 0.0             # price of one GPU for one hour (0: the profile has no [pricing])
     price_source: str = ""                # the public price list and its date
@@ -383,18 +383,10 @@ def parse_cluster(data: dict, source: str) -> Cluster:
         max_nodes=root.integer("max_nodes", allow_zero=True, default=0),
         comm_sm_fraction=min(1.0, root.table("runtime").number("comm_sms", allow_zero=True, default=0.0)
                              / gpu.integer("sm_count")),
-        sync_wait=_sync_wait(root.table("runtime")),
+        sync_wait_coefficient=root.table("runtime").number("sync_wait_coefficient", allow_zero=True, default=0.0),
         cores_per_node=host.integer("cores", default=0, allow_zero=True),
         threads_per_process=gpu.integer("threads", default=1),
         source=source, **_pricing(root))
-
-
-def _sync_wait(runtime: _Table) -> float:
-    value = runtime.number("sync_wait", allow_zero=True, default=0.0)
-    if value > 1:
-        raise UserError(f"must be a fraction in [0, 1], got {value!r}", source=runtime.source,
-                        field=runtime._name("sync_wait"))
-    return value
 
 
 def _pricing(root: _Table) -> dict:

@@ -202,17 +202,20 @@ def test_torch_zero1_reduces_after_backward_and_fsdp_on_a_cpu_exposes_everything
 
 
 def test_ranks_wait_for_the_slowest_at_each_blocking_tp_collective():
-    """[runtime] sync_wait w: the work between a TP group's blocking all-reduces takes (1 + w) times as
-    long for the group (each all-reduce waits for whichever rank is behind); without TP nothing waits."""
+    """[runtime] sync_wait_coefficient c: a block's forward is split by two TP all-reduces (and so is its
+    backward); after t seconds of work each waits c sqrt(t) for the rank behind. Without TP nothing waits."""
+    import math
     cpu = load_cluster("cpu-gloo", 2)
     c = ctx(framework="torch", precision="fp32", tp=2, micro_batch=1, seq_len=256)
     steady = layer_cost(BLOCK, c, cpu)
-    jittery = layer_cost(BLOCK, c, replace(cpu, sync_wait=0.1))
-    compute = steady.fwd_s + steady.bwd_s - steady.tp_comm_s       # the layer's work without its all-reduces
-    assert jittery.tp_comm_s == pytest.approx(steady.tp_comm_s + 0.1 * compute)
-    assert jittery.fwd_s + jittery.bwd_s == pytest.approx(steady.fwd_s + steady.bwd_s + 0.1 * compute)
+    jittery = layer_cost(BLOCK, c, replace(cpu, sync_wait_coefficient=0.01))
+    fwd = steady.fwd_s - steady.tp_comm_s / 2        # the layer's forward work (its all-reduces: half each way)
+    bwd = steady.bwd_s - steady.tp_comm_s / 2
+    assert steady.tp_comm_s > 0
+    wait = 2 * 0.01 * math.sqrt(fwd / 2) + 2 * 0.01 * math.sqrt(bwd / 2)
+    assert jittery.tp_comm_s == pytest.approx(steady.tp_comm_s + wait, rel=1e-6)
     alone = ctx(framework="torch", precision="fp32", tp=1, micro_batch=1, seq_len=256)
-    assert layer_cost(BLOCK, alone, replace(cpu, sync_wait=0.1)) == layer_cost(BLOCK, alone, cpu)
+    assert layer_cost(BLOCK, alone, replace(cpu, sync_wait_coefficient=0.01)) == layer_cost(BLOCK, alone, cpu)
 
 
 def test_gloo_gathers_and_scatters_at_their_own_measured_bus_bandwidth():

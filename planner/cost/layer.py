@@ -13,6 +13,8 @@ the attention kernel of the block at hand, or all-gathers them before attention
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -191,6 +193,18 @@ def _eager_s(eager, params: float, ctx: Context, cluster: Cluster) -> tuple[floa
     return eager_s(fwd, eager.fwd_kernels, dev), eager_s(bwd, eager.bwd_kernels, dev)
 
 
+def _sync_waits(layer: Layer, fwd_s: float, bwd_s: float, cluster: Cluster) -> tuple[float, float]:
+    """(fwd, bwd) seconds the layer's TP (or CP) group waits at its blocking collectives for the rank that
+    happens to be behind: after t seconds of work, c sqrt(t) each ([runtime] sync_wait_coefficient,
+    measured by the profile; 0 on GPUs). A block's work is split by two collectives each way (attention
+    and MLP; Shoeybi et al. 2019, Fig. 3), another layer's by one."""
+    c = cluster.sync_wait_coefficient
+    if not c:
+        return 0.0, 0.0
+    n = 2 if layer.kind == "block" else 1
+    return n * c * math.sqrt(fwd_s / n), n * c * math.sqrt(bwd_s / n)
+
+
 def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     """Time, recompute and saved activations of one layer for one micro-batch on one rank."""
     dev, dt = cluster.device, DTYPE_BYTES[ctx.precision]
@@ -242,9 +256,7 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     tp_fwd_all, tp_fwd_rs = _tp_comm(layer, ctx, cluster, layer.tp_allreduce_fwd_elems)
     tp_fwd = _exposed(tp_fwd_all, tp_gemm_fwd, ctx)
     tp_bwd = _exposed(_tp_comm(layer, ctx, cluster, layer.tp_allreduce_bwd_elems)[0], tp_gemm_bwd, ctx)
-    # the layer's work runs between blocking collectives of its TP (or CP) group: each waits for the rank
-    # that happens to be slowest this time ([runtime] sync_wait, measured by the profile; 0 on GPUs)
-    wait_fwd, wait_bwd = (cluster.sync_wait * fwd, cluster.sync_wait * bwd) if tp_fwd_all or cp_fwd else (0.0, 0.0)
+    wait_fwd, wait_bwd = _sync_waits(layer, fwd, bwd, cluster) if tp_fwd_all or cp_fwd else (0.0, 0.0)
     if tp_fwd_all:
         tp_fwd, tp_bwd = tp_fwd + wait_fwd, tp_bwd + wait_bwd
     fwd_total = fwd + tp_fwd + cp_fwd + (0.0 if tp_fwd_all else wait_fwd)

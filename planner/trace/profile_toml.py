@@ -93,11 +93,13 @@ def _contention_lines(comm: dict | None, m: dict, measured: str) -> list[str]:
            f"comm_sms_source = {_q(src)}"]
     w = (comm or {}).get("sync_wait")
     if w:
-        src = (f"{measured}: {w['samples']} stretches of {w['gemms_per_stretch']} GEMMs {w['gemm']} "
-               f"({w['stretch_s'] * 1e3:.3g} ms) on every rank, each followed by an all-reduce: the slowest "
-               "rank's stretch against the slowest rank's mean (executor/profile_comm.py _sync_wait)")
-        out += [f"sync_wait = {_num(w['fraction'])}   # measured: extra time ranks wait at a blocking collective",
-                f"sync_wait_source = {_q(src)}"]
+        parts = "; ".join(f"{r['stretch_s'] * 1e3:.3g} ms of GEMMs {w['gemm']}: {r['wait_s'] * 1e3:.3g} ms"
+                          for r in w["stretches"])
+        src = (f"{measured}: the wait at an 8-byte all_reduce after a stretch of work on every rank, less the "
+               f"same all_reduce after a barrier ({w['all_reduce_s'] * 1e3:.3g} ms), {w['samples']} samples: "
+               f"{parts}; least squares of wait = c sqrt(stretch) (executor/profile_comm.py _sync_wait)")
+        out += [f"sync_wait_coefficient = {_num(w['coefficient'])}   # measured: seconds of wait per sqrt(second) "
+                "of work between blocking collectives", f"sync_wait_coefficient_source = {_q(src)}"]
     return out
 
 
