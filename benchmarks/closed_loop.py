@@ -3,10 +3,12 @@
     python benchmarks/closed_loop.py [--steps 6] [--quick] [--out benchmarks/results/closed_loop.json]
 
 1. Profiles this machine for 2 processes (`meshplan profile --nproc 2`; --quick: fewer shapes),
-   and again (--quick) right before each plan: this VM's speed drifts by up to 25% within
-   minutes (the same plan measured 2.03 s and 2.48 s half an hour apart, 2026-11-23), so each
-   prediction is made from the machine as it is when its plan runs (--profile-once: the first
-   profile for all).
+   and again (--quick) right before each plan and right after its run: this VM's speed drifts by
+   up to 25% within minutes (the same plan measured 2.03 s and 2.48 s half an hour apart, and
+   3.33 s and 2.42 s twenty minutes apart, 2026-11-23), so each prediction is made from the machine
+   as it was around its run: the mean of the plan's predicted step under the profile before and
+   under the one after (planner.simulate.simulated_estimate, what `meshplan plan` reports), both
+   kept in the results (--profile-once: the first profile for all, nothing after).
 2. For a small compute-dominated Llama-style model, plans a grid of plans on 2 processes
    against that profile (`meshplan plan ... --out`): data parallelism with ZeRO 0-3, tensor
    parallelism with and without sequence parallelism, pipelines with GPipe, 1F1B and the
@@ -39,6 +41,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from planner.cluster import load_cluster  # noqa: E402
+
+
+def predicted_step_s(plan_doc: dict, profile: Path, model: Path) -> float:
+    """The step time `meshplan plan` would report for the plan's config against ``profile``."""
+    from planner.cli import build_parser
+    from planner.commands import load_inputs
+    from planner.config import ParallelConfig
+    from planner.simulate import simulated_estimate
+    args = build_parser().parse_args(["plan", "--model", str(model), "--cluster", str(profile), "--gpus", "2", *BATCH])
+    _, graph, cluster, workload = load_inputs(args)
+    return simulated_estimate(graph, cluster, workload, ParallelConfig.from_json(plan_doc["config"])).step_time_s
 MODEL = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 512, "num_attention_heads": 8,
          "num_key_value_heads": 8, "intermediate_size": 1408, "vocab_size": 8192, "max_position_embeddings": 256}
 BATCH = ["--global-batch", "8", "--precision", "fp32"]
@@ -103,7 +116,8 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", help="run only these grid entries")
     parser.add_argument("--out", type=Path, help="write the rows as JSON (benchmarks/results/closed_loop.json)")
     parser.add_argument("--profile-once", action="store_true",
-                        help="plan every entry against the first profile (default: a quick profile before each)")
+                        help="plan every entry against the first profile (default: a quick profile before each "
+                             "plan and after its run)")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="meshplan-closed-loop-"))
     (tmp / "llama-mid.json").write_text(json.dumps(MODEL))
@@ -113,8 +127,8 @@ def main() -> int:
              "--out", str(profile), cwd=tmp)
     print(f"profiled this machine in {time.perf_counter() - t0:.0f} s: {profile}")
     rows, failures = [], []
-    print(f"{'plan':<18} {'predicted s':>11} {'measured s':>10} {'error':>7}   {'pred MiB':>8} {'meas MiB':>8} "
-          f"{'error':>7}  config")
+    print(f"{'plan':<18} {'predicted s':>11} {'before/after':>12} {'measured s':>10} {'error':>7}   {'pred MiB':>8} "
+          f"{'meas MiB':>8} {'error':>7}  config")
     for name, knobs in GRID.items():
         if args.only and name not in args.only:
             continue
@@ -135,7 +149,12 @@ def main() -> int:
         out = json.loads((tmp / "measured.json").read_text())
         times = out["step_times_s"][2:] or out["step_times_s"]
         measured_s = statistics.median(times)
-        predicted_s = doc["estimate"]["step_time_s"]
+        before_s = after_s = doc["estimate"]["step_time_s"]
+        if not args.profile_once:           # the machine after the run: the prediction is the mean
+            after = tmp / f"measured-{len(rows) + len(failures)}-after.toml"
+            meshplan("profile", "--device", "cpu", "--nproc", "2", "--quick", "--out", str(after), cwd=tmp)
+            after_s = predicted_step_s(doc, after, tmp / "llama-mid.json")
+        predicted_s = (before_s + after_s) / 2
         reserve = load_cluster(str(profile), 2).device.reserved_bytes
         stages = doc["estimate"]["memory_per_stage_bytes"]
         per_rank = out["memory_per_rank_bytes"]
@@ -145,13 +164,15 @@ def main() -> int:
         c = doc["config"]
         config = (f"dp {c['dp']} tp {c['tp']} pp {c['pp']} cp {c['cp']} zero {c['zero']} mb {c['micro_batch']} "
                   f"{c['schedule']} v{c['vpp']} sp {'on' if c['sequence_parallel'] else 'off'} rc {c['recompute']}")
-        row = {"name": name, "config": config, "predicted_step_s": predicted_s, "measured_step_s": measured_s,
+        row = {"name": name, "config": config, "predicted_step_s": predicted_s,
+               "predicted_before_s": before_s, "predicted_after_s": after_s, "measured_step_s": measured_s,
                "step_error": measured_s / predicted_s - 1, "predicted_peak_bytes": predicted_mem,
                "measured_peak_bytes": measured_mem, "peak_error": measured_mem / predicted_mem - 1,
                "step_times_s": out["step_times_s"],
                "profile_gemm_tflops": load_cluster(str(profile), 2).device.peak("fp32") / 1e12}
         rows.append(row)
-        print(f"{name:<18} {predicted_s:>11.3f} {measured_s:>10.3f} {100 * row['step_error']:>+6.1f}%   "
+        print(f"{name:<18} {predicted_s:>11.3f} {before_s:>5.2f}/{after_s:<6.2f} {measured_s:>10.3f} "
+              f"{100 * row['step_error']:>+6.1f}%   "
               f"{predicted_mem / 2**20:>8.1f} {measured_mem / 2**20:>8.1f} {100 * row['peak_error']:>+6.1f}%  "
               f"{config}", flush=True)
     if len(rows) > 2:
@@ -170,7 +191,8 @@ def main() -> int:
     if args.out:
         args.out.write_text(json.dumps({"measured_by": "python benchmarks/closed_loop.py --out "
                                         "benchmarks/results/closed_loop.json", "processes": 2,
-                                        "profiled": "once" if args.profile_once else "before each plan (--quick)",
+                                        "profiled": "once" if args.profile_once else
+                                        "before each plan and after its run (--quick); predicted: the mean",
                                         "load_average": os.getloadavg()[0], "model": MODEL, "steps": args.steps,
                                         "rows": rows, "failures": failures}, indent=1) + "\n")
     return 0
