@@ -63,12 +63,18 @@ def feature_key(spec) -> str | None:
     return None
 
 
+def wraps_in_fsdp(*, zero: int, dp: int, tp: int, pp: int) -> bool:
+    """Whether executor/parallelize.py wraps the model in FSDP2 (ZeRO-2/3) or FSDP2's replicate (ZeRO-0
+    with data parallelism beside TP or PP); ``dp``: data x context parallel."""
+    return zero >= 2 or (zero == 0 and dp > 1 and (tp > 1 or pp > 1))
+
+
 def eager_regime(*, framework: str, precision: str, zero: int, dp: int, tp: int, pp: int) -> str:
     """'autocast', 'bf16', 'fp32' or 'fp32-fsdp' (torch eager; fp32 under FSDP2 or replicate, whose
     unshards copy the parameters), or '' (not torch: priced by the fused-kernel model)."""
     if framework != "torch":
         return ""
-    fsdp = zero >= 2 or (zero == 0 and dp > 1 and (tp > 1 or pp > 1))      # dp: data x context parallel
+    fsdp = wraps_in_fsdp(zero=zero, dp=dp, tp=tp, pp=pp)
     if precision == "fp32":
         return "fp32-fsdp" if fsdp else "fp32"
     return "bf16" if fsdp else "autocast"

@@ -14,7 +14,6 @@ the attention kernel of the block at hand, or all-gathers them before attention
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 from typing import NamedTuple
 

@@ -14,7 +14,7 @@ from ..config import RECOMPUTES, ParallelConfig, Workload
 from ..layers import LayerGraph
 from .. import network
 from ..runtimes import RUNTIMES
-from .eager import eager_regime, eager_s, layer_eager_regime, step_param_bytes
+from .eager import eager_regime, eager_s, layer_eager_regime, step_param_bytes, wraps_in_fsdp
 from .layer import POLICY_INDEX, Context, LayerCost, layer_cost
 from .memory import (grad_comm_bytes_per_param, inflight_microbatches, resident_bytes_per_param,
                      state_bytes_per_param, working_copy_bytes_per_param)
@@ -405,7 +405,7 @@ def dp_overlaps(*, framework: str, device_kind: str, overlap_grad_reduce: bool, 
     beside backward: where the runtime defers it past the last backward (``deferred_sharded_sync``) or
     runs it in the optimizer step (``Timing.grads_reduced_in_optimizer``)."""
     timing = RUNTIMES[framework].timing
-    fsdp = zero >= 2 or (zero == 0 and dp > 1 and (tp > 1 or pp > 1))       # as executor/parallelize.py wraps
+    fsdp = wraps_in_fsdp(zero=zero, dp=dp, tp=tp, pp=pp)
     if not overlap_grad_reduce or (device_kind == "cpu" and timing.fsdp_blocks_on_gloo and fsdp and dp > 1):
         return False, False
     deferred = pp > 1 and zero >= 2 and timing.pp_defers_sharded_dp_sync
