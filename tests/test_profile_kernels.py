@@ -4,23 +4,43 @@ profiles/measured/*.kernels.json."""
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 
 from planner.trace import profile_kernels as pk
 
 
-def test_time_per_call_times_back_to_back_calls():
+class _FakeClock:
+    """A clock that only moves when the timed function runs: exactly 1 ms per call."""
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+
+def test_time_per_call_times_back_to_back_calls(monkeypatch):
+    clock = _FakeClock()
+    monkeypatch.setattr(pk, "time", clock)
     calls = []
 
     def fn():
-        calls.append(time.perf_counter())
-        time.sleep(1e-3)
+        calls.append(clock.now)
+        clock.now += 1e-3
     t = pk.time_per_call(fn, "cpu", repeat=2, min_s=5e-3)
-    assert 1e-3 <= t < 3e-3
-    # one warm-up, one calibration call, then 2 timings of at least 5 calls each (5 ms / ~1 ms)
-    assert len(calls) >= 2 + 2 * 4
+    assert t == pytest.approx(1e-3)
+    # one warm-up, one calibration call, then 2 timings of 5 calls each (5 ms / 1 ms)
+    assert len(calls) == 2 + 2 * 5
+
+
+def test_time_per_call_keeps_the_fastest_of_its_timings(monkeypatch):
+    clock = _FakeClock()
+    monkeypatch.setattr(pk, "time", clock)
+    costs = iter([1e-3, 1e-3] + [3e-3] * 5 + [2e-3] * 5)
+
+    def fn():
+        clock.now += next(costs)
+    assert pk.time_per_call(fn, "cpu", repeat=2, min_s=5e-3) == pytest.approx(2e-3)
 
 
 def test_gemm_sweep_times_the_three_gemms_of_a_linear():
