@@ -15,9 +15,11 @@
    interleaved schedule, context parallelism, every recompute policy (none, selective, op, full,
    offload, every-2), micro-batch 1-4, and the planner's own choice with nothing fixed.
 3. Runs each (`meshplan run --steps N --json`) and takes the median step after the first two
-   (the first initialises, the second is instrumented) and, per rank, the bytes the executor
-   holds by the cost model's categories (executor/measure.py) against the predicted per-stage
-   memory without the runtime reserve (which the executor's counters do not see).
+   (the first initialises, the second rebuilds DDP's buckets), leaving out the instrumented one
+   (executor/train.py ``steady_times``) and, per rank, the most memory the
+   instrumented step had allocated at once (executor/measure.py AllocationPeak: the profiler's
+   CPU allocation events on top of the model states alive when the step began) against the
+   predicted per-stage total without the runtime reserve (which no allocator counter sees).
 4. Prints predicted against measured step time and memory, their errors, the rank correlation
    of step times (Spearman), and how the planner's own choice compares with the measured
    fastest plan. Writes the rows to --out (benchmarks/results/closed_loop.json), which
@@ -41,6 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from planner.cluster import load_cluster  # noqa: E402
+from executor.train import steady_times  # noqa: E402
 
 
 def predicted_step_s(plan_doc: dict, profile: Path, model: Path) -> float:
@@ -91,8 +94,12 @@ MEASURED = ("params", "params_gathered", "grads", "optimizer", "activations")
 
 
 def measured_bytes(rank: dict) -> float:
-    """What the executor's counters saw on one rank (executor/measure.py): model states, the
-    gathered parameter copies, the peak of the activations kept for backward."""
+    """What one rank allocated at its peak: ``peak_allocated`` (on the CPU the profiler's allocation
+    events over the instrumented step, on top of the model states alive when it began;
+    executor/measure.py AllocationPeak), or where a run has none, the executor's counters by
+    category (model states, gathered parameter copies, the peak of the tensors saved for backward)."""
+    if rank.get("peak_allocated") is not None:
+        return rank["peak_allocated"]
     return sum(rank.get(k) or 0 for k in MEASURED)
 
 
@@ -147,7 +154,7 @@ def main() -> int:
             print(f"{name:<18} FAILED: {str(e).splitlines()[-1]}", flush=True)
             continue
         out = json.loads((tmp / "measured.json").read_text())
-        times = out["step_times_s"][2:] or out["step_times_s"]
+        times = steady_times(out["step_times_s"], out["instrumented_step"])
         measured_s = statistics.median(times)
         before_s = after_s = doc["estimate"]["step_time_s"]
         if not args.profile_once:           # the machine after the run: the prediction is the mean
@@ -155,11 +162,10 @@ def main() -> int:
             meshplan("profile", "--device", "cpu", "--nproc", "2", "--quick", "--out", str(after), cwd=tmp)
             after_s = predicted_step_s(doc, after, tmp / "llama-mid.json")
         predicted_s = (before_s + after_s) / 2
-        reserve = load_cluster(str(profile), 2).device.reserved_bytes
         stages = doc["estimate"]["memory_per_stage_bytes"]
         per_rank = out["memory_per_rank_bytes"]
         # the most loaded rank of each: what `fits` is decided on
-        predicted_mem = max(s["total"] for s in stages) - reserve
+        predicted_mem = max(s["total"] - s["reserve"] for s in stages)
         measured_mem = max(measured_bytes(r) for r in per_rank)
         c = doc["config"]
         config = (f"dp {c['dp']} tp {c['tp']} pp {c['pp']} cp {c['cp']} zero {c['zero']} mb {c['micro_batch']} "

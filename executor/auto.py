@@ -159,7 +159,7 @@ class ParallelTraining:
             else:
                 local = accumulate(self.parts[0], inputs, targets, num_microbatches=self.plan.num_microbatches,
                                    zero=self.plan.zero, loss_fn=self.microbatch_loss, device=self.device)
-        optimizer_step(self.optimizers)
+        optimizer_step(self.optimizers, self.parts)
         return global_loss(local, mesh=self.mesh, dp_mesh=self.dp_mesh, dp=self.dp)
 
 

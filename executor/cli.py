@@ -111,6 +111,13 @@ def format_comparison(measured: dict) -> str:
         if rank["params_gathered"]:
             lines.append(f"{rank['rank']:>4} {rank['pp_rank']:>5}  {'(gathered)':<12} {'':>14} "
                          f"{rank['params_gathered']:>14}")
+        if rank.get("peak_allocated") is not None and want.get("total") is not None:
+            # everything the rank allocated at its peak (CUDA's max_memory_allocated; on the CPU the profiler's
+            # allocation events, executor/measure.py AllocationPeak) against the stage's total without the
+            # runtime's reserve, which no allocator counter sees
+            exp, got = want["total"] - want.get("reserve", 0), rank["peak_allocated"]
+            lines.append(f"{rank['rank']:>4} {rank['pp_rank']:>5}  {'peak':<12} {exp:>14} {got:>14} "
+                         f"{100 * (got / exp - 1):+6.1f}%")
         host = sum(rank.get("host", {}).values())
         if host:            # optimizer offload: model states in host memory, apart from the GPU's
             lines.append(f"{rank['rank']:>4} {rank['pp_rank']:>5}  {'(host)':<12} {'':>14} {host:>14}")

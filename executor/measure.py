@@ -176,3 +176,37 @@ class SavedTensorMeter:
     def track(self):
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             yield self
+
+
+class AllocationPeak:
+    """The most host memory a step had allocated at once, above what was allocated when it began:
+    torch's profiler with ``profile_memory`` reports every CPU allocation and free while it runs
+    (c10's ProfiledCPUMemoryReporter, behind the default CPU allocator), and the peak is the
+    largest running sum of those, in time order. The CPU has no ``max_memory_allocated``; this is
+    its stand-in, and unlike the saved-tensor meter it sees everything the step allocates: the
+    activations a checkpointed region rebuilds in backward, the loss's backward workspace, the
+    gradients, collective buffers, temporaries. Frees of tensors allocated before it started are not
+    reported (c10 only reports frees of the allocations it saw), so what the step frees of its
+    predecessor's tensors is not subtracted: an upper bound where the step frees old tensors."""
+
+    def __init__(self):
+        self.peak_bytes = 0
+
+    @contextmanager
+    def track(self):
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            yield self
+        self.peak_bytes = allocation_peak(prof.profiler.kineto_results.events())
+
+
+def allocation_peak(events) -> int:
+    """Largest running sum of the CPU ``[memory]`` events' signed sizes (allocations positive, frees
+    negative), taken in time order."""
+    running = peak = 0
+    memory = sorted((e for e in events if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU),
+                    key=lambda e: e.start_ns())
+    for e in memory:
+        running += e.nbytes()
+        peak = max(peak, running)
+    return peak

@@ -125,6 +125,12 @@ def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:
     return DistributedDataParallel(model, process_group=dp_mesh.get_group(), gradient_as_bucket_view=True)
 
 
+def grads_are_bucket_views(model: nn.Module) -> bool:
+    """Whether ``model``'s gradients live in DDP's communication buckets (``apply_ddp``)."""
+    from torch.nn.parallel import DistributedDataParallel
+    return isinstance(model, DistributedDataParallel) and model.gradient_as_bucket_view
+
+
 def mixed_precision(precision: str, device_type: str) -> MixedPrecisionPolicy:
     """bf16/fp16 compute with fp32 gradient reduction where the device has it; fp32 on CPU."""
     if device_type == "cpu" or precision == "fp32":

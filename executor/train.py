@@ -35,12 +35,12 @@ from . import faults
 from .checkpoint_dir import check_resumable
 from .data import local_batch
 from .integrity import check_model, check_world_size
-from .measure import (SavedTensorMeter, gathered_param_bytes, grad_bytes, optimizer_bytes, param_bytes,
+from .measure import (AllocationPeak, SavedTensorMeter, gathered_param_bytes, grad_bytes, optimizer_bytes, param_bytes,
                       unsharded_grad_bytes)
 from .mesh import ParallelDims, init_process_group, local_device
 from .context import shard_sequence
 from .models import SequenceLayout, build_model, canonical_name
-from .parallelize import autocast_dtype, check_supported, parallelize
+from .parallelize import autocast_dtype, check_supported, grads_are_bucket_views, parallelize
 from .pipeline import build_schedule, build_stage_model, check_stages, stage_indices, sync_tied_grads, tied_groups
 from .plan_file import RunPlan, load_plan
 from .support import DEFAULT_CHECKPOINT_EVERY, DEFAULT_TIMEOUT_S
@@ -164,14 +164,22 @@ def schedule_step(schedule, inputs: tuple[torch.Tensor, ...], targets: torch.Ten
     losses (zero but on the last stage)."""
     losses: list[torch.Tensor] = []
     kwargs = {"target": targets, "losses": losses} if last_stage else {}
-    schedule.step(*(inputs if first_stage else ()), **kwargs)
+    # return_outputs=False: the last stage would otherwise keep every micro-batch's output (the logits)
+    # until the step ends, to merge them into step()'s return value, which the loss makes unneeded
+    # (torch/distributed/pipelining/stage.py ``output_chunks``, kept when ``save_forward_output``)
+    schedule.step(*(inputs if first_stage else ()), return_outputs=False, **kwargs)
     return torch.stack(losses).sum() if losses else torch.zeros((), device=device)
 
 
-def optimizer_step(optimizers: list[torch.optim.Optimizer]) -> None:
+def optimizer_step(optimizers: list[torch.optim.Optimizer], models: list[nn.Module] = ()) -> None:
+    """Step, then drop the gradients; but where they are views of DDP's buckets (``apply_ddp``), zero
+    them in place: dropped, the next backward would allocate a second copy of them beside the buckets
+    (DDP only copies gradients back into the buckets at the step's one synchronisation, so under
+    gradient accumulation both live), where the cost model counts one (4 bytes per parameter)."""
+    keep = any(grads_are_bucket_views(m) for m in models)
     for optimizer in optimizers:
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=not keep)
 
 
 def global_loss(local: torch.Tensor, *, mesh, dp_mesh, dp: int) -> float:
@@ -202,7 +210,7 @@ def train_step(job: Job, step: int, meter: SavedTensorMeter | None = None, dump_
                                loss_fn=job.loss_fn, device=job.device)
     if dump_grads:
         write_grads(job, dump_grads)
-    optimizer_step(job.optimizers)
+    optimizer_step(job.optimizers, job.trained)
     return global_loss(local, mesh=job.mesh, dp_mesh=job.grad_mesh, dp=job.grad_mesh.size())
 
 
@@ -221,7 +229,8 @@ def write_grads(job: Job, path: str) -> None:
     torch.save(grads, f"{path}.rank{dist.get_rank()}.pt")
 
 
-def _memory(job: Job, meter: SavedTensorMeter, gathered_bytes: int, grads_bytes: tuple[int, int]) -> dict:
+def _memory(job: Job, meter: SavedTensorMeter, gathered_bytes: int, grads_bytes: tuple[int, int],
+            host_peak: int | None) -> dict:
     """This rank's bytes by category (see executor/measure.py for how each is counted); ``host``:
     what optimizer offload keeps in host memory (parameters, gradients, optimizer states)."""
     host = {"params": param_bytes(job.trained, host=True), "grads": grads_bytes[1],
@@ -230,7 +239,7 @@ def _memory(job: Job, meter: SavedTensorMeter, gathered_bytes: int, grads_bytes:
             "params_gathered": gathered_bytes, "grads": grads_bytes[0],
             "optimizer": sum(optimizer_bytes(o, job.trained) for o in job.optimizers), "activations": meter.peak_bytes,
             "host": host,
-            "peak_allocated": torch.cuda.max_memory_allocated(job.device) if job.device.type == "cuda" else None}
+            "peak_allocated": torch.cuda.max_memory_allocated(job.device) if job.device.type == "cuda" else host_peak}
 
 
 def _measured_step(job: Job, step: int, dump_grads: str | None) -> tuple[float, dict]:
@@ -257,14 +266,23 @@ def _measured_step(job: Job, step: int, dump_grads: str | None) -> tuple[float, 
 
     for o, fn in zip(job.optimizers, original_step):
         o.step = count_grads_then(fn)
+    # on the CPU: what the step allocates at its peak (executor/measure.py AllocationPeak), on top of the
+    # model states alive when it begins (the previous step set the gradients to None)
+    peak = AllocationPeak() if job.device.type == "cpu" else None
+    start = (param_bytes(job.trained) + param_bytes(job.trained, host=True) + grad_bytes(job.trained)
+             + grad_bytes(job.trained, host=True)
+             + sum(optimizer_bytes(o, job.trained) + optimizer_bytes(o, job.trained, host=True)
+                   for o in job.optimizers)) if peak is not None else 0
     try:
-        loss = train_step(job, step, meter, dump_grads)
+        with peak.track() if peak is not None else nullcontext():
+            loss = train_step(job, step, meter, dump_grads)
     finally:
         for h in hooks:
             h.remove()
         for o, fn in zip(job.optimizers, original_step):
             o.step = fn
-    return loss, _memory(job, meter, gathered[0], (max(grads[0][0], unsharded[0]), grads[0][1]))
+    return loss, _memory(job, meter, gathered[0], (max(grads[0][0], unsharded[0]), grads[0][1]),
+                         None if peak is None else start + peak.peak_bytes)
 
 
 def _resume(job: Job, options: RunOptions) -> tuple[int, list[float]]:
@@ -302,9 +320,7 @@ def run(plan: RunPlan, options: RunOptions) -> dict:
     job = Job(plan, options, device)
     start, done_losses = _resume(job, options)
     end = options.steps if options.checkpoint_dir else start + options.steps
-    # memory is measured on the second step where there is one: the first also runs the pipeline
-    # schedule's one-time shape inference, whose tensors outlive it
-    measure_at = start + (1 if end - start > 1 else 0)
+    measure_at = start + instrumented_step(end - start)
     losses, times, memory = [], [], None
     rank = dist.get_rank()
     for step in range(start, end):
@@ -326,21 +342,41 @@ def run(plan: RunPlan, options: RunOptions) -> dict:
         ckpt.save(options.save_dir, end, job.trained, job.optimizers, tied=plan.spec.tied_embeddings)
     per_rank = [None] * dist.get_world_size()
     dist.all_gather_object(per_rank, memory)
-    measured = measured_json(plan, options, device, start, losses, times, per_rank)
+    measured = measured_json(plan, options, device, start, losses, times, per_rank, measure_at - start)
     if options.checkpoint_dir:      # the whole run, whichever attempt computed each step
         measured.update(first_step=0, steps=len(done_losses) + len(losses), losses=done_losses + losses)
     return measured
 
 
+def instrumented_step(steps: int) -> int:
+    """Which of a run's ``steps`` has its memory measured (0-based): the third where there are four or
+    more, else the second, else the first. Not the first: it also runs the pipeline schedule's
+    one-time shape inference, whose tensors outlive it. Not the second where it can be avoided: DDP
+    rebuilds its gradient buckets in the order the first backward produced the gradients, at the
+    start of the second forward (torch/nn/parallel/distributed.py ``_pre_forward``,
+    ``reducer._rebuild_buckets``), allocating a second set of buckets while the first are freed,
+    which a step's allocation peak would count twice (executor/measure.py AllocationPeak)."""
+    return 2 if steps >= 4 else min(1, steps - 1)
+
+
+def steady_times(times: list[float], instrumented: int) -> list[float]:
+    """The step times that say how fast the plan trains: after the first two (the first initialises
+    the pipeline and caches, the second rebuilds DDP's buckets), without the instrumented step (its
+    hooks and profiler slow it); where that leaves none, what there is."""
+    steady = [t for i, t in enumerate(times) if i >= 2 and i != instrumented]
+    return steady or [t for i, t in enumerate(times) if i != instrumented] or times
+
+
 def measured_json(plan: RunPlan, options: RunOptions, device: torch.device, start: int, losses: list[float],
-                  times: list[float], per_rank: list[dict]) -> dict:
-    """measured.json: what happened, next to what the plan predicted."""
-    # the first step also initialises the pipeline and caches; the second runs instrumented
-    steady = times[2:] or times[1:] or times
+                  times: list[float], per_rank: list[dict], instrumented: int = 1) -> dict:
+    """measured.json: what happened, next to what the plan predicted. ``instrumented``: which of
+    ``times`` ran with the memory counters (``instrumented_step``)."""
+    steady = steady_times(times, instrumented)
     return {
         "plan": plan.source, "world_size": dist.get_world_size(), "device": device.type,
         "backend": dist.get_backend(), "seed": options.seed, "first_step": start, "steps": len(losses),
         "losses": losses, "step_times_s": times, "step_time_s": sum(steady) / len(steady) if steady else None,
+        "instrumented_step": instrumented,
         "resumed_from": start, "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
         "memory_per_rank_bytes": per_rank,
         "predicted": {"step_time_s": plan.estimate.get("step_time_s"),

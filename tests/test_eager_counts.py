@@ -19,9 +19,23 @@ H100 = load_cluster("profiles/measured/h100-sxm5.toml", 1).device
 
 
 def test_the_committed_table_is_a_fresh_count():
-    proc = subprocess.run([sys.executable, "-m", "executor.eager_counts", "--check"], capture_output=True,
-                          text=True, timeout=600)
+    # two of the four families, one of each norm and MLP (the ones with the most parts: dropout, q/k/v
+    # biases), to keep CI's time: `python -m executor.eager_counts --check` counts them all
+    proc = subprocess.run([sys.executable, "-m", "executor.eager_counts", "--check",
+                           "--family", "layernorm-gelu-bias-learned-dropout", "--family", "rmsnorm-swiglu-rope-qkvbias"],
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+
+
+def test_a_family_check_fails_on_a_changed_coefficient(tmp_path, monkeypatch):
+    from executor import eager_counts
+    committed = eager_counts._committed()
+    family = "rmsnorm-swiglu-rope"
+    monkeypatch.setattr(eager_counts, "table", lambda families=None: {family: {**committed[family], "fp32": {
+        **committed[family]["fp32"], "kernels": {**committed[family]["fp32"]["kernels"], "block_fwd": -1}}}})
+    assert eager_counts.main(["--check", "--family", family]) == 1
+    monkeypatch.setattr(eager_counts, "table", lambda families=None: {family: committed[family]})
+    assert eager_counts.main(["--check", "--family", family]) == 0
 
 
 def test_autocast_casts_the_fp32_input_of_each_linear_that_reads_the_residual_stream():

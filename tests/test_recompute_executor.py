@@ -60,12 +60,30 @@ def test_every_policy_trains_like_no_recompute(references, model, plan):
 
 # -- what each policy keeps, measured against the cost model --------------------------------------
 
+CTX = Context(micro_batch=MICRO_BATCH, seq_len=SEQ, tp=1, cp=1, sequence_parallel=False, precision="fp32",
+              attention="flash", framework="torch", tp_comm_overlap=False)
+
+
 def predicted(spec, index: int, policy: str) -> tuple[float, float]:
-    """(device bytes, host bytes) the cost model keeps for layer ``index`` of ``spec`` at MICRO_BATCH x SEQ."""
-    ctx = Context(micro_batch=MICRO_BATCH, seq_len=SEQ, tp=1, cp=1, sequence_parallel=False, precision="fp32",
-                  attention="flash", framework="torch", tp_comm_overlap=False)
-    cost = layer_cost(build_layer_graph(spec).layers[index], ctx, load_cluster("cpu-gloo"))
-    return cost.act_bytes[POLICY_INDEX[policy]], cost.host_bytes[POLICY_INDEX[policy]]
+    """(device bytes, host bytes) the cost model keeps for layer ``index`` of ``spec`` at MICRO_BATCH x SEQ,
+    as the executor's bookkeeping splits them: what offload moves is in its host stash (``host``), which on
+    this CPU is the same memory; the cost model of a CPU cluster counts it on the device (test below)."""
+    cost = layer_cost(build_layer_graph(spec).layers[index], CTX, load_cluster("cpu-gloo"))
+    device, host = cost.act_bytes[POLICY_INDEX[policy]], cost.host_bytes[POLICY_INDEX[policy]]
+    return (0.0, device + host) if policy == "offload" else (device, host)
+
+
+def test_offload_on_a_cpu_keeps_what_no_recompute_keeps_and_costs_one_clone():
+    layer = build_layer_graph(TINY_LLAMA).layers[1]
+    cpu = load_cluster("cpu-gloo")
+    cost = layer_cost(layer, CTX, cpu)
+    none_keep, off = cost.act_bytes[POLICY_INDEX["none"]], POLICY_INDEX["offload"]
+    assert cost.act_bytes[off] == none_keep and cost.host_bytes[off] == 0
+    # the clone reads and writes the kept bytes once, at the profile's copy rate (read + write bytes per second)
+    d = cpu.device
+    assert cost.recompute_s[off] == pytest.approx(2 * none_keep / (d.hbm_bytes_per_s * d.hbm_efficiency))
+    # one block's originals beside their clones while its forward runs: one block more at the peak
+    assert cost.peak_extra_bytes[off] == pytest.approx(cost.peak_extra_bytes[POLICY_INDEX["none"]] + none_keep)
 
 
 def close(measured: float, want: float) -> bool:

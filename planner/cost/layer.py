@@ -273,18 +273,27 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     rs_share = tp_fwd * tp_fwd_rs / tp_fwd_all if tp_fwd_all else 0.0
     op_keep, op_redo_s, op_redo_flops = _op_policy(sac, full_keep, fwd_total, rs_share)
     offload_redo_s = _offload_exposed_s(none_keep, fwd_total, bwd_total, cluster)
+    offload_keep, offload_host, offload_extra = 0.0, none_keep, workspace + 2 * none_keep
+    if cluster.device_kind == "cpu":
+        # a CPU process's host memory is its device memory: the executor's host stash clones the saved
+        # storages beside the originals, which live until the block's forward ends, and hands the clones
+        # back to backward as they are (executor/recompute.py HostStash._copy_out, _copy_in). Offload
+        # then keeps what no recompute keeps, one block's twice while its forward runs, and costs the
+        # clone: its bytes read and written at the measured copy rate (hbm_GBps: read + write bytes)
+        offload_keep, offload_host, offload_extra = none_keep, 0.0, workspace + none_keep
+        offload_redo_s = 2 * none_keep / (cluster.device.hbm_bytes_per_s * cluster.device.hbm_efficiency)
     return LayerCost(
         fwd_s=fwd_total, bwd_s=bwd_total,
         recompute_s=(0.0, select_extra, op_redo_s, fwd_total, offload_redo_s),
-        act_bytes=(none_keep, select_keep, op_keep, min(full_keep, none_keep), 0.0),
+        act_bytes=(none_keep, select_keep, op_keep, min(full_keep, none_keep), offload_keep),
         # full and op recompute rebuild the layer's saved tensors while its backward runs; offload holds
         # two layers' on the device at a time: the one whose backward runs and the next, copied in beside it
         # (while the forward copies one out, the next computes: two again)
         peak_extra_bytes=(workspace, workspace + none_keep - select_keep, workspace + none_keep,
-                          workspace + none_keep, workspace + 2 * none_keep),
+                          workspace + none_keep, offload_extra),
         tp_comm_s=tp_fwd + tp_bwd, cp_comm_s=cp_fwd + cp_bwd + (0.0 if tp_fwd_all else wait_fwd + wait_bwd),
         params=params, matmul_flops_fwd=flops,
-        work_floor_s=floor, host_bytes=(0.0, 0.0, 0.0, 0.0, none_keep),
+        work_floor_s=floor, host_bytes=(0.0, 0.0, 0.0, 0.0, offload_host),
         recompute_flops=(0.0, 0.0, op_redo_flops, flops, 0.0))
 
 

@@ -34,6 +34,9 @@ class Memory:
     optimizer: float
     activations: float
     other: float                   # runtime reserve, communication and pipeline buffers
+    reserve: float = 0.0           # of ``other``, the runtime's own reserve (the device profile's
+                                   # reserved_bytes: CUDA context, allocator slack), which no
+                                   # allocator counter (max_memory_allocated) sees
     grads_after_activations: bool = False   # the gradients only exist once the activations are freed
                                             # (grads_follow_activations): the peak holds the larger
 
@@ -645,7 +648,7 @@ def _memories(cache: CostCache, config: ParallelConfig, ranks: list[RankCost]) -
         out.append(Memory(params=rank.params * states.params, grads=rank.params * states.grads,
                           optimizer=rank.params * states.optimizer,
                           activations=rank.act_bytes * inflight + rank.peak_extra_bytes,
-                          other=other + rank.params * copy,
+                          other=other + rank.params * copy, reserve=cache.cluster.device.reserved_bytes,
                           grads_after_activations=grads_follow_activations(w.framework, config)))
     return out
 
