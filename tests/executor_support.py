@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from executor.data import global_batch
 from executor.models import build_model, full_init, init_key
+from executor.train import exit_now
 from planner.model import ModelSpec
 
 SEQ = 16
@@ -97,9 +98,12 @@ def _worker(rank: int, world_size: int, port: int, fn, args, errors):
         dist.barrier()      # no rank tears its connections down while another still uses them
     except BaseException:
         errors.put(f"rank {rank}:\n{traceback.format_exc()}")
-        raise
-    finally:
         dist.destroy_process_group()
+        raise
+    dist.destroy_process_group()
+    # as the launched ranks do (executor.train.exit_now): gloo's threads releasing tensors during the
+    # interpreter's finalization aborted a finished rank (SIGABRT) in a fresh CI run, 2026-11-23
+    exit_now(0)
 
 
 def spawn(fn, world_size: int, *args) -> None:
