@@ -83,6 +83,16 @@ def optimizer_bytes(optimizer, modules: Iterable[nn.Module] = (), host: bool = F
                          if isinstance(v, torch.Tensor) and (whole or id(p) in offloaded) == host)
 
 
+def state_bytes(modules: Iterable[nn.Module], optimizers: Iterable) -> int:
+    """Bytes of the model states alive now, on the device and in host memory alike (one memory on a
+    CPU): parameters, gradients, optimizer states, each storage once."""
+    modules = list(modules)
+    params = [p for m in modules for p in m.parameters()]
+    states = [v for o in optimizers for state in getattr(o, "optim", o).state.values() for v in state.values()
+              if isinstance(v, torch.Tensor)]
+    return storage_bytes([*params, *(p.grad for p in params), *states])
+
+
 def _fsdp_params(modules: Iterable[nn.Module]):
     """The FSDPParams of every FSDP module under ``modules``."""
     from torch.distributed.fsdp import FSDPModule

@@ -36,7 +36,7 @@ from .checkpoint_dir import check_resumable
 from .data import local_batch
 from .integrity import check_model, check_world_size
 from .measure import (AllocationPeak, SavedTensorMeter, gathered_param_bytes, grad_bytes, optimizer_bytes, param_bytes,
-                      unsharded_grad_bytes)
+                      state_bytes, unsharded_grad_bytes)
 from .mesh import ParallelDims, init_process_group, local_device
 from .context import shard_sequence
 from .models import SequenceLayout, build_model, canonical_name
@@ -171,7 +171,7 @@ def schedule_step(schedule, inputs: tuple[torch.Tensor, ...], targets: torch.Ten
     return torch.stack(losses).sum() if losses else torch.zeros((), device=device)
 
 
-def optimizer_step(optimizers: list[torch.optim.Optimizer], models: list[nn.Module] = ()) -> None:
+def optimizer_step(optimizers: list[torch.optim.Optimizer], models: list[nn.Module]) -> None:
     """Step, then drop the gradients; but where they are views of DDP's buckets (``apply_ddp``), zero
     them in place: dropped, the next backward would allocate a second copy of them beside the buckets
     (DDP only copies gradients back into the buckets at the step's one synchronisation, so under
@@ -269,10 +269,7 @@ def _measured_step(job: Job, step: int, dump_grads: str | None) -> tuple[float, 
     # on the CPU: what the step allocates at its peak (executor/measure.py AllocationPeak), on top of the
     # model states alive when it begins (the previous step set the gradients to None)
     peak = AllocationPeak() if job.device.type == "cpu" else None
-    start = (param_bytes(job.trained) + param_bytes(job.trained, host=True) + grad_bytes(job.trained)
-             + grad_bytes(job.trained, host=True)
-             + sum(optimizer_bytes(o, job.trained) + optimizer_bytes(o, job.trained, host=True)
-                   for o in job.optimizers)) if peak is not None else 0
+    start = state_bytes(job.trained, job.optimizers) if peak is not None else 0
     try:
         with peak.track() if peak is not None else nullcontext():
             loss = train_step(job, step, meter, dump_grads)
@@ -368,7 +365,7 @@ def steady_times(times: list[float], instrumented: int) -> list[float]:
 
 
 def measured_json(plan: RunPlan, options: RunOptions, device: torch.device, start: int, losses: list[float],
-                  times: list[float], per_rank: list[dict], instrumented: int = 1) -> dict:
+                  times: list[float], per_rank: list[dict], instrumented: int) -> dict:
     """measured.json: what happened, next to what the plan predicted. ``instrumented``: which of
     ``times`` ran with the memory counters (``instrumented_step``)."""
     steady = steady_times(times, instrumented)
