@@ -1,32 +1,37 @@
 """Plan, run and measure on this machine: meshplan's predictions against its own executor.
 
-    python benchmarks/closed_loop.py [--steps 6] [--quick] [--out benchmarks/results/closed_loop.json]
+    python benchmarks/closed_loop.py [--steps 8] [--rounds 2] [--out benchmarks/results/closed_loop.json]
 
-1. Profiles this machine for 2 processes (`meshplan profile --nproc 2`; --quick: fewer shapes),
-   and again (--quick) right before each plan and right after its run: this VM's speed drifts by
-   up to 25% within minutes (the same plan measured 2.03 s and 2.48 s half an hour apart, and
-   3.33 s and 2.42 s twenty minutes apart, 2026-11-23), so each prediction is made from the machine
-   as it was around its run: the mean of the plan's predicted step under the profile before and
-   under the one after (planner.simulate.simulated_estimate, what `meshplan plan` reports), both
-   kept in the results (--profile-once: the first profile for all, nothing after).
+1. Profiles this machine for 2 processes (`meshplan profile --nproc 2`), and again (--quick)
+   between consecutive runs, each profile serving the run before it and the one after: this VM's
+   speed drifts by up to 25% within minutes (the same plan measured 2.35 s and 2.9 s median steps
+   ten minutes apart, one run's steps ranged 2.5-3.6 s, and one rank's GEMM rate over successive
+   half seconds 43-81 GFLOP/s while the other's stayed at 71-82; 2026-11-23). So a plan's
+   prediction is the mean of its predicted step (planner.simulate.simulated_estimate, what
+   `meshplan plan` reports) under the profiles around its runs (--profile-once: the first
+   profile for all).
 2. For a small compute-dominated Llama-style model, plans a grid of plans on 2 processes
-   against that profile (`meshplan plan ... --out`): data parallelism with ZeRO 0-3, tensor
-   parallelism with and without sequence parallelism, pipelines with GPipe, 1F1B and the
-   interleaved schedule, context parallelism, every recompute policy (none, selective, op, full,
-   offload, every-2), micro-batch 1-4, and the planner's own choice with nothing fixed.
-3. Runs each (`meshplan run --steps N --json`) and takes the median step after the first two
-   (the first initialises, the second rebuilds DDP's buckets), leaving out the instrumented one
-   (executor/train.py ``steady_times``) and, per rank, the most memory the
-   instrumented step had allocated at once (executor/measure.py AllocationPeak: the profiler's
-   CPU allocation events on top of the model states alive when the step began) against the
-   predicted per-stage total without the runtime reserve (which no allocator counter sees).
-4. Prints predicted against measured step time and memory, their errors, the rank correlation
-   of step times (Spearman), and how the planner's own choice compares with the measured
-   fastest plan. Writes the rows to --out (benchmarks/results/closed_loop.json), which
+   against the profile before its first run (`meshplan plan ... --out`): data parallelism with
+   ZeRO 0-3, tensor parallelism with and without sequence parallelism, pipelines with GPipe, 1F1B
+   and the interleaved schedule, context parallelism, every recompute policy (none, selective, op,
+   full, offload, every-2), micro-batch 1-4, and the planner's own choice with nothing fixed.
+3. Runs each (`meshplan run --steps N`), --rounds times over the grid, every other round in
+   reverse order so that a slow drift of the machine does not fall on the same plans: a plan's
+   measured step is the median of its steady steps over all its runs (after the first two, which
+   initialise and rebuild DDP's buckets, and without the instrumented one: executor/train.py
+   ``steady_times``), and how far its runs' medians lie apart (``repeat_spread``) is the noise of
+   the measurement itself. Memory, which repeats exactly, is per rank the most the instrumented
+   step had allocated at once (executor/measure.py AllocationPeak: the profiler's CPU allocation
+   events on top of the model states alive when the step began) against the predicted per-stage
+   total without the runtime reserve (which no allocator counter sees).
+4. Prints predicted against measured step time and memory, their errors, the noise (the spread
+   of a plan's repeated measurements and of its predictions from the profiles around its runs),
+   the rank correlation of step times (Spearman), and how the planner's own choice compares with
+   the measured fastest plan. Writes them to --out (benchmarks/results/closed_loop.json), which
    benchmarks/accuracy.py summarises into each CPU plan's error band.
 
 It asserts nothing: the errors are what they are. The machine must be otherwise idle: the
-profile and the runs share its cores.
+profile and the runs share its cores. About 35 minutes with the defaults on the 2-core VM.
 """
 from __future__ import annotations
 
@@ -116,91 +121,140 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return cov / (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
 
 
+def profile_now(path: Path, quick: bool, cwd: Path) -> Path:
+    meshplan("profile", "--device", "cpu", "--nproc", "2", *(["--quick"] if quick else []), "--out", str(path),
+             cwd=cwd)
+    return path
+
+
+def spread(values: list[float]) -> float:
+    """The largest over the smallest, less 1: how far apart repeated figures of one thing are."""
+    return max(values) / min(values) - 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--quick", action="store_true", help="a quicker, coarser profile")
+    parser.add_argument("--steps", type=int, default=8, help="optimizer steps per run (default 8)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="times the whole grid runs, every other round in reverse order (default 2): a plan's "
+                             "measured step is the median of its steady steps over all rounds, its prediction the "
+                             "mean over the profiles around its runs")
+    parser.add_argument("--quick", action="store_true", help="a quicker, coarser first profile")
     parser.add_argument("--only", nargs="*", help="run only these grid entries")
     parser.add_argument("--out", type=Path, help="write the rows as JSON (benchmarks/results/closed_loop.json)")
     parser.add_argument("--profile-once", action="store_true",
-                        help="plan every entry against the first profile (default: a quick profile before each "
-                             "plan and after its run)")
+                        help="plan every entry against the first profile (default: a quick profile between "
+                             "consecutive runs, each serving the run before it and the one after)")
     args = parser.parse_args()
+    if args.steps < 4 or args.rounds < 1:
+        parser.error("--steps must be at least 4 (two warm-up steps, the instrumented one, one timed) and "
+                     "--rounds at least 1")
     tmp = Path(tempfile.mkdtemp(prefix="meshplan-closed-loop-"))
-    (tmp / "llama-mid.json").write_text(json.dumps(MODEL))
-    profile = tmp / "measured.toml"
+    model = tmp / "llama-mid.json"
+    model.write_text(json.dumps(MODEL))
     t0 = time.perf_counter()
-    meshplan("profile", "--device", "cpu", "--nproc", "2", *(["--quick"] if args.quick else []),
-             "--out", str(profile), cwd=tmp)
-    print(f"profiled this machine in {time.perf_counter() - t0:.0f} s: {profile}")
-    rows, failures = [], []
-    print(f"{'plan':<18} {'predicted s':>11} {'before/after':>12} {'measured s':>10} {'error':>7}   {'pred MiB':>8} "
+    profile = profile_now(tmp / "measured.toml", args.quick, tmp)
+    print(f"profiled this machine in {time.perf_counter() - t0:.0f} s: {profile}", flush=True)
+    names = [n for n in GRID if not args.only or n in args.only]
+    plans: dict[str, dict] = {}          # planned once, against the profile before the plan's first run
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    failures = []
+    print(f"{'round':<5} {'plan':<18} {'before/after s':>14} {'measured s':>10}  {'spread of steps':>15}", flush=True)
+    for round_ in range(args.rounds):
+        for name in (names if round_ % 2 == 0 else names[::-1]):
+            if any(f["name"] == name for f in failures):
+                continue
+            if name not in plans:
+                path = tmp / f"plan-{len(plans)}.json"
+                meshplan("plan", "--model", model.name, "--cluster", str(profile), "--gpus", "2", *BATCH,
+                         *(GRID[name] or []), "--out", str(path), cwd=tmp)
+                plans[name] = json.loads(path.read_text())
+            doc = plans[name]
+            plan_path = tmp / "plan.json"
+            plan_path.write_text(json.dumps(doc))
+            before_s = predicted_step_s(doc, profile, model)
+            try:
+                meshplan("run", "--plan", str(plan_path), "--model", model.name, "--steps", str(args.steps),
+                         "--out", str(tmp / "measured.json"), cwd=tmp)
+            except Failed as e:        # reported and counted, not retried: a failing run is a result too
+                failures.append({"name": name, "error": str(e).splitlines()[-1]})
+                print(f"{round_:<5} {name:<18} FAILED: {str(e).splitlines()[-1]}", flush=True)
+                continue
+            if not args.profile_once:   # the machine after the run, and before the next
+                profile = profile_now(tmp / f"measured-{round_}-{len(runs[name])}-{names.index(name)}.toml", True, tmp)
+            out = json.loads((tmp / "measured.json").read_text())
+            times = steady_times(out["step_times_s"], out["instrumented_step"])
+            run = {"round": round_, "predicted_before_s": before_s,
+                   "predicted_after_s": predicted_step_s(doc, profile, model), "steady_s": times,
+                   "measured_step_s": statistics.median(times), "step_times_s": out["step_times_s"],
+                   "profile_gemm_tflops": load_cluster(str(profile), 2).device.peak("fp32") / 1e12,
+                   "memory_per_rank": [measured_bytes(r) for r in out["memory_per_rank_bytes"]]}
+            runs[name].append(run)
+            print(f"{round_:<5} {name:<18} {before_s:>6.2f}/{run['predicted_after_s']:<7.2f} "
+                  f"{run['measured_step_s']:>10.3f}  {100 * spread(times):>14.0f}%", flush=True)
+    rows = []
+    print(f"\n{'plan':<18} {'predicted s':>11} {'measured s':>10} {'error':>7} {'repeat':>7}   {'pred MiB':>8} "
           f"{'meas MiB':>8} {'error':>7}  config")
-    for name, knobs in GRID.items():
-        if args.only and name not in args.only:
+    for name in names:
+        if not runs[name]:
             continue
-        plan = tmp / "plan.json"
-        if not args.profile_once:
-            profile = tmp / f"measured-{len(rows) + len(failures)}.toml"
-            meshplan("profile", "--device", "cpu", "--nproc", "2", "--quick", "--out", str(profile), cwd=tmp)
-        meshplan("plan", "--model", "llama-mid.json", "--cluster", str(profile), "--gpus", "2", *BATCH,
-                 *(knobs or []), "--out", str(plan), cwd=tmp)
-        doc = json.loads(plan.read_text())
-        try:
-            meshplan("run", "--plan", str(plan), "--model", "llama-mid.json", "--steps", str(args.steps),
-                     "--out", str(tmp / "measured.json"), cwd=tmp)
-        except Failed as e:        # reported and counted, not retried: a failing run is a result too
-            failures.append({"name": name, "error": str(e).splitlines()[-1]})
-            print(f"{name:<18} FAILED: {str(e).splitlines()[-1]}", flush=True)
-            continue
-        out = json.loads((tmp / "measured.json").read_text())
-        times = steady_times(out["step_times_s"], out["instrumented_step"])
-        measured_s = statistics.median(times)
-        before_s = after_s = doc["estimate"]["step_time_s"]
-        if not args.profile_once:           # the machine after the run: the prediction is the mean
-            after = tmp / f"measured-{len(rows) + len(failures)}-after.toml"
-            meshplan("profile", "--device", "cpu", "--nproc", "2", "--quick", "--out", str(after), cwd=tmp)
-            after_s = predicted_step_s(doc, after, tmp / "llama-mid.json")
-        predicted_s = (before_s + after_s) / 2
+        doc, done = plans[name], runs[name]
+        predictions = [r[k] for r in done for k in ("predicted_before_s", "predicted_after_s")]
+        predicted_s = statistics.mean(predictions)
+        measured_s = statistics.median(t for r in done for t in r["steady_s"])
         stages = doc["estimate"]["memory_per_stage_bytes"]
-        per_rank = out["memory_per_rank_bytes"]
-        # the most loaded rank of each: what `fits` is decided on
+        # the most loaded rank of each: what `fits` is decided on; memory repeats exactly, the first run's
         predicted_mem = max(s["total"] - s["reserve"] for s in stages)
-        measured_mem = max(measured_bytes(r) for r in per_rank)
+        measured_mem = max(done[0]["memory_per_rank"])
         c = doc["config"]
         config = (f"dp {c['dp']} tp {c['tp']} pp {c['pp']} cp {c['cp']} zero {c['zero']} mb {c['micro_batch']} "
                   f"{c['schedule']} v{c['vpp']} sp {'on' if c['sequence_parallel'] else 'off'} rc {c['recompute']}")
         row = {"name": name, "config": config, "predicted_step_s": predicted_s,
-               "predicted_before_s": before_s, "predicted_after_s": after_s, "measured_step_s": measured_s,
+               "predicted_spread": spread(predictions), "measured_step_s": measured_s,
+               "measured_by_round_s": [r["measured_step_s"] for r in done],
+               "repeat_spread": spread([r["measured_step_s"] for r in done]) if len(done) > 1 else None,
                "step_error": measured_s / predicted_s - 1, "predicted_peak_bytes": predicted_mem,
-               "measured_peak_bytes": measured_mem, "peak_error": measured_mem / predicted_mem - 1,
-               "step_times_s": out["step_times_s"],
-               "profile_gemm_tflops": load_cluster(str(profile), 2).device.peak("fp32") / 1e12}
+               "measured_peak_bytes": measured_mem, "peak_error": measured_mem / predicted_mem - 1, "runs": done}
         rows.append(row)
-        print(f"{name:<18} {predicted_s:>11.3f} {before_s:>5.2f}/{after_s:<6.2f} {measured_s:>10.3f} "
-              f"{100 * row['step_error']:>+6.1f}%   "
+        repeat = f"{100 * row['repeat_spread']:>6.0f}%" if row["repeat_spread"] is not None else f"{'-':>7}"
+        print(f"{name:<18} {predicted_s:>11.3f} {measured_s:>10.3f} {100 * row['step_error']:>+6.1f}% {repeat}   "
               f"{predicted_mem / 2**20:>8.1f} {measured_mem / 2**20:>8.1f} {100 * row['peak_error']:>+6.1f}%  "
               f"{config}", flush=True)
+    summary = {}
     if len(rows) > 2:
         rho = spearman([r["predicted_step_s"] for r in rows], [r["measured_step_s"] for r in rows])
         fastest = min(rows, key=lambda r: r["measured_step_s"])
         mine = next((r for r in rows if r["name"] == "planner's choice"), None)
         within = lambda key: sum(abs(r[key]) <= 0.10 for r in rows)   # noqa: E731
-        print(f"\nstep time within 10%: {within('step_error')} of {len(rows)}; memory within 10%: "
-              f"{within('peak_error')} of {len(rows)}; rank correlation {rho:+.2f}")
+        repeats = [r["repeat_spread"] for r in rows if r["repeat_spread"] is not None]
+        summary = {"step_within_10pct": within("step_error"), "memory_within_10pct": within("peak_error"),
+                   "plans": len(rows), "rank_correlation": rho,
+                   "median_abs_step_error": statistics.median(abs(r["step_error"]) for r in rows),
+                   "median_repeat_spread": statistics.median(repeats) if repeats else None,
+                   "median_predicted_spread": statistics.median(r["predicted_spread"] for r in rows)}
+        print(f"\nstep time within 10%: {summary['step_within_10pct']} of {len(rows)} (median error "
+              f"{100 * summary['median_abs_step_error']:.1f}%); memory within 10%: {summary['memory_within_10pct']} "
+              f"of {len(rows)}; rank correlation {rho:+.2f}")
+        if repeats:
+            print(f"noise: the same plan's median step differed between rounds by a median "
+                  f"{100 * summary['median_repeat_spread']:.0f}% (worst {100 * max(repeats):.0f}%); its predictions "
+                  f"from the profiles around its runs by a median {100 * summary['median_predicted_spread']:.0f}%")
         if mine:
+            summary["choice_vs_fastest"] = mine["measured_step_s"] / fastest["measured_step_s"] - 1
+            summary["fastest"] = fastest["name"]
             print(f"planner's choice {mine['measured_step_s']:.3f} s against the measured fastest "
-                  f"({fastest['name']}) {fastest['measured_step_s']:.3f} s: "
-                  f"{100 * (mine['measured_step_s'] / fastest['measured_step_s'] - 1):+.1f}%")
+                  f"({fastest['name']}) {fastest['measured_step_s']:.3f} s: {100 * summary['choice_vs_fastest']:+.1f}%")
     if failures:
         print(f"{len(failures)} run(s) failed: " + "; ".join(f["name"] for f in failures))
     if args.out:
         args.out.write_text(json.dumps({"measured_by": "python benchmarks/closed_loop.py --out "
                                         "benchmarks/results/closed_loop.json", "processes": 2,
                                         "profiled": "once" if args.profile_once else
-                                        "before each plan and after its run (--quick); predicted: the mean",
-                                        "load_average": os.getloadavg()[0], "model": MODEL, "steps": args.steps,
-                                        "rows": rows, "failures": failures}, indent=1) + "\n")
+                                        "between consecutive runs (--quick); predicted: the mean over the "
+                                        "profiles around a plan's runs",
+                                        "rounds": args.rounds, "load_average": os.getloadavg()[0], "model": MODEL,
+                                        "steps": args.steps, "summary": summary, "rows": rows,
+                                        "failures": failures}, indent=1) + "\n")
     return 0
 
 

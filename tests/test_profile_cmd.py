@@ -64,6 +64,15 @@ def test_every_number_says_it_was_measured_and_by_which_command(profile):
     rates = sorted(r["tflops"] for r in measured["gemm_concurrent"])
     median = rates[len(rates) // 2] if len(rates) % 2 else (rates[len(rates) // 2 - 1] + rates[len(rates) // 2]) / 2
     assert data["gpu"]["peak_tflops"]["fp32"] == pytest.approx(median, rel=1e-3)
+    # each shape's window of products is a few seconds, not a sample of the VM's swings
+    assert all(r["window_s"] >= 3.0 for r in measured["gemm_concurrent"])
+    # attention over the GEMM rate of the one process that timed it, not over the concurrent peak
+    alone = sorted(r["tflops"] for r in measured["gemm"])
+    half = len(alone) // 2
+    alone_median = alone[half] if len(alone) % 2 else (alone[half - 1] + alone[half]) / 2
+    attention = next(r for r in measured["attention"] if r["dtype"] == "fp32")
+    assert data["gpu"]["kernels"]["attention_efficiency"] == pytest.approx(
+        min(1.0, attention["tflops"] / alone_median), rel=1e-3)
     largest = max(measured["collectives"], key=lambda r: r["bytes"])
     assert data["intra_node"]["link_GBps"] == pytest.approx(largest["all_reduce_busbw_GBps"], rel=1e-3)
     smallest = min(measured["collectives"], key=lambda r: r["bytes"])

@@ -11,7 +11,9 @@ fields it knows). Derived fields say how they were derived:
   ``gemm_efficiency`` is 1 and ``gemm_tile`` is [1, 1] (the measured rates
   already contain the tile and wave effects of those shapes);
 - ``attention_efficiency``: the measured causal SDPA rate (forward + backward,
-  FLOPs counted as ``planner.cost.compute.flash_attention_s`` does) over that peak;
+  FLOPs counted as ``planner.cost.compute.flash_attention_s`` does) over the GEMM
+  rate measured the same way (one process; on a CPU the peak is the concurrent rate,
+  and attention is taken to slow with the GEMMs);
 - intra-node ``link_GBps``: the all-reduce bus bandwidth at the largest message;
   ``latency_us``: the smallest all-reduce's time over 2(n-1) steps, the latency
   term of the ring all-reduce in ``planner.network.all_reduce_s``;
@@ -108,12 +110,17 @@ def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, da
     cpu = m["device_type"] != "cuda"
     measured = f"measured: `{command}` on {host} ({date})"
     peaks = _peaks(m, cpu)
+    alone = dict(peaks)
     concurrent = (comm or {}).get("gemm_concurrent") if cpu else None
     if concurrent:      # the slowest process's rate while all compute at once (executor/profile_comm.py)
         peaks[max(peaks, key=peaks.get)] = statistics.median(r["tflops"] for r in concurrent)
     first = max(peaks, key=peaks.get)
     attn = m["attention"].get(first, {})
-    attn_eff = min(1.0, attn.get("tflops", 0.0) / peaks[first]) if peaks[first] else 0.5
+    # attention over the GEMM rate measured as it was (one process, moments apart), so that the
+    # fraction holds under the concurrent peak too: the machine's speed swings by tens of percent
+    # within seconds (executor/profile_comm.py _concurrent_gemm), and a ratio of rates measured in
+    # different conditions carried that swing (0.31-0.55 over four quick profiles in a row, 2026-11-23)
+    attn_eff = min(1.0, attn.get("tflops", 0.0) / alone[first]) if alone[first] else 0.5
     link, latency, comm_src = _collective_fields(comm, m)
     threads = m["threads"]
     dev_name = f"CPU process ({threads} thread{'s' if threads != 1 else ''})" if cpu else m["device"]["name"]
@@ -130,7 +137,8 @@ def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, da
                  f"{best['m']}x{best['n']}x{best['k']} {best['tflops'] * 1e3:.1f})" if cpu else
                  f"GEMM {best['m']}x{best['n']}x{best['k']} {best['dtype']}: {best['tflops'] * 1e3:.1f} GFLOP/s")
     gpu_src = f"{measured}: {gemm_text}; copy {m['copy']['GBps']:.1f} GB/s"
-    attn_src = f"{measured}: causal SDPA {first} fwd+bwd {_attn_text(attn)} over the GEMM peak"
+    attn_src = (f"{measured}: causal SDPA {first} fwd+bwd {_attn_text(attn)} over the GEMM rate of one process"
+                f" ({alone[first] * 1e3:.1f} GFLOP/s)")
     reserved_src = measured + (": resident memory of a rank after init_process_group" if comm
                                else ": no process group started (--nproc 1)")
     kernel_lines = [
