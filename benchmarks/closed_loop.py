@@ -16,18 +16,14 @@
    and the interleaved schedule, context parallelism, every recompute policy (none, selective, op,
    full, offload, every-2), micro-batch 1-4, and the planner's own choice with nothing fixed.
 3. Runs each (`meshplan run --steps N`), --rounds times over the grid, every other round in
-   reverse order so that a slow drift of the machine does not fall on the same plans. A plan's
-   measured step is its fastest steady step over all its runs (after the first two, which
+   reverse order so that a slow drift of the machine does not fall on the same plans: a plan's
+   measured step is the median of its steady steps over all its runs (after the first two, which
    initialise and rebuild DDP's buckets, and without the instrumented one: executor/train.py
-   ``steady_times``): the machine without its neighbours, as every figure of the profile is a best
-   of several timings spread over the measurement (the interference only ever slows a step: in
-   two rounds of the grid the same plan's median step differed by a median 16%, its fastest by 8%;
-   2026-11-23, 23:20-00:00). The median is kept and printed beside it. How far a plan's runs lie
-   apart (``repeat_spread``) is the noise of the measurement itself. Memory, which repeats
-   exactly, is per rank the most the instrumented step had allocated at once
-   (executor/measure.py AllocationPeak: the profiler's CPU allocation events on top of the model
-   states alive when the step began) against the predicted per-stage total without the runtime
-   reserve (which no allocator counter sees).
+   ``steady_times``), and how far its runs' medians lie apart (``repeat_spread``) is the noise of
+   the measurement itself. Memory, which repeats exactly, is per rank the most the instrumented
+   step had allocated at once (executor/measure.py AllocationPeak: the profiler's CPU allocation
+   events on top of the model states alive when the step began) against the predicted per-stage
+   total without the runtime reserve (which no allocator counter sees).
 4. Prints predicted against measured step time and memory, their errors, the noise (the spread
    of a plan's repeated measurements and of its predictions from the profiles around its runs),
    the rank correlation of step times (Spearman), and how the planner's own choice compares with
@@ -163,8 +159,7 @@ def main() -> int:
     plans: dict[str, dict] = {}          # planned once, against the profile before the plan's first run
     runs: dict[str, list[dict]] = {n: [] for n in names}
     failures = []
-    print(f"{'round':<5} {'plan':<18} {'before/after s':>14} {'fastest s':>10} {'median s':>9}  {'spread of steps':>15}",
-          flush=True)
+    print(f"{'round':<5} {'plan':<18} {'before/after s':>14} {'measured s':>10}  {'spread of steps':>15}", flush=True)
     for round_ in range(args.rounds):
         for name in (names if round_ % 2 == 0 else names[::-1]):
             if any(f["name"] == name for f in failures):
@@ -191,25 +186,22 @@ def main() -> int:
             times = steady_times(out["step_times_s"], out["instrumented_step"])
             run = {"round": round_, "predicted_before_s": before_s,
                    "predicted_after_s": predicted_step_s(doc, profile, model), "steady_s": times,
-                   "measured_step_s": min(times), "median_step_s": statistics.median(times),
-                   "step_times_s": out["step_times_s"],
+                   "measured_step_s": statistics.median(times), "step_times_s": out["step_times_s"],
                    "profile_gemm_tflops": load_cluster(str(profile), 2).device.peak("fp32") / 1e12,
                    "memory_per_rank": [measured_bytes(r) for r in out["memory_per_rank_bytes"]]}
             runs[name].append(run)
             print(f"{round_:<5} {name:<18} {before_s:>6.2f}/{run['predicted_after_s']:<7.2f} "
-                  f"{run['measured_step_s']:>10.3f} {run['median_step_s']:>9.3f}  {100 * spread(times):>14.0f}%",
-                  flush=True)
+                  f"{run['measured_step_s']:>10.3f}  {100 * spread(times):>14.0f}%", flush=True)
     rows = []
-    print(f"\n{'plan':<18} {'predicted s':>11} {'fastest s':>10} {'error':>7} {'repeat':>7} {'median s':>9} "
-          f"{'error':>7}   {'pred MiB':>8} {'meas MiB':>8} {'error':>7}  config")
+    print(f"\n{'plan':<18} {'predicted s':>11} {'measured s':>10} {'error':>7} {'repeat':>7}   {'pred MiB':>8} "
+          f"{'meas MiB':>8} {'error':>7}  config")
     for name in names:
         if not runs[name]:
             continue
         doc, done = plans[name], runs[name]
         predictions = [r[k] for r in done for k in ("predicted_before_s", "predicted_after_s")]
         predicted_s = statistics.mean(predictions)
-        measured_s = min(t for r in done for t in r["steady_s"])
-        median_s = statistics.median(t for r in done for t in r["steady_s"])
+        measured_s = statistics.median(t for r in done for t in r["steady_s"])
         stages = doc["estimate"]["memory_per_stage_bytes"]
         # the most loaded rank of each: what `fits` is decided on; memory repeats exactly, the first run's
         predicted_mem = max(s["total"] - s["reserve"] for s in stages)
@@ -219,15 +211,13 @@ def main() -> int:
                   f"{c['schedule']} v{c['vpp']} sp {'on' if c['sequence_parallel'] else 'off'} rc {c['recompute']}")
         row = {"name": name, "config": config, "predicted_step_s": predicted_s,
                "predicted_spread": spread(predictions), "measured_step_s": measured_s,
-               "median_step_s": median_s, "median_step_error": median_s / predicted_s - 1,
                "measured_by_round_s": [r["measured_step_s"] for r in done],
                "repeat_spread": spread([r["measured_step_s"] for r in done]) if len(done) > 1 else None,
                "step_error": measured_s / predicted_s - 1, "predicted_peak_bytes": predicted_mem,
                "measured_peak_bytes": measured_mem, "peak_error": measured_mem / predicted_mem - 1, "runs": done}
         rows.append(row)
         repeat = f"{100 * row['repeat_spread']:>6.0f}%" if row["repeat_spread"] is not None else f"{'-':>7}"
-        print(f"{name:<18} {predicted_s:>11.3f} {measured_s:>10.3f} {100 * row['step_error']:>+6.1f}% {repeat} "
-              f"{median_s:>9.3f} {100 * row['median_step_error']:>+6.1f}%   "
+        print(f"{name:<18} {predicted_s:>11.3f} {measured_s:>10.3f} {100 * row['step_error']:>+6.1f}% {repeat}   "
               f"{predicted_mem / 2**20:>8.1f} {measured_mem / 2**20:>8.1f} {100 * row['peak_error']:>+6.1f}%  "
               f"{config}", flush=True)
     summary = {}
@@ -240,18 +230,13 @@ def main() -> int:
         summary = {"step_within_10pct": within("step_error"), "memory_within_10pct": within("peak_error"),
                    "plans": len(rows), "rank_correlation": rho,
                    "median_abs_step_error": statistics.median(abs(r["step_error"]) for r in rows),
-                   "median_abs_median_step_error": statistics.median(abs(r["median_step_error"]) for r in rows),
-                   "median_rank_correlation": spearman([r["predicted_step_s"] for r in rows],
-                                                       [r["median_step_s"] for r in rows]),
                    "median_repeat_spread": statistics.median(repeats) if repeats else None,
                    "median_predicted_spread": statistics.median(r["predicted_spread"] for r in rows)}
         print(f"\nstep time within 10%: {summary['step_within_10pct']} of {len(rows)} (median error "
               f"{100 * summary['median_abs_step_error']:.1f}%); memory within 10%: {summary['memory_within_10pct']} "
-              f"of {len(rows)}; rank correlation {rho:+.2f} (of the median steps: median error "
-              f"{100 * summary['median_abs_median_step_error']:.1f}%, rank correlation "
-              f"{summary['median_rank_correlation']:+.2f})")
+              f"of {len(rows)}; rank correlation {rho:+.2f}")
         if repeats:
-            print(f"noise: the same plan's fastest step differed between rounds by a median "
+            print(f"noise: the same plan's median step differed between rounds by a median "
                   f"{100 * summary['median_repeat_spread']:.0f}% (worst {100 * max(repeats):.0f}%); its predictions "
                   f"from the profiles around its runs by a median {100 * summary['median_predicted_spread']:.0f}%")
         if mine:

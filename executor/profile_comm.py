@@ -178,23 +178,20 @@ GEMM_SHAPES = ((512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 1
 
 
 CONCURRENT_WINDOW_S = {True: 3.0, False: 5.0}     # seconds per shape: --quick, full
-CONCURRENT_CHUNK_S = 0.25                          # the window is timed in chunks of this length
 
 
 def _concurrent_gemm(dist, torch, device, quick: bool) -> list[dict] | None:
     """GEMM rates while every process of the host runs GEMMs at once, as the ranks of a training job
     compute side by side on shared cores, caches and memory (a CPU; a GPU's processes do not share its
-    compute): per shape, each rank runs products for ``CONCURRENT_WINDOW_S`` seconds, timed in chunks
-    of ``CONCURRENT_CHUNK_S``, and its rate is its fastest chunk's (FLOPs over the chunk's time: a
-    sum of products, as a step's GEMM time is), the machine without interference as every other
-    figure of the profile is a best of several timings (planner/trace/profile_device.py);
-    ``tflops`` is the slowest rank's, which paces every rank of a synchronous step (as ``_timed``
-    and ``_contention`` take the slowest rank), ``tflops_mean`` the mean over the ranks. On the
-    2-core VM the two ranks' GEMMs differed by 8-18% within one training step (torch.profiler,
-    2026-11-23), and one rank's 1024^3 rate over successive half seconds ranged from 43 to 81
-    GFLOP/s while the other's stayed at 71-82 (/tmp/gemm_noise.py, 2026-11-23): the median over a
-    single half-second window, as this took before, ranged 48-64 GFLOP/s over four quick profiles in
-    a row. Several seconds of chunks hold some the neighbours leave alone."""
+    compute): per shape, each rank's products over a window of ``CONCURRENT_WINDOW_S`` seconds, its
+    rate their FLOPs over their total time (a step's GEMM time is a sum, so its slow products count
+    as much as its fast ones); ``tflops`` is the slowest rank's, which paces every rank of a
+    synchronous step (as ``_timed`` and ``_contention`` take the slowest rank), ``tflops_mean`` the
+    mean over the ranks. On the 2-core VM the two ranks' GEMMs differed by 8-18% within one training
+    step (torch.profiler, 2026-11-23), and one rank's 1024^3 rate over successive half seconds ranged
+    from 43 to 81 GFLOP/s while the other's stayed at 71-82 (/tmp/gemm_noise.py, 2026-11-23): a
+    half-second window is a sample of that swing, the median of four quick profiles in a row ranged
+    48-64 GFLOP/s, so the window is several seconds."""
     if device.type == "cuda":
         return None
     rows = []
@@ -203,19 +200,16 @@ def _concurrent_gemm(dist, torch, device, quick: bool) -> list[dict] | None:
         a, b = torch.randn(m, k), torch.randn(k, n)
         a @ b
         dist.barrier()
-        best, start = 0.0, time.perf_counter()
-        while time.perf_counter() - start < window:
-            count, t0 = 0, time.perf_counter()
-            while time.perf_counter() - t0 < CONCURRENT_CHUNK_S or count < 2:
-                a @ b
-                count += 1
-            best = max(best, 2.0 * m * n * k * count / (time.perf_counter() - t0))
-        total, slowest = (torch.tensor([best], dtype=torch.float64) for _ in range(2))
+        count, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < window or count < 3:
+            a @ b
+            count += 1
+        rate = 2.0 * m * n * k * count / (time.perf_counter() - t0)
+        total, slowest = (torch.tensor([rate], dtype=torch.float64) for _ in range(2))
         dist.all_reduce(total)
         dist.all_reduce(slowest, op=dist.ReduceOp.MIN)
         rows.append({"m": m, "n": n, "k": k, "tflops": slowest.item() / 1e12,
-                     "tflops_mean": total.item() / dist.get_world_size() / 1e12, "window_s": window,
-                     "chunk_s": CONCURRENT_CHUNK_S})
+                     "tflops_mean": total.item() / dist.get_world_size() / 1e12, "window_s": window})
     return rows
 
 

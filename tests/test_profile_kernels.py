@@ -44,11 +44,11 @@ def test_time_per_call_keeps_the_fastest_of_its_timings(monkeypatch):
 
 
 
-def test_eager_kernels_on_a_cpu_take_the_best_of_passes(monkeypatch):
-    """Each kernel is timed once per pass over all of them, and its figure is its fastest pass: a
-    kernel that ran slow in four of five passes keeps the time of the quiet one."""
+def test_eager_kernels_on_a_cpu_take_the_median_over_passes(monkeypatch):
+    """Each kernel is timed once per pass over all of them, and its figure is the median of its
+    passes: a kernel that ran slow in two of five passes keeps its typical time."""
     seen: dict[int, int] = {}
-    slow_passes = {0, 1, 3, 4}
+    slow_passes = {1, 3}
 
     def fake_time_per_call(fn, device, repeat, min_s=2e-3, graph=False):
         n = seen[id(fn)] = seen.get(id(fn), 0) + 1

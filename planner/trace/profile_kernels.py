@@ -26,6 +26,7 @@ on CUDA. Imports torch lazily, like the rest of ``meshplan profile``.
 """
 from __future__ import annotations
 
+import statistics
 import time
 from contextlib import nullcontext
 
@@ -270,12 +271,11 @@ def eager_kernels(device: str, tokens: int, hidden: int, vocab: int, repeat: int
     }
     rows = []
     # a GPU repeats a kernel to within a percent: the best of ``repeat``. A CPU shared with other
-    # processes swings by tens of percent for seconds at a time (executor/profile_comm.py
-    # _concurrent_gemm), and the best of three 2 ms timings in a row sampled one moment of that (one
+    # processes swings by tens of percent within seconds (executor/profile_comm.py
+    # _concurrent_gemm), which the best of three 2 ms timings in a row sampled at one moment (one
     # class's rate ranged 4.5-23 GB/s over four quick profiles in a row, 2026-11-23): there every
     # kernel's best of ``repeat`` is taken once per pass over all of them, and its figure is the
-    # best over the passes, spread across the whole measurement (the machine without interference,
-    # as every figure of the profile).
+    # median over the passes, spread across the whole measurement.
     passes = 1 if device.startswith("cuda") else CPU_EAGER_PASSES
     times: dict[str, list[float]] = {name: [] for name in cases}
     errors: dict[str, str] = {}
@@ -291,7 +291,7 @@ def eager_kernels(device: str, tokens: int, hidden: int, vocab: int, repeat: int
         if name in errors:
             rows.append({"kernel": name, "error": errors[name]})
             continue
-        s_ = min(times[name])
+        s_ = statistics.median(times[name])
         rows.append({"kernel": name, "bytes": int(nbytes), "seconds": s_, "GBps": nbytes / s_ / 1e9})
     for name, norm in (("layer_norm_fp32_bwd", lambda a: F.layer_norm(a, (h,), wg, wg)),
                        ("rms_norm_fp32_bwd", lambda a: F.rms_norm(a, (h,), wg))):
