@@ -27,8 +27,11 @@
 4. Prints predicted against measured step time and memory, their errors, the noise (the spread
    of a plan's repeated measurements and of its predictions from the profiles around its runs),
    the rank correlation of step times (Spearman), and how the planner's own choice compares with
-   the measured fastest plan. Writes them to --out (benchmarks/results/closed_loop.json), which
-   benchmarks/accuracy.py summarises into each CPU plan's error band.
+   the measured fastest plan. Beside each error: the rate the instrumented step's matrix products
+   ran at (executor/measure.py gemm_achieved, the slowest rank) over the profiles' GEMM rate, which
+   tells the machine's speed (and the shapes') from the rest of the model. Writes them to --out
+   (benchmarks/results/closed_loop.json), which benchmarks/accuracy.py summarises into each CPU
+   plan's error band.
 
 It asserts nothing: the errors are what they are. The machine must be otherwise idle: the
 profile and the runs share its cores. About 35 minutes with the defaults on the 2-core VM.
@@ -127,6 +130,11 @@ def profile_now(path: Path, quick: bool, cwd: Path) -> Path:
     return path
 
 
+def gemm_tflops(profile: Path) -> float:
+    """The profile's GEMM rate (its fp32 peak: on a CPU the concurrent rate of the slowest process)."""
+    return load_cluster(str(profile), 2).device.peak("fp32") / 1e12
+
+
 def spread(values: list[float]) -> float:
     """The largest over the smallest, less 1: how far apart repeated figures of one thing are."""
     return max(values) / min(values) - 1
@@ -173,6 +181,7 @@ def main() -> int:
             plan_path = tmp / "plan.json"
             plan_path.write_text(json.dumps(doc))
             before_s = predicted_step_s(doc, profile, model)
+            before_gemm = gemm_tflops(profile)
             try:
                 meshplan("run", "--plan", str(plan_path), "--model", model.name, "--steps", str(args.steps),
                          "--out", str(tmp / "measured.json"), cwd=tmp)
@@ -187,14 +196,17 @@ def main() -> int:
             run = {"round": round_, "predicted_before_s": before_s,
                    "predicted_after_s": predicted_step_s(doc, profile, model), "steady_s": times,
                    "measured_step_s": statistics.median(times), "step_times_s": out["step_times_s"],
-                   "profile_gemm_tflops": load_cluster(str(profile), 2).device.peak("fp32") / 1e12,
+                   "profile_gemm_tflops": (before_gemm + gemm_tflops(profile)) / 2,
+                   # the slowest rank's products in the instrumented step (executor/measure.py gemm_achieved)
+                   "run_gemm_tflops": min(g["tflops"] for g in out["gemm_per_rank"]) if out.get("gemm_per_rank")
+                   else None,
                    "memory_per_rank": [measured_bytes(r) for r in out["memory_per_rank_bytes"]]}
             runs[name].append(run)
             print(f"{round_:<5} {name:<18} {before_s:>6.2f}/{run['predicted_after_s']:<7.2f} "
                   f"{run['measured_step_s']:>10.3f}  {100 * spread(times):>14.0f}%", flush=True)
     rows = []
-    print(f"\n{'plan':<18} {'predicted s':>11} {'measured s':>10} {'error':>7} {'repeat':>7}   {'pred MiB':>8} "
-          f"{'meas MiB':>8} {'error':>7}  config")
+    print(f"\n{'plan':<18} {'predicted s':>11} {'measured s':>10} {'error':>7} {'repeat':>7} {'GEMM run/prof':>13}   "
+          f"{'pred MiB':>8} {'meas MiB':>8} {'error':>7}  config")
     for name in names:
         if not runs[name]:
             continue
@@ -214,10 +226,17 @@ def main() -> int:
                "measured_by_round_s": [r["measured_step_s"] for r in done],
                "repeat_spread": spread([r["measured_step_s"] for r in done]) if len(done) > 1 else None,
                "step_error": measured_s / predicted_s - 1, "predicted_peak_bytes": predicted_mem,
-               "measured_peak_bytes": measured_mem, "peak_error": measured_mem / predicted_mem - 1, "runs": done}
+               "measured_peak_bytes": measured_mem, "peak_error": measured_mem / predicted_mem - 1,
+               # the rate the step's products ran at over the profiles' around the runs: below 1, the
+               # machine (or the shapes) ran the GEMMs slower than the profile said
+               "gemm_run_over_profile": statistics.mean(r["run_gemm_tflops"] / r["profile_gemm_tflops"]
+                                                        for r in done) if all(r["run_gemm_tflops"] for r in done)
+               else None, "runs": done}
         rows.append(row)
         repeat = f"{100 * row['repeat_spread']:>6.0f}%" if row["repeat_spread"] is not None else f"{'-':>7}"
-        print(f"{name:<18} {predicted_s:>11.3f} {measured_s:>10.3f} {100 * row['step_error']:>+6.1f}% {repeat}   "
+        ratio = row["gemm_run_over_profile"]
+        ratio = f"{ratio:>13.2f}" if ratio is not None else f"{'-':>13}"
+        print(f"{name:<18} {predicted_s:>11.3f} {measured_s:>10.3f} {100 * row['step_error']:>+6.1f}% {repeat} {ratio}   "
               f"{predicted_mem / 2**20:>8.1f} {measured_mem / 2**20:>8.1f} {100 * row['peak_error']:>+6.1f}%  "
               f"{config}", flush=True)
     summary = {}

@@ -201,13 +201,16 @@ class AllocationPeak:
 
     def __init__(self):
         self.peak_bytes = 0
+        self.gemm: dict | None = None
 
     @contextmanager
     def track(self):
         from torch.profiler import ProfilerActivity, profile
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, with_flops=True) as prof:
             yield self
-        self.peak_bytes = allocation_peak(prof.profiler.kineto_results.events())
+        events = prof.profiler.kineto_results.events()
+        self.peak_bytes = allocation_peak(events)
+        self.gemm = gemm_achieved(events)
 
 
 def allocation_peak(events) -> int:
@@ -220,3 +223,29 @@ def allocation_peak(events) -> int:
         running += e.nbytes()
         peak = max(peak, running)
     return peak
+
+
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def gemm_achieved(events) -> dict | None:
+    """The step's matrix products as they ran: their FLOPs (the profiler's count from the input
+    shapes, ``with_flops``: 2 m n k per product) over their time, innermost calls only (a DTensor's
+    product shows as an outer ``aten::mm`` around the local one that does the work). Beside the
+    profile's GEMM rate it tells how much of a step's error is the machine running at another speed
+    than when it was profiled, and how much the model; None if the step ran no product."""
+    by_thread: dict[int, list] = {}
+    for e in events:
+        if e.name() in GEMM_OPS and e.device_type() == torch.autograd.DeviceType.CPU:
+            by_thread.setdefault(e.start_thread_id(), []).append(e)
+    flops = ns = 0
+    for calls in by_thread.values():
+        calls.sort(key=lambda e: e.start_ns())
+        for this, after in zip(calls, calls[1:] + [None]):
+            if after is not None and after.start_ns() < this.end_ns():
+                continue                # it contains the next product: an outer call
+            flops += this.flops()
+            ns += this.duration_ns()
+    if not ns or not flops:
+        return None
+    return {"flops": flops, "seconds": ns / 1e9, "tflops": flops / ns / 1e3}

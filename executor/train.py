@@ -230,16 +230,19 @@ def write_grads(job: Job, path: str) -> None:
 
 
 def _memory(job: Job, meter: SavedTensorMeter, gathered_bytes: int, grads_bytes: tuple[int, int],
-            host_peak: int | None) -> dict:
+            host_peak: int | None, gemm: dict | None = None) -> dict:
     """This rank's bytes by category (see executor/measure.py for how each is counted); ``host``:
-    what optimizer offload keeps in host memory (parameters, gradients, optimizer states)."""
+    what optimizer offload keeps in host memory (parameters, gradients, optimizer states); ``gemm``:
+    the step's matrix products as they ran on the CPU (executor/measure.py gemm_achieved), which
+    measured_json moves out of the memory into ``gemm_per_rank``."""
     host = {"params": param_bytes(job.trained, host=True), "grads": grads_bytes[1],
             "optimizer": sum(optimizer_bytes(o, job.trained, host=True) for o in job.optimizers)}
     return {"rank": dist.get_rank(), "pp_rank": job.pp_rank, "params": param_bytes(job.trained),
             "params_gathered": gathered_bytes, "grads": grads_bytes[0],
             "optimizer": sum(optimizer_bytes(o, job.trained) for o in job.optimizers), "activations": meter.peak_bytes,
             "host": host,
-            "peak_allocated": torch.cuda.max_memory_allocated(job.device) if job.device.type == "cuda" else host_peak}
+            "peak_allocated": torch.cuda.max_memory_allocated(job.device) if job.device.type == "cuda" else host_peak,
+            "gemm": gemm}
 
 
 def _measured_step(job: Job, step: int, dump_grads: str | None) -> tuple[float, dict]:
@@ -279,7 +282,7 @@ def _measured_step(job: Job, step: int, dump_grads: str | None) -> tuple[float, 
         for o, fn in zip(job.optimizers, original_step):
             o.step = fn
     return loss, _memory(job, meter, gathered[0], (max(grads[0][0], unsharded[0]), grads[0][1]),
-                         None if peak is None else start + peak.peak_bytes)
+                         None if peak is None else start + peak.peak_bytes, None if peak is None else peak.gemm)
 
 
 def _resume(job: Job, options: RunOptions) -> tuple[int, list[float]]:
@@ -369,6 +372,8 @@ def measured_json(plan: RunPlan, options: RunOptions, device: torch.device, star
     """measured.json: what happened, next to what the plan predicted. ``instrumented``: which of
     ``times`` ran with the memory counters (``instrumented_step``)."""
     steady = steady_times(times, instrumented)
+    per_rank = [dict(r) for r in per_rank]
+    gemm = [r.pop("gemm", None) for r in per_rank]
     return {
         "plan": plan.source, "world_size": dist.get_world_size(), "device": device.type,
         "backend": dist.get_backend(), "seed": options.seed, "first_step": start, "steps": len(losses),
@@ -376,6 +381,8 @@ def measured_json(plan: RunPlan, options: RunOptions, device: torch.device, star
         "instrumented_step": instrumented,
         "resumed_from": start, "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
         "memory_per_rank_bytes": per_rank,
+        # the instrumented step's matrix products per rank on the CPU (executor/measure.py gemm_achieved)
+        "gemm_per_rank": gemm if any(g is not None for g in gemm) else None,
         "predicted": {"step_time_s": plan.estimate.get("step_time_s"),
                       "memory_per_gpu_bytes": plan.estimate.get("memory_per_gpu_bytes"),
                       "memory_per_stage_bytes": plan.estimate.get("memory_per_stage_bytes")},

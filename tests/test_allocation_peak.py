@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import torch
 
-from executor.measure import AllocationPeak, allocation_peak
+from executor.measure import AllocationPeak, allocation_peak, gemm_achieved
 from executor.train import instrumented_step, steady_times
 
 CPU = torch.autograd.DeviceType.CPU
@@ -43,3 +43,29 @@ def test_steady_times_leave_out_the_first_two_and_the_instrumented_step():
     assert steady_times([9.0, 5.0, 2.0], 1) == [2.0]
     assert steady_times([9.0, 5.0], 1) == [9.0]
     assert steady_times([9.0], 0) == [9.0]
+
+
+def _call(name: str, start: int, end: int, flops: int, thread: int = 1, device=CPU):
+    return SimpleNamespace(name=lambda: name, start_ns=lambda: start, end_ns=lambda: end,
+                           duration_ns=lambda: end - start, flops=lambda: flops,
+                           start_thread_id=lambda: thread, device_type=lambda: device)
+
+
+def test_achieved_gemm_counts_the_innermost_products_only():
+    # a DTensor product: an outer aten::mm over 0-100 ns around the local one over 10-90 ns, which
+    # alone counts (1000 FLOPs in 80 ns); an addmm beside it over 200-300 ns (500 FLOPs); on another
+    # thread a bmm over 50-70 ns (300 FLOPs); other ops and other devices do not count
+    events = [_call("aten::addmm", 200, 300, 500), _call("aten::mm", 0, 100, 1000), _call("aten::mm", 10, 90, 1000),
+              _call("aten::bmm", 50, 70, 300, thread=2), _call("aten::add", 0, 1000, 7),
+              _call("aten::mm", 400, 500, 9999, device=torch.autograd.DeviceType.CUDA)]
+    got = gemm_achieved(events)
+    assert got["flops"] == 1800 and got["seconds"] == 200e-9
+    assert got["tflops"] == 1800 / 200e-9 / 1e12
+    assert gemm_achieved([_call("aten::add", 0, 10, 0)]) is None
+
+
+def test_the_profiler_counts_a_step_s_products():
+    a, b, w = torch.randn(64, 32), torch.randn(32, 48), torch.randn(16, 48)
+    with AllocationPeak().track() as peak:
+        torch.nn.functional.linear(a @ b, w)             # 2*64*32*48 and 2*64*48*16 FLOPs
+    assert peak.gemm["flops"] == 2 * 64 * 32 * 48 + 2 * 64 * 48 * 16 and peak.gemm["seconds"] > 0

@@ -32,6 +32,10 @@ def test_run_json_summary_has_losses_step_time_and_memory(gpt_run):
     measured = json.loads((tmp / "measured.json").read_text())
     assert measured["losses"] == summary["losses"] and measured["world_size"] == 2
     assert measured["predicted"]["step_time_s"] > 0
+    # the instrumented step's matrix products on each CPU rank, apart from the memory
+    assert len(measured["gemm_per_rank"]) == 2 and all(g["flops"] > 0 and g["tflops"] > 0
+                                                       for g in measured["gemm_per_rank"])
+    assert all("gemm" not in r for r in measured["memory_per_rank_bytes"])
 
 
 def test_run_prints_predicted_against_measured(tmp_path):
