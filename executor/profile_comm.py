@@ -189,7 +189,8 @@ def _concurrent_gemm(dist, torch, device, quick: bool) -> list[dict] | None:
     synchronous step (as ``_timed`` and ``_contention`` take the slowest rank), ``tflops_mean`` the
     mean over the ranks. On the 2-core VM the two ranks' GEMMs differed by 8-18% within one training
     step (torch.profiler, 2026-11-23), and one rank's 1024^3 rate over successive half seconds ranged
-    from 43 to 81 GFLOP/s while the other's stayed at 71-82 (/tmp/gemm_noise.py, 2026-11-23): a
+    from 43 to 81 GFLOP/s while the other's stayed at 71-82 (two processes, one thread each, timing
+    1024^3 fp32 products in successive half-second windows for 40 s, 2026-11-23): a
     half-second window is a sample of that swing, the median of four quick profiles in a row ranged
     48-64 GFLOP/s, so the window is several seconds."""
     if device.type == "cuda":
