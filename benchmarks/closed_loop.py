@@ -98,17 +98,11 @@ def meshplan(*args: str, cwd: Path) -> str:
     return done.stdout
 
 
-MEASURED = ("params", "params_gathered", "grads", "optimizer", "activations")
-
-
 def measured_bytes(rank: dict) -> float:
     """What one rank allocated at its peak: ``peak_allocated`` (on the CPU the profiler's allocation
     events over the instrumented step, on top of the model states alive when it began;
-    executor/measure.py AllocationPeak), or where a run has none, the executor's counters by
-    category (model states, gathered parameter copies, the peak of the tensors saved for backward)."""
-    if rank.get("peak_allocated") is not None:
-        return rank["peak_allocated"]
-    return sum(rank.get(k) or 0 for k in MEASURED)
+    executor/measure.py AllocationPeak)."""
+    return rank["peak_allocated"]
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:

@@ -230,24 +230,22 @@ def write_grads(job: Job, path: str) -> None:
 
 
 def _memory(job: Job, meter: SavedTensorMeter, gathered_bytes: int, grads_bytes: tuple[int, int],
-            host_peak: int | None, gemm: dict | None = None) -> dict:
+            host_peak: int | None) -> dict:
     """This rank's bytes by category (see executor/measure.py for how each is counted); ``host``:
-    what optimizer offload keeps in host memory (parameters, gradients, optimizer states); ``gemm``:
-    the step's matrix products as they ran on the CPU (executor/measure.py gemm_achieved), which
-    measured_json moves out of the memory into ``gemm_per_rank``."""
+    what optimizer offload keeps in host memory (parameters, gradients, optimizer states)."""
     host = {"params": param_bytes(job.trained, host=True), "grads": grads_bytes[1],
             "optimizer": sum(optimizer_bytes(o, job.trained, host=True) for o in job.optimizers)}
     return {"rank": dist.get_rank(), "pp_rank": job.pp_rank, "params": param_bytes(job.trained),
             "params_gathered": gathered_bytes, "grads": grads_bytes[0],
             "optimizer": sum(optimizer_bytes(o, job.trained) for o in job.optimizers), "activations": meter.peak_bytes,
             "host": host,
-            "peak_allocated": torch.cuda.max_memory_allocated(job.device) if job.device.type == "cuda" else host_peak,
-            "gemm": gemm}
+            "peak_allocated": torch.cuda.max_memory_allocated(job.device) if job.device.type == "cuda" else host_peak}
 
 
-def _measured_step(job: Job, step: int, dump_grads: str | None) -> tuple[float, dict]:
+def _measured_step(job: Job, step: int, dump_grads: str | None) -> tuple[float, dict, dict | None]:
     """One step, instrumented: saved tensors through hooks, FSDP's gathered parameters at the end of
-    each forward, gradients before the optimizer step."""
+    each forward, gradients before the optimizer step. (loss, memory by category, on the CPU the
+    step's matrix products as they ran: executor/measure.py gemm_achieved)."""
     meter = SavedTensorMeter(job.trained)
     gathered, unsharded = [0], [0]
 
@@ -282,7 +280,7 @@ def _measured_step(job: Job, step: int, dump_grads: str | None) -> tuple[float, 
         for o, fn in zip(job.optimizers, original_step):
             o.step = fn
     return loss, _memory(job, meter, gathered[0], (max(grads[0][0], unsharded[0]), grads[0][1]),
-                         None if peak is None else start + peak.peak_bytes, None if peak is None else peak.gemm)
+                         None if peak is None else start + peak.peak_bytes), None if peak is None else peak.gemm
 
 
 def _resume(job: Job, options: RunOptions) -> tuple[int, list[float]]:
@@ -321,7 +319,7 @@ def run(plan: RunPlan, options: RunOptions) -> dict:
     start, done_losses = _resume(job, options)
     end = options.steps if options.checkpoint_dir else start + options.steps
     measure_at = start + instrumented_step(end - start)
-    losses, times, memory = [], [], None
+    losses, times, memory, gemm = [], [], None, None
     rank = dist.get_rank()
     for step in range(start, end):
         faults.inject("kill", rank=rank, step=step)
@@ -330,7 +328,7 @@ def run(plan: RunPlan, options: RunOptions) -> dict:
         t0 = time.perf_counter()
         dump = options.grads_path if step == start else None
         if step == measure_at:
-            loss, memory = _measured_step(job, step, dump)
+            loss, memory, gemm = _measured_step(job, step, dump)
         else:
             loss = train_step(job, step, dump_grads=dump)
         dist.barrier()
@@ -341,8 +339,9 @@ def run(plan: RunPlan, options: RunOptions) -> dict:
     if options.save_dir:
         ckpt.save(options.save_dir, end, job.trained, job.optimizers, tied=plan.spec.tied_embeddings)
     per_rank = [None] * dist.get_world_size()
-    dist.all_gather_object(per_rank, memory)
-    measured = measured_json(plan, options, device, start, losses, times, per_rank, measure_at - start)
+    dist.all_gather_object(per_rank, (memory, gemm))
+    measured = measured_json(plan, options, device, start, losses, times, [m for m, _ in per_rank],
+                             [g for _, g in per_rank], measure_at - start)
     if options.checkpoint_dir:      # the whole run, whichever attempt computed each step
         measured.update(first_step=0, steps=len(done_losses) + len(losses), losses=done_losses + losses)
     return measured
@@ -368,12 +367,11 @@ def steady_times(times: list[float], instrumented: int) -> list[float]:
 
 
 def measured_json(plan: RunPlan, options: RunOptions, device: torch.device, start: int, losses: list[float],
-                  times: list[float], per_rank: list[dict], instrumented: int) -> dict:
+                  times: list[float], per_rank: list[dict], gemm: list[dict | None], instrumented: int) -> dict:
     """measured.json: what happened, next to what the plan predicted. ``instrumented``: which of
-    ``times`` ran with the memory counters (``instrumented_step``)."""
+    ``times`` ran with the memory counters (``instrumented_step``); ``gemm``: each rank's matrix
+    products in it (None off the CPU)."""
     steady = steady_times(times, instrumented)
-    per_rank = [dict(r) for r in per_rank]
-    gemm = [r.pop("gemm", None) for r in per_rank]
     return {
         "plan": plan.source, "world_size": dist.get_world_size(), "device": device.type,
         "backend": dist.get_backend(), "seed": options.seed, "first_step": start, "steps": len(losses),
