@@ -173,45 +173,97 @@ def _sync_wait(dist, torch, device, quick: bool) -> dict | None:
             "coefficient": coefficient}
 
 
-# the shapes of planner/trace/profile_device.py GEMM_SHAPES (m, n, k)
-GEMM_SHAPES = ((512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 1024, 4096), (2048, 4096, 1024))
+# The products of a transformer's linears as a CPU trains it (executor/profile_comm.py
+# _concurrent_gemm): a micro-batch of LINEAR_TOKENS tokens through (in, out) widths of models a CPU
+# trains (hidden 512 and 1024; 4x MLPs up and down; a head over an 8192-entry vocabulary), each as
+# its forward x W^T, input gradient g W and weight gradient g^T x (planner/trace/profile_fit.py
+# gemm_dims). A CPU's GEMM kernels are not one rate: on the 2-core VM a head's forward
+# (1024 x 8192 x 512) ran at 71 GFLOP/s while the layers' products ran at 85-93 (two processes at
+# once, 15 s rotating over these products, 2026-11-24).
+LINEAR_TOKENS = 1024
+LINEAR_WIDTHS = ((512, 512), (512, 2048), (2048, 512), (1024, 1024), (1024, 4096), (4096, 1024),
+                 (512, 8192), (1024, 8192))
+LINEAR_WIDTHS_QUICK = ((512, 512), (512, 2048), (2048, 512), (512, 8192))
+CONCURRENT_WINDOW_S = {True: 6.0, False: 12.0}     # seconds over all the products: --quick, full
 
 
-CONCURRENT_WINDOW_S = {True: 3.0, False: 5.0}     # seconds per shape: --quick, full
+def linear_products(torch, tokens: int, widths) -> list[tuple[dict, object, float]]:
+    """(row, product, FLOPs) for each of a linear's three products at each (in, out) width; the row
+    holds the product's (m, n, k) (an (m x k) @ (k x n)) and its kind."""
+    out = []
+    for i, o in widths:
+        x, w, g = torch.randn(tokens, i), torch.randn(o, i), torch.randn(tokens, o)
+        flops = 2.0 * tokens * i * o
+        for kind, fn, (m, n, k) in (("fwd", lambda x=x, w=w: x @ w.t(), (tokens, o, i)),
+                                    ("dgrad", lambda g=g, w=w: g @ w, (tokens, i, o)),
+                                    ("wgrad", lambda g=g, x=x: g.t() @ x, (o, i, tokens))):
+            out.append(({"m": m, "n": n, "k": k, "kind": kind}, fn, flops))
+    return out
 
 
 def _concurrent_gemm(dist, torch, device, quick: bool) -> list[dict] | None:
     """GEMM rates while every process of the host runs GEMMs at once, as the ranks of a training job
     compute side by side on shared cores, caches and memory (a CPU; a GPU's processes do not share its
-    compute): per shape, each rank's products over a window of ``CONCURRENT_WINDOW_S`` seconds, its
-    rate their FLOPs over their total time (a step's GEMM time is a sum, so its slow products count
-    as much as its fast ones); ``tflops`` is the slowest rank's, which paces every rank of a
-    synchronous step (as ``_timed`` and ``_contention`` take the slowest rank), ``tflops_mean`` the
-    mean over the ranks. On the 2-core VM the two ranks' GEMMs differed by 8-18% within one training
-    step (torch.profiler, 2026-11-23), and one rank's 1024^3 rate over successive half seconds ranged
-    from 43 to 81 GFLOP/s while the other's stayed at 71-82 (two processes, one thread each, timing
-    1024^3 fp32 products in successive half-second windows for 40 s, 2026-11-23): a
-    half-second window is a sample of that swing, the median of four quick profiles in a row ranged
-    48-64 GFLOP/s, so the window is several seconds."""
+    compute), at the products of a transformer's linears (``linear_products``): every rank runs them
+    in turn, round after round, for ``CONCURRENT_WINDOW_S`` seconds, and a product's rate is its FLOPs
+    over its total time in the window (a step's GEMM time is a sum, so slow calls count as much as
+    fast ones); ``tflops`` is the slowest rank's, which paces every rank of a synchronous step (as
+    ``_timed`` and ``_contention`` take the slowest rank), ``tflops_mean`` the mean over the ranks.
+    One window over all the products, not one per product: the VM's per-core speed swings by tens
+    of percent over seconds (one rank's 1024^3 rate over successive half seconds ranged 43-81
+    GFLOP/s while the other's stayed at 71-82, two processes timing for 40 s, 2026-11-23), and a
+    rotation spreads that swing over every product alike, where consecutive windows gave each
+    product a different moment of it."""
     if device.type == "cuda":
         return None
-    rows = []
+    products = linear_products(torch, LINEAR_TOKENS, LINEAR_WIDTHS_QUICK if quick else LINEAR_WIDTHS)
+    for _, fn, _ in products:
+        fn()
     window = CONCURRENT_WINDOW_S[quick]
-    for m, n, k in GEMM_SHAPES[:2] if quick else GEMM_SHAPES:
-        a, b = torch.randn(m, k), torch.randn(k, n)
-        a @ b
-        dist.barrier()
-        count, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < window or count < 3:
-            a @ b
-            count += 1
-        rate = 2.0 * m * n * k * count / (time.perf_counter() - t0)
-        total, slowest = (torch.tensor([rate], dtype=torch.float64) for _ in range(2))
-        dist.all_reduce(total)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MIN)
-        rows.append({"m": m, "n": n, "k": k, "tflops": slowest.item() / 1e12,
-                     "tflops_mean": total.item() / dist.get_world_size() / 1e12, "window_s": window})
-    return rows
+    spent = [0.0] * len(products)
+    rounds = 0
+    dist.barrier()
+    t_end = time.perf_counter() + window
+    while time.perf_counter() < t_end or rounds < 2:
+        for i, (_, fn, _) in enumerate(products):
+            t0 = time.perf_counter()
+            fn()
+            spent[i] += time.perf_counter() - t0
+        rounds += 1
+    rates = torch.tensor([f * rounds / s for (_, _, f), s in zip(products, spent)], dtype=torch.float64)
+    total, slowest = rates.clone(), rates.clone()
+    dist.all_reduce(total)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MIN)
+    return [{**row, "tflops": slowest[i].item() / 1e12, "tflops_mean": total[i].item() / dist.get_world_size() / 1e12,
+             "window_s": window, "rounds": rounds} for i, (row, _, _) in enumerate(products)]
+
+
+def _concurrent_kernels(dist, torch, quick: bool) -> dict:
+    """The memory-bound work of a step measured as the GEMMs are: every process at once (a CPU).
+    The eager elementwise kernels and the executor's AdamW step (planner/trace/profile_kernels.py
+    eager_kernels, planner/trace/profile_device.py device_adam, the same calls and sizes as the
+    one-process profile) run on every rank after a barrier, and each figure is the slowest rank's:
+    ranks stepping in data parallel run the same kernels at the same moment and share the memory
+    bus. Measured on the 2-core VM (two processes, 2026-11-24): the streaming kernels (casts, fp32
+    adds, norms) lost 25-30% of their one-process bandwidth with the other process streaming beside
+    them; the compute-bound ones (strided RoPE products, SiLU, log-softmax) kept theirs."""
+    from planner.trace.profile_device import device_adam
+    from planner.trace.profile_kernels import eager_kernels
+
+    def slowest(seconds: list[float]) -> list[float]:
+        t = torch.tensor(seconds, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
+    dist.barrier()
+    eager = eager_kernels("cpu", tokens=2048, hidden=1024, vocab=8192, logit_rows=1000)
+    times = slowest([r.get("seconds", 0.0) for r in eager])      # a kernel this torch lacks: an error row
+    eager = [{**r, "seconds": t, "GBps": r["bytes"] / t / 1e9} if "seconds" in r else r for r, t in zip(eager, times)]
+    dist.barrier()
+    adam = device_adam(quick, 3 if quick else 5)
+    (t,) = slowest([adam["seconds"]])
+    adam = {**adam, "seconds": t, "GBps": adam["GBps"] * adam["seconds"] / t}
+    return {"eager": eager, "device_adam": adam}
 
 
 def _worker(rank: int, world: int, backend: str, port: int, out: str, quick: bool, threads: int) -> None:
@@ -235,11 +287,13 @@ def _worker(rank: int, world: int, backend: str, port: int, out: str, quick: boo
             for size in (SIZES_QUICK if quick else SIZES)]
     contention = _contention(dist, torch, device, 3 if quick else 7)
     concurrent = _concurrent_gemm(dist, torch, device, quick)
+    kernels = _concurrent_kernels(dist, torch, quick) if device.type == "cpu" else None
     sync_wait = _sync_wait(dist, torch, device, quick)
     if rank == 0:
         with open(out, "w") as f:
             json.dump({"backend": backend, "world": world, "threads": threads, "reserved_bytes": reserved_t.item(),
                        "sizes": rows, "contention": contention, "gemm_concurrent": concurrent,
+                       "kernels_concurrent": kernels,
                        "sync_wait": sync_wait}, f, indent=1)
     dist.barrier()
     dist.destroy_process_group()

@@ -45,6 +45,20 @@ class Device:
                                           # kernels by class (planner.cost.eager.CLASSES); absent: HBM rate
     kernel_gap_s: float = 0.0             # GPU time between two queued kernels (issue gap)
     optimizer_bytes_per_s: float = 0.0    # AdamW as the executor steps it here, at 28 B per parameter (0: HBM)
+    gemm_shapes: tuple[tuple[int, int, int, float], ...] = ()   # measured (m, n, k, efficiency): a GEMM's
+                                          # rate is the peak times the efficiency of the nearest shape (a CPU)
+
+    def shape_efficiency(self, m: float, n: float, k: float) -> float:
+        """The measured efficiency of the ``gemm_shapes`` entry nearest to (m, n, k), by the sum of the
+        dimensions' log ratios (1.0 where none is measured)."""
+        if not self.gemm_shapes:
+            return 1.0
+        lm, ln, lk = math.log(m), math.log(n), math.log(k)
+        return min(self._log_shapes, key=lambda e: abs(e[0] - lm) + abs(e[1] - ln) + abs(e[2] - lk))[3]
+
+    @functools.cached_property
+    def _log_shapes(self) -> tuple[tuple[float, float, float, float], ...]:
+        return tuple((math.log(m), math.log(n), math.log(k), eff) for m, n, k, eff in self.gemm_shapes)
 
     def eager_bandwidth(self, kind: str) -> float:
         """Bytes per second an eager elementwise kernel of class ``kind`` streams."""
@@ -306,6 +320,18 @@ def _fused_kernels(runtime: "_Table", source: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _gemm_shapes(kernels: "_Table", source: str) -> tuple[tuple[int, int, int, float], ...]:
+    """[gpu.kernels] gemm_shapes = [[m, n, k, efficiency], ...]: measured GEMM efficiency by shape."""
+    rows = kernels.data.get("gemm_shapes", [])
+    if not isinstance(rows, list) or not all(
+            isinstance(r, list) and len(r) == 4 and all(isinstance(x, int) and not isinstance(x, bool) and x > 0
+                                                        for x in r[:3])
+            and isinstance(r[3], (int, float)) and not isinstance(r[3], bool) and 0 < r[3] <= 10 for r in rows):
+        raise UserError("must be a list of [m, n, k, efficiency] with positive integer dimensions and an "
+                        f"efficiency in (0, 10], got {rows!r}", source=source, field="gpu.kernels.gemm_shapes")
+    return tuple((r[0], r[1], r[2], float(r[3])) for r in rows)
+
+
 def _eager_bandwidths(kernels: "_Table", source: str) -> tuple[tuple[str, float], ...]:
     """[gpu.kernels] eager_GBps = { stream = ..., cast_up = ..., ... } (planner.cost.eager.CLASSES)."""
     from .cost.eager import CLASSES
@@ -358,7 +384,8 @@ def parse_cluster(data: dict, source: str) -> Cluster:
         attention_latency_s=kernels.number("attention_latency_us", allow_zero=True, default=0.0) * 1e-6,
         eager_bytes_per_s=_eager_bandwidths(kernels, source),
         kernel_gap_s=kernels.number("kernel_gap_us", allow_zero=True, default=0.0) * 1e-6,
-        optimizer_bytes_per_s=kernels.number("optimizer_GBps", allow_zero=True, default=0.0) * 1e9)
+        optimizer_bytes_per_s=kernels.number("optimizer_GBps", allow_zero=True, default=0.0) * 1e9,
+        gemm_shapes=_gemm_shapes(kernels, source))
     intra, host, net = root.table("intra_node"), root.table("host"), root.table("network")
     nics = net.integer("nics_per_node", allow_zero=True)
     return Cluster(

@@ -166,6 +166,8 @@ BAD_PROFILES = [
     (lambda t: t.replace("hbm_GBps = 2039", "hbm_GBps = -5"), ["gpu.hbm_GBps", "> 0"]),
     (lambda t: t.replace("gemm_efficiency = 0.64", "gemm_efficiency = 1.7"), ["gpu.kernels.gemm_efficiency",
                                                                               "fraction"]),
+    (lambda t: t.replace("gemm_efficiency = 0.64", "gemm_efficiency = 0.64\ngemm_shapes = [[1024, 512, 0.9]]"),
+     ["gpu.kernels.gemm_shapes", "[m, n, k, efficiency]"]),
     (lambda t: t.replace("bf16 = 312.0", "bf17 = 312.0"), ["gpu.peak_tflops.bf17", "unknown dtype"]),
     (lambda t: t.replace('fabric = "nvswitch"', 'fabric = "ethernet"'), ["intra_node.fabric", "nvswitch"]),
     (lambda t: t.replace("gpus_per_node = 8", "gpus_per_node = 8.5"), ["gpus_per_node", "integer"]),

@@ -47,6 +47,21 @@ def test_gemm_with_tiny_k_is_memory_bound():
     assert gemm_s(m, n, k, A100, "bf16") == pytest.approx(bytes_moved / (2039e9 * 0.90), rel=1e-12)
 
 
+def test_a_measured_gemm_shape_table_sets_the_rate_of_the_nearest_shape():
+    # a CPU-like device: one 'SM', 1x1 tiles, 100 GFLOP/s; a head's forward measured at 0.8 of it
+    from dataclasses import replace
+    cpu = replace(A100, peak_flops=(("fp32", 100e9),), sm_count=1, gemm_tiles=((1, 1),), gemm_efficiency=1.0,
+                  hbm_bytes_per_s=1e15, gemm_shapes=((1024, 8192, 512, 0.8), (1024, 512, 512, 1.0)))
+    flops = 2 * 1024 * 8192 * 512
+    assert gemm_s(1024, 8192, 512, cpu, "fp32") == pytest.approx(flops / 80e9, rel=1e-12)
+    # 256 tokens through the same head: log distance ln 4 to the head, ln 4 + ln 16 to the square one
+    assert gemm_s(256, 8192, 512, cpu, "fp32") == pytest.approx(flops / 4 / 80e9, rel=1e-12)
+    # an MLP product (1024 x 1408 x 512) lies nearer the 512-wide shape: ln(1408/512) < ln(8192/1408)
+    assert gemm_s(1024, 1408, 512, cpu, "fp32") == pytest.approx(2 * 1024 * 1408 * 512 / 100e9, rel=1e-12)
+    # no table: the peak as before
+    assert replace(cpu, gemm_shapes=()).shape_efficiency(1024, 8192, 512) == 1.0
+
+
 def test_memory_bound_kernel():
     assert memory_bound_s(1e9, A100) == pytest.approx(1e9 / (2039e9 * 0.9))
 

@@ -45,7 +45,7 @@ def gemm_s(m: float, n: float, k: float, device: Device, precision: str, batch: 
 
 def _gemm_s(m: float, n: float, k: float, device: Device, precision: str, batch: int) -> float:
     sms = device.sm_count
-    rate = device.peak(precision) * device.gemm_efficiency
+    rate = device.peak(precision) * device.gemm_efficiency * device.shape_efficiency(m, n, k)
     if device.gemm_unaligned_efficiency < 1.0 and (n % GEMM_ALIGN_ELEMS or k % GEMM_ALIGN_ELEMS):
         rate *= device.gemm_unaligned_efficiency
     # tile and wave quantization: every wave runs sms full tiles, m n batch of them useful;

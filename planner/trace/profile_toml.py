@@ -151,13 +151,21 @@ def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, da
         f"attention_efficiency = {_num(max(attn_eff, 1e-3))}",
         f"attention_efficiency_source = {_q(attn_src)}",
     ]
-    if cpu and m.get("device_adam"):
-        a = m["device_adam"]
+    # on a CPU with several processes, the memory-bound kernels as they ran in all of them at once
+    # (executor/profile_comm.py _concurrent_kernels), else as one process ran them alone
+    together = ((comm or {}).get("kernels_concurrent") or {}) if cpu else {}
+    at_once = f", in each of {nproc} processes at once, the slowest"
+    if cpu and (together.get("device_adam") or m.get("device_adam")):
+        a = together.get("device_adam") or m["device_adam"]
         adam_src = (f"{measured}: torch.optim.AdamW(foreach=False) as the executor steps a CPU device, "
-                    f"{a['params'] / 2**20:.0f}M parameters in {a['tensors']} tensors, at 28 B per parameter")
+                    f"{a['params'] / 2**20:.0f}M parameters in {a['tensors']} tensors, at 28 B per parameter"
+                    + (at_once if together.get("device_adam") else ""))
         kernel_lines += [f"optimizer_GBps = {_num(a['GBps'])}", f"optimizer_GBps_source = {_q(adam_src)}"]
     if cpu and m.get("kernels"):
-        kernel_lines += _cpu_eager_lines(m["kernels"], measured)
+        eager = {"eager": together["eager"]} if together.get("eager") else {}
+        kernel_lines += _cpu_eager_lines({**m["kernels"], **eager}, measured, at_once if eager else "")
+    if concurrent:
+        kernel_lines += _gemm_shape_lines(concurrent, peaks[first], measured, nproc)
     if not cpu and m.get("kernels"):
         peaks, kernel_lines, gpu_src = _fitted(m, peaks, measured)
     lines = [
@@ -268,7 +276,25 @@ def _fitted(m: dict, peaks: dict[str, float], measured: str) -> tuple[dict[str, 
     return peaks, lines, src
 
 
-def _cpu_eager_lines(k: dict, measured: str) -> list[str]:
+def _gemm_shape_lines(rows: list[dict], peak: float, measured: str, nproc: int) -> list[str]:
+    """A CPU's GEMM efficiency by shape: each product of the concurrent sweep (executor/profile_comm.py
+    _concurrent_gemm) at its rate over the peak (their median), which planner.cost.compute reads for
+    the nearest measured shape."""
+    # the products of a linear of equal widths share (m, n, k) in another layout: their time-weighted
+    # rate (equal FLOPs each: the harmonic mean), as the cost model asks by (m, n, k) alone
+    by_shape: dict[tuple[int, int, int], list[float]] = {}
+    for r in rows:
+        by_shape.setdefault((r["m"], r["n"], r["k"]), []).append(r["tflops"])
+    table = ", ".join(f"[{m}, {n}, {k}, {_num(len(rates) / sum(1 / x for x in rates) / peak)}]"
+                      for (m, n, k), rates in by_shape.items())
+    src = (f"{measured}: the products of transformer linears (forward, input and weight gradient; "
+           f"executor/profile_comm.py linear_products) in each of {nproc} processes at once, the slowest "
+           f"process's rate over the median ({peak * 1e3:.1f} GFLOP/s)")
+    return [f"gemm_shapes = [{table}]   # [m, n, k, efficiency] of (m x k) @ (k x n)",
+            f"gemm_shapes_source = {_q(src)}"]
+
+
+def _cpu_eager_lines(k: dict, measured: str, at_once: str = "") -> list[str]:
     """A CPU's eager elementwise kernels by bandwidth class (the same classes and kernels as on a GPU:
     profile_fit.EAGER_CLASS_KERNELS; a CPU streams norms, softmax and activations far below its copy
     bandwidth), and the time a process spends dispatching each op, which runs in series with the ops
@@ -279,7 +305,7 @@ def _cpu_eager_lines(k: dict, measured: str) -> list[str]:
     if eager:
         src = (f"{measured}: eager elementwise kernels at 2048 x 1024, the log-softmax forward and backward "
                "at 1000 x 8192 (planner/trace/profile_kernels.py eager_kernels), the median of each class "
-               "(profile_fit.EAGER_CLASS_KERNELS)")
+               "(profile_fit.EAGER_CLASS_KERNELS)" + at_once)
         out += ["eager_GBps = { " + ", ".join(f"{c} = {_num(v / 1e9)}" for c, v in eager.items()) + " }",
                 f"eager_GBps_source = {_q(src)}"]
     d = k.get("dispatch")
@@ -305,7 +331,8 @@ def _raw(m: dict, comm: dict | None) -> str:
         out += ["", "[[measured.attention]]"] + [f"{k} = {_q(v) if isinstance(v, str) else _num(v, 6)}"
                                                  for k, v in row.items()]
     for row in (comm or {}).get("gemm_concurrent") or []:
-        out += ["", "[[measured.gemm_concurrent]]"] + [f"{k} = {_num(v, 6)}" for k, v in row.items()]
+        out += ["", "[[measured.gemm_concurrent]]"] + [f"{k} = {_q(v) if isinstance(v, str) else _num(v, 6)}"
+                                                       for k, v in row.items()]
     for row in (comm or {}).get("sizes", []):
         out += ["", "[[measured.collectives]]"] + [
             f"{k} = {_q(v) if isinstance(v, str) else _num(v, 6)}" for k, v in row.items()
