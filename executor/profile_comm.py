@@ -5,8 +5,8 @@
 `meshplan profile` runs this file as a subprocess (the planner never imports
 torch.distributed). Each rank runs all-reduce, all-gather, reduce-scatter and a
 send/recv pair over message sizes; one sample of a size is the slowest rank's
-time for one call after a barrier, and the reported time is the best sample
-(nccl-tests reports the same kind of number). Bus bandwidth follows nccl-tests'
+time for one call after a barrier, and the reported time is the best sample on a
+GPU (nccl-tests reports the same kind of number), the mean on a CPU (``_timed``). Bus bandwidth follows nccl-tests'
 definition (NVIDIA/nccl-tests doc/PERFORMANCE.md): all-reduce moves
 2(n-1)/n of the buffer through each rank's link, all-gather and reduce-scatter
 (n-1)/n. Rank 0 writes the JSON; each rank's resident memory after the process
@@ -35,9 +35,15 @@ def _rss_bytes() -> int:
 
 
 def _timed(fn, dist, torch, device, repeat: int) -> float:
-    """Best over samples of the slowest rank's time for one call."""
+    """The slowest rank's time for one call, over ``repeat`` samples after a barrier each: on a GPU
+    the best sample (nccl-tests' kind of number: NCCL repeats to within a percent), on a CPU the
+    mean. gloo over loopback on cores the ranks share varies from call to call with the scheduler:
+    a 2 MiB all-reduce between two processes took 0.96 ms at best, 1.45-3.7 ms at the median and
+    2.2-3.3 ms on average over 25 samples (2026-11-24), and a training step pays the sum of its
+    collectives, so their mean; the best sample predicted a tensor-parallel step's 66 all-reduces at
+    a third of the 0.22-0.24 s its ranks waited at them (torch.profiler)."""
     fn()
-    best = float("inf")
+    samples = []
     for _ in range(repeat):
         dist.barrier()
         t0 = time.perf_counter()
@@ -46,8 +52,8 @@ def _timed(fn, dist, torch, device, repeat: int) -> float:
             torch.cuda.synchronize()
         dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
         dist.all_reduce(dt, op=dist.ReduceOp.MAX)
-        best = min(best, float(dt.item()))
-    return best
+        samples.append(float(dt.item()))
+    return min(samples) if device.type == "cuda" else sum(samples) / len(samples)
 
 
 def _collectives(dist, torch, device, world: int, rank: int, size: int, repeat: int) -> dict:
@@ -283,7 +289,9 @@ def _worker(rank: int, world: int, backend: str, port: int, out: str, quick: boo
         reserved = _rss_bytes()
     reserved_t = torch.tensor([float(reserved)], dtype=torch.float64, device=device)
     dist.all_reduce(reserved_t, op=dist.ReduceOp.MAX)
-    rows = [_collectives(dist, torch, device, world, rank, size, 3 if quick else 5)
+    # a CPU's collectives vary call to call: more samples for their mean (_timed)
+    repeat = (3 if quick else 5) if device.type == "cuda" else (12 if quick else 24)
+    rows = [_collectives(dist, torch, device, world, rank, size, repeat)
             for size in (SIZES_QUICK if quick else SIZES)]
     contention = _contention(dist, torch, device, 3 if quick else 7)
     concurrent = _concurrent_gemm(dist, torch, device, quick)

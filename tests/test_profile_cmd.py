@@ -147,3 +147,31 @@ def test_the_collectives_measured_over_gloo(profile):
         assert row["all_reduce_s"] > 0 and row["send_recv_s"] > 0 and row["all_gather_s"] > 0
         # nccl-tests' bus bandwidth of a 2-rank all-reduce: 2 (n-1)/n = 1 buffer per rank
         assert row["all_reduce_busbw_GBps"] == pytest.approx(row["bytes"] / row["all_reduce_s"] / 1e9, rel=1e-3)
+
+
+def test_a_collective_time_is_the_mean_sample_on_a_cpu_and_the_best_on_a_gpu(monkeypatch):
+    """executor/profile_comm.py _timed on a scripted clock: samples of 1, 3 and 2 ms (after a
+    warm-up call) average 2 ms on a CPU; a GPU keeps the best, 1 ms."""
+    import types
+
+    import torch
+
+    from executor import profile_comm
+
+    class OneRank:      # the slowest rank's time of a one-rank group: its own
+        def barrier(self):
+            pass
+
+        def all_reduce(self, t, op=None):
+            pass
+
+        class ReduceOp:
+            MAX = None
+
+    fake_torch = types.SimpleNamespace(tensor=lambda v, dtype=None, device=None: torch.tensor(v, dtype=dtype),
+                                       float64=torch.float64, cuda=types.SimpleNamespace(synchronize=lambda: None))
+    for kind, expected in (("cpu", 2e-3), ("cuda", 1e-3)):
+        clock = iter([0.0, 1e-3, 10.0, 10.003, 20.0, 20.002])      # (start, end) of each sample
+        monkeypatch.setattr(profile_comm, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+        got = profile_comm._timed(lambda: None, OneRank(), fake_torch, types.SimpleNamespace(type=kind), 3)
+        assert got == pytest.approx(expected)
