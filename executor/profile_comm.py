@@ -272,6 +272,69 @@ def _concurrent_kernels(dist, torch, quick: bool) -> dict:
     return {"eager": eager, "device_adam": adam}
 
 
+# the executor's blocks at a width where their kernels take next to nothing (executor/profile_comm.py
+# _tp_block_overhead): what is left is the host's time per block
+TP_PROBE = {"hidden": 64, "heads": 2, "ffn": 192, "layers": 4, "batch": 4, "seq": 64}
+
+
+def _tp_block_overhead(dist, torch, device, quick: bool) -> dict | None:
+    """The host time tensor parallelism adds to a block in torch eager (a CPU): the executor's own
+    Llama-style blocks (executor.models.Block) sharded with the executor's TP styles (Megatron's
+    column- then row-parallel linears, executor/parallelize.py _tp_style, sequence parallelism off)
+    over every rank, against the same blocks unsharded, at a width (TP_PROBE) where the products and
+    the elementwise kernels take next to nothing. Forward and forward + backward are timed (median
+    over samples, each after a barrier, the slowest rank's); what TP adds is DTensor's dispatch of
+    every op and the redistributions and functional collectives at the layer's four all-reduces.
+    On the 2-core VM it was 19 ms per block forward and backward, the blocks' own work 3.6 ms
+    (2026-11-24); the profile subtracts what it charges for the four all-reduces themselves
+    (planner/trace/profile_toml.py)."""
+    if device.type == "cuda":
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from executor.models import Block
+    from executor.parallelize import _tp_style
+    from planner.model import ModelSpec
+    p = TP_PROBE
+    spec = ModelSpec(name="tp-probe", num_layers=p["layers"], hidden=p["hidden"], num_heads=p["heads"],
+                     num_kv_heads=p["heads"], head_dim=p["hidden"] // p["heads"], ffn_hidden=p["ffn"], vocab_size=512,
+                     seq_len=p["seq"], max_positions=0, mlp="swiglu", norm="rmsnorm", linear_bias=False,
+                     qkv_bias=False, tied_embeddings=False, dropout=0.0)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    styles = {"attn.q_proj": "colwise", "attn.k_proj": "colwise", "attn.v_proj": "colwise", "attn.o_proj": "rowwise",
+              "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise"}
+    x0 = torch.randn(p["batch"], p["seq"], p["hidden"])
+    samples = 10 if quick else 20
+    out = {**p, "samples": samples, "activation_bytes": x0.numel() * 4}
+    for sharded in (False, True):
+        torch.manual_seed(0)
+        blocks = torch.nn.ModuleList([Block(spec) for _ in range(p["layers"])])
+        if sharded:
+            parallelize_module(blocks, mesh, {f"{i}.{k}": _tp_style(v, False)
+                                              for i in range(p["layers"]) for k, v in styles.items()})
+
+        def forward(backward: bool):
+            x = x0.clone().requires_grad_()
+            for b in blocks:
+                x = b(x)
+            if backward:
+                x.sum().backward()
+        for backward in (False, True):
+            for _ in range(3):
+                forward(backward)
+            times = []
+            for _ in range(samples):
+                dist.barrier()
+                t0 = time.perf_counter()
+                forward(backward)
+                times.append(time.perf_counter() - t0)
+            t = torch.tensor([sorted(times)[len(times) // 2]], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            out[("tp" if sharded else "plain") + ("_fwd_bwd_s" if backward else "_fwd_s")] = t.item()
+    return out
+
+
 def _worker(rank: int, world: int, backend: str, port: int, out: str, quick: bool, threads: int) -> None:
     import torch
     import torch.distributed as dist
@@ -296,12 +359,13 @@ def _worker(rank: int, world: int, backend: str, port: int, out: str, quick: boo
     contention = _contention(dist, torch, device, 3 if quick else 7)
     concurrent = _concurrent_gemm(dist, torch, device, quick)
     kernels = _concurrent_kernels(dist, torch, quick) if device.type == "cpu" else None
+    tp_block = _tp_block_overhead(dist, torch, device, quick)
     sync_wait = _sync_wait(dist, torch, device, quick)
     if rank == 0:
         with open(out, "w") as f:
             json.dump({"backend": backend, "world": world, "threads": threads, "reserved_bytes": reserved_t.item(),
                        "sizes": rows, "contention": contention, "gemm_concurrent": concurrent,
-                       "kernels_concurrent": kernels,
+                       "kernels_concurrent": kernels, "tp_block": tp_block,
                        "sync_wait": sync_wait}, f, indent=1)
     dist.barrier()
     dist.destroy_process_group()

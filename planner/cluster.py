@@ -45,6 +45,8 @@ class Device:
                                           # kernels by class (planner.cost.eager.CLASSES); absent: HBM rate
     kernel_gap_s: float = 0.0             # GPU time between two queued kernels (issue gap)
     optimizer_bytes_per_s: float = 0.0    # AdamW as the executor steps it here, at 28 B per parameter (0: HBM)
+    tp_block_overhead_s: tuple[float, float] = (0.0, 0.0)   # (forward, backward) host time tensor parallelism
+                                          # adds to a block beyond its collectives in torch eager (a CPU profile)
     gemm_shapes: tuple[tuple[int, int, int, float], ...] = ()   # measured (m, n, k, efficiency): a GEMM's
                                           # rate is the peak times the efficiency of the nearest shape (a CPU)
 
@@ -163,7 +165,8 @@ def _time_shared(device: Device, k: float) -> Device:
                    eager_bytes_per_s=tuple((c, b * k) for c, b in device.eager_bytes_per_s),
                    gemm_latency_s=device.gemm_latency_s / k, gemm_wave_latency_s=device.gemm_wave_latency_s / k,
                    attention_latency_s=device.attention_latency_s / k, kernel_gap_s=device.kernel_gap_s / k,
-                   optimizer_bytes_per_s=device.optimizer_bytes_per_s * k)
+                   optimizer_bytes_per_s=device.optimizer_bytes_per_s * k,
+                   tp_block_overhead_s=tuple(t / k for t in device.tp_block_overhead_s))
 
 
 # -- the topology graph -------------------------------------------------------------------------
@@ -332,6 +335,16 @@ def _gemm_shapes(kernels: "_Table", source: str) -> tuple[tuple[int, int, int, f
     return tuple((r[0], r[1], r[2], float(r[3])) for r in rows)
 
 
+def _tp_block_overhead(kernels: "_Table", source: str) -> tuple[float, float]:
+    """[gpu.kernels] tp_block_overhead_us = [forward, backward]."""
+    value = kernels.data.get("tp_block_overhead_us", [0.0, 0.0])
+    if not (isinstance(value, list) and len(value) == 2 and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in value)):
+        raise UserError(f"must be [forward, backward] in microseconds, each >= 0, got {value!r}", source=source,
+                        field="gpu.kernels.tp_block_overhead_us")
+    return float(value[0]) * 1e-6, float(value[1]) * 1e-6
+
+
 def _eager_bandwidths(kernels: "_Table", source: str) -> tuple[tuple[str, float], ...]:
     """[gpu.kernels] eager_GBps = { stream = ..., cast_up = ..., ... } (planner.cost.eager.CLASSES)."""
     from .cost.eager import CLASSES
@@ -385,7 +398,7 @@ def parse_cluster(data: dict, source: str) -> Cluster:
         eager_bytes_per_s=_eager_bandwidths(kernels, source),
         kernel_gap_s=kernels.number("kernel_gap_us", allow_zero=True, default=0.0) * 1e-6,
         optimizer_bytes_per_s=kernels.number("optimizer_GBps", allow_zero=True, default=0.0) * 1e9,
-        gemm_shapes=_gemm_shapes(kernels, source))
+        gemm_shapes=_gemm_shapes(kernels, source), tp_block_overhead_s=_tp_block_overhead(kernels, source))
     intra, host, net = root.table("intra_node"), root.table("host"), root.table("network")
     nics = net.integer("nics_per_node", allow_zero=True)
     return Cluster(

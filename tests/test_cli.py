@@ -168,6 +168,8 @@ BAD_PROFILES = [
                                                                               "fraction"]),
     (lambda t: t.replace("gemm_efficiency = 0.64", "gemm_efficiency = 0.64\ngemm_shapes = [[1024, 512, 0.9]]"),
      ["gpu.kernels.gemm_shapes", "[m, n, k, efficiency]"]),
+    (lambda t: t.replace("gemm_efficiency = 0.64", "gemm_efficiency = 0.64\ntp_block_overhead_us = [5.0, -1.0]"),
+     ["gpu.kernels.tp_block_overhead_us", "[forward, backward]"]),
     (lambda t: t.replace("bf16 = 312.0", "bf17 = 312.0"), ["gpu.peak_tflops.bf17", "unknown dtype"]),
     (lambda t: t.replace('fabric = "nvswitch"', 'fabric = "ethernet"'), ["intra_node.fabric", "nvswitch"]),
     (lambda t: t.replace("gpus_per_node = 8", "gpus_per_node = 8.5"), ["gpus_per_node", "integer"]),

@@ -218,6 +218,27 @@ def test_ranks_wait_for_the_slowest_at_each_blocking_tp_collective():
     assert layer_cost(BLOCK, alone, replace(cpu, sync_wait_coefficient=0.01)) == layer_cost(BLOCK, alone, cpu)
 
 
+def test_a_tensor_parallel_block_in_torch_eager_pays_the_measured_host_time_of_dtensor():
+    """[gpu.kernels] tp_block_overhead_us = [forward, backward]: added once per TP block and micro-batch,
+    forward and backward, to its TP time; not to other layers, not without TP, not to Megatron's runtime."""
+    cpu = load_cluster("cpu-gloo", 2)
+    slow = replace(cpu, device=replace(cpu.device, tp_block_overhead_s=(0.005, 0.0125)))
+    c = ctx(framework="torch", precision="fp32", tp=2, micro_batch=1, seq_len=256)
+    base, paid = layer_cost(BLOCK, c, cpu), layer_cost(BLOCK, c, slow)
+    assert paid.fwd_s == pytest.approx(base.fwd_s + 0.005, rel=1e-9)
+    assert paid.bwd_s == pytest.approx(base.bwd_s + 0.0125, rel=1e-9)
+    assert paid.tp_comm_s == pytest.approx(base.tp_comm_s + 0.0175, rel=1e-9)
+    head = GRAPH.layers[-1]
+    assert head.kind != "block" and layer_cost(head, c, slow) == layer_cost(head, c, cpu)
+    alone = ctx(framework="torch", precision="fp32", tp=1, micro_batch=1, seq_len=256)
+    assert layer_cost(BLOCK, alone, slow) == layer_cost(BLOCK, alone, cpu)
+    megatron = ctx(framework="megatron", precision="fp32", tp=2, micro_batch=1, seq_len=256)
+    assert layer_cost(BLOCK, megatron, slow) == layer_cost(BLOCK, megatron, cpu)
+    # four processes on two cores: each gets half a core, the host time doubles (Cluster.with_gpus)
+    shared = replace(slow, cores_per_node=2, gpus_per_node=4, threads_per_process=1).with_gpus(4)
+    assert shared.device.tp_block_overhead_s == pytest.approx((0.01, 0.025))
+
+
 def test_gloo_gathers_and_scatters_at_their_own_measured_bus_bandwidth():
     """[intra_node] all_gather_busbw_ratio / reduce_scatter_busbw_ratio: inside a node each runs at its
     ratio of the all-reduce bus bandwidth (link_GBps); across nodes the ratios do not apply."""

@@ -76,6 +76,10 @@ def test_every_number_says_it_was_measured_and_by_which_command(profile):
     assert len(square) == 2        # the forward and input gradient of the 512 x 512 linear
     assert table[(1024, 512, 512)] == pytest.approx(2 / (1 / square[0] + 1 / square[1]) / median, rel=2e-3)
     assert device.shape_efficiency(1024, 8192, 512) == pytest.approx(table[(1024, 8192, 512)])
+    # the host time of a tensor-parallel block, measured with the executor's own blocks
+    assert kernels["tp_block_overhead_source"].startswith("measured: `" + command)
+    assert device.tp_block_overhead_s == pytest.approx(tuple(x * 1e-6 for x in kernels["tp_block_overhead_us"]))
+    assert kernels["tp_block_overhead_us"][1] > 0
     # the optimizer and the eager kernels as both processes ran them at once (the raw figures beside)
     raw = json.loads(profile.with_name("here.kernels.json").read_text())["collectives"]["kernels_concurrent"]
     assert kernels["optimizer_GBps"] == pytest.approx(raw["device_adam"]["GBps"], rel=1e-3)
@@ -175,3 +179,20 @@ def test_a_collective_time_is_the_mean_sample_on_a_cpu_and_the_best_on_a_gpu(mon
         monkeypatch.setattr(profile_comm, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
         got = profile_comm._timed(lambda: None, OneRank(), fake_torch, types.SimpleNamespace(type=kind), 3)
         assert got == pytest.approx(expected)
+
+
+def test_the_tp_block_overhead_is_the_sharded_blocks_time_beyond_the_unsharded_and_their_all_reduces():
+    """planner/trace/profile_toml.py _tp_block_lines on hand-written timings: 4 blocks, 2 ranks, a
+    65536-byte activation; link 1 GB/s, latency 100 us: an all-reduce is charged 2 x 100 us + 65536 B /
+    1 GB/s = 265.536 us. Forward (30 - 6) ms / 4 - 2 x 0.265536 = 5.468928 ms; backward ((90 - 30) -
+    (16 - 6)) ms / 4 - 2 x 0.265536 = 11.968928 ms."""
+    from planner.trace.profile_toml import _tp_block_lines
+    b = {"hidden": 64, "heads": 2, "ffn": 192, "layers": 4, "batch": 4, "seq": 64, "samples": 10,
+         "activation_bytes": 65536, "plain_fwd_s": 0.006, "plain_fwd_bwd_s": 0.016, "tp_fwd_s": 0.030,
+         "tp_fwd_bwd_s": 0.090}
+    lines = _tp_block_lines(b, 2, 1.0, 100.0, "measured: `x`")
+    fwd, bwd = tomllib.loads("\n".join(lines))["tp_block_overhead_us"]
+    assert fwd == pytest.approx(5468.928, rel=1e-3) and bwd == pytest.approx(11968.928, rel=1e-3)
+    # sharding that costs less than its all-reduces: nothing below zero
+    fast = {**b, "tp_fwd_s": 0.006, "tp_fwd_bwd_s": 0.016}
+    assert tomllib.loads("\n".join(_tp_block_lines(fast, 2, 1.0, 100.0, "measured: `x`")))["tp_block_overhead_us"] == [0, 0]

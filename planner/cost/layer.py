@@ -258,6 +258,8 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     wait_fwd, wait_bwd = _sync_waits(layer, fwd, bwd, cluster) if tp_fwd_all or cp_fwd else (0.0, 0.0)
     if tp_fwd_all:
         tp_fwd, tp_bwd = tp_fwd + wait_fwd, tp_bwd + wait_bwd
+        if layer.kind == "block" and ctx.framework == "torch":     # DTensor's host time (a CPU profile)
+            tp_fwd, tp_bwd = tp_fwd + dev.tp_block_overhead_s[0], tp_bwd + dev.tp_block_overhead_s[1]
     fwd_total = fwd + tp_fwd + cp_fwd + (0.0 if tp_fwd_all else wait_fwd)
     bwd_total = bwd + tp_bwd + cp_bwd + (0.0 if tp_fwd_all else wait_bwd)
     # what each recompute policy keeps (Korthikanti et al. 2022, Sec 5): selective drops the

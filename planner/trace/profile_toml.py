@@ -166,6 +166,8 @@ def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, da
         kernel_lines += _cpu_eager_lines({**m["kernels"], **eager}, measured, at_once if eager else "")
     if concurrent:
         kernel_lines += _gemm_shape_lines(concurrent, peaks[first], measured, nproc)
+    if cpu and (comm or {}).get("tp_block"):
+        kernel_lines += _tp_block_lines(comm["tp_block"], comm["world"], link, latency, measured)
     if not cpu and m.get("kernels"):
         peaks, kernel_lines, gpu_src = _fitted(m, peaks, measured)
     lines = [
@@ -292,6 +294,26 @@ def _gemm_shape_lines(rows: list[dict], peak: float, measured: str, nproc: int) 
            f"process's rate over the median ({peak * 1e3:.1f} GFLOP/s)")
     return [f"gemm_shapes = [{table}]   # [m, n, k, efficiency] of (m x k) @ (k x n)",
             f"gemm_shapes_source = {_q(src)}"]
+
+
+def _tp_block_lines(b: dict, world: int, link_GBps: float, latency_us: float, measured: str) -> list[str]:
+    """The host time TP adds to a block beyond its collectives (executor/profile_comm.py
+    _tp_block_overhead): per block, the sharded blocks' time less the unsharded ones', less the four
+    all-reduces of the block's activation (two each way: Shoeybi et al. 2019, Fig. 3) as the cost model
+    charges them from this profile (planner/network.py all_reduce_s, ring: 2(n-1) latencies and
+    2(n-1)/n of the bytes at the bus bandwidth), forward and backward apart; none below zero."""
+    n, layers = world, b["layers"]
+    all_reduce_s = 2 * (n - 1) * latency_us * 1e-6 + 2 * (n - 1) / n * b["activation_bytes"] / (link_GBps * 1e9)
+    fwd = max(0.0, (b["tp_fwd_s"] - b["plain_fwd_s"]) / layers - 2 * all_reduce_s)
+    bwd = max(0.0, ((b["tp_fwd_bwd_s"] - b["tp_fwd_s"]) - (b["plain_fwd_bwd_s"] - b["plain_fwd_s"])) / layers
+              - 2 * all_reduce_s)
+    src = (f"{measured}: {layers} of the executor's Llama blocks (hidden {b['hidden']}, {b['batch']} x {b['seq']} tokens) "
+           f"tensor-parallel over {n} processes against unsharded, forward {b['tp_fwd_s'] * 1e3:.3g} against "
+           f"{b['plain_fwd_s'] * 1e3:.3g} ms, forward and backward {b['tp_fwd_bwd_s'] * 1e3:.3g} against "
+           f"{b['plain_fwd_bwd_s'] * 1e3:.3g} ms, per block less 2 all-reduces of {b['activation_bytes']} B each way "
+           f"({all_reduce_s * 1e3:.3g} ms each as charged) (executor/profile_comm.py _tp_block_overhead)")
+    return [f"tp_block_overhead_us = [{_num(fwd * 1e6)}, {_num(bwd * 1e6)}]   # forward, backward: DTensor's "
+            "dispatch and redistributions per tensor-parallel block", f"tp_block_overhead_source = {_q(src)}"]
 
 
 def _cpu_eager_lines(k: dict, measured: str, at_once: str = "") -> list[str]:
