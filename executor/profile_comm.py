@@ -352,13 +352,12 @@ def _worker(rank: int, world: int, backend: str, port: int, out: str, quick: boo
         reserved = _rss_bytes()
     reserved_t = torch.tensor([float(reserved)], dtype=torch.float64, device=device)
     dist.all_reduce(reserved_t, op=dist.ReduceOp.MAX)
-    # a CPU's collectives vary call to call: more samples for their mean (_timed)
-    repeat = (3 if quick else 5) if device.type == "cuda" else (12 if quick else 24)
-    # a small message's mean is the latency, which a scheduler stall of a few ms among its samples moves
-    # most (the 8-byte mean of 12 samples ranged 0.45-1.8 ms over three quick profiles, 2026-11-24): four
-    # times the samples where they cost under a millisecond each
-    small = 4 if device.type == "cpu" else 1
-    rows = [_collectives(dist, torch, device, world, rank, size, repeat * (small if size <= 2**16 else 1))
+    # a CPU's collectives vary call to call, and their mean (_timed) is what a step pays: a scheduler
+    # stall of a few ms among 12 samples moved the 8-byte mean from 0.45 to 1.8 ms and a quick profile's
+    # ZeRO-2 prediction from 1.74 to 2.43 s minutes apart (2026-11-24); 48 samples (96 without --quick)
+    # cost about a second
+    repeat = (3 if quick else 5) if device.type == "cuda" else (48 if quick else 96)
+    rows = [_collectives(dist, torch, device, world, rank, size, repeat)
             for size in (SIZES_QUICK if quick else SIZES)]
     contention = _contention(dist, torch, device, 3 if quick else 7)
     concurrent = _concurrent_gemm(dist, torch, device, quick)

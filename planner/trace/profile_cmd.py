@@ -40,8 +40,12 @@ def measure_collectives(nproc: int, backend: str, *, quick: bool, threads: int) 
             raise UserError(f"{backend} collectives over {nproc} processes did not finish in 30 minutes",
                             field="--nproc") from None
         if proc.returncode != 0 or not out.is_file():
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise UserError(f"the {backend} benchmark over {nproc} processes failed: {tail[0]}", field="--nproc")
+            lines = (proc.stderr or proc.stdout).strip().splitlines() or ["no output"]
+            # what a process printed before it died (a C++ exception's what(), a Python error) says more
+            # than spawn's last line about the exit
+            cause = [ln.strip() for ln in lines if "what():" in ln or ln.startswith(("RuntimeError", "terminate"))]
+            raise UserError(f"the {backend} benchmark over {nproc} processes failed: {lines[-1]}"
+                            + (f" ({cause[-1]})" if cause else ""), field="--nproc")
         return json.loads(out.read_text())
 
 
