@@ -6,8 +6,8 @@
 torch.distributed). Each rank runs all-reduce, all-gather, reduce-scatter and a
 send/recv pair over message sizes; one sample of a size is the slowest rank's
 time for one call after a barrier, and the reported time is the best sample on a
-GPU (nccl-tests reports the same kind of number), the mean on a CPU (``_timed``). Bus bandwidth follows nccl-tests'
-definition (NVIDIA/nccl-tests doc/PERFORMANCE.md): all-reduce moves
+GPU (nccl-tests reports the same kind of number), the mean on a CPU (``_timed``).
+Bus bandwidth follows nccl-tests' definition (NVIDIA/nccl-tests doc/PERFORMANCE.md): all-reduce moves
 2(n-1)/n of the buffer through each rank's link, all-gather and reduce-scatter
 (n-1)/n. Rank 0 writes the JSON; each rank's resident memory after the process
 group is up (CPU: VmRSS; GPU: memory in use on its device) is reported as the
