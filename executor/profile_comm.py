@@ -197,13 +197,14 @@ CONCURRENT_WINDOW_S = {True: 6.0, False: 12.0}     # seconds over all the produc
 def linear_products(torch, tokens: int, widths) -> list[tuple[dict, object, float]]:
     """(row, product, FLOPs) for each of a linear's three products at each (in, out) width; the row
     holds the product's (m, n, k) (an (m x k) @ (k x n)) and its kind."""
+    from planner.trace.profile_fit import gemm_dims
     out = []
     for i, o in widths:
         x, w, g = torch.randn(tokens, i), torch.randn(o, i), torch.randn(tokens, o)
         flops = 2.0 * tokens * i * o
-        for kind, fn, (m, n, k) in (("fwd", lambda x=x, w=w: x @ w.t(), (tokens, o, i)),
-                                    ("dgrad", lambda g=g, w=w: g @ w, (tokens, i, o)),
-                                    ("wgrad", lambda g=g, x=x: g.t() @ x, (o, i, tokens))):
+        for kind, fn in (("fwd", lambda x=x, w=w: x @ w.t()), ("dgrad", lambda g=g, w=w: g @ w),
+                         ("wgrad", lambda g=g, x=x: g.t() @ x)):
+            m, n, k = gemm_dims({"m": tokens, "n": o, "k": i, "kind": kind})
             out.append(({"m": m, "n": n, "k": k, "kind": kind}, fn, flops))
     return out
 

@@ -155,8 +155,8 @@ def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, da
     # (executor/profile_comm.py _concurrent_kernels), else as one process ran them alone
     together = ((comm or {}).get("kernels_concurrent") or {}) if cpu else {}
     at_once = f", in each of {nproc} processes at once, the slowest"
-    if cpu and (together.get("device_adam") or m.get("device_adam")):
-        a = together.get("device_adam") or m["device_adam"]
+    a = together.get("device_adam") or m.get("device_adam")
+    if cpu and a:
         adam_src = (f"{measured}: torch.optim.AdamW(foreach=False) as the executor steps a CPU device, "
                     f"{a['params'] / 2**20:.0f}M parameters in {a['tensors']} tensors, at 28 B per parameter"
                     + (at_once if together.get("device_adam") else ""))
@@ -344,19 +344,20 @@ def _attn_text(attn: dict) -> str:
             f"{attn['tflops'] * 1e3:.1f} GFLOP/s")
 
 
+def _value(v) -> str:
+    return _q(v) if isinstance(v, str) else _num(v, 6)
+
+
 def _raw(m: dict, comm: dict | None) -> str:
     out = ["", "[measured]", f"threads_per_process = {m['threads']}"]
     for row in m["gemm"]:
-        out += ["", "[[measured.gemm]]"] + [f"{k} = {_q(v) if isinstance(v, str) else _num(v, 6)}"
-                                            for k, v in row.items()]
+        out += ["", "[[measured.gemm]]"] + [f"{k} = {_value(v)}" for k, v in row.items()]
     for dtype, row in m["attention"].items():
-        out += ["", "[[measured.attention]]"] + [f"{k} = {_q(v) if isinstance(v, str) else _num(v, 6)}"
-                                                 for k, v in row.items()]
+        out += ["", "[[measured.attention]]"] + [f"{k} = {_value(v)}" for k, v in row.items()]
     for row in (comm or {}).get("gemm_concurrent") or []:
-        out += ["", "[[measured.gemm_concurrent]]"] + [f"{k} = {_q(v) if isinstance(v, str) else _num(v, 6)}"
-                                                       for k, v in row.items()]
+        out += ["", "[[measured.gemm_concurrent]]"] + [f"{k} = {_value(v)}" for k, v in row.items()]
     for row in (comm or {}).get("sizes", []):
         out += ["", "[[measured.collectives]]"] + [
-            f"{k} = {_q(v) if isinstance(v, str) else _num(v, 6)}" for k, v in row.items()
+            f"{k} = {_value(v)}" for k, v in row.items()
             if isinstance(v, (int, float, str)) and not (isinstance(v, float) and math.isnan(v))]
     return "\n".join(out) + "\n"
