@@ -1,0 +1,42 @@
+"""The distributed test harness (tests/executor_support.spawn) fails a run whose ranks did not all
+finish, and only tolerates a rank killed by a signal after the final barrier (gloo's teardown abort)."""
+import os
+
+import pytest
+import torch.distributed as dist
+
+from tests.executor_support import spawn
+
+
+def _abort_before_barrier(path: str) -> None:
+    if dist.get_rank() == 1:
+        os.abort()
+    with open(path, "a") as f:
+        f.write(f"{dist.get_rank()}\n")
+
+
+def _abort_at_teardown(path: str) -> None:
+    with open(path, "a") as f:
+        f.write(f"{dist.get_rank()}\n")
+    if dist.get_rank() == 1:
+        dist.destroy_process_group = os.abort      # this rank aborts in teardown, as gloo did
+
+
+def _raise_on_rank_0(path: str) -> None:
+    if dist.get_rank() == 0:
+        raise ValueError("rank 0 broke")
+
+
+def test_rank_killed_before_finishing_fails_the_run(tmp_path):
+    with pytest.raises(AssertionError, match="SIGABRT"):
+        spawn(_abort_before_barrier, 2, str(tmp_path / "ranks"))
+
+
+def test_rank_aborting_in_teardown_after_the_barrier_is_tolerated(tmp_path):
+    spawn(_abort_at_teardown, 2, str(tmp_path / "ranks"))
+    assert sorted((tmp_path / "ranks").read_text().split()) == ["0", "1"]
+
+
+def test_error_in_a_rank_is_reported_with_its_traceback(tmp_path):
+    with pytest.raises(AssertionError, match="rank 0 broke"):
+        spawn(_raise_on_rank_0, 2, str(tmp_path / "ranks"))
