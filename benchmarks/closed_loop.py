@@ -1,6 +1,6 @@
 """Plan, run and measure on this machine: meshplan's predictions against its own executor.
 
-    python benchmarks/closed_loop.py [--steps 8] [--rounds 2] [--out benchmarks/results/closed_loop.json]
+    python benchmarks/closed_loop.py [--steps 8] [--rounds 3] [--out benchmarks/results/closed_loop.json]
 
 1. Profiles this machine for 2 processes (`meshplan profile --nproc 2`), and again (--quick)
    between consecutive runs, each profile serving the run before it and the one after: this VM's
@@ -34,13 +34,16 @@
    plan's error band.
 
 It asserts nothing: the errors are what they are. The machine must be otherwise idle: the
-profile and the runs share its cores. About 35 minutes with the defaults on the 2-core VM.
+profile and the runs share its cores. About 45 minutes with the defaults on the 2-core VM (35
+with --rounds 2: two rounds left the planner's choice 17% from the fastest entry once, on the VM's
+drift alone, the two being the same configuration; 2026-11-24).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -143,8 +146,8 @@ def spread(values: list[float]) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps per run (default 8)")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="times the whole grid runs, every other round in reverse order (default 2): a plan's "
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="times the whole grid runs, every other round in reverse order (default 3): a plan's "
                              "measured step is the median of its steady steps over all rounds, its prediction the "
                              "mean over the profiles around its runs")
     parser.add_argument("--quick", action="store_true", help="a quicker, coarser first profile")
@@ -261,13 +264,19 @@ def main() -> int:
         if mine:
             summary["choice_vs_fastest"] = mine["measured_step_s"] / fastest["measured_step_s"] - 1
             summary["fastest"] = fastest["name"]
+            # the choice is planned with nothing fixed; the grid entries that came out the same plan tell
+            # how far two measurements of one configuration lie apart on this machine
+            summary["choice_same_config_as"] = [r["name"] for r in rows if r is not mine
+                                                and r["config"] == mine["config"]]
             print(f"planner's choice {mine['measured_step_s']:.3f} s against the measured fastest "
                   f"({fastest['name']}) {fastest['measured_step_s']:.3f} s: {100 * summary['choice_vs_fastest']:+.1f}%")
+            if summary["choice_same_config_as"]:
+                print(f"(the choice is the same configuration as {', '.join(summary['choice_same_config_as'])})")
     if failures:
         print(f"{len(failures)} run(s) failed: " + "; ".join(f["name"] for f in failures))
     if args.out:
-        args.out.write_text(json.dumps({"measured_by": "python benchmarks/closed_loop.py --out "
-                                        "benchmarks/results/closed_loop.json", "processes": 2,
+        command = " ".join(["python benchmarks/closed_loop.py", *map(shlex.quote, sys.argv[1:])])
+        args.out.write_text(json.dumps({"measured_by": command, "processes": 2,
                                         "profiled": "once" if args.profile_once else
                                         "between consecutive runs (--quick); predicted: the mean over the "
                                         "profiles around a plan's runs",
