@@ -112,7 +112,7 @@ def spawn(fn, world_size: int, *args) -> None:
 
     A rank that dies by a signal after some rank has passed the final barrier is not an error of
     ``fn``: the barrier returns only once every rank has finished ``fn``, so its results are complete.
-    gloo's teardown still aborted such a rank (SIGABRT in ``destroy_process_group``, 2026-11-24, a
+    gloo's teardown still aborted such a rank (SIGABRT once its work was done, 2026-11-24, a
     fresh CI run: all 146 tests of one module errored on one finished rank); anything else fails."""
     ctx = mp.get_context("spawn")
     errors, finished = ctx.SimpleQueue(), ctx.SimpleQueue()
