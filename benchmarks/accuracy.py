@@ -44,6 +44,8 @@ def evidence(results: Path = RESULTS) -> list[dict]:
                     "what": f"{len(rows)} plans run by meshplan's executor on cpu-gloo, {doc['processes']} "
                             "processes, against this machine's measured profile",
                     "command": doc["measured_by"],
+                    # what the band assumes of a plan: the machine profiled by `meshplan profile`, as many processes
+                    "profiled_by": "meshplan profile", "processes": doc["processes"],
                     "step_time": _band([r["step_error"] for r in rows]),
                     "memory": _band([r["peak_error"] for r in rows])})
     gpu_rows, gpus = [], set()
@@ -87,6 +89,9 @@ def to_toml(entries: list[dict]) -> str:
             lines.append("single_device = true")
         if e.get("gpu"):
             lines.append(f"gpu = {json.dumps(e['gpu'])}")
+        if e.get("profiled_by"):
+            lines.append(f"profiled_by = {json.dumps(e['profiled_by'])}")
+            lines.append(f"processes = {e['processes']}")
         for part in ("step_time", "memory"):
             if part in e:
                 b = e[part]

@@ -115,6 +115,7 @@ class Cluster:
     sync_wait_coefficient: float = 0.0    # a blocking collective after t seconds of work waits c sqrt(t) for the
                                           # slowest rank (CPU profiles: executor/profile_comm.py _sync_wait)
     source: str = ""
+    measured_by: str = ""                 # the profile's own top-level `source` (what `meshplan profile` ran)
     gpu_hour_usd: float = 0.0             # price of one GPU for one hour (0: the profile has no [pricing])
     price_source: str = ""                # the public price list and its date
     cores_per_node: int = 0               # CPU cores a node's processes share (CPU profiles; 0: none shared)
@@ -426,7 +427,7 @@ def parse_cluster(data: dict, source: str) -> Cluster:
         sync_wait_coefficient=root.table("runtime").number("sync_wait_coefficient", allow_zero=True, default=0.0),
         cores_per_node=host.integer("cores", default=0, allow_zero=True),
         threads_per_process=gpu.integer("threads", default=1),
-        source=source, **_pricing(root))
+        source=source, measured_by=root.string("source", default=""), **_pricing(root))
 
 
 def _pricing(root: _Table) -> dict:

@@ -68,6 +68,31 @@ def test_cpu_plans_without_closed_loop_results_say_they_are_not_validated():
     assert acc.basis is None and acc.step_time is None and acc.line().startswith("not validated")
 
 
+def _profiled_here(tmp_path) -> Path:
+    """cpu-gloo.toml as `meshplan profile` would have written it: its top-level source names the command."""
+    text = (ROOT / "profiles" / "cpu-gloo.toml").read_text()
+    head, sep, rest = text.partition("\nsource = ")
+    rest = rest.partition("\n")[2]
+    path = tmp_path / "here.toml"
+    path.write_text(head + sep + '"measured: `meshplan profile --device cpu --nproc 2 --out here.toml` on vm '
+                    '(2026-11-24)"\n' + rest)
+    return path
+
+
+def test_cpu_plans_carry_the_closed_loop_band_and_say_when_their_profile_is_not_this_machines(tmp_path):
+    work = Workload(global_batch=8, seq_len=256)
+    rows = json.loads((RESULTS / "closed_loop.json").read_text())["rows"]
+    stock = accuracy(load_cluster("cpu-gloo", 2), work)
+    assert stock.basis == "closed-loop"
+    assert stock.step_time.max_abs == pytest.approx(max(abs_errors(rows, "step_error")), abs=1e-4)
+    assert [c for c in stock.caveats if "meshplan profile" in c and "(cpu-gloo)" in c]
+    assert not [c for c in stock.caveats if "processes" in c]
+    here = accuracy(load_cluster(str(_profiled_here(tmp_path)), 2), work)
+    assert here.basis == "closed-loop" and here.caveats == ()
+    four = accuracy(load_cluster(str(_profiled_here(tmp_path)), 4), work)
+    assert four.caveats == ("it ran 2 processes, this plan 4",)
+
+
 def _all():
     from planner.accuracy import _evidence
     return _evidence()
