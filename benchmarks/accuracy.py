@@ -20,6 +20,7 @@ import argparse
 import json
 import statistics
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,6 +32,12 @@ def _band(errors: list[float]) -> dict:
     values = [abs(e) for e in errors]
     return {"cases": len(values), "median_abs": round(statistics.median(values), 4),
             "mean_abs": round(statistics.mean(values), 4), "max_abs": round(max(values), 4)}
+
+
+def _profiled(cluster: str) -> bool:
+    """Whether the profile a validation predicted from was written by `meshplan profile`."""
+    path = ROOT / cluster
+    return path.is_file() and tomllib.loads(path.read_text()).get("source", "").startswith("measured: `meshplan profile")
 
 
 def evidence(results: Path = RESULTS) -> list[dict]:
@@ -48,13 +55,14 @@ def evidence(results: Path = RESULTS) -> list[dict]:
                     "profiled_by": "meshplan profile", "processes": doc["processes"],
                     "step_time": _band([r["step_error"] for r in rows]),
                     "memory": _band([r["peak_error"] for r in rows])})
-    gpu_rows, gpus = [], set()
+    gpu_rows, gpus, profiles = [], set(), set()
     for name in ("gpu_validate.json", "gpu_holdout_validate.json"):
         path = results / name
         if path.exists():
             doc = json.loads(path.read_text())
             gpu_rows += doc["rows"]
             gpus.add(next(g for g in ("H200", "H100", "A100", "L40S", "V100") if g in doc["device"]))
+            profiles.add(doc.get("cluster", ""))
     if gpu_rows:
         out.append({"name": "one-gpu", "device_kind": "cuda", "frameworks": ["torch"],
                     "what": f"{len(gpu_rows)} single-GPU plans run by meshplan's executor on an H100 SXM "
@@ -62,7 +70,9 @@ def evidence(results: Path = RESULTS) -> list[dict]:
                     "command": "python benchmarks/gpu_validate.py; python benchmarks/gpu_validate.py --set holdout",
                     "step_time": _band([r["step_error"] for r in gpu_rows]),
                     "memory": _band([r["peak_error"] for r in gpu_rows]),
-                    "single_device": True, "gpu": "/".join(sorted(gpus))})
+                    "single_device": True, "gpu": "/".join(sorted(gpus)),
+                    # predicted from a `meshplan profile` of that GPU (profiles/measured/), not a datasheet profile
+                    **({"profiled_by": "meshplan profile"} if all(_profiled(p) for p in profiles) else {})})
     fidelity = results / "fidelity.json"
     if fidelity.exists():
         rows = json.loads(fidelity.read_text())["rows"]
@@ -91,6 +101,7 @@ def to_toml(entries: list[dict]) -> str:
             lines.append(f"gpu = {json.dumps(e['gpu'])}")
         if e.get("profiled_by"):
             lines.append(f"profiled_by = {json.dumps(e['profiled_by'])}")
+        if e.get("processes"):
             lines.append(f"processes = {e['processes']}")
         for part in ("step_time", "memory"):
             if part in e:

@@ -84,8 +84,9 @@ def accuracy(cluster: Cluster, workload: Workload, evidence: tuple[dict, ...] | 
         if entry.get("gpu") and not any(g in cluster.device.name for g in entry["gpu"].split("/")):
             caveats.append(f"that validation ran on an {entry['gpu']}, this plan on {cluster.device.name}")
         if entry.get("profiled_by") and not cluster.measured_by.startswith(f"measured: `{entry['profiled_by']}"):
-            caveats.append(f"its predictions used a `{entry['profiled_by']}` of the machine they ran on, this plan's "
-                           f"profile ({cluster.name}) is not one: run `{entry['profiled_by']}` for the band to hold")
+            caveats.append(f"its predictions used a `{entry['profiled_by']}` of the machine they ran on; this plan's "
+                           f"profile ({cluster.name}) was not written by `{entry['profiled_by']}`, so its error can be "
+                           "larger")
         if entry.get("processes") and cluster.num_gpus != entry["processes"]:
             caveats.append(f"it ran {entry['processes']} processes, this plan {cluster.num_gpus}")
         if entry.get("single_device") and cluster.num_gpus > 1:
