@@ -20,12 +20,14 @@ import argparse
 import json
 import statistics
 import sys
-import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 OUT = ROOT / "profiles" / "validation" / "accuracy.toml"
+sys.path.insert(0, str(ROOT))
+from planner.accuracy import written_by  # noqa: E402
+from planner.cluster import load_cluster  # noqa: E402
 
 
 def _band(errors: list[float]) -> dict:
@@ -37,7 +39,7 @@ def _band(errors: list[float]) -> dict:
 def _profiled(cluster: str) -> bool:
     """Whether the profile a validation predicted from was written by `meshplan profile`."""
     path = ROOT / cluster
-    return path.is_file() and tomllib.loads(path.read_text()).get("source", "").startswith("measured: `meshplan profile")
+    return path.is_file() and written_by(load_cluster(str(path), 1), "meshplan profile")
 
 
 def evidence(results: Path = RESULTS) -> list[dict]:

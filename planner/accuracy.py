@@ -72,6 +72,12 @@ def _band(entry: dict, part: str) -> Band | None:
     return Band(b["cases"], b["median_abs"], b["mean_abs"], b["max_abs"]) if b else None
 
 
+def written_by(cluster: Cluster, command: str) -> bool:
+    """Whether the cluster's profile was written by ``command`` (its top-level source, as
+    planner/trace/profile_toml.py writes it: "measured: `meshplan profile ...` on HOST (DATE)")."""
+    return cluster.measured_by.startswith(f"measured: `{command}")
+
+
 def accuracy(cluster: Cluster, workload: Workload, evidence: tuple[dict, ...] | None = None) -> Accuracy:
     """The band of the most specific evidence for this device kind and runtime, with what it
     leaves out (a single-device validation says nothing of this plan's communication)."""
@@ -83,7 +89,7 @@ def accuracy(cluster: Cluster, workload: Workload, evidence: tuple[dict, ...] | 
         caveats = []
         if entry.get("gpu") and not any(g in cluster.device.name for g in entry["gpu"].split("/")):
             caveats.append(f"that validation ran on an {entry['gpu']}, this plan on {cluster.device.name}")
-        if entry.get("profiled_by") and not cluster.measured_by.startswith(f"measured: `{entry['profiled_by']}"):
+        if entry.get("profiled_by") and not written_by(cluster, entry["profiled_by"]):
             caveats.append(f"its predictions used a `{entry['profiled_by']}` of the machine they ran on; this plan's "
                            f"profile ({cluster.name}) was not written by `{entry['profiled_by']}`, so its error can be "
                            "larger")

@@ -48,9 +48,10 @@ def test_torch_plans_carry_the_single_gpu_band_and_say_what_it_misses():
     for name in ("gpu_validate.json", "gpu_holdout_validate.json"):
         rows += json.loads((RESULTS / name).read_text())["rows"]
     work = Workload(global_batch=512, seq_len=4096, framework="torch")
-    one = accuracy(load_cluster(str(ROOT / "profiles" / "measured" / "h100-sxm5.toml"), 1), work)     # the profile they were predicted from
+    # the profile the runs were predicted from, and the datasheet one
+    one = accuracy(load_cluster(str(ROOT / "profiles" / "measured" / "h100-sxm5.toml"), 1), work)
     assert one.basis == "one-gpu" and one.caveats == ()
-    stock = accuracy(load_cluster("h100-80g", 1), work)                          # the datasheet profile
+    stock = accuracy(load_cluster("h100-80g", 1), work)
     assert stock.basis == "one-gpu" and len(stock.caveats) == 1
     assert "(h100-80g) was not written by `meshplan profile`" in stock.caveats[0]
     assert one.memory.max_abs == pytest.approx(max(abs_errors(rows, "peak_error")), abs=1e-4)
