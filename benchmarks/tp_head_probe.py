@@ -11,7 +11,7 @@ loss_parallel (max, sum of exponentials, target logits). It prints the median ti
 (30 samples after a barrier each, the slowest rank's), sharded against unsharded.
 
 The cost model charges the blocks' share of this host time (profile_comm._tp_block_overhead) but not
-the ends'. On the 2-core VM (2026-11-24) the ends cost 13-15 ms per micro-batch more sharded than
+the ends'. On the 2-core VM (2026-11-24) the ends cost 10-15 ms per micro-batch more sharded than
 unsharded, collectives included: at most 1.5% of the closed loop's TP steps (2 micro-batches, about
 2 s), against their measured -4% to +10% over the prediction in the four recordings of that day.
 """
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import sys
 import time
@@ -39,6 +38,7 @@ def _worker(rank: int, port: int) -> None:
     from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
 
     from executor.parallelize import _tp_style
+    from executor.train import exit_now
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -76,21 +76,19 @@ def _worker(rank: int, port: int) -> None:
               flush=True)
     dist.barrier()
     dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)     # as profile_comm's ranks: DTensor's functional collectives can abort the interpreter's exit
+    exit_now(0)     # as profile_comm's ranks: DTensor's functional collectives can abort the interpreter's exit
 
 
 def main() -> int:
     import torch.multiprocessing as mp
+
+    from executor.profile_comm import _free_port
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="times the whole probe runs (default 3)")
     args = parser.parse_args()
     print(f"{'unsharded ms':>13} {'sharded ms':>11} {'added ms':>9}   (per micro-batch, 2 gloo processes)")
     for _ in range(args.repeat):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        mp.start_processes(_worker, args=(port,), nprocs=2, start_method="spawn")
+        mp.start_processes(_worker, args=(_free_port(),), nprocs=2, start_method="spawn")
     return 0
 
 

@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import socket
-import sys
 import time
 
 SIZES = (4, 2**10, 2**16, 2**20, 2**22, 2**24)
@@ -377,9 +376,8 @@ def _worker(rank: int, world: int, backend: str, port: int, out: str, quick: boo
     # leave without the C++ runtime's exit handlers: a thread the functional collectives (DTensor, in
     # _tp_block_overhead) leave joinable made one process abort at exit in about 20 profiles
     # ("terminate called without an active exception", 2026-11-24), after everything was written
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    from executor.train import exit_now
+    exit_now(0)
 
 
 def _free_port() -> int:
