@@ -6,9 +6,8 @@ Each stage is the reference model with the modules it does not run removed, so
 its parameters keep the whole model's paths (torchtitan's
 ``pipeline_module_split`` does the same with plain lists of names).
 
-Schedules are torch's: GPipe (Huang et al. 2019), 1F1B (PipeDream-Flush,
-Narayanan et al. 2021) and interleaved 1F1B. They run with ``scale_grads=False``:
-the loss function already divides by the tokens of the whole step.
+Schedules are torch's, the class each record of planner/schedules.py names. They run
+with ``scale_grads=False``: the loss function already divides by the tokens of the whole step.
 """
 from __future__ import annotations
 
@@ -17,15 +16,14 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import get_schedule_class
 
 from planner.model import ModelSpec
+from planner.schedules import SCHEDULES
 
 from .models import Transformer, build_model
 from .support import check_stages, runnable_schedule  # noqa: F401  (re-exported)
-
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B}
-
 
 def stage_indices(num_stages: int, pp: int, pp_rank: int) -> list[int]:
     """The virtual stages that pipeline rank ``pp_rank`` runs, in order."""
@@ -40,14 +38,14 @@ def build_stage_model(spec: ModelSpec, paths: tuple[str, ...]) -> Transformer:
 
 def build_schedule(stage_models: list[tuple[int, torch.nn.Module]], *, num_stages: int, pp_mesh: DeviceMesh,
                    schedule: str, num_microbatches: int, loss_fn: Callable, device: torch.device):
-    """torch's schedule over this rank's stages (one, or vpp of them for interleaved 1F1B)."""
+    """torch's schedule over this rank's stages (one, or vpp of them for a schedule with virtual stages): the
+    class the schedule's record names (``PipelineSchedule.torch_name``, torch's ``get_schedule_class``)."""
     group = pp_mesh.get_group()
     stages = [PipelineStage(module, index, num_stages, device, group=group) for index, module in stage_models]
-    schedule = runnable_schedule(schedule, num_microbatches, pp_mesh.size())
-    cls = SCHEDULES[schedule]
-    if schedule == "interleaved-1f1b":
-        return cls(stages, n_microbatches=num_microbatches, loss_fn=loss_fn, scale_grads=False)
-    return cls(stages[0], n_microbatches=num_microbatches, loss_fn=loss_fn, scale_grads=False)
+    record = SCHEDULES[runnable_schedule(schedule, num_microbatches, pp_mesh.size())]
+    cls = get_schedule_class(record.torch_name)
+    return cls(stages if record.virtual_stages else stages[0], n_microbatches=num_microbatches, loss_fn=loss_fn,
+               scale_grads=False)
 
 
 def tied_groups(mesh: DeviceMesh) -> dict[int, dist.ProcessGroup]:

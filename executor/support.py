@@ -5,6 +5,7 @@ from __future__ import annotations
 from planner.errors import UserError
 from planner.model import ModelSpec
 from planner.runtimes import EXECUTOR_RUNTIME, config_refusals
+from planner.schedules import SCHEDULES
 
 from .plan_file import RunPlan
 
@@ -13,10 +14,12 @@ DEFAULT_CHECKPOINT_EVERY = 100  # steps between the checkpoints of a restartable
 
 
 def runnable_schedule(schedule: str, num_microbatches: int, pp: int) -> str:
-    """The schedule torch runs for a plan's: 1F1B with fewer micro-batches than stages is GPipe (every
-    micro-batch is still in its warm-up forward when the first backward starts: the same order), and
-    torch's Schedule1F1B refuses it."""
-    return "gpipe" if schedule == "1f1b" and num_microbatches < pp else schedule
+    """The schedule torch runs for a plan's: where the plan has fewer micro-batches than stages, the one
+    its record names for that case (``fewer_microbatches_than_stages``: 1F1B is then GPipe, every
+    micro-batch still in its warm-up forward when the first backward starts, the same order; torch's
+    1F1B class refuses it)."""
+    instead = SCHEDULES[schedule].fewer_microbatches_than_stages
+    return instead if instead and num_microbatches < pp else schedule
 
 
 def check_stages(stages: tuple[tuple[str, ...], ...], spec: ModelSpec, source: str) -> None:

@@ -10,6 +10,7 @@ import json
 import sys
 import time
 
+from . import schedules
 from .argtypes import positive_int, recompute
 from .recompute import DESCRIPTIONS, EVERY_K_DESCRIPTION
 from .errors import UserError
@@ -32,7 +33,9 @@ parallel degrees), --zero, --micro-batch, --vpp, --schedule, --recompute,
 reported, with "fits": false. Exit codes: 0 ok, 2 bad input, 3 nothing fits.
 
 recompute policies (--recompute; the search chooses one per block among those the runtime runs):
-""" + "".join(f"  {name:<10} {text}\n" for name, text in DESCRIPTIONS.items()) + f"  {'every-K':<10} {EVERY_K_DESCRIPTION}\n"
+""" + "".join(f"  {name:<10} {text}\n" for name, text in DESCRIPTIONS.items()) + f"  {'every-K':<10} {EVERY_K_DESCRIPTION}\n" \
+    + "\npipeline schedules (--schedule; the search chooses among those the runtime runs):\n" \
+    + "".join(f"  {s.name:<18} {s.description} ({s.source})\n" for s in schedules.SCHEDULES.values())
 
 
 class _Parser(argparse.ArgumentParser):
@@ -85,8 +88,9 @@ def _add_knob_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cp", type=positive_int, help="context-parallel degree (splits the sequence)")
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage: 1 optimizer, 2 +grads, 3 +params")
     g.add_argument("--micro-batch", type=positive_int, help="sequences per micro-batch per replica")
-    g.add_argument("--vpp", type=positive_int, help="virtual stages per pipeline rank (interleaved schedule)")
-    g.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved-1f1b"), help="pipeline schedule")
+    g.add_argument("--vpp", type=positive_int, help="virtual stages per pipeline rank (a schedule with virtual "
+                                                    f"stages: {', '.join(schedules.virtual_names())})")
+    g.add_argument("--schedule", choices=schedules.NAMES, help="pipeline schedule (one line on each below)")
     g.add_argument("--recompute", type=recompute, metavar="POLICY",
                    help="activation recompute policy of every block: none, selective, op, full, offload, or every-K "
                         "(one line on each below); left out, the search picks one per block")

@@ -6,6 +6,7 @@ import math
 import sys
 import time
 
+from . import schedules
 from .cluster import GiB, builtin_profiles, load_cluster
 from .config import ParallelConfig, Workload
 from .describe import describe_config, gib, runs
@@ -74,7 +75,7 @@ def _fully_fixed(knobs: Knobs, workload: Workload, num_gpus: int, graph: LayerGr
         return None
     cp = k.cp or 1
     dp = k.dp if k.dp is not None else num_gpus // max(1, k.tp * k.pp * cp)
-    schedule = k.schedule or ("interleaved-1f1b" if (k.vpp or 1) > 1 else "1f1b")
+    schedule = k.schedule or schedules.default_for(k.vpp)
     if k.pp > 1 and k.schedule is None and k.vpp is None:
         return None
     m = workload.global_batch // max(1, dp * k.micro_batch)

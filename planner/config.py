@@ -4,19 +4,20 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Literal
 
+from . import schedules
 from .errors import UserError, one_of
 from .recompute import POLICIES, every_k
 from .runtimes import config_refusals
 
 Precision = Literal["bf16", "fp16", "fp32"]
 Framework = Literal["torch", "megatron", "deepspeed"]
-Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
+Schedule = str      # a name of planner/schedules.py's records
 Recompute = str     # one of RECOMPUTES, or "every-K" (planner/recompute.py says what each is)
 Offload = Literal["none", "optimizer"]
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 FRAMEWORKS = ("torch", "megatron", "deepspeed")
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+SCHEDULES = schedules.NAMES
 RECOMPUTES = POLICIES
 OFFLOADS = ("none", "optimizer")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -63,8 +64,8 @@ class ParallelConfig:
     zero: int = 0                          # ZeRO stage (Rajbhandari et al. 2020): 1 optimizer, 2 + grads, 3 + params
     micro_batch: int = 1                   # sequences per micro-batch per replica
     num_microbatches: int = 1              # micro-batches per step per replica (gradient accumulation)
-    vpp: int = 1                           # virtual stages per pipeline rank (interleaved 1F1B)
-    schedule: Schedule = "1f1b"
+    vpp: int = 1                           # virtual stages per pipeline rank (a schedule with virtual stages)
+    schedule: Schedule = schedules.DEFAULT  # pipeline schedule (planner/schedules.py)
     recompute: Recompute = "none"          # activation recompute policy (planner/recompute.py): with
                                            # recompute_layers, "every-K" where they are that pattern, else the
                                            # policy that names their mix (summary_policy)
@@ -188,21 +189,13 @@ def check_config(config: ParallelConfig, *, num_gpus: int, global_batch: int, se
                         f"!= global batch {global_batch}", field="num_microbatches")
     if c.zero not in ZERO_STAGES:
         raise UserError(f"{c.zero!r} is not a ZeRO stage; allowed: {one_of(ZERO_STAGES)}", field="--zero")
-    if c.schedule not in SCHEDULES:
-        raise UserError(f"{c.schedule!r} is not a schedule; allowed: {one_of(SCHEDULES)}", field="--schedule")
-    if c.schedule == "interleaved-1f1b":
-        if c.pp < 2:
-            raise UserError("the interleaved schedule needs pp >= 2", field="--schedule")
-        if c.vpp < 2:
-            raise UserError("the interleaved schedule needs --vpp >= 2 virtual stages per rank", field="--vpp")
-        if c.num_microbatches % c.pp:
-            raise UserError(f"the interleaved schedule needs the micro-batches per step "
-                            f"({c.num_microbatches}) to be a multiple of pp ({c.pp})", field="--micro-batch")
-        if c.pp * c.vpp > max_stages:
-            raise UserError(f"pp x vpp = {c.pp * c.vpp} virtual stages exceed the {max_stages} the model's "
-                            f"{num_blocks} layers can make", field="--vpp")
-    elif c.vpp != 1:
-        raise UserError(f"--vpp {c.vpp} needs --schedule interleaved-1f1b", field="--vpp")
+    record = schedules.schedule(c.schedule)
+    refused = record.refusal(pp=c.pp, vpp=c.vpp, m=c.num_microbatches)
+    if refused:
+        raise UserError(refused[1], field=refused[0])
+    if c.pp * c.vpp > max_stages:
+        raise UserError(f"pp x vpp = {c.pp * c.vpp} virtual stages exceed the {max_stages} the model's "
+                        f"{num_blocks} layers can make", field="--vpp")
     if c.recompute not in RECOMPUTES and not (every_k(c.recompute) and c.recompute_layers):
         raise UserError(f"{c.recompute!r} is not allowed; allowed: {one_of(RECOMPUTES + ('every-K',))}",
                         field="--recompute")

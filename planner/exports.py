@@ -22,6 +22,7 @@ from .config import RECOMPUTES
 from .describe import runs
 from .recompute import every_k
 from .cost.step import balanced_stage_layers, layer_policies
+from .schedules import SCHEDULES
 
 DOCS = {
     "deepspeed": "https://www.deepspeed.ai/docs/config-json/",
@@ -90,6 +91,12 @@ def _uniform_recompute(plan) -> str | None:
     return used.pop() if len(used) == 1 else None
 
 
+def _runs_instead(framework: str, joiner: str = " or ") -> str:
+    """The schedules ``framework`` runs, by their names there (planner/schedules.py)."""
+    names = [getattr(s, framework) for s in SCHEDULES.values() if getattr(s, framework)]
+    return joiner.join(names) + (" only" if len(names) == 1 else "")
+
+
 # -- DeepSpeed ---------------------------------------------------------------------------------
 
 def deepspeed(plan) -> Export:
@@ -122,9 +129,13 @@ def deepspeed(plan) -> Export:
         if not _balanced(plan):
             notes.append("DeepSpeed's partition_method offers 'uniform', 'parameters' and 'type:<regex>' only: "
                          f"the unequal split {runs(_blocks_per_stage(plan))} cannot be given exactly")
-        if c.schedule == "interleaved-1f1b":
-            notes.append(f"DeepSpeed's pipeline engine runs 1F1B only: the interleaved schedule (vpp {c.vpp}) "
-                         "cannot be expressed; expect a larger bubble")
+        schedule = SCHEDULES[c.schedule]
+        if schedule.deepspeed is None and schedule.virtual_stages:
+            notes.append(f"DeepSpeed's pipeline engine runs {_runs_instead('deepspeed')}: {schedule.title} "
+                         f"(vpp {c.vpp}) cannot be expressed; expect a larger bubble")
+        elif schedule.deepspeed is None:
+            notes.append(f"DeepSpeed's pipeline engine runs {_runs_instead('deepspeed')}: {schedule.title} runs "
+                         f"as {SCHEDULES[schedule.nearest].title}")
         if c.zero > 1:
             notes.append(f"DeepSpeed refuses ZeRO-{c.zero} with pipeline parallelism: use stage 0 or 1")
     rec = recompute_per_stage(plan)
@@ -188,9 +199,10 @@ def _megatron_pipeline(plan) -> tuple[list[list[str]], list[str]]:
     if c.pp == 1:
         return [], []
     notes = []
-    if c.schedule == "gpipe":
-        notes.append("Megatron-LM has no GPipe schedule: it runs 1F1B (the same step time, fewer micro-batches "
-                     "in flight)")
+    schedule = SCHEDULES[c.schedule]
+    if schedule.megatron is None:
+        notes.append(f"Megatron-LM has no {schedule.title} schedule: it runs {SCHEDULES[schedule.nearest].title}"
+                     + (" (the same step time, fewer micro-batches in flight)" if schedule.dominated_by else ""))
     stages = _blocks_per_stage(plan)
     if len(set(stages)) == 1 and c.vpp == 1:        # Megatron's default: as many blocks on every stage
         return [], notes
@@ -295,11 +307,13 @@ def colossalai(plan) -> Export:
     if c.pp > 1:
         kwargs["num_microbatches"] = c.num_microbatches
         del kwargs["microbatch_size"]
-        kwargs["pp_style"] = "interleaved" if c.schedule == "interleaved-1f1b" else "1f1b"
+        schedule = SCHEDULES[c.schedule]
+        kwargs["pp_style"] = schedule.colossalai or SCHEDULES[schedule.nearest].colossalai
         if c.vpp > 1:
             kwargs["num_model_chunks"] = c.vpp
-        if c.schedule == "gpipe":
-            notes.append("Colossal-AI's pipeline styles are 1f1b and interleaved: GPipe runs as 1F1B")
+        if schedule.colossalai is None:
+            notes.append(f"Colossal-AI's pipeline styles are {_runs_instead('colossalai', ' and ')}: "
+                         f"{schedule.title} runs as {SCHEDULES[schedule.nearest].title}")
         if not _balanced(plan):
             kwargs["num_layers_per_stage"] = _blocks_per_stage(plan)
     rec = recompute_per_stage(plan)
@@ -372,8 +386,7 @@ def torchtitan(plan) -> Export:
         notes.append("torchtitan's tensor parallelism always shards norms along the sequence (sequence "
                      "parallelism on): less activation memory than planned")
     if c.pp > 1:
-        parallelism["pipeline_parallel_schedule"] = {"gpipe": "GPipe", "1f1b": "1F1B",
-                                                     "interleaved-1f1b": "Interleaved1F1B"}[c.schedule]
+        parallelism["pipeline_parallel_schedule"] = SCHEDULES[c.schedule].torch_name
         parallelism["pipeline_parallel_microbatch_size"] = c.micro_batch
         parallelism["module_fqns_per_model_part"] = _modules_per_stage(plan)
     local = c.micro_batch * (c.num_microbatches if c.pp > 1 else 1)

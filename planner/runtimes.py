@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .errors import one_of
+from .schedules import SCHEDULES
 
 DeviceKind = Literal["cuda", "cpu"]
 DEVICE_KINDS = ("cuda", "cpu")
-ALL_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 ALL_RECOMPUTES = ("none", "selective", "op", "full", "offload")   # planner/recompute.py; meshplan's executor
                                                                   # runs them all (executor/recompute.py)
 # Megatron-LM: --recompute-granularity selective|full (no operator-level policy; its activation offload,
@@ -33,7 +33,7 @@ class Combinations:
     zero_stages: tuple[int, ...]            # ZeRO stages (Rajbhandari et al. 2020)
     zero_stages_with_pp: tuple[int, ...]    # of those, the ones that run under pipeline parallelism
     zero_stages_with_tp: tuple[int, ...]    # of those, the ones that run with tensor parallelism
-    schedules: tuple[str, ...]              # pipeline schedules (planner/config.py SCHEDULES)
+    schedules: tuple[str, ...]              # pipeline schedules (planner/schedules.py)
     recomputes: tuple[str, ...]             # activation recomputation policies
     sequence_parallel: bool                 # Korthikanti et al. 2022, Sec 4.2.2
     context_parallel: bool                  # cp > 1: the sequence split over ranks
@@ -132,7 +132,7 @@ class Runtime:
 # FSDP2's CPUOffloadPolicy at ZeRO-2/3 (executor/parallelize.py offload_policy)
 _TORCH_RUNS = Combinations(
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1, 2, 3), zero_stages_with_tp=(0, 1, 2, 3),
-    schedules=ALL_SCHEDULES, recomputes=ALL_RECOMPUTES, sequence_parallel=True,
+    schedules=tuple(SCHEDULES), recomputes=ALL_RECOMPUTES, sequence_parallel=True,
     context_parallel=True, offload_zero_stages=(1, 2, 3), replicates_kv_heads=False, stages_without_blocks=True)
 
 TORCH = Runtime(
@@ -172,7 +172,8 @@ TORCH = Runtime(
 )
 
 _MEGATRON_RUNS = Combinations(
-    zero_stages=(0, 1), zero_stages_with_pp=(0, 1), zero_stages_with_tp=(0, 1), schedules=ALL_SCHEDULES,
+    zero_stages=(0, 1), zero_stages_with_pp=(0, 1), zero_stages_with_tp=(0, 1),
+    schedules=tuple(name for name, s in SCHEDULES.items() if s.megatron),
     recomputes=MEGATRON_RECOMPUTES, sequence_parallel=True, context_parallel=True, offload_zero_stages=(1,),
     replicates_kv_heads=True, stages_without_blocks=False)      # exports/megatron_args.txt splits blocks only
 
@@ -195,7 +196,8 @@ MEGATRON = Runtime(
 
 _DEEPSPEED_RUNS = Combinations(
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1), zero_stages_with_tp=(0, 1, 2, 3),
-    schedules=ALL_SCHEDULES, recomputes=MEGATRON_RECOMPUTES, sequence_parallel=True, context_parallel=True,
+    schedules=tuple(name for name, s in SCHEDULES.items() if s.deepspeed), recomputes=MEGATRON_RECOMPUTES,
+    sequence_parallel=True, context_parallel=True,
     offload_zero_stages=(1, 2, 3), replicates_kv_heads=True, stages_without_blocks=False)
 
 DEEPSPEED = Runtime(

@@ -57,6 +57,7 @@ from .cost.step import CostCache, Estimate, StepTime, assign_layers, dp_overlaps
     tied_embedding_sync_s
 from .layers import LayerGraph
 from .runtimes import RUNTIMES
+from .schedules import DEFAULT as DEFAULT_SCHEDULE, SCHEDULES
 
 COMPUTE, SEND_NEXT, SEND_PREV, DP = "compute", "send-next", "send-prev", "dp"     # the streams of a rank
 STEP_PARTS = tuple(f.name for f in fields(StepTime))
@@ -113,7 +114,7 @@ class LayerWork:
 class StepWork:
     """Everything the simulation needs, in seconds: the cost model's numbers, placed."""
 
-    schedule: str                                         # gpipe | 1f1b | interleaved-1f1b
+    schedule: str                                         # a name of planner/schedules.py
     num_microbatches: int
     chunks: tuple[tuple[tuple[LayerWork, ...], ...], ...]  # [rank][chunk] -> layers, forward order
     hop_s: float = 0.0                                    # one stage-boundary transfer
@@ -137,19 +138,29 @@ class StepWork:
 
 # -- the schedules --------------------------------------------------------------------------------
 
-def schedule_order(schedule: str, *, pp: int, vpp: int, num_microbatches: int, rank: int) -> list[tuple[str, int, int]]:
-    """The passes one rank runs, in order: ("F" or "B", micro-batch, chunk)."""
+def _all_forwards_first(*, pp: int, vpp: int, num_microbatches: int, rank: int) -> list[tuple[str, int, int]]:
+    """GPipe: every forward, then every backward (Huang et al. 2019; torch.distributed.pipelining's GPipe)."""
     m = num_microbatches
-    if schedule == "gpipe" and pp > 1:
-        return [("F", i, 0) for i in range(m)] + [("B", i, 0) for i in range(m)]
-    if schedule == "1f1b" or pp == 1:          # without a pipeline: gradient accumulation, F B F B ...
-        warmup = min(pp - rank - 1, m)
-        out = [("F", i, 0) for i in range(warmup)]
-        for i in range(m - warmup):
-            out += [("F", warmup + i, 0), ("B", i, 0)]
-        return out + [("B", i, 0) for i in range(m - warmup, m)]
-    if schedule != "interleaved-1f1b":
-        raise ValueError(f"unknown schedule {schedule!r}")
+    return [("F", i, 0) for i in range(m)] + [("B", i, 0) for i in range(m)]
+
+
+def _one_forward_one_backward(*, pp: int, vpp: int, num_microbatches: int, rank: int) -> list[tuple[str, int, int]]:
+    """1F1B: ``pp - rank - 1`` warm-up forwards, then one forward one backward, then the cool-down
+    backwards (Narayanan et al. 2021, Sec 2.2.1; Megatron-LM forward_backward_pipelining_without_interleaving).
+    Without a pipeline: gradient accumulation, F B F B ..."""
+    m = num_microbatches
+    warmup = min(pp - rank - 1, m)
+    out = [("F", i, 0) for i in range(warmup)]
+    for i in range(m - warmup):
+        out += [("F", warmup + i, 0), ("B", i, 0)]
+    return out + [("B", i, 0) for i in range(m - warmup, m)]
+
+
+def _interleaved(*, pp: int, vpp: int, num_microbatches: int, rank: int) -> list[tuple[str, int, int]]:
+    """Interleaved 1F1B as Megatron-LM's forward_backward_pipelining_with_interleaving runs it: a warm-up of
+    ``2 (p - rank - 1) + (v - 1) p`` chunk passes (all of them when m == p), chunk of the k-th pass
+    ``(k mod pv) // p`` (reversed for backward), micro-batch ``(k // pv) p + k mod p``."""
+    m = num_microbatches
     total, group = m * vpp, pp * vpp
 
     def op(kind: str, k: int) -> tuple[str, int, int]:
@@ -161,6 +172,18 @@ def schedule_order(schedule: str, *, pp: int, vpp: int, num_microbatches: int, r
     for k in range(total - warmup):
         out += [op("F", warmup + k), op("B", k)]
     return out + [op("B", k) for k in range(total - warmup, total)]
+
+
+# The event order of each schedule of planner/schedules.py (a test checks that every record has one).
+SCHEDULE_ORDERS = {"gpipe": _all_forwards_first, "1f1b": _one_forward_one_backward,
+                   "interleaved-1f1b": _interleaved}
+
+
+def schedule_order(schedule: str, *, pp: int, vpp: int, num_microbatches: int, rank: int) -> list[tuple[str, int, int]]:
+    """The passes one rank runs, in order: ("F" or "B", micro-batch, chunk). Without a pipeline every
+    schedule is gradient accumulation (1F1B's order with one rank)."""
+    order = SCHEDULE_ORDERS[schedule] if pp > 1 else _one_forward_one_backward
+    return order(pp=pp, vpp=vpp, num_microbatches=num_microbatches, rank=rank)
 
 
 # -- the simulation -------------------------------------------------------------------------------
@@ -475,9 +498,9 @@ def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
             out.append(tuple(layers))
         chunks.append(tuple(out))
     ranks = rank_costs(cache, config)
-    return StepWork(schedule=config.schedule if config.pp > 1 else "1f1b", num_microbatches=config.num_microbatches,
-                    chunks=tuple(chunks), hop_s=cache.hop_s(config),
-                    blocking_sends=config.schedule != "interleaved-1f1b",
+    return StepWork(schedule=config.schedule if config.pp > 1 else DEFAULT_SCHEDULE,
+                    num_microbatches=config.num_microbatches, chunks=tuple(chunks), hop_s=cache.hop_s(config),
+                    blocking_sends=not SCHEDULES[config.schedule].overlaps_sends,
                     gather_every_microbatch=gathers_every_microbatch(config, w.framework),
                     reduce_every_microbatch=reduces_every_microbatch(config, w.framework),
                     # torch pipelining runs the deferred ZeRO-2/3 sync after the last backward, the torch
@@ -521,7 +544,7 @@ def step_time(work: StepWork) -> tuple[float, StepTime]:
     than the m micro-batches.
     """
     m = work.num_microbatches
-    group = work.pp if work.schedule == "interleaved-1f1b" else 1
+    group = work.pp if SCHEDULES[work.schedule].virtual_stages else 1
     m1 = group * max(2, -(-4 * work.pp // group))
     if work.pp == 1 or m < m1 + 4 * group or (m - m1) % group or 3 * (m1 + group) >= m:
         t = simulate_work(work, record=False)

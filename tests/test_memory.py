@@ -3,7 +3,12 @@ import json
 
 import pytest
 
-from planner.cost.memory import inflight_microbatches, state_bytes_per_param
+from planner.cost.memory import state_bytes_per_param
+from planner.schedules import SCHEDULES
+
+
+def inflight_microbatches(schedule, *, rank, pp, vpp, num_microbatches):
+    return SCHEDULES[schedule].inflight(rank=rank, pp=pp, vpp=vpp, m=num_microbatches)
 
 # Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
 # Models", Table 1: model-state memory per GPU in GB (1e9 bytes) for stages 1 (P_os),

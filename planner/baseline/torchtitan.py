@@ -19,8 +19,9 @@ import tomllib
 from ..config import ParallelConfig
 from ..errors import UserError
 from ..layers import LayerGraph
+from ..schedules import SCHEDULES as PIPELINE_SCHEDULES
 from .values import (Baseline, Context, FileModel, choice, data_parallel, global_batch, microbatches,
-                     pipeline_layers, positive_int, recompute_of)
+                     pipeline_layers, positive_int, recompute_of, schedule_of)
 
 MODELLED = {
     "model": {"name", "flavor"},
@@ -35,8 +36,11 @@ MODELLED = {
 }
 ZOO = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3-405b",
        ("llama2", "7B"): "llama2-7b", ("llama2", "13B"): "llama2-13b", ("llama2", "70B"): "llama2-70b"}
-SCHEDULES = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved-1f1b"}
-SINGLE_STAGE = {"1F1B", "GPipe"}        # torch.distributed.pipelining schedules with one stage per rank
+# torchtitan's pipeline_parallel_schedule names the torch.distributed.pipelining class (planner/schedules.py
+# torch_name); the classes not among them (LoopedBFS, the zero-bubble ones, DualPipeV) all run several stages
+# per rank (torch's PipelineScheduleMulti)
+SCHEDULES = {s.torch_name: s.name for s in PIPELINE_SCHEDULES.values()}
+SINGLE_STAGE = {s.torch_name for s in PIPELINE_SCHEDULES.values() if not s.virtual_stages}
 MODULES = {"tok_embeddings": "embed", "output": "lm_head"}    # torchtitan's module names -> meshplan's layers
 LOCAL_BATCH, SEQ_LEN = 8, 2048          # job_config.py Training defaults
 FLAGS = {   # meshplan's flag (as config.check_config names it) -> this format's
@@ -220,7 +224,7 @@ def _generated_split(source: str, stages: int, layers: int, first: int, last: in
 
 def _schedule(source: str, name: str, pp: int, vpp: int) -> tuple[str, list[str]]:
     if pp == 1:
-        return "1f1b", []
+        return schedule_of(pp, vpp), []
     if name in SINGLE_STAGE and vpp != 1:
         raise UserError(f"{name} runs one stage per rank but the split gives {vpp} (torchtitan raises); allowed: "
                         "Interleaved1F1B, or one stage per rank", source=source,
@@ -230,8 +234,8 @@ def _schedule(source: str, name: str, pp: int, vpp: int) -> tuple[str, list[str]
                         "points, or 1F1B", source=source, field="parallelism.pipeline_parallel_schedule")
     if name in SCHEDULES:
         return SCHEDULES[name], []
-    return ("interleaved-1f1b" if vpp > 1 else "1f1b"), [
-        f"pipeline schedule {name} is modelled as {'interleaved 1F1B' if vpp > 1 else '1F1B'}"]
+    instead = schedule_of(pp, vpp)
+    return instead, [f"pipeline schedule {name} is modelled as {PIPELINE_SCHEDULES[instead].title}"]
 
 
 def _recompute(ac: dict | None, source: str, blocks: int, pp: int) -> tuple[list[str], list[str]]:

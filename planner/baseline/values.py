@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .. import schedules
 from ..config import ParallelConfig, Workload
 from ..cost.step import balanced_stage_layers, stage_layers_of_blocks
 from ..errors import UserError, one_of
@@ -118,7 +119,8 @@ def microbatches(source: str, global_flag: str, micro_flag: str, batch: int, dp:
 
 
 def schedule_of(pp: int, vpp: int) -> str:
-    return "interleaved-1f1b" if pp > 1 and vpp > 1 else "1f1b"
+    """The schedule a framework runs for ``vpp`` virtual stages per rank when the file names none."""
+    return schedules.default_for(vpp if pp > 1 else 1)
 
 
 def pipeline_layers(source: str, flag: str, graph: LayerGraph, blocks: list[int] | None) -> tuple[int, ...] | None:

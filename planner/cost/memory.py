@@ -92,24 +92,3 @@ def grad_comm_bytes_per_param(framework: str, precision: str) -> float:
     (torch reduces in fp32: torchtitan's MixedPrecisionPolicy(reduce_dtype=float32), DDP on fp32
     parameters; DeepSpeed and Megatron reduce 16-bit gradients by default)."""
     return RUNTIMES[framework].layout(precision).grad_reduce_bytes
-
-
-def inflight_microbatches(schedule: str, *, rank: int, pp: int, vpp: int, num_microbatches: int) -> float:
-    """Micro-batches whose activations a pipeline rank holds at its peak, in units of the
-    rank's whole set of layers.
-
-    GPipe keeps all m (Huang et al. 2019). 1F1B keeps p - rank (Narayanan et al. 2021,
-    Sec 2.2.1). Interleaved 1F1B with v chunks: rank r runs 2(p - r - 1) + (v - 1) p
-    warm-up chunk-micro-batches plus one in flight, each 1/v of the rank's layers
-    (Megatron-LM schedules.py); for rank 0 that is 1 + (p - 1)/(p v) of p micro-
-    batches (Korthikanti et al. 2022, Sec 4.2.3). Without a pipeline, one.
-    """
-    m = num_microbatches
-    if pp == 1:
-        return 1.0
-    if schedule == "gpipe":
-        return float(m)
-    if schedule == "interleaved-1f1b":
-        chunks = min(m * vpp, 2 * (pp - rank - 1) + (vpp - 1) * pp + 1)
-        return chunks / vpp
-    return float(min(m, pp - rank))

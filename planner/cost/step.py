@@ -14,10 +14,11 @@ from ..config import RECOMPUTES, ParallelConfig, Workload
 from ..layers import LayerGraph
 from .. import network
 from ..runtimes import RUNTIMES
+from ..schedules import SCHEDULES
 from .eager import eager_regime, eager_s, layer_eager_regime, step_param_bytes, wraps_in_fsdp
 from .layer import POLICY_INDEX, Context, LayerCost, layer_cost
-from .memory import (grad_comm_bytes_per_param, inflight_microbatches, resident_bytes_per_param,
-                     state_bytes_per_param, working_copy_bytes_per_param)
+from .memory import (grad_comm_bytes_per_param, resident_bytes_per_param, state_bytes_per_param,
+                     working_copy_bytes_per_param)
 
 # Adam(W) step, per parameter it updates: reads fp32 param, grad, two moments (16 B),
 # writes param and moments (12 B); mixed precision also writes the 16-bit copy (2 B).
@@ -309,7 +310,7 @@ def _rank_costs(cache: CostCache, config: ParallelConfig, ctx: Context) -> list[
         # another chunk meanwhile (Megatron-LM overlap_p2p_comm; torch's interleaved
         # schedule likewise), so only what exceeds a chunk's compute is exposed
         p2p = 2 * chunks * one_p2p
-        if config.schedule == "interleaved-1f1b":
+        if SCHEDULES[config.schedule].overlaps_sends:
             p2p = 2 * chunks * max(0.0, one_p2p - (fwd + bwd) / (2 * chunks))
         out.append(RankCost(fwd_s=fwd, bwd_s=bwd, recompute_s=rec, tp_comm_s=tp, cp_comm_s=cp,
                             p2p_s=p2p, act_bytes=act, peak_extra_bytes=extra, params=params,
@@ -356,21 +357,16 @@ def _rank_sums(cache: CostCache, ctx: Context, counts: tuple, tied: bool, tp_deg
 
 
 def pipeline_s(per_rank_s: list[float], config: ParallelConfig, hop_s: float = 0.0) -> float:
-    """Time of the pipeline for m micro-batches given each rank's forward + backward time.
+    """Time of the pipeline for m micro-batches given each rank's forward + backward time (its sends
+    included): the schedule's formula (``PipelineSchedule.pipeline_s``)."""
+    return SCHEDULES[config.schedule].pipeline_s(slowest=max(per_rank_s), total=sum(per_rank_s),
+                                                 m=config.num_microbatches, p=config.pp, v=config.vpp, hop_s=hop_s)
 
-    1F1B and GPipe: (m - 1) * slowest + sum over ranks (exact for the fill and drain
-    of a linear pipeline; Narayanan et al. 2021, Sec 2.2: bubble (p - 1) t for equal
-    stages); their sends are already in each rank's time. Interleaved with v chunks:
-    m * slowest + (p - 1) / v * slowest (bubble fraction (p - 1) / (v m), ibid.
-    Sec 2.2.2), plus one stage-boundary transfer (``hop_s``) per hop of the fill and
-    of the drain, 2 (p v - 1) hops that wait for their data and cannot overlap.
-    """
-    m, slowest = config.num_microbatches, max(per_rank_s)
-    if config.pp == 1:
-        return m * per_rank_s[0]
-    if config.schedule == "interleaved-1f1b":
-        return (m + (config.pp - 1) / config.vpp) * slowest + 2 * (config.pp * config.vpp - 1) * hop_s
-    return (m - 1) * slowest + sum(per_rank_s)
+
+def inflight_microbatches(config: ParallelConfig, rank: int) -> float:
+    """Micro-batches whose activations pipeline rank ``rank`` holds at its peak (the schedule's
+    ``PipelineSchedule.inflight``), in units of the rank's layers."""
+    return SCHEDULES[config.schedule].inflight(rank=rank, pp=config.pp, vpp=config.vpp, m=config.num_microbatches)
 
 
 def _dp_comm(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[float, float]:
@@ -577,8 +573,7 @@ def _host_bytes_per_node(cache: CostCache, config: ParallelConfig, ranks: list[R
     per_node = min(cache.cluster.gpus_per_node, cache.cluster.num_gpus)
     most = 0.0
     for r, rank in enumerate(ranks):
-        inflight = inflight_microbatches(config.schedule, rank=r, pp=config.pp, vpp=config.vpp,
-                                         num_microbatches=config.num_microbatches)
+        inflight = inflight_microbatches(config, r)
         most = max(most, _host_bytes(cache, config, rank) + per_node * rank.host_act_bytes * inflight)
     return most
 
@@ -643,8 +638,7 @@ def _memories(cache: CostCache, config: ParallelConfig, ranks: list[RankCost]) -
                                         tp=config.tp, pp=config.pp)
     out = []
     for r, rank in enumerate(ranks):
-        inflight = inflight_microbatches(config.schedule, rank=r, pp=config.pp, vpp=config.vpp,
-                                         num_microbatches=config.num_microbatches)
+        inflight = inflight_microbatches(config, r)
         out.append(Memory(params=rank.params * states.params, grads=rank.params * states.grads,
                           optimizer=rank.params * states.optimizer,
                           activations=rank.act_bytes * inflight + rank.peak_extra_bytes,
@@ -664,8 +658,7 @@ def peak_memory(cache: CostCache, config: ParallelConfig) -> tuple[float, float]
         device = max(m.total for m in _memories(cache, config, ranks))
     else:
         device = _other_bytes(cache, config) + max(
-            rank.params * per_param + rank.peak_extra_bytes + rank.act_bytes * inflight_microbatches(
-                config.schedule, rank=r, pp=config.pp, vpp=config.vpp, num_microbatches=config.num_microbatches)
+            rank.params * per_param + rank.peak_extra_bytes + rank.act_bytes * inflight_microbatches(config, r)
             for r, rank in enumerate(ranks))
     return device, _host_bytes_per_node(cache, config, ranks)
 

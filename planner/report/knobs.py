@@ -9,6 +9,7 @@ from ..cost.step import CostCache
 from ..describe import gib
 from ..errors import UserError
 from ..runtimes import RUNTIMES
+from ..schedules import SCHEDULES
 from ..search.space import max_stages
 from ..simulate import simulated_estimate
 
@@ -39,7 +40,7 @@ def _config_variants(plan) -> list[tuple[str, object]]:
     if c.micro_batch % 2 == 0:
         out.append((f"micro-batch {c.micro_batch} -> {c.micro_batch // 2}",
                     replace(c, micro_batch=c.micro_batch // 2, num_microbatches=2 * c.num_microbatches)))
-    if c.schedule == "interleaved-1f1b":
+    if SCHEDULES[c.schedule].virtual_stages:
         out.append((f"virtual stages {c.vpp} -> {2 * c.vpp}", replace(c, vpp=2 * c.vpp, stage_layers=None)))
         if c.vpp >= 4:
             out.append((f"virtual stages {c.vpp} -> {c.vpp // 2}", replace(c, vpp=c.vpp // 2, stage_layers=None)))

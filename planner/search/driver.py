@@ -29,6 +29,7 @@ from ..config import ParallelConfig, Workload
 from ..cost.layer import POLICY_INDEX
 from ..cost.step import CostCache, estimate, peak_memory
 from ..recompute import every_k, summary_policy
+from ..schedules import SCHEDULES
 from ..layers import LayerGraph
 from .enumerate import (OPTIMALITY_GAP, Candidate, LayoutBounds, SearchResult, _TopK, _sort_key, layout_order,
                         least_memory_candidate, optimizer_floor, uniform_phase)
@@ -109,11 +110,7 @@ def _group_cheap_bound(space: Space, cache: CostCache, layout: Layout, schedule:
     work, _, params, _ = cache.totals(cache.context(config))
     p = layout.pp
     optimizer = optimizer_floor(space, layout, cache, config, params / p, schedule)
-    if p == 1:
-        return m * work + optimizer
-    if schedule == "interleaved-1f1b":
-        return (m + (p - 1) / vpp) * work / p + optimizer
-    return (m + p - 1) * work / p + optimizer
+    return SCHEDULES[schedule].pipeline_s(slowest=work / p, total=work, m=m, p=p, v=vpp) + optimizer
 
 
 def _stage_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout], bounds: LayoutBounds, shape,
@@ -128,8 +125,8 @@ def _stage_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout]
 
     for layout in order:
         for schedule, vpp in space.schedules(layout):
-            if schedule == "gpipe" and space.k.schedule is None:
-                continue      # same time as 1F1B, more in flight: never better
+            if SCHEDULES[schedule].dominated_by and space.k.schedule is None:
+                continue      # no faster than another schedule, with no less in flight: never better
             for sp in space.sequence_parallel(layout):
                 stats.groups += 1
                 if layout.pp * vpp > len(shape.blocks):

@@ -11,7 +11,8 @@ only be higher and memory no lower than a fitting choice are skipped:
   is no slower (planner/search/policies.py; the policies are not a total order: "op" recomputes
   less than "full" but keeps more, "offload" may add nothing but needs host memory);
 - no offload is faster than optimizer offload;
-- GPipe takes the same time as 1F1B and holds more micro-batches.
+- a schedule another dominates (``PipelineSchedule.dominated_by``: GPipe takes the same time as 1F1B
+  and holds more micro-batches) is not searched unless it is fixed.
 
 ``prune=False`` evaluates every legal candidate (the reference the tests use).
 """
@@ -23,11 +24,12 @@ from dataclasses import dataclass, field, replace
 
 from ..cluster import Cluster
 from ..config import ParallelConfig, Workload
-from ..cost.memory import inflight_microbatches, resident_bytes_per_param, state_bytes_per_param
-from ..cost.step import (CostCache, Estimate, estimate, grads_follow_activations_at, optimizer_time_s, peak_memory,
-                         rank_costs, rank_pipeline_s)
+from ..cost.memory import resident_bytes_per_param, state_bytes_per_param
+from ..cost.step import (CostCache, Estimate, estimate, grads_follow_activations_at, inflight_microbatches,
+                         optimizer_time_s, peak_memory, rank_costs, rank_pipeline_s)
 from ..layers import LayerGraph
 from ..recompute import policy_rank
+from ..schedules import SCHEDULES
 from .policies import distinct_policies, no_slower
 from .space import Knobs, Layout, Space
 
@@ -163,13 +165,15 @@ class LayoutBounds:
             self._time[layout] = self._time_bound(layout)
         return self._time[layout]
 
-    def _vmax(self, layout: Layout, m: int) -> int:
-        """The most virtual stages any schedule of the layout takes: it depends on pp and on whether
-        the micro-batches divide it (memoised on those)."""
-        memo = self.__dict__.setdefault("_vmax_memo", {})
-        key = (layout.pp, m % layout.pp == 0)
+    def _pipeline_factor(self, layout: Layout, m: int) -> float:
+        """The least pipeline time over the layout's schedules when every rank takes one second per
+        micro-batch and no send waits (``PipelineSchedule.pipeline_s`` with equal ranks): the factor
+        that turns the mean rank's work into a bound. Memoised on what the schedules depend on."""
+        memo = self.__dict__.setdefault("_pipeline_factor_memo", {})
+        key = (layout.pp, m, m % layout.pp == 0)
         if key not in memo:
-            memo[key] = max([v for _, v in self.space.schedules(layout)] or [1])
+            memo[key] = min((SCHEDULES[s].pipeline_s(slowest=1.0, total=float(layout.pp), m=m, p=layout.pp, v=v)
+                             for s, v in self.space.schedules(layout)), default=float(m + layout.pp - 1))
         return memo[key]
 
     def _order_bound(self, layout: Layout) -> float:
@@ -185,23 +189,21 @@ class LayoutBounds:
                 self.cache.totals(self.cache.context(ParallelConfig(
                     dp=layout.dp, tp=layout.tp, pp=pp, cp=layout.cp, micro_batch=1, num_microbatches=m,
                     sequence_parallel=sp)))[3] for sp in space.sequence_parallel(layout)) / pp
-        vmax = self._vmax(layout, m)
-        work *= layout.micro_batch
-        return (m + (pp - 1) / vmax) * work if pp > 1 else m * work
+        return self._pipeline_factor(layout, m) * work * layout.micro_batch
 
     def _time_bound(self, layout: Layout) -> float:
         space, cache = self.space, self.cache
         if self.memory(layout) > cache.cluster.device.memory_bytes:
             return float("inf")
         m = layout.num_microbatches(space.w.global_batch)
-        vmax = self._vmax(layout, m)
+        factor = self._pipeline_factor(layout, m)
         best = float("inf")
         for sp in space.sequence_parallel(layout):
             cfg = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp,
                                  micro_batch=layout.micro_batch, num_microbatches=m, sequence_parallel=sp)
             work, _, params, _ = cache.totals(cache.context(cfg))
             work /= layout.pp                                       # mean rank, no recompute
-            pipe = (m + (layout.pp - 1) / vmax) * work if layout.pp > 1 else m * work
+            pipe = factor * work
             # the step adds the slowest rank's optimizer to the pipeline
             best = min(best, pipe + optimizer_floor(space, layout, cache, cfg, params / layout.pp))
         return best
@@ -369,9 +371,7 @@ def _policy_memory_bound(space: Space, cache: CostCache, layout: Layout, base: P
     instead of their sum. Bounded per policy, not by full recompute for all: a one-layer stage with
     one micro-batch in flight needs more under full recompute (the recomputed layer's transient)
     than without."""
-    m = base.num_microbatches
-    inflight = [inflight_microbatches(base.schedule, rank=r, pp=base.pp, vpp=base.vpp, num_microbatches=m)
-                for r in range(base.pp)]
+    inflight = [inflight_microbatches(base, r) for r in range(base.pp)]
     ranks = rank_costs(cache, space.with_recompute(base, policy))
     return cache.cluster.device.reserved_bytes + _least_state_and_activation_bytes(
         space, layout, base, base.schedule,
@@ -421,8 +421,8 @@ def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bo
     one that fits is estimated (and those of more offload and a policy no faster are skipped)."""
     capacity, host_capacity = cache.cluster.device.memory_bytes, cache.cluster.host_memory_bytes
     for schedule, vpp in space.schedules(layout):
-        if prune and schedule == "gpipe" and space.k.schedule is None:
-            continue      # same time as 1F1B, more activations in flight: never better
+        if prune and SCHEDULES[schedule].dominated_by and space.k.schedule is None:
+            continue      # no faster than another schedule, more activations in flight: never better
         for sp in space.sequence_parallel(layout):
             base = _group_config(space, layout, schedule, vpp, sp)
             ctx = cache.context(base)
@@ -498,7 +498,7 @@ def _frugal_candidates(space: Space, cache: CostCache, layout: Layout):
     """The least-memory choices of a layout: for each ZeRO stage, the offload and recompute policy that
     need the least memory on the device."""
     for schedule, vpp in space.schedules(layout):
-        if schedule == "gpipe" and space.k.schedule is None:
+        if SCHEDULES[schedule].dominated_by and space.k.schedule is None:
             continue
         for sp in space.sequence_parallel(layout):
             for zero in space.zeros(layout, schedule):

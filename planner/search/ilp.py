@@ -10,7 +10,7 @@ Variables
     z[k] in {0,1}         the ZeRO/offload option
     h[r,c] in {0,1}       rank r has a block with policy c (for its transient peak)
     T_max >= 0            the slowest rank's forward + backward per micro-batch
-    y[r] >= 0             exposed pipeline sends of rank r (interleaved schedule)
+    y[r] >= 0             exposed pipeline sends of rank r (a schedule that overlaps its sends)
     x1,x2,x3[k,r] >= 0    exposed data-parallel terms of rank r under option k
     D >= 0, O >= 0        exposed data-parallel time, optimizer time
 
@@ -23,7 +23,7 @@ Constraints
     (b) sum_c n[r,c] >= v                                  every virtual stage holds a block
     (c) sum_k z[k] = 1                                     one ZeRO/offload option
     (d) T_max >= F[r] + B[r] + sends[r]                    the slowest rank
-    (e) y[r] >= 2 v hop - (F[r] + B[r])                    interleaved sends not hidden
+    (e) y[r] >= 2 v hop - (F[r] + B[r])                    overlapped sends not hidden
     (f) P[r] s_k + A[r] inflight_r + E[r] + other_k <= cap + M (1 - z[k])     GPU memory (GiB)
     (g) nodes' offloaded optimizer and activations <= host memory + M (1 - z[k])
     (h) E[r] >= e_c h[r,c], n[j,c] <= L h[r,c]             transient of recomputed blocks
@@ -35,11 +35,12 @@ Constraints
     (m) T_max >= the least slowest rank of any integer split that fits    (a cut: implied by the rest)
 
 Objective: pipeline(T_max, sum of rank times) + D + O + tied-embedding sync (+ a
-millionth of the summed rank times to break ties toward less work), where
-pipeline is (m - 1) T_max + sum_r (F + B + sends) for 1F1B/GPipe (Narayanan et al.
-2021), (m + (p - 1)/v) T_max + 2 (p v - 1) hop for interleaved 1F1B, m T_max without
-a pipeline. Every term is the cost model's own (planner/cost/step.py), linear in the
-decisions, so the optimum here is the cost model's optimum over this space.
+millionth of the summed rank times to break ties toward less work), where pipeline
+is the schedule's own formula (planner/schedules.py ``PipelineSchedule.pipeline_s``:
+(m - 1) T_max + sum_r (F + B + sends) for 1F1B and GPipe, (m + (p - 1)/v) T_max +
+2 (p v - 1) hop for interleaved 1F1B), linear in both. Every term is the cost model's
+own (planner/cost/step.py), linear in the decisions, so the optimum here is the cost
+model's optimum over this space.
 """
 from __future__ import annotations
 
@@ -81,7 +82,6 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
     block, L, p, v, m = pr.block, pr.num_blocks, pr.p, pr.v, pr.m
     gib = 2.0**30                                      # memory rows in GiB: well-scaled coefficients
     cap, host_cap = cache.cluster.device.memory_bytes / gib, cache.cluster.host_memory_bytes / gib
-    schedule = pr.base.schedule
     prob = pulp.LpProblem("stages", pulp.LpMinimize)
     n = {(r, c): pulp.LpVariable(f"n_{r}_{c}", 0, L, cat="Integer") for r in range(p) for c in pr.policies}
     z = {k: pulp.LpVariable(f"z_{k}", cat="Binary") for k in range(len(pr.options))}
@@ -107,7 +107,7 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
         B = pulp.lpSum((block.bwd_s + rc[c]) * n[r, c] for c in pr.policies) + fixed.bwd_s
         P = block.params * nb + fixed.params
         sends = 2 * v * pr.hop_s if p > 1 else 0.0
-        if schedule == "interleaved-1f1b":
+        if pr.schedule.overlaps_sends:
             y = pulp.LpVariable(f"y_{r}", 0)
             prob += y >= sends - (F + B), f"e_rank_{r}_sends"
             sends = y
@@ -152,12 +152,7 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
     if least == math.inf:
         return None                                     # no split fits even with the most frugal policies
     prob += t_max >= least, "m_least_slowest_rank"
-    if p == 1:
-        pipeline = m * t_max
-    elif schedule == "interleaved-1f1b":
-        pipeline = (m + (p - 1) / v) * t_max + 2 * (p * v - 1) * pr.hop_s
-    else:
-        pipeline = (m - 1) * t_max + pulp.lpSum(rank_time)
+    pipeline = pr.schedule.pipeline_s(slowest=t_max, total=pulp.lpSum(rank_time), m=m, p=p, v=v, hop_s=pr.hop_s)
     # tie-break (a millionth of the work of every rank): among plans the closed form prices
     # the same (only the slowest rank counts in the interleaved schedule), no useless recompute
     objective = pipeline + D + O + pr.tied_s + 1e-6 * pulp.lpSum(rank_time)

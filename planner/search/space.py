@@ -4,11 +4,12 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Iterator
 
-from ..config import FRAMEWORKS, OFFLOADS, SCHEDULES, ParallelConfig, Workload, check_config, knob_flag
+from ..config import FRAMEWORKS, OFFLOADS, ParallelConfig, Workload, check_config, knob_flag
 from ..errors import UserError, one_of
 from ..layers import LayerGraph
 from ..recompute import every_k, expand_recompute, parse_recompute
 from ..runtimes import RUNTIMES, refusals
+from ..schedules import DEFAULT as DEFAULT_SCHEDULE, NAMES as SCHEDULE_NAMES, SCHEDULES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,7 +82,7 @@ class Space:
                 raise UserError(f"must be a positive integer, got {value!r}", field=f"--{name.replace('_', '-')}")
         if k.zero is not None and k.zero not in (0, 1, 2, 3):
             raise UserError(f"{k.zero!r} is not a ZeRO stage; allowed: 0, 1, 2 or 3", field="--zero")
-        for name, allowed in (("schedule", SCHEDULES), ("offload", OFFLOADS)):
+        for name, allowed in (("schedule", SCHEDULE_NAMES), ("offload", OFFLOADS)):
             value = getattr(k, name)
             if value is not None and value not in allowed:
                 raise UserError(f"{value!r} is not allowed; allowed: {one_of(allowed)}", field=f"--{name}")
@@ -127,12 +128,11 @@ class Space:
         if k.dp is not None and k.micro_batch is not None and w.global_batch % (k.dp * k.micro_batch):
             raise UserError(f"global batch {w.global_batch} is not a multiple of dp x micro-batch = "
                             f"{k.dp} x {k.micro_batch}", field="--micro-batch")
-        if k.vpp is not None and k.vpp > 1 and k.schedule not in (None, "interleaved-1f1b"):
-            raise UserError(f"--vpp {k.vpp} needs --schedule interleaved-1f1b", field="--vpp")
-        if k.schedule == "interleaved-1f1b" and k.pp == 1:
-            raise UserError("the interleaved schedule needs pp >= 2", field="--schedule")
-        if k.schedule == "interleaved-1f1b" and k.vpp == 1:
-            raise UserError("the interleaved schedule needs --vpp >= 2 virtual stages per rank", field="--vpp")
+        if k.schedule is not None:       # what is not fixed yet at its least demanding (the micro-batches too)
+            record = SCHEDULES[k.schedule]
+            refused = record.refusal(pp=k.pp or 2, vpp=k.vpp or (2 if record.virtual_stages else 1))
+            if refused:
+                raise UserError(refused[1], field=refused[0])
         if k.sequence_parallel and k.tp == 1:
             raise UserError("sequence parallelism shards along the TP group: it needs tp >= 2",
                             field="--sequence-parallel")
@@ -176,22 +176,21 @@ class Space:
                             yield Layout(tp, pp, cp, dp, mb)
 
     def schedules(self, layout: Layout) -> list[tuple[str, int]]:
-        """(schedule, vpp) pairs legal for a layout."""
-        if layout.pp == 1:
-            if self.k.schedule == "interleaved-1f1b":
+        """(schedule, vpp) pairs legal for a layout: the runtime's schedules (or the fixed one), each
+        with the virtual stages per rank its record allows (``PipelineSchedule.refusal``)."""
+        if layout.pp == 1:          # no pipeline: the step is one rank's gradient accumulation
+            fixed = self.k.schedule and SCHEDULES[self.k.schedule]
+            if (fixed and fixed.virtual_stages) or (self.k.vpp or 1) != 1:
                 return []
-            return [(self.k.schedule or "1f1b", 1)] if (self.k.vpp or 1) == 1 else []
+            return [(self.k.schedule or DEFAULT_SCHEDULE, 1)]
         m = layout.num_microbatches(self.w.global_batch)
         out = []
-        for schedule in self._options("schedule", list(self.can.schedules)):
-            if schedule == "interleaved-1f1b":
-                if m % layout.pp:
-                    continue
-                for vpp in self._options("vpp", self._virtual_stages(layout.pp)):
-                    if vpp >= 2 and layout.pp * vpp <= self.max_stages:
-                        out.append((schedule, vpp))
-            elif (self.k.vpp or 1) == 1:
-                out.append((schedule, 1))
+        for name in self._options("schedule", list(self.can.schedules)):
+            record = SCHEDULES[name]
+            vpps = self._virtual_stages(layout.pp) if record.virtual_stages else [1]
+            for vpp in self._options("vpp", vpps):
+                if layout.pp * vpp <= self.max_stages and not record.refusal(pp=layout.pp, vpp=vpp, m=m):
+                    out.append((name, vpp))
         return out
 
     def _virtual_stages(self, pp: int) -> list[int]:

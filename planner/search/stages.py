@@ -22,10 +22,12 @@ from dataclasses import dataclass, replace
 
 from ..config import RECOMPUTES, ParallelConfig
 from ..cost.layer import POLICY_INDEX, LayerCost
-from ..cost.memory import inflight_microbatches, resident_bytes_per_param, state_bytes_per_param
-from ..cost.step import CostCache, _other_bytes, dp_collectives, dp_overlaps, optimizer_time_s, tied_embedding_sync_s
+from ..cost.memory import resident_bytes_per_param, state_bytes_per_param
+from ..cost.step import (CostCache, _other_bytes, dp_collectives, dp_overlaps, inflight_microbatches, optimizer_time_s,
+                         tied_embedding_sync_s)
 from ..runtimes import RUNTIMES
 from ..recompute import summary_policy
+from ..schedules import SCHEDULES
 from .policies import distinct_policies
 from .space import Layout, Space
 
@@ -94,8 +96,8 @@ class GroupProblem:
         self.num_blocks = len(shape.blocks)
         self.policies = policies or self._useful_policies(space)
         self.hop_s = cache.hop_s(self.base)
-        self.inflight = [inflight_microbatches(schedule, rank=r, pp=self.p, vpp=vpp, num_microbatches=self.m)
-                         for r in range(self.p)]
+        self.schedule = SCHEDULES[schedule]
+        self.inflight = [inflight_microbatches(self.base, r) for r in range(self.p)]
         self.fixed = [self._fixed(r, ctx) for r in range(self.p)]
         self.options = [self._option(z, o) for z in space.zeros(layout, schedule) for o in space.offloads(z)]
         self.tied_s = tied_embedding_sync_s(cache, self.base)
@@ -265,13 +267,6 @@ class GroupProblem:
         return stages
 
 
-def group_lower_bound(pr: GroupProblem, stop_at: float = math.inf) -> tuple[float, list[int]]:
-    """A lower bound on the step time of every candidate in the group, and the
-    memory-free split it is built on: the least of ``option_lower_bounds``."""
-    bounds, split = option_lower_bounds(pr, stop_at)
-    return min(bounds, default=math.inf), split
-
-
 def option_lower_bounds(pr: GroupProblem, stop_at: float = math.inf) -> tuple[list[float], list[int]]:
     """Per ZeRO/offload option of ``pr.options``, a lower bound on the step time of the
     group's candidates with that option (infinite where none fits), and the memory-free
@@ -357,14 +352,11 @@ def _blocks_that_fit(room: float, per_block: float) -> float:
 
 
 def _pipeline(pr: GroupProblem, slowest: float, total: float) -> float:
-    """The schedule's pipeline (``cost.step.pipeline_s``) from the slowest rank's time and
-    the sum over ranks, both without the stage-boundary sends (added here)."""
-    p, v, m = pr.p, pr.v, pr.m
-    if p == 1:
-        return m * total
-    if pr.base.schedule == "interleaved-1f1b":
-        return (m + (p - 1) / v) * slowest + 2 * (p * v - 1) * pr.hop_s
-    return (m - 1) * slowest + total + p * (2 * v * pr.hop_s)
+    """The schedule's pipeline (``PipelineSchedule.pipeline_s``) from the slowest rank's time and the
+    sum over ranks, both without the stage-boundary sends: each rank's 2 v sends per micro-batch are
+    added to the sum (and so bound the sends from below where the schedule waits for them)."""
+    sends = pr.p * 2 * pr.v * pr.hop_s if pr.p > 1 else 0.0
+    return pr.schedule.pipeline_s(slowest=slowest, total=total + sends, m=pr.m, p=pr.p, v=pr.v, hop_s=pr.hop_s)
 
 
 def _rank0_scan(pr: GroupProblem, opt: Option, recompute: float) -> float:
