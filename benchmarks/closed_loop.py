@@ -14,7 +14,7 @@
    against the profile before its first run (`meshplan plan ... --out`): data parallelism with
    ZeRO 0-3, tensor parallelism with and without sequence parallelism, pipelines with GPipe, 1F1B
    and the interleaved schedule, context parallelism, every recompute policy (none, selective, op,
-   full, offload, every-2), micro-batch 1-4, and the planner's own choice with nothing fixed.
+   full, activation-offload, every-2), micro-batch 1-4, and the planner's own choice with nothing fixed.
 3. Runs each (`meshplan run --steps N`), --rounds times over the grid, every other round in
    reverse order so that a slow drift of the machine does not fall on the same plans: a plan's
    measured step is the median of its steady steps over all its runs (after the first two, which
@@ -76,7 +76,7 @@ GRID = {   # name -> `meshplan plan` knobs (None: the planner's own choice, noth
     **{f"dp2 zero{z} mb4": DP + ["--zero", str(z), "--micro-batch", "4", "--recompute", "none"] for z in range(4)},
     **{f"dp2 zero0 mb{mb}": DP + ["--zero", "0", "--micro-batch", str(mb), "--recompute", "none"] for mb in (2, 1)},
     **{f"dp2 {rc}": DP + ["--zero", "0", "--micro-batch", "4", "--recompute", rc]
-       for rc in ("selective", "op", "full", "offload", "every-2")},         # every recompute policy
+       for rc in ("selective", "op", "full", "activation-offload", "every-2")},         # every recompute policy
     **{f"tp2 sp {sp}": TP + ["--micro-batch", "4", "--sequence-parallel", sp, "--recompute", "none"]
        for sp in ("off", "on")},
     **{f"pp2 {s}": PP + ["--schedule", s, "--micro-batch", "2", "--recompute", "none"] for s in ("gpipe", "1f1b")},

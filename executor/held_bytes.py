@@ -46,7 +46,7 @@ def storage_keys(tensors) -> set[int]:
 
 def _apply(block: torch.nn.Module, policy: str, stashes: list[HostStash], attention_core) -> None:
     """``policy`` on ``block``, each offload stash recorded in ``stashes``."""
-    if policy == "offload":
+    if policy == "activation-offload":
         block.forward = offload_forward(block, on_stash=stashes.append)
     else:
         apply_policy(block, policy, attention_core=attention_core)

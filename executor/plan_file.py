@@ -18,7 +18,8 @@ from pathlib import Path
 from planner.config import (FRAMEWORKS, PLAN_SCHEMA_VERSION, PRECISIONS, RECOMPUTES, TP_STYLES, ZERO_STAGES,
                             ParallelConfig, Workload)
 from planner.errors import UserError, one_of
-from planner.model import ModelSpec, _read_json     # read, parse, check it is an object; UserError naming the file
+from planner.model import ModelSpec, _read_json
+from planner.recompute import ALIASES, canonical     # read, parse, check it is an object; UserError naming the file
 
 SUPPORTED_SCHEMA_VERSIONS = (PLAN_SCHEMA_VERSION,)
 _HEX16 = re.compile(r"^[0-9a-f]{16}$")
@@ -196,7 +197,8 @@ def plan_from_json(data: dict, source: str = "plan.json") -> RunPlan:
     return RunPlan(source=source, spec=_spec(model, source), config=config, workload=workload,
                    stages=_stages(data, config, source), fingerprints=fingerprints,
                    tp_plan=_string_map(data, "tp_plan", TP_STYLES, source),
-                   recompute_per_layer=_string_map(data, "recompute_per_layer", RECOMPUTES, source),
+                   recompute_per_layer={path: canonical(policy) for path, policy in _string_map(
+                       data, "recompute_per_layer", RECOMPUTES + tuple(ALIASES), source).items()},
                    estimate=_estimate(data, source), meshplan_version=written_by)
 
 

@@ -283,16 +283,24 @@ def offload_forward(module: nn.Module, on_stash: Callable[[HostStash], None] | N
     return run
 
 
+def _selective(block: nn.Module, attention_core: Callable | None) -> None:
+    block.attn.core = partial(checkpoint, attention_core, use_reentrant=False)
+
+
+# How this executor applies each policy of planner/recompute.py to a transformer block (a test checks that
+# these are the policies the runtime table says the torch runtime runs)
+APPLY: dict[str, Callable[[nn.Module, Callable | None], None]] = {
+    "none": lambda block, core: None,
+    "selective": _selective,
+    "op": lambda block, core: setattr(block, "forward", checkpoint_forward(block, context_fn=op_contexts)),
+    "full": lambda block, core: setattr(block, "forward", checkpoint_forward(block)),
+    "activation-offload": lambda block, core: setattr(block, "forward", offload_forward(block)),
+}
+
+
 def apply_policy(block: nn.Module, policy: str, *, attention_core: Callable | None = None) -> None:
     """Apply one recompute policy to one transformer block (``selective`` checkpoints ``attention_core``,
     the block's attention kernel call, which the caller names)."""
-    if policy == "full":
-        block.forward = checkpoint_forward(block)
-    elif policy == "op":
-        block.forward = checkpoint_forward(block, context_fn=op_contexts)
-    elif policy == "offload":
-        block.forward = offload_forward(block)
-    elif policy == "selective":
-        block.attn.core = partial(checkpoint, attention_core, use_reentrant=False)
-    elif policy != "none":
+    if policy not in APPLY:
         raise ValueError(f"unknown recompute policy {policy!r}")
+    APPLY[policy](block, attention_core)

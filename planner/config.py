@@ -6,7 +6,7 @@ from typing import Literal
 
 from . import schedules
 from .errors import UserError, one_of
-from .recompute import POLICIES, every_k
+from .recompute import POLICIES, canonical, every_k
 from .runtimes import config_refusals
 
 Precision = Literal["bf16", "fp16", "fp32"]
@@ -113,6 +113,10 @@ class ParallelConfig:
         kwargs = {}
         for name, value in data.items():
             where = f"config.{name}"
+            if name == "recompute":             # a policy's earlier name (planner/recompute.py aliases)
+                value = canonical(value)
+            elif name == "recompute_layers" and isinstance(value, list):
+                value = [canonical(v) for v in value]
             if name in ("dp", "tp", "pp", "cp", "zero", "micro_batch", "num_microbatches", "vpp"):
                 if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "zero" else 1):
                     raise UserError(f"must be a {'non-negative' if name == 'zero' else 'positive'} integer, "

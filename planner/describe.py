@@ -3,8 +3,8 @@ exports and the reports, which read the Plan and never the CLI layer."""
 from __future__ import annotations
 
 from .cluster import GiB
-from .config import RECOMPUTES, ParallelConfig
-from .recompute import every_k
+from .config import ParallelConfig
+from .recompute import POLICIES, every_k
 
 
 def runs(values) -> str:
@@ -32,7 +32,7 @@ def describe_recompute(c: ParallelConfig) -> str:
     used = list(c.recompute_layers)
     if every_k(c.recompute):
         return f"{c.recompute} (full on {used.count('full')} of {len(used)} layers)"
-    counts = {p: used.count(p) for p in RECOMPUTES if p != "none" and used.count(p)}
+    counts = {p: used.count(p) for p in POLICIES if p != "none" and used.count(p)}
     if not counts:
         return "none"
     return ", ".join(f"{p} on {n} of {len(used)} layers" for p, n in counts.items())

@@ -5,10 +5,10 @@ import math
 from dataclasses import fields, replace
 
 from .cluster import GiB, Cluster, builtin_profiles, load_cluster
-from .config import RECOMPUTES, ParallelConfig
+from .config import ParallelConfig
 from .cost.step import Estimate, StepTime, balanced_stage_layers, estimate, layer_policies
 from . import network
-from .recompute import policy_rank
+from .recompute import POLICIES, policy_rank
 from .runtimes import RUNTIMES
 
 PARTS = {
@@ -92,7 +92,7 @@ def gains(graph, cluster, workload, config: ParallelConfig, est: Estimate) -> di
         everything = estimate(graph, cluster, workload, replace(config, recompute="full", recompute_layers=None))
         out["partial_recompute"] = {
             "recomputed_layers": len(recomputed), "blocks": len(blocks),
-            "by_policy": {p: recomputed.count(p) for p in RECOMPUTES if p in recomputed},
+            "by_policy": {p: recomputed.count(p) for p in POLICIES if p in recomputed},
             "full_recompute_step_time_s": everything.step_time_s,
             "saved_s": everything.step_time_s - est.step_time_s,
             "saved_pct": 100 * (everything.step_time_s / est.step_time_s - 1)}
@@ -136,7 +136,7 @@ def fixes_for_no_fit(graph, cluster, workload, knobs, need_bytes: float = 0.0) -
     # each fixed memory knob moved alone to its most frugal value
     if knobs.micro_batch is not None and knobs.micro_batch > 1:
         tries.append(("--micro-batch 1", graph, cluster, workload, replace(knobs, micro_batch=1)))
-    for frugal in ("full", "offload"):      # the least activations on the device, where the runtime runs them
+    for frugal in ("full", "activation-offload"):   # the least activations on the device, where the runtime runs them
         if knobs.recompute not in (None, frugal) and frugal in RUNTIMES[workload.framework].on(
                 cluster.device_kind).recomputes:
             tries.append((f"--recompute {frugal}", graph, cluster, workload, replace(knobs, recompute=frugal)))

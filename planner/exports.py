@@ -18,9 +18,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import RECOMPUTES
 from .describe import runs
-from .recompute import every_k
+from .recompute import POLICIES, RECOMPUTE_POLICIES, every_k
 from .cost.step import balanced_stage_layers, layer_policies
 from .schedules import SCHEDULES
 
@@ -51,7 +50,7 @@ def recompute_per_stage(plan) -> list[dict[str, int]]:
     policies = layer_policies(plan.graph, c)
     out, start = [], 0
     for count in counts:
-        stage = {p: 0 for p in RECOMPUTES}
+        stage = {p: 0 for p in POLICIES}
         for layer, policy in zip(plan.graph.layers[start:start + count], policies[start:start + count]):
             if layer.is_block:
                 stage[policy] += 1
@@ -72,17 +71,15 @@ def _balanced(plan) -> bool:
 
 def _checkpointed(stage: dict[str, int]) -> int:
     """Blocks of a stage a framework that only checkpoints whole blocks recomputes: every policy but none
-    (selective and op keep more than a whole-block checkpoint; offload keeps less on the device but has
-    no equivalent there: full recompute is the nearest that fits)."""
+    (selective and op keep more than a whole-block checkpoint; activation offload keeps less on the device
+    but has no equivalent there: full recompute is the nearest that fits)."""
     return sum(n for p, n in stage.items() if p != "none")
 
 
 def _recomputed_as_full(rec: list[dict[str, int]]) -> list[str]:
     """A note per policy other than none and full that a whole-block checkpoint stands in for."""
-    why = {"selective": "selective (attention-core) recompute", "op": "operator-level selective recompute (op)",
-           "offload": "activation offload to host memory"}
-    return [f"{why[p]} is not an option here: those blocks recompute in full" for p in why
-            if any(s[p] for s in rec)]
+    return [f"{RECOMPUTE_POLICIES[p].title} is not an option here: those blocks recompute in full" for p in POLICIES
+            if p not in ("none", "full") and any(s[p] for s in rec)]
 
 
 def _uniform_recompute(plan) -> str | None:
@@ -226,7 +223,7 @@ def _megatron_recompute(plan) -> tuple[list[list[str]], list[str]]:
                 ["--recompute-num-layers", "1"]], _recomputed_as_full(rec)
     notes = []
     full = [s["full"] for s in rec]
-    if any(s[p] for s in rec for p in ("selective", "op", "offload")):
+    if any(s[p] for s in rec for p in POLICIES if p not in ("none", "full")):
         notes.append("Megatron applies one recompute granularity to every layer: the blocks meshplan recomputes "
                      "with another policy are recomputed in full here (less memory, slower)")
         notes += _recomputed_as_full(rec)
@@ -450,7 +447,7 @@ def _torchtitan_checkpoint(plan) -> tuple[dict, list[str]]:
         return {"mode": "selective", "selective_ac_option": "op"}, [
             "torchtitan has no attention-core recompute: its per-op selective checkpointing ('op') keeps matmul "
             "and attention outputs and recomputes the rest (less memory, more recompute than planned)"]
-    if uniform == "offload":
+    if uniform == "activation-offload":
         return {"mode": "full"}, ["torchtitan has no activation offload: full recompute instead (less memory, "
                                   "slower); or wrap the blocks' forward in torch.autograd.graph.save_on_cpu"]
     k = _torchtitan_layer_sac(plan)
@@ -459,7 +456,7 @@ def _torchtitan_checkpoint(plan) -> tuple[dict, list[str]]:
     rec = recompute_per_stage(plan)
     done, total = sum(_checkpointed(s) for s in rec), sum(sum(s.values()) for s in rec)
     per_stage = runs([_checkpointed(s) for s in rec])
-    if all(s["full"] == s["selective"] == s["offload"] == 0 for s in rec):     # op on some blocks, none on others
+    if all(n == 0 for s in rec for p, n in s.items() if p not in ("none", "op")):    # op on some blocks, none on others
         return {"mode": "selective", "selective_ac_option": "op"}, [
             f"meshplan recomputes {done} of {total} blocks operator by operator ({per_stage} per stage); "
             "torchtitan applies one policy to every block: 'op' on all of them (more recompute than planned)"]

@@ -1,39 +1,179 @@
-"""Activation recompute policies: their names, what each one is (with its source), and the
-every-k-th-layer pattern.
+"""Activation recompute policies: one record each, the one home of everything meshplan knows about a policy.
 
-A policy decides what one transformer block keeps for backward and what it redoes or moves;
-the cost model prices each one (planner/cost/layer.py), the stage ILP chooses one per block
-among those the runtime runs (planner/runtimes.py), the executor applies them
-(executor/recompute.py). ``every-K`` is not a policy of its own: it is a pattern of the
-plan, full recompute on every K-th block and none on the others (torchtitan's layer-wise
-selective checkpointing), expanded into the per-layer policies; ``ParallelConfig.recompute`` names it
-(``every-K``) beside them.
+A policy decides what one transformer block keeps for backward and what it redoes or moves. Its
+record holds its names (``--recompute`` and plan.json, and in Megatron-LM, torchtitan, DeepSpeed
+and Colossal-AI), what it keeps on the device and what it redoes (``cost``: a function of the
+block's facts, which the cost model measures op by op in planner/cost/layer.py), and what it needs
+of the runtime. The runtime table offers a policy to a framework that has a name for it
+(planner/runtimes.py); the stage ILP chooses one per block among those; the executor applies them
+(executor/recompute.py, which implements each by name); the exports and the readers of other
+frameworks' files translate them by these names.
+
+``every-K`` is not a policy of its own: it is a pattern of the plan, full recompute on every K-th
+block and none on the others (torchtitan's layer-wise selective checkpointing), expanded into the
+per-layer policies; ``ParallelConfig.recompute`` names it (``every-K``) beside them.
+
+Adding a policy: a record here, and its application in executor/recompute.py.
 """
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import Callable
 
 from .errors import UserError, one_of
 
-# The per-block policies, in the order the cost model's tuples are indexed by (LayerCost).
-POLICIES = ("none", "selective", "op", "full", "offload")
 
-# One line each: the CLI's --recompute help, the README and the reports say the same.
-DESCRIPTIONS = {
-    "none": "keep every activation autograd saves",
-    "selective": "recompute the attention core only (Korthikanti et al. 2022, Sec 5; Megatron-LM "
-                 "--recompute-granularity selective); saves nothing under flash attention, which keeps no scores",
-    "op": "operator-level selective checkpointing: keep the outputs of matmuls (every other mm), attention and "
-          "reduce-scatters, recompute the rest (torchtitan SelectiveAC, selective_ac_option 'op', with "
-          "torch.utils.checkpoint.create_selective_checkpoint_contexts)",
-    "full": "keep the block's input only and recompute the block before its backward (Chen et al. 2016; "
-            "Megatron-LM --recompute-granularity full)",
-    "offload": "move the block's saved activations to host memory in forward and back in backward, over the "
-               "host link and beside compute (torch saved-tensor hooks; torchtune OffloadActivations)",
-}
+@dataclass(frozen=True, kw_only=True)
+class BlockFacts:
+    """What one layer is for one micro-batch on one rank, as the policies' costs read it (bytes and
+    seconds; planner/cost/layer.py measures each, op by op)."""
+
+    saved_bytes: float              # what autograd keeps for backward without any policy
+    attention_core_bytes: float     # of it, what the attention core keeps beyond its inputs (unfused scores;
+                                    # the flash kernels' log-sum-exp, which selective recompute keeps)
+    attention_core_fwd_s: float     # the unfused attention core's forward (its exposed CP exchange included)
+    input_bytes: float              # the layer's input: all a checkpoint of the whole layer keeps
+    fwd_s: float                    # the layer's forward, its exposed communication included
+    bwd_s: float                    # its backward
+    matmul_flops_fwd: float         # matmul FLOPs of its forward
+    workspace_bytes: float          # transient while the layer runs backward
+    op_kept_bytes: float            # what operator-level selective checkpointing saves (besides the input)
+    op_kept_s: float                # the forward seconds of the ops whose outputs it saves
+    op_redo_flops: float            # matmul FLOPs of the ops it recomputes
+    saved_comm_s: float             # exposed forward TP time whose outputs it saves (the reduce-scatters)
+    host_copy_s: float              # one copy of ``saved_bytes`` between device and host at the offload rate
+    device_is_host: bool            # a CPU process: its host memory is its device memory
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyCost:
+    """What a policy costs one layer per micro-batch."""
+
+    recompute_s: float = 0.0        # seconds added before backward: the forward redone, or the host
+                                    # transfer that compute does not hide
+    act_bytes: float                # kept on the device for backward
+    peak_extra_bytes: float         # transient on top while this layer runs backward
+    host_bytes: float = 0.0         # kept in host memory
+    recompute_flops: float = 0.0    # matmul FLOPs redone
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecomputePolicy:
+    """One activation recompute policy: its names, what it keeps and redoes, what it needs."""
+
+    name: str                       # --recompute, plan.json (config.recompute, recompute_per_layer)
+    aliases: tuple[str, ...] = ()   # earlier names, still read
+    title: str                      # in sentences
+    description: str                # one line: --help, the README and the reports say the same
+    needs: str                      # what it needs of the runtime
+    cost: Callable[[BlockFacts], PolicyCost]   # memory kept and time redone, from the block's facts
+    # -- names in each framework (None: it has none; whole-block frameworks recompute such blocks in full)
+    megatron: str | None            # --recompute-granularity (""; no recompute flags)
+    torchtitan: str | None          # [activation_checkpoint] settings
+    deepspeed: str | None
+
+
+def _none(f: BlockFacts) -> PolicyCost:
+    return PolicyCost(act_bytes=f.saved_bytes, peak_extra_bytes=f.workspace_bytes)
+
+
+def _selective(f: BlockFacts) -> PolicyCost:
+    """Korthikanti et al. 2022, Sec 5: drop the attention core's internals and redo the core. Under flash
+    attention the core keeps nothing to drop (its log-sum-exp stays), so this is "none"."""
+    if not f.attention_core_fwd_s:
+        return _none(f)
+    kept = f.saved_bytes - f.attention_core_bytes
+    return PolicyCost(recompute_s=f.attention_core_fwd_s, act_bytes=kept,
+                      peak_extra_bytes=f.workspace_bytes + f.saved_bytes - kept)
+
+
+def _op(f: BlockFacts) -> PolicyCost:
+    """torchtitan's operator-level selective checkpointing: keep the block's input and the outputs of the
+    saved ops; backward first reruns the forward with the saved ops replaced by their outputs, so everything
+    else is redone (norms, activations, RoPE, the recomputed mms, the TP collectives whose outputs are not
+    saved), and the saved tensors are rebuilt while the backward runs."""
+    return PolicyCost(recompute_s=max(0.0, f.fwd_s - f.op_kept_s - f.saved_comm_s),
+                      act_bytes=f.input_bytes + f.op_kept_bytes,
+                      peak_extra_bytes=f.workspace_bytes + f.saved_bytes, recompute_flops=f.op_redo_flops)
+
+
+def _full(f: BlockFacts) -> PolicyCost:
+    """Chen et al. 2016: keep the input, redo the whole forward before backward, which rebuilds every
+    saved tensor while the backward runs."""
+    return PolicyCost(recompute_s=f.fwd_s, act_bytes=min(f.input_bytes, f.saved_bytes),
+                      peak_extra_bytes=f.workspace_bytes + f.saved_bytes, recompute_flops=f.matmul_flops_fwd)
+
+
+def _activation_offload(f: BlockFacts) -> PolicyCost:
+    """The saved tensors go to the host during forward and come back during backward on a copy stream
+    beside the compute stream (torchtune OffloadActivations, use_streams=True; executor/recompute.py): the
+    copy out of one layer runs beside the next layer's forward, the copy in beside the backward of the
+    layer before it, and only what exceeds that compute is exposed. Two layers' tensors are on the device
+    at a time: the one whose backward runs and the next, copied in beside it (while forward copies one
+    out, the next computes: two again).
+
+    In a CPU process the host memory is the device memory: the executor's host stash clones the saved
+    storages beside the originals, which live until the block's forward ends, and hands the clones back
+    to backward as they are (executor/recompute.py HostStash). It then keeps what no recompute keeps, one
+    block's twice while its forward runs, and costs the clone (``host_copy_s`` is then the copy's time)."""
+    if f.device_is_host:
+        return PolicyCost(recompute_s=f.host_copy_s, act_bytes=f.saved_bytes,
+                          peak_extra_bytes=f.workspace_bytes + f.saved_bytes)
+    return PolicyCost(recompute_s=max(0.0, f.host_copy_s - f.fwd_s) + max(0.0, f.host_copy_s - f.bwd_s),
+                      act_bytes=0.0, peak_extra_bytes=f.workspace_bytes + 2 * f.saved_bytes,
+                      host_bytes=f.saved_bytes)
+
+
+NONE = RecomputePolicy(
+    name="none", title="no recompute", description="keep every activation autograd saves",
+    needs="nothing", cost=_none, megatron="", torchtitan='mode = "none"', deepspeed="")
+SELECTIVE = RecomputePolicy(
+    name="selective", title="selective (attention-core) recompute",
+    description="recompute the attention core only (Korthikanti et al. 2022, Sec 5; Megatron-LM "
+                "--recompute-granularity selective); saves nothing under flash attention, which keeps no scores",
+    needs="a checkpoint around the attention core (torch.utils.checkpoint)", cost=_selective,
+    megatron="--recompute-granularity selective", torchtitan=None,
+    deepspeed="--recompute-granularity selective (Megatron-DeepSpeed)")
+OP = RecomputePolicy(
+    name="op", title="operator-level selective recompute (op)",
+    description="operator-level selective checkpointing: keep the outputs of matmuls (every other mm), attention "
+                "and reduce-scatters, recompute the rest (torchtitan SelectiveAC, selective_ac_option 'op', with "
+                "torch.utils.checkpoint.create_selective_checkpoint_contexts)",
+    needs="torch's selective checkpointing contexts (torch.utils.checkpoint.create_selective_checkpoint_contexts)",
+    cost=_op, megatron=None, torchtitan='mode = "selective", selective_ac_option = "op"', deepspeed=None)
+FULL = RecomputePolicy(
+    name="full", title="full recompute",
+    description="keep the block's input only and recompute the block before its backward (Chen et al. 2016; "
+                "Megatron-LM --recompute-granularity full)",
+    needs="a checkpoint around the block (torch.utils.checkpoint)", cost=_full,
+    megatron="--recompute-granularity full", torchtitan='mode = "full"',
+    deepspeed="deepspeed.checkpointing.checkpoint around the block")
+ACTIVATION_OFFLOAD = RecomputePolicy(
+    name="activation-offload", aliases=("offload",), title="activation offload to host memory",
+    description="move the block's saved activations to host memory in forward and back in backward, over the "
+                "host link and beside compute (torch saved-tensor hooks; torchtune OffloadActivations)",
+    needs="saved-tensor hooks with a copy stream, and host memory for the micro-batches in flight",
+    cost=_activation_offload, megatron=None, torchtitan=None, deepspeed=None)
+
+POLICY_RECORDS: tuple[RecomputePolicy, ...] = (NONE, SELECTIVE, OP, FULL, ACTIVATION_OFFLOAD)
+RECOMPUTE_POLICIES: dict[str, RecomputePolicy] = {p.name: p for p in POLICY_RECORDS}
+POLICIES: tuple[str, ...] = tuple(RECOMPUTE_POLICIES)     # simplest first: the order ties are broken in
+ALIASES: dict[str, str] = {alias: p.name for p in POLICY_RECORDS for alias in p.aliases}
+DESCRIPTIONS = {p.name: p.description for p in POLICY_RECORDS}
 EVERY_K_DESCRIPTION = "full recompute on every K-th block, none on the others (torchtitan selective_ac_option = 'K')"
 
 _EVERY = re.compile(r"every-(\d+)")
+
+
+def canonical(name: str) -> str:
+    """A policy's name now, for a name or an earlier one (``aliases``); anything else as it is."""
+    return ALIASES.get(name, name) if isinstance(name, str) else name
+
+
+def runs_in(framework: str) -> tuple[str, ...]:
+    """The policies a framework has a name for (``megatron``, ``torchtitan`` or ``deepspeed``)."""
+    return tuple(p.name for p in POLICY_RECORDS if getattr(p, framework) is not None)
 
 
 def every_k(policy: str | None) -> int | None:
@@ -43,9 +183,10 @@ def every_k(policy: str | None) -> int | None:
 
 
 def parse_recompute(text: str, field: str = "--recompute") -> str:
-    """A --recompute value: a policy of ``POLICIES`` or ``every-K`` with K >= 1; UserError otherwise."""
-    if text in POLICIES:
-        return text
+    """A --recompute value: a policy (or an earlier name of one) or ``every-K`` with K >= 1; UserError
+    otherwise."""
+    if canonical(text) in RECOMPUTE_POLICIES:
+        return canonical(text)
     k = every_k(text)
     if k is not None and k >= 1:
         return f"every-{k}"

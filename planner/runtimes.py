@@ -14,15 +14,15 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .errors import one_of
+from .recompute import POLICIES, runs_in
 from .schedules import SCHEDULES
 
 DeviceKind = Literal["cuda", "cpu"]
 DEVICE_KINDS = ("cuda", "cpu")
-ALL_RECOMPUTES = ("none", "selective", "op", "full", "offload")   # planner/recompute.py; meshplan's executor
-                                                                  # runs them all (executor/recompute.py)
-# Megatron-LM: --recompute-granularity selective|full (no operator-level policy; its activation offload,
-# --cpu-offloading, is not modelled); DeepSpeed: checkpointing by layer (and Megatron-DeepSpeed's selective)
-MEGATRON_RECOMPUTES = ("none", "selective", "full")
+ALL_RECOMPUTES = POLICIES      # planner/recompute.py; meshplan's executor runs them all (executor/recompute.py)
+# Megatron-LM and DeepSpeed run the policies they have a name for (planner/recompute.py): Megatron-LM's
+# --recompute-granularity selective|full (no operator-level policy; its activation offload, --cpu-offloading,
+# is not modelled); DeepSpeed's checkpointing by layer (and Megatron-DeepSpeed's selective)
 NEVER = 4       # a ZeRO stage past the last: "never sharded"
 
 
@@ -174,7 +174,7 @@ TORCH = Runtime(
 _MEGATRON_RUNS = Combinations(
     zero_stages=(0, 1), zero_stages_with_pp=(0, 1), zero_stages_with_tp=(0, 1),
     schedules=tuple(name for name, s in SCHEDULES.items() if s.megatron),
-    recomputes=MEGATRON_RECOMPUTES, sequence_parallel=True, context_parallel=True, offload_zero_stages=(1,),
+    recomputes=runs_in("megatron"), sequence_parallel=True, context_parallel=True, offload_zero_stages=(1,),
     replicates_kv_heads=True, stages_without_blocks=False)      # exports/megatron_args.txt splits blocks only
 
 MEGATRON = Runtime(
@@ -196,7 +196,7 @@ MEGATRON = Runtime(
 
 _DEEPSPEED_RUNS = Combinations(
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1), zero_stages_with_tp=(0, 1, 2, 3),
-    schedules=tuple(name for name, s in SCHEDULES.items() if s.deepspeed), recomputes=MEGATRON_RECOMPUTES,
+    schedules=tuple(name for name, s in SCHEDULES.items() if s.deepspeed), recomputes=runs_in("deepspeed"),
     sequence_parallel=True, context_parallel=True,
     offload_zero_stages=(1, 2, 3), replicates_kv_heads=True, stages_without_blocks=False)
 

@@ -51,7 +51,6 @@ from dataclasses import dataclass, fields, replace
 
 from .cluster import Cluster
 from .config import ParallelConfig, Workload
-from .cost.layer import POLICY_INDEX
 from .cost.step import CostCache, Estimate, StepTime, assign_layers, dp_overlaps, dp_phases, estimate, \
     gathers_every_microbatch, layer_policies, optimizer_time_s, rank_costs, reduces_every_microbatch, \
     tied_embedding_sync_s
@@ -486,13 +485,13 @@ def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
             layers = []
             for i in chunk:
                 cost = cache.layer(i, ctx)
-                p = POLICY_INDEX[policies[i]]
+                p = cost.policy(policies[i])
                 g_f, g_b, red = dp_phases(cache, config, cost.params)
                 if tied_extra and rank == config.pp - 1 and i == len(graph.layers) - 1:
                     extra = dp_phases(cache, config, tied_extra)   # the head's copy of the shared embedding
                     g_f, g_b, red = g_f + extra[0], g_b + extra[1], red + extra[2]
-                layers.append(LayerWork(fwd_s=cost.fwd_s, bwd_s=cost.bwd_s + cost.recompute_s[p],
-                                        recompute_s=cost.recompute_s[p], tp_comm_s=cost.tp_comm_s,
+                layers.append(LayerWork(fwd_s=cost.fwd_s, bwd_s=cost.bwd_s + p.recompute_s,
+                                        recompute_s=p.recompute_s, tp_comm_s=cost.tp_comm_s,
                                         cp_comm_s=cost.cp_comm_s, gather_fwd_s=g_f, gather_bwd_s=g_b,
                                         reduce_s=red))
             out.append(tuple(layers))

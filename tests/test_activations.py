@@ -7,7 +7,7 @@ Table 2 of "Reducing Activation Recomputation in Large Transformer Models"
 import pytest
 
 from planner.cluster import load_cluster
-from planner.cost.layer import POLICY_INDEX, Context, layer_cost
+from planner.cost.layer import Context, layer_cost
 from planner.layers import build_layer_graph
 from planner.model import ZOO
 
@@ -24,7 +24,7 @@ def act(tp, sp, policy, attention="unfused"):
     ctx = Context(micro_batch=B, seq_len=S, tp=tp, cp=1, sequence_parallel=sp, precision="fp16",
                   attention=attention, framework="megatron", tp_comm_overlap=False)
     cost = layer_cost(BLOCK, ctx, CLUSTER)
-    return cost.act_bytes[POLICY_INDEX[policy]]
+    return cost.policy(policy).act_bytes
 
 
 def sbh(x):

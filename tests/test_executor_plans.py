@@ -53,8 +53,8 @@ PLANS = {
     # recompute policies composed with TP/SP (DTensor saved tensors), FSDP and a pipeline (executor/recompute.py)
     "tp2-sp-op-recompute": (2, {"tp": 2, "sequence_parallel": True, "recompute": "op"}),
     "zero3-op-recompute": (2, {"dp": 2, "zero": 3, "recompute": "op"}),
-    "tp2-offload": (2, {"tp": 2, "recompute": "offload"}),
-    "zero3-offload": (2, {"dp": 2, "zero": 3, "recompute": "offload"}),
+    "tp2-offload": (2, {"tp": 2, "recompute": "activation-offload"}),
+    "zero3-offload": (2, {"dp": 2, "zero": 3, "recompute": "activation-offload"}),
     "pp2-1f1b-every-2": (2, {"pp": 2, "schedule": "1f1b", "micro_batch": 2, "recompute": "every-2"}),
 }
 

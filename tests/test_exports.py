@@ -354,12 +354,12 @@ def test_every_k_over_a_pipeline_is_counted_per_rank_as_torchtitan_does():
 
 def test_policies_a_framework_lacks_become_full_recompute_with_a_note():
     from dataclasses import replace
-    for policy, words in (("op", "operator-level"), ("offload", "offload")):
+    for policy, words in (("op", "operator-level"), ("activation-offload", "offload")):
         plan = torch_plan(replace(EIGHT, recompute=policy))
         mega = megatron(plan)
         assert megatron_args(mega.text)["--recompute-granularity"] == ["full"]
         assert any(words in n for n in mega.notes)
         assert any(words in n for n in deepspeed(plan).notes)
-    offload = torchtitan(torch_plan(replace(EIGHT, recompute="offload")))
+    offload = torchtitan(torch_plan(replace(EIGHT, recompute="activation-offload")))
     assert tomllib.loads(offload.text)["activation_checkpoint"] == {"mode": "full"}
     assert any("offload" in n for n in offload.notes)

@@ -202,7 +202,7 @@ def test_ilp_mixes_new_policies_like_the_exhaustive_search(fraction):
     """Tight memory on a PCIe host (h100-80g): the optimum mixes operator-level selective recompute with no
     recompute and full recompute across the blocks, and the ILP finds it."""
     pr, reference, ilp = _tiny_llama_group(8, 16384, load_cluster("h100-80g", 2), fraction)
-    assert set(pr.policies) == {"none", "op", "full", "offload"}     # selective equals none under flash
+    assert set(pr.policies) == {"none", "op", "full", "activation-offload"}     # selective equals none under flash
     assert reference is not None and ilp is not None
     assert ilp[2] == pytest.approx(reference[2], rel=1e-6)
     used = _policies_used(reference[0])
@@ -219,7 +219,7 @@ def test_ilp_mixes_offload_where_the_host_link_is_fast():
                    host_dram=Link(bytes_per_s=2 * 512e9, efficiency=1.0, latency_s=0.0))
     pr, reference, ilp = _tiny_llama_group(8, 8192, fast, 0.1)
     assert ilp[2] == pytest.approx(reference[2], rel=1e-6)
-    assert "offload" in _policies_used(reference[0]) and len(_policies_used(reference[0])) >= 2
+    assert "activation-offload" in _policies_used(reference[0]) and len(_policies_used(reference[0])) >= 2
     assert estimate_fits(pr, ilp)
 
 

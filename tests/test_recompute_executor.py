@@ -23,7 +23,7 @@ from executor.models import build_model, sdpa
 from executor.recompute import PENDING, HostStash, _Moved, apply_policy
 from executor_support import SEQ, TINY_GPT, TINY_LLAMA, assert_losses, reference_run
 from planner.cluster import load_cluster
-from planner.cost.layer import POLICY_INDEX, Context, layer_cost
+from planner.cost.layer import Context, layer_cost
 from planner.layers import build_layer_graph
 from planner.recompute import POLICIES, every_k_layers
 
@@ -69,21 +69,21 @@ def predicted(spec, index: int, policy: str) -> tuple[float, float]:
     as the executor's bookkeeping splits them: what offload moves is in its host stash (``host``), which on
     this CPU is the same memory; the cost model of a CPU cluster counts it on the device (test below)."""
     cost = layer_cost(build_layer_graph(spec).layers[index], CTX, load_cluster("cpu-gloo"))
-    device, host = cost.act_bytes[POLICY_INDEX[policy]], cost.host_bytes[POLICY_INDEX[policy]]
-    return (0.0, device + host) if policy == "offload" else (device, host)
+    device, host = cost.policy(policy).act_bytes, cost.policy(policy).host_bytes
+    return (0.0, device + host) if policy == "activation-offload" else (device, host)
 
 
 def test_offload_on_a_cpu_keeps_what_no_recompute_keeps_and_costs_one_clone():
     layer = build_layer_graph(TINY_LLAMA).layers[1]
     cpu = load_cluster("cpu-gloo")
     cost = layer_cost(layer, CTX, cpu)
-    none_keep, off = cost.act_bytes[POLICY_INDEX["none"]], POLICY_INDEX["offload"]
-    assert cost.act_bytes[off] == none_keep and cost.host_bytes[off] == 0
+    none_keep, off = cost.policy("none").act_bytes, cost.policy("activation-offload")
+    assert off.act_bytes == none_keep and off.host_bytes == 0
     # the clone reads and writes the kept bytes once, at the profile's copy rate (read + write bytes per second)
     d = cpu.device
-    assert cost.recompute_s[off] == pytest.approx(2 * none_keep / (d.hbm_bytes_per_s * d.hbm_efficiency))
+    assert off.recompute_s == pytest.approx(2 * none_keep / (d.hbm_bytes_per_s * d.hbm_efficiency))
     # one block's originals beside their clones while its forward runs: one block more at the peak
-    assert cost.peak_extra_bytes[off] == pytest.approx(cost.peak_extra_bytes[POLICY_INDEX["none"]] + none_keep)
+    assert off.peak_extra_bytes == pytest.approx(cost.policy("none").peak_extra_bytes + none_keep)
 
 
 def close(measured: float, want: float) -> bool:
@@ -117,7 +117,7 @@ def test_policies_keep_what_they_should_relative_to_each_other():
         kept[policy] = block_held_bytes(build_model(spec, "cpu").layers["0"], policy, x, attention_core=sdpa)
     assert kept["full"] == (x.numel() * 4, 0)
     assert kept["full"][0] < kept["op"][0] < kept["none"][0]
-    assert kept["offload"] == (0, kept["none"][0])
+    assert kept["activation-offload"] == (0, kept["none"][0])
 
 
 @pytest.mark.parametrize("plan", PLANS)
@@ -148,7 +148,7 @@ def offload_stack(offload: bool):
     model = build_model(TINY_LLAMA, "cpu", keep=tuple(f"layers.{i}" for i in range(STACK)))
     if offload:
         for block in model.layers.values():
-            apply_policy(block, "offload")
+            apply_policy(block, "activation-offload")
     return model
 
 

@@ -9,7 +9,7 @@ kernel's fp32 log-sum-exp per head.
 import pytest
 
 from planner.cluster import load_cluster
-from planner.cost.layer import POLICY_INDEX, Context, layer_cost
+from planner.cost.layer import Context, layer_cost
 from planner.errors import UserError
 from planner.layers import build_layer_graph
 from planner.model import ZOO
@@ -30,7 +30,7 @@ def cost(graph, *, tp=1, sp=False, mb=2, seq=8192, cluster=H100, precision="bf16
 
 def test_no_recompute_is_the_hand_count():
     assert NONE_PER_TOKEN == 168_072
-    assert cost(LLAMA).act_bytes[POLICY_INDEX["none"]] == pytest.approx(NONE_PER_TOKEN * TOKENS, rel=1e-9)
+    assert cost(LLAMA).policy("none").act_bytes == pytest.approx(NONE_PER_TOKEN * TOKENS, rel=1e-9)
 
 
 def test_op_keeps_odd_matmuls_attention_and_the_input():
@@ -38,7 +38,7 @@ def test_op_keeps_odd_matmuls_attention_and_the_input():
     down), the attention kernel's output and log-sum-exp, and the checkpoint keeps the block's input."""
     per_token = 2 * (H + Q + KV + Q + F + H) + 4 * HEADS
     assert per_token == 63_616
-    assert cost(LLAMA).act_bytes[POLICY_INDEX["op"]] == pytest.approx(per_token * TOKENS, rel=1e-9)
+    assert cost(LLAMA).policy("op").act_bytes == pytest.approx(per_token * TOKENS, rel=1e-9)
 
 
 def test_op_under_tensor_and_sequence_parallelism():
@@ -46,7 +46,7 @@ def test_op_under_tensor_and_sequence_parallelism():
     sums, each row-parallel reduce-scatter output (1/8) is saved too, the input is the sequence shard."""
     t = 8
     per_token = 2 * (H / t + Q / t + KV / t + H / t + F / t + H + H / t + Q / t) + 4 * HEADS / t
-    got = cost(LLAMA, tp=t, sp=True).act_bytes[POLICY_INDEX["op"]]
+    got = cost(LLAMA, tp=t, sp=True).policy("op").act_bytes
     assert got == pytest.approx(per_token * TOKENS, rel=1e-9)
 
 
@@ -56,16 +56,16 @@ def test_op_saves_every_biased_linear():
     h, heads = spec.hidden, spec.num_heads
     assert spec.ffn_hidden == 4 * h and spec.linear_bias
     per_token = 2 * (h + 3 * h + h + 4 * h + h + h) + 4 * heads       # input, q k v, o, fc1, fc2, attention
-    got = cost(build_layer_graph(spec), mb=1, seq=2048).act_bytes[POLICY_INDEX["op"]]
+    got = cost(build_layer_graph(spec), mb=1, seq=2048).policy("op").act_bytes
     assert got == pytest.approx(per_token * 2048, rel=1e-9)
 
 
 def test_op_recomputes_less_than_full_and_more_than_none():
     c = cost(LLAMA, regime="bf16")
-    op, full = c.recompute_s[POLICY_INDEX["op"]], c.recompute_s[POLICY_INDEX["full"]]
+    op, full = c.policy("op").recompute_s, c.policy("full").recompute_s
     assert 0 < op < full == c.fwd_s
     # the recomputed mms (k, o, up) are 2 (h kv + q h + h f) FLOPs per token
-    assert c.recompute_flops[POLICY_INDEX["op"]] == pytest.approx(2 * (H * KV + Q * H + H * F) * TOKENS, rel=1e-9)
+    assert c.policy("op").recompute_flops == pytest.approx(2 * (H * KV + Q * H + H * F) * TOKENS, rel=1e-9)
 
 
 # h100-80g's host side: PCIe 50 GB/s per GPU, but 8 GPUs share 614.4 GB/s of DRAM at 0.5 efficiency
@@ -77,14 +77,14 @@ def test_offload_moves_everything_to_the_host_over_pcie():
     at the GPU's share of the host (HOST_RATE), exposed where it exceeds the layer's forward (out) and
     backward (in)."""
     c = cost(LLAMA, regime="bf16")
-    i = POLICY_INDEX["offload"]
+    i = c.policy("activation-offload")
     nbytes = NONE_PER_TOKEN * TOKENS
-    assert c.act_bytes[i] == 0 and c.host_bytes[i] == pytest.approx(nbytes, rel=1e-9)
+    assert i.act_bytes == 0 and i.host_bytes == pytest.approx(nbytes, rel=1e-9)
     copy_s = nbytes / HOST_RATE
     assert copy_s > c.bwd_s > c.fwd_s            # this block: slower to move than to compute
-    assert c.recompute_s[i] == pytest.approx((copy_s - c.fwd_s) + (copy_s - c.bwd_s), rel=1e-9)
+    assert i.recompute_s == pytest.approx((copy_s - c.fwd_s) + (copy_s - c.bwd_s), rel=1e-9)
     # two layers on the device at a time: the one in backward and the next, copied in beside it
-    assert c.peak_extra_bytes[i] == pytest.approx(c.peak_extra_bytes[POLICY_INDEX["none"]] + 2 * nbytes, rel=1e-9)
+    assert i.peak_extra_bytes == pytest.approx(c.policy("none").peak_extra_bytes + 2 * nbytes, rel=1e-9)
 
 
 def test_offload_is_free_where_compute_hides_the_copy():
@@ -92,7 +92,7 @@ def test_offload_is_free_where_compute_hides_the_copy():
     c = cost(LLAMA, mb=1, seq=131072)
     nbytes = NONE_PER_TOKEN * 131072
     assert nbytes / HOST_RATE < c.fwd_s < c.bwd_s
-    assert c.recompute_s[POLICY_INDEX["offload"]] == 0.0
+    assert c.policy("activation-offload").recompute_s == 0.0
 
 
 def test_offload_shares_a_pcie_switch_uplink_between_two_a100s():
@@ -107,7 +107,7 @@ def test_offload_shares_a_pcie_switch_uplink_between_two_a100s():
     c = cost(LLAMA, cluster=a100, regime="bf16")
     copy_s = NONE_PER_TOKEN * TOKENS / 12.5e9
     expected = max(0.0, copy_s - c.fwd_s) + max(0.0, copy_s - c.bwd_s)
-    assert c.recompute_s[POLICY_INDEX["offload"]] == pytest.approx(expected, rel=1e-9) and expected > 0
+    assert c.policy("activation-offload").recompute_s == pytest.approx(expected, rel=1e-9) and expected > 0
 
 
 def test_every_k_expands_over_the_blocks_counted_from_one():
@@ -154,8 +154,8 @@ def test_eager_cross_entropy_holds_fp32_log_probs_and_two_fp32_gradients(framewo
     trains with): log_softmax keeps its fp32 output, backward holds nll_loss's and log_softmax's fp32
     gradients at once. At 16,384 tokens of a 128,256 vocabulary: 7.8 GiB kept, 15.7 GiB in backward."""
     c = head(framework)
-    assert c.act_bytes[0] == pytest.approx(TOKENS * (V * 4 + H * 2), rel=1e-9)       # + the head's input
-    assert c.peak_extra_bytes[0] == pytest.approx(TOKENS * V * 8, rel=1e-9)
+    assert c.policy("none").act_bytes == pytest.approx(TOKENS * (V * 4 + H * 2), rel=1e-9)       # + the head's input
+    assert c.policy("none").peak_extra_bytes == pytest.approx(TOKENS * V * 8, rel=1e-9)
 
 
 @pytest.mark.parametrize("tp", [1, 8])
@@ -163,5 +163,5 @@ def test_megatron_vocab_parallel_cross_entropy_writes_its_gradient_in_place(tp):
     """Megatron-LM's _VocabParallelCrossEntropy keeps the fp32 softmax of its vocabulary shard and turns it
     into the gradient in place; only the cast to bf16 is new in backward."""
     c = head("megatron", tp)
-    assert c.act_bytes[0] == pytest.approx(TOKENS * V * 4 / tp + TOKENS / tp * H * 2, rel=1e-9)
-    assert c.peak_extra_bytes[0] == pytest.approx(TOKENS * V * 2 / tp, rel=1e-9)
+    assert c.policy("none").act_bytes == pytest.approx(TOKENS * V * 4 / tp + TOKENS / tp * H * 2, rel=1e-9)
+    assert c.policy("none").peak_extra_bytes == pytest.approx(TOKENS * V * 2 / tp, rel=1e-9)

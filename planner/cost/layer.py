@@ -18,15 +18,12 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..cluster import DTYPE_BYTES, Cluster
-from ..config import RECOMPUTES
 from ..layers import Layer, Op, Saved
 from .. import network
+from ..recompute import POLICY_RECORDS, BlockFacts, PolicyCost
 from ..runtimes import RUNTIMES
 from .compute import flash_attention_s, gemm_s, memory_bound_s, unfused_attention_s
 from .eager import CAST_UP_BYTES, eager_s
-
-POLICY_INDEX = {name: i for i, name in enumerate(RECOMPUTES)}
-
 
 class Context(NamedTuple):
     """The parallel context a layer runs in (everything its per-micro-batch cost depends on)."""
@@ -52,11 +49,7 @@ class Context(NamedTuple):
 class LayerCost:
     fwd_s: float                          # forward, exposed TP/CP communication included
     bwd_s: float                          # backward, exposed communication included
-    # per recompute policy, indexed by POLICY_INDEX (none, selective, op, full, offload; planner/recompute.py):
-    recompute_s: tuple[float, ...]        # seconds the policy adds before backward: the forward redone, or
-                                          # the host transfer that compute does not hide (offload)
-    act_bytes: tuple[float, ...]          # kept on the device for backward, per micro-batch
-    peak_extra_bytes: tuple[float, ...]   # transient on top while this layer runs backward
+    by_policy: dict[str, PolicyCost]      # what each recompute policy costs (planner/recompute.py)
     tp_comm_s: float                      # exposed TP collective time, forward + backward
     cp_comm_s: float                      # exposed context-parallel exchange, forward + backward
     params: float                         # parameters held by one TP rank
@@ -64,8 +57,9 @@ class LayerCost:
     work_floor_s: float = 0.0             # a lower bound on fwd_s + bwd_s that is linear in the tokens
                                           # (GEMMs at their ideal rate, no quantization, no communication):
                                           # k times it at micro-batch 1 bounds the time at micro-batch k
-    host_bytes: tuple[float, ...] = (0.0,) * len(RECOMPUTES)   # per policy: in host memory, per micro-batch
-    recompute_flops: tuple[float, ...] = (0.0,) * len(RECOMPUTES)   # per policy: matmul FLOPs redone
+
+    def policy(self, name: str) -> PolicyCost:
+        return self.by_policy[name]
 
 
 def _split(split: str, ctx: Context) -> int:
@@ -213,7 +207,7 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     saved = workspace = 0.0
     params = layer.params_replicated + (layer.params - layer.params_replicated) / ctx.tp
     eager = dict(layer.eager).get(ctx.eager_regime) if ctx.eager_regime else None
-    sac = _SacOutputs()         # what operator-level selective checkpointing keeps (``_op_policy``)
+    sac = _SacOutputs()         # what operator-level selective checkpointing keeps (policy "op")
     eager_loss = RUNTIMES[ctx.framework].loss == "eager" if ctx.framework in RUNTIMES else True
     for op in layer.ops:
         if op.measured_fwd_s is not None:        # measured by `meshplan profile --ops`, per token, alone
@@ -262,41 +256,24 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
             tp_fwd, tp_bwd = tp_fwd + dev.tp_block_overhead_s[0], tp_bwd + dev.tp_block_overhead_s[1]
     fwd_total = fwd + tp_fwd + cp_fwd + (0.0 if tp_fwd_all else wait_fwd)
     bwd_total = bwd + tp_bwd + cp_bwd + (0.0 if tp_fwd_all else wait_bwd)
-    # what each recompute policy keeps (Korthikanti et al. 2022, Sec 5): selective drops the
-    # attention core's internals and recomputes the core; full keeps only the layer's input
+    # what each recompute policy keeps and redoes (planner/recompute.py), from what this layer is
     if layer.kind == "embedding":
-        full_keep = 8.0 * ctx.tokens                  # the int64 token ids
+        input_bytes = 8.0 * ctx.tokens                  # the int64 token ids
     else:
-        full_keep = layer.output_elems * ctx.tokens * dt / (ctx.tp if ctx.sequence_parallel else 1)
-    none_keep = saved + kept
-    select_keep = saved + (kept if ctx.attention == "flash" else 0.0)
-    select_extra = core_fwd + cp_fwd if ctx.attention == "unfused" and core_fwd else 0.0
+        input_bytes = layer.output_elems * ctx.tokens * dt / (ctx.tp if ctx.sequence_parallel else 1)
     # the reduce-scatters' share of the exposed forward TP time: their outputs are kept under "op"
     rs_share = tp_fwd * tp_fwd_rs / tp_fwd_all if tp_fwd_all else 0.0
-    op_keep, op_redo_s, op_redo_flops = _op_policy(sac, full_keep, fwd_total, rs_share)
-    offload_redo_s = _offload_exposed_s(none_keep, fwd_total, bwd_total, cluster)
-    offload_keep, offload_host, offload_extra = 0.0, none_keep, workspace + 2 * none_keep
-    if cluster.device_kind == "cpu":
-        # a CPU process's host memory is its device memory: the executor's host stash clones the saved
-        # storages beside the originals, which live until the block's forward ends, and hands the clones
-        # back to backward as they are (executor/recompute.py HostStash._copy_out, _copy_in). Offload
-        # then keeps what no recompute keeps, one block's twice while its forward runs, and costs the
-        # clone: its bytes read and written at the measured copy rate (hbm_GBps: read + write bytes)
-        offload_keep, offload_host, offload_extra = none_keep, 0.0, workspace + none_keep
-        offload_redo_s = 2 * none_keep / (cluster.device.hbm_bytes_per_s * cluster.device.hbm_efficiency)
+    facts = BlockFacts(
+        saved_bytes=saved + kept, attention_core_bytes=kept if ctx.attention == "unfused" else 0.0,
+        attention_core_fwd_s=core_fwd + cp_fwd if ctx.attention == "unfused" and core_fwd else 0.0,
+        input_bytes=input_bytes, fwd_s=fwd_total, bwd_s=bwd_total, matmul_flops_fwd=flops,
+        workspace_bytes=workspace, op_kept_bytes=sac.kept_bytes, op_kept_s=sac.kept_s, op_redo_flops=sac.redo_flops,
+        saved_comm_s=rs_share, host_copy_s=_host_copy_s(saved + kept, cluster),
+        device_is_host=cluster.device_kind == "cpu")
     return LayerCost(
-        fwd_s=fwd_total, bwd_s=bwd_total,
-        recompute_s=(0.0, select_extra, op_redo_s, fwd_total, offload_redo_s),
-        act_bytes=(none_keep, select_keep, op_keep, min(full_keep, none_keep), offload_keep),
-        # full and op recompute rebuild the layer's saved tensors while its backward runs; offload holds
-        # two layers' on the device at a time: the one whose backward runs and the next, copied in beside it
-        # (while the forward copies one out, the next computes: two again)
-        peak_extra_bytes=(workspace, workspace + none_keep - select_keep, workspace + none_keep,
-                          workspace + none_keep, offload_extra),
+        fwd_s=fwd_total, bwd_s=bwd_total, by_policy={p.name: p.cost(facts) for p in POLICY_RECORDS},
         tp_comm_s=tp_fwd + tp_bwd, cp_comm_s=cp_fwd + cp_bwd + (0.0 if tp_fwd_all else wait_fwd + wait_bwd),
-        params=params, matmul_flops_fwd=flops,
-        work_floor_s=floor, host_bytes=(0.0, 0.0, 0.0, 0.0, offload_host),
-        recompute_flops=(0.0, 0.0, op_redo_flops, flops, 0.0))
+        params=params, matmul_flops_fwd=flops, work_floor_s=floor)
 
 
 class _SacOutputs:
@@ -347,26 +324,18 @@ class _SacOutputs:
         self.kept_s += fwd_s
 
 
-def _op_policy(sac: _SacOutputs, input_bytes: float, fwd_s: float, saved_comm_s: float
-               ) -> tuple[float, float, float]:
-    """(bytes kept, seconds redone, matmul FLOPs redone) under operator-level selective checkpointing: the
-    checkpoint keeps the block's input and the saved outputs (``_SacOutputs``); backward first reruns the
-    forward with the saved ops replaced by their outputs, so everything else is redone (norms, activations,
-    RoPE, the recomputed mms, the TP all-gathers or all-reduces whose outputs are not saved)."""
-    return input_bytes + sac.kept_bytes, max(0.0, fwd_s - sac.kept_s - saved_comm_s), sac.redo_flops
-
-
-def _offload_exposed_s(nbytes: float, fwd_s: float, bwd_s: float, cluster: Cluster) -> float:
-    """Seconds activation offload adds to a layer: its saved bytes go to the host during forward and come
-    back during backward on a copy stream beside the compute stream (torchtune OffloadActivations,
-    use_streams=True; executor/recompute.py): the copy out of one layer runs beside the next layer's
-    forward, the copy in beside the backward of the layer before it, and only what exceeds that compute is
-    exposed. The rate is the GPU's host link ([host] pcie_GBps of the cluster profile, per direction) or its
-    share of a PCIe switch's uplink ([host] gpus_per_uplink; network.host_bytes_per_s), or its share of the
-    node's host DRAM bandwidth where that is less: every GPU of the node offloads at once ([host]
-    memory_GBps at its memory_efficiency, over the GPUs of the node). Not modelled: a PCIe link shared
-    with the GPU's NIC traffic (GPUDirect RDMA)."""
+def _host_copy_s(nbytes: float, cluster: Cluster) -> float:
+    """One copy of a layer's saved bytes between the device and the host, as activation offload makes it.
+    On a GPU: over its host link ([host] pcie_GBps of the cluster profile, per direction) or its share of a
+    PCIe switch's uplink ([host] gpus_per_uplink; network.host_bytes_per_s), or its share of the node's host
+    DRAM bandwidth where that is less: every GPU of the node offloads at once ([host] memory_GBps at its
+    memory_efficiency, over the GPUs of the node). Not modelled: a PCIe link shared with the GPU's NIC
+    traffic (GPUDirect RDMA). In a CPU process: the clone of the saved storages, read and written at the
+    measured copy rate (hbm_GBps counts read + write bytes)."""
+    if nbytes <= 0:
+        return 0.0
+    if cluster.device_kind == "cpu":
+        return 2 * nbytes / (cluster.device.hbm_bytes_per_s * cluster.device.hbm_efficiency)
     per_node = min(cluster.gpus_per_node, cluster.num_gpus)
     rate = min(network.fabric(cluster).host_bytes_per_s, cluster.host_dram.effective_bytes_per_s / per_node)
-    copy_s = nbytes / rate if nbytes > 0 else 0.0
-    return max(0.0, copy_s - fwd_s) + max(0.0, copy_s - bwd_s)
+    return nbytes / rate

@@ -16,7 +16,7 @@ from .. import network
 from ..runtimes import RUNTIMES
 from ..schedules import SCHEDULES
 from .eager import eager_regime, eager_s, layer_eager_regime, step_param_bytes, wraps_in_fsdp
-from .layer import POLICY_INDEX, Context, LayerCost, layer_cost
+from .layer import Context, LayerCost, layer_cost
 from .memory import (grad_comm_bytes_per_param, resident_bytes_per_param, state_bytes_per_param,
                      working_copy_bytes_per_param)
 
@@ -212,7 +212,7 @@ class CostCache:
             for sig, n in self.signature_counts.items():
                 c = self.signature_cost(sig, ctx)
                 work += n * (c.fwd_s + c.bwd_s)
-                act += n * min(c.act_bytes[POLICY_INDEX[p]] for p in self.policies)
+                act += n * min(c.policy(p).act_bytes for p in self.policies)
                 params += n * c.params
                 floor += n * c.work_floor_s
             out = self._totals[ctx] = (work, act, params, floor)
@@ -279,7 +279,7 @@ class RankCost:
                                                   # data-parallel collective per layer
     first_bucket: float = 0.0    # parameters of the rank's first layer: its gather opens the forward,
                                  # its reduction closes the backward
-    host_act_bytes: float = 0.0  # activations offloaded to host memory per micro-batch (recompute "offload")
+    host_act_bytes: float = 0.0  # activations offloaded to host memory per micro-batch (recompute "activation-offload")
 
 
 def rank_costs(cache: CostCache, config: ParallelConfig) -> list[RankCost]:
@@ -336,17 +336,17 @@ def _rank_sums(cache: CostCache, ctx: Context, counts: tuple, tied: bool, tp_deg
     for (sig, policy), n in counts:
         cost = cache.signature_cost(sig, ctx)
         buckets[cost.params] = buckets.get(cost.params, 0) + n
-        p = POLICY_INDEX[policy]
+        p = cost.policy(policy)
         fwd += n * cost.fwd_s
-        bwd += n * (cost.bwd_s + cost.recompute_s[p])
-        rec += n * cost.recompute_s[p]
+        bwd += n * (cost.bwd_s + p.recompute_s)
+        rec += n * p.recompute_s
         tp += n * cost.tp_comm_s
         cp += n * cost.cp_comm_s
-        act += n * cost.act_bytes[p]
-        extra = max(extra, cost.peak_extra_bytes[p])
+        act += n * p.act_bytes
+        extra = max(extra, p.peak_extra_bytes)
         params += n * cost.params
-        flops += n * (3 * cost.matmul_flops_fwd + cost.recompute_flops[p])
-        host += n * cost.host_bytes[p]
+        flops += n * (3 * cost.matmul_flops_fwd + p.recompute_flops)
+        host += n * p.host_bytes
     if tied:
         shared = cache.graph.tied_params / tp_degree     # the head's copy of the shared embedding
         params += shared
@@ -568,7 +568,7 @@ def _host_bytes(cache: CostCache, config: ParallelConfig, rank: RankCost) -> flo
 
 def _host_bytes_per_node(cache: CostCache, config: ParallelConfig, ranks: list[RankCost]) -> float:
     """Host memory per node: the offloaded model states (``_host_bytes``), and the activations offloaded by
-    recompute "offload" of the micro-batches in flight, of the node's GPUs (all alike: the most loaded
+    recompute "activation-offload" of the micro-batches in flight, of the node's GPUs (all alike: the most loaded
     rank's)."""
     per_node = min(cache.cluster.gpus_per_node, cache.cluster.num_gpus)
     most = 0.0

@@ -7,9 +7,8 @@ from dataclasses import dataclass, fields
 from ..describe import describe_config, gib, runs
 from ..cost.step import Estimate, StepTime
 from ..explain import PARTS, gains, limits, lost_on
-from ..config import RECOMPUTES
 from ..exports import DOCS, Export, recompute_per_stage
-from ..recompute import DESCRIPTIONS, EVERY_K_DESCRIPTION, every_k
+from ..recompute import DESCRIPTIONS, EVERY_K_DESCRIPTION, POLICIES, every_k
 from ..simulate import Timeline
 from .knobs import Knob
 
@@ -139,7 +138,7 @@ def _stages(plan) -> Section:
     text = f"{len(stages)} virtual stage(s) on {c.pp} rank(s); layers per stage {runs([len(s) for s in stages])}."
     used = {p for rec in recompute_per_stage(plan) for p, n in rec.items() if n and p != "none"}
     if used:    # what each recompute policy in the table does, in one line (planner/recompute.py)
-        text += " Recompute: " + "; ".join(f"{p}: {DESCRIPTIONS[p]}" for p in RECOMPUTES if p in used) + "."
+        text += " Recompute: " + "; ".join(f"{p}: {DESCRIPTIONS[p]}" for p in POLICIES if p in used) + "."
     if every_k(c.recompute):
         text += f" The blocks follow the pattern {c.recompute}: {EVERY_K_DESCRIPTION}."
     return Section(title="Stages and recompute", paragraphs=(text,),

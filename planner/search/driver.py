@@ -26,9 +26,8 @@ from dataclasses import dataclass, replace
 
 from ..cluster import Cluster
 from ..config import ParallelConfig, Workload
-from ..cost.layer import POLICY_INDEX
 from ..cost.step import CostCache, estimate, peak_memory
-from ..recompute import every_k, summary_policy
+from ..recompute import POLICIES, every_k, summary_policy
 from ..schedules import SCHEDULES
 from ..layers import LayerGraph
 from .enumerate import (OPTIMALITY_GAP, Candidate, LayoutBounds, SearchResult, _TopK, _sort_key, layout_order,
@@ -193,10 +192,10 @@ def least_recompute(cache: CostCache, config: ParallelConfig, allowed) -> Parall
     for i, policy in enumerate(policies):
         if policy == "none":
             continue
-        added = cache.layer(i, ctx).recompute_s
+        cost = cache.layer(i, ctx)
 
         def cheaper(p: str) -> tuple[float, int]:
-            return added[POLICY_INDEX[p]], POLICY_INDEX[p]
+            return cost.policy(p).recompute_s, POLICIES.index(p)
         for lighter in sorted((p for p in allowed if cheaper(p) < cheaper(policy)), key=cheaper):
             trial = replace(config, recompute_layers=tuple(policies[:i] + [lighter] + policies[i + 1:]))
             device, host = peak_memory(cache, trial)

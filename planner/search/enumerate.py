@@ -9,7 +9,7 @@ only be higher and memory no lower than a fitting choice are skipped:
 
 - a recompute policy that adds no more seconds to any block than one found fitting (or too slow)
   is no slower (planner/search/policies.py; the policies are not a total order: "op" recomputes
-  less than "full" but keeps more, "offload" may add nothing but needs host memory);
+  less than "full" but keeps more, "activation-offload" may add nothing but needs host memory);
 - no offload is faster than optimizer offload;
 - a schedule another dominates (``PipelineSchedule.dominated_by``: GPipe takes the same time as 1F1B
   and holds more micro-batches) is not searched unless it is fixed.

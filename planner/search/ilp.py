@@ -15,7 +15,7 @@ Variables
     D >= 0, O >= 0        exposed data-parallel time, optimizer time
 
 Rank quantities (linear in n): F[r] = sum n f + F_fixed, B[r] = sum n (b + rc_c) +
-B_fixed, P[r] params, A[r] saved activations per micro-batch (on the device; policy "offload" keeps
+B_fixed, P[r] params, A[r] saved activations per micro-batch (on the device; policy "activation-offload" keeps
 its blocks' on the host, counted in (g)).
 
 Constraints
@@ -50,7 +50,6 @@ from functools import lru_cache
 import numpy as np
 import pulp
 
-from ..cost.layer import POLICY_INDEX
 from ..errors import UserError
 from .exhaustive import compositions
 from .stages import GroupProblem, Option
@@ -88,10 +87,10 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
     t_max = pulp.LpVariable("T_max", 0)
     D = pulp.LpVariable("D", 0)
     O = pulp.LpVariable("O", 0)
-    rc = {c: block.recompute_s[POLICY_INDEX[c]] for c in pr.policies}
-    act = {c: block.act_bytes[POLICY_INDEX[c]] / gib for c in pr.policies}
-    transient = {c: block.peak_extra_bytes[POLICY_INDEX[c]] / gib for c in pr.policies}
-    host_act = {c: block.host_bytes[POLICY_INDEX[c]] / gib for c in pr.policies}
+    rc = {c: block.policy(c).recompute_s for c in pr.policies}
+    act = {c: block.policy(c).act_bytes / gib for c in pr.policies}
+    transient = {c: block.policy(c).peak_extra_bytes / gib for c in pr.policies}
+    host_act = {c: block.policy(c).host_bytes / gib for c in pr.policies}
 
     prob += pulp.lpSum(n.values()) == L, "a_every_block_placed"
     for r in range(p):
@@ -200,8 +199,8 @@ def _least_recompute_s(pr: GroupProblem, opt: Option, r: int, b: int) -> float:
     block, fixed, inflight = pr.block, pr.fixed[r], pr.inflight[r]
     cap = pr.cache.cluster.device.memory_bytes
     base = opt.other_bytes + (fixed.params + b * block.params) * opt.state_bytes + inflight * fixed.act_bytes
-    cost = {c: (block.recompute_s[POLICY_INDEX[c]], inflight * block.act_bytes[POLICY_INDEX[c]],
-                block.peak_extra_bytes[POLICY_INDEX[c]]) for c in pr.policies}
+    cost = {c: (block.policy(c).recompute_s, inflight * block.policy(c).act_bytes, block.policy(c).peak_extra_bytes)
+            for c in pr.policies}
     if math.comb(b + len(cost) - 1, len(cost) - 1) <= 1000:
         counts = _compositions_array(b, len(cost))          # every assignment, one row each
         rc, act, extra = (np.array([v[i] for v in cost.values()], dtype=float) for i in range(3))

@@ -1,7 +1,7 @@
 """Which recompute policies a group of candidates must decide between, and which is no slower.
 
 The policies (planner/recompute.py) are not a total order: "op" recomputes less than "full" and keeps
-more, "offload" may add no time at all and keep nothing on the device but needs host memory and a
+more, "activation-offload" may add no time at all and keep nothing on the device but needs host memory and a
 transient of two layers. What the search may use, per parallel context (the blocks' costs depend on
 tp, sequence parallelism, the micro-batch...):
 
@@ -15,9 +15,8 @@ tp, sequence parallelism, the micro-batch...):
 """
 from __future__ import annotations
 
-from ..config import RECOMPUTES
-from ..cost.layer import POLICY_INDEX, Context, LayerCost
-from ..recompute import every_k
+from ..cost.layer import Context, LayerCost
+from ..recompute import POLICIES, every_k
 
 
 def _block_costs(cache, ctx: Context) -> list[tuple[LayerCost, int]]:
@@ -30,8 +29,7 @@ def _block_costs(cache, ctx: Context) -> list[tuple[LayerCost, int]]:
 
 
 def _profile(costs: list[tuple[LayerCost, int]], policy: str) -> tuple:
-    i = POLICY_INDEX[policy]
-    return tuple((c.recompute_s[i], c.act_bytes[i], c.peak_extra_bytes[i], c.host_bytes[i]) for c, _ in costs)
+    return tuple(c.policy(policy) for c, _ in costs)
 
 
 def distinct_policies(cache, ctx: Context, policies) -> tuple[str, ...]:
@@ -45,13 +43,13 @@ def distinct_policies(cache, ctx: Context, policies) -> tuple[str, ...]:
     if key not in memo:
         costs = _block_costs(cache, ctx)
         seen, kept = set(), []
-        for policy in sorted(policies, key=RECOMPUTES.index):
+        for policy in sorted(policies, key=POLICIES.index):
             profile = _profile(costs, policy)
             if profile not in seen:
                 seen.add(profile)
                 kept.append(policy)
-        added = {p: sum(n * c.recompute_s[POLICY_INDEX[p]] for c, n in costs) for p in kept}
-        memo[key] = tuple(sorted(kept, key=lambda p: (added[p], RECOMPUTES.index(p))))
+        added = {p: sum(n * c.policy(p).recompute_s for c, n in costs) for p in kept}
+        memo[key] = tuple(sorted(kept, key=lambda p: (added[p], POLICIES.index(p))))
     return memo[key]
 
 
@@ -61,5 +59,4 @@ def no_slower(cache, ctx: Context, a: str, b: str) -> bool:
         return True
     if every_k(a) or every_k(b):
         return False
-    ia, ib = POLICY_INDEX[a], POLICY_INDEX[b]
-    return all(c.recompute_s[ia] <= c.recompute_s[ib] for c, _ in _block_costs(cache, ctx))
+    return all(c.policy(a).recompute_s <= c.policy(b).recompute_s for c, _ in _block_costs(cache, ctx))

@@ -20,13 +20,13 @@ import heapq
 import math
 from dataclasses import dataclass, replace
 
-from ..config import RECOMPUTES, ParallelConfig
-from ..cost.layer import POLICY_INDEX, LayerCost
+from ..config import ParallelConfig
+from ..cost.layer import LayerCost
 from ..cost.memory import resident_bytes_per_param, state_bytes_per_param
 from ..cost.step import (CostCache, _other_bytes, dp_collectives, dp_overlaps, inflight_microbatches, optimizer_time_s,
                          tied_embedding_sync_s)
 from ..runtimes import RUNTIMES
-from ..recompute import summary_policy
+from ..recompute import POLICIES, summary_policy
 from ..schedules import SCHEDULES
 from .policies import distinct_policies
 from .space import Layout, Space
@@ -135,8 +135,8 @@ class GroupProblem:
             params += graph.tied_params / self.layout.tp
             buckets += (graph.tied_params / self.layout.tp,)
         return Fixed(fwd_s=sum(c.fwd_s for c in costs), bwd_s=sum(c.bwd_s for c in costs),
-                     act_bytes=sum(c.act_bytes[0] for c in costs),
-                     extra_bytes=max([c.peak_extra_bytes[0] for c in costs] or [0.0]), params=params,
+                     act_bytes=sum(c.policy("none").act_bytes for c in costs),
+                     extra_bytes=max([c.policy("none").peak_extra_bytes for c in costs] or [0.0]), params=params,
                      buckets=buckets)
 
     def _option(self, zero: int, offload: str) -> Option:
@@ -185,7 +185,7 @@ class GroupProblem:
             n = sum(stage.values())
             extra = (len(self.shape.prefix) if j == 0 else 0) + (len(self.shape.suffix) if j == self.stages - 1 else 0)
             stage_layers.append(n + extra)
-            for policy in RECOMPUTES:
+            for policy in POLICIES:
                 policies += [policy] * stage.get(policy, 0)
         policies += ["none"] * len(self.shape.suffix)
         return replace(self.base, zero=option.zero, offload=option.offload, recompute=summary_policy(policies),
@@ -297,10 +297,10 @@ def option_lower_bounds(pr: GroupProblem, stop_at: float = math.inf) -> tuple[li
     floor = _pipeline(pr, max(times), work)
     if floor + pr.tied_s >= stop_at:
         return [floor + pr.tied_s] * len(pr.options), split
-    a_none = block.act_bytes[0]
-    savers = [(block.recompute_s[POLICY_INDEX[c]], a_none - block.act_bytes[POLICY_INDEX[c]])
-              for c in pr.policies if block.act_bytes[POLICY_INDEX[c]] < a_none]
-    a_min = min(block.act_bytes[POLICY_INDEX[c]] for c in pr.policies)
+    a_none = block.policy("none").act_bytes
+    savers = [(block.policy(c).recompute_s, a_none - block.policy(c).act_bytes)
+              for c in pr.policies if block.policy(c).act_bytes < a_none]
+    a_min = min(block.policy(c).act_bytes for c in pr.policies)
     out = []
     for opt in pr.options:
         recompute = 0.0
@@ -370,7 +370,7 @@ def _rank0_scan(pr: GroupProblem, opt: Option, recompute: float) -> float:
     largest (every block fully recomputed), which only lowers the exposure."""
     block, L, p, v, m = pr.block, pr.num_blocks, pr.p, pr.v, pr.m
     t_block = block.fwd_s + block.bwd_s
-    rc_max = max(block.recompute_s[POLICY_INDEX[c]] for c in pr.policies)
+    rc_max = max(block.policy(c).recompute_s for c in pr.policies)
     fixed_t = [f.fwd_s + f.bwd_s for f in pr.fixed]
     work = L * t_block + sum(fixed_t) + recompute
     dp = _Rank0Collectives(pr, opt)
