@@ -111,7 +111,7 @@ def plan_args(model_path: str, case: tuple, cluster: str) -> list[str]:
     _, mb, m, seq, recompute, zero = case
     return ["plan", "--model", model_path, "--cluster", cluster, "--gpus", "1", "--dp", "1", "--tp", "1", "--pp", "1",
             "--cp", "1", "--zero", str(zero), "--micro-batch", str(mb), "--global-batch", str(mb * m), "--seq-len",
-            str(seq), "--recompute", recompute, "--offload", "none"]
+            str(seq), "--recompute", recompute, "--optimizer-offload", "off"]
 
 
 def meshplan(args: list[str]) -> str:

@@ -18,7 +18,7 @@ What it does, in order:
 
 The knobs the executor cannot run on an arbitrary module are fixed before the search: no
 context parallelism, no sequence parallelism (which dimension of a user's tensor is the sequence
-is not known), no offload.
+is not known), no optimizer offload.
 """
 from __future__ import annotations
 
@@ -82,13 +82,13 @@ def executable_knobs(knobs=None):
     """The user's knobs with what the executor cannot run on an arbitrary module fixed off."""
     from planner.api import Knobs
     knobs = knobs or Knobs()
-    for name, off in (("cp", 1), ("sequence_parallel", False), ("offload", "none")):
+    for name, off in (("cp", 1), ("sequence_parallel", False), ("optimizer_offload", False)):
         value = getattr(knobs, name)
         if value is not None and value != off:
             raise UserError(f"{value!r}: auto_parallelize runs {name} {off!r} only (context parallelism, "
-                            "sequence parallelism and offload need a model the executor builds); allowed: "
+                            "sequence parallelism and optimizer offload need a model the executor builds); allowed: "
                             f"{off!r} or None", field=f"knobs.{name}")
-    return replace(knobs, cp=1, sequence_parallel=False, offload="none")
+    return replace(knobs, cp=1, sequence_parallel=False, optimizer_offload=False)
 
 
 def _broadcast_plan(plan_fn: Callable[[], dict]) -> dict:

@@ -194,7 +194,7 @@ def _build_rank(plan: RunPlan, dims: ParallelDims, meshes, pp_rank: int, own: bo
         full_shapes = {canonical_name(n): p.shape for n, p in part.named_parameters()}
         shard_model(part, plan, dims, mesh, dp_cp_mesh, "meta")
         report.problems += _check_params(part, plan, dims, coords, full_shapes)
-        optimizer = make_optimizer(part, lr=1e-3, zero=c.zero, dp_mesh=dp_cp_mesh, offload=c.offload)
+        optimizer = make_optimizer(part, lr=1e-3, zero=c.zero, dp_mesh=dp_cp_mesh, optimizer_offload=c.optimizer_offload)
         if isinstance(optimizer, ShardedAdamW):
             report.problems += _check_zero1(optimizer, coords, dp_cp_mesh.size())
         device, host = _state_bytes(part, optimizer, deferred=c.pp > 1 and c.zero >= 2)

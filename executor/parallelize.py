@@ -93,7 +93,7 @@ def apply_ac(model: Transformer, recompute_per_layer: dict[str, str]) -> None:
     """Activation recomputation per layer, each block with its plan.json policy (executor/recompute.py):
     ``full`` checkpoints the whole block and keeps only its input (Korthikanti et al. 2022, Sec 5);
     ``selective`` checkpoints only the attention core; ``op`` checkpoints the block keeping the outputs of
-    its matmuls (every other mm) and attention (torchtitan's SelectiveAC); ``offload`` moves what the block
+    its matmuls (every other mm) and attention (torchtitan's SelectiveAC); ``activation-offload`` moves what the block
     saves to host memory and back. An every-K plan is its per-layer policies."""
     for index, block in model.layers.items():
         apply_policy(block, recompute_per_layer.get(f"layers.{index}", "none"), attention_core=sdpa)
@@ -139,13 +139,13 @@ def mixed_precision(precision: str, device_type: str) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
 
-def offload_policy(offload: str, device_type: str) -> OffloadPolicy:
-    """FSDP2's offload policy for plan.json's ``offload``. ``CPUOffloadPolicy`` (ZeRO-Offload, Ren et al.
+def offload_policy(optimizer_offload: bool, device_type: str) -> OffloadPolicy:
+    """FSDP2's offload policy for plan.json's ``optimizer_offload``. ``CPUOffloadPolicy`` (ZeRO-Offload, Ren et al.
     2021) keeps each rank's sharded parameters, their gradients and so the optimizer step and its states
     in host memory, copying the shards to the device before each all-gather and the reduced gradients
     back (torch/distributed/fsdp/_fully_shard/_fsdp_api.py); planner/runtimes.py's torch layout says so.
     Pinned host memory where there is a GPU to copy to: pinning needs an accelerator."""
-    if offload != "optimizer":
+    if not optimizer_offload:
         return OffloadPolicy()
     return CPUOffloadPolicy(pin_memory=device_type == "cuda")
 
@@ -189,7 +189,7 @@ def shard_model(model: Transformer, plan: RunPlan, dims: ParallelDims, mesh: Dev
     fsdp_managed = uses_fsdp(plan, dims)
     if c.zero >= 2:
         apply_fsdp(model, dp_cp_mesh, units=model.layers.values(), reshard_after_forward=c.zero == 3,
-                   mp_policy=mp_policy, offload_policy=offload_policy(c.offload, device_type))
+                   mp_policy=mp_policy, offload_policy=offload_policy(c.optimizer_offload, device_type))
     elif fsdp_managed:
         apply_replicate(model, dp_cp_mesh, units=model.layers.values(), mp_policy=mp_policy)
     return fsdp_managed

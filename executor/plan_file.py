@@ -19,7 +19,7 @@ from planner.config import (FRAMEWORKS, PLAN_SCHEMA_VERSION, PRECISIONS, RECOMPU
                             ParallelConfig, Workload)
 from planner.errors import UserError, one_of
 from planner.model import ModelSpec, _read_json
-from planner.recompute import ALIASES, canonical     # read, parse, check it is an object; UserError naming the file
+from planner.recompute import canonical     # read, parse, check it is an object; UserError naming the file
 
 SUPPORTED_SCHEMA_VERSIONS = (PLAN_SCHEMA_VERSION,)
 _HEX16 = re.compile(r"^[0-9a-f]{16}$")
@@ -147,18 +147,19 @@ def _stages(data: dict, config: ParallelConfig, source: str) -> tuple[tuple[str,
     return tuple(tuple(s) for s in stages)
 
 
-def _string_map(data: dict, key: str, allowed: tuple[str, ...], source: str) -> dict[str, str]:
-    """An optional {path: choice} object."""
+def _string_map(data: dict, key: str, allowed: tuple[str, ...], source: str, rename=lambda v: v) -> dict[str, str]:
+    """An optional {path: choice} object; ``rename`` gives a choice's name now for an earlier one."""
     raw = data.get(key)
     if raw is None:
         return {}
     if not isinstance(raw, dict):
         raise UserError(f"must be a JSON object {{module path: {one_of(allowed)}}}, got {raw!r}", source=source,
                         field=key)
-    for path, value in raw.items():
+    out = {path: rename(value) for path, value in raw.items()}
+    for path, value in out.items():
         if value not in allowed:
-            raise UserError(f"{value!r} for {path!r}; allowed: {one_of(allowed)}", source=source, field=key)
-    return dict(raw)
+            raise UserError(f"{raw[path]!r} for {path!r}; allowed: {one_of(allowed)}", source=source, field=key)
+    return out
 
 
 def _estimate(data: dict, source: str) -> dict:
@@ -197,8 +198,7 @@ def plan_from_json(data: dict, source: str = "plan.json") -> RunPlan:
     return RunPlan(source=source, spec=_spec(model, source), config=config, workload=workload,
                    stages=_stages(data, config, source), fingerprints=fingerprints,
                    tp_plan=_string_map(data, "tp_plan", TP_STYLES, source),
-                   recompute_per_layer={path: canonical(policy) for path, policy in _string_map(
-                       data, "recompute_per_layer", RECOMPUTES + tuple(ALIASES), source).items()},
+                   recompute_per_layer=_string_map(data, "recompute_per_layer", RECOMPUTES, source, canonical),
                    estimate=_estimate(data, source), meshplan_version=written_by)
 
 

@@ -6,7 +6,7 @@ says what each one is; planner/cost/layer.py prices exactly these mechanisms).
   ``torch.utils.checkpoint`` with ``create_selective_checkpoint_contexts``; the outputs of the ops in
   ``SAVE_OPS`` are kept (MUST_SAVE), except every second ``aten.mm``, and everything else is recomputed
   (PREFER_RECOMPUTE) when backward reaches the block.
-- ``offload``: the tensors autograd saves inside the block go to host memory as they are saved
+- ``activation-offload``: the tensors autograd saves inside the block go to host memory as they are saved
   (``torch.autograd.graph.saved_tensors_hooks``) and come back for backward, prefetched: when a block's
   backward starts (its first unpack), the copy-in of the block before it (the newest block of the same
   device whose backward has not started and whose forward ran before this one's: the block before, of

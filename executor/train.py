@@ -88,7 +88,8 @@ class Job:
             trained.append(parallelize(part, plan, self.dims, self.mesh, self.grad_mesh, device, options.seed))
             self.parts.append(part)
         self.trained = trained
-        self.optimizers = [make_optimizer(m, lr=options.lr, zero=c.zero, dp_mesh=self.grad_mesh, offload=c.offload)
+        self.optimizers = [make_optimizer(m, lr=options.lr, zero=c.zero, dp_mesh=self.grad_mesh,
+                                          optimizer_offload=c.optimizer_offload)
                            for m in trained]      # one per part (DCP)
         self.schedule = None
         if c.pp > 1:
@@ -118,14 +119,14 @@ class Job:
 
 # One training step, in pieces shared with auto_parallelize's ParallelTraining (executor/auto.py).
 
-def make_optimizer(model: nn.Module, *, lr: float, zero: int, dp_mesh, offload: str = "none"):
+def make_optimizer(model: nn.Module, *, lr: float, zero: int, dp_mesh, optimizer_offload: bool = False):
     """AdamW with a constant ``lr`` over ``model``'s parameters; under ZeRO-1 with more than one
     replica (``dp_mesh``), or with optimizer offload, its states sharded over them (executor/zero1.py,
-    which keeps them in host memory with ``offload``). Under ZeRO-2/3 with offload FSDP2 holds the
+    which keeps them in host memory with ``optimizer_offload``). Under ZeRO-2/3 with offload FSDP2 holds the
     parameters in host memory, so this AdamW and its states are there too (executor/parallelize.py)."""
-    if zero == 1 and (dp_mesh.size() > 1 or offload == "optimizer"):
+    if zero == 1 and (dp_mesh.size() > 1 or optimizer_offload):
         named = [(canonical_name(name), p) for name, p in model.named_parameters()]
-        return ShardedAdamW(named, lr=lr, dp_mesh=dp_mesh, offload=offload == "optimizer")
+        return ShardedAdamW(named, lr=lr, dp_mesh=dp_mesh, offload=optimizer_offload)
     params = list(model.parameters())
     # on CUDA one fused kernel per step (torchtitan's default implementation): it streams 28 bytes per
     # parameter where the multi-tensor (foreach) path runs eight passes and keeps a temporary copy of
@@ -133,7 +134,7 @@ def make_optimizer(model: nn.Module, *, lr: float, zero: int, dp_mesh, offload: 
     # but for offloaded states (FSDP2's CPUOffloadPolicy): torch's fused CPU kernel, one pass as the cost
     # model's host step assumes (2.1 ns against 21 ns per parameter for the loop, 4M parameters, this
     # machine: ADAM_CPU_NOTE in executor/zero1.py)
-    fused = bool(params) and (params[0].device.type == "cuda" or offload == "optimizer")
+    fused = bool(params) and (params[0].device.type == "cuda" or optimizer_offload)
     return torch.optim.AdamW(params, lr=lr, fused=fused or None, foreach=False if not fused else None)
 
 

@@ -13,7 +13,7 @@ micro-batches (no reduction in backward); ``ShardedAdamW.step`` then
 
 Collectives run in buckets of about ``BUCKET_BYTES`` (DDP's default ``bucket_cap_mb=25``).
 
-With ``offload`` (plan.json ``offload: "optimizer"``; ZeRO-Offload, Ren et al. 2021, Sec 4) the
+With ``offload`` (plan.json ``optimizer_offload: true``; ZeRO-Offload, Ren et al. 2021, Sec 4) the
 states live in host memory and step 2 runs there: the owned gradient rows are copied to the
 host, AdamW updates a host copy of the owned parameter rows, and the updated rows are copied
 back into the parameters before the all-gather. The parameters are fp32 on the device (the

@@ -29,7 +29,7 @@ examples:
 
 Knobs you leave out are searched: dp, tp, pp, cp (data, tensor, pipeline, context
 parallel degrees), --zero, --micro-batch, --vpp, --schedule, --recompute,
---sequence-parallel, --offload. A fully fixed plan that does not fit is still
+--sequence-parallel, --optimizer-offload. A fully fixed plan that does not fit is still
 reported, with "fits": false. Exit codes: 0 ok, 2 bad input, 3 nothing fits.
 
 recompute policies (--recompute; the search chooses one per block among those the runtime runs):
@@ -92,10 +92,12 @@ def _add_knob_args(p: argparse.ArgumentParser) -> None:
                                                     f"stages: {', '.join(schedules.virtual_names())})")
     g.add_argument("--schedule", choices=schedules.NAMES, help="pipeline schedule (one line on each below)")
     g.add_argument("--recompute", type=recompute, metavar="POLICY",
-                   help="activation recompute policy of every block: none, selective, op, full, offload, or every-K "
+                   help="activation recompute policy of every block: none, selective, op, full, activation-offload, or every-K "
                         "(one line on each below); left out, the search picks one per block")
     g.add_argument("--sequence-parallel", type=_on_off, metavar="on|off", help="sequence parallelism (tp >= 2)")
-    g.add_argument("--offload", choices=("none", "optimizer"), help="optimizer states in host memory")
+    g.add_argument("--optimizer-offload", type=_on_off, metavar="on|off",
+                   help="optimizer states (and fp32 master weights) in host memory: ZeRO-Offload, ZeRO >= 1")
+    g.add_argument("--offload", choices=("none", "optimizer"), help=argparse.SUPPRESS)   # the earlier name
 
 
 def build_parser(with_run: bool = False) -> argparse.ArgumentParser:
@@ -111,7 +113,7 @@ def build_parser(with_run: bool = False) -> argparse.ArgumentParser:
     _add_knob_args(p)
     p.add_argument("--top-k", type=positive_int, default=5, help="runners-up to keep (default 5)")
     p.add_argument("--solver", choices=("cbc", "highs"), default=None,
-                   help="ILP solver for stage sizes, per-layer recompute and ZeRO/offload (default: highs where "
+                   help="ILP solver for stage sizes, per-layer recompute, ZeRO and optimizer offload (default: highs where "
                         "highspy is installed, as it is with meshplan: it solves in-process; else cbc, which "
                         "ships with PuLP). Both find the same optimum")
     p.add_argument("--exhaustive", action="store_true",

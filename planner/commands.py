@@ -5,6 +5,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import replace
 
 from . import schedules
 from .cluster import GiB, builtin_profiles, load_cluster
@@ -23,7 +24,7 @@ from .trace.load import is_traced_source, load_traced_model
 from .trace.measured import attach_measured_ops
 
 KNOB_NAMES = ("dp", "tp", "pp", "cp", "zero", "micro_batch", "vpp", "schedule", "recompute", "sequence_parallel",
-              "offload")
+              "optimizer_offload")
 
 
 def default_global_batch(seq_len: int, gpus: int) -> int:
@@ -64,7 +65,13 @@ def load_inputs(args):
 
 
 def _knobs(args) -> Knobs:
-    return Knobs(**{name: getattr(args, name) for name in KNOB_NAMES})
+    knobs = Knobs(**{name: getattr(args, name) for name in KNOB_NAMES})
+    if getattr(args, "offload", None) is not None:      # --offload none|optimizer, the earlier name
+        if args.optimizer_offload is not None and args.optimizer_offload != (args.offload == "optimizer"):
+            raise UserError("--offload is the earlier name of --optimizer-offload; allowed: one of them",
+                            field="--offload")
+        knobs = replace(knobs, optimizer_offload=args.offload == "optimizer")
+    return knobs
 
 
 def _fully_fixed(knobs: Knobs, workload: Workload, num_gpus: int, graph: LayerGraph) -> ParallelConfig | None:
@@ -81,7 +88,7 @@ def _fully_fixed(knobs: Knobs, workload: Workload, num_gpus: int, graph: LayerGr
     m = workload.global_batch // max(1, dp * k.micro_batch)
     config = ParallelConfig(dp=dp, tp=k.tp, pp=k.pp, cp=cp, zero=k.zero, micro_batch=k.micro_batch,
                             num_microbatches=max(1, m), vpp=k.vpp or 1, schedule=schedule,
-                            sequence_parallel=bool(k.sequence_parallel), offload=k.offload or "none")
+                            sequence_parallel=bool(k.sequence_parallel), optimizer_offload=bool(k.optimizer_offload))
     return expand_recompute(config, k.recompute, graph)
 
 
@@ -106,7 +113,8 @@ def _no_fit_message(result: SearchResult, graph, cluster, workload: Workload, kn
             f"{e.host_capacity_bytes / GiB:.1f} GiB" if e.host_bytes_per_node > e.host_capacity_bytes else "")
     return (f"no plan fits: the least memory any candidate needs is {need:.1f} GiB per GPU "
             f"(dp {c.dp} tp {c.tp} pp {c.pp} cp {c.cp}, ZeRO-{c.zero}, recompute {c.recompute}, "
-            f"offload {c.offload}, micro-batch {c.micro_batch}) against {capacity:.1f} GiB{host}; "
+            f"optimizer offload {'on' if c.optimizer_offload else 'off'}, micro-batch {c.micro_batch}) against "
+            f"{capacity:.1f} GiB{host}; "
             + ("what would change it: " + "; ".join(fixes) if fixes else
                "no single change tried (more GPUs, a shorter sequence, more memory) makes it fit"))
 

@@ -85,7 +85,7 @@ def effective_knobs(graph: LayerGraph, c: ParallelConfig) -> dict[str, object]:
     blocks = [p for p, layer in zip(layer_policies(graph, c), graph.layers) if layer.is_block]
     return {"dp": c.dp, "tp": c.tp, "pp": c.pp, "cp": c.cp, "zero": c.zero, "micro_batch": c.micro_batch,
             "num_microbatches": c.num_microbatches, "schedule": c.schedule if c.pp > 1 else "no pipeline",
-            "vpp": c.vpp, "sequence_parallel": c.sequence_parallel, "offload": c.offload,
+            "vpp": c.vpp, "sequence_parallel": c.sequence_parallel, "optimizer_offload": c.optimizer_offload,
             "stage_layers": list(c.stage_layers or balanced_stage_layers(graph, c.pp * c.vpp)) if c.pp > 1 else None,
             "recompute": blocks}
 
@@ -207,7 +207,8 @@ def comparison_rows(a: Candidate, b: Candidate) -> list[tuple[str, str, str, str
            knob("schedule", schedule(ca), schedule(cb)),
            knob("recompute", describe_recompute(ca), describe_recompute(cb)),
            knob("sequence parallel", "on" if ca.sequence_parallel else "off", "on" if cb.sequence_parallel else "off"),
-           knob("offload", ca.offload, cb.offload),
+           knob("optimizer offload", "on" if ca.optimizer_offload else "off",
+                "on" if cb.optimizer_offload else "off"),
            seconds("step time (s)", ea.step_time_s, eb.step_time_s)]
     out += [seconds(f"  {PARTS[f.name]}", getattr(ea.time, f.name), getattr(eb.time, f.name)) for f in fields(StepTime)]
     faster = eb.tokens_per_s / ea.tokens_per_s - 1

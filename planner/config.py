@@ -13,13 +13,11 @@ Precision = Literal["bf16", "fp16", "fp32"]
 Framework = Literal["torch", "megatron", "deepspeed"]
 Schedule = str      # a name of planner/schedules.py's records
 Recompute = str     # one of RECOMPUTES, or "every-K" (planner/recompute.py says what each is)
-Offload = Literal["none", "optimizer"]
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 FRAMEWORKS = ("torch", "megatron", "deepspeed")
 SCHEDULES = schedules.NAMES
 RECOMPUTES = POLICIES
-OFFLOADS = ("none", "optimizer")
 ZERO_STAGES = (0, 1, 2, 3)
 
 PLAN_SCHEMA_VERSION = 1     # plan.json's format (planner/plan.py writes it, executor/plan_file.py reads it)
@@ -70,7 +68,9 @@ class ParallelConfig:
                                            # recompute_layers, "every-K" where they are that pattern, else the
                                            # policy that names their mix (summary_policy)
     sequence_parallel: bool = False        # shard norms/dropout along the sequence inside the TP group
-    offload: Offload = "none"              # optimizer states (and fp32 master weights) in host memory
+    optimizer_offload: bool = False        # optimizer states (and fp32 master weights) in host memory
+                                           # (ZeRO-Offload, Ren et al. 2021); activation offload is a
+                                           # recompute policy ("activation-offload")
     # Per-layer choices made by the ILP planner; None means uniform.
     recompute_layers: tuple[str, ...] | None = None    # one Recompute per layer of the layer graph
     stage_layers: tuple[int, ...] | None = None        # layers per (virtual) stage, in order
@@ -105,6 +105,7 @@ class ParallelConfig:
         """Read a config written by ``to_json``; every field checked, errors name it."""
         if not isinstance(data, dict):
             raise UserError(f"must be an object, got {type(data).__name__}", source=source, field="config")
+        data = _renamed(data, source)
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - names, key=str)
         if unknown:
@@ -125,13 +126,12 @@ class ParallelConfig:
                 if not isinstance(data.get("recompute_layers"), list):
                     raise UserError(f"{value!r} needs the per-layer policies (recompute_layers) it expands into",
                                     source=source, field=where)
-            elif name in ("schedule", "recompute", "offload"):
-                allowed = {"schedule": SCHEDULES, "recompute": RECOMPUTES + ("every-K",),
-                           "offload": OFFLOADS}[name]
+            elif name in ("schedule", "recompute"):
+                allowed = {"schedule": SCHEDULES, "recompute": RECOMPUTES + ("every-K",)}[name]
                 if value not in allowed:
                     raise UserError(f"{value!r} is not allowed; allowed: {one_of(allowed)}", source=source,
                                     field=where)
-            elif name == "sequence_parallel":
+            elif name in ("sequence_parallel", "optimizer_offload"):
                 if not isinstance(value, bool):
                     raise UserError(f"must be true or false, got {value!r}", source=source, field=where)
             elif name == "stage_layers" and value is not None:
@@ -152,6 +152,24 @@ class ParallelConfig:
 
 
 _CONFIG_FIELDS = frozenset(f.name for f in fields(ParallelConfig))
+
+
+def _renamed(data: dict, source: str) -> dict:
+    """A config as plan.json files written before the rename hold it: ``"offload": "none" | "optimizer"``
+    is ``"optimizer_offload": false | true`` now (one meaning per name: activation offload is a recompute
+    policy)."""
+    if "offload" not in data:
+        return data
+    out = dict(data)
+    value = out.pop("offload")
+    if value not in ("none", "optimizer"):
+        raise UserError(f"{value!r} is not allowed; allowed: 'none' or 'optimizer' (the earlier name of "
+                        "optimizer_offload: false or true)", source=source, field="config.offload")
+    if "optimizer_offload" in out and out["optimizer_offload"] != (value == "optimizer"):
+        raise UserError(f"says {value!r} and optimizer_offload says {out['optimizer_offload']!r}; allowed: one of "
+                        "them", source=source, field="config.offload")
+    out["optimizer_offload"] = value == "optimizer"
+    return out
 
 
 def _divisors(n: int) -> list[int]:
@@ -206,10 +224,10 @@ def check_config(config: ParallelConfig, *, num_gpus: int, global_batch: int, se
     if c.sequence_parallel and c.tp == 1:
         raise UserError("sequence parallelism shards along the TP group: it needs tp >= 2",
                         field="--sequence-parallel")
-    if c.offload not in OFFLOADS:
-        raise UserError(f"{c.offload!r} is not allowed; allowed: {one_of(OFFLOADS)}", field="--offload")
-    if c.offload == "optimizer" and c.zero == 0:
-        raise UserError("optimizer offload (ZeRO-Offload) needs ZeRO stage 1, 2 or 3", field="--offload")
+    if not isinstance(c.optimizer_offload, bool):
+        raise UserError(f"must be on or off, got {c.optimizer_offload!r}", field="--optimizer-offload")
+    if c.optimizer_offload and c.zero == 0:
+        raise UserError("optimizer offload (ZeRO-Offload) needs ZeRO stage 1, 2 or 3", field="--optimizer-offload")
     if dtypes and precision not in dtypes:
         raise UserError(f"the cluster's devices have no {precision} peak; allowed: {one_of(dtypes)}",
                         field="--precision")

@@ -49,4 +49,5 @@ def describe_config(c: ParallelConfig) -> str:
     sched = c.schedule + (f" (vpp {c.vpp})" if c.vpp > 1 else "") if c.pp > 1 else "no pipeline"
     return (f"dp {c.dp} x tp {c.tp} x pp {c.pp} x cp {c.cp}, ZeRO-{c.zero}, micro-batch {c.micro_batch} "
             f"x {c.num_microbatches}, {sched}, recompute {describe_recompute(c)}, "
-            f"sequence parallel {'on' if c.sequence_parallel else 'off'}, offload {c.offload}")
+            f"sequence parallel {'on' if c.sequence_parallel else 'off'}, "
+            f"optimizer offload {'on' if c.optimizer_offload else 'off'}")

@@ -143,12 +143,12 @@ def fixes_for_no_fit(graph, cluster, workload, knobs, need_bytes: float = 0.0) -
     most_sharded = max(RUNTIMES[workload.framework].on(cluster.device_kind).zero_stages)
     if knobs.zero is not None and knobs.zero < most_sharded:
         tries.append((f"--zero {most_sharded}", graph, cluster, workload, replace(knobs, zero=most_sharded)))
-    if knobs.offload in (None, "none"):     # ZeRO-Offload: this runtime's, else DeepSpeed's
+    if not knobs.optimizer_offload:         # ZeRO-Offload: this runtime's, else DeepSpeed's
         offloads = bool(RUNTIMES[workload.framework].on(cluster.device_kind).offload_zero_stages)
         runtime = workload.framework if offloads else "deepspeed"
-        label = "--offload optimizer" + (f" --framework {runtime}" if runtime != workload.framework else "")
+        label = "--optimizer-offload on" + (f" --framework {runtime}" if runtime != workload.framework else "")
         tries.append((label, graph, cluster, replace(workload, framework=runtime),
-                      replace(knobs, offload="optimizer", zero=knobs.zero if knobs.zero else None)))
+                      replace(knobs, optimizer_offload=True, zero=knobs.zero if knobs.zero else None)))
     if knobs.fixed():
         flags = " ".join(f"--{k.replace('_', '-')}" for k in knobs.fixed())
         tries.append((f"without {flags}", graph, cluster, workload, Knobs()))

@@ -106,7 +106,7 @@ def deepspeed(plan) -> Export:
     elif w.precision == "fp16":
         cfg["fp16"] = {"enabled": True}
     zero: dict = {"stage": c.zero, "overlap_comm": w.overlap_grad_reduce, "contiguous_gradients": True}
-    if c.offload == "optimizer":
+    if c.optimizer_offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     cfg["zero_optimization"] = zero
     if c.tp > 1:
@@ -262,7 +262,7 @@ def megatron(plan) -> Export:
                  ["--data-parallel-sharding-strategy", "optim_grads" if c.zero == 2 else "optim_grads_params"]]
         notes.append(f"ZeRO-{c.zero} maps to Megatron FSDP (--use-megatron-fsdp); its memory layout differs "
                      "from what meshplan modelled for this runtime")
-    if c.offload == "optimizer":
+    if c.optimizer_offload:
         args += [["--optimizer-cpu-offload"], ["--optimizer-offload-fraction", "1.0"]]
     if w.overlap_grad_reduce and c.dp * c.cp > 1:
         args.append(["--overlap-grad-reduce"])
@@ -292,7 +292,7 @@ def colossalai(plan) -> Export:
                      "Colossal-AI's GeminiPlugin shards parameters but does not combine with TP/PP this way")
     if c.pp > 1 and c.zero > 1:
         notes.append(f"HybridParallelPlugin allows ZeRO 0 or 1 with pipeline parallelism, not {c.zero}")
-    if c.offload == "optimizer":
+    if c.optimizer_offload:
         kwargs["cpu_offload"] = True
     if c.cp > 1:
         kwargs.update(sp_size=c.cp, enable_sequence_parallelism=True, sequence_parallelism_mode="ring_attn")
@@ -397,7 +397,7 @@ def torchtitan(plan) -> Export:
         notes.append(f"gradient accumulation over {c.num_microbatches} micro-batches: global_batch_size / "
                      "(local_batch_size x data-parallel degree); torchtitan versions without gradient "
                      "accumulation need local_batch_size = global_batch_size / dp instead (more memory)")
-    if c.offload == "optimizer":
+    if c.optimizer_offload:
         training["enable_cpu_offload"] = True
         notes.append("torchtitan's CPU offload (FSDP) moves parameters and gradients too, not only the optimizer")
     checkpoint, more = _torchtitan_checkpoint(plan)

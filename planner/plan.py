@@ -75,7 +75,7 @@ def config_json(config: ParallelConfig) -> dict:
         "dp": config.dp, "tp": config.tp, "pp": config.pp, "cp": config.cp, "zero": config.zero,
         "micro_batch": config.micro_batch, "num_microbatches": config.num_microbatches, "vpp": config.vpp,
         "schedule": config.schedule, "recompute": config.recompute, "sequence_parallel": config.sequence_parallel,
-        "offload": config.offload,
+        "optimizer_offload": config.optimizer_offload,
         **({"recompute_layers": list(config.recompute_layers)} if config.recompute_layers else {}),
         **({"stage_layers": list(config.stage_layers)} if config.stage_layers else {}),
     }

@@ -222,7 +222,8 @@ EXECUTOR_RUNTIME = "torch"      # the runtime `meshplan run` is
 
 def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int | None = None,
              pp: int | None = None, cp: int | None = None, schedule: str | None = None,
-             offload: str | None = None, sequence_parallel: bool | None = None, recompute: str | None = None,
+             optimizer_offload: bool | None = None, sequence_parallel: bool | None = None,
+             recompute: str | None = None,
              num_kv_heads: int | None = None) -> list[tuple[str, str]]:
     """(knob, why) for every knob value, or pair of them, that ``runtime`` does not run on
     ``device_kind``; None means the knob is not known yet (nothing is said about it)."""
@@ -246,11 +247,11 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
         out.append(("sequence_parallel", f"sequence parallelism does not run on {who}; allowed: off"))
     if cp is not None and cp > 1 and not can.context_parallel:
         out.append(("cp", f"context parallelism (cp {cp}) does not run on {who}; allowed: 1"))
-    if offload not in (None, "none"):
+    if optimizer_offload:
         if not can.offload_zero_stages:
-            out.append(("offload", f"optimizer offload does not run on {who}; allowed: none"))
+            out.append(("optimizer_offload", f"optimizer offload does not run on {who}; allowed: off"))
         elif zero is not None and zero not in can.offload_zero_stages:
-            out.append(("offload", f"optimizer offload with ZeRO-{zero} does not run on {who}; allowed with "
+            out.append(("optimizer_offload", f"optimizer offload with ZeRO-{zero} does not run on {who}; allowed with "
                                    f"ZeRO {one_of(can.offload_zero_stages)}"))
     if tp is not None and num_kv_heads is not None and num_kv_heads % tp and not can.replicates_kv_heads:
         out.append(("tp", f"tp {tp} must divide the {num_kv_heads} key/value heads on {who} (it does not "
@@ -263,7 +264,8 @@ def config_refusals(config, runtime: str, device_kind: str, num_kv_heads: int | 
     layer included (an every-K pattern is its layers' policies)."""
     c = config
     out = refusals(runtime, device_kind, zero=c.zero, tp=c.tp, pp=c.pp, cp=c.cp, schedule=c.schedule,
-                   offload=c.offload, sequence_parallel=c.sequence_parallel, num_kv_heads=num_kv_heads)
+                   optimizer_offload=c.optimizer_offload, sequence_parallel=c.sequence_parallel,
+                   num_kv_heads=num_kv_heads)
     for policy in dict.fromkeys(c.recompute_layers or (c.recompute,)):
         out += refusals(runtime, device_kind, recompute=policy)
     return out

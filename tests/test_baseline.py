@@ -170,7 +170,8 @@ def test_megatron_launch_script(tmp_path):
     # 1024 GPUs / (tp 8 x pp 16) = dp 8; 1536 / (8 x 1) = 192 micro-batches; 96 blocks / 16 = 6 per stage
     assert (c.dp, c.tp, c.pp, c.cp, c.vpp, c.schedule) == (8, 8, 16, 1, 1, "1f1b")
     assert (c.micro_batch, c.num_microbatches, b.global_batch) == (1, 192, 1536)
-    assert (c.zero, c.recompute, c.sequence_parallel, c.offload, c.stage_layers) == (0, "none", False, "none", None)
+    assert (c.zero, c.recompute, c.sequence_parallel, c.optimizer_offload, c.stage_layers) == (0, "none", False, False,
+                                                                                                None)
     assert (b.format, b.runtime, b.precision, b.seq_len, b.attention, b.overlap_grad_reduce) == (
         "megatron", "megatron", "fp16", 2048, "flash", False)
     # the model from the flags: GPT-2's 50,257 tokens padded to a multiple of 128 x tp 8 = 1024: 51,200
@@ -234,7 +235,7 @@ def test_deepspeed_hugging_face_zero3(tmp_path):
     b, _, _ = read(tmp_path, "ds_config_zero3.json", HF_ZERO3, gpus=8, model="llama3-8b", global_batch=64)
     c = b.config
     # train_batch_size "auto" comes from --global-batch: 64 = 2 x 4 x 8
-    assert (c.dp, c.tp, c.pp, c.zero, c.offload, c.micro_batch, c.num_microbatches) == (8, 1, 1, 3, "optimizer", 2, 4)
+    assert (c.dp, c.tp, c.pp, c.zero, c.optimizer_offload, c.micro_batch, c.num_microbatches) == (8, 1, 1, 3, True, 2, 4)
     assert (b.runtime, b.precision, b.overlap_grad_reduce, c.recompute) == ("deepspeed", "bf16", True, "none")
     assert {"optimizer", "scheduler", "gradient_clipping", "steps_per_print", "wall_clock_breakdown",
             "zero_optimization.sub_group_size", "zero_optimization.contiguous_gradients",

@@ -24,7 +24,7 @@ def plans(tmp_path_factory):
     paths = {"gpt": write_plan(tmp, TINY_GPT, gpus=2, name="gpt", dp=2, zero=3),
              "llama": write_plan(tmp, TINY_LLAMA, gpus=2, name="llama", dp=2),
              # planned for DeepSpeed's runtime, then broken to ask for offload without ZeRO
-             "offload": write_plan(tmp, TINY_LLAMA, gpus=2, name="offload", dp=2, zero=1, offload="optimizer",
+             "offload": write_plan(tmp, TINY_LLAMA, gpus=2, name="offload", dp=2, zero=1, optimizer_offload=True,
                                    framework="deepspeed")}
     docs = {name: json.loads(Path(p).read_text()) for name, p in paths.items()}
     for name, losses in (("done", [4.8, 4.8, 4.8, 4.8]), ("broken", [1.0])):
@@ -93,7 +93,7 @@ CASES = {
                              ["plan.json: config.num_microbatches: dp x micro_batch x num_microbatches = 2 x 4 x 3 = "
                               "24 but workload.global_batch is 8; allowed: equal"]),
     "config offload without ZeRO": ("offload", _set("config.zero", 0), "llama", [],
-                                    ["plan.json: config.offload: optimizer offload with ZeRO-0 does not run on the "
+                                    ["plan.json: config.optimizer_offload: optimizer offload with ZeRO-0 does not run on the "
                                      "torch runtime on cpu; allowed with ZeRO 1, 2 or 3"]),
     "stages not a list": ("gpt", _set("stages", "all"), "gpt", [],
                           ["plan.json: stages: must be a JSON array, got 'all'"]),
@@ -109,7 +109,7 @@ CASES = {
     "tp style": ("gpt", _set("tp_plan", {"layers.0.attn.q_proj": "diagonal"}), "gpt", [],
                  ["plan.json: tp_plan: 'diagonal' for 'layers.0.attn.q_proj'; allowed: colwise, rowwise, vocab,"]),
     "recompute policy": ("gpt", _set("recompute_per_layer", {"layers.0": "some"}), "gpt", [],
-                         ["plan.json: recompute_per_layer: 'some' for 'layers.0'; allowed: none, selective, op, full or offload"]),
+                         ["plan.json: recompute_per_layer: 'some' for 'layers.0'; allowed: none, selective, op, full or activation-offload"]),
     "estimate step time": ("gpt", _set("estimate.step_time_s", "fast"), "gpt", [],
                            ["plan.json: estimate.step_time_s: must be a non-negative number or null, got 'fast'"]),
     "estimate memory per stage": ("gpt", _set("estimate.memory_per_stage_bytes", 5), "gpt", [],
@@ -218,7 +218,7 @@ def test_a_plan_written_by_another_meshplan_version_is_a_one_line_warning(plans,
 @pytest.mark.parametrize("knobs,expected", [
     ({"cp": 2}, "knobs.cp: 2: auto_parallelize runs cp 1 only"),
     ({"sequence_parallel": True}, "knobs.sequence_parallel: True: auto_parallelize runs sequence_parallel False"),
-    ({"offload": "optimizer"}, "knobs.offload: 'optimizer': auto_parallelize runs offload 'none' only"),
+    ({"optimizer_offload": True}, "knobs.optimizer_offload: True: auto_parallelize runs optimizer_offload False only"),
 ])
 def test_auto_parallelize_refuses_knobs_it_cannot_run(knobs, expected):
     from executor.auto import executable_knobs

@@ -29,7 +29,7 @@ def test_plan_json_has_the_documented_shape(cli):
                             "spec": doc["model"]["spec"]}
     assert doc["cluster"]["name"] == "a100-80g" and doc["cluster"]["gpus"] == 8
     assert set(doc["config"]) >= {"dp", "tp", "pp", "cp", "zero", "micro_batch", "num_microbatches", "vpp",
-                                  "schedule", "recompute", "sequence_parallel", "offload"}
+                                  "schedule", "recompute", "sequence_parallel", "optimizer_offload"}
     est = doc["estimate"]
     assert set(est) >= {"step_time_s", "tokens_per_s", "model_tflops_per_gpu", "mfu", "memory_per_gpu_bytes", "fits"}
     mem = est["memory_per_gpu_bytes"]
@@ -118,7 +118,8 @@ BAD_FLAGS = [
     (["--schedule", "interleaved-1f1b", "--pp", "1"], ["--schedule", "pp >= 2"]),
     (["--sequence-parallel", "on", "--tp", "1"], ["--sequence-parallel", "tp >= 2"]),
     (["--sequence-parallel", "maybe"], ["--sequence-parallel", "on or off"]),
-    (["--offload", "optimizer", "--zero", "0"], ["--offload", "ZeRO stage 1, 2 or 3"]),
+    (["--optimizer-offload", "on", "--zero", "0"], ["--optimizer-offload", "ZeRO stage 1, 2 or 3"]),
+    (["--offload", "optimizer", "--zero", "0"], ["--optimizer-offload", "ZeRO stage 1, 2 or 3"]),   # the earlier name
     (["--framework", "megatron", "--zero", "3"], ["--zero", "ZeRO-3 does not run on the megatron runtime on cuda; allowed: 0 or 1"]),
     (["--framework", "deepspeed", "--zero", "3", "--pp", "2"], ["--zero", "pipeline"]),
     (["--cluster", "v100-32g", "--gpus", "16", "--precision", "bf16"], ["--precision", "bf16", "fp16"]),
@@ -216,7 +217,7 @@ def test_nothing_fits_says_when_offloaded_states_overflow_the_host(cli):
     memory alone: 405.85e9 parameters x 16 bytes (fp32 weights, gradients, two Adam moments, all in
     host memory under FSDP2's CPU offload) on one node of 8 GPUs, against its 1 TiB."""
     out = cli("plan", "--model", "llama3-405b", "--cluster", "a100-40g", "--gpus", "8", "--zero", "3",
-              "--offload", "optimizer")
+              "--optimizer-offload", "on")
     line = one_line_error(out, code=3)
     host = float(line.split("GiB and ")[1].split(" GiB of host memory per node against ")[0])
     assert host >= 405.85e9 * 16 / 2**30 and "of host memory per node against 1024.0 GiB" in line, line
@@ -226,16 +227,16 @@ def test_nothing_fits_says_when_offloaded_states_overflow_the_host(cli):
 def test_nothing_fits_with_fixed_knobs_tries_each_memory_knob_alone(cli):
     # (with offload, which the torch runtime runs, ZeRO-2 fits: fixed off here, it is one of the changes tried)
     out = cli("plan", "--model", "llama3-70b", "--cluster", "a100-80g", "--gpus", "16", "--tp", "8", "--pp", "1",
-              "--zero", "2", "--recompute", "selective", "--offload", "none")
+              "--zero", "2", "--recompute", "selective", "--optimizer-offload", "off")
     line = one_line_error(out, code=3)
     need = float(line.split("needs is ")[1].split(" GiB")[0])
-    effects = dict(re.findall(r"; (--recompute full|--zero 3|--offload optimizer) "
+    effects = dict(re.findall(r"; (--recompute full|--zero 3|--optimizer-offload on) "
                               r"(still needs [\d.]+ GiB|fits \([^)]*\))", line))
-    assert set(effects) == {"--recompute full", "--zero 3", "--offload optimizer"}, line
+    assert set(effects) == {"--recompute full", "--zero 3", "--optimizer-offload on"}, line
     for change, effect in effects.items():
         if effect.startswith("still needs"):      # a more frugal knob never needs more memory
             assert float(effect.split()[2]) < need, (change, effect)
-    assert "without --tp --pp --zero --recompute --offload" in line
+    assert "without --tp --pp --zero --recompute --optimizer-offload" in line
 
 
 def test_debug_shows_a_traceback(cli):

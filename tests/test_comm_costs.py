@@ -128,7 +128,7 @@ def test_cpu_optimizer_step_at_the_measured_adamw_rate():
 
 
 def test_offloaded_optimizer_runs_on_the_host():
-    config = ParallelConfig(dp=8, tp=8, pp=1, zero=1, micro_batch=1, num_microbatches=4, offload="optimizer")
+    config = ParallelConfig(dp=8, tp=8, pp=1, zero=1, micro_batch=1, num_microbatches=4, optimizer_offload=True)
     seconds, host = _optimizer_s(CACHE, config, fake_rank())
     local = 1e9 / 8
     cpu = 8 * local * ADAM_BYTES_PER_PARAM / (409.6e9 * 0.5)         # 8 GPUs share the host DRAM

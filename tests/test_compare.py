@@ -50,7 +50,7 @@ def test_baseline_is_estimated_as_plan_estimates_it_and_recommended_is_plans_bes
     assert doc["verdict"] == "faster" and doc["speedup"] > 1
     changed = {c["knob"] for c in doc["changes"]}
     assert changed == {k for k in ("dp", "tp", "pp", "cp", "zero", "micro_batch", "num_microbatches", "sequence_parallel",
-                                   "offload") if fixed["config"][k] != searched["config"][k]} | {"schedule", "recompute"}
+                                   "optimizer_offload") if fixed["config"][k] != searched["config"][k]} | {"schedule", "recompute"}
     assert doc["baseline"]["ignored"] == ["--lr"]
 
 
@@ -140,7 +140,7 @@ def effective(plan, config: ParallelConfig) -> dict:
     c = config
     return {"dp": c.dp, "tp": c.tp, "pp": c.pp, "cp": c.cp, "zero": c.zero, "micro_batch": c.micro_batch,
             "num_microbatches": c.num_microbatches, "vpp": c.vpp, "schedule": c.schedule if c.pp > 1 else None,
-            "sequence_parallel": c.sequence_parallel, "offload": c.offload,
+            "sequence_parallel": c.sequence_parallel, "optimizer_offload": c.optimizer_offload,
             "stage_layers": tuple(c.stage_layers or balanced_stage_layers(plan.graph, c.pp * c.vpp)),
             "recompute": layer_policies(plan.graph, c)}
 
@@ -172,7 +172,7 @@ def plan_context_parallel_zero3():
 def plan_pipeline_offload():
     # DeepSpeed's pipeline with ZeRO-1 and the optimizer in host memory
     return fixed_plan("llama3-8b", "h100-80g", 8, ParallelConfig(dp=2, tp=1, pp=4, zero=1, micro_batch=1,
-                                                                  num_microbatches=8, offload="optimizer"),
+                                                                  num_microbatches=8, optimizer_offload=True),
                       framework="deepspeed")
 
 
@@ -208,7 +208,7 @@ ROUND_TRIP = [
     # nor attention-core recompute: its per-op policy ("op") stands in for "selective"
     ("interleaved_unequal", "torchtitan", ("zero", "recompute")),
     ("context_parallel_zero3", "torchtitan", ()),
-    ("pipeline_offload", "torchtitan", ("zero", "offload")),   # nor optimizer offload
+    ("pipeline_offload", "torchtitan", ("zero", "optimizer_offload")),   # nor optimizer offload
 ]
 EXPORTS = {"megatron": megatron, "deepspeed": deepspeed, "torchtitan": torchtitan}
 

@@ -93,7 +93,7 @@ def test_an_offloaded_zero3_plan_keeps_its_model_states_in_host_memory(cli, tmp_
     from executor.dryrun import dry_run
     from executor.plan_file import load_plan
     out = cli("plan", "--model", "llama3-8b", "--cluster", "h100-80g", "--gpus", "8", "--global-batch", "64",
-              "--tp", "2", "--zero", "3", "--offload", "optimizer", "--out", str(tmp_path / "plan.json"))
+              "--tp", "2", "--zero", "3", "--optimizer-offload", "on", "--out", str(tmp_path / "plan.json"))
     assert out.returncode == 0, out.stderr
     reports, _ = dry_run(load_plan(str(tmp_path / "plan.json")))
     for r in reports:

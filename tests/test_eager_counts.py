@@ -111,7 +111,7 @@ def test_memory_peak_is_the_larger_of_gradients_and_activations_without_accumula
     assert m.total == 10 + 20 + 1 + 7
     assert Memory(params=10, grads=4, optimizer=20, activations=7, other=1).total == 42
     one = ParallelConfig(dp=1, tp=1, pp=1, cp=1, zero=0, micro_batch=1, num_microbatches=1, vpp=1, schedule="1f1b",
-                         recompute="none", sequence_parallel=False, offload="none")
+                         recompute="none", sequence_parallel=False, optimizer_offload=False)
     assert grads_follow_activations("torch", one)
     assert not grads_follow_activations("megatron", one)
     from dataclasses import replace

@@ -29,8 +29,8 @@ CASES = {
     "gpt-zero2-to-zero1-pp": (TINY_GPT, (2, {"dp": 2, "zero": 2}),
                               (4, {"pp": 2, "dp": 2, "zero": 1, "schedule": "gpipe", "micro_batch": 1})),
     # optimizer offload: FSDP2's host-memory shards and states into ZeRO-1's host-memory states
-    "llama-zero3-offload-to-zero1-offload": (TINY_LLAMA, (2, {"dp": 2, "zero": 3, "offload": "optimizer"}),
-                                             (2, {"dp": 2, "zero": 1, "offload": "optimizer"})),
+    "llama-zero3-offload-to-zero1-offload": (TINY_LLAMA, (2, {"dp": 2, "zero": 3, "optimizer_offload": True}),
+                                             (2, {"dp": 2, "zero": 1, "optimizer_offload": True})),
 }
 
 

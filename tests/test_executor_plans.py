@@ -71,13 +71,13 @@ def _run_plans(jobs: list[tuple[str, str]], out_dir: str) -> None:
 # optimizer offload (ZeRO-Offload, Ren et al. 2021): ZeRO-1's sharded AdamW stepping in host memory
 # (executor/zero1.py), FSDP2's CPUOffloadPolicy at ZeRO-2/3; run apart from PLANS (their own processes)
 OFFLOAD_PLANS = {
-    "zero1-offload": (2, {"dp": 2, "zero": 1, "offload": "optimizer"}),
-    "zero2-offload": (2, {"dp": 2, "zero": 2, "offload": "optimizer"}),
-    "zero3-offload": (2, {"dp": 2, "zero": 3, "offload": "optimizer"}),
-    "dp2-tp2-zero3-offload": (4, {"dp": 2, "tp": 2, "zero": 3, "offload": "optimizer"}),
+    "zero1-offload": (2, {"dp": 2, "zero": 1, "optimizer_offload": True}),
+    "zero2-offload": (2, {"dp": 2, "zero": 2, "optimizer_offload": True}),
+    "zero3-offload": (2, {"dp": 2, "zero": 3, "optimizer_offload": True}),
+    "dp2-tp2-zero3-offload": (4, {"dp": 2, "tp": 2, "zero": 3, "optimizer_offload": True}),
     "pp2-dp2-zero1-offload": (4, {"pp": 2, "dp": 2, "zero": 1, "schedule": "1f1b", "micro_batch": 1,
-                                  "offload": "optimizer"}),
-    "cp2-dp2-zero2-offload": (4, {"cp": 2, "dp": 2, "zero": 2, "offload": "optimizer"}),
+                                  "optimizer_offload": True}),
+    "cp2-dp2-zero2-offload": (4, {"cp": 2, "dp": 2, "zero": 2, "optimizer_offload": True}),
 }
 
 
@@ -198,7 +198,7 @@ def test_offload_keeps_the_states_the_cost_model_says_in_host_memory(offload_res
     assert measured["predicted"]["memory_per_stage_bytes"][0]["optimizer"] == 0     # the plan offloads
     _assert_device_states(measured, zero=knobs["zero"])
     host = state_bytes_per_param(framework="torch", precision="fp32", zero=knobs["zero"],
-                                 shard=knobs["dp"] * knobs.get("cp", 1), offload="optimizer")
+                                 shard=knobs["dp"] * knobs.get("cp", 1), optimizer_offload=True)
     params = sum(p.numel() for p in build_model(MODELS[model], "meta").parameters())    # tied: counted once
     for rank in measured["memory_per_rank_bytes"]:
         for key, per_param in (("params", host.host_params), ("grads", host.host_grads),

@@ -92,6 +92,7 @@ def test_mutated_cluster_profiles(table, key, value):
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(doc=st.dictionaries(st.sampled_from(["dp", "tp", "pp", "cp", "zero", "micro_batch", "num_microbatches",
                                               "vpp", "schedule", "recompute", "sequence_parallel", "offload",
+                                              "optimizer_offload",
                                               "stage_layers", "recompute_layers", "bogus"]), json_values,
                            max_size=12))
 def test_random_plan_configs(doc):

@@ -35,7 +35,7 @@ def close_to_printed(value: float, printed: float) -> bool:
 def test_zero_paper_table1_with_deepspeed_layout(key):
     psi, nd = key
     for stage, published in zip((1, 2, 3), ZERO_TABLE1[key]):
-        s = state_bytes_per_param(framework="deepspeed", precision="fp16", zero=stage, shard=nd, offload="none")
+        s = state_bytes_per_param(framework="deepspeed", precision="fp16", zero=stage, shard=nd, optimizer_offload=False)
         assert close_to_printed((s.params + s.grads + s.optimizer) * psi, published), (stage, published)
 
 
@@ -55,25 +55,25 @@ def test_zero_table_through_the_cli(cli, nd):
 
 
 def test_megatron_keeps_fp32_main_grads():
-    s = state_bytes_per_param(framework="megatron", precision="bf16", zero=0, shard=8, offload="none")
+    s = state_bytes_per_param(framework="megatron", precision="bf16", zero=0, shard=8, optimizer_offload=False)
     assert s.params + s.grads + s.optimizer == 18          # Megatron-LM docs: 18 bytes/param
-    d = state_bytes_per_param(framework="megatron", precision="bf16", zero=1, shard=8, offload="none")
+    d = state_bytes_per_param(framework="megatron", precision="bf16", zero=1, shard=8, optimizer_offload=False)
     assert d.params + d.grads + d.optimizer == 6 + 12 / 8  # distributed optimizer: 6 + 12/d
 
 
 def test_torch_layouts():
-    ddp = state_bytes_per_param(framework="torch", precision="bf16", zero=0, shard=8, offload="none")
+    ddp = state_bytes_per_param(framework="torch", precision="bf16", zero=0, shard=8, optimizer_offload=False)
     assert (ddp.params, ddp.grads, ddp.optimizer) == (6, 4, 8)      # fp32 + autocast bf16 copy
-    fsdp3 = state_bytes_per_param(framework="torch", precision="bf16", zero=3, shard=8, offload="none")
+    fsdp3 = state_bytes_per_param(framework="torch", precision="bf16", zero=3, shard=8, optimizer_offload=False)
     assert (fsdp3.params, fsdp3.grads, fsdp3.optimizer) == (0.5, 0.5, 1)
-    fsdp2 = state_bytes_per_param(framework="torch", precision="bf16", zero=2, shard=8, offload="none")
+    fsdp2 = state_bytes_per_param(framework="torch", precision="bf16", zero=2, shard=8, optimizer_offload=False)
     assert fsdp2.params == 0.5 + 2                                     # + unsharded bf16 held fwd->bwd
-    fp32 = state_bytes_per_param(framework="torch", precision="fp32", zero=0, shard=1, offload="none")
+    fp32 = state_bytes_per_param(framework="torch", precision="fp32", zero=0, shard=1, optimizer_offload=False)
     assert (fp32.params, fp32.grads, fp32.optimizer) == (4, 4, 8)
 
 
 def test_offload_moves_the_optimizer_to_the_host():
-    s = state_bytes_per_param(framework="deepspeed", precision="fp16", zero=2, shard=4, offload="optimizer")
+    s = state_bytes_per_param(framework="deepspeed", precision="fp16", zero=2, shard=4, optimizer_offload=True)
     assert s.optimizer == 0 and s.host_optimizer == 12 / 4
 
 
@@ -81,12 +81,12 @@ def test_torch_offload_layouts():
     """meshplan's executor: ZeRO-1's sharded AdamW moves its 8 bytes of states alone (executor/zero1.py);
     FSDP2's CPUOffloadPolicy at ZeRO-2/3 moves the fp32 parameter and gradient shards too, and the
     device keeps only ZeRO-2's gathered copy (bf16 under mixed precision)."""
-    z1 = state_bytes_per_param(framework="torch", precision="bf16", zero=1, shard=8, offload="optimizer")
+    z1 = state_bytes_per_param(framework="torch", precision="bf16", zero=1, shard=8, optimizer_offload=True)
     assert (z1.params, z1.grads, z1.optimizer) == (6, 4, 0) and (z1.host_params, z1.host_grads, z1.host) == (0, 0, 1)
-    z2 = state_bytes_per_param(framework="torch", precision="bf16", zero=2, shard=8, offload="optimizer")
+    z2 = state_bytes_per_param(framework="torch", precision="bf16", zero=2, shard=8, optimizer_offload=True)
     assert (z2.params, z2.grads, z2.optimizer) == (2, 0, 0)
     assert (z2.host_params, z2.host_grads, z2.host_optimizer) == (0.5, 0.5, 1)
-    z3 = state_bytes_per_param(framework="torch", precision="fp32", zero=3, shard=4, offload="optimizer")
+    z3 = state_bytes_per_param(framework="torch", precision="fp32", zero=3, shard=4, optimizer_offload=True)
     assert (z3.params, z3.grads, z3.optimizer) == (0, 0, 0) and z3.host == 1 + 1 + 2
 
 
@@ -95,7 +95,7 @@ def test_torch_pipelines_hold_zero2_and_zero3_gradients_unsharded():
     backward but the schedule's own final reduction (stage.py, torch 2.13): under a pipeline the
     gradients accumulate unsharded (fp32, 4 B) and ZeRO-3 keeps the gathered bf16 parameters (2 B)
     as ZeRO-2 does; without a pipeline, and for ZeRO-1 or Megatron, nothing changes."""
-    kw = dict(framework="torch", precision="bf16", shard=8, offload="none")
+    kw = dict(framework="torch", precision="bf16", shard=8, optimizer_offload=False)
     z3 = state_bytes_per_param(zero=3, pp=2, **kw)
     assert (z3.params, z3.grads, z3.optimizer) == (4 / 8 + 2, 4.0, 8 / 8)
     z2 = state_bytes_per_param(zero=2, pp=4, **kw)
@@ -106,7 +106,7 @@ def test_torch_pipelines_hold_zero2_and_zero3_gradients_unsharded():
     mkw = {**kw, "framework": "megatron"}
     assert state_bytes_per_param(zero=1, pp=2, **mkw) == state_bytes_per_param(zero=1, pp=1, **mkw)
     # optimizer offload: the reduced shard goes to the host, the unsharded accumulator stays
-    off = state_bytes_per_param(framework="torch", precision="bf16", shard=8, offload="optimizer", zero=3, pp=2)
+    off = state_bytes_per_param(framework="torch", precision="bf16", shard=8, optimizer_offload=True, zero=3, pp=2)
     assert (off.params, off.grads, off.host_params, off.host_grads) == (2.0, 4.0, 4 / 8, 4 / 8)
 
 

@@ -92,7 +92,7 @@ def planner_accepts(space: Space, config: ParallelConfig) -> bool:
 
 KNOB_VALUES = {"zero": [0, 1, 2, 3], "schedule": ["gpipe", "1f1b", "interleaved-1f1b"],
                "recompute": ["none", "selective", "full"], "sequence_parallel": [False, True],
-               "offload": ["none", "optimizer"]}
+               "optimizer_offload": [False, True]}
 
 
 def any_configs(gpus: int, global_batch: int, num_layers: int):
@@ -160,7 +160,7 @@ def test_refusals_name_the_knob_and_what_is_allowed():
     assert refusals("deepspeed", "cuda", zero=2, pp=2) == [
         ("zero", "ZeRO-2 with pipeline parallelism does not run on the deepspeed runtime on cuda; allowed with "
                  "pp > 1: 0 or 1")]
-    assert refusals("deepspeed", "cuda", zero=2, pp=1, offload="optimizer") == []
+    assert refusals("deepspeed", "cuda", zero=2, pp=1, optimizer_offload=True) == []
     assert refusals("torch", "cpu", tp=4, num_kv_heads=2) == [
         ("tp", "tp 4 must divide the 2 key/value heads on the torch runtime on cpu (it does not replicate "
                "key/value heads)")]

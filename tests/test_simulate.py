@@ -173,7 +173,7 @@ PLANS = [  # (model, cluster, gpus, config, workload extras)
     ("llama3-8b", "h100-80g", 8, dict(dp=8, tp=1, pp=1, zero=3, num_microbatches=8), {}),
     ("llama3-8b", "h100-80g", 16, dict(dp=4, tp=2, pp=2, zero=1, num_microbatches=16, schedule="interleaved-1f1b",
                                        vpp=2, recompute="selective", sequence_parallel=True), {}),
-    ("llama3-70b", "h100-80g", 64, dict(dp=2, tp=8, pp=4, zero=1, num_microbatches=32, offload="optimizer",
+    ("llama3-70b", "h100-80g", 64, dict(dp=2, tp=8, pp=4, zero=1, num_microbatches=32, optimizer_offload=True,
                                         recompute="full"), {"overlap_grad_reduce": False}),
     ("gpt-1.7b", "a100-80g", 16, dict(dp=4, tp=1, pp=4, zero=0, num_microbatches=16, schedule="gpipe",
                                       stage_layers=(9, 6, 6, 6)), {"framework": "megatron"}),

@@ -140,11 +140,12 @@ def test_torch_offload_copies_every_microbatch_under_fsdp_and_once_under_zero1()
     extra = {}
     for zero in (1, 3):
         seconds = {}
-        for offload in ("none", "optimizer"):
+        for offload in (False, True):
             for m in (8, 16):
-                c = ParallelConfig(dp=8, tp=1, pp=1, zero=zero, micro_batch=1, num_microbatches=m, offload=offload)
+                c = ParallelConfig(dp=8, tp=1, pp=1, zero=zero, micro_batch=1, num_microbatches=m,
+                                   optimizer_offload=offload)
                 cache = CostCache(GRAPH, CLUSTER, replace(work, global_batch=8 * m))
                 seconds[offload, m] = optimizer_time_s(cache, c, params)
-        extra[zero] = (seconds["optimizer", 16] - seconds["optimizer", 8]) - (seconds["none", 16] - seconds["none", 8])
+        extra[zero] = (seconds[True, 16] - seconds[True, 8]) - (seconds[False, 16] - seconds[False, 8])
     assert extra[3] == pytest.approx(host_transfer_s(CLUSTER, params / 8 * 12 * 8))
     assert extra[1] == pytest.approx(0.0, abs=1e-12)

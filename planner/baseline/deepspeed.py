@@ -27,7 +27,7 @@ MODELLED = {   # dotted keys this reader models; every other key is listed as ig
 FLAGS = {   # meshplan's flag (as config.check_config names it) -> this format's
     "--dp/--tp/--pp/--cp": "--tp x --pp", "--tp": "--tp", "--pp": "--pp", "--micro-batch":
     "train_micro_batch_size_per_gpu", "num_microbatches": "gradient_accumulation_steps",
-    "--zero": "zero_optimization.stage", "--offload": "zero_optimization.offload_optimizer",
+    "--zero": "zero_optimization.stage", "--optimizer-offload": "zero_optimization.offload_optimizer",
     "--recompute": "activation_checkpointing", "--precision": "bf16.enabled/fp16.enabled"}
 
 
@@ -102,7 +102,7 @@ def read(doc: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
     notes += more
     config = ParallelConfig(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=micro, num_microbatches=m,
                             schedule=schedule_of(pp, 1), recompute=recompute,
-                            offload="none" if device == "none" else "optimizer")
+                            optimizer_offload=device != "none")
     return Baseline(source=source, format="deepspeed", runtime="deepspeed", config=config, global_batch=batch,
                     seq_len=graph.seq_len, precision=precision, overlap_grad_reduce=overlap,
                     flags=FLAGS, ignored=tuple(k for k in _keys(doc) if k not in MODELLED), notes=tuple(notes))

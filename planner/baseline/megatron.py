@@ -210,12 +210,13 @@ def read(args: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
     if sp and tp == 1:
         sp = False
         notes.append("--sequence-parallel with tensor parallel size 1: Megatron-LM turns it off (arguments.py)")
-    offload = "optimizer" if args.get("--optimizer-cpu-offload") else "none"
+    offload = bool(args.get("--optimizer-cpu-offload"))
     fraction = _float(args, "--optimizer-offload-fraction", source, 1.0)
-    if offload == "optimizer" and fraction < 1.0:
+    if offload and fraction < 1.0:
         notes.append(f"--optimizer-offload-fraction {fraction}: meshplan models the whole optimizer offloaded")
     config = ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, micro_batch=micro, num_microbatches=m, vpp=vpp,
-                            schedule=schedule_of(pp, vpp), recompute=recompute, sequence_parallel=sp, offload=offload,
+                            schedule=schedule_of(pp, vpp), recompute=recompute, sequence_parallel=sp,
+                            optimizer_offload=offload,
                             recompute_layers=recompute_layers,
                             stage_layers=pipeline_layers(source, "--pipeline-model-parallel-size", graph, blocks))
     return Baseline(source=source, format="megatron", runtime=runtime, config=config, global_batch=batch,
@@ -231,7 +232,8 @@ FLAGS = {   # meshplan's flag (as config.check_config names it) -> this format's
     "--micro-batch": "--micro-batch-size", "num_microbatches": "--global-batch-size",
     "--vpp": "--num-layers-per-virtual-pipeline-stage", "--schedule": "--num-layers-per-virtual-pipeline-stage",
     "--recompute": "--recompute-granularity", "--sequence-parallel": "--sequence-parallel",
-    "--zero": "--use-distributed-optimizer", "--offload": "--optimizer-cpu-offload", "--precision": "--bf16/--fp16"}
+    "--zero": "--use-distributed-optimizer", "--optimizer-offload": "--optimizer-cpu-offload",
+    "--precision": "--bf16/--fp16"}
 
 
 def _precision(args: dict, source: str) -> str:

@@ -19,7 +19,7 @@ FLAGS = {"--dp/--tp/--pp/--cp": "config.dp x tp x pp x cp", "--tp": "config.tp",
          "--cp": "config.cp", "--micro-batch": "config.micro_batch", "num_microbatches": "config.num_microbatches",
          "--vpp": "config.vpp", "--schedule": "config.schedule", "--zero": "config.zero",
          "--recompute": "config.recompute", "--sequence-parallel": "config.sequence_parallel",
-         "--offload": "config.offload", "--precision": "workload.precision"}
+         "--optimizer-offload": "config.optimizer_offload", "--precision": "workload.precision"}
 
 
 def parse(text: str, source: str) -> dict:

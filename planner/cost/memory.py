@@ -28,7 +28,7 @@ class StateBytes:
 
 
 @functools.lru_cache(maxsize=4096)       # pure: a memo of the search's most frequent call
-def state_bytes_per_param(*, framework: str, precision: str, zero: int, shard: int, offload: str,
+def state_bytes_per_param(*, framework: str, precision: str, zero: int, shard: int, optimizer_offload: bool,
                           pp: int = 1) -> StateBytes:
     """Bytes per parameter of each model-state category on one GPU, from the runtime's layout
     (planner/runtimes.py ``StateLayout``, where each runtime's numbers name their source).
@@ -55,7 +55,7 @@ def state_bytes_per_param(*, framework: str, precision: str, zero: int, shard: i
     held = layout.held_copy_bytes[2 if deferred else zero]
     grads = layout.grads_bytes if deferred else share(layout.grads_bytes, layout.grads_sharded_from)
     opt = share(layout.optimizer_bytes, layout.optimizer_sharded_from)
-    if offload != "optimizer":
+    if not optimizer_offload:
         return StateBytes(params=params + held, grads=grads, optimizer=opt)
     if zero >= layout.offload_params_grads_from:
         if deferred:        # the unsharded gradients accumulate on the device; the reduced shard goes down
@@ -77,11 +77,12 @@ def working_copy_bytes_per_param(*, framework: str, precision: str, zero: int, t
 
 
 @functools.lru_cache(maxsize=4096)
-def resident_bytes_per_param(*, framework: str, precision: str, zero: int, shard: int, offload: str, tp: int,
+def resident_bytes_per_param(*, framework: str, precision: str, zero: int, shard: int, optimizer_offload: bool, tp: int,
                              pp: int) -> float:
     """Device bytes per parameter that scale with the parameters: the model states on the
     GPU plus the executor's working copy (``working_copy_bytes_per_param``)."""
-    s = state_bytes_per_param(framework=framework, precision=precision, zero=zero, shard=shard, offload=offload,
+    s = state_bytes_per_param(framework=framework, precision=precision, zero=zero, shard=shard,
+                              optimizer_offload=optimizer_offload,
                               pp=pp)
     return s.params + s.grads + s.optimizer + working_copy_bytes_per_param(
         framework=framework, precision=precision, zero=zero, tp=tp, pp=pp)

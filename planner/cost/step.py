@@ -518,7 +518,8 @@ def optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float) ->
     it depends on)."""
     if params <= 0:
         return 0.0
-    key = (config.dp * config.cp, config.tp > 1, config.pp > 1, config.num_microbatches, config.zero, config.offload)
+    key = (config.dp * config.cp, config.tp > 1, config.pp > 1, config.num_microbatches, config.zero,
+           config.optimizer_offload)
     rate = cache._optimizer_rates.get(key)
     if rate is None:
         rate = cache._optimizer_rates[key] = _optimizer_time_s(cache, config, 1.0)
@@ -533,7 +534,7 @@ def _optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float) -
                           dp=config.dp * config.cp, tp=config.tp, pp=config.pp)
     per_param = step_param_bytes(regime, zero=config.zero, num_microbatches=config.num_microbatches)
     casts_s = eager_s({c: params * b for c, b in per_param.items()}, 0, dev)
-    if config.offload == "none":
+    if not config.optimizer_offload:
         # at the rate measured for the executor's own AdamW on this device where the profile has one
         # ([gpu.kernels] optimizer_GBps: the CPU's per-parameter loop is far from a memory stream),
         # else streamed at the memory bandwidth (one fused kernel)
@@ -558,11 +559,11 @@ def _optimizer_s(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tu
 
 def _host_bytes(cache: CostCache, config: ParallelConfig, rank: RankCost) -> float:
     """Bytes the node's host memory holds for this rank's offloaded states, times the node's ranks."""
-    if config.offload == "none":
+    if not config.optimizer_offload:
         return 0.0
     w, cluster = cache.workload, cache.cluster
     states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
-                                   shard=config.dp * config.cp, offload="optimizer", pp=config.pp)
+                                   shard=config.dp * config.cp, optimizer_offload=True, pp=config.pp)
     return min(cluster.gpus_per_node, cluster.num_gpus) * rank.params * states.host
 
 
@@ -632,7 +633,8 @@ def grads_follow_activations_at(framework: str, *, pp: int, num_microbatches: in
 def _memories(cache: CostCache, config: ParallelConfig, ranks: list[RankCost]) -> list[Memory]:
     w = cache.workload
     states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
-                                   shard=config.dp * config.cp, offload=config.offload, pp=config.pp)
+                                   shard=config.dp * config.cp, optimizer_offload=config.optimizer_offload,
+                                   pp=config.pp)
     other = _other_bytes(cache, config)
     copy = working_copy_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
                                         tp=config.tp, pp=config.pp)
@@ -652,7 +654,8 @@ def peak_memory(cache: CostCache, config: ParallelConfig) -> tuple[float, float]
     ranks = rank_costs(cache, config)
     w = cache.workload
     per_param = resident_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
-                                         shard=config.dp * config.cp, offload=config.offload, tp=config.tp,
+                                         shard=config.dp * config.cp, optimizer_offload=config.optimizer_offload,
+                                         tp=config.tp,
                                          pp=config.pp)
     if grads_follow_activations(w.framework, config):
         device = max(m.total for m in _memories(cache, config, ranks))

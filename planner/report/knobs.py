@@ -46,10 +46,10 @@ def _config_variants(plan) -> list[tuple[str, object]]:
             out.append((f"virtual stages {c.vpp} -> {c.vpp // 2}", replace(c, vpp=c.vpp // 2, stage_layers=None)))
     if c.recompute != "none" or (c.recompute_layers and set(c.recompute_layers) != {"none"}):
         out.append(("no activation recompute", replace(c, recompute="none", recompute_layers=None)))
-    if c.offload != "none":
-        out.append(("optimizer states on the GPU (no offload)", replace(c, offload="none")))
+    if c.optimizer_offload:
+        out.append(("optimizer states on the GPU (no optimizer offload)", replace(c, optimizer_offload=False)))
     if c.zero >= 2:
-        out.append((f"ZeRO-{c.zero} -> ZeRO-1", replace(c, zero=1, offload="none")))
+        out.append((f"ZeRO-{c.zero} -> ZeRO-1", replace(c, zero=1, optimizer_offload=False)))
     return out
 
 

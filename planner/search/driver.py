@@ -215,7 +215,7 @@ def _group_space(space: Space, layout: Layout, vpp: int, shape, schedule: str | 
     memo = space.__dict__.setdefault("_group_space", {})
     if key not in memo:
         policies = len(space.recomputes())
-        options = sum(len(space.offloads(z)) for z in space.zeros(layout, schedule))
+        options = sum(len(space.optimizer_offloads(z)) for z in space.zeros(layout, schedule))
         cells = p * policies
         free = blocks - p * vpp
         memo[key] = math.comb(free + cells - 1, cells - 1) * options if free >= 0 else 0

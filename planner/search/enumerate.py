@@ -33,7 +33,6 @@ from ..schedules import SCHEDULES
 from .policies import distinct_policies, no_slower
 from .space import Knobs, Layout, Space
 
-OFFLOAD_ORDER = {"none": 0, "optimizer": 1}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,7 +59,7 @@ def _sort_key(c: Candidate) -> tuple:
     """Fastest first; ties go to less memory, then to the simpler config."""
     cfg = c.config
     return (round(c.estimate.step_time_s, 12), round(c.estimate.memory.total), cfg.tp, cfg.pp, cfg.cp, cfg.zero,
-            policy_rank(cfg.recompute), cfg.vpp, cfg.sequence_parallel, OFFLOAD_ORDER[cfg.offload],
+            policy_rank(cfg.recompute), cfg.vpp, cfg.sequence_parallel, cfg.optimizer_offload,
             cfg.micro_batch)
 
 
@@ -79,7 +78,7 @@ def _complexity(c: Candidate) -> tuple[int, float]:
         share = sum(p != "none" for p in cfg.recompute_layers) / max(1, len(cfg.recompute_layers))
     else:
         share = 0.0 if cfg.recompute == "none" else 1.0
-    return OFFLOAD_ORDER[cfg.offload], share
+    return int(cfg.optimizer_offload), share
 
 
 def _better(new: Candidate, old: Candidate) -> bool:
@@ -320,7 +319,7 @@ def _count_layout(space: Space, layout: Layout) -> int:
     for schedule, _ in space.schedules(layout):
         for _ in space.sequence_parallel(layout):
             for zero in space.zeros(layout, schedule):
-                n += len(space.offloads(zero)) * len(space.recomputes())
+                n += len(space.optimizer_offloads(zero)) * len(space.recomputes())
     return n
 
 
@@ -339,7 +338,7 @@ def optimizer_floor(space: Space, layout: Layout, cache: CostCache, base: Parall
 
 
 def least_optimizer_rate(space: Space, layout: Layout, cache: CostCache, base: ParallelConfig,
-                         schedule: str | None = None, zero: int | None = None, offload: str | None = None) -> float:
+                         schedule: str | None = None, zero: int | None = None, offload: bool | None = None) -> float:
     """Seconds per parameter of the fastest optimizer step over the layout's ZeRO/offload choices (of
     ZeRO stage ``zero`` and offload ``offload`` only, when given): ``optimizer_time_s`` is linear in
     the parameters (every term is bytes per parameter over a bandwidth), so one rate per choice,
@@ -350,8 +349,9 @@ def least_optimizer_rate(space: Space, layout: Layout, cache: CostCache, base: P
     out = memo.get(key)
     if out is None:
         zeros = space.zeros(layout, schedule) if zero is None else [zero]
-        out = memo[key] = min((optimizer_time_s(cache, base.but(zero=z, offload=o), 1.0)
-                               for z in zeros for o in space.offloads(z) if offload in (None, o)), default=0.0)
+        out = memo[key] = min((optimizer_time_s(cache, base.but(zero=z, optimizer_offload=o), 1.0)
+                               for z in zeros for o in space.optimizer_offloads(z) if offload in (None, o)),
+                              default=0.0)
     return out
 
 
@@ -397,13 +397,14 @@ def _least_state_and_activation_bytes(space: Space, layout: Layout, base: Parall
         for zero in space.zeros(layout, schedule):
             follows = grads_follow_activations_at(w.framework, pp=base.pp, num_microbatches=base.num_microbatches,
                                                   shard=shard, zero=zero)
-            for offload in space.offloads(zero):
+            for offload in space.optimizer_offloads(zero):
                 per_param = resident_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
-                                                     shard=shard, offload=offload, tp=layout.tp, pp=layout.pp)
+                                                     shard=shard, optimizer_offload=offload, tp=layout.tp,
+                                                     pp=layout.pp)
                 grads = 0.0
                 if follows:
                     grads = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
-                                                  shard=shard, offload=offload, pp=layout.pp).grads
+                                                  shard=shard, optimizer_offload=offload, pp=layout.pp).grads
                 rates.append((per_param, grads))
     return min((max(p * (per_param - grads) + max(p * grads, act) for p, act in ranks)
                 for per_param, grads in rates), default=math.inf)
@@ -448,9 +449,9 @@ def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bo
                     continue
             for zero in space.zeros(layout, schedule):
                 done: list[tuple[int, str]] = []     # fitting, or too slow: more offload, no faster policy, no better
-                for offload in space.offloads(zero):
+                for offload in space.optimizer_offloads(zero):
                     for policy in policies:
-                        o = OFFLOAD_ORDER[offload]
+                        o = int(offload)
                         if prune and any(fo <= o and no_slower(cache, ctx, fp, policy) for fo, fp in done):
                             continue
                         config = space.config(layout, schedule, vpp, sp, zero, offload, policy)
@@ -470,7 +471,7 @@ def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bo
                             done.append((o, policy))
                             params = max(rank.params for rank in rank_costs(cache, config))
                             least_opt = params * least_optimizer_rate(space, layout, cache, config, schedule, zero,
-                                                                      config.offload)
+                                                                      config.optimizer_offload)
                             if rank_pipeline_s(cache, config) + least_opt >= top.threshold:
                                 continue
                         yield Candidate(config=config, estimate=estimate(space.graph, cache.cluster, space.w, config,
@@ -503,7 +504,7 @@ def _frugal_candidates(space: Space, cache: CostCache, layout: Layout):
         for sp in space.sequence_parallel(layout):
             for zero in space.zeros(layout, schedule):
                 configs = list(space.configs(layout, schedule, vpp, sp, zero))
-                frugal = min(configs, key=lambda c: (peak_memory(cache, c)[0], -OFFLOAD_ORDER[c.offload]))
+                frugal = min(configs, key=lambda c: (peak_memory(cache, c)[0], -int(c.optimizer_offload)))
                 yield Candidate(config=frugal, estimate=estimate(space.graph, cache.cluster, space.w, frugal, cache))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Iterator
 
-from ..config import FRAMEWORKS, OFFLOADS, ParallelConfig, Workload, check_config, knob_flag
+from ..config import FRAMEWORKS, ParallelConfig, Workload, check_config, knob_flag
 from ..errors import UserError, one_of
 from ..layers import LayerGraph
 from ..recompute import every_k, expand_recompute, parse_recompute
@@ -26,7 +26,7 @@ class Knobs:
     schedule: str | None = None
     recompute: str | None = None
     sequence_parallel: bool | None = None
-    offload: str | None = None
+    optimizer_offload: bool | None = None
 
     def fixed(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
@@ -82,10 +82,10 @@ class Space:
                 raise UserError(f"must be a positive integer, got {value!r}", field=f"--{name.replace('_', '-')}")
         if k.zero is not None and k.zero not in (0, 1, 2, 3):
             raise UserError(f"{k.zero!r} is not a ZeRO stage; allowed: 0, 1, 2 or 3", field="--zero")
-        for name, allowed in (("schedule", SCHEDULE_NAMES), ("offload", OFFLOADS)):
-            value = getattr(k, name)
-            if value is not None and value not in allowed:
-                raise UserError(f"{value!r} is not allowed; allowed: {one_of(allowed)}", field=f"--{name}")
+        if k.schedule is not None and k.schedule not in SCHEDULE_NAMES:
+            raise UserError(f"{k.schedule!r} is not allowed; allowed: {one_of(SCHEDULE_NAMES)}", field="--schedule")
+        if k.optimizer_offload is not None and not isinstance(k.optimizer_offload, bool):
+            raise UserError(f"must be on or off, got {k.optimizer_offload!r}", field="--optimizer-offload")
         if k.recompute is not None:
             parse_recompute(k.recompute)        # a policy or every-K, else UserError
         if w.framework not in FRAMEWORKS:
@@ -136,10 +136,11 @@ class Space:
         if k.sequence_parallel and k.tp == 1:
             raise UserError("sequence parallelism shards along the TP group: it needs tp >= 2",
                             field="--sequence-parallel")
-        if k.offload == "optimizer" and k.zero == 0:
-            raise UserError("optimizer offload (ZeRO-Offload) needs ZeRO stage 1, 2 or 3", field="--offload")
+        if k.optimizer_offload and k.zero == 0:
+            raise UserError("optimizer offload (ZeRO-Offload) needs ZeRO stage 1, 2 or 3", field="--optimizer-offload")
         for knob, why in refusals(w.framework, self.device_kind, zero=k.zero, tp=k.tp, pp=k.pp, cp=k.cp,
-                                  schedule=k.schedule, offload=k.offload, sequence_parallel=k.sequence_parallel,
+                                  schedule=k.schedule, optimizer_offload=k.optimizer_offload,
+                                  sequence_parallel=k.sequence_parallel,
                                   recompute="full" if every_k(k.recompute) else k.recompute,
                                   num_kv_heads=g.num_kv_heads):
             raise UserError(why, field=knob_flag(knob))
@@ -222,8 +223,9 @@ class Space:
         return self._allowed("sequence_parallel", [False, True] if layout.tp > 1 and self.can.sequence_parallel
                              else [False])
 
-    def offloads(self, zero: int) -> list[str]:
-        return self._allowed("offload", ["none", "optimizer"] if zero in self.can.offload_zero_stages else ["none"])
+    def optimizer_offloads(self, zero: int) -> list[bool]:
+        """Without optimizer offload, and with it where the runtime offloads at this ZeRO stage."""
+        return self._allowed("optimizer_offload", [False, True] if zero in self.can.offload_zero_stages else [False])
 
     def recomputes(self) -> list[str]:
         """The recompute policies to search (the runtime's), or the fixed one: a policy or ``every-K``."""
@@ -235,16 +237,17 @@ class Space:
         return expand_recompute(config, policy, self.graph)
 
     def configs(self, layout: Layout, schedule: str, vpp: int, sp: bool, zero: int) -> Iterator[ParallelConfig]:
-        for offload in self.offloads(zero):
+        for offload in self.optimizer_offloads(zero):
             for recompute in self.recomputes():
                 yield self.config(layout, schedule, vpp, sp, zero, offload, recompute)
 
-    def config(self, layout: Layout, schedule: str, vpp: int, sp: bool, zero: int, offload: str,
+    def config(self, layout: Layout, schedule: str, vpp: int, sp: bool, zero: int, optimizer_offload: bool,
                recompute: str) -> ParallelConfig:
         m = layout.num_microbatches(self.w.global_batch)
         return self.with_recompute(ParallelConfig(
             dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, zero=zero, micro_batch=layout.micro_batch,
-            num_microbatches=m, vpp=vpp, schedule=schedule, sequence_parallel=sp, offload=offload), recompute)
+            num_microbatches=m, vpp=vpp, schedule=schedule, sequence_parallel=sp,
+            optimizer_offload=optimizer_offload), recompute)
 
     def check(self, config: ParallelConfig) -> None:
         check_config(config, num_gpus=self.n, global_batch=self.w.global_batch, seq_len=self.w.seq_len,

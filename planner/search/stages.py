@@ -69,12 +69,12 @@ _EMPTY = Fixed()
 
 @dataclass(frozen=True)
 class Option:
-    """One (ZeRO stage, offload) choice with its per-parameter and per-layer constants."""
+    """One (ZeRO stage, optimizer offload) choice with its per-parameter and per-layer constants."""
 
     zero: int
-    offload: str
+    optimizer_offload: bool
     state_bytes: float            # params + grads + optimizer bytes per parameter on the GPU
-    host_bytes: float             # bytes per parameter in host memory (offload)
+    host_bytes: float             # bytes per parameter in host memory (optimizer offload)
     other_bytes: float            # runtime reserve and communication buffers
     optimizer_s_per_param: float  # optimizer step seconds per parameter of the rank
 
@@ -99,7 +99,7 @@ class GroupProblem:
         self.schedule = SCHEDULES[schedule]
         self.inflight = [inflight_microbatches(self.base, r) for r in range(self.p)]
         self.fixed = [self._fixed(r, ctx) for r in range(self.p)]
-        self.options = [self._option(z, o) for z in space.zeros(layout, schedule) for o in space.offloads(z)]
+        self.options = [self._option(z, o) for z in space.zeros(layout, schedule) for o in space.optimizer_offloads(z)]
         self.tied_s = tied_embedding_sync_s(cache, self.base)
         self.param_gather_overlaps = RUNTIMES[space.w.framework].timing.overlaps_param_gather
 
@@ -139,7 +139,7 @@ class GroupProblem:
                      extra_bytes=max([c.policy("none").peak_extra_bytes for c in costs] or [0.0]), params=params,
                      buckets=buckets)
 
-    def _option(self, zero: int, offload: str) -> Option:
+    def _option(self, zero: int, offload: bool) -> Option:
         """Memoised on the cache: an option depends on the layout, sequence parallelism and the
         choice, not on the schedule or the virtual stages (the groups that differ only by those
         share it)."""
@@ -149,14 +149,14 @@ class GroupProblem:
             memo[key] = self._new_option(zero, offload)
         return memo[key]
 
-    def _new_option(self, zero: int, offload: str) -> Option:
+    def _new_option(self, zero: int, offload: bool) -> Option:
         cache, w, lay = self.cache, self.cache.workload, self.layout
         states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
-                                       shard=lay.dp * lay.cp, offload=offload, pp=lay.pp)
+                                       shard=lay.dp * lay.cp, optimizer_offload=offload, pp=lay.pp)
         resident = resident_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
-                                            shard=lay.dp * lay.cp, offload=offload, tp=lay.tp, pp=lay.pp)
-        config = self.base.but(zero=zero, offload=offload)
-        return Option(zero=zero, offload=offload, state_bytes=resident, host_bytes=states.host,
+                                            shard=lay.dp * lay.cp, optimizer_offload=offload, tp=lay.tp, pp=lay.pp)
+        config = self.base.but(zero=zero, optimizer_offload=offload)
+        return Option(zero=zero, optimizer_offload=offload, state_bytes=resident, host_bytes=states.host,
                       other_bytes=_other_bytes(cache, config),
                       optimizer_s_per_param=optimizer_time_s(cache, config, 1.0))
 
@@ -167,7 +167,7 @@ class GroupProblem:
         return out
 
     def collectives(self, option: Option, params: float) -> tuple[float, float, float]:
-        config = self.base.but(zero=option.zero, offload=option.offload)
+        config = self.base.but(zero=option.zero, optimizer_offload=option.optimizer_offload)
         return dp_collectives(self.cache, config, params)
 
     def first_layer_params(self, rank: int) -> float:
@@ -188,7 +188,8 @@ class GroupProblem:
             for policy in POLICIES:
                 policies += [policy] * stage.get(policy, 0)
         policies += ["none"] * len(self.shape.suffix)
-        return replace(self.base, zero=option.zero, offload=option.offload, recompute=summary_policy(policies),
+        return replace(self.base, zero=option.zero, optimizer_offload=option.optimizer_offload,
+                       recompute=summary_policy(policies),
                        recompute_layers=tuple(policies), stage_layers=tuple(stage_layers))
 
     def memory_free_split(self) -> list[int]:
@@ -345,7 +346,7 @@ def option_lower_bounds(pr: GroupProblem, stop_at: float = math.inf) -> tuple[li
 
 def _blocks_that_fit(room: float, per_block: float) -> float:
     """Blocks of ``per_block`` bytes in ``room`` bytes (fractional); without bytes per block (model states
-    and activations both off the device: optimizer offload with recompute offload) as many as wanted."""
+    and activations both off the device: optimizer offload with activation offload) as many as wanted."""
     if per_block <= 0:
         return math.inf if room >= 0 else 0.0
     return max(0.0, room / per_block)
