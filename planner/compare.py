@@ -17,7 +17,8 @@ from .baseline import Baseline
 from .cluster import GiB, Cluster
 from .describe import describe_config, describe_recompute, runs
 from .config import ParallelConfig, Workload
-from .cost.step import StepTime, balanced_stage_layers, layer_policies
+from .cost.step import balanced_stage_layers, layer_policies
+from .estimate import StepTime
 from .explain import PARTS
 from .layers import LayerGraph
 from .model import ModelSpec

@@ -6,7 +6,8 @@ from dataclasses import fields, replace
 
 from .cluster import GiB, Cluster, builtin_profiles, load_cluster
 from .config import ParallelConfig
-from .cost.step import Estimate, StepTime, balanced_stage_layers, estimate, layer_policies
+from .cost.step import balanced_stage_layers, estimate, layer_policies
+from .estimate import Estimate, StepTime
 from . import network
 from .recompute import POLICIES, policy_rank
 from .runtimes import RUNTIMES

@@ -15,7 +15,8 @@ from .fingerprint import cluster_fingerprint, model_fingerprint
 from .config import PLAN_SCHEMA_VERSION, TP_STYLES, ParallelConfig, Workload  # noqa: F401  (TP_STYLES re-exported)
 from .layers import LayerGraph
 from .model import ModelSpec
-from .search.enumerate import Candidate, SearchResult
+from .estimate import Candidate
+from .search.result import SearchResult
 
 MESHPLAN_VERSION = "0.1.0"
 

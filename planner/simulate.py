@@ -51,9 +51,9 @@ from dataclasses import dataclass, fields, replace
 
 from .cluster import Cluster
 from .config import ParallelConfig, Workload
-from .cost.step import CostCache, Estimate, StepTime, assign_layers, dp_overlaps, dp_phases, estimate, \
-    gathers_every_microbatch, layer_policies, optimizer_time_s, rank_costs, reduces_every_microbatch, \
-    tied_embedding_sync_s
+from .cost.step import (CostCache, assign_layers, dp_overlaps, dp_phases, estimate, gathers_every_microbatch,
+                        layer_policies, optimizer_time_s, rank_costs, reduces_every_microbatch, tied_embedding_sync_s)
+from .estimate import Estimate, StepTime
 from .layers import LayerGraph
 from .runtimes import RUNTIMES
 from .schedules import DEFAULT as DEFAULT_SCHEDULE, SCHEDULES
@@ -468,7 +468,6 @@ def _finish(work: StepWork, ranks: list[_Rank]) -> Timeline:
 
 # -- from a plan to the work ----------------------------------------------------------------------
 
-_dp_phases = dp_phases      # the name tests/test_simulate.py imports
 
 
 def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:

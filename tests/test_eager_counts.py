@@ -12,7 +12,8 @@ from planner.config import ParallelConfig
 from planner.cost.eager import (CAST_DOWN_BYTES, eager_regime, eager_s, layer_eager_bytes,
                                 step_param_bytes)
 from planner.cost.eager_table import TABLE
-from planner.cost.step import Memory, grads_follow_activations
+from planner.cost.step import grads_follow_activations
+from planner.estimate import Memory
 from planner.model import load_model
 
 H100 = load_cluster("profiles/measured/h100-sxm5.toml", 1).device

@@ -5,12 +5,12 @@ import pytest
 
 from planner.cluster import load_cluster
 from planner.config import ParallelConfig, Workload
-from planner.cost.step import CostCache, _dp_collectives, _optimizer_s, estimate, rank_costs
+from planner.cost.step import CostCache, _optimizer_s, dp_collectives, dp_phases, estimate, rank_costs
 from planner.layers import build_layer_graph
 from planner.model import ZOO, ModelSpec
 from planner.search import search
 from planner.search.space import Knobs
-from planner.simulate import LayerWork, StepWork, _dp_phases, schedule_order, simulate, simulate_work, step_time
+from planner.simulate import LayerWork, StepWork, schedule_order, simulate, simulate_work, step_time
 
 
 def one_layer_stages(f, b, *, schedule="1f1b", m=4, hop=0.0, vpp=1, **kw) -> StepWork:
@@ -162,8 +162,8 @@ def test_dp_phases_are_the_cost_models_collectives():
         cache = CostCache(graph, cluster, Workload(global_batch=64, seq_len=4096, framework=framework))
         for zero in (0, 1, 2, 3):
             config = ParallelConfig(dp=16, tp=4, pp=1, zero=zero, num_microbatches=4)
-            g_f, g_b, red = _dp_phases(cache, config, 2e8)
-            per_micro, once, after = _dp_collectives(cache, config, 2e8)
+            g_f, g_b, red = dp_phases(cache, config, 2e8)
+            per_micro, once, after = dp_collectives(cache, config, 2e8)
             every = zero == 3 or (zero == 2 and framework == "torch")
             assert per_micro + once + after == pytest.approx(g_f + g_b + red, rel=1e-12)
             assert per_micro == pytest.approx((g_f + g_b if every else 0) + (red if zero >= 2 else 0), rel=1e-12)

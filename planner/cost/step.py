@@ -7,10 +7,11 @@ time; data-parallel/ZeRO communication and the optimizer step follow.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from ..cluster import DTYPE_BYTES, Cluster
 from ..config import RECOMPUTES, ParallelConfig, Workload
+from ..estimate import Estimate, Memory, StepTime
 from ..layers import LayerGraph
 from .. import network
 from ..runtimes import RUNTIMES
@@ -24,86 +25,6 @@ from .memory import (grad_comm_bytes_per_param, resident_bytes_per_param, state_
 # writes param and moments (12 B); mixed precision also writes the 16-bit copy (2 B).
 # Streams through memory (fused/foreach kernels are bandwidth-bound).
 ADAM_BYTES_PER_PARAM = 28.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class Memory:
-    """Bytes on one GPU, by category."""
-
-    params: float
-    grads: float
-    optimizer: float
-    activations: float
-    other: float                   # runtime reserve, communication and pipeline buffers
-    reserve: float = 0.0           # of ``other``, the runtime's own reserve (the device profile's
-                                   # reserved_bytes: CUDA context, allocator slack), which no
-                                   # allocator counter (max_memory_allocated) sees
-    grads_after_activations: bool = False   # the gradients only exist once the activations are freed
-                                            # (grads_follow_activations): the peak holds the larger
-
-    @property
-    def total(self) -> float:
-        if self.grads_after_activations:
-            return self.params + self.optimizer + self.other + max(self.grads, self.activations)
-        return self.params + self.grads + self.optimizer + self.activations + self.other
-
-    def to_json(self) -> dict:
-        out = {k: int(round(v)) for k, v in asdict(self).items() if k != "grads_after_activations"}
-        out["total"] = int(round(self.total))
-        if self.grads_after_activations:    # the peak holds the larger of the two, not both
-            out["grads_after_activations"] = True
-        return out
-
-
-@dataclass(frozen=True, kw_only=True)
-class StepTime:
-    """Where one step's time goes on the critical path (seconds)."""
-
-    compute: float                 # forward and backward kernels of the slowest stage, all micro-batches
-    recompute: float               # forward work redone before backward
-    tp_comm: float                 # exposed tensor/sequence-parallel collectives
-    cp_comm: float                 # exposed context-parallel exchange
-    pp_comm: float                 # pipeline sends and receives
-    bubble: float                  # pipeline fill and drain
-    dp_comm: float                 # exposed data-parallel / ZeRO communication
-    optimizer: float               # optimizer step (and offload transfers)
-
-    @property
-    def total(self) -> float:
-        return (self.compute + self.recompute + self.tp_comm + self.cp_comm + self.pp_comm + self.bubble
-                + self.dp_comm + self.optimizer)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Estimate:
-    step_time_s: float
-    tokens_per_s: float
-    model_tflops_per_gpu: float    # model FLOPs (no recompute) per second per GPU
-    mfu: float                     # model FLOPs utilisation against the dense peak
-    hardware_tflops_per_gpu: float # matmul FLOPs actually executed (recompute included)
-    memory: Memory                 # the most loaded GPU
-    memory_per_stage: tuple[Memory, ...]
-    time: StepTime
-    capacity_bytes: float
-    host_bytes_per_node: float     # offloaded model states and activations per node
-    host_capacity_bytes: float
-    fits: bool
-
-    @property
-    def peak_stage(self) -> int:
-        totals = [m.total for m in self.memory_per_stage]
-        return totals.index(max(totals))
-
-    def to_json(self) -> dict:
-        return {
-            "step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s,
-            "model_tflops_per_gpu": self.model_tflops_per_gpu, "mfu": self.mfu,
-            "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
-            "memory_per_gpu_bytes": self.memory.to_json(), "fits": self.fits,
-            "capacity_bytes": int(self.capacity_bytes),
-            "time_breakdown_s": asdict(self.time),
-            "memory_per_stage_bytes": [m.to_json() for m in self.memory_per_stage],
-        }
 
 
 # -- placing layers on pipeline ranks ----------------------------------------------------------
@@ -464,9 +385,6 @@ def dp_collectives(cache: CostCache, config: ParallelConfig, params: float) -> t
     every_reduce = reduces_every_microbatch(config, framework)
     per_micro = (reduce if every_reduce else 0.0) + (gather_fwd + gather_bwd if every_gather else 0.0)
     return per_micro, 0.0 if every_reduce else reduce, 0.0 if every_gather else gather_fwd
-
-
-_dp_collectives = dp_collectives      # the name tests/test_simulate.py imports
 
 
 def _dp_comm_uncached(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[float, float]:

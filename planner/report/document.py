@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from ..describe import describe_config, gib, runs
-from ..cost.step import Estimate, StepTime
+from ..estimate import Estimate, StepTime
 from ..explain import PARTS, gains, limits, lost_on
 from ..exports import DOCS, Export, recompute_per_stage
 from ..recompute import DESCRIPTIONS, EVERY_K_DESCRIPTION, POLICIES, every_k

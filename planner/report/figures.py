@@ -9,7 +9,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from ..cluster import GiB
-from ..cost.step import Estimate, StepTime
+from ..estimate import Estimate, StepTime
 from ..explain import PARTS
 from ..simulate import COMPUTE, DP, SEND_NEXT, SEND_PREV, Timeline
 

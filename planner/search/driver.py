@@ -27,13 +27,15 @@ from dataclasses import dataclass, replace
 from ..cluster import Cluster
 from ..config import ParallelConfig, Workload
 from ..cost.step import CostCache, estimate, peak_memory
+from ..estimate import Candidate
+from ..layers import LayerGraph
 from ..recompute import POLICIES, every_k, summary_policy
 from ..schedules import SCHEDULES
-from ..layers import LayerGraph
-from .enumerate import (OPTIMALITY_GAP, Candidate, LayoutBounds, SearchResult, _TopK, _sort_key, layout_order,
-                        least_memory_candidate, optimizer_floor, uniform_phase)
+from .bounds import LayoutBounds, layout_order, optimizer_floor
+from .result import OPTIMALITY_GAP, SearchResult, TopK, sort_key
 from .space import Knobs, Layout, Space
 from .stages import GroupProblem, graph_shape, option_lower_bounds
+from .uniform import least_memory_candidate, uniform_phase
 
 SOLVER_CHOICES = ("cbc", "highs", "exhaustive", "uniform")
 
@@ -72,7 +74,7 @@ def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs
     solver = solver or default_solver()
     space = Space(graph, cluster.num_gpus, workload, knobs, cluster.device.dtypes, cluster.device_kind)
     cache = CostCache(graph, cluster, workload)
-    top = _TopK(top_k + 1)
+    top = TopK(top_k + 1)
     order, bounds = layout_order(space, cache)
     stats = uniform_phase(space, cache, top, order, bounds, prune, progress)
     stage = StageStats()
@@ -96,7 +98,7 @@ def _rank_by_simulation(finalists: list[Candidate], cache: CostCache) -> list[Ca
     from ..simulate import simulated_estimate
     out = [Candidate(config=c.config, estimate=simulated_estimate(cache.graph, cache.cluster, cache.workload, c.config,
                                                                   cache)) for c in finalists]
-    return sorted(out, key=_sort_key)
+    return sorted(out, key=sort_key)
 
 
 def _group_cheap_bound(space: Space, cache: CostCache, layout: Layout, schedule: str, vpp: int, sp: bool) -> float:
@@ -112,7 +114,7 @@ def _group_cheap_bound(space: Space, cache: CostCache, layout: Layout, schedule:
     return SCHEDULES[schedule].pipeline_s(slowest=work / p, total=work, m=m, p=p, v=vpp) + optimizer
 
 
-def _stage_phase(space: Space, cache: CostCache, top: _TopK, order: list[Layout], bounds: LayoutBounds, shape,
+def _stage_phase(space: Space, cache: CostCache, top: TopK, order: list[Layout], bounds: LayoutBounds, shape,
                  solver: str, prune: bool, time_limit_s: float) -> StageStats:
     stats = StageStats()
 
@@ -220,3 +222,10 @@ def _group_space(space: Space, layout: Layout, vpp: int, shape, schedule: str | 
         free = blocks - p * vpp
         memo[key] = math.comb(free + cells - 1, cells - 1) * options if free >= 0 else 0
     return memo[key]
+
+
+def evaluate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: ParallelConfig) -> Candidate:
+    """A fully fixed config: check it and estimate it (it may not fit)."""
+    space = Space(graph, cluster.num_gpus, workload, Knobs(), cluster.device.dtypes, cluster.device_kind)
+    space.check(config)
+    return Candidate(config=config, estimate=estimate(graph, cluster, workload, config))

@@ -1,0 +1,186 @@
+"""Lower bounds on the step time and memory of a layout's candidates, without estimating them: what
+lets the search skip layouts and groups that cannot win (never a guess: each is below every
+candidate it stands for)."""
+from __future__ import annotations
+
+import math
+
+from ..config import ParallelConfig
+from ..cost.memory import resident_bytes_per_param, state_bytes_per_param
+from ..cost.step import CostCache, grads_follow_activations_at, optimizer_time_s
+from ..schedules import SCHEDULES
+from .space import Layout, Space
+
+
+class LayoutBounds:
+    """Lower bounds on the step time and memory of every candidate of a layout.
+
+    Memory: sharded states at their smallest, activations fully recomputed, one
+    micro-batch in flight, on the average rank (the most loaded one holds at least as
+    much). Saved activations are linear in the micro-batch (every quantity is per token,
+    attention's per sequence), so micro-batch 1 gives them for all.
+
+    Time, three bounds: ``order`` for every layout, from each layer's linear floor at
+    micro-batch 1 (GEMMs at their ideal rate, no communication; ``LayerCost.work_floor_s``),
+    which orders the layouts; ``floor``, that plus the least optimizer step of the mean
+    rank (at one micro-batch); and ``time``, the pipeline of the mean rank's exact work at
+    the layout's micro-batch with recompute none plus the least optimizer step of the mean
+    rank. The last two only for the layouts the search reaches. A layout whose memory bound
+    exceeds the device has an infinite ``time`` bound. The memory bound is computed only for
+    the layouts the search reaches."""
+
+    def __init__(self, space: Space, cache: CostCache, layouts: list[Layout]):
+        self.space, self.cache = space, cache
+        self._memory: dict[Layout, float] = {}
+        self._order = {lay: self._order_bound(lay) for lay in layouts}
+        self._floor: dict[Layout, float] = {}
+        self._time: dict[Layout, float] = {}
+
+    def memory(self, layout: Layout) -> float:
+        if layout not in self._memory:
+            self._memory[layout] = self._memory_bound(layout)
+        return self._memory[layout]
+
+    def order(self, layout: Layout) -> float:
+        """The floor without the optimizer: the key the layouts are visited by."""
+        return self._order[layout]
+
+    def floor(self, layout: Layout) -> float:
+        """The order key plus the least optimizer step of the mean rank at one micro-batch (the
+        step's casts and accumulation only grow with them; the parameters do not depend on
+        sequence parallelism, so it adds to the least over it)."""
+        if layout not in self._floor:
+            one = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, micro_batch=1,
+                                 num_microbatches=1)
+            params = self.cache.totals(self.cache.context(one))[2] / layout.pp
+            self._floor[layout] = self._order[layout] + optimizer_floor(self.space, layout, self.cache, one, params)
+        return self._floor[layout]
+
+    def time(self, layout: Layout) -> float:
+        if layout not in self._time:
+            self._time[layout] = self._time_bound(layout)
+        return self._time[layout]
+
+    def _pipeline_factor(self, layout: Layout, m: int) -> float:
+        """The least pipeline time over the layout's schedules when every rank takes one second per
+        micro-batch and no send waits (``PipelineSchedule.pipeline_s`` with equal ranks): the factor
+        that turns the mean rank's work into a bound. Memoised on what the schedules depend on."""
+        memo = self.__dict__.setdefault("_pipeline_factor_memo", {})
+        key = (layout.pp, m, m % layout.pp == 0)
+        if key not in memo:
+            memo[key] = min((SCHEDULES[s].pipeline_s(slowest=1.0, total=float(layout.pp), m=m, p=layout.pp, v=v)
+                             for s, v in self.space.schedules(layout)), default=float(m + layout.pp - 1))
+        return memo[key]
+
+    def _order_bound(self, layout: Layout) -> float:
+        """The pipeline of the mean rank's linear work floor: the floor of one micro-batch depends on
+        (tp, pp, cp, dp) only (memoised on those), the least over sequence parallelism."""
+        space, pp = self.space, layout.pp
+        m = layout.num_microbatches(space.w.global_batch)
+        memo = self.__dict__.setdefault("_order_memo", {})
+        key = (layout.tp, pp, layout.cp, layout.dp)
+        work = memo.get(key)
+        if work is None:
+            work = memo[key] = min(
+                self.cache.totals(self.cache.context(ParallelConfig(
+                    dp=layout.dp, tp=layout.tp, pp=pp, cp=layout.cp, micro_batch=1, num_microbatches=m,
+                    sequence_parallel=sp)))[3] for sp in space.sequence_parallel(layout)) / pp
+        return self._pipeline_factor(layout, m) * work * layout.micro_batch
+
+    def _time_bound(self, layout: Layout) -> float:
+        space, cache = self.space, self.cache
+        if self.memory(layout) > cache.cluster.device.memory_bytes:
+            return float("inf")
+        m = layout.num_microbatches(space.w.global_batch)
+        factor = self._pipeline_factor(layout, m)
+        best = float("inf")
+        for sp in space.sequence_parallel(layout):
+            cfg = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp,
+                                 micro_batch=layout.micro_batch, num_microbatches=m, sequence_parallel=sp)
+            work, _, params, _ = cache.totals(cache.context(cfg))
+            work /= layout.pp                                       # mean rank, no recompute
+            pipe = factor * work
+            # the step adds the slowest rank's optimizer to the pipeline
+            best = min(best, pipe + optimizer_floor(space, layout, cache, cfg, params / layout.pp))
+        return best
+
+    def _memory_bound(self, layout: Layout) -> float:
+        space, cache = self.space, self.cache
+        best_act = float("inf")
+        params = 0.0
+        for sp in space.sequence_parallel(layout):
+            one = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, micro_batch=1,
+                                 num_microbatches=1, sequence_parallel=sp)
+            _, act, params, _ = cache.totals(cache.context(one))
+            best_act = min(best_act, layout.micro_batch * act / layout.pp)
+        params /= layout.pp
+        base = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp,
+                              micro_batch=layout.micro_batch,
+                              num_microbatches=layout.num_microbatches(space.w.global_batch))
+        return least_state_and_activation_bytes(space, layout, base, None, [(params, best_act)]) \
+            + cache.cluster.device.reserved_bytes
+
+
+def layout_order(space: Space, cache: CostCache) -> tuple[list[Layout], LayoutBounds]:
+    """The layouts, most promising first (by their time floor), and their bounds."""
+    layouts = list(space.layouts())
+    bounds = LayoutBounds(space, cache, layouts)
+    return sorted(layouts, key=bounds.order), bounds
+
+
+def optimizer_floor(space: Space, layout: Layout, cache: CostCache, base: ParallelConfig, params: float,
+                    schedule: str | None = None) -> float:
+    """The least optimizer step over the layout's ZeRO/offload choices for a rank of ``params``
+    parameters: the step adds the slowest rank's optimizer (``cost.step.estimate``), which holds at
+    least the mean rank's parameters (``optimizer_time_s`` grows with them)."""
+    return params * least_optimizer_rate(space, layout, cache, base, schedule)
+
+
+def least_optimizer_rate(space: Space, layout: Layout, cache: CostCache, base: ParallelConfig,
+                         schedule: str | None = None, zero: int | None = None, offload: bool | None = None) -> float:
+    """Seconds per parameter of the fastest optimizer step over the layout's ZeRO/offload choices (of
+    ZeRO stage ``zero`` and offload ``offload`` only, when given): ``optimizer_time_s`` is linear in
+    the parameters (every term is bytes per parameter over a bandwidth), so one rate per choice,
+    memoised on the cache."""
+    key = (base.dp, base.cp, base.tp, base.pp, base.num_microbatches, schedule if zero is None else None, zero,
+           offload)
+    memo = cache.__dict__.setdefault("_least_optimizer_rate", {})
+    out = memo.get(key)
+    if out is None:
+        zeros = space.zeros(layout, schedule) if zero is None else [zero]
+        out = memo[key] = min((optimizer_time_s(cache, base.but(zero=z, optimizer_offload=o), 1.0)
+                               for z in zeros for o in space.optimizer_offloads(z) if offload in (None, o)),
+                              default=0.0)
+    return out
+
+
+def least_state_and_activation_bytes(space: Space, layout: Layout, base: ParallelConfig, schedule: str | None,
+                                      ranks: list[tuple[float, float]]) -> float:
+    """The least over the layout's ZeRO/offload choices of the most loaded rank's model states plus
+    activations, for (parameters, activation bytes) per rank: their sum, or where gradients only
+    follow the activations (planner.cost.step.grads_follow_activations) the larger of the two."""
+    w = space.w
+    shard = layout.dp * layout.cp
+    most: dict[float, float] = {}        # ranks with the same parameters: only the most activations count
+    for params, act in ranks:
+        most[params] = max(act, most.get(params, act))
+    ranks = list(most.items())
+    key = (layout, schedule, base.pp, base.num_microbatches)
+    memo = space.__dict__.setdefault("_state_rates", {})
+    rates = memo.get(key)
+    if rates is None:           # (bytes per parameter, of which gradients that only follow the activations)
+        rates = memo[key] = []
+        for zero in space.zeros(layout, schedule):
+            follows = grads_follow_activations_at(w.framework, pp=base.pp, num_microbatches=base.num_microbatches,
+                                                  shard=shard, zero=zero)
+            for offload in space.optimizer_offloads(zero):
+                per_param = resident_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
+                                                     shard=shard, optimizer_offload=offload, tp=layout.tp,
+                                                     pp=layout.pp)
+                grads = 0.0
+                if follows:
+                    grads = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
+                                                  shard=shard, optimizer_offload=offload, pp=layout.pp).grads
+                rates.append((per_param, grads))
+    return min((max(p * (per_param - grads) + max(p * grads, act) for p, act in ranks)
+                for per_param, grads in rates), default=math.inf)
