@@ -58,14 +58,12 @@ from executor.train import steady_times  # noqa: E402
 
 
 def predicted_step_s(plan_doc: dict, profile: Path, model: Path) -> float:
-    """The step time `meshplan plan` would report for the plan's config against ``profile``."""
-    from planner.cli import build_parser
-    from planner.commands import load_inputs
+    """The step time `meshplan plan` would report for the plan's config against ``profile`` (the job of
+    ``BATCH``: global batch 8, fp32)."""
+    from planner import api
     from planner.config import ParallelConfig
-    from planner.simulate import simulated_estimate
-    args = build_parser().parse_args(["plan", "--model", str(model), "--cluster", str(profile), "--gpus", "2", *BATCH])
-    _, graph, cluster, workload = load_inputs(args)
-    return simulated_estimate(graph, cluster, workload, ParallelConfig.from_json(plan_doc["config"])).step_time_s
+    job = api.load_job(str(model), str(profile), gpus=2, global_batch=8, precision="fp32")
+    return api.estimate(job, ParallelConfig.from_json(plan_doc["config"])).estimate.step_time_s
 MODEL = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 512, "num_attention_heads": 8,
          "num_key_value_heads": 8, "intermediate_size": 1408, "vocab_size": 8192, "max_position_embeddings": 256}
 BATCH = ["--global-batch", "8", "--precision", "fp32"]

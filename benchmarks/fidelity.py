@@ -2,8 +2,8 @@
 
     python benchmarks/fidelity.py [--cases ../shared/validation/public_cases.json]
 
-For every throughput case, through `meshplan plan` itself (the case's model written
-as a GPT-2 config.json, ``case_flags`` for the command): the published degrees (tp,
+For every throughput case, planned as `meshplan plan` plans it (planner.api.plan; the case's
+model written as a GPT-2 config.json, ``case_flags`` for the command): the published degrees (tp,
 pp, dp) and what the source states about its runtime are fixed; what it does not
 publish (micro-batch, virtual stages, and for Megatron-Core also recompute and
 sequence parallelism) is searched. It prints the error by model size and pipeline
@@ -23,8 +23,6 @@ the source's own FLOP convention (see ../shared/validation/README.md):
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import math
 import statistics
@@ -35,8 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.cli import build_parser, main as cli_main  # noqa: E402
-from planner.commands import _knobs, load_inputs  # noqa: E402
+from planner import api  # noqa: E402
 from planner.model import ModelSpec  # noqa: E402
 from planner.search import search  # noqa: E402
 
@@ -67,22 +64,38 @@ def case_config_json(case: dict) -> dict:
             "embd_pdrop": drop}
 
 
-def case_flags(case: dict) -> list[str]:
-    """`meshplan plan` flags for a case: the published degrees and what the source states about
-    its runtime, fixed; what it does not publish (micro-batch, virtual stages; for Megatron-Core
-    also recompute and sequence parallelism) searched. The published runtimes split layers evenly
-    across stages (Megatron-LM requires it): --uniform-stages."""
+def case_settings(case: dict) -> tuple[dict, dict]:
+    """(the job's settings besides the model: planner.api.JobInputs fields, the fixed knobs: Knobs fields)
+    of a case: the published degrees and what the source states about its runtime, fixed; what it does
+    not publish (micro-batch, virtual stages; for Megatron-Core also recompute and sequence parallelism)
+    searched."""
     cfg, m = case["config"], case["model"]
-    common = ["--gpus", str(case["hardware"]["num_gpus"]), "--global-batch", str(cfg["global_batch"]),
-              "--seq-len", str(m["seq_len"]), "--framework", "megatron", "--tp", str(cfg["tp"]), "--pp", str(cfg["pp"]),
-              "--dp", str(cfg["dp"]), "--cp", "1", "--uniform-stages", "--top-k", "1"]
+    job = {"gpus": case["hardware"]["num_gpus"], "global_batch": cfg["global_batch"], "seq_len": m["seq_len"],
+           "framework": "megatron"}
+    knobs = {"tp": cfg["tp"], "pp": cfg["pp"], "dp": cfg["dp"], "cp": 1}
     if case["id"].startswith("NAR21"):
-        return ["--cluster", "a100-80g", *common, "--precision", "fp16", "--attention", "unfused",
-                "--no-overlap-grad-reduce", "--zero", "0", "--recompute", "full",
-                *(["--sequence-parallel", "off"] if cfg["tp"] > 1 else []),
-                *(["--schedule", "interleaved-1f1b"] if cfg["pp"] > 1 else [])]
-    return ["--cluster", "h100-80g", *common, "--precision", "bf16", "--attention", "flash", "--tp-comm-overlap",
-            "--zero", "1"]
+        job.update(cluster="a100-80g", precision="fp16", attention="unfused", overlap_grad_reduce=False)
+        knobs.update(zero=0, recompute="full", **({"sequence_parallel": False} if cfg["tp"] > 1 else {}),
+                     **({"schedule": "interleaved-1f1b"} if cfg["pp"] > 1 else {}))
+    else:
+        job.update(cluster="h100-80g", precision="bf16", attention="flash", tp_comm_overlap=True)
+        knobs.update(zero=1)
+    return job, knobs
+
+
+def case_flags(case: dict) -> list[str]:
+    """The `meshplan plan` flags of ``case_settings`` (the command each row records). The published runtimes
+    split layers evenly across stages (Megatron-LM requires it): --uniform-stages."""
+    job, knobs = case_settings(case)
+    flags = []
+    for key, value in {**job, **knobs}.items():
+        if key == "overlap_grad_reduce":
+            flags += [] if value else ["--no-overlap-grad-reduce"]
+        elif key == "tp_comm_overlap":
+            flags += ["--tp-comm-overlap"] if value else []
+        else:
+            flags += [f"--{key.replace('_', '-')}", ("on" if value else "off") if isinstance(value, bool) else str(value)]
+    return flags + ["--uniform-stages", "--top-k", "1"]
 
 
 def published_convention_tflops(case: dict, step_s: float) -> float:
@@ -96,51 +109,43 @@ def published_convention_tflops(case: dict, step_s: float) -> float:
     return flops / (step_s * n) / 1e12
 
 
-def plan_cli(args: list[str]) -> dict:
-    """`meshplan plan ARGS --json`, in this process (the CLI's own code path), as a dict."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = cli_main(["plan", *args, "--json"])
-    if code:
-        raise SystemExit(f"meshplan plan {' '.join(args)}: exit {code}")
-    return json.loads(out.getvalue())
-
-
 def run_case(case: dict, workdir: Path) -> dict:
+    """The case planned as `meshplan plan ... --uniform-stages --top-k 1` plans it (planner.api.plan), its
+    throughput in the source's own convention against the published one."""
     config = workdir / f"{case['id']}.json"
     config.write_text(json.dumps(case_config_json(case)))
-    flags = ["--model", str(config), *case_flags(case)]
+    job, knobs = case_settings(case)
     t0 = time.perf_counter()
-    doc = plan_cli(flags)
+    plan = api.plan(api.load_job(str(config), **job), api.Knobs(**knobs), top_k=1, solver="uniform")
     seconds = time.perf_counter() - t0
     published = case["published"]["tflops_per_gpu"]
-    step_s = doc["estimate"]["step_time_s"]
+    step_s = plan.best.estimate.step_time_s
     predicted = published_convention_tflops(case, step_s)
-    c = doc["config"]
-    chosen = f"mb {c['micro_batch']} vpp {c['vpp']} rc {c['recompute']} sp {'on' if c['sequence_parallel'] else 'off'}"
-    return {"id": case["id"], "params": doc["model"]["params"], "pp": case["config"]["pp"], "published": published,
+    c = plan.best.config
+    chosen = f"mb {c.micro_batch} vpp {c.vpp} rc {c.recompute} sp {'on' if c.sequence_parallel else 'off'}"
+    return {"id": case["id"], "params": plan.model_params, "pp": case["config"]["pp"], "published": published,
             "predicted": predicted, "error": predicted / published - 1, "config": chosen, "seconds": seconds,
-            "step_s": step_s, "mem_gib": doc["estimate"]["memory_per_gpu_bytes"]["total"] / 2**30,
+            "step_s": step_s, "mem_gib": plan.best.estimate.memory.total / 2**30,
             "command": "meshplan plan " + " ".join(["--model", f"{case['id']}.json", *case_flags(case)])}
 
 
 def case_inputs(case: dict, profile_override: dict | None = None):
-    """What `meshplan plan` searches a case with, read by the CLI's own parser from the case's flags
-    (``case_flags``): (layer graph, cluster, workload, fixed knobs); ``profile_override`` replaces
-    fields of the cluster's device."""
+    """What `meshplan plan` searches a case with: (layer graph, cluster, workload, fixed knobs);
+    ``profile_override`` replaces fields of the cluster's device."""
     with tempfile.TemporaryDirectory(prefix="meshplan-fidelity-") as tmp:
         config = Path(tmp) / f"{case['id']}.json"
         config.write_text(json.dumps(case_config_json(case)))
-        args = build_parser().parse_args(["plan", "--model", str(config), *case_flags(case)])
-        _, graph, cluster, workload = load_inputs(args)
+        job, knobs = case_settings(case)
+        loaded = api.load_job(str(config), **job)
+    cluster = loaded.cluster
     if profile_override:
         from dataclasses import replace
         cluster = replace(cluster, device=replace(cluster.device, **profile_override))
-    return graph, cluster, workload, _knobs(args)
+    return loaded.graph, cluster, loaded.workload, api.Knobs(**knobs)
 
 
 def run_case_api(case: dict, profile_override: dict | None = None) -> dict:
-    """``run_case`` through the library instead of the CLI (the same search), for scripts that
+    """``run_case`` on the search alone (the same search, no Plan), for scripts that
     change the device profile (benchmarks/calibrate.py)."""
     graph, cluster, workload, knobs = case_inputs(case, profile_override)
     t0 = time.perf_counter()

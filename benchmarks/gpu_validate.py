@@ -165,11 +165,11 @@ def profile_step(step_fn) -> dict:
 def measure_case(plan_path: Path, *, steps: int, warmup: int, device) -> dict:
     import torch
     from executor.plan_file import load_plan
-    from executor.train import Job, RunOptions, _measured_step, train_step
+    from executor.train import Job, RunOptions, measured_step, train_step
     cuda = device.type == "cuda"
     plan = load_plan(plan_path)
     job = Job(plan, RunOptions(steps=warmup + steps), device)
-    loss, categories, _ = _measured_step(job, 0, None)
+    loss, categories, _ = measured_step(job, 0, None)
     for step in range(1, warmup):
         train_step(job, step)
     if cuda:

@@ -1,6 +1,6 @@
 """meshplan's executor: applies a plan.json to a model with torch.distributed, runs it, measures it.
 
-    meshplan run --plan plan.json --model MODEL --steps N       # torchrun, see executor/cli.py
+    meshplan run --plan plan.json --model MODEL --steps N       # torchrun, see executor/launch.py
     meshplan run ... --checkpoint-dir DIR --checkpoint-every K --max-restarts N --timeout S
                                                                  # survives a rank that dies (checkpoint.py)
     from executor import auto_parallelize                        # inside your own torchrun script: plans

@@ -5,7 +5,7 @@ What it does, in order:
    from rank 0's weights;
 2. on rank 0 only: traces the module (``planner.trace.trace``: its layers, FLOPs, activations,
    which linears tensor parallelism can split) and plans it with the planner as a library call
-   (``planner.api.plan_json``: the same search as ``meshplan plan``, over dp, tp, pp, ZeRO,
+   (``planner.api.plan_graph``: the same search as ``meshplan plan``, over dp, tp, pp, ZeRO,
    micro-batch, schedule and recompute), for ``cluster`` (a profile name or TOML; default
    cpu-gloo) with as many GPUs as the job has processes. The plan.json document is broadcast,
    so every rank applies the same plan (or raises the same error);
@@ -33,13 +33,13 @@ from torch import nn
 
 from planner.config import PRECISIONS
 from planner.errors import UserError, one_of
+from planner.plan import Plan
 
 from .generic import apply_ac, apply_dp, apply_tp, split_pipeline
 from .integrity import check_world_size
 from .mesh import ParallelDims, init_process_group, local_device
 from .parallelize import autocast_for, mixed_precision, shard_embedding_grads
 from .pipeline import build_schedule, runnable_schedule, stage_indices
-from .plan_file import RunPlan, plan_from_json
 from .support import DEFAULT_TIMEOUT_S
 from .train import accumulate, global_loss, make_optimizer, optimizer_step, schedule_step
 
@@ -70,12 +70,12 @@ class AutoPlan:
 def plan_module(module: nn.Module, example_inputs, *, global_batch: int, world: int, cluster: str | None = None,
                 knobs=None, precision: str = "fp32") -> dict:
     """The plan.json document for ``module`` on ``world`` processes (no torch.distributed needed)."""
-    from planner.api import plan_json
+    from planner.api import plan_graph
     from planner.config import Workload
     from planner.trace import trace
     graph = trace(module, example_inputs)
     workload = Workload(global_batch=global_batch, seq_len=graph.seq_len, precision=precision)
-    return plan_json(graph, cluster or DEFAULT_CLUSTER, workload, gpus=world, knobs=executable_knobs(knobs))
+    return plan_graph(graph, cluster or DEFAULT_CLUSTER, workload, gpus=world, knobs=executable_knobs(knobs)).to_json()
 
 
 def executable_knobs(knobs=None):
@@ -163,7 +163,7 @@ class ParallelTraining:
         return global_loss(local, mesh=self.mesh, dp_mesh=self.dp_mesh, dp=self.dp)
 
 
-def apply_plan(module: nn.Module, plan: RunPlan, doc: dict, *, device: torch.device, loss_fn: Callable,
+def apply_plan(module: nn.Module, plan: Plan, doc: dict, *, device: torch.device, loss_fn: Callable,
                lr: float) -> ParallelTraining:
     """Apply a traced module's plan to ``module`` on this rank (executor/generic.py, in its order)."""
     c, world, precision = plan.config, dist.get_world_size(), plan.workload.precision
@@ -242,6 +242,6 @@ def auto_parallelize(module: nn.Module, example_inputs, *, global_batch: int, cl
             dist.broadcast(tensor, src=0)
     doc = _broadcast_plan(lambda: plan_module(module, example_inputs, global_batch=global_batch, world=world,
                                               cluster=cluster, knobs=knobs, precision=precision))
-    plan = plan_from_json(doc, SOURCE)
+    plan = Plan.from_json(doc, SOURCE)
     check_world_size(plan, world, "this torchrun job")
     return apply_plan(module, plan, doc, device=device, loss_fn=loss_fn or nn.functional.mse_loss, lr=lr)

@@ -32,13 +32,13 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from planner.errors import UserError
+from planner.plan import Plan
 
 from .measure import offloaded_params
 from .mesh import ParallelDims
 from .models import canonical_name
 from .parallelize import shard_model
 from .pipeline import build_schedule, build_stage_model, stage_indices
-from .plan_file import RunPlan
 from .support import check_stages, check_supported
 from .zero1 import ShardedAdamW
 
@@ -79,7 +79,7 @@ def _chunk(size: int, parts: int, index: int) -> int:
     return max(0, min(piece, size - piece * index))
 
 
-def expected_shards(name: str, shape: torch.Size, plan: RunPlan, dims: ParallelDims,
+def expected_shards(name: str, shape: torch.Size, plan: Plan, dims: ParallelDims,
                     coords: dict[str, int]) -> tuple[dict[str, int], tuple[int, ...]]:
     """({mesh dimension: tensor dimension it shards}, local shape) of parameter ``name`` under the
     plan: its TP style's dimension over ``tp``, then ZeRO-2/3's dim 0 over ``dp_cp``."""
@@ -105,7 +105,7 @@ def built_shards(param: torch.Tensor) -> tuple[dict[str, int], tuple[int, ...]]:
     return sharded, tuple(param.to_local().shape)
 
 
-def _check_params(model: nn.Module, plan: RunPlan, dims: ParallelDims, coords: dict[str, int],
+def _check_params(model: nn.Module, plan: Plan, dims: ParallelDims, coords: dict[str, int],
                   full_shapes: dict[str, torch.Size]) -> list[str]:
     problems = []
     for raw, param in model.named_parameters():
@@ -176,7 +176,7 @@ def _coordinates(mesh, dp_cp_mesh) -> dict[str, int]:
     return {"dp_cp": dp_cp_mesh.get_local_rank(), "tp": mesh["tp"].get_local_rank()}
 
 
-def _build_rank(plan: RunPlan, dims: ParallelDims, meshes, pp_rank: int, own: bool) -> RankReport:
+def _build_rank(plan: Plan, dims: ParallelDims, meshes, pp_rank: int, own: bool) -> RankReport:
     """Every stage of pipeline rank ``pp_rank`` with this fake world's other coordinates; its
     schedule too where ``own`` (the world's own pipeline rank)."""
     from .train import make_optimizer
@@ -186,7 +186,7 @@ def _build_rank(plan: RunPlan, dims: ParallelDims, meshes, pp_rank: int, own: bo
     where = list(mesh.get_coordinate())
     where[0] = pp_rank                           # the same place in another pipeline stage
     report = RankReport(rank=int(mesh.mesh[tuple(where)]), pp_rank=pp_rank, coordinates=coords,
-                        predicted=(plan.estimate.get("memory_per_stage_bytes") or [{}] * c.pp)[pp_rank])
+                        predicted=plan.estimate.memory_per_stage[pp_rank].to_json())
     mine = stage_indices(len(plan.stages), c.pp, pp_rank)
     parts = []
     for j in mine:
@@ -210,7 +210,7 @@ def _build_rank(plan: RunPlan, dims: ParallelDims, meshes, pp_rank: int, own: bo
     return report
 
 
-def _fake_world(plan: RunPlan, dims: ParallelDims, rank: int) -> list[RankReport]:
+def _fake_world(plan: Plan, dims: ParallelDims, rank: int) -> list[RankReport]:
     """Start a fake world as ``rank``, build every pipeline rank's stages in it, end it."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=dims.world_size)
@@ -222,13 +222,13 @@ def _fake_world(plan: RunPlan, dims: ParallelDims, rank: int) -> list[RankReport
         dist.destroy_process_group()
 
 
-def dry_run(plan: RunPlan, device_kind: str = "cuda") -> tuple[list[RankReport], float]:
+def dry_run(plan: Plan, device_kind: str = "cuda") -> tuple[list[RankReport], float]:
     """(a report per representative rank, seconds it took). Raises UserError for a plan the
     executor does not run on ``device_kind`` (the plan's GPUs: "cuda")."""
     if dist.is_initialized():
         raise UserError("a dry run starts its own fake process group; run it outside a torch.distributed job",
                         field="--dry-run")
-    check_supported(plan, device_kind)
+    check_supported(plan.config, plan.spec, device_kind, plan.source)
     check_stages(plan.stages, plan.spec, plan.source)
     t0 = time.perf_counter()
     dims = ParallelDims.from_config(plan.config, plan.world_size)
@@ -238,7 +238,7 @@ def dry_run(plan: RunPlan, device_kind: str = "cuda") -> tuple[list[RankReport],
     return reports, time.perf_counter() - t0
 
 
-def format_dry_run(plan: RunPlan, reports: list[RankReport], seconds: float) -> str:
+def format_dry_run(plan: Plan, reports: list[RankReport], seconds: float) -> str:
     """The table `meshplan run --dry-run` prints: bytes per representative rank against the plan."""
     c = plan.config
     lines = [f"dry run of {plan.source}: {plan.world_size} ranks (dp {c.dp} x tp {c.tp} x pp {c.pp} x cp {c.cp}, "

@@ -27,15 +27,15 @@ from planner.errors import UserError
 from planner.fingerprint import model_fingerprint
 from planner.layers import build_layer_graph
 from planner.model import load_model
+from planner.plan import Plan
 
-from .plan_file import RunPlan
 
 # Fields that describe the training run rather than the architecture: a plan for a
 # shorter sequence runs the same model.
 _RUN_FIELDS = ("name", "seq_len", "source")
 
 
-def check_model(plan: RunPlan, model: str) -> RunPlan:
+def check_model(plan: Plan, model: str) -> Plan:
     """The architecture --model names must be the one the plan was made for."""
     if plan.spec is None:
         raise UserError("the plan is for a traced module; run it with executor.auto_parallelize inside your "
@@ -54,7 +54,7 @@ def check_model(plan: RunPlan, model: str) -> RunPlan:
     return plan
 
 
-def check_world_size(plan: RunPlan, world_size: int, where: str) -> None:
+def check_world_size(plan: Plan, world_size: int, where: str) -> None:
     """The plan splits the training over fingerprints.world_size processes; ``where`` has ``world_size``."""
     want = plan.fingerprints.world_size
     if world_size != want:

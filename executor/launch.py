@@ -14,6 +14,7 @@ lying in the working directory is never imported instead.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -21,6 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.errors import UserError
+from planner.plan import Plan
+
+from . import faults
+from .checkpoint_dir import check_resumable, latest_complete
+from .mesh import local_device_kind
+from .support import DEFAULT_TIMEOUT_S, check_stages, check_supported
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,3 +90,63 @@ def launch(launch: Launch, train_args: list[str], *, debug: bool = False) -> int
     cmd = [sys.executable, "-m", "executor.torchrun", *(["--debug"] if debug else []), *launch.torchrun_args(),
            "-m", "executor.train", *train_args]
     return subprocess.run(cmd, env=launch_env()).returncode
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRequest:
+    """What `meshplan run` asks for besides the plan: the steps and data, checkpoints, failures, the launch."""
+
+    model: str                          # the model the plan is for: a zoo name or config.json
+    steps: int                          # optimizer steps (a restartable run's total)
+    seed: int = 0                       # data and initialisation seed
+    save: str | None = None             # save a checkpoint after the last step
+    load: str | None = None             # resume from a checkpoint (any plan's)
+    checkpoint_dir: str | None = None   # restartable run: resume from and checkpoint into this folder
+    checkpoint_every: int | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    out: str = "measured.json"
+    launch: Launch
+
+
+def check_request(request: RunRequest) -> None:
+    """Flags that cannot work together, before anything is launched (UserError naming the flag)."""
+    if request.checkpoint_every is not None and not request.checkpoint_dir:
+        raise UserError("needs --checkpoint-dir DIR (where the checkpoints go)", field="--checkpoint-every")
+    if request.checkpoint_dir:
+        for flag, value in (("--load", request.load), ("--save", request.save)):
+            if value:
+                raise UserError(f"{flag} and --checkpoint-dir both say where checkpoints are; allowed: one of "
+                                "them (--checkpoint-dir resumes from and saves into DIR)", field=flag)
+        folder = Path(request.checkpoint_dir)
+        if folder.exists() and not folder.is_dir():
+            raise UserError("exists and is not a folder; allowed: a folder, or a path to create",
+                            source=request.checkpoint_dir, field="--checkpoint-dir")
+        found = latest_complete(folder)
+        if found is not None:
+            check_resumable(folder, found[1], steps=request.steps, seed=request.seed)
+    faults.from_env()       # a malformed MESHPLAN_FAULT fails here, not in every rank
+
+
+def run_plan(plan: Plan, plan_path: str, request: RunRequest, *, debug: bool = False) -> tuple[int, dict | None]:
+    """Train ``plan`` (read from ``plan_path``) with torchrun: (the job's exit code, measured.json's document,
+    None on a node other than node 0 or when the job failed). The plan is checked against this executor
+    (runtime table, stages) and the request before anything launches."""
+    check_supported(plan.config, plan.spec, local_device_kind(), plan.source)
+    check_stages(plan.stages, plan.spec, plan.source)
+    check_request(request)
+    nproc, nnodes = request.launch.nproc, request.launch.nnodes
+    if nproc * nnodes != plan.world_size:
+        raise UserError(f"{nnodes} node(s) x {nproc} processes = {nproc * nnodes}, but the plan needs "
+                        f"{plan.world_size} (dp x tp x pp x cp)", field="--nproc")
+    out = Path(request.out)
+    out.unlink(missing_ok=True)
+    train_args = ["--plan", plan_path, "--model", request.model, "--steps", str(request.steps),
+                  "--seed", str(request.seed), "--out", str(out), "--timeout", repr(request.timeout_s)]
+    for flag, value in (("--save", request.save), ("--load", request.load), ("--checkpoint-dir", request.checkpoint_dir),
+                        ("--checkpoint-every", request.checkpoint_every)):
+        if value:
+            train_args += [flag, str(value)]
+    code = launch(request.launch, train_args, debug=debug)
+    if code != 0 or request.launch.node_rank != 0:        # rank 0 (on node 0) writes measured.json
+        return code, None
+    return 0, json.loads(out.read_text())

@@ -34,11 +34,11 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
                                                RowwiseParallel, SequenceParallel, parallelize_module)
 
+from planner.plan import Plan
 
 from .context import apply_cp
 from .mesh import ParallelDims
 from .models import Transformer, materialize, sdpa
-from .plan_file import RunPlan
 from .recompute import apply_policy, checkpoint_forward  # noqa: F401  (checkpoint_forward re-exported)
 from .support import check_supported  # noqa: F401  (re-exported)
 
@@ -150,7 +150,7 @@ def offload_policy(optimizer_offload: bool, device_type: str) -> OffloadPolicy:
     return CPUOffloadPolicy(pin_memory=device_type == "cuda")
 
 
-def uses_fsdp(plan: RunPlan, dims: ParallelDims) -> bool:
+def uses_fsdp(plan: Plan, dims: ParallelDims) -> bool:
     """Whether FSDP2 (fully_shard, or replicate for ZeRO-0) manages the parameters, their
     gradients' reduction and their mixed precision. ZeRO-0 takes replicate where DDP cannot go:
     DTensor parameters (TP), and pipelines (torch.distributed.pipelining's DDP support breaks
@@ -160,7 +160,7 @@ def uses_fsdp(plan: RunPlan, dims: ParallelDims) -> bool:
     return c.zero >= 2 or (c.zero == 0 and dims.dp * dims.cp > 1 and ddp_cannot)
 
 
-def autocast_dtype(plan: RunPlan, dims: ParallelDims, device: torch.device) -> torch.dtype | None:
+def autocast_dtype(plan: Plan, dims: ParallelDims, device: torch.device) -> torch.dtype | None:
     """The autocast dtype where mixed precision is not FSDP's (DDP keeps fp32 parameters and
     autocasts, as the cost model's torch layout says); None on CPU or in fp32."""
     return autocast_for(plan.workload.precision, device.type, fsdp_managed=uses_fsdp(plan, dims))
@@ -174,7 +174,7 @@ def autocast_for(precision: str, device_type: str, *, fsdp_managed: bool) -> tor
     return torch.bfloat16 if precision == "bf16" else torch.float16
 
 
-def shard_model(model: Transformer, plan: RunPlan, dims: ParallelDims, mesh: DeviceMesh, dp_cp_mesh: DeviceMesh,
+def shard_model(model: Transformer, plan: Plan, dims: ParallelDims, mesh: DeviceMesh, dp_cp_mesh: DeviceMesh,
                 device_type: str) -> bool:
     """Steps 1-3 on a meta-device ``model``, in place: what a dry run builds (executor/dryrun.py).
     Returns whether FSDP2 manages the parameters (``uses_fsdp``). ``dp_cp_mesh``: the data-parallel
@@ -195,7 +195,7 @@ def shard_model(model: Transformer, plan: RunPlan, dims: ParallelDims, mesh: Dev
     return fsdp_managed
 
 
-def parallelize(model: Transformer, plan: RunPlan, dims: ParallelDims, mesh: DeviceMesh, dp_cp_mesh: DeviceMesh,
+def parallelize(model: Transformer, plan: Plan, dims: ParallelDims, mesh: DeviceMesh, dp_cp_mesh: DeviceMesh,
                 device: torch.device, seed: int) -> nn.Module:
     """Apply the plan to a meta-device ``model`` in place and materialise it; returns the module
     to train (a DDP wrapper where ``apply_ddp`` applies, else ``model`` itself)."""

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from planner.errors import UserError
 from planner.model import ModelSpec
+from planner.config import ParallelConfig
 from planner.runtimes import EXECUTOR_RUNTIME, config_refusals
 from planner.schedules import SCHEDULES
 
-from .plan_file import RunPlan
 
 DEFAULT_TIMEOUT_S = 300.0       # a collective waiting longer ends the job (torchtitan's comm.init_timeout_seconds)
 DEFAULT_CHECKPOINT_EVERY = 100  # steps between the checkpoints of a restartable run (--checkpoint-every)
@@ -33,10 +33,10 @@ def check_stages(stages: tuple[tuple[str, ...], ...], spec: ModelSpec, source: s
         raise UserError("a stage holds no layer", source=source, field="stages")
 
 
-def check_supported(plan: RunPlan, device_kind: str) -> None:
+def check_supported(config: ParallelConfig, spec: ModelSpec | None, device_kind: str, source: str = "plan.json") -> None:
     """Refuse what this executor cannot run on ``device_kind`` ("cuda" or "cpu"): the torch
     runtime's refusals in planner/runtimes.py, the table the planner's search space is built
-    from, named as plan.json fields."""
-    kv_heads = plan.spec.num_kv_heads if plan.spec is not None else None
-    for knob, why in config_refusals(plan.config, EXECUTOR_RUNTIME, device_kind, kv_heads):
-        raise UserError(why, source=plan.source, field=f"config.{knob}")
+    from, named as plan.json fields (of the file ``source``)."""
+    kv_heads = spec.num_kv_heads if spec is not None else None
+    for knob, why in config_refusals(config, EXECUTOR_RUNTIME, device_kind, kv_heads):
+        raise UserError(why, source=source, field=f"config.{knob}")

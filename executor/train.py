@@ -29,6 +29,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from planner.errors import UserError
+from planner.plan import Plan
 
 from . import checkpoint as ckpt
 from . import faults
@@ -42,7 +43,7 @@ from .context import shard_sequence
 from .models import SequenceLayout, build_model, canonical_name
 from .parallelize import autocast_dtype, check_supported, grads_are_bucket_views, parallelize
 from .pipeline import build_schedule, build_stage_model, check_stages, stage_indices, sync_tied_grads, tied_groups
-from .plan_file import RunPlan, load_plan
+from .plan_file import load_plan
 from .support import DEFAULT_CHECKPOINT_EVERY, DEFAULT_TIMEOUT_S
 from .zero1 import ShardedAdamW
 
@@ -65,9 +66,9 @@ class RunOptions:
 class Job:
     """One rank's runtime objects for a plan."""
 
-    def __init__(self, plan: RunPlan, options: RunOptions, device: torch.device):
+    def __init__(self, plan: Plan, options: RunOptions, device: torch.device):
         spec, c = plan.spec, plan.config
-        check_supported(plan, device.type)
+        check_supported(plan.config, plan.spec, device.type, plan.source)
         check_stages(plan.stages, spec, plan.source)
         self.plan, self.options, self.device = plan, options, device
         self.dims = ParallelDims.from_config(c, dist.get_world_size())
@@ -243,7 +244,7 @@ def _memory(job: Job, meter: SavedTensorMeter, gathered_bytes: int, grads_bytes:
             "peak_allocated": torch.cuda.max_memory_allocated(job.device) if job.device.type == "cuda" else host_peak}
 
 
-def _measured_step(job: Job, step: int, dump_grads: str | None) -> tuple[float, dict, dict | None]:
+def measured_step(job: Job, step: int, dump_grads: str | None) -> tuple[float, dict, dict | None]:
     """One step, instrumented: saved tensors through hooks, FSDP's gathered parameters at the end of
     each forward, gradients before the optimizer step. (loss, memory by category, on the CPU the
     step's matrix products as they ran: executor/measure.py gemm_achieved)."""
@@ -310,7 +311,7 @@ def _checkpoint(job: Job, options: RunOptions, step: int, losses: list[float]) -
                      before_marker=lambda: faults.inject("kill-in-checkpoint", rank=rank, step=step))
 
 
-def run(plan: RunPlan, options: RunOptions) -> dict:
+def run(plan: Plan, options: RunOptions) -> dict:
     """Train ``plan`` in the current process group; returns measured.json's content (on every rank).
     With ``checkpoint_dir`` the run is restartable: it resumes from the folder's latest complete
     checkpoint, trains up to ``steps`` in all and checkpoints every ``checkpoint_every`` steps and
@@ -329,7 +330,7 @@ def run(plan: RunPlan, options: RunOptions) -> dict:
         t0 = time.perf_counter()
         dump = options.grads_path if step == start else None
         if step == measure_at:
-            loss, memory, gemm = _measured_step(job, step, dump)
+            loss, memory, gemm = measured_step(job, step, dump)
         else:
             loss = train_step(job, step, dump_grads=dump)
         dist.barrier()
@@ -367,7 +368,7 @@ def steady_times(times: list[float], instrumented: int) -> list[float]:
     return steady or [t for i, t in enumerate(times) if i != instrumented] or times
 
 
-def measured_json(plan: RunPlan, options: RunOptions, device: torch.device, start: int, losses: list[float],
+def measured_json(plan: Plan, options: RunOptions, device: torch.device, start: int, losses: list[float],
                   times: list[float], per_rank: list[dict], gemm: list[dict | None], instrumented: int) -> dict:
     """measured.json: what happened, next to what the plan predicted. ``instrumented``: which of
     ``times`` ran with the memory counters (``instrumented_step``); ``gemm``: each rank's matrix
@@ -382,9 +383,9 @@ def measured_json(plan: RunPlan, options: RunOptions, device: torch.device, star
         "memory_per_rank_bytes": per_rank,
         # the instrumented step's matrix products per rank on the CPU (executor/measure.py gemm_achieved)
         "gemm_per_rank": gemm if any(g is not None for g in gemm) else None,
-        "predicted": {"step_time_s": plan.estimate.get("step_time_s"),
-                      "memory_per_gpu_bytes": plan.estimate.get("memory_per_gpu_bytes"),
-                      "memory_per_stage_bytes": plan.estimate.get("memory_per_stage_bytes")},
+        "predicted": {"step_time_s": plan.estimate.step_time_s,
+                      "memory_per_gpu_bytes": plan.estimate.memory.to_json(),
+                      "memory_per_stage_bytes": [m.to_json() for m in plan.estimate.memory_per_stage]},
     }
 
 

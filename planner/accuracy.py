@@ -29,6 +29,10 @@ class Band:
         return {"cases": self.cases, "median_abs": self.median_abs, "mean_abs": self.mean_abs,
                 "max_abs": self.max_abs}
 
+    @classmethod
+    def from_json(cls, raw: dict | None) -> "Band | None":
+        return cls(raw["cases"], raw["median_abs"], raw["mean_abs"], raw["max_abs"]) if raw else None
+
 
 @dataclass(frozen=True)
 class Accuracy:
@@ -45,6 +49,16 @@ class Accuracy:
         return {"basis": self.basis, "what": self.what, "command": self.command,
                 "step_time": self.step_time.to_json() if self.step_time else None,
                 "memory": self.memory.to_json() if self.memory else None, "caveats": list(self.caveats)}
+
+    @classmethod
+    def from_json(cls, raw: dict) -> "Accuracy":
+        """What ``to_json`` wrote (a Plan carries it so: planner/plan.py)."""
+        if not raw:
+            return cls(basis=None, what="no validation recorded in this plan", command="", step_time=None,
+                       memory=None)
+        return cls(basis=raw.get("basis"), what=raw.get("what", ""), command=raw.get("command", ""),
+                   step_time=Band.from_json(raw.get("step_time")), memory=Band.from_json(raw.get("memory")),
+                   caveats=tuple(raw.get("caveats", ())))
 
     def line(self) -> str:
         """One line for the table and the report."""

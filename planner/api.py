@@ -1,36 +1,222 @@
-"""The planner as a library call: a layer graph in, a plan.json document out.
+"""The planner as a library: values in, values out.
 
-This is how ``executor.auto_parallelize`` plans a live job without importing the
-search itself: the contract between planner and executor stays the plan.json
-document (a plain dict), exactly what ``meshplan plan --out`` writes.
+    from planner import api
+    job = api.load_job("llama3-8b", "h100-80g", gpus=8)
+    plan = api.plan(job)                       # a Plan: plan.best.config, plan.best.estimate, plan.to_json()
+    points = api.whatif(api.JobInputs(model="llama3-70b", cluster="h100-80g"), "gpus", ["64", "128"])
+    cmp = api.compare("megatron_args.txt", cluster="a100-80g", gpus=1024)
+
+Every caller goes through these functions: the command line (planner/cli/), the gallery, the
+benchmarks and ``executor.auto_parallelize``. They take plain values (a model source, a cluster
+source, the workload's numbers, the fixed knobs) and return plain values (a Plan, what-if points,
+a Comparison). Bad input raises ``UserError`` naming the flag or field; nothing fits raises
+``NoFeasiblePlan`` with the least memory any candidate needs and what would change it.
 """
 from __future__ import annotations
 
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from . import schedules
 from .cluster import Cluster, load_cluster
-from .config import Workload
-from .errors import NoFeasiblePlan
-from .layers import LayerGraph
+from .config import ParallelConfig, Workload
+from .errors import NoFeasiblePlan, UserError
+from .estimate import Candidate
+from .explain import no_fit_message
+from .layers import LayerGraph, build_layer_graph
+from .model import ModelSpec, load_model
 from .plan import Plan
-from .search import Knobs, default_solver, search
+from .recompute import expand_recompute
+from .search import Knobs, SearchResult, default_solver, evaluate, search
+from .search.finish import finish
+
+__all__ = ["DEFAULT_CLUSTER", "DEFAULT_MODEL", "Job", "JobInputs", "Knobs", "Plan", "compare", "estimate",
+           "fixed_plan", "load_job", "plan", "plan_graph", "whatif"]
+
+DEFAULT_MODEL = "llama3-8b"
+DEFAULT_CLUSTER = "h100-80g"
 
 
-def plan_json(graph: LayerGraph, cluster: Cluster | str, workload: Workload, *, gpus: int | None = None,
-              knobs: Knobs | None = None, solver: str | None = None, model_source: str = "module") -> dict:
-    """The fastest plan that fits, as the plan.json document.
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """What is planned: the model (its layer graph; its architecture for a config model), the cluster and
+    the workload."""
 
-    ``cluster`` is a Cluster or a profile name / TOML path (then ``gpus`` says how many).
-    Raises NoFeasiblePlan (with the least memory any candidate needs) when nothing fits.
-    """
+    model_source: str                   # what the model was given as: a zoo name, a config.json, file.py:factory
+    spec: ModelSpec | None              # None for a traced module
+    graph: LayerGraph
+    cluster: Cluster
+    workload: Workload
+
+    @property
+    def model_name(self) -> str:
+        return self.spec.name if self.spec else self.graph.name
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobInputs:
+    """The values a Job is loaded from (what `meshplan plan` takes before its knobs); None: the default."""
+
+    model: str = DEFAULT_MODEL          # a zoo name, a Hugging Face config.json, file.py:factory or pkg.mod:factory
+    cluster: str = DEFAULT_CLUSTER      # a built-in profile or a profile TOML
+    gpus: int | None = None             # default: one node of the cluster
+    global_batch: int | None = None     # sequences per step; default about 1M tokens, a multiple of the GPUs
+    seq_len: int | None = None          # default: the model's
+    precision: str | None = None        # default: bf16, or what the device has
+    framework: str = "torch"            # whose memory layout and overlap are modelled (planner/runtimes.py)
+    attention: str = "flash"            # "flash" or "unfused"
+    overlap_grad_reduce: bool = True
+    tp_comm_overlap: bool = False
+    example_input: str | None = None    # SHAPE:DTYPE[,...] for a traced module
+
+    def load(self, warn: Callable[[str], None] | None = None) -> Job:
+        """The Job: the model traced or built, the cluster loaded with its GPUs, the workload with its defaults.
+        ``warn`` receives what the measured operator times of a traced module could not cover."""
+        from .trace.load import is_traced_source, load_traced_model
+        from .trace.measured import attach_measured_ops
+        if is_traced_source(self.model):
+            spec, graph = None, load_traced_model(self.model, self.example_input)
+        else:
+            spec = load_model(self.model, seq_len=self.seq_len)
+            graph = build_layer_graph(spec)
+        cluster = load_cluster(self.cluster, self.gpus)
+        precision = self.precision or default_precision(cluster)
+        if precision not in cluster.device.dtypes:
+            raise UserError(f"{cluster.name}'s {cluster.device.name} has no {precision} peak; "
+                            f"allowed: {', '.join(cluster.device.dtypes)}", field="--precision")
+        seq = spec.seq_len if spec else (self.seq_len or graph.seq_len)
+        if spec is None:                # measured op times beside the profile (meshplan profile --ops)
+            graph = attach_measured_ops(graph, cluster.source, precision, seq)
+            for warning in graph.warnings:
+                (warn or (lambda _: None))(warning)
+        workload = Workload(global_batch=self.global_batch or default_global_batch(seq, cluster.num_gpus),
+                            seq_len=seq, precision=precision, framework=self.framework, attention=self.attention,
+                            overlap_grad_reduce=self.overlap_grad_reduce, tp_comm_overlap=self.tp_comm_overlap)
+        return Job(model_source=self.model, spec=spec, graph=graph, cluster=cluster, workload=workload)
+
+
+def load_job(model: str = DEFAULT_MODEL, cluster: str = DEFAULT_CLUSTER, **inputs) -> Job:
+    """``JobInputs(model=..., cluster=..., **inputs).load()``."""
+    return JobInputs(model=model, cluster=cluster, **inputs).load()
+
+
+def default_global_batch(seq_len: int, gpus: int) -> int:
+    """About 2^20 tokens per step, rounded up to a multiple of the GPUs."""
+    sequences = max(1, round(2**20 / seq_len))
+    return max(gpus, math.ceil(sequences / gpus) * gpus)
+
+
+def default_precision(cluster: Cluster) -> str:
+    for dtype in ("bf16", "fp16", "fp32"):
+        if dtype in cluster.device.dtypes:
+            return dtype
+    return cluster.device.dtypes[0]
+
+
+# -- planning --------------------------------------------------------------------------------------
+
+def plan(job: Job, knobs: Knobs = Knobs(), *, top_k: int = 5, solver: str | None = None, time_limit_s: float = 20.0,
+         progress: Callable[[int, int], None] | None = None) -> Plan:
+    """The fastest plan that fits, whole (planner/search/finish.py), with the best plan of each of the next
+    ``top_k`` layouts. When ``knobs`` fix every knob that matters the config is estimated, not searched (it
+    may not fit: the Plan says so). ``solver``: "cbc" or "highs" for the stage ILPs (None: HiGHS where it
+    is installed), "exhaustive" to enumerate instead (small models), "uniform" for balanced stages and one
+    recompute policy only. Raises NoFeasiblePlan when nothing fits."""
+    t0 = time.perf_counter()
+    ilp = solver if solver in ("cbc", "highs") else default_solver()
+    fixed = fully_fixed(knobs, job.workload, job.cluster.num_gpus, job.graph)
+    if fixed is not None:
+        return fixed_plan(job, fixed)
+    result = search(job.graph, job.cluster, job.workload, knobs, top_k=top_k, solver=solver or ilp,
+                    time_limit_s=time_limit_s, progress=progress)
+    if result.best is None:
+        raise NoFeasiblePlan(no_fit_message(result, job.graph, job.cluster, job.workload, knobs))
+    return finish(result, graph=job.graph, cluster=job.cluster, workload=job.workload, model_name=job.model_name,
+                  model_source=job.model_source, spec=job.spec, solver="exhaustive" if solver == "exhaustive" else ilp,
+                  seconds=time.perf_counter() - t0)
+
+
+def plan_graph(graph: LayerGraph, cluster: Cluster | str, workload: Workload, *, gpus: int | None = None,
+               knobs: Knobs = Knobs(), solver: str | None = None, model_source: str = "module") -> Plan:
+    """``plan`` for a layer graph traced from a live module (``executor.auto_parallelize``): ``cluster`` a
+    Cluster or a profile name / TOML path (then ``gpus`` says how many)."""
     if isinstance(cluster, str):
         cluster = load_cluster(cluster, gpus)
     elif gpus is not None and gpus != cluster.num_gpus:
         cluster = cluster.with_gpus(gpus)
-    solver = solver or default_solver()
-    result = search(graph, cluster, workload, knobs or Knobs(), top_k=1, solver=solver)
-    if result.best is None:
-        need = result.least_memory.estimate.memory.total / 2**30 if result.least_memory else float("nan")
-        raise NoFeasiblePlan(f"no plan fits: the least memory any candidate needs is {need:.2f} GiB per device "
-                             f"against {cluster.device.memory_bytes / 2**30:.2f} GiB")
-    plan = Plan.from_search(result, model_name=graph.name, model_source=model_source, spec=None, graph=graph,
-                            cluster=cluster, workload=workload, solver=solver)
-    return plan.to_json()
+    job = Job(model_source=model_source, spec=None, graph=graph, cluster=cluster, workload=workload)
+    return plan(job, knobs, top_k=1, solver=solver)
+
+
+def fixed_plan(job: Job, config: ParallelConfig) -> Plan:
+    """The whole Plan of one given config (its stage split and per-layer recompute as they are): checked,
+    estimated, explained; it may not fit (the Plan says so)."""
+    t0 = time.perf_counter()
+    result = SearchResult(best=estimate(job, config), alternatives=(), candidates=1, evaluated=1,
+                          seconds=time.perf_counter() - t0)
+    return finish(result, graph=job.graph, cluster=job.cluster, workload=job.workload, model_name=job.model_name,
+                  model_source=job.model_source, spec=job.spec, solver=default_solver(),
+                  seconds=time.perf_counter() - t0)
+
+
+def estimate(job: Job, config: ParallelConfig) -> Candidate:
+    """One fully fixed config: its knobs checked (UserError naming the flag), its step simulated."""
+    from .simulate import simulated_estimate
+    evaluate(job.graph, job.cluster, job.workload, config)         # checks the knobs
+    return Candidate(config=config, estimate=simulated_estimate(job.graph, job.cluster, job.workload, config))
+
+
+def fully_fixed(knobs: Knobs, workload: Workload, num_gpus: int, graph: LayerGraph) -> ParallelConfig | None:
+    """A ParallelConfig when every knob that matters is given (dp may be implied); ``every-K`` expanded
+    into the per-layer policies of ``graph``."""
+    k = knobs
+    if None in (k.tp, k.pp, k.micro_batch, k.zero, k.recompute):
+        return None
+    if k.pp > 1 and k.schedule is None and k.vpp is None:
+        return None
+    cp = k.cp or 1
+    dp = k.dp if k.dp is not None else num_gpus // max(1, k.tp * k.pp * cp)
+    m = workload.global_batch // max(1, dp * k.micro_batch)
+    config = ParallelConfig(dp=dp, tp=k.tp, pp=k.pp, cp=cp, zero=k.zero, micro_batch=k.micro_batch,
+                            num_microbatches=max(1, m), vpp=k.vpp or 1,
+                            schedule=k.schedule or schedules.default_for(k.vpp),
+                            sequence_parallel=bool(k.sequence_parallel), optimizer_offload=bool(k.optimizer_offload))
+    return expand_recompute(config, k.recompute, graph)
+
+
+# -- what-if and compare ----------------------------------------------------------------------------
+
+def whatif(inputs: JobInputs, key: str, values: list[str], knobs: Knobs = Knobs(), *, top_k: int = 2,
+           progress: Callable[[int, str], None] | None = None) -> list:
+    """The best plan at each value of one swept quantity (planner/whatif.py ``SWEEPS``: gpus, bandwidth,
+    gpu, global_batch, seq_len): one ``whatif.Point`` each, in order. ``progress(done, value)`` is told
+    before each point."""
+    from .whatif import sweep
+    return sweep(inputs, key, values, knobs, top_k=top_k, progress=progress)
+
+
+def compare(baseline: str, *, cluster: str = DEFAULT_CLUSTER, gpus: int | None = None, model: str | None = None,
+            global_batch: int | None = None, seq_len: int | None = None, tp: int | None = None,
+            pp: int | None = None, tokens: float | None = None, top_k: int = 5):
+    """Your configuration (a Megatron-LM arguments file or launch script, a DeepSpeed JSON, a torchtitan
+    TOML or a plan.json) estimated, the best plan for the same job searched, both side by side: a
+    ``compare.Comparison``. Raises NoFeasiblePlan when neither fits."""
+    from .baseline import Context, check_baseline, read_baseline
+    from .compare import CHINCHILLA_TOKENS_PER_PARAM, Comparison, does_not_fit_by
+    machines = load_cluster(cluster, gpus)
+    ctx = Context(gpus=machines.num_gpus, global_batch=global_batch, seq_len=seq_len, tp=tp, pp=pp)
+    read, spec, graph = read_baseline(baseline, ctx, model)
+    check_baseline(read, graph, machines)
+    workload = read.workload()
+    source = model or spec.name
+    mine = estimate(Job(model_source=source, spec=spec, graph=graph, cluster=machines, workload=workload), read.config)
+    result = search(graph, machines, workload, Knobs(), top_k=top_k)
+    cmp = Comparison(baseline=read, spec=spec, model_source=source, graph=graph, cluster=machines,
+                     workload=workload, mine=mine, best=result.best, search=result,
+                     token_budget=tokens or CHINCHILLA_TOKENS_PER_PARAM * graph.num_params)
+    if cmp.best is None and not cmp.already_best:
+        raise NoFeasiblePlan(f"your plan does not fit ({does_not_fit_by(mine.estimate)}), and "
+                             + no_fit_message(result, graph, machines, workload, Knobs()))
+    return cmp

@@ -1,10 +1,10 @@
 """Your plan beside the best one: the comparison `meshplan compare` prints.
 
 The baseline (planner/baseline/) is estimated the way `meshplan plan` estimates a fully
-fixed plan (commands.fixed_result: knobs checked, step simulated); the recommended plan
+fixed plan (planner.api.estimate: knobs checked, step simulated); the recommended plan
 is the search's best for the same workload, or the baseline itself when nothing the
 search finds is faster. Plain values in, plain values out: the text and JSON views are
-in compare_cli.py, the report section in report/comparison.py.
+in planner/cli/compare.py, the report section in report/comparison.py.
 """
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ from .baseline import Baseline
 from .cluster import GiB, Cluster
 from .describe import describe_config, describe_recompute, runs
 from .config import ParallelConfig, Workload
-from .cost.step import balanced_stage_layers, layer_policies
+from .placement import balanced_stage_layers, layer_policies
 from .estimate import StepTime
 from .explain import PARTS
 from .layers import LayerGraph
 from .model import ModelSpec
-from .plan import Plan, config_json
-from .search import Candidate, SearchResult
-from .search.driver import OPTIMALITY_GAP
+from .estimate import Candidate
+from .plan import Plan
+from .search.result import OPTIMALITY_GAP, SearchResult
 
 SECONDS_PER_DAY = 86_400
 CHINCHILLA_TOKENS_PER_PARAM = 20     # compute-optimal tokens per parameter (Hoffmann et al. 2022, Table 3)
@@ -40,7 +40,7 @@ RESHARD_TOOLS = {   # how each runtime moves a checkpoint to another layout
 
 @dataclass(frozen=True, kw_only=True)
 class Change:
-    knob: str          # a knob as config_json names it, or "layers per stage"
+    knob: str          # a knob as plan.json's config names it, or "layers per stage"
     baseline: object
     recommended: object
 
@@ -92,7 +92,7 @@ def effective_knobs(graph: LayerGraph, c: ParallelConfig) -> dict[str, object]:
 
 
 def changes(graph: LayerGraph, mine: ParallelConfig, other: ParallelConfig) -> list[Change]:
-    """Every knob whose effective value differs, in the order of config_json; the stage split
+    """Every knob whose effective value differs, in the order of plan.json's config; the stage split
     only when the number of stages stays (otherwise it cannot but change)."""
     a, b = effective_knobs(graph, mine), effective_knobs(graph, other)
     out = []
@@ -176,7 +176,7 @@ def does_not_fit_by(e) -> str:
             f"({100 * over / e.capacity_bytes:.0f}%) more than the {e.capacity_bytes / GiB:.1f} GiB it has")
 
 
-# -- views shared by the table (compare_cli.py) and the report (report/comparison.py) ---------------
+# -- views shared by the table (planner/cli/compare.py) and the report (report/comparison.py) -------
 
 def counterpart(cmp: Comparison) -> tuple[str, Candidate | None]:
     """The plan the baseline is set beside, and its name: the recommended one, or the
@@ -254,12 +254,14 @@ EXPORTERS = {"megatron": exports.megatron, "deepspeed": exports.deepspeed, "torc
 
 def plan_of(cmp: Comparison, recommended: bool = True) -> Plan:
     """The Plan of the recommended candidate (with the search's runners-up) or of the baseline."""
+    from .search import default_solver
+    from .search.finish import finish
     if recommended and not cmp.already_best:
         result = cmp.search
     else:
         result = SearchResult(best=cmp.mine, alternatives=(), candidates=1, evaluated=1, seconds=0.0)
-    return Plan.from_search(result, model_name=cmp.spec.name, model_source=cmp.model_source, spec=cmp.spec,
-                            graph=cmp.graph, cluster=cmp.cluster, workload=cmp.workload)
+    return finish(result, model_name=cmp.spec.name, model_source=cmp.model_source, spec=cmp.spec, graph=cmp.graph,
+                  cluster=cmp.cluster, workload=cmp.workload, solver=default_solver())
 
 
 def file_edits(cmp: Comparison) -> dict:
@@ -268,7 +270,7 @@ def file_edits(cmp: Comparison) -> dict:
     if cmp.already_best:
         return {"remove": [], "add": [], "launch": [], "cannot_express": []}
     if cmp.baseline.format == "plan.json":
-        before, after = (_flat({"config": config_json(c.config)}) for c in (cmp.mine, cmp.recommended))
+        before, after = (_flat({"config": c.config.to_json()}) for c in (cmp.mine, cmp.recommended))
         notes = ()
     else:
         export = EXPORTERS[cmp.baseline.format]

@@ -20,8 +20,6 @@ SCHEDULES = schedules.NAMES
 RECOMPUTES = POLICIES
 ZERO_STAGES = (0, 1, 2, 3)
 
-PLAN_SCHEMA_VERSION = 1     # plan.json's format (planner/plan.py writes it, executor/plan_file.py reads it)
-
 # How the executor shards a module under tensor parallelism (torch.distributed.tensor.parallel):
 #   colwise  ColwiseParallel (output features split)      rowwise   RowwiseParallel (input features split)
 #   vocab    RowwiseParallel on an embedding (vocabulary split)

@@ -38,16 +38,26 @@ def describe_recompute(c: ParallelConfig) -> str:
     return ", ".join(f"{p} on {n} of {len(used)} layers" for p, n in counts.items())
 
 
-def describe_stages(c: ParallelConfig) -> str:
-    if not c.stage_layers or c.pp == 1:
-        return ""
-    sizes = list(c.stage_layers)
-    return f", layers per stage {sizes}" if len(set(sizes[1:-1] or sizes)) > 1 or len(sizes) <= 8 else ""
-
-
 def describe_config(c: ParallelConfig) -> str:
     sched = c.schedule + (f" (vpp {c.vpp})" if c.vpp > 1 else "") if c.pp > 1 else "no pipeline"
     return (f"dp {c.dp} x tp {c.tp} x pp {c.pp} x cp {c.cp}, ZeRO-{c.zero}, micro-batch {c.micro_batch} "
             f"x {c.num_microbatches}, {sched}, recompute {describe_recompute(c)}, "
             f"sequence parallel {'on' if c.sequence_parallel else 'off'}, "
             f"optimizer offload {'on' if c.optimizer_offload else 'off'}")
+
+
+def cost_per_million_tokens(gpu_hour_usd: float, gpus: int, tokens_per_s: float) -> float:
+    """US dollars per million tokens: what the GPUs cost per hour over the tokens they train per hour."""
+    return gpu_hour_usd * gpus / (tokens_per_s * 3600) * 1e6
+
+
+def schedule_words(config) -> str:
+    """The schedule in words, for titles: "1f1b, 2 virtual stages per rank"."""
+    if config.pp == 1:
+        return f"no pipeline, {config.num_microbatches} micro-batches accumulated"
+    return config.schedule + (f", {config.vpp} virtual stages per rank" if config.vpp > 1 else "")
+
+
+def short_config(c) -> str:
+    sched = f", {c.schedule}" + (f" v{c.vpp}" if c.vpp > 1 else "") if c.pp > 1 else ""
+    return f"dp{c.dp} tp{c.tp} pp{c.pp} cp{c.cp} ZeRO-{c.zero} mb{c.micro_batch}{sched}"

@@ -6,7 +6,8 @@ from dataclasses import fields, replace
 
 from .cluster import GiB, Cluster, builtin_profiles, load_cluster
 from .config import ParallelConfig
-from .cost.step import balanced_stage_layers, estimate, layer_policies
+from .cost.step import estimate
+from .placement import balanced_stage_layers, layer_policies
 from .estimate import Estimate, StepTime
 from . import network
 from .recompute import POLICIES, policy_rank
@@ -170,3 +171,25 @@ def fixes_for_no_fit(graph, cluster, workload, knobs, need_bytes: float = 0.0) -
                     if e.host_bytes_per_node > e.host_capacity_bytes else "")
             out.append(f"{label} still needs {e.memory.total / GiB:.1f} GiB{host}")
     return out
+
+
+def no_fit_message(result, graph, cluster, workload, knobs) -> str:
+    """Why nothing fits, in one sentence: the least memory any candidate of ``result`` needs (and host memory
+    where that is what misses), against the device's, and what would change it (``fixes_for_no_fit``)."""
+    least = result.least_memory
+    capacity = cluster.device.memory_bytes / GiB
+    if least is None:
+        return "no legal configuration exists for these knobs"
+    need = least.estimate.memory.total / GiB
+    c = least.config
+    fixes = fixes_for_no_fit(graph, cluster, workload, knobs, need_bytes=least.estimate.memory.total)
+    e = least.estimate
+    host = (f" and {e.host_bytes_per_node / GiB:.1f} GiB of host memory per node against "
+            f"{e.host_capacity_bytes / GiB:.1f} GiB" if e.host_bytes_per_node > e.host_capacity_bytes else "")
+    return (f"no plan fits: the least memory any candidate needs is {need:.1f} GiB per GPU "
+            f"(dp {c.dp} tp {c.tp} pp {c.pp} cp {c.cp}, ZeRO-{c.zero}, recompute {c.recompute}, "
+            f"optimizer offload {'on' if c.optimizer_offload else 'off'}, micro-batch {c.micro_batch}) against "
+            f"{capacity:.1f} GiB{host}; "
+            + ("what would change it: " + "; ".join(fixes) if fixes else
+               "no single change tried (more GPUs, a shorter sequence, more memory) makes it fit"))
+

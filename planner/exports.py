@@ -10,7 +10,7 @@ framework cannot express: a choice is never dropped silently.
 - Colossal-AI: ``HybridParallelPlugin(...)`` (colossalai/booster/plugin/
   hybrid_parallel_plugin.py) with ``PipelineGradientCheckpointConfig``.
 - torchtitan: the job config TOML (torchtitan/config/job_config.py).
-- meshplan's own executor: ``meshplan run`` (executor/cli.py) and the torchrun line.
+- meshplan's own executor: ``meshplan run`` (planner/cli/run.py) and the torchrun line.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .describe import runs
 from .recompute import POLICIES, RECOMPUTE_POLICIES, every_k
-from .cost.step import balanced_stage_layers, layer_policies
+from .placement import balanced_stage_layers, layer_policies
 from .schedules import SCHEDULES
 
 DOCS = {
@@ -29,7 +29,7 @@ DOCS = {
     "colossalai": ("https://github.com/hpcaitech/ColossalAI/blob/main/"
                    "colossalai/booster/plugin/hybrid_parallel_plugin.py"),
     "torchtitan": "https://github.com/pytorch/torchtitan/blob/main/torchtitan/config/job_config.py",
-    "meshplan": "executor/cli.py (`meshplan run --help`); torchrun: https://pytorch.org/docs/stable/elastic/run.html",
+    "meshplan": "planner/cli/run.py (`meshplan run --help`); torchrun: https://pytorch.org/docs/stable/elastic/run.html",
 }
 
 
@@ -359,7 +359,7 @@ def _modules_per_stage(plan) -> list[list[str]]:
     """The modules of each virtual stage, in order, under torchtitan's names: its
     ``module_fqns_per_model_part`` (torchtitan/distributed/pipeline_parallel.py; the older
     ``pipeline_parallel_split_points`` is refused there as deprecated)."""
-    return [[_TORCHTITAN_MODULES.get(name, name) for name in modules] for modules in plan.stage_modules()]
+    return [[_TORCHTITAN_MODULES.get(name, name) for name in modules] for modules in plan.stages]
 
 
 def torchtitan(plan) -> Export:

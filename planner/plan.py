@@ -1,170 +1,297 @@
-"""The Plan: the winning config, its estimate, the runners-up; serialised as plan.json.
+"""The Plan: the winning config, its estimate, the runners-up and why they lost; plan.json.
 
-plan.json is the one contract between the planner and the executor (see
-../shared/DESIGN.md): versioned, plain JSON, no objects.
+plan.json is the one contract between the planner and the executor (see ../shared/DESIGN.md):
+versioned, plain JSON, no objects. A Plan is whole when the search makes it
+(planner/search/finish.py): the TP sharding, the stage boundaries, the explanation and the error
+band are computed once, there. ``to_json`` only writes the fields; ``from_json`` is the one reader
+(the executor's and ``meshplan compare``'s), and checks every field, naming the file and the field.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+import re
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from .cluster import Cluster
-from .explain import gains, limits, lost_on
-from .fingerprint import cluster_fingerprint, model_fingerprint
-from .config import PLAN_SCHEMA_VERSION, TP_STYLES, ParallelConfig, Workload  # noqa: F401  (TP_STYLES re-exported)
+from .config import FRAMEWORKS, PRECISIONS, TP_STYLES, ZERO_STAGES, ParallelConfig, Workload
+from .errors import UserError, one_of
+from .estimate import Candidate, Estimate
 from .layers import LayerGraph
 from .model import ModelSpec
-from .estimate import Candidate
-from .search.result import SearchResult
+from .recompute import POLICIES, canonical
 
 MESHPLAN_VERSION = "0.1.0"
+PLAN_SCHEMA_VERSION = 2     # 2: config.optimizer_offload (1 said "offload": "none" | "optimizer")
+READS_SCHEMA_VERSIONS = (1, 2)
+_HEX16 = re.compile(r"^[0-9a-f]{16}$")
+_WORKLOAD_CHOICES = {"precision": PRECISIONS, "framework": FRAMEWORKS, "attention": ("flash", "unfused"),
+                     "optimizer": ("adamw",)}
 
 
-def block_shardings(graph: LayerGraph, config: ParallelConfig, cluster: Cluster, workload: Workload) -> dict:
-    """The TP sharding ILP's choice for each distinct block signature (solved once each)."""
-    from .opgraph import block_graph
-    from .search.tp_ilp import Context, solve_sharding
+@dataclass(frozen=True, kw_only=True)
+class Fingerprints:
+    """What the plan was made for (planner/fingerprint.py computes them)."""
 
-    if config.tp == 1:
-        return {}
-    ctx = Context(tp=config.tp, tokens=config.micro_batch * workload.seq_len / config.cp,
-                  micro_batch=config.micro_batch, seq_len=workload.seq_len // config.cp,
-                  precision=workload.precision, attention=workload.attention,
-                  sequence_parallel=config.sequence_parallel)
-    out = {}
-    for layer in graph.layers:
-        if layer.is_block and layer.signature not in out:
-            try:
-                dataflow = block_graph(layer, graph.hidden)
-            except (AttributeError, TypeError):
-                continue        # not the analytical block's shape: its ops keep the roles they were given
-            out[layer.signature] = (layer, solve_sharding(dataflow, ctx, cluster))
-    return out
+    model: str          # 16 hex digits: model_fingerprint(layer graph)
+    cluster: str        # 16 hex digits: cluster_fingerprint(cluster); informative (executor/integrity.py)
+    world_size: int     # processes the plan splits the training over
 
 
-def tp_plan(graph: LayerGraph, config: ParallelConfig, shardings: dict | None = None) -> dict[str, str]:
-    """Module path -> TP style for every module that holds parameters (empty without TP):
-    blocks as their sharding ILP chose, the embedding vocabulary-parallel, the head
-    column-parallel with a vocabulary-parallel loss."""
-    if config.tp == 1:
-        return {}
-    styles = {"column": "colwise", "row": "rowwise", "sequence": "sequence"}
-    plan = {}
-    for layer in graph.layers:
-        if layer.is_block and shardings and layer.signature in shardings:
-            model, sharding = shardings[layer.signature]
-            for op, ref in zip(layer.ops, model.ops):
-                style = styles.get(sharding.strategies.get(ref.name, "replicate"))
-                if style and (op.params or style != "sequence"):
-                    plan[op.name] = style
-            continue
-        for op in layer.ops:
-            if op.kind == "embedding":
-                plan[op.name] = "vocab"
-            elif op.kind == "linear" and op.tp != "replicate":
-                plan[op.name] = ("colwise_loss" if layer.kind == "head" else
-                                 "colwise" if op.tp == "column" else "rowwise")
-            elif config.sequence_parallel and op.norm:
-                plan[op.name] = "sequence"
-    return plan
+@dataclass(frozen=True, kw_only=True)
+class Alternative(Candidate):
+    """A runner-up: the best plan of another layout, and what it lost on against the winner."""
+
+    lost_on: str
 
 
-def config_json(config: ParallelConfig) -> dict:
-    """The config as the CLI's --json documents it."""
-    return {
-        "dp": config.dp, "tp": config.tp, "pp": config.pp, "cp": config.cp, "zero": config.zero,
-        "micro_batch": config.micro_batch, "num_microbatches": config.num_microbatches, "vpp": config.vpp,
-        "schedule": config.schedule, "recompute": config.recompute, "sequence_parallel": config.sequence_parallel,
-        "optimizer_offload": config.optimizer_offload,
-        **({"recompute_layers": list(config.recompute_layers)} if config.recompute_layers else {}),
-        **({"stage_layers": list(config.stage_layers)} if config.stage_layers else {}),
-    }
+@dataclass(frozen=True, kw_only=True)
+class SearchStats:
+    """How much of the space the search covered and how."""
+
+    seconds: float
+    candidates: int                 # legal configurations covered (estimated or bounded out exactly)
+    evaluated: int                  # estimated in full
+    solver: str                     # the stage ILPs' solver, "exhaustive" or "uniform"
+    global_choices: int = 0         # groups of global choices the stage search looked at
+    ilp_solves: int = 0             # stage ILPs run (the others were bounded out)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Plan:
+    """Everything plan.json holds, and (for a plan the search just made) what it was made from."""
+
     model_name: str
     model_params: int
     model_source: str                 # what --model was: a zoo name, a config.json path, file.py:factory
     spec: ModelSpec | None            # the architecture of a config model (None for traced modules)
-    graph: LayerGraph
-    cluster: Cluster
+    cluster_name: str
+    gpus_per_node: int
+    fingerprints: Fingerprints
     workload: Workload
     best: Candidate
-    alternatives: tuple[Candidate, ...]
-    search_seconds: float
-    candidates: int
-    evaluated: int
-    solver: str = "cbc"
-    groups: int = 0
-    ilp_solves: int = 0
+    closed_form_step_time_s: float    # the closed form's step (``best.estimate`` holds the simulated one)
+    stages: tuple[tuple[str, ...], ...]     # module paths per virtual stage; stage j runs on pp rank j % pp
+    tp_plan: dict[str, str]           # module path -> TP style (planner/config.py TP_STYLES)
+    tp_sharding: dict[str, dict]      # block signature's layer -> the TP sharding ILP's choice
+    recompute_per_layer: dict[str, str]     # layer path -> recompute policy
+    alternatives: tuple[Alternative, ...] = ()
+    limits: str = ""                  # what binds the winner (planner/explain.py)
+    accuracy: dict = field(default_factory=dict)    # the validation that covers it (planner/accuracy.py)
+    gains: dict = field(default_factory=dict)       # what the per-stage choices bought (planner/explain.py)
+    search: SearchStats
+    meshplan_version: str = MESHPLAN_VERSION
+    source: str = ""                  # the file it was read from ("" when the search made it)
+    graph: LayerGraph | None = None   # what it was planned from; a plan read from plan.json has neither
+    cluster: Cluster | None = None
 
-    @classmethod
-    def from_search(cls, result: SearchResult, *, model_name: str, model_source: str, spec: ModelSpec | None,
-                    graph: LayerGraph, cluster: Cluster, workload: Workload,
-                    seconds: float | None = None, solver: str = "cbc") -> "Plan":
-        assert result.best is not None
-        return cls(model_name=model_name, model_params=graph.num_params, model_source=model_source, spec=spec,
-                   graph=graph, cluster=cluster,
-                   workload=workload, best=result.best, alternatives=result.alternatives,
-                   search_seconds=result.seconds if seconds is None else seconds, candidates=result.candidates,
-                   evaluated=result.evaluated, solver=solver, groups=result.groups, ilp_solves=result.ilp_solves)
+    @property
+    def config(self) -> ParallelConfig:
+        return self.best.config
 
-    def stage_modules(self) -> list[list[str]]:
-        """Module paths of each virtual stage, in order (what the executor splits on)."""
-        from .cost.step import assign_layers
-        placement = assign_layers(self.graph, self.best.config)
-        stages = []
-        for chunk in range(self.best.config.vpp):
-            for rank in range(self.best.config.pp):
-                stages.append([self.graph.layers[i].name for i in placement[rank][chunk]])
-        return stages
+    @property
+    def estimate(self) -> Estimate:
+        return self.best.estimate
 
-    def recompute_per_layer(self) -> dict[str, str]:
-        from .cost.step import layer_policies
-        return {layer.name: policy for layer, policy in zip(self.graph.layers, layer_policies(self.graph, self.best.config))}
+    @property
+    def world_size(self) -> int:
+        return self.fingerprints.world_size
 
+    # -- plan.json ---------------------------------------------------------------------------------
     def to_json(self) -> dict:
-        """The document `meshplan plan --json` prints and `--out` writes."""
-        shardings = block_shardings(self.graph, self.best.config, self.cluster, self.workload)
+        """The document `meshplan plan --json` prints and `--out` writes: the fields, nothing computed."""
         return {
             "schema_version": PLAN_SCHEMA_VERSION,
-            "meshplan_version": MESHPLAN_VERSION,
+            "meshplan_version": self.meshplan_version,
             "model": {"name": self.model_name, "params": int(self.model_params), "source": self.model_source,
                       **({"spec": asdict(self.spec)} if self.spec else {})},
-            "cluster": {"name": self.cluster.name, "gpus": self.cluster.num_gpus,
-                        "gpus_per_node": self.cluster.gpus_per_node},
-            "fingerprints": {"model": model_fingerprint(self.graph), "cluster": cluster_fingerprint(self.cluster),
-                             "world_size": self.cluster.num_gpus},
+            "cluster": {"name": self.cluster_name, "gpus": self.world_size, "gpus_per_node": self.gpus_per_node},
+            "fingerprints": asdict(self.fingerprints),
             "workload": asdict(self.workload),
-            "config": config_json(self.best.config),
-            "estimate": self.best.estimate.to_json(),
-            "closed_form_step_time_s": self._closed_form_step_s(),
-            "stages": self.stage_modules(),
-            "tp_plan": tp_plan(self.graph, self.best.config, shardings),
-            "tp_sharding": {model.name: {"boundary": sh.boundary, "strategies": sh.strategies}
-                            for model, sh in shardings.values()},
-            "recompute_per_layer": self.recompute_per_layer(),
-            "alternatives": [{"config": config_json(c.config), "estimate": c.estimate.to_json(),
-                              "lost_on": lost_on(self.best.estimate, c.estimate)} for c in self.alternatives],
-            "limits": limits(self.best.config, self.best.estimate, self.cluster),
-            "accuracy": self.accuracy().to_json(),
-            "gains": gains(self.graph, self.cluster, self.workload, self.best.config, self.best.estimate),
-            "search": {"seconds": self.search_seconds, "candidates": self.candidates, "evaluated": self.evaluated,
-                       "solver": self.solver, "global_choices": self.groups, "ilp_solves": self.ilp_solves},
+            "config": self.config.to_json(),
+            "estimate": self.estimate.to_json(),
+            "closed_form_step_time_s": self.closed_form_step_time_s,
+            "stages": [list(s) for s in self.stages],
+            "tp_plan": dict(self.tp_plan),
+            "tp_sharding": dict(self.tp_sharding),
+            "recompute_per_layer": dict(self.recompute_per_layer),
+            "alternatives": [{"config": a.config.to_json(), "estimate": a.estimate.to_json(), "lost_on": a.lost_on}
+                             for a in self.alternatives],
+            "limits": self.limits,
+            "accuracy": self.accuracy,
+            "gains": self.gains,
+            "search": {"seconds": self.search.seconds, "candidates": self.search.candidates,
+                       "evaluated": self.search.evaluated, "solver": self.search.solver,
+                       "global_choices": self.search.global_choices, "ilp_solves": self.search.ilp_solves},
         }
-
-    def accuracy(self):
-        """The validation that covers this plan's numbers and how far off it was (planner/accuracy.py)."""
-        from .accuracy import accuracy
-        return accuracy(self.cluster, self.workload)
-
-    def _closed_form_step_s(self) -> float:
-        """The analytical step time of the winner (``estimate`` holds the simulated one when
-        the search ranked its finalists by simulation)."""
-        from .cost.step import estimate
-        return estimate(self.graph, self.cluster, self.workload, self.best.config).step_time_s
 
     def write(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
+    @classmethod
+    def from_json(cls, data: dict, source: str = "plan.json") -> "Plan":
+        """Check and read a plan.json document; errors name the file and the field (one line, exit code 2).
+        Reads schema versions 1 and 2 (``READS_SCHEMA_VERSIONS``) and a recompute policy's earlier names."""
+        if not isinstance(data, dict):
+            raise UserError(f"expected a JSON object, got {type(data).__name__}", source=source)
+        version = data.get("schema_version")
+        if version not in READS_SCHEMA_VERSIONS or isinstance(version, bool):
+            raise UserError(f"unsupported schema version {version!r}; this meshplan reads "
+                            f"{one_of(READS_SCHEMA_VERSIONS)} (re-create the plan with this meshplan's "
+                            "`meshplan plan --out`)", source=source, field="schema_version")
+        written_by = data.get("meshplan_version")
+        if written_by is not None and not isinstance(written_by, str):
+            raise UserError(f"must be a string, got {written_by!r}", source=source, field="meshplan_version")
+        model = _require(data, "model", dict, source)
+        fingerprints = _fingerprints(data, source)
+        workload = _workload(_require(data, "workload", dict, source), source)
+        config = _config(data, workload, fingerprints, source)
+        cluster = data.get("cluster") if isinstance(data.get("cluster"), dict) else {}
+        search = data.get("search") if isinstance(data.get("search"), dict) else {}
+        estimate = Estimate.from_json(data.get("estimate"), source)
+        return cls(
+            model_name=str(model.get("name", "")), model_params=_int(model.get("params", 0)),
+            model_source=str(model.get("source", "")), spec=_spec(model, source),
+            cluster_name=str(cluster.get("name", "")), gpus_per_node=_int(cluster.get("gpus_per_node", 0)),
+            fingerprints=fingerprints, workload=workload, best=Candidate(config=config, estimate=estimate),
+            closed_form_step_time_s=float(data.get("closed_form_step_time_s") or estimate.step_time_s),
+            stages=_stages(data, config, source),
+            tp_plan=_string_map(data, "tp_plan", TP_STYLES, source),
+            tp_sharding=data.get("tp_sharding") if isinstance(data.get("tp_sharding"), dict) else {},
+            recompute_per_layer=_string_map(data, "recompute_per_layer", POLICIES, source, canonical),
+            alternatives=tuple(_alternative(a, i, source) for i, a in enumerate(data.get("alternatives") or ())),
+            limits=str(data.get("limits", "")),
+            accuracy=data.get("accuracy") if isinstance(data.get("accuracy"), dict) else {},
+            gains=data.get("gains") if isinstance(data.get("gains"), dict) else {},
+            search=SearchStats(seconds=float(search.get("seconds", 0.0)), candidates=_int(search.get("candidates", 0)),
+                               evaluated=_int(search.get("evaluated", 0)), solver=str(search.get("solver", "")),
+                               global_choices=_int(search.get("global_choices", 0)),
+                               ilp_solves=_int(search.get("ilp_solves", 0))),
+            meshplan_version=written_by or "", source=source)
+
+    @classmethod
+    def read(cls, path: str | Path) -> "Plan":
+        """``from_json`` of the file at ``path``."""
+        from .model import read_json
+        return cls.from_json(read_json(Path(path)), str(path))
+
+
+# -- reading plan.json, field by field --------------------------------------------------------------
+
+def _int(value) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _require(data: dict, key: str, kind: type, source: str, prefix: str = ""):
+    if key not in data:
+        raise UserError("missing (required)", source=source, field=prefix + key)
+    value = data[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise UserError(f"must be a JSON {_json_kind(kind)}, got {value!r}", source=source, field=prefix + key)
+    return value
+
+
+def _json_kind(kind: type) -> str:
+    return {dict: "object", list: "array", str: "string", int: "integer", bool: "boolean"}.get(kind, kind.__name__)
+
+
+def _spec(model: dict, source: str) -> ModelSpec | None:
+    raw = model.get("spec")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise UserError(f"must be a JSON object, got {raw!r}", source=source, field="model.spec")
+    names = {f.name for f in fields(ModelSpec)}
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        raise UserError(f"unknown field(s) {', '.join(unknown)}; allowed: {one_of(sorted(names))}",
+                        source=source, field="model.spec")
+    try:
+        return ModelSpec(**raw).validate(f"{source}: model.spec")
+    except TypeError as e:
+        raise UserError(str(e), source=source, field="model.spec") from None
+
+
+def _workload(raw: dict, source: str) -> Workload:
+    names = {f.name for f in fields(Workload)}
+    unknown = sorted(set(raw) - names, key=str)
+    if unknown:
+        raise UserError(f"unknown field(s) {', '.join(map(str, unknown))}; allowed: {one_of(sorted(names))}",
+                        source=source, field="workload")
+    for name in ("global_batch", "seq_len"):
+        value = _require(raw, name, int, source, "workload.")
+        if value < 1:
+            raise UserError(f"must be a positive integer, got {value!r}", source=source, field=f"workload.{name}")
+    for name, allowed in _WORKLOAD_CHOICES.items():
+        if name in raw and raw[name] not in allowed:
+            raise UserError(f"{raw[name]!r} is not allowed; allowed: {one_of(allowed)}", source=source,
+                            field=f"workload.{name}")
+    for name in ("overlap_grad_reduce", "tp_comm_overlap"):
+        if name in raw and not isinstance(raw[name], bool):
+            raise UserError(f"must be true or false, got {raw[name]!r}", source=source, field=f"workload.{name}")
+    return Workload(**raw)
+
+
+def _fingerprints(data: dict, source: str) -> Fingerprints:
+    raw = _require(data, "fingerprints", dict, source)
+    for name in ("model", "cluster"):
+        value = _require(raw, name, str, source, "fingerprints.")
+        if not _HEX16.match(value):
+            raise UserError(f"{value!r} is not 16 lowercase hex digits (as `meshplan plan` writes)", source=source,
+                            field=f"fingerprints.{name}")
+    world = _require(raw, "world_size", int, source, "fingerprints.")
+    if world < 1:
+        raise UserError(f"must be a positive integer, got {world!r}", source=source, field="fingerprints.world_size")
+    return Fingerprints(model=raw["model"], cluster=raw["cluster"], world_size=world)
+
+
+def _config(data: dict, workload: Workload, fingerprints: Fingerprints, source: str) -> ParallelConfig:
+    config = ParallelConfig.from_json(_require(data, "config", dict, source), source)
+    if config.zero not in ZERO_STAGES:
+        raise UserError(f"{config.zero!r} is not a ZeRO stage; allowed: {one_of(ZERO_STAGES)}", source=source,
+                        field="config.zero")
+    if config.world_size != fingerprints.world_size:
+        raise UserError(f"dp x tp x pp x cp = {config.dp} x {config.tp} x {config.pp} x {config.cp} = "
+                        f"{config.world_size} but fingerprints.world_size is {fingerprints.world_size}: the file "
+                        "was edited; re-create it with `meshplan plan --out`", source=source, field="config")
+    per_step = config.dp * config.micro_batch * config.num_microbatches
+    if per_step != workload.global_batch:
+        raise UserError(f"dp x micro_batch x num_microbatches = {config.dp} x {config.micro_batch} x "
+                        f"{config.num_microbatches} = {per_step} but workload.global_batch is "
+                        f"{workload.global_batch}; allowed: equal", source=source, field="config.num_microbatches")
+    return config
+
+
+def _stages(data: dict, config: ParallelConfig, source: str) -> tuple[tuple[str, ...], ...]:
+    stages = _require(data, "stages", list, source)
+    if not all(isinstance(s, list) and all(isinstance(p, str) for p in s) for s in stages):
+        raise UserError(f"must be a list of lists of module paths (strings), got {stages!r}", source=source,
+                        field="stages")
+    if len(stages) != config.pp * config.vpp:
+        raise UserError(f"{len(stages)} stages but pp x vpp = {config.pp} x {config.vpp}", source=source,
+                        field="stages")
+    return tuple(tuple(s) for s in stages)
+
+
+def _string_map(data: dict, key: str, allowed: tuple[str, ...], source: str, rename=lambda v: v) -> dict[str, str]:
+    """An optional {path: choice} object; ``rename`` gives a choice's name now for an earlier one."""
+    raw = data.get(key)
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise UserError(f"must be a JSON object {{module path: {one_of(allowed)}}}, got {raw!r}", source=source,
+                        field=key)
+    out = {path: rename(value) for path, value in raw.items()}
+    for path, value in out.items():
+        if value not in allowed:
+            raise UserError(f"{raw[path]!r} for {path!r}; allowed: {one_of(allowed)}", source=source, field=key)
+    return out
+
+
+def _alternative(raw, index: int, source: str) -> Alternative:
+    where = f"alternatives[{index}]"
+    if not isinstance(raw, dict):
+        raise UserError(f"must be a JSON object, got {raw!r}", source=source, field=where)
+    config = ParallelConfig.from_json(_require(raw, "config", dict, source, f"{where}."), source)
+    return Alternative(config=config, estimate=Estimate.from_json(raw.get("estimate"), source, f"{where}.estimate"),
+                       lost_on=str(raw.get("lost_on", "")))

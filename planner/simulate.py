@@ -51,10 +51,11 @@ from dataclasses import dataclass, fields, replace
 
 from .cluster import Cluster
 from .config import ParallelConfig, Workload
-from .cost.step import (CostCache, assign_layers, dp_overlaps, dp_phases, estimate, gathers_every_microbatch,
-                        layer_policies, optimizer_time_s, rank_costs, reduces_every_microbatch, tied_embedding_sync_s)
+from .cost.step import (CostCache, dp_overlaps, dp_phases, estimate, gathers_every_microbatch, optimizer_time_s,
+                        rank_costs, reduces_every_microbatch, tied_embedding_sync_s)
 from .estimate import Estimate, StepTime
 from .layers import LayerGraph
+from .placement import assign_layers, layer_policies
 from .runtimes import RUNTIMES
 from .schedules import DEFAULT as DEFAULT_SCHEDULE, SCHEDULES
 

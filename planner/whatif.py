@@ -1,4 +1,4 @@
-"""`meshplan whatif`: how the best plan changes when one thing changes.
+"""What-if: how the best plan changes when one thing changes (`meshplan whatif`, ``planner.api.whatif``).
 
     meshplan whatif --model llama3-70b --cluster h100-80g --sweep gpus=64,128,...,1024 --out whatif/
 
@@ -9,10 +9,8 @@ profile has a price per GPU-hour. Writes whatif.csv, whatif.json and the plots.
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -92,31 +90,29 @@ def _expand(items: list[str]) -> list[str]:
     return [str(v) for v in out]
 
 
-def _inputs(args, key: str, value: str):
-    """(spec, graph, cluster, workload) for one value of the sweep."""
-    from .commands import load_inputs
-
-    point = argparse.Namespace(**vars(args))
+def point_inputs(inputs, key: str, value: str):
+    """The JobInputs of one value of the sweep (the bandwidth is applied to the loaded cluster)."""
     if key in ("gpus", "global_batch", "seq_len"):
-        setattr(point, key, int(value))
-    elif key == "gpu":
-        point.cluster = value
-    spec, graph, cluster, workload = load_inputs(point)
+        return replace(inputs, **{key: int(value)})
+    if key == "gpu":
+        return replace(inputs, cluster=value)
+    return inputs
+
+
+def evaluate_point(inputs, key: str, value: str, knobs, top_k: int = 2) -> Point:
+    """The best plan at one value of the sweep: the same search as `meshplan plan`, finalists ranked by
+    the simulation; one row."""
+    from .describe import cost_per_million_tokens, describe_config, short_config
+    from .search import search
+
+    t0 = time.perf_counter()
+    job = point_inputs(inputs, key, value).load()
+    cluster, workload = job.cluster, job.workload
     if key == "bandwidth":
         if not cluster.nics_per_node:
             raise UserError(f"{cluster.name} has no inter-node network to sweep", field="--sweep")
         cluster = replace(cluster, nic=replace(cluster.nic, bytes_per_s=int(value) * 1e9 / 8))
-    return spec, graph, cluster, workload
-
-
-def evaluate_point(args, key: str, value: str) -> Point:
-    from .commands import _knobs, describe_config
-    from .report.document import cost_per_million_tokens, short_config
-    from .search import search
-
-    t0 = time.perf_counter()
-    _, graph, cluster, workload = _inputs(args, key, value)
-    result = search(graph, cluster, workload, _knobs(args), top_k=args.top_k)
+    result = search(job.graph, cluster, workload, knobs, top_k=top_k)
     base = dict(value=value, gpus=cluster.num_gpus, global_batch=workload.global_batch, seq_len=workload.seq_len,
                 capacity_gib=cluster.device.memory_bytes / GiB)
     if result.best is None:
@@ -130,34 +126,20 @@ def evaluate_point(args, key: str, value: str) -> Point:
                  usd_per_million_tokens=price, search_s=time.perf_counter() - t0, **base)
 
 
-class Progress:
-    """A one-line progress bar on stderr (when it is a terminal, or when asked for)."""
-
-    def __init__(self, total: int, label: str, *, force: bool = False, stream=None):
-        self.total, self.label, self.start = total, label, time.perf_counter()
-        self.stream = stream or sys.stderr
-        self.on = force or self.stream.isatty()
-
-    def update(self, done: int, value: str) -> None:
-        if not self.on:
-            return
-        width = 24
-        filled = int(width * done / self.total)
-        self.stream.write(f"\rwhatif {self.label}: [{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} "
-                          f"({value}) {time.perf_counter() - self.start:.0f} s")
-        if done == self.total:
-            self.stream.write("\n")
-        self.stream.flush()
-
-
-def run_sweep(args, key: str, values: list[str], progress: Progress | None = None) -> list[Point]:
+def sweep(inputs, key: str, values: list[str], knobs, *, top_k: int = 2, progress=None) -> list[Point]:
+    """``evaluate_point`` at every value, in order (``planner.api.whatif``); ``progress(done, label)`` is told
+    before each point and once at the end."""
+    if key not in SWEEPS:
+        raise UserError(f"unknown sweep {key!r}; allowed: {one_of(SWEEPS)}", field="--sweep")
+    if key == "gpus" and inputs.gpus:
+        raise UserError("--gpus is what the sweep varies; leave it out", field="--gpus")
     points = []
     for i, value in enumerate(values):
         if progress:
-            progress.update(i, f"{key}={value}")
-        points.append(evaluate_point(args, key, value))
+            progress(i, f"{key}={value}")
+        points.append(evaluate_point(inputs, key, value, knobs, top_k))
     if progress:
-        progress.update(len(values), "done")
+        progress(len(values), "done")
     return points
 
 
@@ -174,52 +156,3 @@ def write_outputs(points: list[Point], key: str, folder: Path, title: str) -> li
     json_path.write_text(json.dumps({"sweep": key, "points": [asdict(p) for p in points]}, indent=2) + "\n")
     from .report.whatif_plots import save_sweep_plots
     return [csv_path, json_path] + save_sweep_plots(points, key, SWEEPS[key], folder, title)
-
-
-def format_points(points: list[Point], key: str) -> str:
-    lines = [f"{key:>12} {'tokens/s':>12} {'MFU':>6} {'GiB':>6} {'$/Mtok':>7}  strategy"]
-    for p in points:
-        if not p.fits:
-            lines.append(f"{p.value:>12} {'no plan fits':>12}")
-            continue
-        price = f"{p.usd_per_million_tokens:.3f}" if p.usd_per_million_tokens is not None else "-"
-        lines.append(f"{p.value:>12} {p.tokens_per_s:>12,.0f} {100 * p.mfu:>5.1f}% {p.memory_gib:>6.1f} {price:>7}  "
-                     f"{p.strategy}")
-    return "\n".join(lines) + "\n"
-
-
-def whatif_command(args) -> int:
-    key, values = parse_sweep(args.sweep)
-    if key == "gpus" and args.gpus:
-        raise UserError("--gpus is what the sweep varies; leave it out", field="--gpus")
-    progress = Progress(len(values), f"{key}", force=args.progress)
-    points = run_sweep(args, key, values, progress)
-    title = f"{args.model} on {args.cluster}" if key != "gpu" else args.model
-    written = write_outputs(points, key, Path(args.out), title)
-    sys.stdout.write(format_points(points, key))
-    sys.stdout.write(f"wrote {', '.join(str(p) for p in written)}\n")
-    sys.stdout.flush()
-    return 0
-
-
-def add_whatif_parser(sub, add_model_args, add_knob_args, positive_int) -> None:
-    p = sub.add_parser("whatif", help="sweep GPUs, bandwidth, GPU type, batch or sequence length; re-plan each point",
-                       description="For each value of one swept quantity, search the best plan again and record "
-                                   "throughput, MFU, memory, the strategy and the cost per million tokens.",
-                       epilog="examples:\n  meshplan whatif --model llama3-70b --cluster h100-80g "
-                              "--sweep gpus=64,128,256,512,1024 --out whatif/\n"
-                              "  meshplan whatif --model llama3-8b --gpus 64 --sweep bandwidth=100,200,400 --out bw/\n"
-                              "  meshplan whatif --model llama3-70b --gpus 256 --sweep gpu=a100-80g,h100-80g,h200 "
-                              "--out gpus/\n  meshplan whatif --model llama3-8b --gpus 64 "
-                              "--sweep seq_len=2048,...,32768 --out seq/",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_args(p)
-    add_knob_args(p)
-    p.add_argument("--sweep", required=True, metavar="KEY=V1,V2,...",
-                   help=f"what to vary: {', '.join(f'{k} ({v[0]})' for k, v in SWEEPS.items())}; "
-                        "'a,b,...,z' continues the pattern of a, b up to z")
-    p.add_argument("--out", default="whatif", metavar="DIR",
-                   help="folder for whatif.csv, whatif.json and the plots (default ./whatif)")
-    p.add_argument("--top-k", type=positive_int, default=2, help="finalists per point for the simulated ranking")
-    p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
-    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)

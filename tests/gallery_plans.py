@@ -1,8 +1,8 @@
 """Plans shared by the report and export tests, searched once per test session."""
 import functools
 
+from planner import api
 from planner.cluster import load_cluster
-from planner.commands import fixed_result
 from planner.config import ParallelConfig, Workload
 from planner.layers import build_layer_graph
 from planner.model import ZOO
@@ -25,9 +25,7 @@ def fixed_plan(model: str, cluster_name: str, gpus: int, config: ParallelConfig,
     cluster = load_cluster(cluster_name, gpus)
     work = Workload(global_batch=config.dp * config.micro_batch * config.num_microbatches, seq_len=spec.seq_len,
                     **workload)
-    result = fixed_result(graph, cluster, work, config, 0.0)
-    return Plan.from_search(result, model_name=spec.name, model_source=model, spec=spec, graph=graph,
-                            cluster=cluster, workload=work)
+    return api.fixed_plan(api.Job(model_source=model, spec=spec, graph=graph, cluster=cluster, workload=work), config)
 
 
 # Llama-3 8B (embedding, 32 blocks, norm, head) with unequal stages and per-layer recompute,

@@ -371,11 +371,12 @@ def test_bad_baselines_exit_2_with_one_line(cli, tmp_path, name, text, args, say
 
 
 def test_bad_plan_json(cli, tmp_path):
-    plan = {"schema_version": 1, "model": {"name": "llama3-8b", "source": "llama3-8b"},
-            "workload": {"global_batch": 16, "seq_len": 8192}, "config": {"dp": 4, "tp": 2, "pp": 1}}
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    out = cli("plan", "--model", "llama3-8b", "--gpus", "8", "--global-batch", "16", "--dp", "4", "--tp", "2",
+              "--pp", "1", "--out", str(tmp_path / "plan.json"))
+    assert out.returncode == 0, out.stderr
     line = one_line_error(cli("compare", "--baseline", str(tmp_path / "plan.json"), "--gpus", "16"))
     assert "plan.json" in line and "config.dp x tp x pp x cp" in line and "4 x 2 x 1 x 1 = 8" in line
+    plan = json.loads((tmp_path / "plan.json").read_text())
     plan["schema_version"] = 7
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     line = one_line_error(cli("compare", "--baseline", str(tmp_path / "plan.json"), "--gpus", "8"))

@@ -51,7 +51,7 @@ def test_table_output_and_plan_file(cli, tmp_path):
     assert out.returncode == 0, out.stderr
     assert "step" in out.stdout and "memory" in out.stdout and "runners-up" in out.stdout
     plan = json.loads((tmp_path / "plan.json").read_text())
-    assert plan["schema_version"] == 1 and plan["stages"] and plan["recompute_per_layer"]
+    assert plan["schema_version"] == 2 and plan["stages"] and plan["recompute_per_layer"]
 
 
 def test_fully_fixed_plan_that_does_not_fit_is_reported(cli):

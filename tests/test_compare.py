@@ -12,7 +12,7 @@ from conftest import ROOT
 from gallery_plans import INTERLEAVED_UNEQUAL, fixed_plan
 from planner.baseline import Context, read_baseline
 from planner.config import ParallelConfig
-from planner.cost.step import balanced_stage_layers, layer_policies
+from planner.placement import balanced_stage_layers, layer_policies
 from planner.exports import deepspeed, megatron, torchtitan
 
 SMALL = ["--model", "gpt-1.7b", "--cluster", "a100-80g", "--gpus", "8"]

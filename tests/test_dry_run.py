@@ -15,16 +15,19 @@ from planner.report.gallery import SCENARIOS
 
 
 def _run_plan(doc: dict, source: str):
-    from executor.plan_file import plan_from_json
-    return plan_from_json(doc, source)
+    from planner.plan import Plan
+    return Plan.from_json(doc, source)
 
 
 def _candidates(name: str) -> list[tuple[str, dict]]:
     """The recommended plan and every runner-up the search lists, each as the plan.json it makes."""
+    from planner import api
     plan = gallery_plan(name)
+    job = api.Job(model_source=plan.model_source, spec=plan.spec, graph=plan.graph, cluster=plan.cluster,
+                  workload=plan.workload)
     out = [("recommended", plan.to_json())]
     for i, alt in enumerate(plan.alternatives):
-        out.append((f"runner-up {i + 1}", replace(plan, best=alt, alternatives=()).to_json()))
+        out.append((f"runner-up {i + 1}", api.fixed_plan(job, alt.config).to_json()))
     return out
 
 
@@ -68,7 +71,7 @@ def test_expected_shards_by_hand():
     from executor.mesh import ParallelDims
     plan = _run_plan(_candidates("llama3-8b-8-h100")[0][1], "p.json")
     plan = replace(plan, tp_plan={"layers.0.attn.q_proj": "colwise", "layers.0.attn.o_proj": "rowwise"},
-                   config=replace(plan.config, zero=3))
+                   best=replace(plan.best, config=replace(plan.config, zero=3)))
     dims = ParallelDims(pp=1, dp_replicate=1, dp_shard=2, cp=2, tp=2, world_size=8)
     coords = {"dp_cp": 3, "tp": 1}
     assert expected_shards("layers.0.attn.q_proj.weight", torch.Size([4096, 4096]), plan, dims, coords) == (

@@ -41,8 +41,8 @@ def test_initial_weights_depend_on_name_and_seed_only():
 
 def test_pipeline_stages_keep_whole_model_paths(tmp_path):
     from executor.pipeline import build_stage_model, check_stages
-    from executor.plan_file import plan_from_json
-    plan = plan_from_json(_plan_doc(tmp_path, gpus=2, pp=2, vpp=2, schedule="interleaved-1f1b", micro_batch=2))
+    from planner.plan import Plan
+    plan = Plan.from_json(_plan_doc(tmp_path, gpus=2, pp=2, vpp=2, schedule="interleaved-1f1b", micro_batch=2))
     check_stages(plan.stages, plan.spec, plan.source)
     parts = [build_stage_model(plan.spec, stage) for stage in plan.stages]
     names = [name for part in parts for name, _ in part.named_parameters()]
@@ -53,8 +53,8 @@ def test_pipeline_stages_keep_whole_model_paths(tmp_path):
 
 def test_stages_out_of_order_are_refused(tmp_path):
     from executor.pipeline import check_stages
-    from executor.plan_file import plan_from_json
-    plan = plan_from_json(_plan_doc(tmp_path, gpus=2, pp=2, schedule="1f1b", micro_batch=2))
+    from planner.plan import Plan
+    plan = Plan.from_json(_plan_doc(tmp_path, gpus=2, pp=2, schedule="1f1b", micro_batch=2))
     swapped = (plan.stages[1], plan.stages[0])
     with pytest.raises(UserError, match="stages: the stages must list embed, layers.0 ... lm_head once each"):
         check_stages(swapped, plan.spec, "plan.json")
@@ -68,11 +68,11 @@ def test_stages_out_of_order_are_refused(tmp_path):
     (lambda d: d["config"].update(wings=2), r"config: unknown field\(s\) wings"),
 ])
 def test_bad_plan_json_names_the_field(tmp_path, change, message):
-    from executor.plan_file import plan_from_json
+    from planner.plan import Plan
     doc = _plan_doc(tmp_path, gpus=2, tp=2)
     change(doc)
     with pytest.raises(UserError, match=message):
-        plan_from_json(doc, "p.json")
+        Plan.from_json(doc, "p.json")
 
 
 def test_degrees_must_multiply_to_the_world():
@@ -84,13 +84,13 @@ def test_degrees_must_multiply_to_the_world():
 
 
 def test_replicated_key_value_heads_are_refused(tmp_path):
-    from executor.parallelize import check_supported
-    from executor.plan_file import plan_from_json
+    from executor.support import check_supported
+    from planner.plan import Plan
     # planned for Megatron-LM's runtime (which replicates key/value heads), then given to meshplan run
-    plan = plan_from_json(_plan_doc(tmp_path, gpus=4, tp=4, framework="megatron", micro_batch=8), "p.json")
+    plan = Plan.from_json(_plan_doc(tmp_path, gpus=4, tp=4, framework="megatron", micro_batch=8), "p.json")
     with pytest.raises(UserError, match="p.json: config.tp: tp 4 must divide the 2 key/value heads on the torch "
                                         "runtime on cuda"):
-        check_supported(plan, "cuda")
+        check_supported(plan.config, plan.spec, "cuda", plan.source)
 
 
 def test_torchrun_command_standalone_or_rendezvous():
@@ -103,10 +103,10 @@ def test_torchrun_command_standalone_or_rendezvous():
         Launch(nproc=8, nnodes=2).torchrun_argv()
 
 
-def test_importing_the_executor_package_does_not_import_torch():
+def test_importing_the_executor_package_and_the_cli_does_not_import_torch():
     import subprocess
     import sys
-    code = "import sys, executor, executor.cli; print('torch' in sys.modules)"
+    code = "import sys, executor, planner.cli; print('torch' in sys.modules)"
     root = str(Path(__file__).resolve().parent.parent)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
                          env={"PYTHONPATH": root, "PATH": ""})

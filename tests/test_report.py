@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT
 from gallery_plans import gallery_plan
 from planner.config import ParallelConfig
-from planner.report.document import cost_per_million_tokens
+from planner.describe import cost_per_million_tokens
 from planner.report.gallery import SCENARIOS
 
 QUICK_START = ["--model", "gpt3-175b", "--cluster", "a100-80g", "--gpus", "1024", "--global-batch", "1536"]
@@ -50,7 +50,7 @@ def test_report_has_every_file(quick_start_report):
     assert exports == ["NOTES.md", "colossalai_plugin.py", "deepspeed_config.json", "megatron_args.txt",
                        "meshplan_run.sh", "torchtitan.toml"]
     plan = json.loads((d / "plan.json").read_text())
-    assert plan["schema_version"] == 1 and plan["alternatives"] and plan["closed_form_step_time_s"] > 0
+    assert plan["schema_version"] == 2 and plan["alternatives"] and plan["closed_form_step_time_s"] > 0
 
 
 def test_plots_label_their_axes_units_and_legends(quick_start_report):

@@ -20,10 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from executor.plan_file import Fingerprints, RunPlan
 from executor.support import check_stages, check_supported
-from planner.config import ParallelConfig, Workload, check_config
-from planner.cost.step import assign_layers
+from planner.config import ParallelConfig, Workload
+from planner.placement import stage_modules
 from planner.errors import UserError
 from planner.layers import build_layer_graph
 from planner.model import ModelSpec
@@ -62,21 +61,12 @@ def emitted(space: Space) -> set[ParallelConfig]:
     return out
 
 
-def run_plan(spec: ModelSpec, space: Space, config: ParallelConfig) -> RunPlan:
-    """The plan.json the planner would write for ``config``, as the executor reads it."""
-    graph = space.graph
-    placement = assign_layers(graph, config)
-    stages = tuple(tuple(graph.layers[i].name for i in placement[rank][chunk])
-                   for chunk in range(config.vpp) for rank in range(config.pp))
-    return RunPlan(source="plan.json", spec=spec, config=config, workload=space.w, stages=stages,
-                   fingerprints=Fingerprints(model="0" * 16, cluster="0" * 16, world_size=config.world_size))
-
-
 def executor_accepts(spec, space, config, device_kind) -> bool:
-    plan = run_plan(spec, space, config)
+    """The executor's pre-launch checks of the plan.json the planner would write for ``config``."""
+    stages = tuple(tuple(s) for s in stage_modules(space.graph, config))
     try:
-        check_supported(plan, device_kind)
-        check_stages(plan.stages, spec, plan.source)
+        check_supported(config, spec, device_kind)
+        check_stages(stages, spec, "plan.json")
     except UserError:
         return False
     return True

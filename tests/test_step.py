@@ -5,7 +5,8 @@ import pytest
 
 from planner.cluster import load_cluster
 from planner.config import ParallelConfig, Workload
-from planner.cost.step import assign_layers, balanced_stage_layers, estimate, pipeline_s
+from planner.cost.step import estimate, pipeline_s
+from planner.placement import assign_layers, balanced_stage_layers
 from planner.layers import build_layer_graph
 from planner.model import ZOO
 

@@ -4,7 +4,7 @@ import pytest
 from planner.cluster import load_cluster
 from planner.layers import Op, Saved, build_layer_graph
 from planner.model import ZOO
-from planner.opgraph import INPUT, OUTPUT, add_op, block_graph, new_graph
+from planner.search.tp_dataflow import INPUT, OUTPUT, add_op, block_graph, new_graph
 from planner.search.tp_ilp import Context, brute_force, replicated, solve_sharding
 
 A100 = load_cluster("a100-80g", 8)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from .. import schedules
 from ..config import ParallelConfig, Workload
-from ..cost.step import balanced_stage_layers, stage_layers_of_blocks
+from ..placement import balanced_stage_layers, stage_layers_of_blocks
 from ..errors import UserError, one_of
 from ..layers import LayerGraph
 from ..model import ModelSpec

@@ -13,6 +13,7 @@ from ..cluster import DTYPE_BYTES, Cluster
 from ..config import RECOMPUTES, ParallelConfig, Workload
 from ..estimate import Estimate, Memory, StepTime
 from ..layers import LayerGraph
+from ..placement import assign_layers, layer_policies
 from .. import network
 from ..runtimes import RUNTIMES
 from ..schedules import SCHEDULES
@@ -25,48 +26,6 @@ from .memory import (grad_comm_bytes_per_param, resident_bytes_per_param, state_
 # writes param and moments (12 B); mixed precision also writes the 16-bit copy (2 B).
 # Streams through memory (fused/foreach kernels are bandwidth-bound).
 ADAM_BYTES_PER_PARAM = 28.0
-
-
-# -- placing layers on pipeline ranks ----------------------------------------------------------
-
-def balanced_stage_layers(graph: LayerGraph, stages: int) -> tuple[int, ...]:
-    """Layers per virtual stage: blocks as even as possible (the extra ones in the middle
-    stages), the embedding with the first stage, the final norm and head with the last."""
-    blocks = graph.num_blocks
-    base, extra = divmod(blocks, stages)
-    order = sorted(range(stages), key=lambda s: (abs(s - (stages - 1) / 2), s))
-    return stage_layers_of_blocks(graph, [base + (1 if s in order[:extra] else 0) for s in range(stages)])
-
-
-def stage_layers_of_blocks(graph: LayerGraph, blocks: list[int]) -> tuple[int, ...]:
-    """Layers per virtual stage from transformer blocks per virtual stage: the layers before
-    the first block (the embedding) go with the first stage, those after the last block
-    (the final norm and the head) with the last."""
-    counts = list(blocks)
-    first_block = next(i for i, layer in enumerate(graph.layers) if layer.is_block)
-    last_block = max(i for i, layer in enumerate(graph.layers) if layer.is_block)
-    counts[0] += first_block
-    counts[-1] += len(graph.layers) - 1 - last_block
-    return tuple(counts)
-
-
-def assign_layers(graph: LayerGraph, config: ParallelConfig) -> list[list[list[int]]]:
-    """[rank][chunk] -> layer indices. Virtual stage j runs on rank j % pp as its chunk j // pp."""
-    stages = config.pp * config.vpp
-    counts = config.stage_layers or balanced_stage_layers(graph, stages)
-    out: list[list[list[int]]] = [[] for _ in range(config.pp)]
-    start = 0
-    for j, count in enumerate(counts):
-        out[j % config.pp].append(list(range(start, start + count)))
-        start += count
-    return out
-
-
-def layer_policies(graph: LayerGraph, config: ParallelConfig) -> tuple[str, ...]:
-    """Recompute policy per layer: the ILP's choice, else the uniform one on transformer blocks."""
-    if config.recompute_layers is not None:
-        return config.recompute_layers
-    return tuple(config.recompute if layer.is_block else "none" for layer in graph.layers)
 
 
 # -- the estimate -------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..cost.step import CostCache, estimate
+from ..cost.step import CostCache
+from ..describe import schedule_words, short_config
 from ..exports import exports, write_exports
 from ..simulate import simulate
 from . import document, figures, html, markdown
@@ -21,18 +22,19 @@ def write_report(plan, folder: str | Path, comparison=None) -> list[Path]:
     folder = Path(folder)
     plots = folder / "plots"
     folder.mkdir(parents=True, exist_ok=True)
+    if plan.graph is None or plan.cluster is None:
+        raise ValueError("a report needs the plan the search just made (a plan read from plan.json has no graph)")
     cache = CostCache(plan.graph, plan.cluster, plan.workload)
     config = plan.best.config
     timeline = simulate(plan.graph, plan.cluster, plan.workload, config, cache)
-    analytic = estimate(plan.graph, plan.cluster, plan.workload, config, cache)
     written = [folder / "plan.json"]
     plan.write(written[0])
     name = f"{plan.model_name} on {plan.cluster.num_gpus} x {plan.cluster.name}"
     est = plan.best.estimate
     finalists = [plan.best, *plan.alternatives]
-    labels = ["winner: " + document.short_config(config)] + [document.short_config(a.config) for a in plan.alternatives]
+    labels = ["winner: " + short_config(config)] + [short_config(a.config) for a in plan.alternatives]
     for fig, stem in ((figures.memory_per_stage(est, f"Memory per GPU by pipeline stage: {name}"), "memory_per_stage"),
-                      (figures.pipeline_timeline(timeline, f"One step ({document.schedule_words(config)}): {name}"),
+                      (figures.pipeline_timeline(timeline, f"One step ({schedule_words(config)}): {name}"),
                        "pipeline_timeline"),
                       (figures.step_breakdown(est, f"Where the step's time goes: {name}"), "step_breakdown"),
                       (figures.candidates(labels, [c.estimate for c in finalists], f"Top candidates: {name}"),
@@ -45,7 +47,7 @@ def write_report(plan, folder: str | Path, comparison=None) -> list[Path]:
         extra = (versus.section(comparison),)
     ex = exports(plan)
     written += write_exports(plan, folder / "exports", ex)
-    doc = document.build(plan, analytic=analytic, timeline=timeline, knobs=next_knobs(plan, cache), exports=ex,
+    doc = document.build(plan, timeline=timeline, knobs=next_knobs(plan, cache), exports=ex,
                          extra=extra)
     (folder / "report.md").write_text(markdown.render(doc))
     (folder / "report.html").write_text(html.render(doc, plots))

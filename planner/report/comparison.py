@@ -10,7 +10,8 @@ from ..compare import (Comparison, changes, comparison_rows, counterpart, file_e
                        verdict_line, word)
 from ..simulate import simulate
 from . import figures
-from .document import Figure, Section, Table, schedule_words, short_config
+from ..describe import schedule_words, short_config
+from .document import Figure, Section, Table
 
 
 def write_figures(cmp: Comparison, plots: Path, name: str) -> list[Path]:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from ..describe import describe_config, gib, runs
-from ..estimate import Estimate, StepTime
-from ..explain import PARTS, gains, limits, lost_on
+from ..accuracy import Accuracy
+from ..describe import cost_per_million_tokens, describe_config, gib, runs, short_config
+from ..estimate import StepTime
+from ..explain import PARTS
 from ..exports import DOCS, Export, recompute_per_stage
 from ..recompute import DESCRIPTIONS, EVERY_K_DESCRIPTION, POLICIES, every_k
 from ..simulate import Timeline
@@ -41,29 +42,12 @@ class Document:
     sections: tuple[Section, ...]
 
 
-def cost_per_million_tokens(gpu_hour_usd: float, gpus: int, tokens_per_s: float) -> float:
-    """US dollars per million tokens: what the GPUs cost per hour over the tokens they train per hour."""
-    return gpu_hour_usd * gpus / (tokens_per_s * 3600) * 1e6
-
-
-def schedule_words(config) -> str:
-    """The schedule in words, for titles: "1f1b, 2 virtual stages per rank"."""
-    if config.pp == 1:
-        return f"no pipeline, {config.num_microbatches} micro-batches accumulated"
-    return config.schedule + (f", {config.vpp} virtual stages per rank" if config.vpp > 1 else "")
-
-
-def short_config(c) -> str:
-    sched = f", {c.schedule}" + (f" v{c.vpp}" if c.vpp > 1 else "") if c.pp > 1 else ""
-    return f"dp{c.dp} tp{c.tp} pp{c.pp} cp{c.cp} ZeRO-{c.zero} mb{c.micro_batch}{sched}"
-
-
-def _summary(plan, analytic: Estimate) -> Section:
+def _summary(plan) -> Section:
     c, e, w, cl = plan.best.config, plan.best.estimate, plan.workload, plan.cluster
+    closed = plan.closed_form_step_time_s
     rows = [("plan", describe_config(c)),
             ("step time (simulated)", f"{e.step_time_s:.3f} s"),
-            ("step time (closed form)",
-             f"{analytic.step_time_s:.3f} s ({100 * (analytic.step_time_s / e.step_time_s - 1):+.1f}%)"),
+            ("step time (closed form)", f"{closed:.3f} s ({100 * (closed / e.step_time_s - 1):+.1f}%)"),
             ("throughput", f"{e.tokens_per_s:,.0f} tokens/s"),
             ("model FLOP/s per GPU", f"{e.model_tflops_per_gpu:.1f} TFLOP/s (MFU {100 * e.mfu:.1f}%)"),
             ("memory, most loaded GPU", f"{gib(e.memory.total)} of {gib(e.capacity_bytes)} GiB "
@@ -105,11 +89,11 @@ def _memory(plan) -> Section:
                    figures=(Figure(name="memory_per_stage", caption="Memory per GPU by stage and category"),))
 
 
-def _why(plan, analytic: Estimate, knobs: list[Knob]) -> Section:
+def _why(plan, knobs: list[Knob]) -> Section:
     e = plan.best.estimate
-    bullets = [f"What limits it: {limits(plan.best.config, e, plan.cluster)}.",
-               f"How far to trust these numbers: checked {plan.accuracy().line()}."]
-    won = gains(plan.graph, plan.cluster, plan.workload, plan.best.config, analytic)
+    bullets = [f"What limits it: {plan.limits}.",
+               f"How far to trust these numbers: checked {Accuracy.from_json(plan.accuracy).line()}."]
+    won = plan.gains
     for key, what in (("non_uniform_stages", "unequal stages"), ("partial_recompute", "recomputing only some blocks")):
         if key in won:
             bullets.append(f"Per-stage choice: {what} saves {won[key]['saved_s']:.3g} s per step "
@@ -119,7 +103,7 @@ def _why(plan, analytic: Estimate, knobs: list[Knob]) -> Section:
         bullets.append(f"Next knob to turn: {fitting[0].describe(e.capacity_bytes)}.")
     else:
         bullets.append("Next knob to turn: no one-step change that fits is faster; the search's optimum is local too.")
-    rows = tuple((short_config(a.config), f"{a.estimate.step_time_s:.3f}", lost_on(e, a.estimate))
+    rows = tuple((short_config(a.config), f"{a.estimate.step_time_s:.3f}", a.lost_on)
                  for a in plan.alternatives)
     knob_lines = tuple(k.describe(e.capacity_bytes) for k in knobs[:6])
     return Section(title="Why this plan", bullets=tuple(bullets) + tuple(f"What if: {k}" for k in knob_lines),
@@ -129,7 +113,7 @@ def _why(plan, analytic: Estimate, knobs: list[Knob]) -> Section:
 
 def _stages(plan) -> Section:
     c = plan.best.config
-    stages = plan.stage_modules()
+    stages = plan.stages
     rows = []
     for j, (modules, rec) in enumerate(zip(stages, recompute_per_stage(plan))):
         span = f"{modules[0]} ... {modules[-1]}" if len(modules) > 2 else ", ".join(modules)
@@ -155,13 +139,14 @@ def _exports(exports: tuple[Export, ...]) -> Section:
                    bullets=tuple(bullets), files=tuple((f"exports/{ex.filename}", ex.text) for ex in exports))
 
 
-def build(plan, *, analytic: Estimate, timeline: Timeline, knobs: list[Knob], exports: tuple[Export, ...],
+def build(plan, *, timeline: Timeline, knobs: list[Knob], exports: tuple[Export, ...],
           extra: tuple[Section, ...] = ()) -> Document:
     """The report's sections; ``extra`` ones (a comparison with the user's own plan) follow the summary."""
-    search = (f"Searched {plan.candidates:.3g} candidates ({plan.groups:,} global choices, {plan.ilp_solves} stage "
-              f"ILPs, {plan.evaluated:,} estimated in full) in {plan.search_seconds:.2f} s; the finalists were "
+    s = plan.search
+    search = (f"Searched {s.candidates:.3g} candidates ({s.global_choices:,} global choices, {s.ilp_solves} stage "
+              f"ILPs, {s.evaluated:,} estimated in full) in {s.seconds:.2f} s; the finalists were "
               "ranked by their simulated step.")
-    sections = (_summary(plan, analytic), *extra, _time(plan, timeline), _memory(plan), _why(plan, analytic, knobs),
+    sections = (_summary(plan), *extra, _time(plan, timeline), _memory(plan), _why(plan, knobs),
                 _stages(plan), _exports(exports), Section(title="Search", paragraphs=(search,)))
     return Document(title=f"meshplan report: {plan.model_name} on {plan.cluster.num_gpus} x {plan.cluster.name}",
                     sections=sections)

@@ -19,32 +19,37 @@ ROOT = Path(__file__).resolve().parents[2]
 class Scenario:
     name: str                  # folder under reports/
     title: str
-    argv: tuple[str, ...]      # `meshplan plan` arguments
+    inputs: dict               # planner.api.JobInputs fields: what `meshplan plan` is given
     why: str                   # what the scenario shows
     baseline: str              # reports/baselines/<file>: the layout the scenario's publication used
     published: str             # whose layout that is
     tokens: float              # the publication's token budget: the comparison's days and cost
     caveat: str = ""           # what of the published run meshplan does not model
 
+    @property
+    def argv(self) -> tuple[str, ...]:
+        """The `meshplan plan` flags that plan the same job."""
+        return tuple(x for key, value in self.inputs.items() for x in (f"--{key.replace('_', '-')}", str(value)))
+
 
 SCENARIOS = (
     Scenario(name="gpt3-175b-1024-a100", title="GPT-3 175B on 1024 A100-80GB",
-             argv=("--model", "gpt3-175b", "--cluster", "a100-80g", "--gpus", "1024", "--global-batch", "1536"),
+             inputs=dict(model="gpt3-175b", cluster="a100-80g", gpus=1024, global_batch=1536),
              why="the scale of Narayanan et al. (SC'21): memory binds, pipeline and tensor parallelism",
              baseline="gpt3-175b-1024-a100.args", published="Narayanan et al. 2021 (Megatron-LM)",
              tokens=300e9),      # GPT-3's 300B tokens (Brown et al. 2020; Narayanan et al. 2021, Sec 5.1)
     Scenario(name="llama3-8b-8-h100", title="Llama-3 8B on 8 H100 (one DGX node)",
-             argv=("--model", "llama3-8b", "--cluster", "h100-80g", "--gpus", "8"),
+             inputs=dict(model="llama3-8b", cluster="h100-80g", gpus=8),
              why="one node: sharded data parallelism against a pipeline inside NVLink",
              baseline="llama3-8b-8-h100.toml", published="torchtitan's llama3_8b.toml",
              tokens=15e12),      # "about 15T multilingual tokens" (Llama 3 paper, Sec 1)
     Scenario(name="llama3-70b-256-h100", title="Llama-3 70B on 256 H100",
-             argv=("--model", "llama3-70b", "--cluster", "h100-80g", "--gpus", "256"),
+             inputs=dict(model="llama3-70b", cluster="h100-80g", gpus=256),
              why="a mid-size cluster: ZeRO-3 with context parallelism against TP/PP",
              baseline="llama3-70b-256-h100.toml", published="torchtitan's llama3_70b.toml",
              tokens=15e12),
     Scenario(name="llama3-405b-16384-h100", title="Llama-3 405B on 16384 H100",
-             argv=("--model", "llama3-405b", "--cluster", "h100-80g", "--gpus", "16384", "--global-batch", "2048"),
+             inputs=dict(model="llama3-405b", cluster="h100-80g", gpus=16384, global_batch=2048),
              why="Meta's own scale (Llama 3 paper, Table 4: 16,384 H100, 2,048 sequences of 8,192 tokens per step)",
              baseline="llama3-405b-16384-h100.toml", published="the Llama 3 paper (Table 4, Sec 3.3.2)",
              tokens=15.6e12,     # 405B on 15.6T tokens (Llama 3 paper, Sec 3.1)
@@ -56,19 +61,9 @@ SCENARIOS = (
 
 
 def plan_for(scenario: Scenario):
-    """The Plan `meshplan plan` finds for a scenario (quietly)."""
-    from ..cli import build_parser
-    from ..commands import load_inputs, _knobs
-    from ..plan import Plan
-    from ..search import default_solver, search
-
-    args = build_parser().parse_args(["plan", *scenario.argv])
-    spec, graph, cluster, workload = load_inputs(args)
-    solver = args.solver or default_solver()
-    result = search(graph, cluster, workload, _knobs(args), top_k=args.top_k, solver=solver,
-                    time_limit_s=args.time_limit)
-    return Plan.from_search(result, model_name=spec.name, model_source=args.model, spec=spec, graph=graph,
-                            cluster=cluster, workload=workload, solver=solver)
+    """The Plan `meshplan plan` finds for a scenario."""
+    from .. import api
+    return api.plan(api.load_job(**scenario.inputs))
 
 
 def published_comparison(scenario: Scenario, plan):
@@ -76,8 +71,8 @@ def published_comparison(scenario: Scenario, plan):
     that layout estimated at the scenario's workload as `meshplan plan` estimates a fixed plan."""
     from dataclasses import replace
 
+    from ..api import Job, estimate
     from ..baseline import Context, check_baseline, read_baseline
-    from ..commands import fixed_result
     from ..compare import Comparison
     from ..search import SearchResult
 
@@ -94,10 +89,11 @@ def published_comparison(scenario: Scenario, plan):
     if baseline.workload() != w:
         raise ValueError(f"{path}: its workload {baseline.workload()} is not the scenario's {w}")
     check_baseline(baseline, plan.graph, cluster)
-    mine = fixed_result(plan.graph, cluster, w, baseline.config, 0.0).best
-    search = SearchResult(best=plan.best, alternatives=plan.alternatives, candidates=plan.candidates,
-                          evaluated=plan.evaluated, seconds=plan.search_seconds, groups=plan.groups,
-                          ilp_solves=plan.ilp_solves)
+    mine = estimate(Job(model_source=plan.model_source, spec=plan.spec, graph=plan.graph, cluster=cluster,
+                        workload=w), baseline.config)
+    search = SearchResult(best=plan.best, alternatives=plan.alternatives, candidates=plan.search.candidates,
+                          evaluated=plan.search.evaluated, seconds=plan.search.seconds,
+                          groups=plan.search.global_choices, ilp_solves=plan.search.ilp_solves)
     return Comparison(baseline=baseline, spec=plan.spec, model_source=plan.model_source, graph=plan.graph,
                       cluster=cluster, workload=w, mine=mine, best=plan.best, search=search,
                       token_budget=scenario.tokens)

@@ -46,7 +46,7 @@ from ..cluster import DTYPE_BYTES, Cluster
 from ..cost.compute import flash_attention_s, memory_bound_s, unfused_attention_s
 from ..cost.layer import linear_s
 from ..layers import Op
-from ..opgraph import INPUT, OUTPUT
+from .tp_dataflow import INPUT, OUTPUT
 from .. import network
 from .ilp import make_solver
 

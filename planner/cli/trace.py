@@ -1,8 +1,5 @@
-"""``meshplan trace MODEL`` and ``meshplan profile``: their flags and what they do.
-
-planner/cli.py registers them with ``add_parsers`` and calls ``run``; importing
-this file does not import torch (the handlers do, when they run).
-"""
+"""`meshplan trace MODEL`: trace an nn.Module into its operator graph and layer graph, print the layers.
+Importing this file does not import torch (tracing does, when it runs)."""
 from __future__ import annotations
 
 import argparse
@@ -11,8 +8,10 @@ import sys
 from dataclasses import asdict
 
 from ..errors import UserError
-from .load import trace_any
-from .measured import PRECISION_DTYPES
+from ..layers import build_layer_graph
+from ..trace.load import trace_any
+from ..trace.measured import PRECISION_DTYPES
+from .common import add_debug, add_example_input_arg
 
 EPILOG_TRACE = """\
 examples:
@@ -26,26 +25,8 @@ are allocated. A module that cannot be traced becomes an opaque leaf (run for
 real when small, estimated otherwise) with a warning naming its path.
 """
 
-EPILOG_PROFILE = """\
-examples:
-  meshplan profile --nproc 2                            # this machine: compute, memory, gloo/NCCL collectives
-  meshplan profile --nproc 2 --out profiles/measured/myhost.toml --ops model.py:build
-  meshplan plan --model model.py:build --cluster profiles/measured/myhost.toml --gpus 2
 
-Writes a cluster profile TOML that --cluster accepts; every number in it is
-measured by this command. With --ops MODEL it also times each traced operator
-here and writes NAME.ops.json beside the TOML; `meshplan plan --cluster NAME.toml`
-then uses those times for the ops it finds there (see planner/trace/measured.py).
-"""
-
-
-def add_example_input_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--example-input", metavar="SHAPE:DTYPE[,...]",
-                   help="example input of a traced --model file.py:factory, e.g. 1x512:int64 (several: comma "
-                        "separated); overrides the factory's own example inputs")
-
-
-def add_parsers(sub) -> None:
+def add_parser(sub) -> None:
     t = sub.add_parser("trace", help="trace an nn.Module into operator and layer graphs",
                        description="Trace an nn.Module (file.py:factory, package.module:factory, a zoo name or "
                                    "a config.json) into its operator graph and layer graph.",
@@ -57,36 +38,8 @@ def add_parsers(sub) -> None:
                    help="cast floating-point parameters and inputs (default: as the module has them)")
     t.add_argument("--json", action="store_true", help="print the layer graph and totals as one JSON object")
     t.add_argument("--op-graph", metavar="PATH", help="write the operator graph (networkx node-link JSON)")
-    t.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
-    p = sub.add_parser("profile", help="measure this machine and write a cluster profile TOML",
-                       description="Measure this machine (GEMM, attention, memory bandwidth, collectives over "
-                                   "torch.distributed) and write a cluster profile TOML.",
-                       epilog=EPILOG_PROFILE, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nproc", type=int, default=None,
-                   help="local processes for the collectives (default: the GPUs, or 2 on a CPU)")
-    p.add_argument("--out", metavar="PATH.toml", help="where to write the profile (default ./<hostname>.toml)")
-    p.add_argument("--name", help="profile name (default: measured-<hostname>)")
-    p.add_argument("--device", choices=("cpu", "cuda"), help="what to measure (default: cuda when present)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="CPU threads per process, as torchrun runs them (default 1)")
-    p.add_argument("--ops", metavar="MODEL", help="also time each traced operator of MODEL here")
-    add_example_input_arg(p)
-    p.add_argument("--quick", action="store_true", help="fewer shapes and message sizes (seconds, not minutes)")
-    p.add_argument("--json", action="store_true", help="also print the measurements as JSON")
-    p.add_argument("--from", dest="from_json", metavar="NAME.kernels.json",
-                   help="measure nothing: derive the profile again from the raw measurements an earlier "
-                        "`meshplan profile` wrote (after meshplan's derivations improved)")
-    p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    add_debug(t)
 
-
-def run(args) -> int:
-    if args.command == "trace":
-        return trace_command(args)
-    from .profile_cmd import profile_command
-    return profile_command(args)
-
-
-# -- meshplan trace ------------------------------------------------------------------------------
 
 def _layer_rows(graph) -> list[dict]:
     rows, prev = [], None
@@ -104,7 +57,7 @@ def _layer_rows(graph) -> list[dict]:
     return rows
 
 
-def trace_command(args) -> int:
+def run(args) -> int:
     result, spec = trace_any(args.model, args.example_input, seq_len=args.seq_len, dtype=args.dtype)
     graph = result.graph
     summary = {"model": graph.name, "source": graph.source, "params": graph.num_params, "tokens": result.tokens,
@@ -115,7 +68,6 @@ def trace_command(args) -> int:
                "saved_activation_bytes": result.saved_activation_bytes,
                "operators": result.op_graph.number_of_nodes(), "warnings": list(result.warnings)}
     if spec is not None:
-        from ..layers import build_layer_graph
         analytical = build_layer_graph(spec)
         summary["analytical"] = {"params": analytical.num_params,
                                  "model_flops_per_token": analytical.model_flops_per_token(graph.seq_len)}

@@ -1,5 +1,5 @@
-"""`meshplan compare`: read your own configuration, estimate it, search the same job,
-print both side by side (a table, or one JSON object), optionally write a report.
+"""`meshplan compare`: your own configuration estimated, the same job searched, both side by side (a table,
+or one JSON object), optionally a report.
 
     meshplan compare --model gpt3-175b --cluster a100-80g --gpus 1024 --baseline megatron_args.txt
 """
@@ -11,10 +11,14 @@ import re
 import sys
 import time
 from dataclasses import asdict
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:      # the comparison itself (and the search) load when the command runs, not with the parser
-    from .compare import Comparison
+from .. import api
+from ..api import DEFAULT_CLUSTER
+from ..baseline import FORMAT_NAMES
+from ..compare import (Comparison, changes, comparison_rows, counterpart, does_not_fit_by, file_edits, gain,
+                       gain_line, switch_costs, verdict_line, word)
+from ..errors import UserError
+from .common import add_debug, positive_int
 
 EPILOG = """\
 examples:
@@ -35,7 +39,7 @@ listed as ignored. Exit codes: 0 ok, 2 bad input (one line naming the file and t
 """
 
 
-def add_compare_parser(sub, positive_int, default_cluster: str) -> None:
+def add_parser(sub) -> None:
     p = sub.add_parser("compare", help="set your own Megatron-LM / DeepSpeed / torchtitan / plan.json configuration "
                                        "beside the best plan", epilog=EPILOG,
                        description="Estimate your configuration, search the best plan for the same job, and show "
@@ -46,8 +50,8 @@ def add_compare_parser(sub, positive_int, default_cluster: str) -> None:
                    help="your configuration: Megatron-LM arguments or launch script, a DeepSpeed JSON, a torchtitan "
                         "TOML, or a plan.json")
     p.add_argument("--model", help="zoo name or Hugging Face config.json (default: the model the file describes)")
-    p.add_argument("--cluster", default=default_cluster,
-                   help=f"built-in profile or a profile TOML (default {default_cluster})")
+    p.add_argument("--cluster", default=DEFAULT_CLUSTER,
+                   help=f"built-in profile or a profile TOML (default {DEFAULT_CLUSTER})")
     p.add_argument("--gpus", type=positive_int, help="number of GPUs: the world size (default: one node)")
     p.add_argument("--global-batch", type=positive_int,
                    help="sequences per step, when the file does not fix it (torchtitan: default local batch x dp)")
@@ -62,7 +66,7 @@ def add_compare_parser(sub, positive_int, default_cluster: str) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--report", metavar="DIR", help="also write the recommended plan's report into DIR, with a "
                                                    "section setting your plan against it")
-    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    add_debug(p)
 
 
 def token_count(text: str) -> float:
@@ -77,34 +81,17 @@ def token_count(text: str) -> float:
     return value
 
 
-def compare_command(args) -> int:
-    from .baseline import Context, check_baseline, read_baseline
-    from .cluster import load_cluster
-    from .commands import _no_fit_message, fixed_result
-    from .compare import CHINCHILLA_TOKENS_PER_PARAM, Comparison, does_not_fit_by, plan_of
-    from .errors import NoFeasiblePlan
-    from .search import Knobs, search
-
+def run(args) -> int:
     t0 = time.perf_counter()
-    cluster = load_cluster(args.cluster, args.gpus)
-    ctx = Context(gpus=cluster.num_gpus, global_batch=args.global_batch, seq_len=args.seq_len, tp=args.tp, pp=args.pp)
-    baseline, spec, graph = read_baseline(args.baseline, ctx, args.model)
-    check_baseline(baseline, graph, cluster)
-    workload = baseline.workload()
-    mine = fixed_result(graph, cluster, workload, baseline.config, 0.0).best
-    result = search(graph, cluster, workload, Knobs(), top_k=args.top_k)
-    cmp = Comparison(baseline=baseline, spec=spec, model_source=args.model or spec.name, graph=graph, cluster=cluster,
-                     workload=workload, mine=mine, best=result.best, search=result,
-                     token_budget=args.tokens or CHINCHILLA_TOKENS_PER_PARAM * graph.num_params)
-    if cmp.best is None and not cmp.already_best:
-        raise NoFeasiblePlan(f"your plan does not fit ({does_not_fit_by(mine.estimate)}), and "
-                             + _no_fit_message(result, graph, cluster, workload, Knobs()))
+    cmp = api.compare(args.baseline, cluster=args.cluster, gpus=args.gpus, model=args.model,
+                      global_batch=args.global_batch, seq_len=args.seq_len, tp=args.tp, pp=args.pp, tokens=args.tokens,
+                      top_k=args.top_k)
     if args.report:
-        from .report import write_report
+        from ..compare import plan_of
+        from ..report import write_report
         try:
             write_report(plan_of(cmp), args.report, comparison=cmp)
         except OSError as e:
-            from .errors import UserError
             raise UserError(f"cannot write the report: {e.strerror}", source=args.report) from None
     seconds = time.perf_counter() - t0
     if args.json:
@@ -120,13 +107,11 @@ def compare_command(args) -> int:
 def comparison_json(cmp: Comparison) -> dict:
     """{"baseline": {config, estimate, ...}, "recommended": {config, estimate}, "changes", "speedup", ...}:
     config and estimate as `meshplan plan --json` writes them."""
-    from .compare import changes, does_not_fit_by, file_edits, gain, switch_costs
-    from .plan import config_json
     b = cmp.baseline
     return {
-        "baseline": {"config": config_json(cmp.mine.config), "estimate": cmp.mine.estimate.to_json(),
+        "baseline": {"config": cmp.mine.config.to_json(), "estimate": cmp.mine.estimate.to_json(),
                      "source": b.source, "format": b.format, "ignored": list(b.ignored), "notes": list(b.notes)},
-        "recommended": {"config": config_json(cmp.recommended.config), "estimate": cmp.recommended.estimate.to_json()},
+        "recommended": {"config": cmp.recommended.config.to_json(), "estimate": cmp.recommended.estimate.to_json()},
         "changes": [asdict(c) for c in changes(cmp.graph, cmp.mine.config, cmp.recommended.config)],
         "speedup": cmp.speedup, "verdict": cmp.verdict,
         "does_not_fit": None if cmp.mine.estimate.fits else does_not_fit_by(cmp.mine.estimate),
@@ -139,8 +124,6 @@ def comparison_json(cmp: Comparison) -> dict:
 # -- the table ---------------------------------------------------------------------------------------
 
 def format_comparison(cmp: Comparison) -> str:
-    from .baseline import FORMAT_NAMES
-    from .compare import changes, comparison_rows, counterpart, file_edits, gain_line, switch_costs, verdict_line, word
     w, b = cmp.workload, cmp.baseline
     label, other = counterpart(cmp)
     table = comparison_rows(cmp.mine, other or cmp.mine)

@@ -1,4 +1,4 @@
-"""A layer's operators as a dataflow graph: what the tensor-parallel sharding ILP reads.
+"""A layer's operators as a dataflow graph: what the tensor-parallel sharding ILP (tp_ilp.py) reads.
 
 Nodes are operators (``planner.layers.Op``), plus two virtual nodes: ``input`` (the
 layer's input activation) and ``output`` (what it hands to the next layer). Edges
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import networkx as nx
 
-from .layers import Layer, Op
+from ..layers import Layer, Op
 
 INPUT, OUTPUT = "input", "output"
 

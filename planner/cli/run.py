@@ -1,21 +1,18 @@
-"""The `meshplan run` subcommand (registered by planner/cli.py, which imports this lazily)."""
+"""`meshplan run`: train a plan.json with torchrun on seeded synthetic data, measure step time and memory,
+print them against the prediction (or build it at full scale and check it: --dry-run). The executor does
+the work (executor/); importing this file imports no torch, so bad flags fail before anything starts."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from pathlib import Path
 
-from planner.argtypes import int_at_least, positive_int
-from planner.errors import UserError
+from executor.support import DEFAULT_CHECKPOINT_EVERY, DEFAULT_TIMEOUT_S
 
-from . import faults
-from .checkpoint_dir import check_resumable, latest_complete
-from .integrity import check_model
-from .launch import Launch, launch
-from .mesh import local_device_kind
-from .plan_file import load_plan, warn_if_other_version
-from .support import DEFAULT_CHECKPOINT_EVERY, DEFAULT_TIMEOUT_S, check_stages, check_supported
+from ..errors import UserError
+from .common import add_debug, int_at_least, positive_int, seconds
+
+non_negative_int = int_at_least(0, "a non-negative integer")
 
 EPILOG = """\
 examples:
@@ -30,21 +27,8 @@ examples:
 """
 
 
-_non_negative_int = int_at_least(0, "a non-negative integer")
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
-    return value
-
-
-def add_run_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("run", help="run a plan.json with torchrun and measure it",
+def add_parser(sub) -> None:
+    p = sub.add_parser("run", help="run a plan.json with torchrun and measure it",
                               description="Train a plan on seeded synthetic data with torch.distributed, "
                                           "measure step time and memory, write measured.json.",
                               epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -70,16 +54,59 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
                         "then the run's total; the same command again continues it")
     f.add_argument("--checkpoint-every", type=positive_int, metavar="K",
                    help=f"steps between checkpoints (default {DEFAULT_CHECKPOINT_EVERY}; needs --checkpoint-dir)")
-    f.add_argument("--max-restarts", type=_non_negative_int, default=0, metavar="N",
+    f.add_argument("--max-restarts", type=non_negative_int, default=0, metavar="N",
                    help="restart the job up to N times when a rank fails (torchrun's elastic agent; with "
                         "--checkpoint-dir each restart resumes from the last complete checkpoint; default 0)")
-    f.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+    f.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
                    help=f"longest a collective waits for a peer before the job ends with an error "
                         f"(default {DEFAULT_TIMEOUT_S:g})")
     p.add_argument("--out", default="measured.json", help="where to write measured.json (default ./measured.json)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    return p
+    add_debug(p)
+
+
+def run(args) -> int:
+    """Check the plan against --model and this executor, then dry-run it or launch it with torchrun (the
+    executor: executor/launch.py, executor/dryrun.py); print predicted against measured."""
+    from executor.integrity import check_model
+    from executor.plan_file import load_plan, warn_if_other_version
+    plan = check_model(load_plan(args.plan), args.model)
+    warn_if_other_version(plan)
+    if args.dry_run:
+        return _dry_run(args, plan)
+    if args.steps is None:
+        raise UserError("required unless --dry-run: the optimizer steps to run", field="--steps")
+    from executor.launch import Launch, RunRequest, run_plan
+    request = RunRequest(model=args.model, steps=args.steps, seed=args.seed, save=args.save, load=args.load,
+                         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+                         timeout_s=args.timeout, out=args.out,
+                         launch=Launch(nproc=args.nproc or plan.world_size // args.nnodes, nnodes=args.nnodes,
+                                       node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
+                                       max_restarts=args.max_restarts))
+    code, measured = run_plan(plan, args.plan, request, debug=getattr(args, "debug", False))
+    if code != 0:
+        return code if code < 128 else 1
+    if measured is None:
+        return 0        # another node: rank 0 (on node 0) writes measured.json
+    if args.json:
+        json.dump(summary(measured), sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(format_measured(measured))
+        sys.stdout.write(f"wrote {args.out}\n")
+    return 0
+
+
+def _dry_run(args, plan) -> int:
+    """The job of ``plan`` built for its GPUs at full scale, checked, not run (executor/dryrun.py)."""
+    from executor.dryrun import dry_run, format_dry_run
+    reports, seconds = dry_run(plan, "cuda")
+    if args.json:
+        json.dump({"seconds": seconds, "ranks": [r.to_json() for r in reports]}, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(format_dry_run(plan, reports, seconds))
+    return 1 if any(r.problems for r in reports) else 0
 
 
 def summary(measured: dict) -> dict:
@@ -88,7 +115,7 @@ def summary(measured: dict) -> dict:
             "resumed_from": measured.get("resumed_from", 0), "restart": measured.get("restart", 0)}
 
 
-def format_comparison(measured: dict) -> str:
+def format_measured(measured: dict) -> str:
     """Predicted against measured: step time, and each rank's memory by category."""
     pred = measured["predicted"]
     lines = [f"losses    {' '.join(f'{x:.4f}' for x in measured['losses'])}"]
@@ -122,72 +149,3 @@ def format_comparison(measured: dict) -> str:
         if host:            # optimizer offload: model states in host memory, apart from the GPU's
             lines.append(f"{rank['rank']:>4} {rank['pp_rank']:>5}  {'(host)':<12} {'':>14} {host:>14}")
     return "\n".join(lines) + "\n"
-
-
-def check_run_flags(args, plan) -> None:
-    """Flags that cannot work together or with this plan, before anything is launched."""
-    if args.checkpoint_every is not None and not args.checkpoint_dir:
-        raise UserError("needs --checkpoint-dir DIR (where the checkpoints go)", field="--checkpoint-every")
-    if args.checkpoint_dir:
-        for flag, value in (("--load", args.load), ("--save", args.save)):
-            if value:
-                raise UserError(f"{flag} and --checkpoint-dir both say where checkpoints are; allowed: one of "
-                                "them (--checkpoint-dir resumes from and saves into DIR)", field=flag)
-        folder = Path(args.checkpoint_dir)
-        if folder.exists() and not folder.is_dir():
-            raise UserError("exists and is not a folder; allowed: a folder, or a path to create",
-                            source=args.checkpoint_dir, field="--checkpoint-dir")
-        found = latest_complete(folder)
-        if found is not None:
-            check_resumable(folder, found[1], steps=args.steps, seed=args.seed)
-    faults.from_env()       # a malformed MESHPLAN_FAULT fails here, not in every rank
-
-
-def dry_run_command(args, plan) -> int:
-    """The job of ``plan`` built for its GPUs at full scale, checked, not run (executor/dryrun.py)."""
-    from .dryrun import dry_run, format_dry_run
-    reports, seconds = dry_run(plan, "cuda")
-    if args.json:
-        json.dump({"seconds": seconds, "ranks": [r.to_json() for r in reports]}, sys.stdout)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(format_dry_run(plan, reports, seconds))
-    return 1 if any(r.problems for r in reports) else 0
-
-
-def run_command(args) -> int:
-    plan = check_model(load_plan(args.plan), args.model)
-    warn_if_other_version(plan)
-    if args.dry_run:
-        return dry_run_command(args, plan)
-    if args.steps is None:
-        raise UserError("required unless --dry-run: the optimizer steps to run", field="--steps")
-    check_supported(plan, local_device_kind())
-    check_stages(plan.stages, plan.spec, plan.source)
-    check_run_flags(args, plan)
-    nproc = args.nproc or plan.world_size // args.nnodes
-    if nproc * args.nnodes != plan.world_size:
-        raise UserError(f"{args.nnodes} node(s) x {nproc} processes = {nproc * args.nnodes}, but the plan needs "
-                        f"{plan.world_size} (dp x tp x pp x cp)", field="--nproc")
-    out = Path(args.out)
-    out.unlink(missing_ok=True)
-    train_args = ["--plan", args.plan, "--model", args.model, "--steps", str(args.steps), "--seed", str(args.seed),
-                  "--out", str(out), "--timeout", repr(args.timeout)]
-    for flag, value in (("--save", args.save), ("--load", args.load), ("--checkpoint-dir", args.checkpoint_dir),
-                        ("--checkpoint-every", args.checkpoint_every)):
-        if value:
-            train_args += [flag, str(value)]
-    code = launch(Launch(nproc=nproc, nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
-                         max_restarts=args.max_restarts), train_args, debug=getattr(args, "debug", False))
-    if code != 0:
-        return code if code < 128 else 1
-    if args.node_rank != 0:
-        return 0        # rank 0 (on node 0) writes measured.json
-    measured = json.loads(out.read_text())
-    if args.json:
-        json.dump(summary(measured), sys.stdout)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(format_comparison(measured))
-        sys.stdout.write(f"wrote {out}\n")
-    return 0

@@ -1,0 +1,68 @@
+"""`meshplan models` and `meshplan clusters`: what --model and --cluster can name."""
+from __future__ import annotations
+
+import json
+import sys
+
+from ..cluster import GiB, builtin_profiles, load_cluster
+from ..model import ALIASES, SUPPORTED_MODEL_TYPES, ZOO
+from .common import add_debug
+
+
+def add_parser(sub) -> None:
+    m = sub.add_parser("models", help="list the model zoo with parameter counts")
+    m.add_argument("--json", action="store_true", help="print one JSON array instead of the table")
+    add_debug(m)
+    c = sub.add_parser("clusters", help="list the built-in cluster profiles")
+    c.add_argument("--json", action="store_true", help="print one JSON array instead of the table")
+    add_debug(c)
+
+
+def run(args) -> int:
+    return _models(args) if args.command == "models" else _clusters(args)
+
+
+def _models(args) -> int:
+    rows = [(name, spec.num_params(), spec) for name, spec in ZOO.items()]
+    if args.json:
+        json.dump([{"name": n, "params": p, "layers": s.num_layers, "hidden": s.hidden, "heads": s.num_heads,
+                    "kv_heads": s.num_kv_heads, "ffn_hidden": s.ffn_hidden, "vocab": s.vocab_size,
+                    "seq_len": s.seq_len, "experts": s.num_experts, "source": s.source} for n, p, s in rows],
+                  sys.stdout)
+        sys.stdout.write("\n")
+        return 0
+    aliases = {}
+    for alias, target in ALIASES.items():
+        aliases.setdefault(target, []).append(alias)
+    print(f"{'name':<14} {'params':>9} {'layers':>6} {'hidden':>6} {'heads':>9} {'ffn':>6} {'vocab':>7} {'seq':>6}")
+    for name, params, s in rows:
+        heads = f"{s.num_heads}/{s.num_kv_heads}" if s.num_kv_heads != s.num_heads else str(s.num_heads)
+        extra = f"  MoE {s.num_experts}x top-{s.experts_per_token}" if s.is_moe else ""
+        also = f"  (also: {', '.join(aliases[name])})" if name in aliases else ""
+        print(f"{name:<14} {params / 1e9:>8.2f}B {s.num_layers:>6} {s.hidden:>6} {heads:>9} {s.ffn_hidden:>6} "
+              f"{s.vocab_size:>7} {s.seq_len:>6}{extra}{also}")
+    print(f"\nor --model path/to/config.json (Hugging Face model_type {', '.join(SUPPORTED_MODEL_TYPES)})")
+    return 0
+
+
+def _clusters(args) -> int:
+    rows = []
+    for name in sorted(builtin_profiles()):
+        c = load_cluster(name)
+        rows.append(c)
+    if args.json:
+        json.dump([{"name": c.name, "description": c.description, "gpus_per_node": c.gpus_per_node,
+                    "device": c.device.name, "memory_bytes": c.device.memory_bytes,
+                    "peak_tflops": {d: f / 1e12 for d, f in c.device.peak_flops},
+                    "intra_node_GBps": c.intra.bytes_per_s / 1e9, "nics_per_node": c.nics_per_node,
+                    "nic_Gbps": c.nic.bytes_per_s * 8 / 1e9} for c in rows], sys.stdout)
+        sys.stdout.write("\n")
+        return 0
+    print(f"{'name':<10} {'GPU':<24} {'mem GiB':>7} {'TFLOPS':>7} {'per node':>8} {'intra GB/s':>10} {'network':>14}")
+    for c in rows:
+        peak = max(f for _, f in c.device.peak_flops) / 1e12
+        net = f"{c.nics_per_node}x{c.nic.bytes_per_s * 8 / 1e9:.0f} Gb/s" if c.nics_per_node else "-"
+        print(f"{c.name:<10} {c.device.name:<24} {c.device.memory_bytes / GiB:>7.1f} {peak:>7.1f} "
+              f"{c.gpus_per_node:>8} {c.intra.bytes_per_s / 1e9:>6.0f} {c.fabric:<3.3} {net:>14}")
+    print("\nor --cluster path/to/profile.toml (see profiles/*.toml for the format)")
+    return 0

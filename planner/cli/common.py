@@ -1,0 +1,171 @@
+"""What every meshplan command shares: the parser that fails on one line, argument types, the job and
+knob flags, and turning parsed flags into the library's values (``planner.api.JobInputs``, ``Knobs``)."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from .. import schedules
+from ..api import DEFAULT_CLUSTER, DEFAULT_MODEL, JobInputs
+from ..errors import UserError
+from ..recompute import DESCRIPTIONS, EVERY_K_DESCRIPTION, parse_recompute
+from ..search import Knobs
+
+KNOB_NAMES = ("dp", "tp", "pp", "cp", "zero", "micro_batch", "vpp", "schedule", "recompute", "sequence_parallel",
+              "optimizer_offload")
+
+RECOMPUTE_HELP = ("recompute policies (--recompute; the search chooses one per block among those the runtime "
+                  "runs):\n" + "".join(f"  {name:<18} {text}\n" for name, text in DESCRIPTIONS.items())
+                  + f"  {'every-K':<18} {EVERY_K_DESCRIPTION}\n")
+SCHEDULE_HELP = ("pipeline schedules (--schedule; the search chooses among those the runtime runs):\n"
+                 + "".join(f"  {s.name:<18} {s.description} ({s.source})\n" for s in schedules.SCHEDULES.values()))
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag on one line, exit code 2."""
+
+    def error(self, message: str):
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        sys.exit(2)
+
+
+def add_debug(p: argparse.ArgumentParser) -> None:
+    """--debug after the subcommand too (it shows the traceback of an error)."""
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+# -- argument types: one line on a bad value --------------------------------------------------------
+
+def int_at_least(minimum: int, what: str):
+    """An argparse type: an integer >= ``minimum``, described as ``what`` in the error."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+    return parse
+
+
+positive_int = int_at_least(1, "a positive integer")
+
+
+def on_off(text: str) -> bool:
+    if text.lower() in ("on", "true", "yes", "1"):
+        return True
+    if text.lower() in ("off", "false", "no", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+
+
+def recompute(text: str) -> str:
+    """A recompute policy (or an earlier name of one) or ``every-K`` (planner/recompute.py)."""
+    try:
+        return parse_recompute(text)
+    except UserError as e:
+        raise argparse.ArgumentTypeError(e.detail) from None
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+# -- the job and its knobs --------------------------------------------------------------------------
+
+def add_example_input_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--example-input", metavar="SHAPE:DTYPE[,...]",
+                   help="example input of a traced --model file.py:factory, e.g. 1x512:int64 (several: comma "
+                        "separated); overrides the factory's own example inputs")
+
+
+def add_job_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"zoo name (see `meshplan models`), a Hugging Face config.json, or an nn.Module to trace: "
+                        f"path/to/file.py:factory or package.module:factory (default {DEFAULT_MODEL})")
+    p.add_argument("--cluster", default=DEFAULT_CLUSTER,
+                   help=f"built-in profile (see `meshplan clusters`) or a profile TOML (default {DEFAULT_CLUSTER})")
+    p.add_argument("--gpus", type=positive_int, help="number of GPUs (default: one node of the cluster)")
+    p.add_argument("--global-batch", type=positive_int,
+                   help="sequences per optimizer step (default: about 1M tokens, a multiple of the GPUs)")
+    p.add_argument("--seq-len", type=positive_int, help="tokens per sequence (default: the model's)")
+    p.add_argument("--precision", choices=("bf16", "fp16", "fp32"),
+                   help="compute dtype, mixed precision with fp32 master weights (default: bf16, or what the "
+                        "device supports)")
+    p.add_argument("--framework", choices=("torch", "megatron", "deepspeed"), default="torch",
+                   help="whose memory layout is modelled: torch = meshplan's executor (FSDP2/DDP), megatron = fp32 "
+                        "main grads (18 B/param), deepspeed = the ZeRO paper's 2+2+12 B/param (default torch)")
+    p.add_argument("--attention", choices=("flash", "unfused"), default="flash",
+                   help="attention kernels: fused (FlashAttention) or materialised scores (default flash)")
+    p.add_argument("--no-overlap-grad-reduce", action="store_true",
+                   help="model a runtime that reduces gradients after backward instead of overlapping")
+    p.add_argument("--tp-comm-overlap", action="store_true",
+                   help="model TP collectives overlapped with GEMMs (TransformerEngine userbuffers)")
+    add_example_input_arg(p)
+
+
+def add_knob_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("knobs (each one given is fixed; the rest are searched)")
+    g.add_argument("--dp", type=positive_int, help="data-parallel degree")
+    g.add_argument("--tp", type=positive_int, help="tensor-parallel degree (divides the attention heads)")
+    g.add_argument("--pp", type=positive_int, help="pipeline stages")
+    g.add_argument("--cp", type=positive_int, help="context-parallel degree (splits the sequence)")
+    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage: 1 optimizer, 2 +grads, 3 +params")
+    g.add_argument("--micro-batch", type=positive_int, help="sequences per micro-batch per replica")
+    g.add_argument("--vpp", type=positive_int, help="virtual stages per pipeline rank (a schedule with virtual "
+                                                    f"stages: {', '.join(schedules.virtual_names())})")
+    g.add_argument("--schedule", choices=schedules.NAMES, help="pipeline schedule (one line on each below)")
+    g.add_argument("--recompute", type=recompute, metavar="POLICY",
+                   help="activation recompute policy of every block: none, selective, op, full, activation-offload, "
+                        "or every-K (one line on each below); left out, the search picks one per block")
+    g.add_argument("--sequence-parallel", type=on_off, metavar="on|off", help="sequence parallelism (tp >= 2)")
+    g.add_argument("--optimizer-offload", type=on_off, metavar="on|off",
+                   help="optimizer states (and fp32 master weights) in host memory: ZeRO-Offload, ZeRO >= 1")
+    g.add_argument("--offload", choices=("none", "optimizer"), help=argparse.SUPPRESS)   # the earlier name
+
+
+def job_inputs(args: argparse.Namespace) -> JobInputs:
+    """The job the flags describe."""
+    return JobInputs(model=args.model, cluster=args.cluster, gpus=args.gpus, global_batch=args.global_batch,
+                     seq_len=args.seq_len, precision=args.precision, framework=args.framework,
+                     attention=args.attention, overlap_grad_reduce=not args.no_overlap_grad_reduce,
+                     tp_comm_overlap=args.tp_comm_overlap, example_input=getattr(args, "example_input", None))
+
+
+def knobs(args: argparse.Namespace) -> Knobs:
+    """The knobs the flags fix (``--offload none|optimizer`` is the earlier name of ``--optimizer-offload``)."""
+    values = {name: getattr(args, name) for name in KNOB_NAMES}
+    if getattr(args, "offload", None) is not None:
+        earlier = args.offload == "optimizer"
+        if values["optimizer_offload"] is not None and values["optimizer_offload"] != earlier:
+            raise UserError("--offload is the earlier name of --optimizer-offload; allowed: one of them",
+                            field="--offload")
+        values["optimizer_offload"] = earlier
+    return Knobs(**values)
+
+
+def warn(text: str) -> None:
+    sys.stderr.write(f"meshplan: warning: {text}\n")
+
+
+def search_progress():
+    """A one-line progress indicator on stderr for searches that take more than a moment (a terminal only)."""
+    if not sys.stderr.isatty():
+        return None
+    start = time.perf_counter()
+
+    def show(done: int, total: int) -> None:
+        if time.perf_counter() - start > 1.0 and total:
+            sys.stderr.write(f"\rsearching: {done}/{total} layouts")
+            if done + 1 >= total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+    return show

@@ -1,0 +1,123 @@
+"""`meshplan plan`: find the fastest plan that fits (or estimate a fixed one), print it, write it."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .. import api
+from ..accuracy import Accuracy
+from ..describe import describe_config, gib, runs
+from ..errors import UserError
+from ..plan import Plan
+from .common import (RECOMPUTE_HELP, SCHEDULE_HELP, add_debug, add_job_args, add_knob_args, job_inputs, knobs,
+                     positive_int, search_progress, warn)
+
+EPILOG = """\
+examples:
+  meshplan plan                                   # Llama-3 8B on one DGX H100 node, everything searched
+  meshplan plan --model gpt3-175b --cluster a100-80g --gpus 1024 --global-batch 1536
+  meshplan plan --model llama3-70b --gpus 64 --tp 8 --pp 4      # fix some knobs, search the rest
+  meshplan plan --model path/to/config.json --cluster my-cluster.toml --gpus 16 --json
+  meshplan plan --model gpt-1.7b --cluster a100-80g --gpus 32 --dp 32 --tp 1 --pp 1 \\
+                --micro-batch 4 --recompute full --zero 0      # fully fixed: just estimate it
+
+Knobs you leave out are searched: dp, tp, pp, cp (data, tensor, pipeline, context
+parallel degrees), --zero, --micro-batch, --vpp, --schedule, --recompute,
+--sequence-parallel, --optimizer-offload. A fully fixed plan that does not fit is still
+reported, with "fits": false. Exit codes: 0 ok, 2 bad input, 3 nothing fits.
+
+""" + RECOMPUTE_HELP + "\n" + SCHEDULE_HELP
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("plan", help="find the fastest plan that fits (or estimate a fixed one)",
+                       description="Find the fastest hybrid-parallel plan that fits in memory, or estimate a "
+                                   "fixed one.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_job_args(p)
+    add_knob_args(p)
+    p.add_argument("--top-k", type=positive_int, default=5, help="runners-up to keep (default 5)")
+    p.add_argument("--solver", choices=("cbc", "highs"), default=None,
+                   help="ILP solver for stage sizes, per-layer recompute, ZeRO and optimizer offload (default: highs "
+                        "where highspy is installed, as it is with meshplan: it solves in-process; else cbc, which "
+                        "ships with PuLP). Both find the same optimum")
+    p.add_argument("--exhaustive", action="store_true",
+                   help="enumerate every stage split and recompute assignment instead of the ILP (the "
+                        "reference solver: exact and slow, for small models)")
+    p.add_argument("--uniform-stages", action="store_true",
+                   help="only balanced stages with one recompute policy for every layer (as Megatron-LM runs)")
+    p.add_argument("--time-limit", type=float, default=20.0, metavar="SECONDS",
+                   help="time limit of each stage ILP (default 20)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--out", metavar="PLAN.json", help="also write plan.json (the executor's input)")
+    p.add_argument("--report", metavar="DIR", help="also write a strategy report into DIR: plan.json, report.md, "
+                                                   "report.html, plots (PNG, SVG) and exports for other frameworks")
+    add_debug(p)
+
+
+def run(args) -> int:
+    if args.exhaustive and args.uniform_stages:
+        raise UserError("choose --exhaustive or --uniform-stages, not both", field="--exhaustive")
+    solver = "exhaustive" if args.exhaustive else "uniform" if args.uniform_stages else args.solver
+    job = job_inputs(args).load(warn=warn)
+    plan = api.plan(job, knobs(args), top_k=args.top_k, solver=solver, time_limit_s=args.time_limit,
+                    progress=None if args.json else search_progress())
+    if args.out:
+        try:
+            plan.write(args.out)
+        except OSError as e:
+            raise UserError(f"cannot write: {e.strerror}", source=args.out) from None
+    if args.report:
+        from ..report import write_report
+        try:
+            write_report(plan, args.report)
+        except OSError as e:
+            raise UserError(f"cannot write the report: {e.strerror}", source=args.report) from None
+    if args.json:
+        json.dump(plan.to_json(), sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(format_plan(plan))
+    return 0
+
+
+def format_plan(plan: Plan) -> str:
+    c, e, w = plan.best.config, plan.best.estimate, plan.workload
+    mem, t = e.memory, e.time
+    lines = [
+        f"{plan.model_name} ({plan.model_params / 1e9:.2f}B params) on {plan.cluster_name} x {plan.world_size} "
+        f"GPUs: {w.global_batch} sequences x {w.seq_len} tokens per step, {w.precision}, {w.framework} runtime",
+        "",
+        f"plan      {describe_config(c)}",
+        f"step      {e.step_time_s:.3f} s   {e.tokens_per_s:,.0f} tokens/s   "
+        f"{e.model_tflops_per_gpu:.1f} model TFLOP/s per GPU   MFU {100 * e.mfu:.1f}%",
+        f"memory    {gib(mem.total)} of {gib(e.capacity_bytes)} GiB on the most loaded GPU (stage {e.peak_stage}): "
+        f"params {gib(mem.params)}, grads {gib(mem.grads)}, optimizer {gib(mem.optimizer)}, "
+        f"activations {gib(mem.activations)}, other {gib(mem.other)}"
+        + (" (backward frees activations as it writes gradients: the peak holds the larger)"
+           if mem.grads_after_activations else "") + ("" if e.fits else "   DOES NOT FIT"),
+        f"time      compute {t.compute:.3f} s, recompute {t.recompute:.3f}, TP comm {t.tp_comm:.3f}, "
+        f"CP comm {t.cp_comm:.3f}, PP comm {t.pp_comm:.3f}, bubble {t.bubble:.3f}, DP comm {t.dp_comm:.3f}, "
+        f"optimizer {t.optimizer:.3f}",
+    ]
+    if c.stage_layers and c.pp > 1:
+        lines.append(f"stages    layers per virtual stage {runs(c.stage_layers)} (embedding first, head last)")
+    if "non_uniform_stages" in plan.gains:
+        g = plan.gains["non_uniform_stages"]
+        lines.append(f"          unequal stages save {g['saved_s']:.3g} s per step ({g['saved_pct']:.1f}%) against "
+                     f"balanced ones" + ("" if g["balanced_fits"] else ", which would not even fit"))
+    if "partial_recompute" in plan.gains:
+        g = plan.gains["partial_recompute"]
+        lines.append(f"recompute {g['recomputed_layers']} of {g['blocks']} blocks: {g['saved_s']:.3g} s per step "
+                     f"({g['saved_pct']:.1f}%) faster than recomputing every block")
+    lines.append(f"limits    {plan.limits}")
+    lines.append(f"checked   {Accuracy.from_json(plan.accuracy).line()}")
+    if plan.alternatives:
+        lines += ["", "runners-up (the best plan of each other layout)"]
+        for alt in plan.alternatives:
+            lines.append(f"  {describe_config(alt.config)}")
+            lines.append(f"      lost on: {alt.lost_on}")
+    s = plan.search
+    lines += ["", f"searched {s.candidates:.3g} candidates ({s.global_choices:,} global choices, "
+                  f"{s.ilp_solves} stage ILPs, {s.evaluated:,} estimated in full) in {s.seconds:.2f} s"]
+    return "\n".join(lines) + "\n"
