@@ -34,11 +34,11 @@ from torch import nn
 from planner.config import PRECISIONS
 from planner.errors import UserError, one_of
 
-from .generic import apply_ac, apply_dp, apply_tp, split_pipeline
+from .generic import apply_ac, apply_dp, apply_tp
 from .integrity import check_world_size
 from .mesh import ParallelDims, init_process_group, local_device
 from .parallelize import autocast_for, mixed_precision, shard_embedding_grads
-from .pipeline import build_schedule, runnable_schedule, stage_indices
+from .pipeline import build_schedule, runnable_schedule, split_pipeline, stage_indices
 from .plan_file import RunPlan, plan_from_json
 from .support import DEFAULT_TIMEOUT_S
 from .train import accumulate, global_loss, make_optimizer, optimizer_step, schedule_step

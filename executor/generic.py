@@ -2,16 +2,13 @@
 
 The config models (executor/models.py) are built by the executor from their spec;
 a module the user wrote is not, so its plan is applied to the module itself,
-by the module paths the tracer gave its layers (``planner.trace``):
+by the module paths the tracer gave its layers (``planner.trace``), to each pipeline stage
+of it (executor/pipeline.py ``split_pipeline``):
 
-1. ``split_pipeline``  the stages of this pipeline rank: the module's forward traced with
-                       torch.fx, the layers kept as leaves (the original module objects, under
-                       their original paths), the graph cut before each stage's first layer
-                       (``torch.fx.passes.split_module``);
-2. ``apply_tp``        colwise/rowwise/vocab styles per module path (DTensor ``parallelize_module``);
-3. ``apply_ac``        recomputation per layer (``torch.utils.checkpoint`` around the layer; selective:
+1. ``apply_tp``        colwise/rowwise/vocab styles per module path (DTensor ``parallelize_module``);
+2. ``apply_ac``        recomputation per layer (``torch.utils.checkpoint`` around the layer; selective:
                        torch's selective checkpointing, executor/selective.py);
-4. ``apply_dp``        by ZeRO stage: FSDP2 per layer and at the root (ZeRO-2/3), FSDP2's
+3. ``apply_dp``        by ZeRO stage: FSDP2 per layer and at the root (ZeRO-2/3), FSDP2's
                        ``replicate`` (ZeRO-0 with TP or a pipeline), DDP (ZeRO-0 otherwise),
                        nothing for ZeRO-1 (its optimizer reduces: executor/zero1.py); FSDP2's
                        units take the plan's mixed precision, the others autocast
@@ -25,8 +22,6 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
-from planner.errors import UserError
-
 from .parallelize import apply_ddp, apply_fsdp, apply_replicate, checkpoint_forward
 from .selective import selective_forward
 
@@ -35,58 +30,6 @@ def layer_of(path: str, layers: list[str]) -> str | None:
     """The layer holding module ``path`` (the longest layer path that is it or a prefix of it)."""
     owners = [layer for layer in layers if path == layer or path.startswith(layer + ".")]
     return max(owners, key=len) if owners else None
-
-
-def split_pipeline(module: nn.Module, stages: tuple[tuple[str, ...], ...], indices: list[int],
-                   source: str = "plan") -> list[nn.Module]:
-    """The virtual stages ``indices`` of ``module`` as GraphModules holding the original layer modules
-    under their original paths (so TP styles and FSDP units apply by the plan's paths)."""
-    import torch.fx as fx
-    from torch.fx.passes.split_module import split_module
-
-    layers = [path for stage in stages for path in stage]
-    named = dict(module.named_modules())
-    missing = [path for path in layers if path not in named or not path]
-    if missing:
-        raise UserError(f"layer(s) {', '.join(map(repr, missing))} are not submodules of the module; a pipeline "
-                        "cuts the module between submodules", source=source, field="stages")
-
-    class LayerTracer(fx.Tracer):
-        def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-            return qualname in named and qualname in layers or super().is_leaf_module(m, qualname)
-
-    try:
-        graph = LayerTracer().trace(module)
-    except Exception as e:          # torch.fx cannot follow data-dependent Python control flow
-        raise UserError(f"a pipeline needs the module's forward (outside its layers) to be traceable by "
-                        f"torch.fx: {type(e).__name__}: {e}; plan with knobs pp=1", source=source,
-                        field="stages") from None
-    traced = fx.GraphModule(module, graph)
-    stage_of = {path: j for j, stage in enumerate(stages) for path in stage}
-    current = [0]
-
-    def which_stage(node) -> int:
-        if node.op == "call_module" and node.target in stage_of:
-            current[0] = stage_of[node.target]
-        return current[0]       # code between layers runs with the layer before it
-
-    pieces = dict(split_module(traced, module, which_stage, keep_original_order=True).named_children())
-    if sorted(pieces) != [f"submod_{j}" for j in range(len(stages))]:
-        raise UserError(f"the module's forward does not run the stages' layers in the plan's order "
-                        f"({len(pieces)} pieces for {len(stages)} stages)", source=source, field="stages")
-    targets = [n.target for n in traced.graph.nodes if n.op in ("call_module", "get_attr")]
-    original = {t.replace(".", "_"): t for t in targets}   # split_module flattens dotted paths
-    if len(original) != len(set(targets)):
-        raise UserError("two submodule paths differ only in '.' against '_'; rename one to pipeline the module",
-                        source=source, field="stages")
-    parts = []
-    for j in indices:
-        piece_graph = pieces[f"submod_{j}"].graph
-        for node in piece_graph.nodes:
-            if node.op in ("call_module", "get_attr"):
-                node.target = original[node.target]
-        parts.append(fx.GraphModule(module, piece_graph))     # references module's own submodules
-    return parts
 
 
 def apply_tp(part: nn.Module, tp_mesh: DeviceMesh, tp_plan: dict[str, str], layers: list[str]) -> None:
