@@ -9,9 +9,10 @@ What it does, in order:
    micro-batch, schedule and recompute), for ``cluster`` (a profile name or TOML; default
    cpu-gloo) with as many GPUs as the job has processes. The plan.json document is broadcast,
    so every rank applies the same plan (or raises the same error);
-3. applies it (executor/generic.py): the pipeline stages of this rank, TP styles, recompute,
-   then FSDP2 / replicate / DDP by ZeRO stage, and the pipeline schedule; mixed precision as
-   meshplan's own models take it (executor/parallelize.py): where the device has it, FSDP2's
+3. applies it with the functions that apply meshplan's own models' plans (executor/parallelize.py,
+   in its order): the pipeline stages of this rank (executor/pipeline.py ``split_pipeline``), TP
+   styles, recompute, then FSDP2 / replicate / DDP by ZeRO stage, and the pipeline schedule; mixed
+   precision as meshplan's own models take it: where the device has it, FSDP2's
    MixedPrecisionPolicy (16-bit compute, fp32 gradient reduction) where FSDP2 manages the
    parameters, autocast otherwise; fp32 on a CPU;
 4. returns a ``ParallelTraining``: the parallel module(s), their optimizers, ``step`` and the plan.
@@ -35,11 +36,10 @@ from planner.config import PRECISIONS
 from planner.errors import UserError, one_of
 from planner.plan import Plan
 
-from .generic import apply_ac, apply_dp, apply_tp, split_pipeline
 from .integrity import check_world_size
 from .mesh import ParallelDims, init_process_group, local_device
-from .parallelize import autocast_for, mixed_precision, shard_embedding_grads
-from .pipeline import build_schedule, runnable_schedule, stage_indices
+from .parallelize import autocast_dtype, dp_units, parallelize
+from .pipeline import build_schedule, runnable_schedule, split_pipeline, stage_indices
 from .support import DEFAULT_TIMEOUT_S
 from .train import accumulate, global_loss, make_optimizer, optimizer_step, schedule_step
 
@@ -165,14 +165,12 @@ class ParallelTraining:
 
 def apply_plan(module: nn.Module, plan: Plan, doc: dict, *, device: torch.device, loss_fn: Callable,
                lr: float) -> ParallelTraining:
-    """Apply a traced module's plan to ``module`` on this rank (executor/generic.py, in its order)."""
+    """Apply a traced module's plan to ``module`` on this rank (executor/parallelize.py, in its order)."""
     c, world, precision = plan.config, dist.get_world_size(), plan.workload.precision
     schedule = runnable_schedule(c.schedule, c.num_microbatches, c.pp) if c.pp > 1 else None
-    zero, notes, fsdp = c.zero, (), False
-    mp_policy = mixed_precision(precision, device.type)
+    zero, notes = c.zero, ()
     dims = ParallelDims.from_config(c, world)
-    mesh, dp_mesh, _ = dims.build_mesh(device.type)      # no context parallelism here: dp x cp is dp
-    layers = [path for stage in plan.stages for path in stage]
+    mesh, dp_mesh, dp_cp_mesh = dims.build_mesh(device.type)     # no context parallelism here: dp x cp is dp
     if c.pp > 1:
         indices = stage_indices(len(plan.stages), c.pp, mesh["pp"].get_local_rank())
         parts = split_pipeline(module, plan.stages, indices, plan.source)
@@ -180,18 +178,12 @@ def apply_plan(module: nn.Module, plan: Plan, doc: dict, *, device: torch.device
         indices, parts = [0], [module]
     trained, optimizers, units = [], [], []
     for part in parts:
-        if dims.tp > 1:
-            apply_tp(part, mesh["tp"], plan.tp_plan, layers)
-        notes += tuple(apply_ac(part, plan.recompute_per_layer))
-        names = dict(part.named_modules())
-        units += [u for u in layers if u in names and u]
-        model, fsdp = apply_dp(part, zero=zero, units=layers, mesh=mesh, dp=dims.dp,
-                               replicate_ddp=zero == 0 and (dims.tp > 1 or c.pp > 1), mp_policy=mp_policy)
-        if dims.tp > 1 and not fsdp:       # FSDP reduces (and shards) gradients itself
-            shard_embedding_grads(part, plan.tp_plan)
+        units += dp_units(part, plan)
+        model, part_notes = parallelize(part, plan, dims, mesh, dp_cp_mesh, device)
+        notes += tuple(part_notes)
         trained.append(model)
         optimizers.append(make_optimizer(model, lr=lr, zero=zero, dp_mesh=dp_mesh))
-    autocast = autocast_for(precision, device.type, fsdp_managed=fsdp)    # fsdp: the same for every part
+    autocast = autocast_dtype(plan, dims, device)
     if precision != "fp32" and device.type == "cpu":
         notes += (f"precision {precision} runs in fp32 on the CPU (mixed precision where the device has it, as "
                   "meshplan's own models)",)

@@ -1,4 +1,14 @@
-"""Apply a plan to a model (or one pipeline stage of it): one function per parallelism.
+"""Apply a plan to a module (or one pipeline stage of it): one function per parallelism.
+
+Two kinds of module take a plan, through the same functions, by the module paths plan.json names:
+meshplan's own models (executor/models.py: built from plan.json's ``model.spec`` on the meta device,
+written for tensor parallelism) and a module the user wrote, which ``auto_parallelize`` traced (a
+plan without a spec: the module is already real, and its code after a split linear expects whole
+tensors). Where the two differ is a parameter of the function concerned, which ``shard_model`` sets
+from the plan: the logits a vocabulary-parallel loss takes split (``apply_tp``), a column-parallel
+linear no row-parallel one takes next gathering its output (``apply_tp``), the attention core the
+``selective`` policy checkpoints (``apply_ac``), the data-parallel units (``dp_units``) and whether
+one data-parallel rank is sharded over at all (``dp_wrapper``).
 
 The dispatcher ``parallelize`` composes them in this order (torchtitan's
 ``models/llama3/infra/parallelize.py`` order, for the same reasons):
@@ -9,22 +19,24 @@ The dispatcher ``parallelize`` composes them in this order (torchtitan's
                   over the cp ranks; no parameter changes;
 2. ``apply_ac``   activation checkpointing per layer, inside the data-parallel units,
                   so recomputation runs while the unit's parameters are gathered;
-3. data parallelism by ZeRO stage, over ``dp_cp`` (the data-parallel and context-parallel ranks
-                  hold the same parameters): ``apply_fsdp`` (ZeRO-3: ``fully_shard`` resharding
-                  after forward; ZeRO-2: keeping the gathered parameters until backward; with
-                  optimizer offload, FSDP2's ``CPUOffloadPolicy``),
+3. data parallelism by ZeRO stage (``dp_wrapper``), over ``dp_cp`` (the data-parallel and
+                  context-parallel ranks hold the same parameters): ``apply_fsdp`` (ZeRO-3:
+                  ``fully_shard`` resharding after forward; ZeRO-2: keeping the gathered parameters
+                  until backward; with optimizer offload, FSDP2's ``CPUOffloadPolicy``),
                   ``apply_replicate`` (ZeRO-0 with TP or a pipeline: torch's FSDP2-based
                   replicate, the DDP that composes with DTensor and with every schedule);
-4. ``materialize`` the meta parameters shard by shard (each rank allocates and fills
-                  only its own shards, with values that do not depend on the plan);
+4. ``materialize`` meshplan's own model's meta parameters shard by shard (each rank allocates and
+                  fills only its own shards, with values that do not depend on the plan);
 5. ``apply_ddp``  ZeRO-0 without TP or pipeline: DDP, which needs real parameters (and keeps no
                   second copy of them, unlike replicate). ZeRO-1 takes no wrapper: gradients
                   accumulate locally and the trainer's ``ShardedAdamW`` (executor/zero1.py)
                   reduce-scatters them, updates its rows and all-gathers the parameters.
+
+A user's module is cut into pipeline stages before all this (executor/pipeline.py ``split_pipeline``).
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable, Literal
 
 import torch
 from torch import nn
@@ -38,32 +50,62 @@ from planner.plan import Plan
 
 from .context import apply_cp
 from .mesh import ParallelDims
-from .models import Transformer, materialize, sdpa
-from .recompute import apply_policy, checkpoint_forward  # noqa: F401  (checkpoint_forward re-exported)
-from .support import check_supported  # noqa: F401  (re-exported)
+from .models import materialize, sdpa
+from .recompute import apply_policy
+from .selective import selective_forward
 
 
-def _tp_style(style: str, sequence_parallel: bool):
-    """The DTensor style of one plan.json TP entry (planner/config.py's TP_STYLES documents the styles)."""
+def tp_style(style: str, sequence_parallel: bool, *, loss_parallel: bool = True, gather_output: bool = False):
+    """The DTensor style of one plan.json TP entry (planner/config.py's TP_STYLES documents the styles).
+    ``loss_parallel``: a ``colwise_loss`` head keeps its logits split over the vocabulary for a
+    vocabulary-parallel loss, else gathers them for a loss that takes whole logits; ``gather_output``: a
+    ``colwise`` linear gathers its output (no row-parallel linear takes it split)."""
     seq = Shard(1) if sequence_parallel else Replicate()      # layout of the residual stream (B, S, h)
     if style == "colwise":          # input already made Replicate by the parent's PrepareModuleInput
-        return ColwiseParallel()
+        return ColwiseParallel(output_layouts=Replicate()) if gather_output else ColwiseParallel()
     if style == "rowwise":          # partial sums reduced (SP: reduce-scattered along the sequence)
         return RowwiseParallel(output_layouts=seq)
     if style == "vocab":            # vocabulary-split embedding; its parent puts the output in `seq` layout
         return RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
-    if style == "colwise_loss":     # logits stay split over the vocabulary for loss_parallel
-        return ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
+    if style == "colwise_loss":     # logits stay split over the vocabulary for loss_parallel, else gathered
+        if loss_parallel:
+            return ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
+        return ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
     return SequenceParallel()       # "sequence": norms on the local sequence chunk
 
 
-def apply_tp(model: Transformer, tp_mesh: DeviceMesh, tp_plan: dict[str, str], *, sequence_parallel: bool) -> None:
+def _layer_of(path: str, layers: Iterable[str]) -> str | None:
+    """The layer holding module ``path`` (the longest layer path that is it or a prefix of it)."""
+    owners = [layer for layer in layers if path == layer or path.startswith(layer + ".")]
+    return max(owners, key=len) if owners else None
+
+
+def _gathers_output(entries: list[tuple[str, str]], i: int, layers: list[str]) -> bool:
+    """Whether the ``colwise`` linear ``entries[i]`` gathers its output: the next entry after it (and
+    its sibling colwise linears) is not a row-parallel linear of the same layer."""
+    path, _ = entries[i]
+    after, style = next(((p, s) for p, s in entries[i + 1:] if s != "colwise"), (None, None))
+    return not (style == "rowwise" and _layer_of(after, layers) == _layer_of(path, layers))
+
+
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, tp_plan: dict[str, str], *, sequence_parallel: bool,
+             loss_parallel: bool = True, layers: list[str] | None = None) -> None:
     """Shard the modules plan.json names (Megatron's pattern, Shoeybi et al. 2019, Sec 3; sequence
     parallelism, Korthikanti et al. 2022, Sec 4.2.2). Paths of modules this stage does not hold are
-    skipped. Under SP the parents of column-parallel linears gather the sequence once for all of
-    them, and the embedding's parent scatters its output along the sequence."""
+    skipped, and ``sequence`` entries without ``sequence_parallel``. Under SP the parents of column-parallel
+    linears gather the sequence once for all of them, and the embedding's parent scatters its output
+    along the sequence. ``loss_parallel``: ``tp_style``'s. ``layers`` (a user's module, whose code after
+    a linear expects whole tensors): the module's layer paths; a column-parallel linear keeps its output
+    split only where a row-parallel linear of its layer consumes it next, any other (a column linear
+    alone) gathers it. None (meshplan's own models, written for TP): every colwise output stays split."""
     modules = dict(model.named_modules())
-    styles = {path: _tp_style(style, sequence_parallel) for path, style in tp_plan.items() if path in modules}
+    entries = list(tp_plan.items())
+    styles = {}
+    for i, (path, style) in enumerate(entries):
+        if path not in modules or (style == "sequence" and not sequence_parallel):
+            continue                # another pipeline stage's module, or a norm without SP
+        gather = style == "colwise" and layers is not None and _gathers_output(entries, i, layers)
+        styles[path] = tp_style(style, sequence_parallel, loss_parallel=loss_parallel, gather_output=gather)
     if sequence_parallel:
         for path, style in tp_plan.items():
             parent = path.rpartition(".")[0]
@@ -74,10 +116,9 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, tp_plan: dict[str, str], *
             elif style == "vocab":
                 styles[parent] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1))
     parallelize_module(model, tp_mesh, styles)
-    model.tie_weights()     # TP replaced the shared weight in embed and head by two DTensors: share again
 
 
-def shard_embedding_grads(model: Transformer, tp_plan: dict[str, str]) -> None:
+def shard_embedding_grads(model: nn.Module, tp_plan: dict[str, str]) -> None:
     """DTensor's embedding backward returns the vocabulary-parallel table's gradient replicated
     (V x h on every TP rank); keep only this rank's rows, as the parameter itself is sharded.
     Hooks the materialised parameters (``to_empty`` makes new ones)."""
@@ -89,21 +130,39 @@ def shard_embedding_grads(model: Transformer, tp_plan: dict[str, str]) -> None:
             param.register_hook(lambda grad, p=param: grad.redistribute(placements=p.placements).clone())
 
 
-def apply_ac(model: Transformer, recompute_per_layer: dict[str, str]) -> None:
-    """Activation recomputation per layer, each block with its plan.json policy (executor/recompute.py):
-    ``full`` checkpoints the whole block and keeps only its input (Korthikanti et al. 2022, Sec 5);
-    ``selective`` checkpoints only the attention core; ``op`` checkpoints the block keeping the outputs of
-    its matmuls (every other mm) and attention (torchtitan's SelectiveAC); ``activation-offload`` moves what the block
-    saves to host memory and back. An every-K plan is its per-layer policies."""
-    for index, block in model.layers.items():
-        apply_policy(block, recompute_per_layer.get(f"layers.{index}", "none"), attention_core=sdpa)
+def apply_ac(model: nn.Module, recompute_per_layer: dict[str, str], *,
+             attention_core: Callable | None = None) -> list[str]:
+    """Activation recomputation per layer, each with its plan.json policy (executor/recompute.py):
+    ``full`` checkpoints the whole layer and keeps only its input (Chen et al. 2016; Korthikanti et al.
+    2022, Sec 5); ``selective`` checkpoints only ``attention_core``, the layer's attention kernel call;
+    ``op`` checkpoints the layer keeping the outputs of its matmuls (every other mm) and attention
+    (torchtitan's SelectiveAC); ``activation-offload`` moves what the layer saves to host memory and back. An every-K
+    plan is its per-layer policies. Paths of layers this stage does not hold are skipped.
+
+    Where the attention core is not known (``attention_core`` None: a user's module), ``selective``
+    runs torch's selective checkpointing with a policy that finds the core op by op and recomputes the
+    layer's pointwise ops too (executor/selective.py); the other policies need no core and run as planned.
+    Returns the notes to report: where the run's recompute differs from the plan's."""
+    modules = dict(model.named_modules())
+    notes = []
+    for path, policy in recompute_per_layer.items():
+        if policy == "none" or path not in modules or not path:
+            continue
+        layer = modules[path]
+        if attention_core is None and policy == "selective":
+            layer.forward = selective_forward(layer, path)
+            notes.append(f"{path}: selective recompute also recomputes the layer's pointwise ops (the plan prices "
+                         "the attention core alone)")
+        else:
+            apply_policy(layer, policy, attention_core=attention_core)
+    return notes
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, units: Iterable[nn.Module], reshard_after_forward: bool,
                mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy(),
                offload_policy: OffloadPolicy = OffloadPolicy()) -> None:
-    """FSDP2 (ZeRO-2/3): one unit per module of ``units`` (the blocks), the root unit holds the rest
-    (embedding, final norm and head)."""
+    """FSDP2 (ZeRO-2/3): one unit per module of ``units`` (``dp_units``: the blocks), the root unit holds
+    the rest (embedding, final norm and head)."""
     for unit in [*units, model]:
         fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy,
                     offload_policy=offload_policy)
@@ -150,14 +209,36 @@ def offload_policy(optimizer_offload: bool, device_type: str) -> OffloadPolicy:
     return CPUOffloadPolicy(pin_memory=device_type == "cuda")
 
 
+def dp_wrapper(plan: Plan, dims: ParallelDims) -> Literal["fsdp", "replicate", "ddp"] | None:
+    """The data-parallel wrapper of a plan, by ZeRO stage (Rajbhandari et al. 2020) over the ``dp_cp``
+    ranks: FSDP2's ``fully_shard`` for ZeRO-2/3 (on meshplan's own models even over one rank, where it
+    still applies the mixed-precision and offload policies; a user's module is not wrapped where there
+    is nothing to shard over); for ZeRO-0 with more than one replica, ``replicate`` where DDP cannot go
+    (``uses_fsdp``), else DDP; none for ZeRO-1 (its optimizer reduces: executor/zero1.py)."""
+    c, replicas = plan.config, dims.dp * dims.cp
+    if c.zero >= 2 and (replicas > 1 or plan.spec is not None):
+        return "fsdp"
+    if c.zero == 0 and replicas > 1:
+        return "replicate" if dims.tp > 1 or c.pp > 1 else "ddp"
+    return None
+
+
 def uses_fsdp(plan: Plan, dims: ParallelDims) -> bool:
     """Whether FSDP2 (fully_shard, or replicate for ZeRO-0) manages the parameters, their
     gradients' reduction and their mixed precision. ZeRO-0 takes replicate where DDP cannot go:
     DTensor parameters (TP), and pipelines (torch.distributed.pipelining's DDP support breaks
     DDP's first-step bucket rebuild under GPipe and interleaved 1F1B; replicate is its FSDP path)."""
-    c = plan.config
-    ddp_cannot = dims.tp > 1 or c.pp > 1
-    return c.zero >= 2 or (c.zero == 0 and dims.dp * dims.cp > 1 and ddp_cannot)
+    return dp_wrapper(plan, dims) in ("fsdp", "replicate")
+
+
+def dp_units(model: nn.Module, plan: Plan) -> list[str]:
+    """The paths of the modules that become FSDP2 / replicate units (the root unit holds the rest):
+    meshplan's own model's blocks (its embedding, final norm and head stay in the root); every layer of a
+    user's module that ``model`` (a stage of it) holds."""
+    if plan.spec is not None:
+        return [f"layers.{index}" for index in model.layers]
+    modules = dict(model.named_modules())
+    return [path for stage in plan.stages for path in stage if path in modules and path]
 
 
 def autocast_dtype(plan: Plan, dims: ParallelDims, device: torch.device) -> torch.dtype | None:
@@ -174,35 +255,45 @@ def autocast_for(precision: str, device_type: str, *, fsdp_managed: bool) -> tor
     return torch.bfloat16 if precision == "bf16" else torch.float16
 
 
-def shard_model(model: Transformer, plan: Plan, dims: ParallelDims, mesh: DeviceMesh, dp_cp_mesh: DeviceMesh,
-                device_type: str) -> bool:
-    """Steps 1-3 on a meta-device ``model``, in place: what a dry run builds (executor/dryrun.py).
-    Returns whether FSDP2 manages the parameters (``uses_fsdp``). ``dp_cp_mesh``: the data-parallel
-    and context-parallel ranks flattened (``ParallelDims.build_mesh``)."""
-    c = plan.config
+def shard_model(model: nn.Module, plan: Plan, dims: ParallelDims, mesh: DeviceMesh, dp_cp_mesh: DeviceMesh,
+                device_type: str) -> list[str]:
+    """Steps 1-3 on ``model`` in place: what a dry run builds (executor/dryrun.py). ``model``: meshplan's
+    own model (or a stage of it) where the plan has a spec, else the user's traced module (or a stage of
+    it). ``dp_cp_mesh``: the data-parallel and context-parallel ranks flattened (``ParallelDims.build_mesh``).
+    Returns the notes of where the run differs from the plan (``apply_ac``'s)."""
+    c, own = plan.config, plan.spec is not None      # meshplan's own model, else a user's traced module
     if dims.tp > 1:
-        apply_tp(model, mesh["tp"], plan.tp_plan, sequence_parallel=c.sequence_parallel)
+        # meshplan's loss is vocabulary-parallel (executor/train.py), a user's takes whole logits
+        apply_tp(model, mesh["tp"], plan.tp_plan, sequence_parallel=c.sequence_parallel, loss_parallel=own,
+                 layers=None if own else [path for stage in plan.stages for path in stage])
+        if own:
+            model.tie_weights()     # TP replaced the shared weight in embed and head by two DTensors: share again
     if dims.cp > 1:
         apply_cp(model, mesh["cp"])
-    apply_ac(model, plan.recompute_per_layer)
+    notes = apply_ac(model, plan.recompute_per_layer, attention_core=sdpa if own else None)
+    modules = dict(model.named_modules())
+    units = [modules[path] for path in dp_units(model, plan)]
     mp_policy = mixed_precision(plan.workload.precision, device_type)
-    fsdp_managed = uses_fsdp(plan, dims)
-    if c.zero >= 2:
-        apply_fsdp(model, dp_cp_mesh, units=model.layers.values(), reshard_after_forward=c.zero == 3,
-                   mp_policy=mp_policy, offload_policy=offload_policy(c.optimizer_offload, device_type))
-    elif fsdp_managed:
-        apply_replicate(model, dp_cp_mesh, units=model.layers.values(), mp_policy=mp_policy)
-    return fsdp_managed
+    wrapper = dp_wrapper(plan, dims)
+    if wrapper == "fsdp":
+        apply_fsdp(model, dp_cp_mesh, units=units, reshard_after_forward=c.zero == 3, mp_policy=mp_policy,
+                   offload_policy=offload_policy(c.optimizer_offload, device_type))
+    elif wrapper == "replicate":
+        apply_replicate(model, dp_cp_mesh, units=units, mp_policy=mp_policy)
+    return notes
 
 
-def parallelize(model: Transformer, plan: Plan, dims: ParallelDims, mesh: DeviceMesh, dp_cp_mesh: DeviceMesh,
-                device: torch.device, seed: int) -> nn.Module:
-    """Apply the plan to a meta-device ``model`` in place and materialise it; returns the module
-    to train (a DDP wrapper where ``apply_ddp`` applies, else ``model`` itself)."""
-    fsdp_managed = shard_model(model, plan, dims, mesh, dp_cp_mesh, device.type)
-    materialize(model, seed=seed, device=device)
-    if dims.tp > 1 and not fsdp_managed:        # FSDP reduces (and shards) gradients itself
+def parallelize(model: nn.Module, plan: Plan, dims: ParallelDims, mesh: DeviceMesh, dp_cp_mesh: DeviceMesh,
+                device: torch.device, seed: int = 0) -> tuple[nn.Module, list[str]]:
+    """Apply the plan to ``model`` in place (``shard_model``'s), materialising meshplan's own model (built on
+    the meta device; a user's module is real already) from ``seed``. Returns the module to train (a DDP
+    wrapper where ``apply_ddp`` applies, else ``model`` itself) and the notes of where the run differs
+    from the plan."""
+    notes = shard_model(model, plan, dims, mesh, dp_cp_mesh, device.type)
+    if plan.spec is not None:
+        materialize(model, seed=seed, device=device)
+    if dims.tp > 1 and not uses_fsdp(plan, dims):       # FSDP reduces (and shards) gradients itself
         shard_embedding_grads(model, plan.tp_plan)
-    if plan.config.zero == 0 and dims.dp * dims.cp > 1 and not fsdp_managed:
-        return apply_ddp(model, dp_cp_mesh)
-    return model
+    if dp_wrapper(plan, dims) == "ddp":
+        return apply_ddp(model, dp_cp_mesh), notes
+    return model, notes

@@ -281,7 +281,7 @@ TP_PROBE = {"hidden": 64, "heads": 2, "ffn": 192, "layers": 4, "batch": 4, "seq"
 def _tp_block_overhead(dist, torch, device, quick: bool) -> dict | None:
     """The host time tensor parallelism adds to a block in torch eager (a CPU): the executor's own
     Llama-style blocks (executor.models.Block) sharded with the executor's TP styles (Megatron's
-    column- then row-parallel linears, executor/parallelize.py _tp_style, sequence parallelism off)
+    column- then row-parallel linears, executor/parallelize.py tp_style, sequence parallelism off)
     over every rank, against the same blocks unsharded, at a width (TP_PROBE) where the products and
     the elementwise kernels take next to nothing. Forward and forward + backward are timed (median
     over samples, each after a barrier, the slowest rank's); what TP adds is DTensor's dispatch of
@@ -295,7 +295,7 @@ def _tp_block_overhead(dist, torch, device, quick: bool) -> dict | None:
     from torch.distributed.tensor.parallel import parallelize_module
 
     from executor.models import Block
-    from executor.parallelize import _tp_style
+    from executor.parallelize import tp_style
     from planner.model import ModelSpec
     p = TP_PROBE
     spec = ModelSpec(name="tp-probe", num_layers=p["layers"], hidden=p["hidden"], num_heads=p["heads"],
@@ -312,7 +312,7 @@ def _tp_block_overhead(dist, torch, device, quick: bool) -> dict | None:
         torch.manual_seed(0)
         blocks = torch.nn.ModuleList([Block(spec) for _ in range(p["layers"])])
         if sharded:
-            parallelize_module(blocks, mesh, {f"{i}.{k}": _tp_style(v, False)
+            parallelize_module(blocks, mesh, {f"{i}.{k}": tp_style(v, False)
                                               for i in range(p["layers"]) for k, v in styles.items()})
 
         def forward(backward: bool):

@@ -41,10 +41,10 @@ from .measure import (AllocationPeak, SavedTensorMeter, gathered_param_bytes, gr
 from .mesh import ParallelDims, init_process_group, local_device
 from .context import shard_sequence
 from .models import SequenceLayout, build_model, canonical_name
-from .parallelize import autocast_dtype, check_supported, grads_are_bucket_views, parallelize
+from .parallelize import autocast_dtype, grads_are_bucket_views, parallelize
 from .pipeline import build_schedule, build_stage_model, check_stages, stage_indices, sync_tied_grads, tied_groups
 from .plan_file import load_plan
-from .support import DEFAULT_CHECKPOINT_EVERY, DEFAULT_TIMEOUT_S
+from .support import DEFAULT_CHECKPOINT_EVERY, DEFAULT_TIMEOUT_S, check_supported
 from .zero1 import ShardedAdamW
 
 LEARNING_RATE = 1e-3
@@ -86,7 +86,8 @@ class Job:
         trained = []
         for j in mine:
             part = build_stage_model(spec, plan.stages[j]) if c.pp > 1 else build_model(spec)
-            trained.append(parallelize(part, plan, self.dims, self.mesh, self.grad_mesh, device, options.seed))
+            model, _ = parallelize(part, plan, self.dims, self.mesh, self.grad_mesh, device, options.seed)
+            trained.append(model)
             self.parts.append(part)
         self.trained = trained
         self.optimizers = [make_optimizer(m, lr=options.lr, zero=c.zero, dp_mesh=self.grad_mesh,

@@ -138,8 +138,9 @@ def reference_run(spec: ModelSpec, *, steps: int, seed: int = 0, lr: float = 1e-
         for name, p in model.named_parameters():
             p.copy_(full_init(name, p.shape, spec, seed))
     if recompute_per_layer:
+        from executor.models import sdpa
         from executor.parallelize import apply_ac
-        apply_ac(model, recompute_per_layer)
+        apply_ac(model, recompute_per_layer, attention_core=sdpa)
 
     def loss_of(step: int) -> torch.Tensor:
         tokens = global_batch(step, seed=seed, batch=global_batch_size, seq_len=seq_len, vocab_size=spec.vocab_size)

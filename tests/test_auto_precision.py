@@ -37,8 +37,9 @@ def _train(out: str, knobs: dict, gpu_rule: bool) -> None:
     import executor.parallelize as parallelize
     from planner.api import Knobs
     if gpu_rule:        # the decisions a GPU gets, on this CPU
-        auto.mixed_precision = lambda precision, device_type: parallelize.mixed_precision(precision, "cuda")
-        auto.autocast_for = lambda precision, device_type, fsdp_managed: parallelize.autocast_for(
+        mixed_precision, autocast_for = parallelize.mixed_precision, parallelize.autocast_for
+        parallelize.mixed_precision = lambda precision, device_type: mixed_precision(precision, "cuda")
+        parallelize.autocast_for = lambda precision, device_type, fsdp_managed: autocast_for(
             precision, "cuda", fsdp_managed=fsdp_managed)
     scope: dict = {}
     exec(MLP, scope)

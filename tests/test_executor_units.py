@@ -83,6 +83,50 @@ def test_degrees_must_multiply_to_the_world():
     assert dims.dp == 2 and dims.shape == (1, 1, 2, 1, 2)
 
 
+@pytest.mark.parametrize("own", [True, False], ids=["own-model", "user-module"])
+def test_data_parallel_wrapper_by_zero_stage(own):
+    """One rule for meshplan's own models and a user's module (executor/parallelize.py ``dp_wrapper``):
+    they differ only where ZeRO-2/3 has one data-parallel rank to shard over."""
+    from types import SimpleNamespace
+
+    from executor.mesh import ParallelDims
+    from executor.parallelize import dp_wrapper, uses_fsdp
+
+    def wrapper(zero: int, dp: int, tp: int = 1, pp: int = 1, cp: int = 1):
+        plan = SimpleNamespace(config=SimpleNamespace(zero=zero, pp=pp), spec=TINY_LLAMA if own else None)
+        sharded = zero >= 2
+        dims = ParallelDims(pp=pp, dp_replicate=1 if sharded else dp, dp_shard=dp if sharded else 1, cp=cp, tp=tp,
+                            world_size=pp * dp * cp * tp)
+        assert uses_fsdp(plan, dims) == (dp_wrapper(plan, dims) in ("fsdp", "replicate"))
+        return dp_wrapper(plan, dims)
+
+    assert wrapper(3, dp=2) == wrapper(2, dp=2) == wrapper(3, dp=1, cp=2) == "fsdp"
+    assert wrapper(3, dp=1, tp=2) == ("fsdp" if own else None)     # a user's module: nothing to shard over
+    assert wrapper(0, dp=2, tp=2) == wrapper(0, dp=2, pp=2) == "replicate"
+    assert wrapper(0, dp=2) == "ddp"
+    assert wrapper(1, dp=2) is wrapper(0, dp=1, tp=2) is None
+
+
+def test_tp_styles_for_a_vocabulary_parallel_loss_or_whole_tensors():
+    from torch.distributed.tensor import Replicate, Shard
+
+    from executor.parallelize import tp_style
+    head = tp_style("colwise_loss", False)
+    assert head.output_layouts == (Shard(-1),) and not head.use_local_output       # meshplan's loss_parallel
+    assert tp_style("colwise_loss", False, loss_parallel=False).output_layouts == (Replicate(),)
+    assert tp_style("colwise", False).output_layouts == (Shard(-1),)
+    assert tp_style("colwise", False, gather_output=True).output_layouts == (Replicate(),)
+    assert tp_style("rowwise", True).output_layouts == (Shard(1),)                 # SP: reduce-scattered
+
+
+def test_a_column_linear_gathers_its_output_unless_a_row_linear_of_its_layer_takes_it_next():
+    from executor.parallelize import _gathers_output
+    layers = ["embed", "blocks.0", "blocks.1", "head"]
+    entries = [("embed", "vocab"), ("blocks.0.q", "colwise"), ("blocks.0.k", "colwise"), ("blocks.0.o", "rowwise"),
+               ("blocks.1.up", "colwise"), ("blocks.1.gate", "colwise"), ("head", "colwise")]
+    assert [_gathers_output(entries, i, layers) for i in (1, 2, 4, 5, 6)] == [False, False, True, True, True]
+
+
 def test_replicated_key_value_heads_are_refused(tmp_path):
     from executor.support import check_supported
     from planner.plan import Plan

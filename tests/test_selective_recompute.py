@@ -1,4 +1,5 @@
-"""Selective recompute in the generic path (executor/generic.py ``apply_ac``, executor/selective.py):
+"""Selective recompute of a user's module (executor/parallelize.py ``apply_ac`` with no attention core
+known, executor/selective.py):
 a module written here and a Hugging Face Llama train exactly as without recompute, the attention
 core is recomputed (its scores are not held after forward), and what a layer holds for backward
 lies between full recompute and none.
@@ -20,7 +21,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from executor.generic import apply_ac
+from executor.parallelize import apply_ac
 from executor_support import adamw_steps
 from planner.errors import UserError
 
