@@ -51,7 +51,7 @@ from planner.plan import Plan
 from .context import apply_cp
 from .mesh import ParallelDims
 from .models import materialize, sdpa
-from .recompute import apply_policy
+from .activations import apply_policy
 from .selective import selective_forward
 
 
@@ -132,7 +132,7 @@ def shard_embedding_grads(model: nn.Module, tp_plan: dict[str, str]) -> None:
 
 def apply_ac(model: nn.Module, recompute_per_layer: dict[str, str], *,
              attention_core: Callable | None = None) -> list[str]:
-    """Activation recomputation per layer, each with its plan.json policy (executor/recompute.py):
+    """Activation recomputation per layer, each with its plan.json policy (executor/activations.py):
     ``full`` checkpoints the whole layer and keeps only its input (Chen et al. 2016; Korthikanti et al.
     2022, Sec 5); ``selective`` checkpoints only ``attention_core``, the layer's attention kernel call;
     ``op`` checkpoints the layer keeping the outputs of its matmuls (every other mm) and attention

@@ -6,14 +6,14 @@ and Colossal-AI), what it keeps on the device and what it redoes (``cost``: a fu
 block's facts, which the cost model measures op by op in planner/cost/layer.py), and what it needs
 of the runtime. The runtime table offers a policy to a framework that has a name for it
 (planner/runtimes.py); the stage ILP chooses one per block among those; the executor applies them
-(executor/recompute.py, which implements each by name); the exports and the readers of other
+(executor/activations.py, which implements each by name); the exports and the readers of other
 frameworks' files translate them by these names.
 
 ``every-K`` is not a policy of its own: it is a pattern of the plan, full recompute on every K-th
 block and none on the others (torchtitan's layer-wise selective checkpointing), expanded into the
 per-layer policies; ``ParallelConfig.recompute`` names it (``every-K``) beside them.
 
-Adding a policy: a record here, and its application in executor/recompute.py.
+Adding a policy: a record here, and its application in executor/activations.py.
 """
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def _full(f: BlockFacts) -> PolicyCost:
 
 def _activation_offload(f: BlockFacts) -> PolicyCost:
     """The saved tensors go to the host during forward and come back during backward on a copy stream
-    beside the compute stream (torchtune OffloadActivations, use_streams=True; executor/recompute.py): the
+    beside the compute stream (torchtune OffloadActivations, use_streams=True; executor/activations.py): the
     copy out of one layer runs beside the next layer's forward, the copy in beside the backward of the
     layer before it, and only what exceeds that compute is exposed. Two layers' tensors are on the device
     at a time: the one whose backward runs and the next, copied in beside it (while forward copies one
@@ -115,7 +115,7 @@ def _activation_offload(f: BlockFacts) -> PolicyCost:
 
     In a CPU process the host memory is the device memory: the executor's host stash clones the saved
     storages beside the originals, which live until the block's forward ends, and hands the clones back
-    to backward as they are (executor/recompute.py HostStash). It then keeps what no recompute keeps, one
+    to backward as they are (executor/activations.py HostStash). It then keeps what no recompute keeps, one
     block's twice while its forward runs, and costs the clone (``host_copy_s`` is then the copy's time)."""
     if f.device_is_host:
         return PolicyCost(recompute_s=f.host_copy_s, act_bytes=f.saved_bytes,

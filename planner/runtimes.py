@@ -19,7 +19,7 @@ from .schedules import SCHEDULES
 
 DeviceKind = Literal["cuda", "cpu"]
 DEVICE_KINDS = ("cuda", "cpu")
-ALL_RECOMPUTES = POLICIES      # planner/recompute.py; meshplan's executor runs them all (executor/recompute.py)
+ALL_RECOMPUTES = POLICIES      # planner/recompute.py; meshplan's executor runs them all (executor/activations.py)
 # Megatron-LM and DeepSpeed run the policies they have a name for (planner/recompute.py): Megatron-LM's
 # --recompute-granularity selective|full (no operator-level policy; its activation offload, --cpu-offloading,
 # is not modelled); DeepSpeed's checkpointing by layer (and Megatron-DeepSpeed's selective)

@@ -50,7 +50,7 @@ PLANS = {
     "cp2-dp2-zero1": (4, {"cp": 2, "dp": 2, "zero": 1}),
     "cp2-pp2": (4, {"cp": 2, "pp": 2, "schedule": "1f1b", "micro_batch": 2}),
     "pp2-dp2-tp2": (8, {"pp": 2, "dp": 2, "tp": 2, "schedule": "1f1b", "micro_batch": 1, "zero": 2}),
-    # recompute policies composed with TP/SP (DTensor saved tensors), FSDP and a pipeline (executor/recompute.py)
+    # recompute policies composed with TP/SP (DTensor saved tensors), FSDP and a pipeline (executor/activations.py)
     "tp2-sp-op-recompute": (2, {"tp": 2, "sequence_parallel": True, "recompute": "op"}),
     "zero3-op-recompute": (2, {"dp": 2, "zero": 3, "recompute": "op"}),
     "tp2-offload": (2, {"tp": 2, "recompute": "activation-offload"}),

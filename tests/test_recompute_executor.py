@@ -1,7 +1,7 @@
-"""Every recompute policy as the executor runs it (executor/recompute.py): the same training as no
+"""Every recompute policy as the executor runs it (executor/activations.py): the same training as no
 recompute, and the bytes it keeps for backward, per layer and in total, against the cost model.
 
-Kept bytes are measured by liveness (executor/held_bytes.py): the storages a forward creates that are
+Kept bytes are measured by liveness (tests/held_bytes.py): the storages a forward creates that are
 still alive after it, whatever holds them (autograd's saved tensors, selective checkpointing's cache, a
 checkpoint's input), each counted once; what offload moved to the host is counted apart. Predictions
 are planner/cost/layer.py's for the same shapes on the cpu-gloo profile (fp32, flash attention).
@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from executor.data import global_batch
-from executor.held_bytes import block_held_bytes, model_held_bytes
+from held_bytes import block_held_bytes, model_held_bytes
 from executor.models import build_model, sdpa
-from executor.recompute import PENDING, HostStash, _Moved, apply_policy
+from executor.activations import PENDING, HostStash, _Moved, apply_policy
 from executor_support import SEQ, TINY_GPT, TINY_LLAMA, assert_losses, reference_run
 from planner.cluster import load_cluster
 from planner.cost.layer import Context, layer_cost

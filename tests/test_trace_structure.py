@@ -5,7 +5,7 @@ import torch
 import trace_models as tm
 import planner
 from conftest import ROOT
-from planner.plan import tp_plan
+from planner.search.finish import tp_plan
 from planner.config import ParallelConfig
 from planner.trace import trace_module
 

@@ -74,7 +74,7 @@ def block_shardings(graph: LayerGraph, config: ParallelConfig, cluster: Cluster,
     return out
 
 
-def tp_plan(graph: LayerGraph, config: ParallelConfig, shardings: dict) -> dict[str, str]:
+def tp_plan(graph: LayerGraph, config: ParallelConfig, shardings: dict | None = None) -> dict[str, str]:
     """Module path -> TP style for every module that holds parameters (empty without TP): blocks as
     their sharding ILP chose, the embedding vocabulary-parallel, the head column-parallel with a
     vocabulary-parallel loss."""
@@ -83,7 +83,7 @@ def tp_plan(graph: LayerGraph, config: ParallelConfig, shardings: dict) -> dict[
     styles = {"column": "colwise", "row": "rowwise", "sequence": "sequence"}
     plan = {}
     for layer in graph.layers:
-        if layer.is_block and layer.signature in shardings:
+        if layer.is_block and shardings and layer.signature in shardings:
             model, sharding = shardings[layer.signature]
             for op, ref in zip(layer.ops, model.ops):
                 style = styles.get(sharding.strategies.get(ref.name, "replicate"))

@@ -1,4 +1,4 @@
-"""The profiler: trace any nn.Module into an operator graph and a layer graph, and plan it.
+"""The tracer: any nn.Module into an operator graph and a layer graph, which the planner plans.
 
     from planner.trace import trace, trace_module
     graph = trace(module, example_inputs)            # LayerGraph, as config models have
@@ -17,15 +17,13 @@ Modules:
   tp.py         column/row/replicate per linear and each tensor's split (Megatron's pattern)
   build.py      per-token Ops, Layers and the LayerGraph
   opgraph.py    the networkx operator graph
-  api.py        trace / trace_module / TraceResult
+  tracer.py     trace / trace_module / TraceResult
   load.py       --model file.py:factory / package.module:factory and --example-input
   measured.py   per-op measured times (meshplan profile --ops): storage and attachment (no torch)
   replay.py     time each traced operator on the local device
-  profile_device.py, profile_toml.py, profile_cmd.py
-                meshplan profile: device measurements, the profile TOML, the command
-                (collectives: executor/profile_comm.py, run as a subprocess)
   zoo.py        a zoo model or config.json as a transformers module to trace
-  cli.py        meshplan trace / meshplan profile
+
+`meshplan trace` is planner/cli/trace.py; the hardware profiler (`meshplan profile`) is executor/profile/.
 """
 from __future__ import annotations
 
@@ -37,8 +35,8 @@ __all__ = ["trace", "trace_module", "TraceResult"]
 
 def __getattr__(name: str):
     if name in __all__:
-        from . import api
-        return getattr(api, name)
+        from . import tracer
+        return getattr(tracer, name)
     raise AttributeError(f"module 'planner.trace' has no attribute {name!r}")
 
 
@@ -46,7 +44,7 @@ class _CallablePackage(types.ModuleType):
     """``planner.trace(module, example_inputs)``: the package named trace is also the function."""
 
     def __call__(self, module, example_inputs, **kwargs):
-        from .api import trace
+        from .tracer import trace
         return trace(module, example_inputs, **kwargs)
 
 

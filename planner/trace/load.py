@@ -118,7 +118,7 @@ def build_module(source: str, example_input: str | None = None):
 
 def trace_source(source: str, example_input: str | None = None, **kwargs):
     """TraceResult of the module a ``--model file.py:factory`` names."""
-    from .api import trace_module
+    from .tracer import trace_module
     module, inputs = build_module(source, example_input)
     return trace_module(module, inputs, name=type(module).__name__,
                         source=f"traced: {source}" + (f" --example-input {example_input}" if example_input else ""),
@@ -140,7 +140,7 @@ def trace_any(source: str, example_input: str | None, *, seq_len: int | None = N
     if is_traced_source(source):
         return trace_source(source, example_input, dtype=dtype, keep_replays=keep_replays, device=device), None
     from ..model import load_model
-    from .api import trace_module
+    from .tracer import trace_module
     from .zoo import build_hf_module
     spec = load_model(source, seq_len=seq_len)
     module, ids = build_hf_module(spec)

@@ -16,7 +16,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from .recompute import HostStash, apply_policy, offload_forward
+from executor.activations import HostStash, apply_policy, offload_forward
 
 
 class CreatedStorages(TorchDispatchMode):
