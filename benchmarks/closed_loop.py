@@ -6,7 +6,7 @@
    between consecutive runs, each profile serving the run before it and the one after: this VM's
    speed drifts by up to 25% within minutes (the same plan measured 2.35 s and 2.9 s median steps
    ten minutes apart, one run's steps ranged 2.5-3.6 s, and one rank's GEMM rate over successive
-   half seconds 43-81 GFLOP/s while the other's stayed at 71-82; 2026-11-23). So a plan's
+   half seconds 43-81 GFLOP/s while the other's stayed at 71-82). So a plan's
    prediction is the mean of its predicted step (planner.simulate.simulated_estimate, what
    `meshplan plan` reports) under the profiles around its runs (--profile-once: the first
    profile for all).
@@ -36,7 +36,7 @@
 It asserts nothing: the errors are what they are. The machine must be otherwise idle: the
 profile and the runs share its cores. About 45 minutes with the defaults on the 2-core VM (35
 with --rounds 2: two rounds left the planner's choice 17% from the fastest entry once, on the VM's
-drift alone, the two being the same configuration; 2026-11-24).
+drift alone, the two being the same configuration).
 """
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 
 def profile_now(path: Path, quick: bool, cwd: Path) -> Path:
     """A profile of the machine now; once again if the first attempt fails (a gloo process aborted
-    once in about 40 profiles, 2026-11-24), with what failed printed."""
+    once in about 40 profiles), with what failed printed."""
     args = ("profile", "--device", "cpu", "--nproc", "2", *(["--quick"] if quick else []), "--out", str(path))
     try:
         meshplan(*args, cwd=cwd)

@@ -11,7 +11,7 @@ loss_parallel (max, sum of exponentials, target logits). It prints the median ti
 (30 samples after a barrier each, the slowest rank's), sharded against unsharded.
 
 The cost model charges the blocks' share of this host time (profile_comm._tp_block_overhead) but not
-the ends'. On the 2-core VM (2026-11-24) the ends cost 10-15 ms per micro-batch more sharded than
+the ends'. On the 2-core VM the ends cost 10-15 ms per micro-batch more sharded than
 unsharded, collectives included: at most 1.5% of the closed loop's TP steps (2 micro-batches, about
 2 s), against their measured -4% to +10% over the prediction in the four recordings of that day.
 """

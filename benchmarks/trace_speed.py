@@ -1,4 +1,4 @@
-"""How long tracing a large model takes and how much memory it needs (profiler issue: under 60 s, 4 GB).
+"""How long tracing a large model takes and how much memory it needs (the target: under 60 s, 4 GB).
 
     python benchmarks/trace_speed.py                       # Llama-3 70B, one 8192-token sequence
     python benchmarks/trace_speed.py --model gpt3-175b --seq-len 2048

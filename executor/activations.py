@@ -33,7 +33,7 @@ MM_OPS = (torch.ops.aten.mm.default, torch.ops.aten.linear.default)
 
 
 def _save_ops() -> frozenset:
-    """torchtitan's save list (``_get_default_save_ops``, 2026-03): torch's compute-intensive ops (aten.mm,
+    """torchtitan's save list (``_get_default_save_ops``): torch's compute-intensive ops (aten.mm,
     addmm, bmm, the flash and efficient attention kernels: torch._functorch.partitioners.get_default_op_list),
     the other SDPA kernels, aten.max, the reduce-scatter and all-to-all; and the CPU flash kernel, the same
     SDPA call on this machine's CPU, which torchtitan (GPU only) does not list. Its MoE-only rules (router

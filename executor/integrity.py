@@ -1,4 +1,4 @@
-"""Is this plan.json for what it is asked to run? (issue 7.3)
+"""Is this plan.json for what it is asked to run?
 
 The planner writes ``fingerprints`` into plan.json (planner/fingerprint.py): the
 model's (its layer graph: layers, parameters, operator shapes), the cluster's and

@@ -50,17 +50,13 @@ class Launch:
         return args + ["--nnodes", str(self.nnodes), "--node-rank", str(self.node_rank), "--rdzv-backend", "c10d",
                        "--rdzv-endpoint", self.rdzv_endpoint]
 
-    def torchrun_argv(self) -> list[str]:
-        """The equivalent torchrun command line (what a user would type)."""
-        return [sys.executable, "-m", "torch.distributed.run", *self.torchrun_args()]
-
 
 # torch's CPU allocator (c10 alloc_cpu) has no cache: glibc maps every allocation of 32 MiB or more
 # anew (mallopt(3): the mmap threshold adapts up to DEFAULT_MMAP_THRESHOLD_MAX, 32 MiB on 64-bit) and
 # unmaps it on free, so each step faults its large CPU tensors in again, 4 KiB at a time (the logits
 # and their gradients; FSDP2's flat all-gather and reduce-scatter buffers). THP_MEM_ALLOC_ENABLE=1
 # (read by c10 when the process starts) aligns allocations of 2 MiB or more to 2 MiB and madvises
-# them MADV_HUGEPAGE: 512 times fewer faults. Measured on the 2-core VM (2026-11-23): a fresh 64 MiB
+# them MADV_HUGEPAGE: 512 times fewer faults. Measured on the 2-core VM: a fresh 64 MiB
 # clone took 16,385 minor faults and 31 ms, with it 544 faults and 15.6 ms (a copy into a reused
 # buffer: 10.6 ms); tests/test_launch_env.py checks the fault counts. GPU ranks keep their large
 # tensors in device memory: their host allocations are few, and aligned alike.

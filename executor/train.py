@@ -455,7 +455,7 @@ def exit_now(code: int) -> None:
     worker threads can still hold tensors after destroy_process_group, and releasing them while the
     interpreter is torn down aborts the process ("terminate called without an active exception",
     SIGABRT; pytorch/pytorch#179291 describes the race). It struck about one ZeRO-1 run in ten on the
-    2-core VM (2026-11-23), after the last step, so torchrun reported a finished job as failed."""
+    2-core VM, after the last step, so torchrun reported a finished job as failed."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

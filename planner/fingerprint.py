@@ -1,7 +1,7 @@
 """Fingerprints that tie a plan.json to the model and cluster it was made for.
 
 The executor recomputes them from what it is asked to run and refuses a plan made
-for something else, saying which part differs (issue: robustness). Pure functions
+for something else, saying which part differs. Pure functions
 of plain values: the same model gives the same fingerprint in the planner and on
 every rank.
 """

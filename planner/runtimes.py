@@ -97,7 +97,7 @@ class Timing:
     #   FSDP2's _fsdp_collectives.py under torch/distributed/fsdp: reduce_scatter_comm(...) in foreach_reduce, and
     #   FSDPParamGroup.unshard_async_op = False), which on CUDA only enqueues them on FSDP's own
     #   streams but on a gloo process group returns when they are done: on a CPU they block the
-    #   training loop between layers (torch.profiler of a ZeRO-2 step on 2 CPU ranks, 2026-11-23:
+    #   training loop between layers (torch.profiler of a ZeRO-2 step on 2 CPU ranks:
     #   FSDP::post_backward_reduce and FSDP::all_gather 0.3-0.8 s of self time in a 3.4 s step)
     cp_exchange: Literal["ring", "all-gather"] = "ring"
     # ^ context parallelism's key/value exchange: a ring of blocks overlapped with attention (Liu et

@@ -155,9 +155,3 @@ def default_for(vpp: int | None) -> str:
     """The schedule a plan with ``vpp`` virtual stages per rank runs when none is named: the first with
     virtual stages for vpp > 1, else 1F1B."""
     return virtual_names()[0] if (vpp or 1) > 1 else DEFAULT
-
-
-def by_framework_name(framework: str, name: str) -> PipelineSchedule | None:
-    """The record a framework's own name stands for (``framework``: "torchtitan" or "colossalai")."""
-    attr = {"torchtitan": "torch_name", "colossalai": "colossalai"}[framework]
-    return next((s for s in SCHEDULES.values() if getattr(s, attr) == name), None)

@@ -103,7 +103,7 @@ def _worker(rank: int, world_size: int, port: int, fn, args, errors, finished):
     finished.put(rank)      # past the barrier: every rank has finished fn and written what it writes
     dist.destroy_process_group()
     # as the launched ranks do (executor.train.exit_now): gloo's threads releasing tensors during the
-    # interpreter's finalization aborted a finished rank (SIGABRT) in a fresh CI run, 2026-11-23
+    # interpreter's finalization aborted a finished rank (SIGABRT) in a fresh CI run
     exit_now(0)
 
 
@@ -112,7 +112,7 @@ def spawn(fn, world_size: int, *args) -> None:
 
     A rank that dies by a signal after some rank has passed the final barrier is not an error of
     ``fn``: the barrier returns only once every rank has finished ``fn``, so its results are complete.
-    gloo's teardown still aborted such a rank (SIGABRT once its work was done, 2026-11-24, a
+    gloo's teardown still aborted such a rank (SIGABRT once its work was done, in a
     fresh CI run: all 146 tests of one module errored on one finished rank); anything else fails."""
     ctx = mp.get_context("spawn")
     errors, finished = ctx.SimpleQueue(), ctx.SimpleQueue()

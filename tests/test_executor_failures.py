@@ -1,4 +1,4 @@
-"""Failing ranks (issue 7.5), end to end through `meshplan run` and torchrun, 2 processes.
+"""Failing ranks, end to end through `meshplan run` and torchrun, 2 processes.
 
 Failures are made with MESHPLAN_FAULT (executor/faults.py): a rank SIGKILLs itself, or stops
 answering, at a given step of the job's first attempt. Every run trains TINY_GPT on 2 processes

@@ -1,5 +1,5 @@
-"""The executor refuses a plan made for another world size from inside the job (issue 7.3), and runs
-only code the user named, unpickling nothing (issue 7.6). The refusals `meshplan run` makes before
+"""The executor refuses a plan made for another world size from inside the job, and runs
+only code the user named, unpickling nothing. The refusals `meshplan run` makes before
 launching are in test_catalogue_executor.py."""
 from __future__ import annotations
 

@@ -139,12 +139,12 @@ def test_replicated_key_value_heads_are_refused(tmp_path):
 
 def test_torchrun_command_standalone_or_rendezvous():
     from executor.launch import Launch
-    assert Launch(nproc=2).torchrun_argv()[-3:] == ["--nproc-per-node", "2", "--standalone"]
-    multi = Launch(nproc=8, nnodes=2, node_rank=1, rdzv_endpoint="host0:29500").torchrun_argv()
+    assert Launch(nproc=2).torchrun_args()[-3:] == ["--nproc-per-node", "2", "--standalone"]
+    multi = Launch(nproc=8, nnodes=2, node_rank=1, rdzv_endpoint="host0:29500").torchrun_args()
     assert multi[-8:] == ["--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                           "host0:29500"]
     with pytest.raises(UserError, match="--rdzv-endpoint: several nodes need a rendezvous endpoint"):
-        Launch(nproc=8, nnodes=2).torchrun_argv()
+        Launch(nproc=8, nnodes=2).torchrun_args()
 
 
 def test_importing_the_executor_package_and_the_cli_does_not_import_torch():

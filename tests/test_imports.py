@@ -1,4 +1,4 @@
-"""The import graph of planner/ and executor/ has no circles (issue 10, point 4): module-level
+"""The import graph of planner/ and executor/ has no circles: module-level
 and function-level imports alike, read from the source with ast."""
 from __future__ import annotations
 

@@ -278,8 +278,8 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
 
 class _SacOutputs:
     """The outputs torchtitan's operator-level selective checkpointing keeps, op by op in forward order
-    (torchtitan/distributed/activation_checkpoint.py, ``SelectiveAC``, 2026-03; the same rule as its
-    ``_apply_op_sac`` of 2025): an op's output is saved (MUST_SAVE) when the op is in the save list, and
+    (torchtitan/distributed/activation_checkpoint.py, ``SelectiveAC``; the same rule as its
+    earlier ``_apply_op_sac``): an op's output is saved (MUST_SAVE) when the op is in the save list, and
     every other op recomputed (PREFER_RECOMPUTE). The save list is torch's compute-intensive ops
     (torch._functorch.partitioners.get_default_op_list: aten.mm, addmm, bmm, the flash and efficient
     attention kernels) plus the other SDPA kernels and the reduce-scatter, except that of aten.mm (and

@@ -53,7 +53,6 @@ def default_solver() -> str:
 @dataclass
 class StageStats:
     groups: int = 0           # global choices (layout x schedule x vpp x sp)
-    bounded: int = 0          # of which a stage bound was computed
     solved: int = 0           # stage ILPs (or exhaustive enumerations) run
     improved: int = 0         # of which found a better plan than the uniform ones
     space: int = 0            # candidates of the full space (closed form), all groups
@@ -138,7 +137,6 @@ def _stage_phase(space: Space, cache: CostCache, top: TopK, order: list[Layout],
                     continue
                 pr = GroupProblem(space, cache, layout, schedule, vpp, sp, shape)
                 stats.space += _group_space(space, layout, vpp, shape, schedule)
-                stats.bounded += 1
                 # one problem per ZeRO/offload option whose own bound can still win, most promising
                 # first: without the choice between options (binaries and big-M rows) each ILP is
                 # smaller, and the options that cannot win are not solved at all
