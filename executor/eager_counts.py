@@ -1,6 +1,6 @@
 """Count the elementwise traffic of the executor's reference models as torch runs them eagerly.
 
-    python -m executor.eager_counts            # print the table planner/cost/eager_table.py holds
+    python -m executor.eager_counts            # print the table planner/eager_table.py holds
     python -m executor.eager_counts --check    # exit 1 if the table differs from a fresh count
 
 Everything in a step that is neither a matrix multiply nor the attention kernel (norms,
@@ -27,7 +27,7 @@ runs without dropout in the trace (on a GPU the fused kernel applies dropout ins
 
 Per token the bytes of a block are linear in its widths (h, q, kv, f): each operator streams
 tensors of one of those widths. The coefficients are solved exactly from traces at several
-widths and written, with the kernel counts, to planner/cost/eager_table.py.
+widths and written, with the kernel counts, to planner/eager_table.py.
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear"}
 # (hidden, heads, kv heads, head dim, ffn): widths that make the linear system well determined
 WIDTHS = ((64, 4, 4, 16, 256), (96, 4, 2, 16, 160), (128, 4, 2, 48, 384), (80, 10, 5, 8, 224),
           (112, 8, 1, 16, 288), (144, 6, 3, 12, 336))
-TABLE = Path(__file__).resolve().parent.parent / "planner" / "cost" / "eager_table.py"
+TABLE = Path(__file__).resolve().parent.parent / "planner" / "eager_table.py"
 REGIMES = ("autocast", "bf16", "fp32")
 
 

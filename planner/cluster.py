@@ -42,7 +42,7 @@ class Device:
                                           # against an aligned one (the library falls back to align-1 kernels)
     attention_latency_s: float = 0.0      # fixed time of one attention kernel call (forward + backward)
     eager_bytes_per_s: tuple[tuple[str, float], ...] = ()   # achieved bandwidth of eager elementwise
-                                          # kernels by class (planner.cost.eager.CLASSES); absent: HBM rate
+                                          # kernels by class (planner.eager_bytes.CLASSES); absent: HBM rate
     kernel_gap_s: float = 0.0             # GPU time between two queued kernels (issue gap)
     optimizer_bytes_per_s: float = 0.0    # AdamW as the executor steps it here, at 28 B per parameter (0: HBM)
     tp_block_overhead_s: tuple[float, float] = (0.0, 0.0)   # (forward, backward) host time tensor parallelism
@@ -347,8 +347,8 @@ def _tp_block_overhead(kernels: "_Table", source: str) -> tuple[float, float]:
 
 
 def _eager_bandwidths(kernels: "_Table", source: str) -> tuple[tuple[str, float], ...]:
-    """[gpu.kernels] eager_GBps = { stream = ..., cast_up = ..., ... } (planner.cost.eager.CLASSES)."""
-    from .cost.eager import CLASSES
+    """[gpu.kernels] eager_GBps = { stream = ..., cast_up = ..., ... } (planner.eager_bytes.CLASSES)."""
+    from .eager_bytes import CLASSES
     if "eager_GBps" not in kernels.data:
         return ()
     table = kernels.table("eager_GBps")

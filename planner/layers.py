@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .cost.eager import layer_eager_bytes
+from .eager_bytes import layer_eager_bytes
 from .model import ModelSpec
 
 Split = Literal["tp", "sp", "none"]
@@ -308,3 +308,17 @@ def build_layer_graph(spec: ModelSpec) -> LayerGraph:
                       hidden=h, vocab_size=v, num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
                       tied_embeddings=spec.tied_embeddings,
                       tied_params=v * h if spec.tied_embeddings else 0, source=spec.source)
+
+
+def attention_flops(batch: float, heads: float, q_len: float, kv_len: float, head_dim: int, *,
+                    causal: bool, window: int = 0) -> float:
+    """Forward matmul FLOPs a fused kernel really does: QK^T and PV, skipping masked blocks.
+
+    Full attention is 4 b a s_q s_kv d (two matmuls); a causal mask halves it
+    (FlashAttention-2, Dao 2023, Sec 3.1.1: blocks above the diagonal are skipped);
+    a sliding window of w keys costs 4 b a s_q d w (1 - w / 2 s).
+    """
+    full = 4.0 * batch * heads * q_len * kv_len * head_dim
+    if window and window < kv_len:
+        return 4.0 * batch * heads * q_len * head_dim * window * (1 - window / (2 * kv_len))
+    return full * (0.5 if causal else 1.0)

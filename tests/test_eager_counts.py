@@ -1,4 +1,4 @@
-"""Torch-eager elementwise traffic (executor/eager_counts.py -> planner/cost/eager_table.py ->
+"""Torch-eager elementwise traffic (executor/eager_counts.py -> planner/eager_table.py ->
 planner/cost/eager.py): the table is what the executor's models really run, and the cost functions
 price it as stated."""
 import subprocess
@@ -9,10 +9,10 @@ import pytest
 
 from planner.cluster import load_cluster
 from planner.config import ParallelConfig
-from planner.cost.eager import (CAST_DOWN_BYTES, eager_regime, eager_s, layer_eager_bytes,
-                                step_param_bytes)
-from planner.cost.eager_table import TABLE
+from planner.cost.eager import CAST_DOWN_BYTES, eager_regime, eager_s, step_param_bytes
 from planner.cost.step import grads_follow_activations
+from planner.eager_bytes import layer_eager_bytes
+from planner.eager_table import TABLE
 from planner.estimate import Memory
 from planner.model import load_model
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from ..cluster import DTYPE_BYTES, Device
+from ..layers import attention_flops
 
 
 # split-K: when the output has fewer tiles than the device has SMs, the library cuts the inner
@@ -68,20 +69,6 @@ def _gemm_s(m: float, n: float, k: float, device: Device, precision: str, batch:
 def memory_bound_s(nbytes: float, device: Device) -> float:
     """An elementwise or reduction kernel that streams ``nbytes`` through HBM."""
     return nbytes / (device.hbm_bytes_per_s * device.hbm_efficiency) if nbytes > 0 else 0.0
-
-
-def attention_flops(batch: float, heads: float, q_len: float, kv_len: float, head_dim: int, *,
-                    causal: bool, window: int = 0) -> float:
-    """Forward matmul FLOPs a fused kernel really does: QK^T and PV, skipping masked blocks.
-
-    Full attention is 4 b a s_q s_kv d (two matmuls); a causal mask halves it
-    (FlashAttention-2, Dao 2023, Sec 3.1.1: blocks above the diagonal are skipped);
-    a sliding window of w keys costs 4 b a s_q d w (1 - w / 2 s).
-    """
-    full = 4.0 * batch * heads * q_len * kv_len * head_dim
-    if window and window < kv_len:
-        return 4.0 * batch * heads * q_len * head_dim * window * (1 - window / (2 * kv_len))
-    return full * (0.5 if causal else 1.0)
 
 
 def flash_attention_s(batch: float, heads: float, q_len: float, kv_len: float, head_dim: int, device: Device,

@@ -3,7 +3,7 @@
 Megatron-LM and DeepSpeed fuse the elementwise work of a block into a few kernels at 16-bit
 activations (planner.layers prices those). torch eager runs one kernel per operator and, under
 ``torch.autocast``, keeps the residual stream in fp32 and casts every linear's input: several
-times the bytes (counted from the executor's own models in planner/cost/eager_table.py). Its
+times the bytes (counted from the executor's own models: planner/eager_bytes.py). Its
 time is those bytes over the device's memory bandwidth (roofline, Williams et al. 2009).
 
 Three precision regimes, as executor/parallelize.py chooses them (``uses_fsdp``, ``autocast_dtype``):
@@ -23,44 +23,11 @@ once per weight per step, ``direct_copy`` per weight per micro-batch).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from .eager_table import TABLE
-
 CAST_DOWN_BYTES = 6.0      # fp32 -> bf16: read 4, write 2
 CAST_UP_BYTES = 6.0        # bf16 -> fp32: read 2, write 4
 ACCUMULATE_BYTES = 12.0    # fp32 += fp32: read 4 + 4, write 4
 FSDP_UNSHARD_BYTES = 10.0  # copy-in cast (6) and copy-out (4) of the all-gather buffer
 FP32_UNSHARD_BYTES = 16.0  # fp32: copy-in (read 4, write 4) and copy-out (read 4, write 4)
-
-
-# the bandwidth classes of eager kernels (executor.eager_counts.kernel_class); a profile measures
-# each (planner.trace.profile_kernels.eager_kernels), else every class streams at the HBM rate
-CLASSES = ("stream", "cast_up", "cast_down", "strided", "reduce", "softmax", "norm")
-
-
-@dataclass(frozen=True, kw_only=True)
-class EagerBytes:
-    """Elementwise bytes per token of one layer in one regime, by bandwidth class: (class, fwd_h,
-    fwd_tp, bwd_h, bwd_tp) where ``*_h`` is split by tensor parallelism only with sequence
-    parallelism (hidden-sized tensors) and ``*_tp`` always; kernels per micro-batch."""
-
-    by_class: tuple[tuple[str, float, float, float, float], ...]
-    fwd_kernels: int
-    bwd_kernels: int
-
-
-def feature_key(spec) -> str | None:
-    """The family of ``spec`` in TABLE (what decides a block's operator sequence; the families are
-    executor.eager_counts.FAMILIES), None if none fits."""
-    if spec.is_moe or spec.sliding_window:
-        return None
-    if spec.norm == "layernorm" and spec.mlp == "gelu" and spec.linear_bias and spec.max_positions:
-        return "layernorm-gelu-bias-learned" + ("-dropout" if spec.dropout else "")
-    if spec.norm == "rmsnorm" and spec.mlp == "swiglu" and not spec.linear_bias and not spec.max_positions \
-            and not spec.dropout:
-        return "rmsnorm-swiglu-rope" + ("-qkvbias" if spec.qkv_bias else "")
-    return None
 
 
 def wraps_in_fsdp(*, zero: int, dp: int, tp: int, pp: int) -> bool:
@@ -78,43 +45,6 @@ def eager_regime(*, framework: str, precision: str, zero: int, dp: int, tp: int,
     if precision == "fp32":
         return "fp32-fsdp" if fsdp else "fp32"
     return "bf16" if fsdp else "autocast"
-
-
-def layer_eager_bytes(spec, kind: str) -> tuple[tuple[str, EagerBytes], ...]:
-    """(regime, bytes) pairs for a layer of ``kind`` ('block', 'embedding', 'head'; the final
-    norm's bytes are counted with the head) of a config model, () when TABLE has no family for it."""
-    family = feature_key(spec)
-    if family is None:
-        return ()
-    h, q, kv, f, v = spec.hidden, spec.q_dim, spec.kv_dim, spec.ffn_hidden, spec.vocab_size
-    part = {"block": "block", "embedding": "embed", "head": "head"}.get(kind)
-    out = []
-    for regime in ("autocast", "bf16", "fp32"):
-        t = TABLE[family][regime]
-        if part is None:
-            out.append((regime, EagerBytes(by_class=(), fwd_kernels=0, bwd_kernels=0)))
-            continue
-        fwd, bwd = t[f"{part}_fwd"], t[f"{part}_bwd"]
-        rows = []
-        for c in CLASSES:
-            if c not in fwd and c not in bwd:
-                continue
-            (fh, ft), (bh, bt) = (_split_coef(part, x.get(c), h, q, kv, f, v) for x in (fwd, bwd))
-            rows.append((c, fh, ft, bh, bt))
-        out.append((regime, EagerBytes(by_class=tuple(rows), fwd_kernels=t["kernels"][f"{part}_fwd"],
-                                       bwd_kernels=t["kernels"][f"{part}_bwd"])))
-    return tuple(out)
-
-
-def _split_coef(part: str, coef, h, q, kv, f, v) -> tuple[float, float]:
-    """(bytes of hidden-sized tensors, bytes of tensor-parallel ones) per token."""
-    if coef is None:
-        return 0.0, 0.0
-    if part == "block":
-        ch, cq, ckv, cf, c1 = coef
-        return ch * h + c1, cq * q + ckv * kv + cf * f
-    ch, cv, c1 = coef
-    return ch * h + c1, cv * v
 
 
 def layer_eager_regime(*, framework: str, precision: str, dp: int, tp: int, pp: int) -> str:

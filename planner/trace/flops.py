@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ..cost.compute import attention_flops
+from ..layers import attention_flops
 
 aten = torch.ops.aten
 
