@@ -3,7 +3,7 @@
     python benchmarks/tp_head_probe.py [--repeat 3]
 
 On 2 gloo processes, the executor's own TP styles for the ends of the model (executor/parallelize.py
-_tp_style: the vocabulary-parallel embedding, the column-parallel head whose logits stay split for
+tp_style: the vocabulary-parallel embedding, the column-parallel head whose logits stay split for
 loss_parallel) against the same modules unsharded, forward and backward with the cross entropy, at a
 width (hidden 64, vocabulary 512, 4 x 64 tokens) where the kernels take next to nothing: what is left
 is DTensor's dispatch, its redistributions and the collectives of the embedding's all-reduce and of
@@ -37,7 +37,7 @@ def _worker(rank: int, port: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
 
-    from executor.parallelize import _tp_style
+    from executor.parallelize import tp_style
     from executor.train import exit_now
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
     torch.set_num_threads(1)
@@ -49,8 +49,8 @@ def _worker(rank: int, port: int) -> None:
         ends = torch.nn.ModuleDict({"embed": torch.nn.Embedding(VOCAB, HIDDEN),
                                     "lm_head": torch.nn.Linear(HIDDEN, VOCAB, bias=False)})
         if sharded:
-            parallelize_module(ends, mesh, {"embed": _tp_style("vocab", False),
-                                            "lm_head": _tp_style("colwise_loss", False)})
+            parallelize_module(ends, mesh, {"embed": tp_style("vocab", False),
+                                            "lm_head": tp_style("colwise_loss", False)})
         tokens, targets = torch.randint(0, VOCAB, (BATCH, SEQ)), torch.randint(0, VOCAB, (BATCH, SEQ))
 
         def micro_batch():
@@ -82,13 +82,13 @@ def _worker(rank: int, port: int) -> None:
 def main() -> int:
     import torch.multiprocessing as mp
 
-    from executor.profile_comm import _free_port
+    from executor.profile_comm import free_port
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="times the whole probe runs (default 3)")
     args = parser.parse_args()
     print(f"{'unsharded ms':>13} {'sharded ms':>11} {'added ms':>9}   (per micro-batch, 2 gloo processes)")
     for _ in range(args.repeat):
-        mp.start_processes(_worker, args=(_free_port(),), nprocs=2, start_method="spawn")
+        mp.start_processes(_worker, args=(free_port(),), nprocs=2, start_method="spawn")
     return 0
 
 

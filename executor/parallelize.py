@@ -43,7 +43,7 @@ from .recompute import apply_policy, checkpoint_forward  # noqa: F401  (checkpoi
 from .support import check_supported  # noqa: F401  (re-exported)
 
 
-def _tp_style(style: str, sequence_parallel: bool):
+def tp_style(style: str, sequence_parallel: bool):
     """The DTensor style of one plan.json TP entry (planner/config.py's TP_STYLES documents the styles)."""
     seq = Shard(1) if sequence_parallel else Replicate()      # layout of the residual stream (B, S, h)
     if style == "colwise":          # input already made Replicate by the parent's PrepareModuleInput
@@ -63,7 +63,7 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, tp_plan: dict[str, str], *
     skipped. Under SP the parents of column-parallel linears gather the sequence once for all of
     them, and the embedding's parent scatters its output along the sequence."""
     modules = dict(model.named_modules())
-    styles = {path: _tp_style(style, sequence_parallel) for path, style in tp_plan.items() if path in modules}
+    styles = {path: tp_style(style, sequence_parallel) for path, style in tp_plan.items() if path in modules}
     if sequence_parallel:
         for path, style in tp_plan.items():
             parent = path.rpartition(".")[0]

@@ -18,7 +18,7 @@ from pathlib import Path
 from planner.config import (FRAMEWORKS, PLAN_SCHEMA_VERSION, PRECISIONS, RECOMPUTES, TP_STYLES, ZERO_STAGES,
                             ParallelConfig, Workload)
 from planner.errors import UserError, one_of
-from planner.model import ModelSpec, _read_json
+from planner.model import ModelSpec, read_json
 from planner.recompute import canonical     # read, parse, check it is an object; UserError naming the file
 
 SUPPORTED_SCHEMA_VERSIONS = (PLAN_SCHEMA_VERSION,)
@@ -203,7 +203,7 @@ def plan_from_json(data: dict, source: str = "plan.json") -> RunPlan:
 
 
 def load_plan(path: str | Path) -> RunPlan:
-    return plan_from_json(_read_json(Path(path)), str(path))
+    return plan_from_json(read_json(Path(path)), str(path))
 
 
 def installed_version() -> str | None:

@@ -6,7 +6,7 @@
 torch.distributed). Each rank runs all-reduce, all-gather, reduce-scatter and a
 send/recv pair over message sizes; one sample of a size is the slowest rank's
 time for one call after a barrier, and the reported time is the best sample on a
-GPU (nccl-tests reports the same kind of number), the mean on a CPU (``_timed``).
+GPU (nccl-tests reports the same kind of number), the mean on a CPU (``collective_time``).
 Bus bandwidth follows nccl-tests' definition (NVIDIA/nccl-tests doc/PERFORMANCE.md): all-reduce moves
 2(n-1)/n of the buffer through each rank's link, all-gather and reduce-scatter
 (n-1)/n. Rank 0 writes the JSON; each rank's resident memory after the process
@@ -34,7 +34,7 @@ def _rss_bytes() -> int:
     return 0
 
 
-def _timed(fn, dist, torch, device, repeat: int) -> float:
+def collective_time(fn, dist, torch, device, repeat: int) -> float:
     """The slowest rank's time for one call, over ``repeat`` samples after a barrier each: on a GPU
     the best sample (nccl-tests' kind of number: NCCL repeats to within a percent), on a CPU the
     mean. gloo over loopback on cores the ranks share varies from call to call with the scheduler:
@@ -61,15 +61,15 @@ def _collectives(dist, torch, device, world: int, rank: int, size: int, repeat: 
     x = torch.ones(elems, device=device)
     shard = torch.ones(elems // world, device=device)
     row = {"bytes": elems * 4}
-    row["all_reduce_s"] = _timed(lambda: dist.all_reduce(x), dist, torch, device, repeat)
+    row["all_reduce_s"] = collective_time(lambda: dist.all_reduce(x), dist, torch, device, repeat)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     try:
-        row["all_gather_s"] = _timed(lambda: gather(x, shard), dist, torch, device, repeat)
+        row["all_gather_s"] = collective_time(lambda: gather(x, shard), dist, torch, device, repeat)
     except (RuntimeError, NotImplementedError, ValueError) as e:
         row["all_gather_error"] = str(e).splitlines()[0]
     try:
-        row["reduce_scatter_s"] = _timed(lambda: scatter(shard, x), dist, torch, device, repeat)
+        row["reduce_scatter_s"] = collective_time(lambda: scatter(shard, x), dist, torch, device, repeat)
     except (RuntimeError, NotImplementedError, ValueError) as e:
         row["reduce_scatter_error"] = str(e).splitlines()[0]
 
@@ -78,7 +78,7 @@ def _collectives(dist, torch, device, world: int, rank: int, size: int, repeat: 
             dist.send(x, 1)
         elif rank == 1:
             dist.recv(x, 0)
-    row["send_recv_s"] = _timed(p2p, dist, torch, device, repeat)
+    row["send_recv_s"] = collective_time(p2p, dist, torch, device, repeat)
     factor = 2 * (world - 1) / world
     row["all_reduce_busbw_GBps"] = factor * row["bytes"] / row["all_reduce_s"] / 1e9
     if "all_gather_s" in row:
@@ -215,7 +215,8 @@ def _concurrent_gemm(dist, torch, device, quick: bool) -> list[dict] | None:
     in turn, round after round, for ``CONCURRENT_WINDOW_S`` seconds, and a product's rate is its FLOPs
     over its total time in the window (a step's GEMM time is a sum, so slow calls count as much as
     fast ones); ``tflops`` is the slowest rank's, which paces every rank of a synchronous step (as
-    ``_timed`` and ``_contention`` take the slowest rank), ``tflops_mean`` the mean over the ranks.
+    ``collective_time`` and ``_contention`` take the slowest rank), ``tflops_mean`` the mean over the
+    ranks.
     One window over all the products, not one per product: the VM's per-core speed swings by tens
     of percent over seconds (one rank's 1024^3 rate over successive half seconds ranged 43-81
     GFLOP/s while the other's stayed at 71-82, two processes timing for 40 s, 2026-11-23), and a
@@ -281,7 +282,7 @@ TP_PROBE = {"hidden": 64, "heads": 2, "ffn": 192, "layers": 4, "batch": 4, "seq"
 def _tp_block_overhead(dist, torch, device, quick: bool) -> dict | None:
     """The host time tensor parallelism adds to a block in torch eager (a CPU): the executor's own
     Llama-style blocks (executor.models.Block) sharded with the executor's TP styles (Megatron's
-    column- then row-parallel linears, executor/parallelize.py _tp_style, sequence parallelism off)
+    column- then row-parallel linears, executor/parallelize.py tp_style, sequence parallelism off)
     over every rank, against the same blocks unsharded, at a width (TP_PROBE) where the products and
     the elementwise kernels take next to nothing. Forward and forward + backward are timed (median
     over samples, each after a barrier, the slowest rank's); what TP adds is DTensor's dispatch of
@@ -295,7 +296,7 @@ def _tp_block_overhead(dist, torch, device, quick: bool) -> dict | None:
     from torch.distributed.tensor.parallel import parallelize_module
 
     from executor.models import Block
-    from executor.parallelize import _tp_style
+    from executor.parallelize import tp_style
     from planner.model import ModelSpec
     p = TP_PROBE
     spec = ModelSpec(name="tp-probe", num_layers=p["layers"], hidden=p["hidden"], num_heads=p["heads"],
@@ -312,7 +313,7 @@ def _tp_block_overhead(dist, torch, device, quick: bool) -> dict | None:
         torch.manual_seed(0)
         blocks = torch.nn.ModuleList([Block(spec) for _ in range(p["layers"])])
         if sharded:
-            parallelize_module(blocks, mesh, {f"{i}.{k}": _tp_style(v, False)
+            parallelize_module(blocks, mesh, {f"{i}.{k}": tp_style(v, False)
                                               for i in range(p["layers"]) for k, v in styles.items()})
 
         def forward(backward: bool):
@@ -353,10 +354,10 @@ def _worker(rank: int, world: int, backend: str, port: int, out: str, quick: boo
         reserved = _rss_bytes()
     reserved_t = torch.tensor([float(reserved)], dtype=torch.float64, device=device)
     dist.all_reduce(reserved_t, op=dist.ReduceOp.MAX)
-    # a CPU's collectives vary call to call, and their mean (_timed) is what a step pays: a scheduler
-    # stall of a few ms among 12 samples moved the 8-byte mean from 0.45 to 1.8 ms and a quick profile's
-    # ZeRO-2 prediction from 1.74 to 2.43 s minutes apart (2026-11-24); 48 samples (96 without --quick)
-    # cost about a second
+    # a CPU's collectives vary call to call, and their mean (collective_time) is what a step pays: a
+    # scheduler stall of a few ms among 12 samples moved the 8-byte mean from 0.45 to 1.8 ms and a quick
+    # profile's ZeRO-2 prediction from 1.74 to 2.43 s minutes apart (2026-11-24); 48 samples (96 without
+    # --quick) cost about a second
     repeat = (3 if quick else 5) if device.type == "cuda" else (48 if quick else 96)
     rows = [_collectives(dist, torch, device, world, rank, size, repeat)
             for size in (SIZES_QUICK if quick else SIZES)]
@@ -380,7 +381,8 @@ def _worker(rank: int, world: int, backend: str, port: int, out: str, quick: boo
     exit_now(0)
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that no process holds now (the OS picks it), for a process group's rendezvous."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -397,7 +399,7 @@ def main(argv=None) -> int:
     if args.nproc < 2:
         p.error("--nproc must be at least 2 to measure collectives")
     import torch.multiprocessing as mp
-    mp.spawn(_worker, args=(args.nproc, args.backend, _free_port(), args.out, args.quick, args.threads),
+    mp.spawn(_worker, args=(args.nproc, args.backend, free_port(), args.out, args.quick, args.threads),
              nprocs=args.nproc)
     return 0
 

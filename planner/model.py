@@ -178,7 +178,9 @@ def load_model(source: str, *, seq_len: int | None = None) -> ModelSpec:
     return spec
 
 
-def _read_json(path: Path) -> dict:
+def read_json(path: Path) -> dict:
+    """The JSON object in ``path``; a missing file, bad JSON or another top-level value is a UserError
+    that names the file (and the line and column)."""
     try:
         text = path.read_text()
     except OSError as e:
@@ -222,7 +224,7 @@ class _Fields:
 def load_hf_config(path: Path) -> ModelSpec:
     """Read a Hugging Face config.json of a supported model_type into a ModelSpec."""
     source = str(path)
-    data = _read_json(path)
+    data = read_json(path)
     model_type = data.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise UserError(f"unsupported value {model_type!r}; supported: {one_of(SUPPORTED_MODEL_TYPES)}",

@@ -8,7 +8,7 @@ import pytest
 from conftest import run_cli
 from planner.cluster import load_cluster
 from planner.cost.compute import gemm_s
-from planner.trace.profile_fit import _device, eager_bandwidths, fit_attention, fit_gemm
+from planner.trace.profile_fit import eager_bandwidths, fit_attention, fit_device, fit_gemm
 
 
 def _sweep(dev):
@@ -24,7 +24,7 @@ def _sweep(dev):
 
 
 def test_fit_gemm_recovers_the_parameters_it_was_generated_with():
-    dev = _device(132, 3e12, peak_flops=(("bf16", 800e12),), gemm_latency_s=4e-6, gemm_wave_latency_s=1e-6,
+    dev = fit_device(132, 3e12, peak_flops=(("bf16", 800e12),), gemm_latency_s=4e-6, gemm_wave_latency_s=1e-6,
                   gemm_unaligned_efficiency=0.25)
     got = fit_gemm(_sweep(dev), sm_count=132, hbm_bytes_per_s=3e12)
     assert got["rate_flops"] == 800e12 and got["latency_s"] == pytest.approx(4e-6)

@@ -67,8 +67,8 @@ def _ops(args, out: Path, command: str, device: str) -> Path:
 
 def rederive(args) -> int:
     """``meshplan profile --from NAME.kernels.json``: the profile TOML again from stored measurements."""
-    from planner.model import _read_json
-    data = _read_json(Path(args.from_json))
+    from planner.model import read_json
+    data = read_json(Path(args.from_json))
     for key in ("command", "date", "host", "nproc", "device"):
         if key not in data:
             raise UserError("missing (written by `meshplan profile`)", source=args.from_json, field=key)

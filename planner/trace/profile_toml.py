@@ -167,7 +167,7 @@ def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, da
     if concurrent:
         kernel_lines += _gemm_shape_lines(concurrent, peaks[first], measured, nproc)
     if cpu and (comm or {}).get("tp_block"):
-        kernel_lines += _tp_block_lines(comm["tp_block"], comm["world"], link, latency, measured)
+        kernel_lines += tp_block_lines(comm["tp_block"], comm["world"], link, latency, measured)
     if not cpu and m.get("kernels"):
         peaks, kernel_lines, gpu_src = _fitted(m, peaks, measured)
     lines = [
@@ -296,7 +296,7 @@ def _gemm_shape_lines(rows: list[dict], peak: float, measured: str, nproc: int) 
             f"gemm_shapes_source = {_q(src)}"]
 
 
-def _tp_block_lines(b: dict, world: int, link_GBps: float, latency_us: float, measured: str) -> list[str]:
+def tp_block_lines(b: dict, world: int, link_GBps: float, latency_us: float, measured: str) -> list[str]:
     """The host time TP adds to a block beyond its collectives (executor/profile_comm.py
     _tp_block_overhead): per block, the sharded blocks' time less the unsharded ones', less the four
     all-reduces of the block's activation (two each way: Shoeybi et al. 2019, Fig. 3) as the cost model
