@@ -1,4 +1,4 @@
-"""Kernel-model parameters fitted to a GPU's sweeps (planner/trace/profile_fit.py): the fit recovers
+"""Kernel-model parameters fitted to a GPU's sweeps (executor/profile/fit.py): the fit recovers
 known parameters from sweeps generated with them, and a stored profile derives again (--from)."""
 import json
 from dataclasses import replace
@@ -8,7 +8,7 @@ import pytest
 from conftest import run_cli
 from planner.cluster import load_cluster
 from planner.cost.compute import gemm_s
-from planner.trace.profile_fit import eager_bandwidths, fit_attention, fit_device, fit_gemm
+from executor.profile.fit import eager_bandwidths, fit_attention, fit_device, fit_gemm
 
 
 def _sweep(dev):

@@ -35,7 +35,7 @@ FP32_UNSHARD_BYTES = 16.0  # fp32: copy-in (read 4, write 4) and copy-out (read 
 
 
 # the bandwidth classes of eager kernels (executor.eager_counts.kernel_class); a profile measures
-# each (planner.trace.profile_kernels.eager_kernels), else every class streams at the HBM rate
+# each (executor.profile.kernels.eager_kernels), else every class streams at the HBM rate
 CLASSES = ("stream", "cast_up", "cast_down", "strided", "reduce", "softmax", "norm")
 
 

@@ -1,4 +1,4 @@
-"""The profiler: trace any nn.Module into an operator graph and a layer graph, and plan it.
+"""The tracer: trace any nn.Module into an operator graph and a layer graph, and plan it.
 
     from planner.trace import trace, trace_module
     graph = trace(module, example_inputs)            # LayerGraph, as config models have
@@ -19,13 +19,10 @@ Modules:
   opgraph.py    the networkx operator graph
   api.py        trace / trace_module / TraceResult
   load.py       --model file.py:factory / package.module:factory and --example-input
-  measured.py   per-op measured times (meshplan profile --ops): storage and attachment (no torch)
-  replay.py     time each traced operator on the local device
-  profile_device.py, profile_toml.py, profile_cmd.py
-                meshplan profile: device measurements, the profile TOML, the command
-                (collectives: executor/profile_comm.py, run as a subprocess)
+  measured.py   per-op measured times (meshplan profile --ops): storage and attachment (no torch);
+                the timing itself is the profiler's (executor/profile/ops.py)
   zoo.py        a zoo model or config.json as a transformers module to trace
-  cli.py        meshplan trace / meshplan profile
+  cli.py        meshplan trace / meshplan profile (the flags; the profiler is executor/profile)
 """
 from __future__ import annotations
 

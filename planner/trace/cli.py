@@ -82,7 +82,7 @@ def add_parsers(sub) -> None:
 def run(args) -> int:
     if args.command == "trace":
         return trace_command(args)
-    from .profile_cmd import profile_command
+    from executor.profile.machine import profile_command     # the profiler measures with torch.distributed
     return profile_command(args)
 
 

@@ -12,8 +12,8 @@ import math
 import statistics
 from dataclasses import replace
 
-from ..cluster import Device
-from ..cost.compute import GEMM_ALIGN_ELEMS, attention_flops, gemm_s
+from planner.cluster import Device
+from planner.cost.compute import GEMM_ALIGN_ELEMS, attention_flops, gemm_s
 
 # Output tiles cuBLAS chooses among on Hopper and Ampere (NVIDIA DU-09799, 'Tile quantization';
 # the nvjet/cutlass kernel names of benchmarks/results/gpu_runs.json carry 256x128, 128x256, 128x128,

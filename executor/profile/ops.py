@@ -12,8 +12,9 @@ is left out (the cost model keeps its roofline for it).
 """
 from __future__ import annotations
 
-from .measured import op_signature
-from .profile_device import best_of
+from planner.trace.measured import op_signature
+
+from .device import best_of
 
 
 def _make(spec, device: str):

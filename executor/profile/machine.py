@@ -1,4 +1,7 @@
-"""``meshplan profile``: measure this machine, write the profile TOML (and NAME.ops.json with --ops)."""
+"""``meshplan profile``: measure this machine, write the profile TOML (and NAME.ops.json with --ops).
+
+The collectives are measured by ``python -m executor.profile.collectives`` in a fresh interpreter.
+"""
 from __future__ import annotations
 
 import datetime
@@ -11,31 +14,28 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..config import PRECISIONS
-from ..errors import UserError
-from .profile_toml import render
+from planner.config import PRECISIONS
+from planner.errors import UserError
 
+from .toml import render
 
-def _comm_script() -> Path:
-    """executor/profile_comm.py next to the planner package (run as a subprocess: the planner
-    never imports torch.distributed)."""
-    return Path(__file__).resolve().parents[2] / "executor" / "profile_comm.py"
+# the folder that holds the executor package: the collective benchmark runs from there, so that its
+# interpreter imports this copy of meshplan
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 
 def measure_collectives(nproc: int, backend: str, *, quick: bool, threads: int) -> dict | None:
+    """collectives.py's measurements over ``nproc`` local processes (None below two)."""
     if nproc < 2:
         return None
-    script = _comm_script()
-    if not script.is_file():
-        raise UserError(f"cannot find the collective benchmark {script}", field="--nproc")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "comm.json"
-        cmd = [sys.executable, str(script), "--nproc", str(nproc), "--backend", backend, "--out", str(out),
-               "--threads", str(threads)] + (["--quick"] if quick else [])
+        cmd = [sys.executable, "-m", "executor.profile.collectives", "--nproc", str(nproc), "--backend", backend,
+               "--out", str(out), "--threads", str(threads)] + (["--quick"] if quick else [])
         try:
             # the ranks allocate as the executor's do (executor/launch.py HUGE_PAGES)
             env = {"THP_MEM_ALLOC_ENABLE": "1", **os.environ}
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env, cwd=PACKAGE_ROOT)
         except subprocess.TimeoutExpired:
             raise UserError(f"{backend} collectives over {nproc} processes did not finish in 30 minutes",
                             field="--nproc") from None
@@ -50,9 +50,10 @@ def measure_collectives(nproc: int, backend: str, *, quick: bool, threads: int) 
 
 
 def _ops(args, out: Path, command: str, device: str) -> Path:
-    from .load import trace_any
-    from .measured import ops_path_for, write_ops_profile
-    from .replay import time_ops
+    from planner.trace.load import trace_any
+    from planner.trace.measured import ops_path_for, write_ops_profile
+
+    from .ops import time_ops
     result, _ = trace_any(args.ops, args.example_input, keep_replays=True, device=device)
     import torch
     torch.set_num_threads(args.threads)
@@ -87,7 +88,7 @@ def profile_command(args) -> int:
     if getattr(args, "from_json", None):
         return rederive(args)
     import torch
-    from .profile_device import measure
+    from .device import measure
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("no CUDA device is visible to torch", field="--device")
@@ -143,5 +144,6 @@ def _command(args, nproc: int, device: str, out: Path) -> str:
 def _check(text: str, out: Path) -> None:
     """What we write must be what --cluster reads."""
     import tomllib
-    from ..cluster import parse_cluster
+
+    from planner.cluster import parse_cluster
     parse_cluster(tomllib.loads(text), str(out))

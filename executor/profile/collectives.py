@@ -1,9 +1,9 @@
 """Collective bandwidth and latency over torch.distributed between local processes.
 
-    python executor/profile_comm.py --nproc 2 --backend gloo --out comm.json [--quick] [--threads 1]
+    python -m executor.profile.collectives --nproc 2 --backend gloo --out comm.json [--quick] [--threads 1]
 
-`meshplan profile` runs this file as a subprocess (the planner never imports
-torch.distributed). Each rank runs all-reduce, all-gather, reduce-scatter and a
+`meshplan profile` runs this module in a fresh interpreter (machine.py
+measure_collectives), which spawns one process per rank. Each rank runs all-reduce, all-gather, reduce-scatter and a
 send/recv pair over message sizes; one sample of a size is the slowest rank's
 time for one call after a barrier, and the reported time is the best sample on a
 GPU (nccl-tests reports the same kind of number), the mean on a CPU (``collective_time``).
@@ -179,10 +179,10 @@ def _sync_wait(dist, torch, device, quick: bool) -> dict | None:
             "coefficient": coefficient}
 
 
-# The products of a transformer's linears as a CPU trains it (executor/profile_comm.py
+# The products of a transformer's linears as a CPU trains it (executor/profile/collectives.py
 # _concurrent_gemm): a micro-batch of LINEAR_TOKENS tokens through (in, out) widths of models a CPU
 # trains (hidden 512 and 1024; 4x MLPs up and down; a head over an 8192-entry vocabulary), each as
-# its forward x W^T, input gradient g W and weight gradient g^T x (planner/trace/profile_fit.py
+# its forward x W^T, input gradient g W and weight gradient g^T x (executor/profile/fit.py
 # gemm_dims). A CPU's GEMM kernels are not one rate: on the 2-core VM a head's forward
 # (1024 x 8192 x 512) ran at 71 GFLOP/s while the layers' products ran at 85-93 (two processes at
 # once, 15 s rotating over these products, 2026-11-24).
@@ -196,7 +196,7 @@ CONCURRENT_WINDOW_S = {True: 6.0, False: 12.0}     # seconds over all the produc
 def linear_products(torch, tokens: int, widths) -> list[tuple[dict, object, float]]:
     """(row, product, FLOPs) for each of a linear's three products at each (in, out) width; the row
     holds the product's (m, n, k) (an (m x k) @ (k x n)) and its kind."""
-    from planner.trace.profile_fit import gemm_dims
+    from .fit import gemm_dims
     out = []
     for i, o in widths:
         x, w, g = torch.randn(tokens, i), torch.randn(o, i), torch.randn(tokens, o)
@@ -248,15 +248,15 @@ def _concurrent_gemm(dist, torch, device, quick: bool) -> list[dict] | None:
 
 def _concurrent_kernels(dist, torch, quick: bool) -> dict:
     """The memory-bound work of a step measured as the GEMMs are: every process at once (a CPU).
-    The eager elementwise kernels and the executor's AdamW step (planner/trace/profile_kernels.py
-    eager_kernels, planner/trace/profile_device.py device_adam, the same calls and sizes as the
+    The eager elementwise kernels and the executor's AdamW step (executor/profile/kernels.py
+    eager_kernels, executor/profile/device.py device_adam, the same calls and sizes as the
     one-process profile) run on every rank after a barrier, and each figure is the slowest rank's:
     ranks stepping in data parallel run the same kernels at the same moment and share the memory
     bus. Measured on the 2-core VM (two processes, 2026-11-24): the streaming kernels (casts, fp32
     adds, norms) lost 25-30% of their one-process bandwidth with the other process streaming beside
     them; the compute-bound ones (strided RoPE products, SiLU, log-softmax) kept theirs."""
-    from planner.trace.profile_device import device_adam
-    from planner.trace.profile_kernels import eager_kernels
+    from .device import device_adam
+    from .kernels import eager_kernels
 
     def slowest(seconds: list[float]) -> list[float]:
         t = torch.tensor(seconds, dtype=torch.float64)
@@ -274,7 +274,7 @@ def _concurrent_kernels(dist, torch, quick: bool) -> dict:
     return {"eager": eager, "device_adam": adam}
 
 
-# the executor's blocks at a width where their kernels take next to nothing (executor/profile_comm.py
+# the executor's blocks at a width where their kernels take next to nothing (executor/profile/collectives.py
 # _tp_block_overhead): what is left is the host's time per block
 TP_PROBE = {"hidden": 64, "heads": 2, "ffn": 192, "layers": 4, "batch": 4, "seq": 64}
 
@@ -289,7 +289,7 @@ def _tp_block_overhead(dist, torch, device, quick: bool) -> dict | None:
     every op and the redistributions and functional collectives at the layer's four all-reduces.
     On the 2-core VM it was 19 ms per block forward and backward, the blocks' own work 3.6 ms
     (2026-11-24); the profile subtracts what it charges for the four all-reduces themselves
-    (planner/trace/profile_toml.py)."""
+    (executor/profile/toml.py)."""
     if device.type == "cuda":
         return None
     from torch.distributed.device_mesh import init_device_mesh
