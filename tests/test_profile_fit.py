@@ -67,3 +67,11 @@ def test_profile_from_a_bad_file_is_one_line(tmp_path):
     bad.write_text(json.dumps({"command": "c"}))
     proc = run_cli("profile", "--from", str(bad))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "date" in proc.stderr
+
+
+def test_rederive_takes_and_returns_values(tmp_path):
+    """The call under `meshplan profile --from`: the stored measurements' path in, the profile's out."""
+    from executor.profile import rederive
+    out = rederive("profiles/measured/h100-sxm5.kernels.json", out=tmp_path / "again.toml", name="measured-h100-sxm5")
+    assert out == tmp_path / "again.toml"
+    assert out.read_text() == open("profiles/measured/h100-sxm5.toml").read()

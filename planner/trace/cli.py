@@ -1,7 +1,8 @@
 """``meshplan trace MODEL`` and ``meshplan profile``: their flags and what they do.
 
 planner/cli.py registers them with ``add_parsers`` and calls ``run``; importing
-this file does not import torch (the handlers do, when they run).
+this file does not import torch (the handlers do, when they run). ``meshplan profile``
+is a call of the profiler's values API (executor/profile: profile_machine, rederive).
 """
 from __future__ import annotations
 
@@ -82,8 +83,26 @@ def add_parsers(sub) -> None:
 def run(args) -> int:
     if args.command == "trace":
         return trace_command(args)
-    from executor.profile.machine import profile_command     # the profiler measures with torch.distributed
     return profile_command(args)
+
+
+# -- meshplan profile ----------------------------------------------------------------------------
+
+def profile_command(args) -> int:
+    """The flags as a call of the profiler (executor/profile: it measures with torch.distributed, so
+    it is imported here, when the command runs, and nowhere else in the planner)."""
+    from executor.profile import profile_machine, rederive
+    if args.from_json:
+        out = rederive(args.from_json, out=args.out, name=args.name)
+        sys.stdout.write(f"wrote {out} (derived from {args.from_json})\n")
+        return 0
+    result = profile_machine(device=args.device, nproc=args.nproc, threads=args.threads, quick=args.quick,
+                             out=args.out, name=args.name, ops_model=args.ops, example_input=args.example_input,
+                             progress=lambda line: sys.stdout.write(line + "\n"))
+    if args.json:
+        json.dump({"device": result.device, "collectives": result.collectives}, sys.stdout)
+        sys.stdout.write("\n")
+    return 0
 
 
 # -- meshplan trace ------------------------------------------------------------------------------
