@@ -2,8 +2,8 @@
 
 Every number is timed here (best of ``repeat`` after a warm-up: the achieved
 rate without interference, as nccl-tests and mamf-finder report it); nothing is
-read from a datasheet. Collectives live in ``executor/profile/collectives.py`` (the
-planner never imports torch.distributed).
+read from a datasheet. Collectives, which take several processes, are measured by
+``collectives.py`` beside this module.
 """
 from __future__ import annotations
 
