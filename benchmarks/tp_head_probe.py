@@ -10,10 +10,11 @@ is DTensor's dispatch, its redistributions and the collectives of the embedding'
 loss_parallel (max, sum of exponentials, target logits). It prints the median time per micro-batch
 (30 samples after a barrier each, the slowest rank's), sharded against unsharded.
 
-The cost model charges the blocks' share of this host time (profile_comm._tp_block_overhead) but not
-the ends'. On the 2-core VM the ends cost 10-15 ms per micro-batch more sharded than
-unsharded, collectives included: at most 1.5% of the closed loop's TP steps (2 micro-batches, about
-2 s), against their measured -4% to +10% over the prediction in the four recordings of that day.
+The cost model charges the blocks' share of this host time (executor/profile/collectives.py
+_tp_block_overhead) but not the ends'. On the 2-core VM the ends cost 10-15 ms per micro-batch more
+sharded than unsharded, collectives included: at most 1.5% of the closed loop's TP steps (2
+micro-batches, about 2 s), against their measured -4% to +10% over the prediction in the four
+recordings of that day.
 """
 from __future__ import annotations
 
@@ -76,19 +77,21 @@ def _worker(rank: int, port: int) -> None:
               flush=True)
     dist.barrier()
     dist.destroy_process_group()
-    exit_now(0)     # as profile_comm's ranks: DTensor's functional collectives can abort the interpreter's exit
+    # as the profiler's ranks (executor/profile/collectives.py): DTensor's functional collectives can
+    # abort the interpreter's exit
+    exit_now(0)
 
 
 def main() -> int:
     import torch.multiprocessing as mp
 
-    from executor.profile_comm import _free_port
+    from executor.profile.collectives import free_port
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="times the whole probe runs (default 3)")
     args = parser.parse_args()
     print(f"{'unsharded ms':>13} {'sharded ms':>11} {'added ms':>9}   (per micro-batch, 2 gloo processes)")
     for _ in range(args.repeat):
-        mp.start_processes(_worker, args=(_free_port(),), nprocs=2, start_method="spawn")
+        mp.start_processes(_worker, args=(free_port(),), nprocs=2, start_method="spawn")
     return 0
 
 

@@ -92,7 +92,7 @@ _SOFTMAX = {"_log_softmax", "_log_softmax_backward_data", "_softmax", "_softmax_
 
 
 def kernel_class(r) -> str:
-    """The bandwidth class of an elementwise record (profile_kernels.eager_kernels measures each):
+    """The bandwidth class of an elementwise record (executor/profile/kernels.py eager_kernels measures each):
     dtype casts up and down, strided copies and gathers (and products over a strided half, as
     RoPE's), reductions, the loss's softmax, and plain streaming kernels."""
     if r.name in ("_to_copy", "copy_", "copy", "to") and r.inputs and r.outputs:

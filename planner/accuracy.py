@@ -88,7 +88,7 @@ def _band(entry: dict, part: str) -> Band | None:
 
 def written_by(cluster: Cluster, command: str) -> bool:
     """Whether the cluster's profile was written by ``command`` (its top-level source, as
-    planner/trace/profile_toml.py writes it: "measured: `meshplan profile ...` on HOST (DATE)")."""
+    executor/profile/toml.py writes it: "measured: `meshplan profile ...` on HOST (DATE)")."""
     return cluster.measured_by.startswith(f"measured: `{command}")
 
 

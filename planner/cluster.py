@@ -113,7 +113,7 @@ class Cluster:
     intra_all_gather_ratio: float = 1.0       # all-gather's bus bandwidth in a node against all-reduce's (gloo: < 1)
     intra_reduce_scatter_ratio: float = 1.0   # reduce-scatter's likewise
     sync_wait_coefficient: float = 0.0    # a blocking collective after t seconds of work waits c sqrt(t) for the
-                                          # slowest rank (CPU profiles: executor/profile_comm.py _sync_wait)
+                                          # slowest rank (CPU profiles: executor/profile/collectives.py _sync_wait)
     source: str = ""
     measured_by: str = ""                 # the profile's own top-level `source` (what `meshplan profile` ran)
     gpu_hour_usd: float = 0.0             # price of one GPU for one hour (0: the profile has no [pricing])
@@ -132,7 +132,7 @@ class Cluster:
     @property
     def device_kind(self) -> str:
         """"cpu" for processes on one host over TCP loopback (cpu-gloo, and what `meshplan profile`
-        writes on a machine without a GPU: planner/trace/profile_toml.py), else "cuda"."""
+        writes on a machine without a GPU: executor/profile/toml.py), else "cuda"."""
         return "cpu" if self.fabric == "loopback" else "cuda"
 
     def graph(self):

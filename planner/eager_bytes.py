@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from .eager_table import TABLE
 
 # the bandwidth classes of eager kernels (executor.eager_counts.kernel_class); a profile measures
-# each (planner.trace.profile_kernels.eager_kernels), else every class streams at the HBM rate
+# each (executor.profile.kernels.eager_kernels), else every class streams at the HBM rate
 CLASSES = ("stream", "cast_up", "cast_down", "strided", "reduce", "softmax", "norm")
 
 

@@ -179,6 +179,8 @@ def load_model(source: str, *, seq_len: int | None = None) -> ModelSpec:
 
 
 def read_json(path: Path) -> dict:
+    """The JSON object in ``path``; a missing file, bad JSON or another top-level value is a UserError
+    that names the file (and the line and column)."""
     try:
         text = path.read_text()
     except OSError as e:

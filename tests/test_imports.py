@@ -88,3 +88,24 @@ def test_reports_and_exports_read_no_cli_layer():
     for name in graph:
         if name.startswith(("planner.report", "planner.exports")) and name != "planner.report.gallery":
             assert not graph[name] & {"planner.cli", "planner.commands"}, (name, graph[name])
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+# the planner's command line: it hands `meshplan run` and `meshplan profile` to the executor's code
+PLANNER_CLI = ("planner.cli", "planner.trace.cli")
+
+
+def test_the_profiler_is_a_room_of_its_own():
+    """executor/profile measures with torch.distributed and may use the executor's helpers and the
+    planner's pure modules; nothing else in executor/ imports it, and the planner imports nothing of
+    executor/ outside its command line."""
+    graph = import_graph()
+    assert "executor.profile.machine" in graph and "executor.profile.collectives" in graph
+    for name, deps in graph.items():
+        if _within(name, "executor") and not _within(name, "executor.profile"):
+            assert not {d for d in deps if _within(d, "executor.profile")}, (name, deps)
+        if _within(name, "planner") and not any(_within(name, cli) for cli in PLANNER_CLI):
+            assert not {d for d in deps if _within(d, "executor")}, (name, deps)

@@ -144,7 +144,7 @@ def test_the_cost_model_prefers_measured_times(tmp_path):
 
 
 def test_the_collectives_measured_over_gloo(profile):
-    """executor/profile_comm.py's rows as the profile keeps them."""
+    """executor/profile/collectives.py's rows as the profile keeps them."""
     rows = tomllib.loads(profile.read_text())["measured"]["collectives"]
     assert len(rows) >= 3
     for row in rows:
@@ -154,13 +154,13 @@ def test_the_collectives_measured_over_gloo(profile):
 
 
 def test_a_collective_time_is_the_mean_sample_on_a_cpu_and_the_best_on_a_gpu(monkeypatch):
-    """executor/profile_comm.py _timed on a scripted clock: samples of 1, 3 and 2 ms (after a
-    warm-up call) average 2 ms on a CPU; a GPU keeps the best, 1 ms."""
+    """executor/profile/collectives.py collective_time on a scripted clock: samples of 1, 3 and 2 ms
+    (after a warm-up call) average 2 ms on a CPU; a GPU keeps the best, 1 ms."""
     import types
 
     import torch
 
-    from executor import profile_comm
+    from executor.profile import collectives
 
     class OneRank:      # the slowest rank's time of a one-rank group: its own
         def barrier(self):
@@ -176,23 +176,23 @@ def test_a_collective_time_is_the_mean_sample_on_a_cpu_and_the_best_on_a_gpu(mon
                                        float64=torch.float64, cuda=types.SimpleNamespace(synchronize=lambda: None))
     for kind, expected in (("cpu", 2e-3), ("cuda", 1e-3)):
         clock = iter([0.0, 1e-3, 10.0, 10.003, 20.0, 20.002])      # (start, end) of each sample
-        monkeypatch.setattr(profile_comm, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
-        got = profile_comm._timed(lambda: None, OneRank(), fake_torch, types.SimpleNamespace(type=kind), 3)
+        monkeypatch.setattr(collectives, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+        got = collectives.collective_time(lambda: None, OneRank(), fake_torch, types.SimpleNamespace(type=kind), 3)
         assert got == pytest.approx(expected)
 
 
 def test_the_tp_block_overhead_is_the_sharded_blocks_time_beyond_the_unsharded_and_their_all_reduces():
-    """planner/trace/profile_toml.py _tp_block_lines on hand-written timings: 4 blocks, 2 ranks, a
+    """executor/profile/toml.py tp_block_lines on hand-written timings: 4 blocks, 2 ranks, a
     65536-byte activation; link 1 GB/s, latency 100 us: an all-reduce is charged 2 x 100 us + 65536 B /
     1 GB/s = 265.536 us. Forward (30 - 6) ms / 4 - 2 x 0.265536 = 5.468928 ms; backward ((90 - 30) -
     (16 - 6)) ms / 4 - 2 x 0.265536 = 11.968928 ms."""
-    from planner.trace.profile_toml import _tp_block_lines
+    from executor.profile.toml import tp_block_lines
     b = {"hidden": 64, "heads": 2, "ffn": 192, "layers": 4, "batch": 4, "seq": 64, "samples": 10,
          "activation_bytes": 65536, "plain_fwd_s": 0.006, "plain_fwd_bwd_s": 0.016, "tp_fwd_s": 0.030,
          "tp_fwd_bwd_s": 0.090}
-    lines = _tp_block_lines(b, 2, 1.0, 100.0, "measured: `x`")
+    lines = tp_block_lines(b, 2, 1.0, 100.0, "measured: `x`")
     fwd, bwd = tomllib.loads("\n".join(lines))["tp_block_overhead_us"]
     assert fwd == pytest.approx(5468.928, rel=1e-3) and bwd == pytest.approx(11968.928, rel=1e-3)
     # sharding that costs less than its all-reduces: nothing below zero
     fast = {**b, "tp_fwd_s": 0.006, "tp_fwd_bwd_s": 0.016}
-    assert tomllib.loads("\n".join(_tp_block_lines(fast, 2, 1.0, 100.0, "measured: `x`")))["tp_block_overhead_us"] == [0, 0]
+    assert tomllib.loads("\n".join(tp_block_lines(fast, 2, 1.0, 100.0, "measured: `x`")))["tp_block_overhead_us"] == [0, 0]

@@ -1,4 +1,4 @@
-"""Kernel-model parameters fitted to a GPU's sweeps (planner/trace/profile_fit.py): the fit recovers
+"""Kernel-model parameters fitted to a GPU's sweeps (executor/profile/fit.py): the fit recovers
 known parameters from sweeps generated with them, and a stored profile derives again (--from)."""
 import json
 from dataclasses import replace
@@ -8,7 +8,7 @@ import pytest
 from conftest import run_cli
 from planner.cluster import load_cluster
 from planner.cost.compute import gemm_s
-from planner.trace.profile_fit import _device, eager_bandwidths, fit_attention, fit_gemm
+from executor.profile.fit import eager_bandwidths, fit_attention, fit_device, fit_gemm
 
 
 def _sweep(dev):
@@ -24,7 +24,7 @@ def _sweep(dev):
 
 
 def test_fit_gemm_recovers_the_parameters_it_was_generated_with():
-    dev = _device(132, 3e12, peak_flops=(("bf16", 800e12),), gemm_latency_s=4e-6, gemm_wave_latency_s=1e-6,
+    dev = fit_device(132, 3e12, peak_flops=(("bf16", 800e12),), gemm_latency_s=4e-6, gemm_wave_latency_s=1e-6,
                   gemm_unaligned_efficiency=0.25)
     got = fit_gemm(_sweep(dev), sm_count=132, hbm_bytes_per_s=3e12)
     assert got["rate_flops"] == 800e12 and got["latency_s"] == pytest.approx(4e-6)
@@ -67,3 +67,11 @@ def test_profile_from_a_bad_file_is_one_line(tmp_path):
     bad.write_text(json.dumps({"command": "c"}))
     proc = run_cli("profile", "--from", str(bad))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "date" in proc.stderr
+
+
+def test_rederive_takes_and_returns_values(tmp_path):
+    """The call under `meshplan profile --from`: the stored measurements' path in, the profile's out."""
+    from executor.profile import rederive
+    out = rederive("profiles/measured/h100-sxm5.kernels.json", out=tmp_path / "again.toml", name="measured-h100-sxm5")
+    assert out == tmp_path / "again.toml"
+    assert out.read_text() == open("profiles/measured/h100-sxm5.toml").read()

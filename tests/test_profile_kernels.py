@@ -1,4 +1,4 @@
-"""The kernel measurements behind `meshplan profile` (planner/trace/profile_kernels.py), on the CPU:
+"""The kernel measurements behind `meshplan profile` (executor/profile/kernels.py), on the CPU:
 every path runs and reports what the cost model reads; the GPU figures are in
 profiles/measured/*.kernels.json."""
 import json
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from planner.trace import profile_kernels as pk
+from executor.profile import kernels as pk
 
 
 class _FakeClock:

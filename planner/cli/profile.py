@@ -1,8 +1,11 @@
-"""`meshplan profile`: measure this machine and write a cluster profile TOML (the profiler itself is
-``executor/profile``; importing this file does not import torch)."""
+"""`meshplan profile`: measure this machine and write a cluster profile TOML. The flags become a call of
+the profiler's values API (executor/profile: ``profile_machine``, ``rederive``), imported when the command
+runs: importing this file does not import torch."""
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 
 from .common import add_debug, add_example_input_arg
 
@@ -44,5 +47,15 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..trace.profile_cmd import profile_command
-    return profile_command(args)
+    from executor.profile import profile_machine, rederive
+    if args.from_json:
+        out = rederive(args.from_json, out=args.out, name=args.name)
+        sys.stdout.write(f"wrote {out} (derived from {args.from_json})\n")
+        return 0
+    result = profile_machine(device=args.device, nproc=args.nproc, threads=args.threads, quick=args.quick,
+                             out=args.out, name=args.name, ops_model=args.ops, example_input=args.example_input,
+                             progress=lambda line: sys.stdout.write(line + "\n"))
+    if args.json:
+        json.dump({"device": result.device, "collectives": result.collectives}, sys.stdout)
+        sys.stdout.write("\n")
+    return 0

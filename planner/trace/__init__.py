@@ -19,8 +19,8 @@ Modules:
   opgraph.py    the networkx operator graph
   tracer.py     trace / trace_module / TraceResult
   load.py       --model file.py:factory / package.module:factory and --example-input
-  measured.py   per-op measured times (meshplan profile --ops): storage and attachment (no torch)
-  replay.py     time each traced operator on the local device
+  measured.py   per-op measured times (meshplan profile --ops): storage and attachment (no torch);
+                the timing itself is the profiler's (executor/profile/ops.py)
   zoo.py        a zoo model or config.json as a transformers module to trace
 
 `meshplan trace` is planner/cli/trace.py; the hardware profiler (`meshplan profile`) is executor/profile/.

@@ -30,7 +30,7 @@ import statistics
 import time
 from contextlib import nullcontext
 
-from .measured import PRECISION_DTYPES
+from planner.trace.measured import PRECISION_DTYPES
 
 # passes over the eager kernels on a CPU, each timing every kernel (eager_kernels)
 CPU_EAGER_PASSES = 5
@@ -130,7 +130,7 @@ def attention_backends(device: str, dtype: str, shapes: list[tuple[int, int, int
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from ..cost.compute import attention_flops
+    from planner.layers import attention_flops
     dt = _dtype(dtype)
     backends = {"default": None, "cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
@@ -271,7 +271,7 @@ def eager_kernels(device: str, tokens: int, hidden: int, vocab: int, repeat: int
     }
     rows = []
     # a GPU repeats a kernel to within a percent: the best of ``repeat``. A CPU shared with other
-    # processes swings by tens of percent within seconds (executor/profile_comm.py
+    # processes swings by tens of percent within seconds (executor/profile/collectives.py
     # _concurrent_gemm), which the best of three 2 ms timings in a row sampled at one moment (one
     # class's rate ranged 4.5-23 GB/s over four quick profiles in a row, 2026-11-23): there every
     # kernel's best of ``repeat`` is taken once per pass over all of them, and its figure is the

@@ -2,26 +2,25 @@
 
 Every number is timed here (best of ``repeat`` after a warm-up: the achieved
 rate without interference, as nccl-tests and mamf-finder report it); nothing is
-read from a datasheet. Collectives live in ``executor/profile_comm.py`` (the
-planner never imports torch.distributed).
+read from a datasheet. Collectives, which take several processes, are measured by
+``collectives.py`` beside this module.
 """
 from __future__ import annotations
 
 import os
 
-from ..cost.compute import attention_flops
-from ..cost.step import ADAM_BYTES_PER_PARAM
-
-from .measured import PRECISION_DTYPES
+from planner.layers import attention_flops
+from planner.cost.step import ADAM_BYTES_PER_PARAM
+from planner.trace.measured import PRECISION_DTYPES
 
 GEMM_SHAPES = ((512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 1024, 4096), (2048, 4096, 1024))
 GEMM_SHAPES_QUICK = ((512, 512, 512), (1024, 1024, 1024))
 
 
 def best_of(fn, device: str, repeat: int = 5) -> float:
-    """Seconds per call of ``fn`` (``profile_kernels.time_per_call``: back-to-back calls between
+    """Seconds per call of ``fn`` (``kernels.time_per_call``: back-to-back calls between
     synchronisations, best of ``repeat``)."""
-    from .profile_kernels import time_per_call
+    from .kernels import time_per_call
     return time_per_call(fn, device, repeat)
 
 
@@ -62,7 +61,7 @@ def attention(device: str, dtype: str, quick: bool, repeat: int) -> dict:
 
 def copy_bandwidth(device: str, quick: bool, repeat: int) -> dict:
     """A large tensor copy: read + write bytes over time (STREAM 'copy')."""
-    from .profile_kernels import bandwidth_sweep
+    from .kernels import bandwidth_sweep
     nbytes = (64 if quick or not device.startswith("cuda") else 1024) * 2**20
     return bandwidth_sweep(device, [nbytes], repeat)[0]
 
@@ -164,9 +163,9 @@ GPU_COPY_BYTES = tuple(2**e for e in range(16, 31, 2))
 
 
 def kernel_detail(device: str, dtypes: list[str], *, quick: bool) -> dict:
-    """The kernel-level measurements of profile_kernels: a shape sweep on a GPU, a token one on the
+    """The kernel-level measurements of kernels.py: a shape sweep on a GPU, a token one on the
     CPU or with --quick (enough to exercise every path)."""
-    from . import profile_kernels as pk
+    from . import kernels as pk
     gpu = device.startswith("cuda") and not quick
     tokens = GPU_TOKENS if gpu else (64,)
     widths = GPU_WIDTHS if gpu else ((32, 64),)

@@ -12,8 +12,12 @@ is left out (the cost model keeps its roofline for it).
 """
 from __future__ import annotations
 
-from .measured import op_signature
-from .profile_device import best_of
+import sys
+from pathlib import Path
+
+from planner.trace.measured import op_signature
+
+from .device import best_of
 
 
 def _make(spec, device: str):
@@ -79,3 +83,23 @@ def time_ops(result, *, device: str = "cpu", repeat: int = 3) -> tuple[dict[str,
             entries[sig] = {"fwd_s_per_token": times[0] / result.tokens, "bwd_s_per_token": times[1] / result.tokens,
                             "example": f"{layer.name}/{op.name}", "kind": op.kind}
     return entries, failed
+
+
+def profile_ops(model: str, *, example_input: str | None, profile: Path, command: str, device: str,
+                threads: int) -> Path:
+    """Trace ``model`` keeping its replays, time each of its ops here with ``threads`` CPU threads and
+    write them to NAME.ops.json beside the profile TOML ``profile``; that path. An op that could not be
+    timed is said on stderr (the cost model keeps its roofline)."""
+    import torch
+
+    from planner.trace.load import trace_any
+    from planner.trace.measured import ops_path_for, write_ops_profile
+    result, _ = trace_any(model, example_input, keep_replays=True, device=device)
+    torch.set_num_threads(threads)
+    entries, failed = time_ops(result, device=device)
+    for line in failed:
+        sys.stderr.write(f"meshplan profile: not timed (roofline kept): {line}\n")
+    path = ops_path_for(profile)
+    write_ops_profile(path, command=command, device=device, dtype=result.capture.activation_dtype.replace("torch.", ""),
+                      model=model, seq_len=result.graph.seq_len, tokens=result.tokens, entries=entries)
+    return path

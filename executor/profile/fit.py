@@ -12,8 +12,9 @@ import math
 import statistics
 from dataclasses import replace
 
-from ..cluster import Device
-from ..cost.compute import GEMM_ALIGN_ELEMS, attention_flops, gemm_s
+from planner.cluster import Device
+from planner.cost.compute import GEMM_ALIGN_ELEMS, gemm_s
+from planner.layers import attention_flops
 
 # Output tiles cuBLAS chooses among on Hopper and Ampere (NVIDIA DU-09799, 'Tile quantization';
 # the nvjet/cutlass kernel names of benchmarks/results/gpu_runs.json carry 256x128, 128x256, 128x128,
@@ -24,7 +25,9 @@ GEMM_LATENCIES_US = (0.0, 2.0, 4.0, 6.0, 8.0, 10.0)
 WAVE_LATENCIES_US = (0.0, 0.5, 1.0, 2.0, 3.0, 4.0)
 
 
-def _device(sm_count: int, hbm_bytes_per_s: float, **fields) -> Device:
+def fit_device(sm_count: int, hbm_bytes_per_s: float, **fields) -> Device:
+    """The device the fits price kernels on: this GPU's multiprocessors and HBM bandwidth, every
+    efficiency 1, tiles ``GPU_TILES``, and ``fields`` (the parameters under trial) over that."""
     base = Device(name="fit", memory_bytes=1.0, hbm_bytes_per_s=hbm_bytes_per_s, peak_flops=(("bf16", 1e15),),
                   sm_count=sm_count, gemm_tiles=GPU_TILES, gemm_efficiency=1.0, hbm_efficiency=1.0,
                   attention_efficiency=1.0, reserved_bytes=0.0)
@@ -49,7 +52,7 @@ def fit_gemm(rows: list[dict], *, sm_count: int, hbm_bytes_per_s: float) -> dict
     for rate in RATES_TFLOPS:
         for lat in GEMM_LATENCIES_US:
             for wave in WAVE_LATENCIES_US:
-                dev = _device(sm_count, hbm_bytes_per_s, peak_flops=(("bf16", rate * 1e12),),
+                dev = fit_device(sm_count, hbm_bytes_per_s, peak_flops=(("bf16", rate * 1e12),),
                               gemm_latency_s=lat * 1e-6, gemm_wave_latency_s=wave * 1e-6)
                 err = statistics.mean(abs(math.log(gemm_s(*gemm_dims(r), dev, "bf16") / r["seconds"])) for r in ok)
                 if best is None or err < best[0]:

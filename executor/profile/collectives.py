@@ -1,12 +1,12 @@
 """Collective bandwidth and latency over torch.distributed between local processes.
 
-    python executor/profile_comm.py --nproc 2 --backend gloo --out comm.json [--quick] [--threads 1]
+    python -m executor.profile.collectives --nproc 2 --backend gloo --out comm.json [--quick] [--threads 1]
 
-`meshplan profile` runs this file as a subprocess (the planner never imports
-torch.distributed). Each rank runs all-reduce, all-gather, reduce-scatter and a
+`meshplan profile` runs this module in a fresh interpreter (machine.py
+measure_collectives), which spawns one process per rank. Each rank runs all-reduce, all-gather, reduce-scatter and a
 send/recv pair over message sizes; one sample of a size is the slowest rank's
 time for one call after a barrier, and the reported time is the best sample on a
-GPU (nccl-tests reports the same kind of number), the mean on a CPU (``_timed``).
+GPU (nccl-tests reports the same kind of number), the mean on a CPU (``collective_time``).
 Bus bandwidth follows nccl-tests' definition (NVIDIA/nccl-tests doc/PERFORMANCE.md): all-reduce moves
 2(n-1)/n of the buffer through each rank's link, all-gather and reduce-scatter
 (n-1)/n. Rank 0 writes the JSON; each rank's resident memory after the process
@@ -34,7 +34,7 @@ def _rss_bytes() -> int:
     return 0
 
 
-def _timed(fn, dist, torch, device, repeat: int) -> float:
+def collective_time(fn, dist, torch, device, repeat: int) -> float:
     """The slowest rank's time for one call, over ``repeat`` samples after a barrier each: on a GPU
     the best sample (nccl-tests' kind of number: NCCL repeats to within a percent), on a CPU the
     mean. gloo over loopback on cores the ranks share varies from call to call with the scheduler:
@@ -61,15 +61,15 @@ def _collectives(dist, torch, device, world: int, rank: int, size: int, repeat: 
     x = torch.ones(elems, device=device)
     shard = torch.ones(elems // world, device=device)
     row = {"bytes": elems * 4}
-    row["all_reduce_s"] = _timed(lambda: dist.all_reduce(x), dist, torch, device, repeat)
+    row["all_reduce_s"] = collective_time(lambda: dist.all_reduce(x), dist, torch, device, repeat)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     try:
-        row["all_gather_s"] = _timed(lambda: gather(x, shard), dist, torch, device, repeat)
+        row["all_gather_s"] = collective_time(lambda: gather(x, shard), dist, torch, device, repeat)
     except (RuntimeError, NotImplementedError, ValueError) as e:
         row["all_gather_error"] = str(e).splitlines()[0]
     try:
-        row["reduce_scatter_s"] = _timed(lambda: scatter(shard, x), dist, torch, device, repeat)
+        row["reduce_scatter_s"] = collective_time(lambda: scatter(shard, x), dist, torch, device, repeat)
     except (RuntimeError, NotImplementedError, ValueError) as e:
         row["reduce_scatter_error"] = str(e).splitlines()[0]
 
@@ -78,7 +78,7 @@ def _collectives(dist, torch, device, world: int, rank: int, size: int, repeat: 
             dist.send(x, 1)
         elif rank == 1:
             dist.recv(x, 0)
-    row["send_recv_s"] = _timed(p2p, dist, torch, device, repeat)
+    row["send_recv_s"] = collective_time(p2p, dist, torch, device, repeat)
     factor = 2 * (world - 1) / world
     row["all_reduce_busbw_GBps"] = factor * row["bytes"] / row["all_reduce_s"] / 1e9
     if "all_gather_s" in row:
@@ -179,10 +179,10 @@ def _sync_wait(dist, torch, device, quick: bool) -> dict | None:
             "coefficient": coefficient}
 
 
-# The products of a transformer's linears as a CPU trains it (executor/profile_comm.py
+# The products of a transformer's linears as a CPU trains it (executor/profile/collectives.py
 # _concurrent_gemm): a micro-batch of LINEAR_TOKENS tokens through (in, out) widths of models a CPU
 # trains (hidden 512 and 1024; 4x MLPs up and down; a head over an 8192-entry vocabulary), each as
-# its forward x W^T, input gradient g W and weight gradient g^T x (planner/trace/profile_fit.py
+# its forward x W^T, input gradient g W and weight gradient g^T x (executor/profile/fit.py
 # gemm_dims). A CPU's GEMM kernels are not one rate: on the 2-core VM a head's forward
 # (1024 x 8192 x 512) ran at 71 GFLOP/s while the layers' products ran at 85-93 (two processes at
 # once, 15 s rotating over these products, 2026-11-24).
@@ -196,7 +196,7 @@ CONCURRENT_WINDOW_S = {True: 6.0, False: 12.0}     # seconds over all the produc
 def linear_products(torch, tokens: int, widths) -> list[tuple[dict, object, float]]:
     """(row, product, FLOPs) for each of a linear's three products at each (in, out) width; the row
     holds the product's (m, n, k) (an (m x k) @ (k x n)) and its kind."""
-    from planner.trace.profile_fit import gemm_dims
+    from .fit import gemm_dims
     out = []
     for i, o in widths:
         x, w, g = torch.randn(tokens, i), torch.randn(o, i), torch.randn(tokens, o)
@@ -215,7 +215,8 @@ def _concurrent_gemm(dist, torch, device, quick: bool) -> list[dict] | None:
     in turn, round after round, for ``CONCURRENT_WINDOW_S`` seconds, and a product's rate is its FLOPs
     over its total time in the window (a step's GEMM time is a sum, so slow calls count as much as
     fast ones); ``tflops`` is the slowest rank's, which paces every rank of a synchronous step (as
-    ``_timed`` and ``_contention`` take the slowest rank), ``tflops_mean`` the mean over the ranks.
+    ``collective_time`` and ``_contention`` take the slowest rank), ``tflops_mean`` the mean over the
+    ranks.
     One window over all the products, not one per product: the VM's per-core speed swings by tens
     of percent over seconds (one rank's 1024^3 rate over successive half seconds ranged 43-81
     GFLOP/s while the other's stayed at 71-82, two processes timing for 40 s, 2026-11-23), and a
@@ -247,15 +248,15 @@ def _concurrent_gemm(dist, torch, device, quick: bool) -> list[dict] | None:
 
 def _concurrent_kernels(dist, torch, quick: bool) -> dict:
     """The memory-bound work of a step measured as the GEMMs are: every process at once (a CPU).
-    The eager elementwise kernels and the executor's AdamW step (planner/trace/profile_kernels.py
-    eager_kernels, planner/trace/profile_device.py device_adam, the same calls and sizes as the
+    The eager elementwise kernels and the executor's AdamW step (executor/profile/kernels.py
+    eager_kernels, executor/profile/device.py device_adam, the same calls and sizes as the
     one-process profile) run on every rank after a barrier, and each figure is the slowest rank's:
     ranks stepping in data parallel run the same kernels at the same moment and share the memory
     bus. Measured on the 2-core VM (two processes, 2026-11-24): the streaming kernels (casts, fp32
     adds, norms) lost 25-30% of their one-process bandwidth with the other process streaming beside
     them; the compute-bound ones (strided RoPE products, SiLU, log-softmax) kept theirs."""
-    from planner.trace.profile_device import device_adam
-    from planner.trace.profile_kernels import eager_kernels
+    from .device import device_adam
+    from .kernels import eager_kernels
 
     def slowest(seconds: list[float]) -> list[float]:
         t = torch.tensor(seconds, dtype=torch.float64)
@@ -273,7 +274,7 @@ def _concurrent_kernels(dist, torch, quick: bool) -> dict:
     return {"eager": eager, "device_adam": adam}
 
 
-# the executor's blocks at a width where their kernels take next to nothing (executor/profile_comm.py
+# the executor's blocks at a width where their kernels take next to nothing (executor/profile/collectives.py
 # _tp_block_overhead): what is left is the host's time per block
 TP_PROBE = {"hidden": 64, "heads": 2, "ffn": 192, "layers": 4, "batch": 4, "seq": 64}
 
@@ -288,7 +289,7 @@ def _tp_block_overhead(dist, torch, device, quick: bool) -> dict | None:
     every op and the redistributions and functional collectives at the layer's four all-reduces.
     On the 2-core VM it was 19 ms per block forward and backward, the blocks' own work 3.6 ms
     (2026-11-24); the profile subtracts what it charges for the four all-reduces themselves
-    (planner/trace/profile_toml.py)."""
+    (executor/profile/toml.py)."""
     if device.type == "cuda":
         return None
     from torch.distributed.device_mesh import init_device_mesh
@@ -353,10 +354,10 @@ def _worker(rank: int, world: int, backend: str, port: int, out: str, quick: boo
         reserved = _rss_bytes()
     reserved_t = torch.tensor([float(reserved)], dtype=torch.float64, device=device)
     dist.all_reduce(reserved_t, op=dist.ReduceOp.MAX)
-    # a CPU's collectives vary call to call, and their mean (_timed) is what a step pays: a scheduler
-    # stall of a few ms among 12 samples moved the 8-byte mean from 0.45 to 1.8 ms and a quick profile's
-    # ZeRO-2 prediction from 1.74 to 2.43 s minutes apart (2026-11-24); 48 samples (96 without --quick)
-    # cost about a second
+    # a CPU's collectives vary call to call, and their mean (collective_time) is what a step pays: a
+    # scheduler stall of a few ms among 12 samples moved the 8-byte mean from 0.45 to 1.8 ms and a quick
+    # profile's ZeRO-2 prediction from 1.74 to 2.43 s minutes apart (2026-11-24); 48 samples (96 without
+    # --quick) cost about a second
     repeat = (3 if quick else 5) if device.type == "cuda" else (48 if quick else 96)
     rows = [_collectives(dist, torch, device, world, rank, size, repeat)
             for size in (SIZES_QUICK if quick else SIZES)]
@@ -380,7 +381,8 @@ def _worker(rank: int, world: int, backend: str, port: int, out: str, quick: boo
     exit_now(0)
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that no process holds now (the OS picks it), for a process group's rendezvous."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -397,7 +399,7 @@ def main(argv=None) -> int:
     if args.nproc < 2:
         p.error("--nproc must be at least 2 to measure collectives")
     import torch.multiprocessing as mp
-    mp.spawn(_worker, args=(args.nproc, args.backend, _free_port(), args.out, args.quick, args.threads),
+    mp.spawn(_worker, args=(args.nproc, args.backend, free_port(), args.out, args.quick, args.threads),
              nprocs=args.nproc)
     return 0
 

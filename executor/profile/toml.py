@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from ..cluster import GiB
+from planner.cluster import GiB
 
 
 def _q(text: str) -> str:
@@ -82,7 +82,7 @@ def _collective_ratio_lines(comm: dict | None, measured: str) -> list[str]:
 
 def _contention_lines(comm: dict | None, m: dict, measured: str) -> list[str]:
     """comm_sms: the share of the device that a running collective takes from compute, as
-    profile_comm.py measured it (1 - GEMM time alone / GEMM time beside an all-reduce), in SMs."""
+    collectives.py measured it (1 - GEMM time alone / GEMM time beside an all-reduce), in SMs."""
     c = (comm or {}).get("contention")
     if not c:
         return []
@@ -99,26 +99,26 @@ def _contention_lines(comm: dict | None, m: dict, measured: str) -> list[str]:
                           for r in w["stretches"])
         src = (f"{measured}: the wait at an 8-byte all_reduce after a stretch of work on every rank, less the "
                f"same all_reduce after a barrier ({w['all_reduce_s'] * 1e3:.3g} ms), {w['samples']} samples: "
-               f"{parts}; least squares of wait = c sqrt(stretch) (executor/profile_comm.py _sync_wait)")
+               f"{parts}; least squares of wait = c sqrt(stretch) (executor/profile/collectives.py _sync_wait)")
         out += [f"sync_wait_coefficient = {_num(w['coefficient'])}   # measured: seconds of wait per sqrt(second) "
                 "of work between blocking collectives", f"sync_wait_coefficient_source = {_q(src)}"]
     return out
 
 
 def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, date: str, nproc: int) -> str:
-    """The profile text for measurements ``m`` (profile_device.measure) and ``comm`` (profile_comm.py)."""
+    """The profile text for measurements ``m`` (device.measure) and ``comm`` (collectives.py)."""
     cpu = m["device_type"] != "cuda"
     measured = f"measured: `{command}` on {host} ({date})"
     peaks = _peaks(m, cpu)
     alone = dict(peaks)
     concurrent = (comm or {}).get("gemm_concurrent") if cpu else None
-    if concurrent:      # the slowest process's rate while all compute at once (executor/profile_comm.py)
+    if concurrent:      # the slowest process's rate while all compute at once (executor/profile/collectives.py)
         peaks[max(peaks, key=peaks.get)] = statistics.median(r["tflops"] for r in concurrent)
     first = max(peaks, key=peaks.get)
     attn = m["attention"].get(first, {})
     # attention over the GEMM rate measured as it was (one process, moments apart), so that the
     # fraction holds under the concurrent peak too: the machine's speed swings by tens of percent
-    # within seconds (executor/profile_comm.py _concurrent_gemm), and a ratio of rates measured in
+    # within seconds (executor/profile/collectives.py _concurrent_gemm), and a ratio of rates measured in
     # different conditions carried that swing (0.31-0.55 over four quick profiles in a row, 2026-11-23)
     attn_eff = min(1.0, attn.get("tflops", 0.0) / alone[first]) if alone[first] else 0.5
     link, latency, comm_src = _collective_fields(comm, m)
@@ -152,7 +152,7 @@ def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, da
         f"attention_efficiency_source = {_q(attn_src)}",
     ]
     # on a CPU with several processes, the memory-bound kernels as they ran in all of them at once
-    # (executor/profile_comm.py _concurrent_kernels), else as one process ran them alone
+    # (executor/profile/collectives.py _concurrent_kernels), else as one process ran them alone
     together = ((comm or {}).get("kernels_concurrent") or {}) if cpu else {}
     at_once = f", in each of {nproc} processes at once, the slowest"
     a = together.get("device_adam") or m.get("device_adam")
@@ -167,12 +167,12 @@ def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, da
     if concurrent:
         kernel_lines += _gemm_shape_lines(concurrent, peaks[first], measured, nproc)
     if cpu and (comm or {}).get("tp_block"):
-        kernel_lines += _tp_block_lines(comm["tp_block"], comm["world"], link, latency, measured)
+        kernel_lines += tp_block_lines(comm["tp_block"], comm["world"], link, latency, measured)
     if not cpu and m.get("kernels"):
         peaks, kernel_lines, gpu_src = _fitted(m, peaks, measured)
     lines = [
         f"# Written by `{command}` on {host} ({date}). Every number below was measured on that machine",
-        "# by that command (the raw measurements are under [measured]); see planner/trace/profile_toml.py",
+        "# by that command (the raw measurements are under [measured]); see executor/profile/toml.py",
         "# for how the derived fields follow from them.",
         "schema = 1",
         f"name = {_q(name)}",
@@ -237,8 +237,8 @@ TILE_SOURCE = ("cuBLAS tile shapes (NVIDIA DU-09799, 'Tile quantization'); the k
 
 def _fitted(m: dict, peaks: dict[str, float], measured: str) -> tuple[dict[str, float], list[str], str]:
     """A GPU with kernel sweeps: (peaks, [gpu.kernels] lines, [gpu] source) from the fits of
-    planner.trace.profile_fit (GEMM tile/wave/split-K model, attention rate)."""
-    from .profile_fit import GPU_TILES, eager_bandwidths, fit_attention, fit_gemm
+    executor.profile.fit (GEMM tile/wave/split-K model, attention rate)."""
+    from .fit import GPU_TILES, eager_bandwidths, fit_attention, fit_gemm
     k = m["kernels"]
     g = fit_gemm(k["gemm"], sm_count=m["device"]["sm_count"], hbm_bytes_per_s=m["copy"]["GBps"] * 1e9)
     dtype = k["gemm"][0]["dtype"]
@@ -248,7 +248,7 @@ def _fitted(m: dict, peaks: dict[str, float], measured: str) -> tuple[dict[str, 
     unaligned = (f"derived: median over the {g['unaligned_rows']} GEMMs with a dimension not a multiple of 8 "
                  "of the efficiency at which the fitted model reproduces its measured time")
     fit = (f"derived: least mean |log error| over the {g['rows']} aligned GEMMs of the sweep in "
-           f"NAME.kernels.json (planner/trace/profile_fit.py; mean |log error| {g['error']:.3f})")
+           f"NAME.kernels.json (executor/profile/fit.py; mean |log error| {g['error']:.3f})")
     lines = [
         "gemm_tiles = [" + ", ".join(f"[{a_}, {b_}]" for a_, b_ in GPU_TILES) + "]",
         f"gemm_tile_source = {_q(TILE_SOURCE)}",
@@ -265,7 +265,7 @@ def _fitted(m: dict, peaks: dict[str, float], measured: str) -> tuple[dict[str, 
     eager = eager_bandwidths(k.get("eager", []))
     if eager:
         lines += ["eager_GBps = { " + ", ".join(f"{c} = {_num(v / 1e9)}" for c, v in eager.items()) + " }",
-                  f"eager_GBps_source = {_q(measured + ': eager elementwise kernels at 8192 x 2048 (planner/trace/profile_kernels.py eager_kernels), the median of each class (profile_fit.EAGER_CLASS_KERNELS)')}"]
+                  f"eager_GBps_source = {_q(measured + ': eager elementwise kernels at 8192 x 2048 (executor/profile/kernels.py eager_kernels), the median of each class (executor.profile.fit.EAGER_CLASS_KERNELS)')}"]
     if k.get("gap"):
         lines += [f"kernel_gap_us = {_num(k['gap']['s_per_kernel'] * 1e6)}",
                   f"kernel_gap_source = {_q(measured + ': a CUDA graph of tiny kernels, GPU time per kernel')}"]
@@ -279,7 +279,7 @@ def _fitted(m: dict, peaks: dict[str, float], measured: str) -> tuple[dict[str, 
 
 
 def _gemm_shape_lines(rows: list[dict], peak: float, measured: str, nproc: int) -> list[str]:
-    """A CPU's GEMM efficiency by shape: each product of the concurrent sweep (executor/profile_comm.py
+    """A CPU's GEMM efficiency by shape: each product of the concurrent sweep (executor/profile/collectives.py
     _concurrent_gemm) at its rate over the peak (their median), which planner.cost.compute reads for
     the nearest measured shape."""
     # the products of a linear of equal widths share (m, n, k) in another layout: their time-weighted
@@ -290,14 +290,14 @@ def _gemm_shape_lines(rows: list[dict], peak: float, measured: str, nproc: int) 
     table = ", ".join(f"[{m}, {n}, {k}, {_num(len(rates) / sum(1 / x for x in rates) / peak)}]"
                       for (m, n, k), rates in by_shape.items())
     src = (f"{measured}: the products of transformer linears (forward, input and weight gradient; "
-           f"executor/profile_comm.py linear_products) in each of {nproc} processes at once, the slowest "
+           f"executor/profile/collectives.py linear_products) in each of {nproc} processes at once, the slowest "
            f"process's rate over the median ({peak * 1e3:.1f} GFLOP/s)")
     return [f"gemm_shapes = [{table}]   # [m, n, k, efficiency] of (m x k) @ (k x n)",
             f"gemm_shapes_source = {_q(src)}"]
 
 
-def _tp_block_lines(b: dict, world: int, link_GBps: float, latency_us: float, measured: str) -> list[str]:
-    """The host time TP adds to a block beyond its collectives (executor/profile_comm.py
+def tp_block_lines(b: dict, world: int, link_GBps: float, latency_us: float, measured: str) -> list[str]:
+    """The host time TP adds to a block beyond its collectives (executor/profile/collectives.py
     _tp_block_overhead): per block, the sharded blocks' time less the unsharded ones', less the four
     all-reduces of the block's activation (two each way: Shoeybi et al. 2019, Fig. 3) as the cost model
     charges them from this profile (planner/network.py all_reduce_s, ring: 2(n-1) latencies and
@@ -311,28 +311,28 @@ def _tp_block_lines(b: dict, world: int, link_GBps: float, latency_us: float, me
            f"tensor-parallel over {n} processes against unsharded, forward {b['tp_fwd_s'] * 1e3:.3g} against "
            f"{b['plain_fwd_s'] * 1e3:.3g} ms, forward and backward {b['tp_fwd_bwd_s'] * 1e3:.3g} against "
            f"{b['plain_fwd_bwd_s'] * 1e3:.3g} ms, per block less 2 all-reduces of {b['activation_bytes']} B each way "
-           f"({all_reduce_s * 1e3:.3g} ms each as charged) (executor/profile_comm.py _tp_block_overhead)")
+           f"({all_reduce_s * 1e3:.3g} ms each as charged) (executor/profile/collectives.py _tp_block_overhead)")
     return [f"tp_block_overhead_us = [{_num(fwd * 1e6)}, {_num(bwd * 1e6)}]   # forward, backward: DTensor's "
             "dispatch and redistributions per tensor-parallel block", f"tp_block_overhead_source = {_q(src)}"]
 
 
 def _cpu_eager_lines(k: dict, measured: str, at_once: str = "") -> list[str]:
     """A CPU's eager elementwise kernels by bandwidth class (the same classes and kernels as on a GPU:
-    profile_fit.EAGER_CLASS_KERNELS; a CPU streams norms, softmax and activations far below its copy
+    fit.EAGER_CLASS_KERNELS; a CPU streams norms, softmax and activations far below its copy
     bandwidth), and the time a process spends dispatching each op, which runs in series with the ops
-    on a CPU as the issue gap does on a GPU (profile_kernels.dispatch_overhead)."""
-    from .profile_fit import eager_bandwidths
+    on a CPU as the issue gap does on a GPU (kernels.dispatch_overhead)."""
+    from .fit import eager_bandwidths
     out = []
     eager = eager_bandwidths(k.get("eager", []))
     if eager:
         src = (f"{measured}: eager elementwise kernels at 2048 x 1024, the log-softmax forward and backward "
-               "at 1000 x 8192 (planner/trace/profile_kernels.py eager_kernels), the median of each class "
-               "(profile_fit.EAGER_CLASS_KERNELS)" + at_once)
+               "at 1000 x 8192 (executor/profile/kernels.py eager_kernels), the median of each class "
+               "(executor.profile.fit.EAGER_CLASS_KERNELS)" + at_once)
         out += ["eager_GBps = { " + ", ".join(f"{c} = {_num(v / 1e9)}" for c, v in eager.items()) + " }",
                 f"eager_GBps_source = {_q(src)}"]
     d = k.get("dispatch")
     if d and d.get("op_s"):
-        src = f"{measured}: the dispatch time of a small op (planner/trace/profile_kernels.py dispatch_overhead)"
+        src = f"{measured}: the dispatch time of a small op (executor/profile/kernels.py dispatch_overhead)"
         out += [f"kernel_gap_us = {_num(d['op_s'] * 1e6)}", f"kernel_gap_source = {_q(src)}"]
     return out
 
