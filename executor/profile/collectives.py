@@ -39,7 +39,7 @@ def collective_time(fn, dist, torch, device, repeat: int) -> float:
     the best sample (nccl-tests' kind of number: NCCL repeats to within a percent), on a CPU the
     mean. gloo over loopback on cores the ranks share varies from call to call with the scheduler:
     a 2 MiB all-reduce between two processes took 0.96 ms at best, 1.45-3.7 ms at the median and
-    2.2-3.3 ms on average over 25 samples (2026-11-24), and a training step pays the sum of its
+    2.2-3.3 ms on average over 25 samples, and a training step pays the sum of its
     collectives, so their mean; the best sample predicted a tensor-parallel step's 66 all-reduces at
     a third of the 0.22-0.24 s its ranks waited at them (torch.profiler)."""
     fn()
@@ -185,7 +185,7 @@ def _sync_wait(dist, torch, device, quick: bool) -> dict | None:
 # its forward x W^T, input gradient g W and weight gradient g^T x (executor/profile/fit.py
 # gemm_dims). A CPU's GEMM kernels are not one rate: on the 2-core VM a head's forward
 # (1024 x 8192 x 512) ran at 71 GFLOP/s while the layers' products ran at 85-93 (two processes at
-# once, 15 s rotating over these products, 2026-11-24).
+# once, 15 s rotating over these products).
 LINEAR_TOKENS = 1024
 LINEAR_WIDTHS = ((512, 512), (512, 2048), (2048, 512), (1024, 1024), (1024, 4096), (4096, 1024),
                  (512, 8192), (1024, 8192))
@@ -219,7 +219,7 @@ def _concurrent_gemm(dist, torch, device, quick: bool) -> list[dict] | None:
     ranks.
     One window over all the products, not one per product: the VM's per-core speed swings by tens
     of percent over seconds (one rank's 1024^3 rate over successive half seconds ranged 43-81
-    GFLOP/s while the other's stayed at 71-82, two processes timing for 40 s, 2026-11-23), and a
+    GFLOP/s while the other's stayed at 71-82, two processes timing for 40 s), and a
     rotation spreads that swing over every product alike, where consecutive windows gave each
     product a different moment of it."""
     if device.type == "cuda":
@@ -252,7 +252,7 @@ def _concurrent_kernels(dist, torch, quick: bool) -> dict:
     eager_kernels, executor/profile/device.py device_adam, the same calls and sizes as the
     one-process profile) run on every rank after a barrier, and each figure is the slowest rank's:
     ranks stepping in data parallel run the same kernels at the same moment and share the memory
-    bus. Measured on the 2-core VM (two processes, 2026-11-24): the streaming kernels (casts, fp32
+    bus. Measured on the 2-core VM (two processes): the streaming kernels (casts, fp32
     adds, norms) lost 25-30% of their one-process bandwidth with the other process streaming beside
     them; the compute-bound ones (strided RoPE products, SiLU, log-softmax) kept theirs."""
     from .device import device_adam
@@ -287,8 +287,8 @@ def _tp_block_overhead(dist, torch, device, quick: bool) -> dict | None:
     the elementwise kernels take next to nothing. Forward and forward + backward are timed (median
     over samples, each after a barrier, the slowest rank's); what TP adds is DTensor's dispatch of
     every op and the redistributions and functional collectives at the layer's four all-reduces.
-    On the 2-core VM it was 19 ms per block forward and backward, the blocks' own work 3.6 ms
-    (2026-11-24); the profile subtracts what it charges for the four all-reduces themselves
+    On the 2-core VM it was 19 ms per block forward and backward, the blocks' own work 3.6 ms; the
+    profile subtracts what it charges for the four all-reduces themselves
     (executor/profile/toml.py)."""
     if device.type == "cuda":
         return None
@@ -356,7 +356,7 @@ def _worker(rank: int, world: int, backend: str, port: int, out: str, quick: boo
     dist.all_reduce(reserved_t, op=dist.ReduceOp.MAX)
     # a CPU's collectives vary call to call, and their mean (collective_time) is what a step pays: a
     # scheduler stall of a few ms among 12 samples moved the 8-byte mean from 0.45 to 1.8 ms and a quick
-    # profile's ZeRO-2 prediction from 1.74 to 2.43 s minutes apart (2026-11-24); 48 samples (96 without
+    # profile's ZeRO-2 prediction from 1.74 to 2.43 s minutes apart; 48 samples (96 without
     # --quick) cost about a second
     repeat = (3 if quick else 5) if device.type == "cuda" else (48 if quick else 96)
     rows = [_collectives(dist, torch, device, world, rank, size, repeat)
@@ -376,7 +376,7 @@ def _worker(rank: int, world: int, backend: str, port: int, out: str, quick: boo
     dist.destroy_process_group()
     # leave without the C++ runtime's exit handlers: a thread the functional collectives (DTensor, in
     # _tp_block_overhead) leave joinable made one process abort at exit in about 20 profiles
-    # ("terminate called without an active exception", 2026-11-24), after everything was written
+    # ("terminate called without an active exception"), after everything was written
     from executor.train import exit_now
     exit_now(0)
 

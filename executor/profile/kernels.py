@@ -273,7 +273,7 @@ def eager_kernels(device: str, tokens: int, hidden: int, vocab: int, repeat: int
     # a GPU repeats a kernel to within a percent: the best of ``repeat``. A CPU shared with other
     # processes swings by tens of percent within seconds (executor/profile/collectives.py
     # _concurrent_gemm), which the best of three 2 ms timings in a row sampled at one moment (one
-    # class's rate ranged 4.5-23 GB/s over four quick profiles in a row, 2026-11-23): there every
+    # class's rate ranged 4.5-23 GB/s over four quick profiles in a row): there every
     # kernel's best of ``repeat`` is taken once per pass over all of them, and its figure is the
     # median over the passes, spread across the whole measurement.
     passes = 1 if device.startswith("cuda") else CPU_EAGER_PASSES

@@ -119,7 +119,7 @@ def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, da
     # attention over the GEMM rate measured as it was (one process, moments apart), so that the
     # fraction holds under the concurrent peak too: the machine's speed swings by tens of percent
     # within seconds (executor/profile/collectives.py _concurrent_gemm), and a ratio of rates measured in
-    # different conditions carried that swing (0.31-0.55 over four quick profiles in a row, 2026-11-23)
+    # different conditions carried that swing (0.31-0.55 over four quick profiles in a row)
     attn_eff = min(1.0, attn.get("tflops", 0.0) / alone[first]) if alone[first] else 0.5
     link, latency, comm_src = _collective_fields(comm, m)
     threads = m["threads"]
