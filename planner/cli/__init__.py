@@ -11,12 +11,12 @@ import argparse
 import sys
 
 from ..errors import UserError
-from . import catalog, compare, plan, profile, run, trace, whatif
+from . import catalog, compare, gallery, plan, profile, run, trace, whatif
 from .common import Parser
 
 # command -> the module that parses and runs it, in the order `meshplan --help` lists them
 COMMANDS = {"plan": plan, "whatif": whatif, "compare": compare, "run": run, "trace": trace, "profile": profile,
-            "models": catalog, "clusters": catalog}
+            "models": catalog, "clusters": catalog, "gallery": gallery}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -473,7 +473,7 @@ def rank_pipeline_s(cache: CostCache, config: ParallelConfig) -> float:
                       hop_s=cache.hop_s(config))
 
 
-def _other_bytes(cache: CostCache, config: ParallelConfig) -> float:
+def other_bytes(cache: CostCache, config: ParallelConfig) -> float:
     """Runtime reserve plus communication buffers (the same on every rank)."""
     w = cache.workload
     dt = DTYPE_BYTES[w.precision]
@@ -512,7 +512,7 @@ def _memories(cache: CostCache, config: ParallelConfig, ranks: list[RankCost]) -
     states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
                                    shard=config.dp * config.cp, optimizer_offload=config.optimizer_offload,
                                    pp=config.pp)
-    other = _other_bytes(cache, config)
+    other = other_bytes(cache, config)
     copy = working_copy_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
                                         tp=config.tp, pp=config.pp)
     out = []
@@ -537,7 +537,7 @@ def peak_memory(cache: CostCache, config: ParallelConfig) -> tuple[float, float]
     if grads_follow_activations(w.framework, config):
         device = max(m.total for m in _memories(cache, config, ranks))
     else:
-        device = _other_bytes(cache, config) + max(
+        device = other_bytes(cache, config) + max(
             rank.params * per_param + rank.peak_extra_bytes + rank.act_bytes * inflight_microbatches(config, r)
             for r, rank in enumerate(ranks))
     return device, _host_bytes_per_node(cache, config, ranks)

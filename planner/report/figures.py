@@ -24,7 +24,7 @@ EVENT_LABELS = {"forward": "forward", "recompute": "recompute", "backward": "bac
                 "send": "pipeline send"}
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -35,7 +35,7 @@ def _pyplot():
 
 def save(fig, folder: Path, name: str) -> list[Path]:
     """``name``.png and ``name``.svg in ``folder``; the figure is closed."""
-    plt = _pyplot()
+    plt = pyplot()
     folder.mkdir(parents=True, exist_ok=True)
     paths = [folder / f"{name}.png", folder / f"{name}.svg"]
     fig.savefig(paths[0], dpi=130, bbox_inches="tight")
@@ -46,7 +46,7 @@ def save(fig, folder: Path, name: str) -> list[Path]:
 
 def memory_per_stage(est: Estimate, title: str):
     """Stacked bars of each pipeline stage's memory per GPU by category, against the capacity."""
-    plt = _pyplot()
+    plt = pyplot()
     stages = est.memory_per_stage
     fig, ax = plt.subplots(figsize=(max(5.0, 0.35 * len(stages) + 3), 3.6))
     x = list(range(len(stages)))
@@ -69,7 +69,7 @@ def memory_per_stage(est: Estimate, title: str):
 def pipeline_timeline(timeline: Timeline, title: str):
     """Gantt chart of one step: per pipeline stage, its compute stream (forward, recompute,
     backward, optimizer) above its communication streams (sends, data-parallel collectives)."""
-    plt = _pyplot()
+    plt = pyplot()
     p = timeline.pp
     fig, ax = plt.subplots(figsize=(10, max(2.4, 0.55 * p + 1.4)))
     lanes = {COMPUTE: (0.0, 0.55), SEND_NEXT: (0.58, 0.1), SEND_PREV: (0.58, 0.1), DP: (0.7, 0.16)}
@@ -111,7 +111,7 @@ def pipeline_timeline(timeline: Timeline, title: str):
 
 def step_breakdown(est: Estimate, title: str):
     """Where the step's time goes on the critical stage, part by part, in seconds and percent."""
-    plt = _pyplot()
+    plt = pyplot()
     parts = [(f.name, getattr(est.time, f.name)) for f in fields(StepTime)]
     fig, ax = plt.subplots(figsize=(7, 3.2))
     names = [PARTS[n] for n, _ in parts]
@@ -131,7 +131,7 @@ def step_breakdown(est: Estimate, title: str):
 
 def candidates(labels: list[str], estimates: list[Estimate], title: str):
     """The winner and the runners-up side by side: stacked step-time parts, throughput noted."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 0.6 * len(labels) + 1.8))
     left = [0.0] * len(labels)
     for f in fields(StepTime):

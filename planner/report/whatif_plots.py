@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .figures import _pyplot, save
+from .figures import pyplot, save
 
 
 def save_sweep_plots(points, key: str, sweep: tuple[str, str], folder: Path, title: str) -> list[Path]:
-    plt = _pyplot()
+    plt = pyplot()
     what, unit = sweep
     fitting = [p for p in points if p.fits]
     labels = [p.value for p in points]

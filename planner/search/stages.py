@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from ..config import ParallelConfig
 from ..cost.layer import LayerCost
 from ..cost.memory import resident_bytes_per_param, state_bytes_per_param
-from ..cost.step import (CostCache, _other_bytes, dp_collectives, dp_overlaps, inflight_microbatches, optimizer_time_s,
+from ..cost.step import (CostCache, other_bytes, dp_collectives, dp_overlaps, inflight_microbatches, optimizer_time_s,
                          tied_embedding_sync_s)
 from ..runtimes import RUNTIMES
 from ..recompute import POLICIES, summary_policy
@@ -157,7 +157,7 @@ class GroupProblem:
                                             shard=lay.dp * lay.cp, optimizer_offload=offload, tp=lay.tp, pp=lay.pp)
         config = self.base.but(zero=zero, optimizer_offload=offload)
         return Option(zero=zero, optimizer_offload=offload, state_bytes=resident, host_bytes=states.host,
-                      other_bytes=_other_bytes(cache, config),
+                      other_bytes=other_bytes(cache, config),
                       optimizer_s_per_param=optimizer_time_s(cache, config, 1.0))
 
     def with_options(self, options: list[Option]) -> "GroupProblem":
