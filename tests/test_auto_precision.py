@@ -73,6 +73,7 @@ def _bf16_reference() -> list[float]:
         return _reference(MLP)
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("zero", [1, 3])
 def test_bf16_on_a_gpu_casts_by_fsdp_policy_or_autocast(tmp_path, zero):
     result = _run(tmp_path, {"dp": 2, "zero": zero}, gpu_rule=True)
@@ -89,6 +90,7 @@ def test_bf16_on_a_gpu_casts_by_fsdp_policy_or_autocast(tmp_path, zero):
     assert result["losses"] != pytest.approx(_reference(MLP), rel=1e-6)
 
 
+@pytest.mark.distributed
 def test_bf16_on_a_cpu_runs_in_fp32_and_says_so(tmp_path):
     result = _run(tmp_path, {"dp": 2, "zero": 3}, gpu_rule=False)
     assert result["planned"] == "bf16" and result["computed"] == ["torch.float32"]

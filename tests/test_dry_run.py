@@ -13,6 +13,8 @@ from conftest import ROOT
 from gallery_plans import gallery_plan
 from planner.report.gallery import SCENARIOS
 
+pytestmark = pytest.mark.distributed      # dry runs build the world on the fake process group
+
 
 def _run_plan(doc: dict, source: str):
     from planner.plan import Plan

@@ -15,6 +15,8 @@ import torch
 from conftest import ROOT
 from executor_support import assert_losses
 
+pytestmark = pytest.mark.distributed      # auto_parallelize inside torchrun jobs
+
 STEPS = 3
 
 MLP = '''

@@ -34,6 +34,7 @@ CASES = {
 }
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("model", list(CASES))
 def test_resume_under_another_plan_continues_the_same_training(tmp_path, model):
     spec, (world_a, knobs_a), (world_b, knobs_b) = CASES[model]

@@ -23,6 +23,8 @@ import pytest
 from conftest import ROOT
 from executor_support import TINY_GPT, assert_losses, reference_run, write_plan
 
+pytestmark = pytest.mark.distributed      # torchrun jobs whose ranks are killed
+
 STEPS, EVERY = 12, 4
 
 

@@ -13,6 +13,7 @@ from executor_support import TINY_GPT, write_plan
 from planner.errors import UserError
 
 
+@pytest.mark.distributed
 def test_a_job_of_another_world_size_is_refused_by_every_rank(tmp_path, capfd):
     """A 2-process plan launched as a 1-process torchrun job (as a hand-written torchrun command
     would): the rank refuses before building anything, naming both sizes; exit code 2."""
@@ -31,6 +32,7 @@ def test_a_job_of_another_world_size_is_refused_by_every_rank(tmp_path, capfd):
 DECOY = "open({marker!r}, 'w').write('imported'); raise ImportError('decoy {name} from the working directory')\n"
 
 
+@pytest.mark.distributed
 def test_launched_processes_import_nothing_from_the_working_directory(tmp_path, monkeypatch, capfd):
     """`executor/`, `planner/` and `torch/` packages lying in the directory `meshplan run` starts
     from are never imported by torchrun or the ranks (python -m would put the working directory

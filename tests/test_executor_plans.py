@@ -17,6 +17,8 @@ from executor.models import build_model
 from executor_support import (TINY_GPT, TINY_LLAMA, assert_losses, load_rank_grads, plan_cluster, reference_run,
                               spawn, write_plan)
 
+pytestmark = pytest.mark.distributed      # every plan runs on gloo processes
+
 STEPS = 3
 MODELS = {"gpt": TINY_GPT, "llama": TINY_LLAMA}
 

@@ -9,6 +9,8 @@ import pytest
 from conftest import run_cli
 from executor_support import TINY_GPT, TINY_LLAMA, assert_losses, hf_config, reference_run, write_plan
 
+pytestmark = pytest.mark.distributed      # `meshplan run` launches torchrun
+
 
 @pytest.fixture(scope="module")
 def gpt_run(tmp_path_factory):

@@ -11,6 +11,8 @@ import torch.distributed as dist
 
 from executor_support import TINY_GPT, TINY_GQA, TINY_LLAMA, assert_losses, reference_run, spawn, write_plan
 
+pytestmark = pytest.mark.distributed      # the recommended plans train on gloo processes
+
 STEPS = 3
 MODELS = {"gpt": TINY_GPT, "llama": TINY_LLAMA, "gqa": TINY_GQA}
 WORLDS = (2, 4, 8)

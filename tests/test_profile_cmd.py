@@ -25,12 +25,14 @@ def profile(tmp_path_factory):
     return out
 
 
+@pytest.mark.distributed
 def test_the_profile_loads_as_a_cluster(profile):
     cluster = load_cluster(str(profile), 2)
     assert cluster.gpus_per_node == 2 and cluster.max_nodes == 1 and cluster.device.dtypes == ("fp32",)
     assert cluster.device.peak("fp32") > 1e9 and cluster.intra.bytes_per_s > 1e6
 
 
+@pytest.mark.distributed
 def test_every_number_says_it_was_measured_and_by_which_command(profile):
     data = tomllib.loads(profile.read_text())
     command = "meshplan profile --nproc 2 --device cpu --threads 1"
@@ -112,6 +114,7 @@ def test_every_number_says_it_was_measured_and_by_which_command(profile):
     assert cluster.sync_wait_coefficient >= 0
 
 
+@pytest.mark.distributed
 def test_planning_against_the_profile_uses_the_measured_ops(profile, capsys):
     rc = main(["plan", "--model", MODEL, "--cluster", str(profile), "--gpus", "2", "--global-batch", "8", "--json"])
     captured = capsys.readouterr()
@@ -143,6 +146,7 @@ def test_the_cost_model_prefers_measured_times(tmp_path):
     assert "not bfloat16 at 32" in mismatched.warnings[-1]
 
 
+@pytest.mark.distributed
 def test_the_collectives_measured_over_gloo(profile):
     """executor/profile/collectives.py's rows as the profile keeps them."""
     rows = tomllib.loads(profile.read_text())["measured"]["collectives"]

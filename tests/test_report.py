@@ -93,6 +93,7 @@ def render_in_chromium(path: Path) -> tuple[str, list[str]]:
     return out.stdout, [line for line in out.stderr.splitlines() if ":CONSOLE" in line]
 
 
+@pytest.mark.browser
 def test_report_html_renders_in_chromium_without_console_errors(quick_start_report, tmp_path):
     page = quick_start_report / "report.html"
     assert self_contained(page.read_text()) == []

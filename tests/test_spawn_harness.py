@@ -7,6 +7,8 @@ import torch.distributed as dist
 
 from tests.executor_support import spawn
 
+pytestmark = pytest.mark.distributed      # the harness that spawns gloo ranks
+
 
 def _abort_before_barrier(path: str) -> None:
     if dist.get_rank() == 1:

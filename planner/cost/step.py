@@ -7,6 +7,7 @@ time; data-parallel/ZeRO communication and the optimizer step follow.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ..cluster import DTYPE_BYTES, Cluster
@@ -246,7 +247,12 @@ def pipeline_s(per_rank_s: list[float], config: ParallelConfig, hop_s: float = 0
 def inflight_microbatches(config: ParallelConfig, rank: int) -> float:
     """Micro-batches whose activations pipeline rank ``rank`` holds at its peak (the schedule's
     ``PipelineSchedule.inflight``), in units of the rank's layers."""
-    return SCHEDULES[config.schedule].inflight(rank=rank, pp=config.pp, vpp=config.vpp, m=config.num_microbatches)
+    return _inflight(config.schedule, rank, config.pp, config.vpp, config.num_microbatches)
+
+
+@functools.lru_cache(maxsize=4096)      # pure: a memo of one of the search's most frequent calls
+def _inflight(schedule: str, rank: int, pp: int, vpp: int, m: int) -> float:
+    return SCHEDULES[schedule].inflight(rank=rank, pp=pp, vpp=vpp, m=m)
 
 
 def _dp_comm(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[float, float]:
@@ -448,6 +454,8 @@ def _host_bytes_per_node(cache: CostCache, config: ParallelConfig, ranks: list[R
     """Host memory per node: the offloaded model states (``_host_bytes``), and the activations offloaded by
     recompute "activation-offload" of the micro-batches in flight, of the node's GPUs (all alike: the most loaded
     rank's)."""
+    if not config.optimizer_offload and not any(rank.host_act_bytes for rank in ranks):
+        return 0.0                  # nothing in host memory
     per_node = min(cache.cluster.gpus_per_node, cache.cluster.num_gpus)
     most = 0.0
     for r, rank in enumerate(ranks):
@@ -462,9 +470,13 @@ def tied_embedding_sync_s(cache: CostCache, config: ParallelConfig) -> float:
     graph, w = cache.graph, cache.workload
     if not graph.tied_embeddings or config.pp == 1:
         return 0.0
-    nbytes = graph.tied_params / config.tp * grad_comm_bytes_per_param(w.framework, w.precision)
-    return network.all_reduce_s(cache.cluster, nbytes, network.group(
-        cache.cluster, 2, config.tp * config.cp * config.dp * (config.pp - 1)))
+    key = (config.tp, config.cp, config.dp, config.pp)
+    memo = cache.__dict__.setdefault("_tied_sync", {})
+    if key not in memo:
+        nbytes = graph.tied_params / config.tp * grad_comm_bytes_per_param(w.framework, w.precision)
+        memo[key] = network.all_reduce_s(cache.cluster, nbytes, network.group(
+            cache.cluster, 2, config.tp * config.cp * config.dp * (config.pp - 1)))
+    return memo[key]
 
 
 def rank_pipeline_s(cache: CostCache, config: ParallelConfig) -> float:

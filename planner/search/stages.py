@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import heapq
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..config import ParallelConfig
 from ..cost.layer import LayerCost
@@ -188,9 +188,9 @@ class GroupProblem:
             for policy in POLICIES:
                 policies += [policy] * stage.get(policy, 0)
         policies += ["none"] * len(self.shape.suffix)
-        return replace(self.base, zero=option.zero, optimizer_offload=option.optimizer_offload,
-                       recompute=summary_policy(policies),
-                       recompute_layers=tuple(policies), stage_layers=tuple(stage_layers))
+        return self.base.but(zero=option.zero, optimizer_offload=option.optimizer_offload,
+                             recompute=summary_policy(policies), recompute_layers=tuple(policies),
+                             stage_layers=tuple(stage_layers))
 
     def memory_free_split(self) -> list[int]:
         """Blocks per virtual stage minimising the slowest rank with no recompute and no
