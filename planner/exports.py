@@ -439,10 +439,8 @@ def _torchtitan_checkpoint(plan) -> tuple[dict, list[str]]:
     """[activation_checkpoint] (torchtitan's modes none, full and selective with selective_ac_option "op" or
     "K"), and what it cannot say."""
     uniform = _uniform_recompute(plan)
-    if uniform in ("none", "full"):
-        return {"mode": uniform}, []
-    if uniform == "op":
-        return {"mode": "selective", "selective_ac_option": "op"}, []
+    if uniform is not None and RECOMPUTE_POLICIES[uniform].torchtitan:      # its own name there
+        return dict(RECOMPUTE_POLICIES[uniform].torchtitan), []
     if uniform == "selective":
         return {"mode": "selective", "selective_ac_option": "op"}, [
             "torchtitan has no attention-core recompute: its per-op selective checkpointing ('op') keeps matmul "

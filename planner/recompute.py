@@ -70,7 +70,7 @@ class RecomputePolicy:
     cost: Callable[[BlockFacts], PolicyCost]   # memory kept and time redone, from the block's facts
     # -- names in each framework (None: it has none; whole-block frameworks recompute such blocks in full)
     megatron: str | None            # --recompute-granularity (""; no recompute flags)
-    torchtitan: str | None          # [activation_checkpoint] settings
+    torchtitan: tuple[tuple[str, str], ...] | None    # [activation_checkpoint] settings
     deepspeed: str | None
 
 
@@ -127,7 +127,7 @@ def _activation_offload(f: BlockFacts) -> PolicyCost:
 
 NONE = RecomputePolicy(
     name="none", title="no recompute", description="keep every activation autograd saves",
-    needs="nothing", cost=_none, megatron="", torchtitan='mode = "none"', deepspeed="")
+    needs="nothing", cost=_none, megatron="", torchtitan=(("mode", "none"),), deepspeed="")
 SELECTIVE = RecomputePolicy(
     name="selective", title="selective (attention-core) recompute",
     description="recompute the attention core only (Korthikanti et al. 2022, Sec 5; Megatron-LM "
@@ -141,13 +141,13 @@ OP = RecomputePolicy(
                 "and reduce-scatters, recompute the rest (torchtitan SelectiveAC, selective_ac_option 'op', with "
                 "torch.utils.checkpoint.create_selective_checkpoint_contexts)",
     needs="torch's selective checkpointing contexts (torch.utils.checkpoint.create_selective_checkpoint_contexts)",
-    cost=_op, megatron=None, torchtitan='mode = "selective", selective_ac_option = "op"', deepspeed=None)
+    cost=_op, megatron=None, torchtitan=(("mode", "selective"), ("selective_ac_option", "op")), deepspeed=None)
 FULL = RecomputePolicy(
     name="full", title="full recompute",
     description="keep the block's input only and recompute the block before its backward (Chen et al. 2016; "
                 "Megatron-LM --recompute-granularity full)",
     needs="a checkpoint around the block (torch.utils.checkpoint)", cost=_full,
-    megatron="--recompute-granularity full", torchtitan='mode = "full"',
+    megatron="--recompute-granularity full", torchtitan=(("mode", "full"),),
     deepspeed="deepspeed.checkpointing.checkpoint around the block")
 ACTIVATION_OFFLOAD = RecomputePolicy(
     name="activation-offload", aliases=("offload",), title="activation offload to host memory",
