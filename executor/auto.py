@@ -39,8 +39,8 @@ from planner.plan import Plan
 from .integrity import check_world_size
 from .mesh import ParallelDims, init_process_group, local_device
 from .parallelize import autocast_dtype, dp_units, parallelize
-from .pipeline import build_schedule, runnable_schedule, split_pipeline, stage_indices
-from .support import DEFAULT_TIMEOUT_S
+from .pipeline import build_schedule, split_pipeline, stage_indices
+from .support import DEFAULT_TIMEOUT_S, runnable_schedule
 from .train import accumulate, global_loss, make_optimizer, optimizer_step, schedule_step
 
 DEFAULT_CLUSTER = "cpu-gloo"

@@ -29,7 +29,8 @@ from planner.model import ModelSpec
 from planner.schedules import SCHEDULES
 
 from .models import Transformer, build_model
-from .support import check_stages, runnable_schedule  # noqa: F401  (re-exported)
+from .support import runnable_schedule
+
 
 def stage_indices(num_stages: int, pp: int, pp_rank: int) -> list[int]:
     """The virtual stages that pipeline rank ``pp_rank`` runs, in order."""

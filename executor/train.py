@@ -42,9 +42,9 @@ from .mesh import ParallelDims, init_process_group, local_device
 from .context import shard_sequence
 from .models import SequenceLayout, build_model, canonical_name
 from .parallelize import autocast_dtype, grads_are_bucket_views, parallelize
-from .pipeline import build_schedule, build_stage_model, check_stages, stage_indices, sync_tied_grads, tied_groups
+from .pipeline import build_schedule, build_stage_model, stage_indices, sync_tied_grads, tied_groups
 from .plan_file import load_plan
-from .support import DEFAULT_CHECKPOINT_EVERY, DEFAULT_TIMEOUT_S, check_supported
+from .support import DEFAULT_CHECKPOINT_EVERY, DEFAULT_TIMEOUT_S, check_stages, check_supported
 from .zero1 import ShardedAdamW
 
 LEARNING_RATE = 1e-3

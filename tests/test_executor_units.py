@@ -40,7 +40,8 @@ def test_initial_weights_depend_on_name_and_seed_only():
 
 
 def test_pipeline_stages_keep_whole_model_paths(tmp_path):
-    from executor.pipeline import build_stage_model, check_stages
+    from executor.pipeline import build_stage_model
+    from executor.support import check_stages
     from planner.plan import Plan
     plan = Plan.from_json(_plan_doc(tmp_path, gpus=2, pp=2, vpp=2, schedule="interleaved-1f1b", micro_batch=2))
     check_stages(plan.stages, plan.spec, plan.source)
@@ -52,7 +53,7 @@ def test_pipeline_stages_keep_whole_model_paths(tmp_path):
 
 
 def test_stages_out_of_order_are_refused(tmp_path):
-    from executor.pipeline import check_stages
+    from executor.support import check_stages
     from planner.plan import Plan
     plan = Plan.from_json(_plan_doc(tmp_path, gpus=2, pp=2, schedule="1f1b", micro_batch=2))
     swapped = (plan.stages[1], plan.stages[0])

@@ -94,8 +94,8 @@ TORCHTITAN_KEYS = {
 # torch.distributed.pipelining schedule names (torch/distributed/pipelining/schedules.py get_schedule_class)
 TORCH_SCHEDULES = {"1F1B", "Interleaved1F1B", "GPipe", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble"}
 
-# meshplan's executor: `meshplan run` flags, executor/cli.py (add_run_parser) of the executor
-# branch; flag -> takes a value.
+# meshplan's executor: `meshplan run` flags (planner/cli/run.py add_parser);
+# flag -> takes a value.
 MESHPLAN_RUN_FLAGS = {"--plan": True, "--model": True, "--steps": True, "--nproc": True, "--nnodes": True,
                       "--node-rank": True, "--rdzv-endpoint": True, "--seed": True, "--save": True, "--load": True,
                       "--out": True, "--json": False}

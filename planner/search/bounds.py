@@ -130,7 +130,7 @@ def layout_order(space: Space, cache: CostCache) -> tuple[list[Layout], LayoutBo
 
 def optimizer_floor(space: Space, layout: Layout, cache: CostCache, base: ParallelConfig, params: float,
                     schedule: str | None = None) -> float:
-    """The least optimizer step over the layout's ZeRO/offload choices for a rank of ``params``
+    """The least optimizer step over the layout's ZeRO/optimizer-offload choices for a rank of ``params``
     parameters: the step adds the slowest rank's optimizer (``cost.step.estimate``), which holds at
     least the mean rank's parameters (``optimizer_time_s`` grows with them)."""
     return params * least_optimizer_rate(space, layout, cache, base, schedule)
@@ -138,7 +138,7 @@ def optimizer_floor(space: Space, layout: Layout, cache: CostCache, base: Parall
 
 def least_optimizer_rate(space: Space, layout: Layout, cache: CostCache, base: ParallelConfig,
                          schedule: str | None = None, zero: int | None = None, offload: bool | None = None) -> float:
-    """Seconds per parameter of the fastest optimizer step over the layout's ZeRO/offload choices (of
+    """Seconds per parameter of the fastest optimizer step over the layout's ZeRO/optimizer-offload choices (of
     ZeRO stage ``zero`` and offload ``offload`` only, when given): ``optimizer_time_s`` is linear in
     the parameters (every term is bytes per parameter over a bandwidth), so one rate per choice,
     memoised on the cache."""
@@ -156,7 +156,7 @@ def least_optimizer_rate(space: Space, layout: Layout, cache: CostCache, base: P
 
 def least_state_and_activation_bytes(space: Space, layout: Layout, base: ParallelConfig, schedule: str | None,
                                       ranks: list[tuple[float, float]]) -> float:
-    """The least over the layout's ZeRO/offload choices of the most loaded rank's model states plus
+    """The least over the layout's ZeRO/optimizer-offload choices of the most loaded rank's model states plus
     activations, for (parameters, activation bytes) per rank: their sum, or where gradients only
     follow the activations (planner.cost.step.grads_follow_activations) the larger of the two."""
     w = space.w

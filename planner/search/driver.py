@@ -3,8 +3,8 @@
 1. Global choices (tp, pp, cp, dp, micro-batch, schedule, virtual stages, sequence
    parallelism) are enumerated (``space.py``).
 2. Uniform candidates (balanced stages, one recompute policy) are estimated first,
-   pruned only by bounds and dominance (``enumerate.py``): a strong incumbent.
-3. For every group of global choices and every ZeRO/offload option whose lower bound
+   pruned only by bounds and dominance (``uniform.py``, ``bounds.py``): a strong incumbent.
+3. For every group of global choices and every ZeRO/optimizer-offload option whose lower bound
    (``stages.option_lower_bounds``: the exact memory-free pipeline optimum, the least
    recompute memory forces, the optimizer, rank 0's own data-parallel time) is below
    the best found, the stage ILP (``ilp.py``) chooses stage sizes and recompute per
@@ -47,7 +47,7 @@ def default_solver() -> str:
     import importlib.util
     return "highs" if importlib.util.find_spec("highspy") is not None else "cbc"
 
-# a group is skipped when its bound is within OPTIMALITY_GAP (0.1%) of the winner (enumerate.py)
+# a group is skipped when its bound is within OPTIMALITY_GAP (0.1%) of the winner (result.py)
 
 
 @dataclass
@@ -137,7 +137,7 @@ def _stage_phase(space: Space, cache: CostCache, top: TopK, order: list[Layout],
                     continue
                 pr = GroupProblem(space, cache, layout, schedule, vpp, sp, shape)
                 stats.space += _group_space(space, layout, vpp, shape, schedule)
-                # one problem per ZeRO/offload option whose own bound can still win, most promising
+                # one problem per ZeRO/optimizer-offload option whose own bound can still win, most promising
                 # first: without the choice between options (binaries and big-M rows) each ILP is
                 # smaller, and the options that cannot win are not solved at all
                 if prune:
@@ -207,7 +207,7 @@ def least_recompute(cache: CostCache, config: ParallelConfig, allowed) -> Parall
 
 def _group_space(space: Space, layout: Layout, vpp: int, shape, schedule: str | None = None) -> int:
     """Candidates of one group in closed form, whether it was pruned or solved: stage splits x
-    recompute assignments x ZeRO/offload options, i.e. the p x |policies| non-negative integer
+    recompute assignments x ZeRO/optimizer-offload options, i.e. the p x |policies| non-negative integer
     matrices with row sums >= v adding up to the blocks (dominated policies included: the ILP
     leaves them out because they cannot win, not because they are not candidates)."""
     p, blocks = layout.pp, len(shape.blocks)

@@ -1,4 +1,4 @@
-"""The stage ILP: block placement, per-block recompute and ZeRO/offload for one group.
+"""The stage ILP: block placement, per-block recompute and ZeRO/optimizer-offload for one group.
 
 Write-up (all times per step, seconds; memory per GPU, bytes). Indices: virtual
 stage j = 0..S-1 (S = p v), rank r = j mod p, recompute policy c, option k
@@ -7,7 +7,7 @@ stage j = 0..S-1 (S = p v), rank r = j mod p, recompute policy c, option k
 Variables
     n[r,c] >= 0 integer   blocks of rank r that use recompute policy c (spread over its
                           v virtual stages: the cost model sums a rank's chunks)
-    z[k] in {0,1}         the ZeRO/offload option
+    z[k] in {0,1}         the ZeRO/optimizer-offload option
     h[r,c] in {0,1}       rank r has a block with policy c (for its transient peak)
     T_max >= 0            the slowest rank's forward + backward per micro-batch
     y[r] >= 0             exposed pipeline sends of rank r (a schedule that overlaps its sends)
@@ -21,7 +21,7 @@ its blocks' on the host, counted in (g)).
 Constraints
     (a) sum_{r,c} n[r,c] = L                               every block placed
     (b) sum_c n[r,c] >= v                                  every virtual stage holds a block
-    (c) sum_k z[k] = 1                                     one ZeRO/offload option
+    (c) sum_k z[k] = 1                                     one ZeRO/optimizer-offload option
     (d) T_max >= F[r] + B[r] + sends[r]                    the slowest rank
     (e) y[r] >= 2 v hop - (F[r] + B[r])                    overlapped sends not hidden
     (f) P[r] s_k + A[r] inflight_r + E[r] + other_k <= cap + M (1 - z[k])     GPU memory (GiB)

@@ -161,7 +161,7 @@ class GroupProblem:
                       optimizer_s_per_param=optimizer_time_s(cache, config, 1.0))
 
     def with_options(self, options: list[Option]) -> "GroupProblem":
-        """The same group restricted to some of its ZeRO/offload options."""
+        """The same group restricted to some of its ZeRO/optimizer-offload options."""
         out = copy.copy(self)
         out.options = list(options)
         return out
@@ -269,11 +269,11 @@ class GroupProblem:
 
 
 def option_lower_bounds(pr: GroupProblem, stop_at: float = math.inf) -> tuple[list[float], list[int]]:
-    """Per ZeRO/offload option of ``pr.options``, a lower bound on the step time of the
+    """Per ZeRO/optimizer-offload option of ``pr.options``, a lower bound on the step time of the
     group's candidates with that option (infinite where none fits), and the memory-free
     split they are built on.
 
-    For each ZeRO/offload option k (the bound is the least over them):
+    For each ZeRO/optimizer-offload option k (the bound is the least over them):
     - pipeline: the exact memory-free optimum (``memory_free_split``), combined with
       the recompute that memory forces at least (below) spread as evenly as possible;
     - recompute: a continuous relaxation. Rank r can hold C0 blocks without recompute;

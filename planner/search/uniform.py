@@ -130,7 +130,7 @@ def _group_config(space: Space, layout: Layout, schedule: str, vpp: int, sp: boo
 
 
 def _group_time_bound(space: Space, cache: CostCache, layout: Layout, base: ParallelConfig) -> float:
-    """A lower bound on the step time over the ZeRO/offload/recompute choices of one group: the
+    """A lower bound on the step time over the ZeRO/optimizer-offload/recompute choices of one group: the
     pipeline with recompute none (the other choices only add to it) and the least optimizer step
     of its most loaded rank."""
     params = max(r.params for r in rank_costs(cache, base))
@@ -139,7 +139,7 @@ def _group_time_bound(space: Space, cache: CostCache, layout: Layout, base: Para
 
 def _policy_memory_bound(space: Space, cache: CostCache, layout: Layout, base: ParallelConfig, policy: str) -> float:
     """For one recompute policy, a lower bound on the memory of the group's most loaded GPU: the least,
-    over the ZeRO/offload choices, of each rank's model states plus its activations (those of its
+    over the ZeRO/optimizer-offload choices, of each rank's model states plus its activations (those of its
     micro-batches in flight and its transient peak) and the runtime reserve; where gradients only
     follow the activations (planner.cost.step.grads_follow_activations), the larger of the two
     instead of their sum. Bounded per policy, not by full recompute for all: a one-layer stage with
