@@ -24,7 +24,7 @@ from .cluster import Cluster, load_cluster
 from .config import ParallelConfig, Workload
 from .errors import NoFeasiblePlan, UserError
 from .estimate import Candidate
-from .explain import no_fit_message
+from .explain import no_fit
 from .layers import LayerGraph, build_layer_graph
 from .model import ModelSpec, load_model
 from .plan import Plan
@@ -132,7 +132,8 @@ def plan(job: Job, knobs: Knobs = Knobs(), *, top_k: int = 5, solver: str | None
     result = search(job.graph, job.cluster, job.workload, knobs, top_k=top_k, solver=solver or ilp,
                     time_limit_s=time_limit_s, progress=progress)
     if result.best is None:
-        raise NoFeasiblePlan(no_fit_message(result, job.graph, job.cluster, job.workload, knobs))
+        answer = no_fit(result, job.graph, job.cluster, job.workload, knobs)
+        raise NoFeasiblePlan(answer.message(), answer=answer.to_json())
     return finish(result, graph=job.graph, cluster=job.cluster, workload=job.workload, model_name=job.model_name,
                   model_source=job.model_source, spec=job.spec, solver="exhaustive" if solver == "exhaustive" else ilp,
                   seconds=time.perf_counter() - t0)
@@ -217,6 +218,8 @@ def compare(baseline: str, *, cluster: str = DEFAULT_CLUSTER, gpus: int | None =
                      workload=workload, mine=mine, best=result.best, search=result,
                      token_budget=tokens or CHINCHILLA_TOKENS_PER_PARAM * graph.num_params)
     if cmp.best is None and not cmp.already_best:
-        raise NoFeasiblePlan(f"your plan does not fit ({does_not_fit_by(mine.estimate)}), and "
-                             + no_fit_message(result, graph, machines, workload, Knobs()))
+        answer = no_fit(result, graph, machines, workload, Knobs())
+        raise NoFeasiblePlan(f"your plan does not fit ({does_not_fit_by(mine.estimate)}), and " + answer.message(),
+                             answer={"baseline": {"config": mine.config.to_json(), "estimate": mine.estimate.to_json()},
+                                     **answer.to_json()})
     return cmp

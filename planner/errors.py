@@ -12,6 +12,7 @@ class UserError(Exception):
     """Bad input: the message says which source, which field, what is allowed."""
 
     exit_code = 2
+    trailer = ""        # printed after the one line (the traceback of the user's own code that raised)
 
     def __init__(self, message: str, *, source: str | None = None, field: str | None = None):
         self.source = source
@@ -28,9 +29,14 @@ class UserError(Exception):
 
 
 class NoFeasiblePlan(UserError):
-    """The request is well formed but no candidate fits in memory."""
+    """The request is well formed but no candidate fits in memory; ``answer``: what --json prints of it
+    (the least memory any candidate needs and the changes that would fit: planner.explain.NoFit)."""
 
     exit_code = 3
+
+    def __init__(self, message: str, *, answer: dict | None = None):
+        super().__init__(message)
+        self.answer = answer or {}
 
 
 def one_of(values) -> str:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 
 from .cluster import GiB, Cluster, builtin_profiles, load_cluster
 from .config import ParallelConfig
@@ -101,6 +101,29 @@ def gains(graph, cluster, workload, config: ParallelConfig, est: Estimate) -> di
     return out
 
 
+def gain_sentences(won: dict) -> list[str]:
+    """``gains`` in words, one sentence each, never a negative saving: what the per-stage choice buys, or
+    what it costs where the plain alternative does not fit (memory decided it) or the simulation ranked it."""
+    out = []
+    for key, what, s, against in (("non_uniform_stages", "unequal stages", "", "balanced ones"),
+                                  ("partial_recompute", "recomputing {recomputed_layers} of {blocks} blocks", "s",
+                                   "recomputing every block")):
+        if key not in won:
+            continue
+        g = won[key]
+        subject = what.format(**g)
+        if g["saved_s"] >= 0:
+            out.append(f"{subject} save{s} {g['saved_s']:.3g} s per step ({g['saved_pct']:.1f}%) against {against}"
+                       + ("" if g.get("balanced_fits", True) else ", which would not even fit"))
+        elif not g.get("balanced_fits", True):
+            out.append(f"{subject} take{s} {-g['saved_s']:.3g} s per step ({-g['saved_pct']:.1f}%) more than "
+                       f"{against}, which would not fit: memory decided")
+        else:
+            out.append(f"{subject} take{s} {-g['saved_s']:.3g} s per step ({-g['saved_pct']:.1f}%) more than "
+                       f"{against} in the closed form; the simulated step ranked them first")
+    return out
+
+
 def _rebalanced(graph, config: ParallelConfig):
     """The same number of recomputed blocks per policy, laid over balanced stages."""
     policies = layer_policies(graph, config)
@@ -112,7 +135,36 @@ def _rebalanced(graph, config: ParallelConfig):
     return tuple(out)
 
 
-def fixes_for_no_fit(graph, cluster, workload, knobs, need_bytes: float = 0.0) -> list[str]:
+@dataclass(frozen=True, kw_only=True)
+class Fix:
+    """One change tried when nothing fits, and what the search found with it."""
+
+    change: str                         # the flags that make the change, e.g. "--gpus 16"
+    fits: bool
+    memory_bytes: float                 # the best plan's (fits), else the least any candidate needs
+    capacity_bytes: float
+    host_bytes_per_node: float = 0.0
+    host_capacity_bytes: float = 0.0
+    step_time_s: float | None = None    # the best plan's, where one fits
+    config: ParallelConfig | None = None
+
+    def line(self) -> str:
+        if self.fits:
+            c = self.config
+            return (f"{self.change} fits ({self.step_time_s:.3g} s per step, {self.memory_bytes / GiB:.1f} of "
+                    f"{self.capacity_bytes / GiB:.1f} GiB, dp {c.dp} tp {c.tp} pp {c.pp} cp {c.cp} ZeRO-{c.zero})")
+        host = (f" and {self.host_bytes_per_node / GiB:.1f} GiB of host memory per node"
+                if self.host_bytes_per_node > self.host_capacity_bytes else "")
+        return f"{self.change} still needs {self.memory_bytes / GiB:.1f} GiB{host}"
+
+    def to_json(self) -> dict:
+        return {"change": self.change, "fits": self.fits, "memory_bytes": int(self.memory_bytes),
+                "capacity_bytes": int(self.capacity_bytes), "host_bytes_per_node": int(self.host_bytes_per_node),
+                "host_capacity_bytes": int(self.host_capacity_bytes), "step_time_s": self.step_time_s,
+                "config": self.config.to_json() if self.config else None}
+
+
+def fixes_for_no_fit(graph, cluster, workload, knobs, need_bytes: float = 0.0) -> list[Fix]:
     """Changes that would make a plan fit, each re-searched, with its predicted effect:
     more GPUs, a shorter sequence, GPUs with more memory, each fixed memory knob
     (micro-batch, recompute, ZeRO stage) at its most frugal value, optimizer offload,
@@ -160,36 +212,50 @@ def fixes_for_no_fit(graph, cluster, workload, knobs, need_bytes: float = 0.0) -
             result = search(g, c, w, k, top_k=1, solver="uniform")
         except Exception:           # a change that is itself illegal is simply not suggested
             continue
-        if result.best is not None:
-            e, cfg = result.best.estimate, result.best.config
-            out.append(f"{label} fits ({e.step_time_s:.3g} s per step, {e.memory.total / GiB:.1f} of "
-                       f"{e.capacity_bytes / GiB:.1f} GiB, dp {cfg.dp} tp {cfg.tp} pp {cfg.pp} cp {cfg.cp} "
-                       f"ZeRO-{cfg.zero})")
-        elif result.least_memory is not None:
-            e = result.least_memory.estimate
-            host = (f" and {e.host_bytes_per_node / GiB:.1f} GiB of host memory per node"
-                    if e.host_bytes_per_node > e.host_capacity_bytes else "")
-            out.append(f"{label} still needs {e.memory.total / GiB:.1f} GiB{host}")
+        found = result.best or result.least_memory
+        if found is not None:
+            e = found.estimate
+            out.append(Fix(change=label, fits=result.best is not None, memory_bytes=e.memory.total,
+                           capacity_bytes=e.capacity_bytes, host_bytes_per_node=e.host_bytes_per_node,
+                           host_capacity_bytes=e.host_capacity_bytes,
+                           step_time_s=e.step_time_s if result.best is not None else None,
+                           config=found.config if result.best is not None else None))
     return out
 
 
-def no_fit_message(result, graph, cluster, workload, knobs) -> str:
-    """Why nothing fits, in one sentence: the least memory any candidate of ``result`` needs (and host memory
-    where that is what misses), against the device's, and what would change it (``fixes_for_no_fit``)."""
-    least = result.least_memory
-    capacity = cluster.device.memory_bytes / GiB
-    if least is None:
-        return "no legal configuration exists for these knobs"
-    need = least.estimate.memory.total / GiB
-    c = least.config
-    fixes = fixes_for_no_fit(graph, cluster, workload, knobs, need_bytes=least.estimate.memory.total)
-    e = least.estimate
-    host = (f" and {e.host_bytes_per_node / GiB:.1f} GiB of host memory per node against "
-            f"{e.host_capacity_bytes / GiB:.1f} GiB" if e.host_bytes_per_node > e.host_capacity_bytes else "")
-    return (f"no plan fits: the least memory any candidate needs is {need:.1f} GiB per GPU "
-            f"(dp {c.dp} tp {c.tp} pp {c.pp} cp {c.cp}, ZeRO-{c.zero}, recompute {c.recompute}, "
-            f"optimizer offload {'on' if c.optimizer_offload else 'off'}, micro-batch {c.micro_batch}) against "
-            f"{capacity:.1f} GiB{host}; "
-            + ("what would change it: " + "; ".join(fixes) if fixes else
-               "no single change tried (more GPUs, a shorter sequence, more memory) makes it fit"))
+@dataclass(frozen=True, kw_only=True)
+class NoFit:
+    """Why nothing fits: the candidate that needs the least memory, against the device's, and the changes
+    tried (``fixes_for_no_fit``). ``message`` is the one line the CLI prints; ``to_json`` what --json does."""
 
+    least: object | None                # a Candidate (None: no legal configuration at all)
+    capacity_bytes: float
+    fixes: tuple[Fix, ...] = ()
+
+    def message(self) -> str:
+        if self.least is None:
+            return "no legal configuration exists for these knobs"
+        c, e = self.least.config, self.least.estimate
+        host = (f" and {e.host_bytes_per_node / GiB:.1f} GiB of host memory per node against "
+                f"{e.host_capacity_bytes / GiB:.1f} GiB" if e.host_bytes_per_node > e.host_capacity_bytes else "")
+        return (f"no plan fits: the least memory any candidate needs is {e.memory.total / GiB:.1f} GiB per GPU "
+                f"(dp {c.dp} tp {c.tp} pp {c.pp} cp {c.cp}, ZeRO-{c.zero}, recompute {c.recompute}, "
+                f"optimizer offload {'on' if c.optimizer_offload else 'off'}, micro-batch {c.micro_batch}) against "
+                f"{self.capacity_bytes / GiB:.1f} GiB{host}; "
+                + ("what would change it: " + "; ".join(f.line() for f in self.fixes) if self.fixes else
+                   "no single change tried (more GPUs, a shorter sequence, more memory) makes it fit"))
+
+    def to_json(self) -> dict:
+        least = None if self.least is None else {"config": self.least.config.to_json(),
+                                                 "estimate": self.least.estimate.to_json()}
+        return {"least_memory": least, "capacity_bytes": int(self.capacity_bytes),
+                "what_would_fit": [f.to_json() for f in self.fixes if f.fits],
+                "tried": [f.to_json() for f in self.fixes]}
+
+
+def no_fit(result, graph, cluster, workload, knobs) -> NoFit:
+    """``NoFit`` of a search ``result`` whose best is None."""
+    least = result.least_memory
+    fixes = () if least is None else tuple(fixes_for_no_fit(graph, cluster, workload, knobs,
+                                                              need_bytes=least.estimate.memory.total))
+    return NoFit(least=least, capacity_bytes=cluster.device.memory_bytes, fixes=fixes)

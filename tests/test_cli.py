@@ -249,3 +249,50 @@ def test_help_teaches(cli):
     assert out.returncode == 0
     for text in ("examples:", "--global-batch", "searched", "Exit codes"):
         assert text in out.stdout
+
+
+# -- --json on every exit, user code that raises, what the plan line says ---------------------------
+
+def test_json_on_every_exit_parses(cli):
+    """A script reads one JSON document on stdout whatever the exit: the plan (0), the error with its
+    field (2: a bad flag or a bad value), the no-fit answer (3: the least memory and what would fit)."""
+    ok = cli("plan", "--model", "llama3-8b", "--gpus", "8", "--json")
+    assert ok.returncode == 0 and json.loads(ok.stdout)["config"]["dp"] >= 1
+    flag = cli("plan", "--gpus", "-3", "--json")
+    assert flag.returncode == 2 and json.loads(flag.stdout) == {
+        "error": "argument --gpus: expected a positive integer, got '-3' (see meshplan plan --help)", "exit_code": 2}
+    value = cli("plan", "--tp", "3", "--json")
+    doc = json.loads(value.stdout)
+    assert value.returncode == 2 and doc["field"] == "--tp" and doc["exit_code"] == 2 and "tp 3" in doc["error"]
+    nofit = cli("plan", "--model", "llama3-405b", "--cluster", "a100-40g", "--gpus", "8", "--json")
+    doc = json.loads(nofit.stdout)
+    assert nofit.returncode == 3 and doc["exit_code"] == 3 and doc["error"].startswith("no plan fits")
+    answer = doc["no_fit"]
+    assert answer["least_memory"]["estimate"]["memory_per_gpu_bytes"]["total"] > answer["capacity_bytes"]
+    assert answer["what_would_fit"] and all(f["fits"] and f["config"] for f in answer["what_would_fit"])
+    assert {f["change"] for f in answer["what_would_fit"]} <= {f["change"] for f in answer["tried"]}
+    assert cli("plan", "--gpus", "-3").stdout == ""         # without --json, stdout stays empty
+
+
+def test_a_factory_that_raises_is_one_line_and_the_users_traceback(cli, tmp_path):
+    model = tmp_path / "mod.py"
+    model.write_text("def helper():\n    raise ValueError('boom in the factory')\n\n\ndef build():\n    return helper()\n")
+    out = cli("plan", "--model", f"{model}:build", "--cluster", "cpu-gloo", "--gpus", "2")
+    assert out.returncode == 2 and out.stdout == ""
+    lines = out.stderr.splitlines()
+    assert lines[0] == f"meshplan plan: error: {model}:build: the factory raised ValueError: boom in the factory"
+    assert lines[1] == "Traceback of your code (most recent call last):"
+    files = [line.split('"')[1] for line in lines if line.lstrip().startswith('File "')]
+    assert files == [str(model), str(model)]              # build, then helper: meshplan's own frames left out
+
+
+def test_the_plan_never_says_a_negative_saving():
+    from planner.explain import gain_sentences
+    stages = {"non_uniform_stages": {"saved_s": -0.928, "saved_pct": -9.1, "balanced_fits": False}}
+    [sentence] = gain_sentences(stages)
+    assert sentence == ("unequal stages take 0.928 s per step (9.1%) more than balanced ones, which would not fit: "
+                        "memory decided")
+    recompute = {"partial_recompute": {"recomputed_layers": 3, "blocks": 32, "saved_s": 5.93, "saved_pct": 30.5}}
+    assert gain_sentences(recompute) == ["recomputing 3 of 32 blocks saves 5.93 s per step (30.5%) against "
+                                         "recomputing every block"]
+    assert not any("-" in s for s in gain_sentences({**stages, **recompute}))

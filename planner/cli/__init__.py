@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+import json
+
 from ..errors import UserError
 from . import catalog, compare, gallery, plan, profile, run, trace, whatif
-from .common import Parser
+from .common import BadFlags, Parser
 
 # command -> the module that parses and runs it, in the order `meshplan --help` lists them
 COMMANDS = {"plan": plan, "whatif": whatif, "compare": compare, "run": run, "trace": trace, "profile": profile,
@@ -30,8 +32,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parser.parse_args(argv)
+    except BadFlags as e:
+        sys.stderr.write(f"{e.prog}: error: {e}\n")
+        if "--json" in argv:
+            json_error(str(e), 2)
+        return 2
     if args.command is None:
         parser.print_help()
         return 2
@@ -41,7 +50,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         sys.stderr.write(f"meshplan {args.command}: error: {e}\n")
+        if e.trailer:
+            sys.stderr.write(e.trailer)
+        if getattr(args, "json", False):
+            json_error(e.detail, e.exit_code, source=e.source, field=e.field, **(
+                {"no_fit": e.answer} if getattr(e, "answer", None) else {}))
         return e.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("meshplan: interrupted\n")
         return 130
+
+
+def json_error(message: str, exit_code: int, **fields) -> None:
+    """What --json prints on stdout when a command ends in an error: one JSON object, whatever the exit."""
+    json.dump({"error": message, "exit_code": exit_code, **fields}, sys.stdout)
+    sys.stdout.write("\n")

@@ -22,12 +22,19 @@ SCHEDULE_HELP = ("pipeline schedules (--schedule; the search chooses among those
                  + "".join(f"  {s.name:<18} {s.description} ({s.source})\n" for s in schedules.SCHEDULES.values()))
 
 
+class BadFlags(Exception):
+    """A flag argparse refuses: one line, exit code 2 (``planner.cli.main`` says it)."""
+
+    def __init__(self, prog: str, message: str):
+        super().__init__(f"{message} (see {prog} --help)")
+        self.prog = prog
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse that reports a bad flag on one line, exit code 2."""
+    """argparse that reports a bad flag on one line, exit code 2 (``BadFlags``)."""
 
     def error(self, message: str):
-        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-        sys.exit(2)
+        raise BadFlags(self.prog, message)
 
 
 def add_debug(p: argparse.ArgumentParser) -> None:

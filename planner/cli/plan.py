@@ -8,6 +8,7 @@ import sys
 from .. import api
 from ..accuracy import Accuracy
 from ..describe import describe_config, gib, runs
+from ..explain import gain_sentences
 from ..errors import UserError
 from ..plan import Plan
 from .common import (RECOMPUTE_HELP, SCHEDULE_HELP, add_debug, add_job_args, add_knob_args, job_inputs, knobs,
@@ -102,14 +103,7 @@ def format_plan(plan: Plan) -> str:
     ]
     if c.stage_layers and c.pp > 1:
         lines.append(f"stages    layers per virtual stage {runs(c.stage_layers)} (embedding first, head last)")
-    if "non_uniform_stages" in plan.gains:
-        g = plan.gains["non_uniform_stages"]
-        lines.append(f"          unequal stages save {g['saved_s']:.3g} s per step ({g['saved_pct']:.1f}%) against "
-                     f"balanced ones" + ("" if g["balanced_fits"] else ", which would not even fit"))
-    if "partial_recompute" in plan.gains:
-        g = plan.gains["partial_recompute"]
-        lines.append(f"recompute {g['recomputed_layers']} of {g['blocks']} blocks: {g['saved_s']:.3g} s per step "
-                     f"({g['saved_pct']:.1f}%) faster than recomputing every block")
+    lines += [f"gains     {sentence}" for sentence in gain_sentences(plan.gains)]
     lines.append(f"limits    {plan.limits}")
     lines.append(f"checked   {Accuracy.from_json(plan.accuracy).line()}")
     if plan.alternatives:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 from ..accuracy import Accuracy
 from ..describe import cost_per_million_tokens, describe_config, gib, runs, short_config
 from ..estimate import StepTime
-from ..explain import PARTS
+from ..explain import PARTS, gain_sentences
 from ..exports import DOCS, Export, recompute_per_stage
 from ..recompute import DESCRIPTIONS, EVERY_K_DESCRIPTION, POLICIES, every_k
 from ..simulate import Timeline
@@ -93,11 +93,7 @@ def _why(plan, knobs: list[Knob]) -> Section:
     e = plan.best.estimate
     bullets = [f"What limits it: {plan.limits}.",
                f"How far to trust these numbers: checked {Accuracy.from_json(plan.accuracy).line()}."]
-    won = plan.gains
-    for key, what in (("non_uniform_stages", "unequal stages"), ("partial_recompute", "recomputing only some blocks")):
-        if key in won:
-            bullets.append(f"Per-stage choice: {what} saves {won[key]['saved_s']:.3g} s per step "
-                           f"({won[key]['saved_pct']:.1f}%, closed form).")
+    bullets += [f"Per-stage choice (closed form): {sentence}." for sentence in gain_sentences(plan.gains)]
     fitting = [k for k in knobs if k.fits and k.gain_pct > 0.05]
     if fitting:
         bullets.append(f"Next knob to turn: {fitting[0].describe(e.capacity_bytes)}.")

@@ -68,8 +68,27 @@ def _import_file(path: Path, source: str):
         spec.loader.exec_module(module)
     except Exception as e:
         sys.modules.pop(name, None)
-        raise UserError(f"importing it failed: {type(e).__name__}: {e}", source=str(path)) from e
+        raise user_code_error(e, "importing it", str(path), [str(path.resolve())]) from None
     return module
+
+
+def user_code_error(error: BaseException, what: str, source: str, files: list[str]) -> UserError:
+    """A UserError for an exception the user's own code raised: one line naming ``source`` (the factory or
+    file) and the exception, and as its trailer the traceback of the frames in ``files`` only (meshplan's
+    and torch's own frames left out)."""
+    import traceback
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename in files]
+    out = UserError(f"{what} raised {type(error).__name__}: {error}", source=source)
+    if frames:
+        out.trailer = "Traceback of your code (most recent call last):\n" + "".join(traceback.format_list(frames))
+    return out
+
+
+def _user_files(factory) -> list[str]:
+    """The file that defines ``factory`` (its module's), where its traceback frames are the user's."""
+    module = sys.modules.get(getattr(factory, "__module__", ""), None)
+    path = getattr(module, "__file__", None)
+    return [str(Path(path).resolve())] if path else []
 
 
 def load_factory(source: str):
@@ -99,7 +118,11 @@ def load_factory(source: str):
 def build_module(source: str, example_input: str | None = None):
     """(module, example_inputs) from the factory, ``--example-input`` winning when given."""
     import torch
-    result = load_factory(source)()
+    factory = load_factory(source)
+    try:
+        result = factory()
+    except Exception as e:
+        raise user_code_error(e, "the factory", source, _user_files(factory)) from None
     inputs = None
     if isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], torch.nn.Module):
         module, inputs = result
@@ -120,9 +143,18 @@ def trace_source(source: str, example_input: str | None = None, **kwargs):
     """TraceResult of the module a ``--model file.py:factory`` names."""
     from .tracer import trace_module
     module, inputs = build_module(source, example_input)
-    return trace_module(module, inputs, name=type(module).__name__,
-                        source=f"traced: {source}" + (f" --example-input {example_input}" if example_input else ""),
-                        **kwargs)
+    files = _user_files(type(module)) + _user_files(load_factory(source))
+    try:
+        return trace_module(module, inputs, name=type(module).__name__,
+                            source=f"traced: {source}" + (f" --example-input {example_input}" if example_input else ""),
+                            **kwargs)
+    except UserError:
+        raise
+    except Exception as e:
+        import traceback
+        if not any(f.filename in files for f in traceback.extract_tb(e.__traceback__)):
+            raise                   # not the user's code: meshplan's own error, with its traceback
+        raise user_code_error(e, "the module's training step", source, files) from None
 
 
 def load_traced_model(source: str, example_input: str | None = None):
