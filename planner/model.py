@@ -153,6 +153,29 @@ ALIASES = {"gpt-175b": "gpt3-175b", "gpt-1008b": "gpt-1t", "gpt3": "gpt3-175b"}
 
 SUPPORTED_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "mixtral")
 
+# What transformers assumes for each field a config.json leaves out: the defaults of its config classes
+# (GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, MixtralConfig of transformers 5.23; checked against
+# the installed transformers by tests/test_model.py). Only the fields meshplan reads.
+HF_DEFAULTS = {
+    "gpt2": {"n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024, "n_inner": None, "vocab_size": 50257,
+             "resid_pdrop": 0.1, "attn_pdrop": 0.1, "embd_pdrop": 0.1, "tie_word_embeddings": True},
+    "llama": {"hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": None,
+              "intermediate_size": 11008, "vocab_size": 32000, "max_position_embeddings": 2048, "head_dim": None,
+              "attention_bias": False, "tie_word_embeddings": False},
+    "mistral": {"hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+                "intermediate_size": 14336, "vocab_size": 32000, "max_position_embeddings": 131072, "head_dim": None,
+                "sliding_window": 4096, "tie_word_embeddings": False},
+    "qwen2": {"hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+              "intermediate_size": 22016, "vocab_size": 151936, "max_position_embeddings": 32768,
+              "sliding_window": None, "use_sliding_window": False, "tie_word_embeddings": False},
+    "mixtral": {"hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+                "intermediate_size": 14336, "vocab_size": 32000, "max_position_embeddings": 131072, "head_dim": None,
+                "sliding_window": None, "num_local_experts": 8, "num_experts_per_tok": 2,
+                "tie_word_embeddings": False},
+}
+GPT2_ATTRIBUTE_MAP = {"hidden_size": "n_embd", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer",
+                      "max_position_embeddings": "n_positions"}
+
 
 def zoo_names() -> list[str]:
     return list(ZOO)
@@ -229,8 +252,14 @@ def load_hf_config(path: Path) -> ModelSpec:
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise UserError(f"unsupported value {model_type!r}; supported: {one_of(SUPPORTED_MODEL_TYPES)}",
                         source=source, field="model_type")
+    if model_type == "gpt2":        # GPT2Config.attribute_map: the common names stand for GPT-2's own
+        data = {**{own: data[common] for common, own in GPT2_ATTRIBUTE_MAP.items() if common in data}, **data}
+    defaulted = sorted(k for k in HF_DEFAULTS[model_type] if k not in data)
+    data = {**HF_DEFAULTS[model_type], **data}      # what transformers assumes for what the file leaves out
     f = _Fields(data, source)
     name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
+    said = f"{source} (model_type {model_type}" + (f"; transformers' defaults for {', '.join(defaulted)}"
+                                                    if defaulted else "") + ")"
     if model_type == "gpt2":
         hidden = f.int("n_embd", "hidden_size")
         heads = f.int("n_head", "num_attention_heads")
@@ -243,8 +272,7 @@ def load_hf_config(path: Path) -> ModelSpec:
             num_kv_heads=heads, head_dim=hidden // heads, ffn_hidden=f.int("n_inner", default=4 * hidden),
             vocab_size=f.int("vocab_size"), seq_len=positions, max_positions=positions, mlp="gelu",
             norm="layernorm", linear_bias=True, qkv_bias=False,
-            tied_embeddings=f.bool("tie_word_embeddings", True), dropout=dropout,
-            source=f"{source} (model_type gpt2)")
+            tied_embeddings=f.bool("tie_word_embeddings", True), dropout=dropout, source=said)
     else:
         hidden = f.int("hidden_size")
         heads = f.int("num_attention_heads")
@@ -268,5 +296,5 @@ def load_hf_config(path: Path) -> ModelSpec:
             tied_embeddings=f.bool("tie_word_embeddings", False), dropout=False,
             num_experts=experts, experts_per_token=top_k,
             sliding_window=window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else 0,
-            source=f"{source} (model_type {model_type})")
+            source=said)
     return spec.validate(source)

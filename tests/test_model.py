@@ -83,7 +83,7 @@ def test_mistral_config_with_sliding_window(write_json):
 @pytest.mark.parametrize("data,field", [
     ({"model_type": "bert"}, "model_type"),
     ({**LLAMA, "hidden_size": "big"}, "hidden_size"),
-    ({k: v for k, v in LLAMA.items() if k != "num_hidden_layers"}, "num_hidden_layers"),
+    ({**LLAMA, "num_hidden_layers": 0}, "num_hidden_layers"),
     ({**LLAMA, "num_key_value_heads": 5}, "num_kv_heads"),
     ({**GPT2, "n_head": 7}, "n_embd"),
     ({**LLAMA, "tie_word_embeddings": "yes"}, "tie_word_embeddings"),
@@ -103,3 +103,52 @@ def test_unknown_model_type_lists_supported(write_json):
 def test_invalid_json_names_line(write_json):
     with pytest.raises(UserError, match="line 1"):
         load_model(write_json("{not json"))
+
+
+# -- what transformers assumes for the fields a config.json leaves out ------------------------------
+
+CONFIG_CLASSES = {"gpt2": "GPT2Config", "llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config",
+                  "mixtral": "MixtralConfig"}
+
+
+@pytest.mark.parametrize("model_type", list(CONFIG_CLASSES))
+def test_a_config_leaving_fields_out_gets_transformers_defaults(write_json, model_type):
+    """{"model_type": T} alone is the model transformers builds from T's config class with no arguments:
+    every field meshplan reads is that class's default (transformers is installed with meshplan[hf])."""
+    import transformers
+    from planner.model import HF_DEFAULTS
+    hf = getattr(transformers, CONFIG_CLASSES[model_type])()
+    spec = load_model(write_json({"model_type": model_type}))
+    derived = {"head_dim": "hidden_size // num_attention_heads", "num_key_value_heads": "num_attention_heads"}
+    for key, value in HF_DEFAULTS[model_type].items():
+        if value is None and key in derived:    # the config class fills it in from the others (None here)
+            assert getattr(hf, key) in (None, eval(derived[key], {}, vars(hf))), (model_type, key)
+        else:
+            assert value == getattr(hf, key, None), (model_type, key)
+    assert spec.head_dim == getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    if model_type == "gpt2":
+        assert (spec.hidden, spec.num_heads, spec.num_layers, spec.vocab_size, spec.seq_len) == (
+            hf.n_embd, hf.n_head, hf.n_layer, hf.vocab_size, hf.n_positions)
+        assert spec.ffn_hidden == 4 * hf.n_embd and spec.dropout is (hf.resid_pdrop > 0) and spec.tied_embeddings
+    else:
+        assert (spec.hidden, spec.num_heads, spec.num_layers, spec.ffn_hidden, spec.vocab_size, spec.seq_len) == (
+            hf.hidden_size, hf.num_attention_heads, hf.num_hidden_layers, hf.intermediate_size, hf.vocab_size,
+            hf.max_position_embeddings)
+        assert spec.num_kv_heads == (hf.num_key_value_heads or hf.num_attention_heads)
+        window = vars(hf).get("sliding_window") if vars(hf).get("use_sliding_window", True) else None
+        assert spec.sliding_window == (window or 0) and spec.tied_embeddings == hf.tie_word_embeddings
+    assert "transformers' defaults for" in spec.source
+
+
+def test_a_gpt2_config_without_dropout_fields_has_transformers_dropout(write_json):
+    """GPT2Config's resid_pdrop, attn_pdrop and embd_pdrop default to 0.1: a file that leaves them out trains
+    with dropout (planned from such a file before, Narayanan's 1.7B case came out 16% fast); one that sets
+    them to 0 does not."""
+    base = {"model_type": "gpt2", "n_embd": 2304, "n_head": 24, "n_layer": 24, "vocab_size": 51200}
+    assert load_model(write_json(base)).dropout is True
+    assert load_model(write_json({**base, "resid_pdrop": 0.0, "attn_pdrop": 0.0, "embd_pdrop": 0.0})).dropout is False
+    # the common names stand for GPT-2's own (GPT2Config.attribute_map), and win over the defaults
+    common = {"model_type": "gpt2", "hidden_size": 1600, "num_attention_heads": 25, "num_hidden_layers": 48,
+              "max_position_embeddings": 2048}
+    spec = load_model(write_json(common))
+    assert (spec.hidden, spec.num_heads, spec.num_layers, spec.seq_len) == (1600, 25, 48, 2048)
