@@ -15,6 +15,8 @@ framework cannot express: a choice is never dropped silently.
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +32,7 @@ DOCS = {
                    "colossalai/booster/plugin/hybrid_parallel_plugin.py"),
     "torchtitan": "https://github.com/pytorch/torchtitan/blob/main/torchtitan/config/job_config.py",
     "meshplan": "planner/cli/run.py (`meshplan run --help`); torchrun: https://pytorch.org/docs/stable/elastic/run.html",
+    "slurm": "https://slurm.schedmd.com/sbatch.html; srun: https://slurm.schedmd.com/srun.html",
 }
 
 
@@ -485,7 +488,29 @@ def meshplan_run(plan) -> Export:
     return Export(framework="meshplan", filename="meshplan_run.sh", text="\n".join(lines) + "\n", notes=notes)
 
 
-EXPORTERS = (deepspeed, megatron, colossalai, torchtitan, meshplan_run)
+def slurm(plan) -> Export:
+    """An sbatch script (https://slurm.schedmd.com/sbatch.html): the plan's nodes with one task each and its
+    GPUs per node; ``srun`` starts `meshplan run` once per node, torchrun's c10d rendezvous on the job's
+    first node (Slurm's SLURM_JOB_NODELIST, SLURM_NNODES, SLURM_NODEID)."""
+    n, per_node = plan.cluster.num_gpus, plan.cluster.gpus_per_node
+    nodes, nproc = plan.cluster.num_nodes, min(n, per_node)
+    name = re.sub(r"[^\w.-]", "-", f"meshplan-{plan.model_name}")
+    lines = ["#!/bin/bash", f"# {plan.model_name} on {nodes} node(s) x {nproc} GPUs of {plan.cluster.name} (written by "
+             "meshplan); submit with: sbatch meshplan_sbatch.sh", f"#SBATCH --job-name={name}",
+             f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1", f"#SBATCH --gpus-per-node={nproc}",
+             "#SBATCH --exclusive", "set -euo pipefail", "",
+             "# the rendezvous: torchrun's c10d store on the job's first node",
+             'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', "",
+             "# one task per node; each starts torchrun with the node's GPUs (meshplan run launches it)",
+             f"srun --kill-on-bad-exit=1 bash -c 'meshplan run --plan plan.json --model {shlex.quote(plan.model_source)} "
+             f"--steps 10 --nproc {nproc} --nnodes \"$SLURM_NNODES\" --node-rank \"$SLURM_NODEID\" "
+             "--rdzv-endpoint \"$1\":29500' _ \"$head_node\""]
+    notes = () if plan.spec is not None else (
+        "a traced module's plan runs inside your own torchrun script with executor.auto_parallelize",)
+    return Export(framework="slurm", filename="meshplan_sbatch.sh", text="\n".join(lines) + "\n", notes=notes)
+
+
+EXPORTERS = (deepspeed, megatron, colossalai, torchtitan, meshplan_run, slurm)
 
 
 def exports(plan) -> tuple[Export, ...]:

@@ -299,7 +299,7 @@ def test_exports_and_notes_are_written(tmp_path):
     paths = write_exports(fixed_plan("llama3-8b", "h100-80g", 16, UNEQUAL), tmp_path)
     names = sorted(p.name for p in paths)
     assert names == ["NOTES.md", "colossalai_plugin.py", "deepspeed_config.json", "megatron_args.txt",
-                     "meshplan_run.sh", "torchtitan.toml"]
+                     "meshplan_run.sh", "meshplan_sbatch.sh", "torchtitan.toml"]
     notes = (tmp_path / "NOTES.md").read_text()
     assert "cannot be given exactly" in notes and "## megatron_args.txt" in notes
 
@@ -363,3 +363,39 @@ def test_policies_a_framework_lacks_become_full_recompute_with_a_note():
     offload = torchtitan(torch_plan(replace(EIGHT, recompute="activation-offload")))
     assert tomllib.loads(offload.text)["activation_checkpoint"] == {"mode": "full"}
     assert any("offload" in n for n in offload.notes)
+
+
+def test_the_sbatch_export_starts_meshplan_run_on_every_node(tmp_path):
+    """A 2-node plan's sbatch script: bash -n accepts it, its #SBATCH lines ask for the plan's nodes and GPUs,
+    and run with stand-ins for scontrol, srun (one task per node, as Slurm starts them) and meshplan, each
+    node's meshplan run gets the node's rank and the first node as the rendezvous."""
+    import os
+    import subprocess
+    from planner import api
+    from planner.exports import slurm
+    plan = api.plan(api.load_job("llama3-70b", "h100-80g", gpus=16))
+    script = tmp_path / "meshplan_sbatch.sh"
+    script.write_text(slurm(plan).text)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    directives = dict((line.split()[1].lstrip("-").split("=") + [""])[:2] for line in script.read_text().splitlines()
+                      if line.startswith("#SBATCH"))
+    assert directives["nodes"] == "2" and directives["gpus-per-node"] == "8" and directives["ntasks-per-node"] == "1"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_ins = {"scontrol": 'printf "node-a\\nnode-b\\n"',
+                 "srun": 'for id in 0 1; do SLURM_NODEID=$id SLURM_NNODES=2 "${@:2}"; done',
+                 "meshplan": 'echo "$@" >> "$LOG"'}
+    for name, body in stand_ins.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    log = tmp_path / "calls.log"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "LOG": str(log), "SLURM_JOB_NODELIST": "node-[a-b]"}
+    assert subprocess.run(["bash", str(script)], env=env, cwd=tmp_path).returncode == 0
+    calls = log.read_text().splitlines()
+    assert len(calls) == 2
+    for rank, call in enumerate(calls):
+        args = call.split()
+        flags = dict(zip(args[1::2], args[2::2])) if args[0] == "run" else {}
+        assert args[0] == "run" and flags["--plan"] == "plan.json" and flags["--model"] == "llama3-70b"
+        assert (flags["--nproc"], flags["--nnodes"], flags["--node-rank"]) == ("8", "2", str(rank))
+        assert flags["--rdzv-endpoint"] == "node-a:29500"
