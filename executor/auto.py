@@ -3,14 +3,17 @@
 What it does, in order:
 1. reads the live world (process count, device) from the job, and makes every rank start
    from rank 0's weights;
-2. on rank 0 only: traces the module (``planner.trace.trace``: its layers, FLOPs, activations,
-   which linears tensor parallelism can split) and plans it with the planner as a library call
+2. on rank 0 only: traces the module as it will run (``planner.trace.trace(..., runnable=True)``: its
+   layers, FLOPs, activations, which ``nn.Linear`` modules tensor parallelism can split, and whether the
+   module can be cut into pipeline stages, by torch.fx or by a ``transformers`` decoder's module paths:
+   planner/trace/cut.py; where it cannot, the search keeps pp at 1) and plans it with the planner as a library call
    (``planner.api.plan_graph``: the same search as ``meshplan plan``, over dp, tp, pp, ZeRO,
    micro-batch, schedule and recompute), for ``cluster`` (a profile name or TOML; default
    cpu-gloo) with as many GPUs as the job has processes. The plan.json document is broadcast,
    so every rank applies the same plan (or raises the same error);
 3. applies it with the functions that apply meshplan's own models' plans (executor/parallelize.py,
-   in its order): the pipeline stages of this rank (executor/pipeline.py ``split_pipeline``), TP
+   in its order): the pipeline stages of this rank (executor/pipeline.py ``split_pipeline``; a parameter
+   the first and last stage share, as a tied embedding and head, has its gradient summed by the pair), TP
    styles, recompute, then FSDP2 / replicate / DDP by ZeRO stage, and the pipeline schedule; mixed
    precision as meshplan's own models take it: where the device has it, FSDP2's
    MixedPrecisionPolicy (16-bit compute, fp32 gradient reduction) where FSDP2 manages the
@@ -39,7 +42,8 @@ from planner.plan import Plan
 from .integrity import check_world_size
 from .mesh import ParallelDims, init_process_group, local_device
 from .parallelize import autocast_dtype, dp_units, parallelize
-from .pipeline import build_schedule, split_pipeline, stage_indices
+from .pipeline import (build_schedule, split_pipeline, stage_indices, sync_shared_grads,
+                       tied_across_stages, tied_groups)
 from .support import DEFAULT_TIMEOUT_S, runnable_schedule
 from .train import accumulate, global_loss, make_optimizer, optimizer_step, schedule_step
 
@@ -73,7 +77,7 @@ def plan_module(module: nn.Module, example_inputs, *, global_batch: int, world: 
     from planner.api import plan_graph
     from planner.config import Workload
     from planner.trace import trace
-    graph = trace(module, example_inputs)
+    graph = trace(module, example_inputs, runnable=True)
     workload = Workload(global_batch=global_batch, seq_len=graph.seq_len, precision=precision)
     return plan_graph(graph, cluster or DEFAULT_CLUSTER, workload, gpus=world, knobs=executable_knobs(knobs)).to_json()
 
@@ -122,8 +126,9 @@ class ParallelTraining:
 
     def __init__(self, *, plan: AutoPlan, parts: list[nn.Module], indices: list[int],
                  optimizers: list[torch.optim.Optimizer], loss_fn: Callable, mesh, dp_mesh, device, schedule,
-                 autocast: torch.dtype | None = None):
+                 autocast: torch.dtype | None = None, shared: tuple[list, object] = ([], None)):
         self.plan, self.parts, self.optimizers, self.autocast = plan, parts, optimizers, autocast
+        self.shared = shared        # (names of each parameter two stages hold, the group summing their gradients)
         self.loss_fn, self.mesh, self.dp_mesh, self.device, self.schedule = loss_fn, mesh, dp_mesh, device, schedule
         self.dp, self.dp_rank = plan.dp, dp_mesh.get_local_rank()
         self.first_stage = 0 in indices
@@ -159,6 +164,7 @@ class ParallelTraining:
             else:
                 local = accumulate(self.parts[0], inputs, targets, num_microbatches=self.plan.num_microbatches,
                                    zero=self.plan.zero, loss_fn=self.microbatch_loss, device=self.device)
+        sync_shared_grads(self.parts, *self.shared)
         optimizer_step(self.optimizers, self.parts)
         return global_loss(local, mesh=self.mesh, dp_mesh=self.dp_mesh, dp=self.dp)
 
@@ -171,9 +177,15 @@ def apply_plan(module: nn.Module, plan: Plan, doc: dict, *, device: torch.device
     zero, notes = c.zero, ()
     dims = ParallelDims.from_config(c, world)
     mesh, dp_mesh, dp_cp_mesh = dims.build_mesh(device.type)     # no context parallelism here: dp x cp is dp
+    tied, tied_group = {}, None
     if c.pp > 1:
         indices = stage_indices(len(plan.stages), c.pp, mesh["pp"].get_local_rank())
-        parts = split_pipeline(module, plan.stages, indices, plan.source)
+        parts, how = split_pipeline(module, plan.stages, indices, plan.source)
+        if how == "paths":
+            notes += ("the module's forward is cut into stages by the transformers model's module paths (torch.fx "
+                      "cannot follow it): each stage rebuilds the positions and causal masks",)
+        tied = tied_across_stages(module, plan.stages)
+        tied_group = _tied_group(tied, mesh, c.pp, len(plan.stages), plan.source)
     else:
         indices, parts = [0], [module]
     trained, optimizers, units = [], [], []
@@ -196,13 +208,26 @@ def apply_plan(module: nn.Module, plan: Plan, doc: dict, *, device: torch.device
                     layers=tuple(units), notes=notes)
     training = ParallelTraining(plan=auto, parts=trained, indices=indices, optimizers=optimizers,
                                 loss_fn=loss_fn, mesh=mesh, dp_mesh=dp_mesh, device=device, schedule=None,
-                                autocast=autocast)
+                                autocast=autocast, shared=(list(tied), tied_group))
     if schedule is not None:
         training.schedule = build_schedule(list(zip(indices, trained)), num_stages=len(plan.stages),
                                            pp_mesh=mesh["pp"], schedule=schedule,
                                            num_microbatches=c.num_microbatches, loss_fn=training.microbatch_loss,
                                            device=device)
     return training
+
+
+def _tied_group(tied: dict[tuple[str, ...], tuple[int, ...]], mesh, pp: int, num_stages: int, source: str):
+    """The group summing the gradients of parameters two stages share: the first and last pipeline
+    ranks (``tied_groups``); a share between other stages is refused."""
+    if not tied:
+        return None
+    for names, held in tied.items():
+        if {j % pp for j in held} != {0, pp - 1} or len(held) != 2:
+            raise UserError(f"parameter {names[0]!r} is shared by stages {', '.join(map(str, held))} of {num_stages}; a "
+                            "pipeline shares parameters between its first and last stage only (a tied embedding and "
+                            "head)", source=source, field="stages")
+    return tied_groups(mesh).get(dist.get_rank())
 
 
 def auto_parallelize(module: nn.Module, example_inputs, *, global_batch: int, cluster: str | None = None,

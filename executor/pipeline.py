@@ -5,10 +5,10 @@ pipeline rank j % pp (Narayanan et al. 2021, Sec 2.2.2: interleaved stages).
 Each stage is the reference model with the modules it does not run removed, so
 its parameters keep the whole model's paths (torchtitan's
 ``pipeline_module_split`` does the same with plain lists of names). A module the
-user wrote (``auto_parallelize``) is cut instead (``split_pipeline``): its forward
-traced with torch.fx, its layers kept as leaves (the original module objects,
-under their original paths), the graph cut before each stage's first layer
-(``torch.fx.passes.split_module``).
+user wrote (``auto_parallelize``) is cut instead (``split_pipeline``): by torch.fx
+with its layers kept as leaves where fx follows its forward, else by a
+``transformers`` decoder's module paths (planner/trace/cut.py, which the trace
+also uses to say whether the search may offer a pipeline).
 
 Schedules are torch's, the class each record of planner/schedules.py names. They run
 with ``scale_grads=False``: the loss function already divides by the tokens of the whole step.
@@ -24,9 +24,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import get_schedule_class
 
-from planner.errors import UserError
 from planner.model import ModelSpec
 from planner.schedules import SCHEDULES
+from planner.trace.cut import cut
 
 from .models import Transformer, build_model
 from .support import runnable_schedule
@@ -44,55 +44,33 @@ def build_stage_model(spec: ModelSpec, paths: tuple[str, ...]) -> Transformer:
 
 
 def split_pipeline(module: nn.Module, stages: tuple[tuple[str, ...], ...], indices: list[int],
-                   source: str = "plan") -> list[nn.Module]:
-    """The virtual stages ``indices`` of ``module`` as GraphModules holding the original layer modules
-    under their original paths (so TP styles and FSDP units apply by the plan's paths)."""
-    import torch.fx as fx
-    from torch.fx.passes.split_module import split_module
+                   source: str = "plan") -> tuple[list[nn.Module], str]:
+    """The virtual stages ``indices`` of a user's ``module`` and how they were cut (planner/trace/cut.py:
+    torch.fx where it follows the forward, else a ``transformers`` decoder's module paths), their
+    parameters the module's own objects under the plan's paths (so TP styles and FSDP units apply by path)."""
+    return cut(module, stages, indices, source)
 
-    layers = [path for stage in stages for path in stage]
-    named = dict(module.named_modules())
-    missing = [path for path in layers if path not in named or not path]
-    if missing:
-        raise UserError(f"layer(s) {', '.join(map(repr, missing))} are not submodules of the module; a pipeline "
-                        "cuts the module between submodules", source=source, field="stages")
 
-    class LayerTracer(fx.Tracer):
-        def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-            return qualname in named and qualname in layers or super().is_leaf_module(m, qualname)
-
-    try:
-        graph = LayerTracer().trace(module)
-    except Exception as e:          # torch.fx cannot follow data-dependent Python control flow
-        raise UserError(f"a pipeline needs the module's forward (outside its layers) to be traceable by "
-                        f"torch.fx: {type(e).__name__}: {e}; plan with knobs pp=1", source=source,
-                        field="stages") from None
-    traced = fx.GraphModule(module, graph)
+def tied_across_stages(module: nn.Module, stages: tuple[tuple[str, ...], ...]) -> dict[tuple[str, ...], tuple[int, ...]]:
+    """Parameters of a user's module that two stages share (a tied embedding and head): {its names:
+    the stages holding it}."""
     stage_of = {path: j for j, stage in enumerate(stages) for path in stage}
-    current = [0]
 
-    def which_stage(node) -> int:
-        if node.op == "call_module" and node.target in stage_of:
-            current[0] = stage_of[node.target]
-        return current[0]       # code between layers runs with the layer before it
+    def stage_of_name(name: str) -> int | None:
+        parts = name.split(".")
+        for k in range(len(parts) - 1, 0, -1):
+            if ".".join(parts[:k]) in stage_of:
+                return stage_of[".".join(parts[:k])]
+        return None
 
-    pieces = dict(split_module(traced, module, which_stage, keep_original_order=True).named_children())
-    if sorted(pieces) != [f"submod_{j}" for j in range(len(stages))]:
-        raise UserError(f"the module's forward does not run the stages' layers in the plan's order "
-                        f"({len(pieces)} pieces for {len(stages)} stages)", source=source, field="stages")
-    targets = [n.target for n in traced.graph.nodes if n.op in ("call_module", "get_attr")]
-    original = {t.replace(".", "_"): t for t in targets}   # split_module flattens dotted paths
-    if len(original) != len(set(targets)):
-        raise UserError("two submodule paths differ only in '.' against '_'; rename one to pipeline the module",
-                        source=source, field="stages")
-    parts = []
-    for j in indices:
-        piece_graph = pieces[f"submod_{j}"].graph
-        for node in piece_graph.nodes:
-            if node.op in ("call_module", "get_attr"):
-                node.target = original[node.target]
-        parts.append(fx.GraphModule(module, piece_graph))     # references module's own submodules
-    return parts
+    holders: dict[int, tuple[list[str], set[int]]] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        j = stage_of_name(name)
+        if j is not None:
+            names, held = holders.setdefault(id(param), ([], set()))
+            names.append(name)
+            held.add(j)
+    return {tuple(names): tuple(sorted(held)) for names, held in holders.values() if len(held) > 1}
 
 
 def build_schedule(stage_models: list[tuple[int, torch.nn.Module]], *, num_stages: int, pp_mesh: DeviceMesh,
@@ -132,3 +110,28 @@ def sync_tied_grads(stage_models: list[torch.nn.Module], group: dist.ProcessGrou
         grad = owner.weight.grad
         local = grad.to_local() if hasattr(grad, "to_local") else grad
         dist.all_reduce(local, group=group)
+
+
+def sync_shared_grads(parts: list[torch.nn.Module], shared: list[tuple[str, ...]],
+                      group: dist.ProcessGroup | None) -> None:
+    """``sync_tied_grads`` for a user's module: sum the gradient of each parameter two stages share
+    (``shared``: each one's names, as ``tied_across_stages`` found them), in the order of ``shared`` on
+    every rank of the group (each holds it under one of its names)."""
+    if group is None:
+        return
+    for names in shared:
+        param = None
+        for part in parts:
+            for name in names:
+                try:
+                    param = part.get_parameter(name)
+                    break
+                except AttributeError:
+                    continue
+            if param is not None:
+                break
+        if param is None or param.grad is None:
+            raise RuntimeError(f"no stage of this rank holds a gradient for {names[0]!r}, which its pair sums")
+        grad = param.grad
+        dist.all_reduce(grad.to_local() if hasattr(grad, "to_local") else grad, group=group)
+

@@ -130,6 +130,10 @@ class LayerGraph:
     num_kv_heads: int
     tied_embeddings: bool           # first and last stage all-reduce the shared embedding's gradient
     tied_params: int = 0            # parameters shared between embedding and head
+    # whether the executor can cut the model into pipeline stages (a traced module: planner/trace/cut.py),
+    # and why not
+    pipelines: bool = True
+    pipeline_why: str = ""
     source: str = ""
     warnings: tuple[str, ...] = field(default=())
 

@@ -45,6 +45,36 @@ def test_mixtral_router_is_replicated_and_experts_are_split():
     assert roles["experts.gate_up_proj"] == "column" and roles["experts.down_proj"] == "row"
 
 
+def test_qwen3_query_and_key_norms_keep_heads_split():
+    """Qwen3 normalises queries and keys per head (RMSNorm over head_dim): that reduces within the heads
+    TP splits, so q_proj and k_proj stay column-parallel with v_proj (a norm over the hidden width
+    would demote them, and then v_proj with them: attention takes all three split by heads or none)."""
+    with torch.device("meta"):
+        module = transformers.Qwen3ForCausalLM(tm.tiny_hf_config("qwen3"))
+    block = trace_module(module, torch.zeros(2, 16, dtype=torch.long)).graph.layers[2]
+    roles = {op.name.split(".", 3)[-1]: op.tp for op in block.ops if op.kind == "linear"}
+    assert roles == {"self_attn.q_proj": "column", "self_attn.k_proj": "column", "self_attn.v_proj": "column",
+                     "self_attn.o_proj": "row", "mlp.gate_proj": "column", "mlp.up_proj": "column",
+                     "mlp.down_proj": "row"}
+
+
+def test_runnable_trace_splits_only_what_torch_tp_styles_take():
+    """Traced to run (auto_parallelize), GPT-2's Conv1D weights stay whole (torch's ColwiseParallel and
+    RowwiseParallel take nn.Linear and nn.Embedding only); only costed, they split as Megatron's linears."""
+    with torch.device("meta"):
+        module = transformers.GPT2LMHeadModel(tm.tiny_hf_config("gpt2"))
+    costed = trace_module(module, torch.zeros(2, 16, dtype=torch.long)).graph
+    run = trace_module(module, torch.zeros(2, 16, dtype=torch.long), runnable=True).graph
+
+    def roles(graph):
+        block = next(layer for layer in graph.layers if layer.is_block)
+        return {op.name.split(".", 3)[-1]: op.tp for op in block.ops if op.kind == "linear"}
+
+    assert roles(costed) == {"attn.c_attn": "column", "attn.c_proj": "row", "mlp.c_fc": "column",
+                             "mlp.c_proj": "row"}
+    assert set(roles(run).values()) == {"replicate"}
+
+
 def test_different_blocks_get_different_signatures():
     module = tm.TinyTransformer(layers=2)
     module.blocks.append(tm.Block(width=tm.WIDTH, heads=2))        # same weights, other head count

@@ -141,7 +141,7 @@ HF_SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, inte
 
 
 def tiny_hf_config(name):
-    """A two-block transformers config of ``name`` (gpt2, bert, vit, llama, mistral, qwen2, mixtral):
+    """A two-block transformers config of ``name`` (gpt2, bert, vit, llama, mistral, qwen2, qwen3, mixtral):
     small widths, vocabulary 100, nothing downloaded."""
     import transformers     # the [hf] extra: only the tests that build these need it
     if name == "gpt2":
@@ -150,7 +150,8 @@ def tiny_hf_config(name):
         return transformers.BertConfig(vocab_size=100, **HF_SMALL)
     if name == "vit":
         return transformers.ViTConfig(image_size=32, patch_size=8, num_labels=10, **HF_SMALL)
-    cls = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "mixtral": "MixtralConfig"}
+    cls = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
+           "mixtral": "MixtralConfig"}
     extra = {"mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2}, "mistral": {"sliding_window": 16}}
     return getattr(transformers, cls[name])(vocab_size=100, num_key_value_heads=2, **HF_SMALL, **extra.get(name, {}))
 

@@ -114,6 +114,9 @@ class Space:
             if g.num_kv_heads % k.tp and k.tp % g.num_kv_heads:
                 raise UserError(f"tp {k.tp} neither divides nor is a multiple of the {g.num_kv_heads} "
                                 "key/value heads", field="--tp")
+        if (k.pp or 1) > 1 and not g.pipelines:
+            raise UserError(f"pp {k.pp}: the module cannot be cut into pipeline stages ({g.pipeline_why}); "
+                            "allowed: 1", field="--pp")
         if k.pp is not None and k.pp > self.max_stages:
             raise UserError(f"pp {k.pp} is more stages than the model's {self.blocks} layers can make (at most "
                             f"{self.max_stages})", field="--pp")
@@ -164,7 +167,7 @@ class Space:
             if g.num_kv_heads % tp and not self.can.replicates_kv_heads:
                 continue
             for pp in self._options("pp", divisors(n // tp)):
-                if pp > self.max_stages or (n // tp) % pp:
+                if pp > self.max_stages or (n // tp) % pp or (pp > 1 and not g.pipelines):
                     continue
                 for cp in self._options("cp", divisors(n // (tp * pp)) if self.can.context_parallel else [1]):
                     if (n // (tp * pp)) % cp or (cp > 1 and w.seq_len % (2 * cp)):

@@ -105,6 +105,7 @@ class TraceState:
         self.aliases: dict[str, str] = {}
         self.original_buffers: dict[str, torch.Tensor] = {}
         self.classes: dict[str, str] = {}
+        self.linears: set[str] = set()
         self.windows: dict[str, int] = {}
 
     # -- tensors ----------------------------------------------------------------------------
@@ -399,6 +400,8 @@ class _Wrappers:
     def __enter__(self):
         for path, module in self.root.named_modules():
             self.state.classes[path] = type(module).__name__
+            if isinstance(module, torch.nn.Linear):
+                self.state.linears.add(path)
             window = _sliding_window(module)
             if window:
                 self.state.windows[path] = window
@@ -547,7 +550,8 @@ def capture(module: torch.nn.Module, example_inputs, *, loss_fn=None, device: st
                    param_aliases=dict(state.aliases), batch=int(first[0].shape[0]) if first and first[0].dim() else 1,
                    input_shapes=tuple((tuple(int(s) for s in t.shape), str(t.dtype)) for t in first),
                    activation_dtype=_activation_dtype(tensors), device=device, opaque=tuple(state.opaque),
-                   warnings=tuple(state.warnings), replays=state.replays, windows=dict(state.windows))
+                   warnings=tuple(state.warnings), replays=state.replays, windows=dict(state.windows),
+                   linears=frozenset(state.linears))
 
 
 def _activation_dtype(tensors: dict) -> str:

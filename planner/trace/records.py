@@ -109,6 +109,9 @@ class Capture:
     device: str
     opaque: tuple[OpaqueLeaf, ...] = ()
     windows: dict[str, int] = field(default_factory=dict)     # module path -> sliding-window span it declares
+    # module paths tensor parallelism's styles split: nn.Linear and its subclasses (torch's ColwiseParallel
+    # and RowwiseParallel take nn.Linear and nn.Embedding only; GPT-2's Conv1D is neither)
+    linears: frozenset[str] = frozenset()
     warnings: tuple[str, ...] = field(default=())
     replays: dict[int, object] = field(default_factory=dict)   # op index -> (func, args with TensorMeta)
 

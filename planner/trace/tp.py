@@ -13,12 +13,15 @@ every forward tensor in op order:
 
 A linear reading R is a column candidate, reading S a row. A candidate is
 demoted to ``replicate`` (and the propagation rerun) when its split output would
-meet a replicated activation in one op, enter a normalisation (which reduces
-over the split features), leave its layer, or never reach a row linear; only
+meet a replicated activation in one op (attention included: its queries, keys
+and values are split by the same heads or not at all), enter a normalisation
+that reduces over the split features (one within a head, as Qwen3's query and
+key norms, does not), leave its layer, or never reach a row linear; only
 in the head may it reach the loss unreduced (the vocabulary-parallel
 cross-entropy of Megatron-LM). Convolutions, embeddings and opaque modules are
 never split by this rule (embeddings are vocabulary-parallel, as in the
-analytical graph).
+analytical graph), nor is a weight product run by a module torch's TP styles
+do not take (anything but ``nn.Linear``: GPT-2's ``Conv1D``).
 """
 from __future__ import annotations
 
@@ -52,7 +55,22 @@ def _inputs(rec: OpRecord, state: dict, anc: dict):
     return out
 
 
-def _step(rec, kind, layer_of, norm_modules, state, anc, style, demoted, conflicts):
+def _per_head(rec: OpRecord, state: dict, anc: dict, records) -> bool:
+    """Whether a normalisation of split tensors reduces within one head: over a last dimension that
+    divides, and is narrower than, the output of every column linear the tensors came from (Qwen3's and
+    OLMo2's query/key norms over head_dim). TP splits whole heads, so each rank holds whole groups."""
+    for m in rec.inputs:
+        if m.param or m.buffer or m.producer < 0 or state.get(m.producer) != S or not m.shape:
+            continue
+        width = m.shape[-1]
+        for a in anc.get(m.producer, ()):
+            out = records[a].outputs[0].shape[-1] if records[a].outputs and records[a].outputs[0].shape else 0
+            if not (width < out and out % width == 0):
+                return False
+    return True
+
+
+def _step(rec, kind, layer_of, norm_modules, state, anc, style, demoted, conflicts, records):
     ins = _inputs(rec, state, anc)
     split = [a for s, a in ins if s == S]
     has_r = any(s == R for s, _ in ins)
@@ -77,10 +95,13 @@ def _step(rec, kind, layer_of, norm_modules, state, anc, style, demoted, conflic
         state[i] = R if (has_r or split or kind == "embedding") else N
         return
     if kind == "norm" or rec.module in norm_modules:
+        if split and _per_head(rec, state, anc, records):
+            state[i], anc[i] = S, split_anc
+            return
         conflicts |= split_anc
         state[i] = R if (has_r or split) else N
         return
-    if split and has_r and kind != "attention":
+    if split and has_r:     # attention too: queries, keys and values split by the same heads, or none
         conflicts |= split_anc
     if split:
         state[i], anc[i] = S, split_anc
@@ -91,14 +112,22 @@ def _step(rec, kind, layer_of, norm_modules, state, anc, style, demoted, conflic
 
 
 def infer_tp(records: tuple[OpRecord, ...], cls: Classified, layer_of: dict[int, int], head_layers: set[int],
-             norm_modules: set[str]) -> TPResult:
+             norm_modules: set[str], linears: frozenset[str] | None = None) -> TPResult:
+    """``linears``: the module paths whose weights TP's styles can split (``Capture.linears``); a weight
+    product run by another module (GPT-2's Conv1D) is never split, as a convolution (None: any)."""
     forward = [r for r in records if r.phase == "fwd"]
+    kinds = dict(cls.kind)
+    if linears is not None:
+        for i, k in cls.kind.items():
+            if k == "linear" and records[i].module not in linears:
+                kinds[i] = "conv"
     demoted: set[int] = set()
     for _ in range(64):
         state, anc, style = {}, {}, {}
         conflicts: set[int] = set()
         for rec in forward:
-            _step(rec, cls.kind.get(rec.index), layer_of, norm_modules, state, anc, style, demoted, conflicts)
+            _step(rec, kinds.get(rec.index), layer_of, norm_modules, state, anc, style, demoted, conflicts,
+                  records)
         paired = set()
         for i, s in style.items():
             if s == "row":

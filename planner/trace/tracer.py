@@ -1,7 +1,7 @@
 """``trace(module, example_inputs) -> LayerGraph`` and ``trace_module`` with everything it saw."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import networkx as nx
 
@@ -40,16 +40,21 @@ class TraceResult:
 
 def trace_module(module, example_inputs, *, name: str | None = None, loss_fn=None, device: str = "cpu",
                  dtype=None, keep_replays: bool = False, real_budget_bytes: float = 2**30,
-                 source: str = "") -> TraceResult:
+                 source: str = "", runnable: bool = False) -> TraceResult:
     """Trace one training step of ``module`` on fake tensors (see capture.py) and build its graphs.
 
     ``example_inputs``: a tensor, a tuple of tensors (positional) or a dict (keyword) for one
     micro-batch; real, meta or fake tensors all work (only shapes and dtypes are read).
     ``loss_fn(output, (args, kwargs))``: the training loss (default: loss.default_loss).
     ``dtype``: trace with floating-point parameters and inputs cast to it (default: as they are).
+    ``runnable``: describe the module as ``auto_parallelize`` runs it, not as Megatron-LM would: tensor
+    parallelism splits only the weights of ``nn.Linear`` modules (torch's styles take no other), and the
+    graph says whether the module can be cut into pipeline stages (``cut.pipeline_cuts``). False (a
+    module only costed): any weight product of Megatron's pattern splits, and any layer boundary cuts.
     """
     from .build import build_graph, count_tokens
     from .capture import capture
+    from .cut import pipeline_cuts
     from .classify import classify, is_norm_class
     from .opgraph import build_op_graph
     from .structure import assign_ops, layer_spans
@@ -62,12 +67,16 @@ def trace_module(module, example_inputs, *, name: str | None = None, loss_fn=Non
     layer_of = assign_ops(cap, spans)
     norm_modules = {p for p, c in cap.classes.items() if is_norm_class(c)}
     heads = {i for i, s in enumerate(spans) if s.kind == "head"} or {len(spans) - 1}
-    tp = infer_tp(cap.records, cls, layer_of, heads, norm_modules)
+    tp = infer_tp(cap.records, cls, layer_of, heads, norm_modules, cap.linears if runnable else None)
     tokens = count_tokens(cap, cls)
     model_name = name or type(module).__name__
     shapes = ", ".join("x".join(map(str, s)) + ":" + d.replace("torch.", "") for s, d in cap.input_shapes)
     graph, builder = build_graph(cap, cls, spans, layer_of, tp, tokens, norm_modules, name=model_name,
                                  source=source or f"traced: {model_name} on example inputs {shapes}")
+    if runnable:
+        can, why = pipeline_cuts(module, [layer.name for layer in graph.layers],
+                                 [layer.is_block for layer in graph.layers])
+        graph = replace(graph, pipelines=can, pipeline_why=why)
     layer_names = {i: spans[li].path for i, li in layer_of.items()}
     group_names = {i: builder.names[key] for i, key in builder.group_of.items()}
     op_graph = build_op_graph(cap, cls.kind, layer_names, group_names)
