@@ -141,7 +141,7 @@ BAD_CONFIGS = [
     ("{oops", ["line 1"]),
     ('["a list"]', ["JSON object"]),
     ('{"model_type": "t5"}', ["model_type", "gpt2, llama, mistral, qwen2 or mixtral"]),
-    ('{"model_type": "llama", "hidden_size": 4096}', ["num_attention_heads", "missing"]),
+    ('{"model_type": "llama", "num_hidden_layers": "four"}', ["num_hidden_layers", "positive integer"]),
     ('{"model_type": "llama", "hidden_size": -1, "num_attention_heads": 8}', ["hidden_size", "positive integer"]),
     ('{"model_type": "gpt2", "n_embd": 100, "n_head": 3, "n_layer": 2, "vocab_size": 10}', ["n_embd", "multiple"]),
 ]
