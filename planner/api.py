@@ -21,7 +21,7 @@ from typing import Callable
 
 from . import schedules
 from .cluster import Cluster, load_cluster
-from .config import ParallelConfig, Workload
+from .config import DEFAULT_MEMORY_HEADROOM, ParallelConfig, Workload
 from .errors import NoFeasiblePlan, UserError
 from .estimate import Candidate
 from .explain import no_fit
@@ -70,6 +70,7 @@ class JobInputs:
     overlap_grad_reduce: bool = True
     tp_comm_overlap: bool = False
     example_input: str | None = None    # SHAPE:DTYPE[,...] for a traced module
+    memory_headroom: float = DEFAULT_MEMORY_HEADROOM   # memory a plan leaves free (planner/config.py)
 
     def load(self, warn: Callable[[str], None] | None = None) -> Job:
         """The Job: the model traced or built, the cluster loaded with its GPUs, the workload with its defaults.
@@ -93,7 +94,8 @@ class JobInputs:
                 (warn or (lambda _: None))(warning)
         workload = Workload(global_batch=self.global_batch or default_global_batch(seq, cluster.num_gpus),
                             seq_len=seq, precision=precision, framework=self.framework, attention=self.attention,
-                            overlap_grad_reduce=self.overlap_grad_reduce, tp_comm_overlap=self.tp_comm_overlap)
+                            overlap_grad_reduce=self.overlap_grad_reduce, tp_comm_overlap=self.tp_comm_overlap,
+                            memory_headroom=self.memory_headroom)
         return Job(model_source=self.model, spec=spec, graph=graph, cluster=cluster, workload=workload)
 
 
@@ -118,19 +120,21 @@ def default_precision(cluster: Cluster) -> str:
 # -- planning --------------------------------------------------------------------------------------
 
 def plan(job: Job, knobs: Knobs = Knobs(), *, top_k: int = 5, solver: str | None = None, time_limit_s: float = 20.0,
-         progress: Callable[[int, int], None] | None = None) -> Plan:
+         progress: Callable[[int, int], None] | None = None, prefer: str = "headroom") -> Plan:
     """The fastest plan that fits, whole (planner/search/finish.py), with the best plan of each of the next
     ``top_k`` layouts. When ``knobs`` fix every knob that matters the config is estimated, not searched (it
     may not fit: the Plan says so). ``solver``: "cbc" or "highs" for the stage ILPs (None: HiGHS where it
     is installed), "exhaustive" to enumerate instead (small models), "uniform" for balanced stages and one
-    recompute policy only. Raises NoFeasiblePlan when nothing fits."""
+    recompute policy only. ``prefer``: "headroom" (a safer plan among those within the model's error of
+    the fastest, where there is one: planner/search/result.py ``choose``) or "fastest". Raises
+    NoFeasiblePlan when nothing fits."""
     t0 = time.perf_counter()
     ilp = solver if solver in ("cbc", "highs") else default_solver()
     fixed = fully_fixed(knobs, job.workload, job.cluster.num_gpus, job.graph)
     if fixed is not None:
         return fixed_plan(job, fixed)
     result = search(job.graph, job.cluster, job.workload, knobs, top_k=top_k, solver=solver or ilp,
-                    time_limit_s=time_limit_s, progress=progress)
+                    time_limit_s=time_limit_s, progress=progress, prefer=prefer)
     if result.best is None:
         answer = no_fit(result, job.graph, job.cluster, job.workload, knobs)
         raise NoFeasiblePlan(answer.message(), answer=answer.to_json())

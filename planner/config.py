@@ -27,6 +27,15 @@ ZERO_STAGES = (0, 1, 2, 3)
 #   sequence SequenceParallel (norms, with sequence parallelism on)
 TP_STYLES = ("colwise", "rowwise", "vocab", "colwise_loss", "sequence")
 
+# The memory a plan must leave free, as a fraction of its predicted peak of tensor memory (the device
+# profile's runtime reserve aside): a plan fits when reserve + (peak - reserve) x (1 + headroom) is at
+# most the device's memory. 0.21 is the largest gap between the predicted peak and the peak torch's
+# caching allocator reserved (torch.cuda.max_memory_reserved: what runs out) on the 18 H100 runs of
+# benchmarks/results/gpu_validate.json and gpu_holdout_validate.json (gpt2-355m, micro-batch 2, 8k
+# tokens, full recompute: +20.9%; allocated peaks were up to 11.8% above the prediction, the allocator's
+# reserve up to 17% above those). tests/test_headroom.py recomputes it from those files.
+DEFAULT_MEMORY_HEADROOM = 0.21
+
 
 @dataclass(frozen=True, kw_only=True)
 class Workload:
@@ -43,6 +52,7 @@ class Workload:
     tp_comm_overlap: bool = False          # TP collectives overlap the GEMMs (TransformerEngine userbuffers,
                                            # Megatron-Core --tp-comm-overlap)
     optimizer: Literal["adamw"] = "adamw"  # Adam(W): two fp32 moments per parameter (Loshchilov & Hutter 2019)
+    memory_headroom: float = DEFAULT_MEMORY_HEADROOM   # memory a plan leaves free (DEFAULT_MEMORY_HEADROOM)
 
     @property
     def tokens(self) -> int:

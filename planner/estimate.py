@@ -93,7 +93,8 @@ class Estimate:
     memory: Memory                 # the most loaded GPU
     memory_per_stage: tuple[Memory, ...]
     time: StepTime
-    capacity_bytes: float
+    capacity_bytes: float          # the device's memory
+    usable_bytes: float            # the most the peak may be: the capacity less the workload's headroom
     host_bytes_per_node: float     # offloaded model states and activations per node
     host_capacity_bytes: float
     fits: bool
@@ -109,7 +110,7 @@ class Estimate:
             "model_tflops_per_gpu": self.model_tflops_per_gpu, "mfu": self.mfu,
             "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
             "memory_per_gpu_bytes": self.memory.to_json(), "fits": self.fits,
-            "capacity_bytes": int(self.capacity_bytes),
+            "capacity_bytes": int(self.capacity_bytes), "usable_bytes": int(self.usable_bytes),
             "host_bytes_per_node": int(round(self.host_bytes_per_node)),
             "host_capacity_bytes": int(self.host_capacity_bytes),
             "time_breakdown_s": asdict(self.time),
@@ -131,7 +132,9 @@ class Estimate:
                                                                "mfu", "hardware_tflops_per_gpu", "capacity_bytes")}
         host = {k: _number(raw, k, source, where) if k in raw else 0.0
                 for k in ("host_bytes_per_node", "host_capacity_bytes")}
-        return cls(**numbers, **host, fits=raw["fits"],
+        # files written before the headroom existed: the whole capacity was usable
+        usable = _number(raw, "usable_bytes", source, where) if "usable_bytes" in raw else numbers["capacity_bytes"]
+        return cls(**numbers, **host, usable_bytes=usable, fits=raw["fits"],
                    memory=Memory.from_json(raw.get("memory_per_gpu_bytes"), source, f"{where}.memory_per_gpu_bytes"),
                    memory_per_stage=tuple(Memory.from_json(m, source, f"{where}.memory_per_stage_bytes[{i}]")
                                           for i, m in enumerate(stages)),

@@ -27,16 +27,26 @@ def time_deltas(winner: StepTime, other: StepTime) -> list[tuple[str, float]]:
 
 
 def lost_on(winner: Estimate, other: Estimate) -> str:
-    """One sentence with numbers: where the runner-up's extra time goes, and its memory."""
+    """One sentence with numbers: where the runner-up's extra time goes, and its memory; for one the
+    model puts faster (a plan chosen within the error band for its safety), what it would save."""
     slower = other.step_time_s - winner.step_time_s
+    if slower < 0:
+        gained = [(name, -d) for name, d in time_deltas(winner.time, other.time) if -d > 1e-3 * winner.step_time_s]
+        parts = ", ".join(f"{PARTS[n]} {d:.3g} s" for n, d in gained[:3]) or "no single part"
+        return (f"faster by {-slower:.3g} s per step ({100 * -slower / winner.step_time_s:.1f}%, within the model's "
+                f"error): it saves {parts}; {_left(other):.1f} GiB of usable memory left against the chosen plan's "
+                f"{_left(winner):.1f}")
     worse = [(name, d) for name, d in time_deltas(winner.time, other.time) if d > 1e-3 * winner.step_time_s]
     parts = ", ".join(f"{PARTS[name]} +{d:.3g} s" for name, d in worse[:3]) or "no single part"
     gained = [(name, -d) for name, d in time_deltas(winner.time, other.time) if -d > 1e-3 * winner.step_time_s]
     saved = (", though it saves " + ", ".join(f"{PARTS[n]} {d:.3g} s" for n, d in gained[:2])) if gained else ""
-    headroom = (other.capacity_bytes - other.memory.total) / GiB
     return (f"{slower:+.3g} s per step ({100 * slower / winner.step_time_s:+.1f}%): {parts}{saved}; "
-            f"{headroom:.1f} GiB memory headroom against the winner's "
-            f"{(winner.capacity_bytes - winner.memory.total) / GiB:.1f}")
+            f"{_left(other):.1f} GiB of usable memory left against the winner's {_left(winner):.1f}")
+
+
+def _left(e: Estimate) -> float:
+    """GiB below the usable memory (the device's less the headroom)."""
+    return (e.usable_bytes - e.memory.total) / GiB
 
 
 def _link(cluster: Cluster, size: int, stride: int) -> str:
@@ -143,6 +153,7 @@ class Fix:
     fits: bool
     memory_bytes: float                 # the best plan's (fits), else the least any candidate needs
     capacity_bytes: float
+    usable_bytes: float                 # the capacity less the headroom
     host_bytes_per_node: float = 0.0
     host_capacity_bytes: float = 0.0
     step_time_s: float | None = None    # the best plan's, where one fits
@@ -152,14 +163,15 @@ class Fix:
         if self.fits:
             c = self.config
             return (f"{self.change} fits ({self.step_time_s:.3g} s per step, {self.memory_bytes / GiB:.1f} of "
-                    f"{self.capacity_bytes / GiB:.1f} GiB, dp {c.dp} tp {c.tp} pp {c.pp} cp {c.cp} ZeRO-{c.zero})")
+                    f"{self.usable_bytes / GiB:.1f} usable GiB, dp {c.dp} tp {c.tp} pp {c.pp} cp {c.cp} ZeRO-{c.zero})")
         host = (f" and {self.host_bytes_per_node / GiB:.1f} GiB of host memory per node"
                 if self.host_bytes_per_node > self.host_capacity_bytes else "")
         return f"{self.change} still needs {self.memory_bytes / GiB:.1f} GiB{host}"
 
     def to_json(self) -> dict:
         return {"change": self.change, "fits": self.fits, "memory_bytes": int(self.memory_bytes),
-                "capacity_bytes": int(self.capacity_bytes), "host_bytes_per_node": int(self.host_bytes_per_node),
+                "capacity_bytes": int(self.capacity_bytes), "usable_bytes": int(self.usable_bytes),
+                "host_bytes_per_node": int(self.host_bytes_per_node),
                 "host_capacity_bytes": int(self.host_capacity_bytes), "step_time_s": self.step_time_s,
                 "config": self.config.to_json() if self.config else None}
 
@@ -216,7 +228,8 @@ def fixes_for_no_fit(graph, cluster, workload, knobs, need_bytes: float = 0.0) -
         if found is not None:
             e = found.estimate
             out.append(Fix(change=label, fits=result.best is not None, memory_bytes=e.memory.total,
-                           capacity_bytes=e.capacity_bytes, host_bytes_per_node=e.host_bytes_per_node,
+                           capacity_bytes=e.capacity_bytes, usable_bytes=e.usable_bytes,
+                           host_bytes_per_node=e.host_bytes_per_node,
                            host_capacity_bytes=e.host_capacity_bytes,
                            step_time_s=e.step_time_s if result.best is not None else None,
                            config=found.config if result.best is not None else None))
@@ -230,6 +243,8 @@ class NoFit:
 
     least: object | None                # a Candidate (None: no legal configuration at all)
     capacity_bytes: float
+    usable_bytes: float                 # the capacity less the workload's memory headroom
+    headroom: float
     fixes: tuple[Fix, ...] = ()
 
     def message(self) -> str:
@@ -241,7 +256,7 @@ class NoFit:
         return (f"no plan fits: the least memory any candidate needs is {e.memory.total / GiB:.1f} GiB per GPU "
                 f"(dp {c.dp} tp {c.tp} pp {c.pp} cp {c.cp}, ZeRO-{c.zero}, recompute {c.recompute}, "
                 f"optimizer offload {'on' if c.optimizer_offload else 'off'}, micro-batch {c.micro_batch}) against "
-                f"{self.capacity_bytes / GiB:.1f} GiB{host}; "
+                f"{usable_line(self.capacity_bytes, self.usable_bytes, self.headroom)}{host}; "
                 + ("what would change it: " + "; ".join(f.line() for f in self.fixes) if self.fixes else
                    "no single change tried (more GPUs, a shorter sequence, more memory) makes it fit"))
 
@@ -249,6 +264,7 @@ class NoFit:
         least = None if self.least is None else {"config": self.least.config.to_json(),
                                                  "estimate": self.least.estimate.to_json()}
         return {"least_memory": least, "capacity_bytes": int(self.capacity_bytes),
+                "usable_bytes": int(self.usable_bytes), "memory_headroom": self.headroom,
                 "what_would_fit": [f.to_json() for f in self.fixes if f.fits],
                 "tried": [f.to_json() for f in self.fixes]}
 
@@ -258,4 +274,47 @@ def no_fit(result, graph, cluster, workload, knobs) -> NoFit:
     least = result.least_memory
     fixes = () if least is None else tuple(fixes_for_no_fit(graph, cluster, workload, knobs,
                                                               need_bytes=least.estimate.memory.total))
-    return NoFit(least=least, capacity_bytes=cluster.device.memory_bytes, fixes=fixes)
+    from .cost.step import usable_bytes
+    return NoFit(least=least, capacity_bytes=cluster.device.memory_bytes, usable_bytes=usable_bytes(cluster, workload),
+                 headroom=workload.memory_headroom, fixes=fixes)
+
+
+def usable_line(capacity_bytes: float, usable_bytes: float, headroom: float) -> str:
+    """'66.6 GiB usable (80.0 GiB less the 21% memory headroom)', or '80.0 GiB' without a headroom."""
+    if headroom <= 0:
+        return f"{capacity_bytes / GiB:.1f} GiB"
+    return (f"{usable_bytes / GiB:.1f} GiB usable ({capacity_bytes / GiB:.1f} GiB less the {100 * headroom:.0f}% "
+            "memory headroom)")
+
+
+def ranking_sentence(choice: dict, chosen: Estimate, runners_up) -> str | None:
+    """Where runners-up lie within the model's step-time error of the fastest: says the ranking is
+    within the error, which rule chose (planner/search/result.py ``choose``) and the mechanism that
+    separates the chosen plan from the nearest runner-up (their largest step-time difference). None
+    where no runner-up is within the band. ``runners_up``: the plan's Alternatives."""
+    if not choice or choice.get("within_band", 1) <= 1:
+        return None
+    band, fastest = choice["band"], choice["fastest"]
+    near = min(runners_up, key=lambda a: abs(a.estimate.step_time_s - chosen.step_time_s))
+    deltas = sorted(time_deltas(chosen.time, near.estimate.time), key=lambda item: -abs(item[1]))
+    name, d = deltas[0]
+    which = "more" if d > 0 else "less"
+    separates = (f"what separates it from the nearest ({100 * (near.estimate.step_time_s / chosen.step_time_s - 1):+.1f}%)"
+                 f" is {PARTS[name]}: {abs(d):.3g} s {which}")
+    head = (f"{choice['within_band']} plans lie within the model's step-time error (±{100 * band:.1f}%, the "
+            "validation's median) of the fastest: the ranking among them is within the model's error")
+    if choice["rule"] == "fastest":
+        return f"{head}; the fastest is kept (none of the others has fewer mechanisms and as much memory left); {separates}"
+    mech = ", ".join(choice["chosen"]["mechanisms"]) or "none beyond data parallelism"
+    return (f"{head}; chosen by the rule more-headroom-within-band: {choice['chosen']['memory_left_bytes'] / GiB:.1f} "
+            f"GiB left against the fastest's {fastest['memory_left_bytes'] / GiB:.1f}, mechanisms it rests on: {mech} "
+            f"(the fastest's: {', '.join(fastest['mechanisms']) or 'none beyond data parallelism'}), "
+            f"{100 * (chosen.step_time_s / fastest['step_time_s'] - 1):.1f}% slower by the model; {separates}")
+
+
+def headroom_words(headroom: float, est: Estimate) -> str:
+    """'21% headroom: 66.6 GiB usable, 4.3 left' for the plan's memory line."""
+    if headroom <= 0:
+        return f"no memory headroom: {(est.usable_bytes - est.memory.total) / GiB:.1f} GiB left"
+    return (f"{100 * headroom:.0f}% memory headroom: {est.usable_bytes / GiB:.1f} GiB usable, "
+            f"{(est.usable_bytes - est.memory.total) / GiB:.1f} left")

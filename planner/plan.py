@@ -76,6 +76,7 @@ class Plan:
     tp_sharding: dict[str, dict]      # block signature's layer -> the TP sharding ILP's choice
     recompute_per_layer: dict[str, str]     # layer path -> recompute policy
     alternatives: tuple[Alternative, ...] = ()
+    choice: dict = field(default_factory=dict)      # how it was chosen among near-ties (search/finish.py)
     limits: str = ""                  # what binds the winner (planner/explain.py)
     accuracy: dict = field(default_factory=dict)    # the validation that covers it (planner/accuracy.py)
     gains: dict = field(default_factory=dict)       # what the per-stage choices bought (planner/explain.py)
@@ -117,6 +118,7 @@ class Plan:
             "recompute_per_layer": dict(self.recompute_per_layer),
             "alternatives": [{"config": a.config.to_json(), "estimate": a.estimate.to_json(), "lost_on": a.lost_on}
                              for a in self.alternatives],
+            "choice": self.choice,
             "limits": self.limits,
             "accuracy": self.accuracy,
             "gains": self.gains,
@@ -163,6 +165,7 @@ class Plan:
             limits=str(data.get("limits", "")),
             accuracy=data.get("accuracy") if isinstance(data.get("accuracy"), dict) else {},
             gains=data.get("gains") if isinstance(data.get("gains"), dict) else {},
+            choice=data.get("choice") if isinstance(data.get("choice"), dict) else {},
             search=SearchStats(seconds=float(search.get("seconds", 0.0)), candidates=_int(search.get("candidates", 0)),
                                evaluated=_int(search.get("evaluated", 0)), solver=str(search.get("solver", "")),
                                global_choices=_int(search.get("global_choices", 0)),
@@ -229,6 +232,13 @@ def _workload(raw: dict, source: str) -> Workload:
     for name in ("overlap_grad_reduce", "tp_comm_overlap"):
         if name in raw and not isinstance(raw[name], bool):
             raise UserError(f"must be true or false, got {raw[name]!r}", source=source, field=f"workload.{name}")
+    if "memory_headroom" in raw:
+        value = raw["memory_headroom"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise UserError(f"must be a fraction from 0 to 1, got {value!r}", source=source,
+                            field="workload.memory_headroom")
+    else:       # written before the headroom existed: the plan was made without one
+        raw = {**raw, "memory_headroom": 0.0}
     return Workload(**raw)
 
 

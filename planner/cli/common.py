@@ -8,6 +8,7 @@ import time
 
 from .. import schedules
 from ..api import DEFAULT_CLUSTER, DEFAULT_MODEL, JobInputs
+from ..config import DEFAULT_MEMORY_HEADROOM
 from ..errors import UserError
 from ..recompute import DESCRIPTIONS, EVERY_K_DESCRIPTION, parse_recompute
 from ..search import Knobs
@@ -68,6 +69,18 @@ def on_off(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
 
 
+def headroom(text: str) -> float:
+    """A memory headroom: a fraction (0.21) or a percentage (21%), from 0 to 100%."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction (0.21) or a percentage (21%), got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 100%, got {text!r}")
+    return value
+
+
 def recompute(text: str) -> str:
     """A recompute policy (or an earlier name of one) or ``every-K`` (planner/recompute.py)."""
     try:
@@ -116,6 +129,11 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
                    help="model a runtime that reduces gradients after backward instead of overlapping")
     p.add_argument("--tp-comm-overlap", action="store_true",
                    help="model TP collectives overlapped with GEMMs (TransformerEngine userbuffers)")
+    p.add_argument("--memory-headroom", type=headroom, default=DEFAULT_MEMORY_HEADROOM, metavar="FRACTION",
+                   help="memory a plan leaves free, over its predicted peak (0.21 or 21%%; 0: none). Default "
+                        f"{DEFAULT_MEMORY_HEADROOM:g}: the largest gap between the predicted peak and the peak torch's "
+                        "allocator reserved on meshplan's 18 H100 runs (benchmarks/results/gpu_validate.json, "
+                        "gpu_holdout_validate.json)")
     add_example_input_arg(p)
 
 
@@ -144,7 +162,8 @@ def job_inputs(args: argparse.Namespace) -> JobInputs:
     return JobInputs(model=args.model, cluster=args.cluster, gpus=args.gpus, global_batch=args.global_batch,
                      seq_len=args.seq_len, precision=args.precision, framework=args.framework,
                      attention=args.attention, overlap_grad_reduce=not args.no_overlap_grad_reduce,
-                     tp_comm_overlap=args.tp_comm_overlap, example_input=getattr(args, "example_input", None))
+                     tp_comm_overlap=args.tp_comm_overlap, example_input=getattr(args, "example_input", None),
+                     memory_headroom=args.memory_headroom)
 
 
 def knobs(args: argparse.Namespace) -> Knobs:

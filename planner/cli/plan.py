@@ -8,7 +8,7 @@ import sys
 from .. import api
 from ..accuracy import Accuracy
 from ..describe import describe_config, gib, runs
-from ..explain import gain_sentences
+from ..explain import gain_sentences, headroom_words, ranking_sentence
 from ..errors import UserError
 from ..plan import Plan
 from .common import (RECOMPUTE_HELP, SCHEDULE_HELP, add_debug, add_job_args, add_knob_args, job_inputs, knobs,
@@ -49,6 +49,10 @@ def add_parser(sub) -> None:
                    help="only balanced stages with one recompute policy for every layer (as Megatron-LM runs)")
     p.add_argument("--time-limit", type=float, default=20.0, metavar="SECONDS",
                    help="time limit of each stage ILP (default 20)")
+    p.add_argument("--prefer", choices=("headroom", "fastest"), default="headroom",
+                   help="among plans within the model's step-time error of the fastest (the validation's median), "
+                        "recommend one with no more modelled mechanisms and more memory left, where there is one "
+                        "(headroom, the default), or always the fastest by the model")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--out", metavar="PLAN.json", help="also write plan.json (the executor's input)")
     p.add_argument("--report", metavar="DIR", help="also write a strategy report into DIR: plan.json, report.md, "
@@ -62,7 +66,7 @@ def run(args) -> int:
     solver = "exhaustive" if args.exhaustive else "uniform" if args.uniform_stages else args.solver
     job = job_inputs(args).load(warn=warn)
     plan = api.plan(job, knobs(args), top_k=args.top_k, solver=solver, time_limit_s=args.time_limit,
-                    progress=None if args.json else search_progress())
+                    progress=None if args.json else search_progress(), prefer=args.prefer)
     if args.out:
         try:
             plan.write(args.out)
@@ -92,7 +96,8 @@ def format_plan(plan: Plan) -> str:
         f"plan      {describe_config(c)}",
         f"step      {e.step_time_s:.3f} s   {e.tokens_per_s:,.0f} tokens/s   "
         f"{e.model_tflops_per_gpu:.1f} model TFLOP/s per GPU   MFU {100 * e.mfu:.1f}%",
-        f"memory    {gib(mem.total)} of {gib(e.capacity_bytes)} GiB on the most loaded GPU (stage {e.peak_stage}): "
+        f"memory    {gib(mem.total)} of {gib(e.capacity_bytes)} GiB on the most loaded GPU (stage {e.peak_stage}; "
+        f"{headroom_words(w.memory_headroom, e)}): "
         f"params {gib(mem.params)}, grads {gib(mem.grads)}, optimizer {gib(mem.optimizer)}, "
         f"activations {gib(mem.activations)}, other {gib(mem.other)}"
         + (" (backward frees activations as it writes gradients: the peak holds the larger)"
@@ -106,6 +111,9 @@ def format_plan(plan: Plan) -> str:
     lines += [f"gains     {sentence}" for sentence in gain_sentences(plan.gains)]
     lines.append(f"limits    {plan.limits}")
     lines.append(f"checked   {Accuracy.from_json(plan.accuracy).line()}")
+    ranking = ranking_sentence(plan.choice, e, plan.alternatives)
+    if ranking:
+        lines.append(f"ranking   {ranking}")
     if plan.alternatives:
         lines += ["", "runners-up (the best plan of each other layout)"]
         for alt in plan.alternatives:

@@ -37,6 +37,7 @@ class CostCache:
 
     def __init__(self, graph: LayerGraph, cluster: Cluster, workload: Workload):
         self.graph, self.cluster, self.workload = graph, cluster, workload
+        self.usable_bytes = usable_bytes(cluster, workload)
         self.signatures = [layer.signature for layer in graph.layers]
         self.representative: dict[str, int] = {}
         self.signature_counts: dict[str, int] = {}
@@ -555,9 +556,16 @@ def peak_memory(cache: CostCache, config: ParallelConfig) -> tuple[float, float]
     return device, _host_bytes_per_node(cache, config, ranks)
 
 
+def usable_bytes(cluster: Cluster, workload: Workload) -> float:
+    """The most a plan's predicted peak may be on one device: the runtime reserve, plus the rest of
+    the device's memory over 1 + the workload's headroom (planner/config.py DEFAULT_MEMORY_HEADROOM)."""
+    reserve = cluster.device.reserved_bytes
+    return reserve + (cluster.device.memory_bytes - reserve) / (1.0 + workload.memory_headroom)
+
+
 def fits(cache: CostCache, config: ParallelConfig) -> bool:
     device, host = peak_memory(cache, config)
-    return device <= cache.cluster.device.memory_bytes and host <= cache.cluster.host_memory_bytes
+    return device <= cache.usable_bytes and host <= cache.cluster.host_memory_bytes
 
 
 def estimate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: ParallelConfig,
@@ -591,11 +599,11 @@ def estimate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: Pa
     tokens = workload.global_batch * workload.seq_len
     model_flops = cache.model_flops_per_token * tokens
     hw_flops = sum(r.matmul_flops for r in ranks) * m * config.dp * config.cp * config.tp
-    capacity = cluster.device.memory_bytes
+    capacity, usable = cluster.device.memory_bytes, cache.usable_bytes
     host_capacity = cluster.host_memory_bytes
-    fits = peak.total <= capacity and host_bytes <= host_capacity
+    fits = peak.total <= usable and host_bytes <= host_capacity
     return Estimate(step_time_s=step, tokens_per_s=tokens / step, model_tflops_per_gpu=model_flops / step / n / 1e12,
                     mfu=model_flops / step / n / cluster.peak_flops(workload.precision),
                     hardware_tflops_per_gpu=hw_flops / step / n / 1e12, memory=peak, memory_per_stage=memories,
-                    time=time, capacity_bytes=capacity, host_bytes_per_node=host_bytes,
+                    time=time, capacity_bytes=capacity, usable_bytes=usable, host_bytes_per_node=host_bytes,
                     host_capacity_bytes=host_capacity, fits=fits)

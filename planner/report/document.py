@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 from ..accuracy import Accuracy
 from ..describe import cost_per_million_tokens, describe_config, gib, runs, short_config
 from ..estimate import StepTime
-from ..explain import PARTS, gain_sentences
+from ..explain import PARTS, gain_sentences, headroom_words, ranking_sentence
 from ..exports import DOCS, Export, recompute_per_stage
 from ..recompute import DESCRIPTIONS, EVERY_K_DESCRIPTION, POLICIES, every_k
 from ..simulate import Timeline
@@ -51,7 +51,7 @@ def _summary(plan) -> Section:
             ("throughput", f"{e.tokens_per_s:,.0f} tokens/s"),
             ("model FLOP/s per GPU", f"{e.model_tflops_per_gpu:.1f} TFLOP/s (MFU {100 * e.mfu:.1f}%)"),
             ("memory, most loaded GPU", f"{gib(e.memory.total)} of {gib(e.capacity_bytes)} GiB "
-                                        f"(stage {e.peak_stage})")]
+                                        f"(stage {e.peak_stage}; {headroom_words(w.memory_headroom, e)})")]
     if cl.gpu_hour_usd:
         usd = cost_per_million_tokens(cl.gpu_hour_usd, cl.num_gpus, e.tokens_per_s)
         rows.append(("cost per million tokens",
@@ -93,6 +93,9 @@ def _why(plan, knobs: list[Knob]) -> Section:
     e = plan.best.estimate
     bullets = [f"What limits it: {plan.limits}.",
                f"How far to trust these numbers: checked {Accuracy.from_json(plan.accuracy).line()}."]
+    ranking = ranking_sentence(plan.choice, e, plan.alternatives)
+    if ranking:
+        bullets.append(f"How it was chosen: {ranking}.")
     bullets += [f"Per-stage choice (closed form): {sentence}." for sentence in gain_sentences(plan.gains)]
     fitting = [k for k in knobs if k.fits and k.gain_pct > 0.05]
     if fitting:

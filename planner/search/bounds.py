@@ -89,7 +89,7 @@ class LayoutBounds:
 
     def _time_bound(self, layout: Layout) -> float:
         space, cache = self.space, self.cache
-        if self.memory(layout) > cache.cluster.device.memory_bytes:
+        if self.memory(layout) > cache.usable_bytes:
             return float("inf")
         m = layout.num_microbatches(space.w.global_batch)
         factor = self._pipeline_factor(layout, m)

@@ -32,12 +32,13 @@ from ..layers import LayerGraph
 from ..recompute import POLICIES, every_k, summary_policy
 from ..schedules import SCHEDULES
 from .bounds import LayoutBounds, layout_order, optimizer_floor
-from .result import OPTIMALITY_GAP, SearchResult, TopK, sort_key
+from .result import OPTIMALITY_GAP, SearchResult, TopK, choose, error_bands, sort_key
 from .space import Knobs, Layout, Space
 from .stages import GroupProblem, graph_shape, option_lower_bounds
 from .uniform import least_memory_candidate, uniform_phase
 
 SOLVER_CHOICES = ("cbc", "highs", "exhaustive", "uniform")
+PREFER_CHOICES = ("headroom", "fastest")
 
 
 def default_solver() -> str:
@@ -60,7 +61,7 @@ class StageStats:
 
 def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs = Knobs(), *, top_k: int = 5,
            solver: str | None = None, prune: bool = True, time_limit_s: float = 20.0, progress=None,
-           simulate: bool = True) -> SearchResult:
+           simulate: bool = True, prefer: str = "headroom") -> SearchResult:
     """The fastest plan that fits, the best plan of each of the next ``top_k`` layouts,
     and how much of the space was covered.
 
@@ -68,7 +69,9 @@ def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs
     stage split and recompute assignment instead (small models only), "uniform" for
     balanced stages and one recompute policy only. ``simulate``: the final ranking of
     the few finalists by their simulated step (``planner/simulate.py``), whose times
-    replace the closed form's in their estimates."""
+    replace the closed form's in their estimates. ``prefer``: "headroom" (the default) recommends, among
+    the plans within the validation's median step-time error of the fastest, a safer one where there is
+    one (``result.choose``: no more mechanisms, more memory left); "fastest" keeps the fastest."""
     t0 = time.perf_counter()
     solver = solver or default_solver()
     space = Space(graph, cluster.num_gpus, workload, knobs, cluster.device.dtypes, cluster.device_kind)
@@ -85,7 +88,12 @@ def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs
         top.items = _rank_by_simulation(top.items, cache)
     best = top.items[0] if top.items else None
     least = None if best else least_memory_candidate(space, cache, stats)
-    return SearchResult(best=best, alternatives=tuple(top.items[1:top_k + 1]),
+    choice = None
+    if best is not None:
+        step_band, memory_band = error_bands(cluster, workload)
+        band = step_band if prefer == "headroom" else 0.0
+        best, choice = choose(best, tuple(top.items[1:]), band, memory_band)
+    return SearchResult(best=best, alternatives=tuple(c for c in top.items if c is not best)[:top_k], choice=choice,
                         candidates=max(stats.covered, stage.space), evaluated=stats.evaluated + stage.solved,
                         memory_checked=stats.checked, seconds=time.perf_counter() - t0, least_memory=least,
                         groups=stage.groups, ilp_solves=stage.solved, ilp_improved=stage.improved)
@@ -187,7 +195,7 @@ def least_recompute(cache: CostCache, config: ParallelConfig, allowed) -> Parall
     if config.recompute_layers is None:
         return config
     policies = list(config.recompute_layers)
-    capacity, host_capacity = cache.cluster.device.memory_bytes, cache.cluster.host_memory_bytes
+    capacity, host_capacity = cache.usable_bytes, cache.cluster.host_memory_bytes
     ctx = cache.context(config)
     for i, policy in enumerate(policies):
         if policy == "none":

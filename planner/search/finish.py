@@ -18,7 +18,7 @@ from ..layers import LayerGraph
 from ..model import ModelSpec
 from ..placement import recompute_per_layer, stage_modules
 from ..plan import Alternative, Fingerprints, Plan, SearchStats
-from .result import SearchResult
+from .result import Choice, SearchResult, mechanisms, memory_left
 from .tp_dataflow import block_graph
 from .tp_ilp import Context, solve_sharding
 
@@ -28,6 +28,7 @@ def finish(result: SearchResult, *, graph: LayerGraph, cluster: Cluster, workloa
     """The Plan of ``result``'s winner (which must exist), its runners-up and their explanations."""
     if result.best is None:
         raise ValueError("finish needs a result with a winner")
+    checked = accuracy(cluster, workload)
     best = result.best
     config = best.config
     shardings = block_shardings(graph, config, cluster, workload)
@@ -45,13 +46,26 @@ def finish(result: SearchResult, *, graph: LayerGraph, cluster: Cluster, workloa
         recompute_per_layer=recompute_per_layer(graph, config),
         alternatives=tuple(Alternative(config=c.config, estimate=c.estimate, lost_on=lost_on(best.estimate, c.estimate))
                            for c in result.alternatives),
-        limits=limits(config, best.estimate, cluster), accuracy=accuracy(cluster, workload).to_json(),
+        choice=choice_json(result.choice, best) if result.choice else {},
+        limits=limits(config, best.estimate, cluster), accuracy=checked.to_json(),
         # closed form against closed form: the balanced and fully recomputed variants are priced that way
         gains=gains(graph, cluster, workload, config, closed_form),
         search=SearchStats(seconds=result.seconds if seconds is None else seconds, candidates=result.candidates,
                            evaluated=result.evaluated, solver=solver, global_choices=result.groups,
                            ilp_solves=result.ilp_solves),
         graph=graph, cluster=cluster)
+
+
+def choice_json(choice: Choice, chosen) -> dict:
+    """plan.json's ``choice``: the rule that chose, the band, how many plans it held, the fastest by the
+    model and the mechanisms each rests on."""
+    out = choice.to_json()
+    out["fastest"]["mechanisms"] = list(mechanisms(choice.fastest.config))
+    out["fastest"]["memory_left_bytes"] = int(memory_left(choice.fastest))
+    out["chosen"] = {"mechanisms": list(mechanisms(chosen.config)), "memory_left_bytes": int(memory_left(chosen)),
+                     "step_time_s": chosen.estimate.step_time_s}
+    out["within_band_step_times_s"] = [c.estimate.step_time_s for c in choice.within]
+    return out
 
 
 def block_shardings(graph: LayerGraph, config: ParallelConfig, cluster: Cluster, workload: Workload) -> dict:

@@ -80,7 +80,7 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
     pr, cache = problem, problem.cache
     block, L, p, v, m = pr.block, pr.num_blocks, pr.p, pr.v, pr.m
     gib = 2.0**30                                      # memory rows in GiB: well-scaled coefficients
-    cap, host_cap = cache.cluster.device.memory_bytes / gib, cache.cluster.host_memory_bytes / gib
+    cap, host_cap = cache.usable_bytes / gib, cache.cluster.host_memory_bytes / gib
     prob = pulp.LpProblem("stages", pulp.LpMinimize)
     n = {(r, c): pulp.LpVariable(f"n_{r}_{c}", 0, L, cat="Integer") for r in range(p) for c in pr.policies}
     z = {k: pulp.LpVariable(f"z_{k}", cat="Binary") for k in range(len(pr.options))}
@@ -197,7 +197,7 @@ def _least_recompute_s(pr: GroupProblem, opt: Option, r: int, b: int) -> float:
     fractionally between policies (a lower bound): for each transient the rank may reach (h), the
     policies whose transient is at most it, two at a time (an LP with two rows mixes at most two)."""
     block, fixed, inflight = pr.block, pr.fixed[r], pr.inflight[r]
-    cap = pr.cache.cluster.device.memory_bytes
+    cap = pr.cache.usable_bytes
     base = opt.other_bytes + (fixed.params + b * block.params) * opt.state_bytes + inflight * fixed.act_bytes
     cost = {c: (block.policy(c).recompute_s, inflight * block.policy(c).act_bytes, block.policy(c).peak_extra_bytes)
             for c in pr.policies}

@@ -21,6 +21,7 @@ class SearchResult:
     groups: int = 0                        # global choices the stage search looked at
     ilp_solves: int = 0                    # stage ILPs run (the others were bounded out)
     ilp_improved: int = 0                  # of which beat every balanced-stage candidate
+    choice: "Choice | None" = None         # how ``best`` was chosen among the near-ties (``choose``)
 
 
 def sort_key(c: Candidate) -> tuple:
@@ -81,3 +82,77 @@ class TopK:
     @property
     def threshold(self) -> float:
         return self.items[-1].estimate.step_time_s if len(self.items) >= self.k else float("inf")
+
+
+def error_bands(cluster, workload) -> tuple[float, float]:
+    """(step time, memory): the median errors of the validation that covers the plan
+    (planner/accuracy.py); 0 where none does."""
+    from ..accuracy import accuracy
+    checked = accuracy(cluster, workload)
+    return (checked.step_time.median_abs if checked.step_time else 0.0,
+            checked.memory.median_abs if checked.memory else 0.0)
+
+
+def mechanisms(config: ParallelConfig) -> tuple[str, ...]:
+    """What the cost model must get right for a plan beyond plain data parallelism: each mechanism its
+    step time or memory rests on (fewer: less for the model's error to hide in)."""
+    out = []
+    if config.pp > 1:
+        out.append("pipeline bubble and sends")
+    if config.vpp > 1:
+        out.append("interleaved stages")
+    if config.tp > 1:
+        out.append("TP collectives")
+    if config.sequence_parallel:
+        out.append("sequence parallelism")
+    if config.cp > 1:
+        out.append("CP exchange")
+    if config.zero == 3:
+        out.append("ZeRO-3 parameter gathers")
+    if config.optimizer_offload:
+        out.append("optimizer offload")
+    if config.recompute != "none" or (config.recompute_layers and any(p != "none" for p in config.recompute_layers)):
+        out.append("recompute")
+    if config.stage_layers and len(set(config.stage_layers)) > 1:
+        out.append("unequal stages")
+    return tuple(out)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Choice:
+    """How the plan was chosen among those the model cannot tell apart: the candidates within the
+    step-time error band of the fastest; ``rule`` "fastest" (none is safer) or "more-headroom-within-band"
+    (one within the band has no more mechanisms, at least as much memory left, and is better on one)."""
+
+    rule: str
+    band: float                        # the validation's median step-time error (planner/accuracy.py)
+    within: tuple[Candidate, ...]      # the candidates within the band of the fastest, the fastest first
+    fastest: Candidate
+
+    def to_json(self) -> dict:
+        return {"rule": self.rule, "band": self.band, "within_band": len(self.within),
+                "fastest": {"config": self.fastest.config.to_json(),
+                            "step_time_s": self.fastest.estimate.step_time_s}}
+
+
+def memory_left(c: Candidate) -> float:
+    """Bytes the plan leaves free below its usable memory (the device's less the headroom)."""
+    return c.estimate.usable_bytes - c.estimate.memory.total
+
+
+def choose(best: Candidate, alternatives: tuple[Candidate, ...], band: float,
+           memory_band: float = 0.0) -> tuple[Candidate, Choice]:
+    """The plan to recommend: the fastest, unless a candidate within ``band`` (a fraction of its step
+    time) of it is no riskier on either count (no more mechanisms, at least as much memory left) and
+    safer on one (fewer mechanisms, or more memory left by more than ``memory_band``, the memory model's
+    error, of the usable memory); of those, the one with the fewest mechanisms, then the most memory
+    left, then the fastest."""
+    within = tuple(c for c in (best, *alternatives) if c.estimate.step_time_s <= best.estimate.step_time_s * (1 + band))
+    n0, left0 = len(mechanisms(best.config)), memory_left(best)
+    margin = memory_band * best.estimate.usable_bytes
+    safer = [c for c in within[1:] if len(mechanisms(c.config)) <= n0 and memory_left(c) >= left0
+             and (len(mechanisms(c.config)) < n0 or memory_left(c) > left0 + margin)]
+    if not safer:
+        return best, Choice(rule="fastest", band=band, within=within, fastest=best)
+    chosen = min(safer, key=lambda c: (len(mechanisms(c.config)), -memory_left(c), c.estimate.step_time_s))
+    return chosen, Choice(rule="more-headroom-within-band", band=band, within=within, fastest=best)

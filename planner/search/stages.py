@@ -288,7 +288,7 @@ def option_lower_bounds(pr: GroupProblem, stop_at: float = math.inf) -> tuple[li
     already reach it (its bound is then those terms).
     """
     block, L, p, v, m = pr.block, pr.num_blocks, pr.p, pr.v, pr.m
-    cap = pr.cache.cluster.device.memory_bytes
+    cap = pr.cache.usable_bytes
     split = pr.memory_free_split()
     t_block = block.fwd_s + block.bwd_s
     fixed_t = [f.fwd_s + f.bwd_s for f in pr.fixed]

@@ -3,16 +3,18 @@ from colossalai.booster import Booster
 from colossalai.booster.plugin import HybridParallelPlugin
 
 plugin = HybridParallelPlugin(
-    tp_size=2,
-    pp_size=1,
+    tp_size=8,
+    pp_size=16,
     precision='bf16',
-    zero_stage=2,
-    microbatch_size=3,
+    zero_stage=1,
     max_norm=1.0,
     enable_flash_attention=True,
     overlap_communication=True,
     enable_sequence_parallelism=True,
     sequence_parallelism_mode='split_gather',
+    num_microbatches=96,
+    pp_style='interleaved',
+    num_model_chunks=6,
 )
 booster = Booster(plugin=plugin)
-# per data-parallel rank and step: plugin.prepare_dataloader(dataset, batch_size=3)
+# per data-parallel rank and step: plugin.prepare_dataloader(dataset, batch_size=192)

@@ -1,27 +1,18 @@
 # Colossal-AI HybridParallelPlugin for llama3-8b on 8 x h100-80g (written by meshplan)
 from colossalai.booster import Booster
 from colossalai.booster.plugin import HybridParallelPlugin
-from colossalai.shardformer import PipelineGradientCheckpointConfig
-
-checkpointing = PipelineGradientCheckpointConfig(
-    num_ckpt_layers_per_stage=[0, 0, 0, 0, 0, 0, 3, 0],
-)
 
 plugin = HybridParallelPlugin(
     tp_size=2,
-    pp_size=2,
+    pp_size=1,
     precision='bf16',
-    zero_stage=1,
+    zero_stage=2,
+    microbatch_size=1,
     max_norm=1.0,
     enable_flash_attention=True,
     overlap_communication=True,
     enable_sequence_parallelism=True,
     sequence_parallelism_mode='split_gather',
-    num_microbatches=32,
-    pp_style='interleaved',
-    num_model_chunks=4,
-    num_layers_per_stage=[5, 4, 4, 4, 4, 4, 4, 3],
-    gradient_checkpoint_config=checkpointing,
 )
 booster = Booster(plugin=plugin)
-# per data-parallel rank and step: plugin.prepare_dataloader(dataset, batch_size=64)
+# per data-parallel rank and step: plugin.prepare_dataloader(dataset, batch_size=32)

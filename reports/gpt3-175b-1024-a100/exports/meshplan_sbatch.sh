@@ -1,0 +1,14 @@
+#!/bin/bash
+# gpt3-175b on 128 node(s) x 8 GPUs of a100-80g (written by meshplan); submit with: sbatch meshplan_sbatch.sh
+#SBATCH --job-name=meshplan-gpt3-175b
+#SBATCH --nodes=128
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=8
+#SBATCH --exclusive
+set -euo pipefail
+
+# the rendezvous: torchrun's c10d store on the job's first node
+head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+
+# one task per node; each starts torchrun with the node's GPUs (meshplan run launches it)
+srun --kill-on-bad-exit=1 bash -c 'meshplan run --plan plan.json --model gpt3-175b --steps 10 --nproc 8 --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" --rdzv-endpoint "$1":29500' _ "$head_node"
