@@ -170,10 +170,16 @@ def _state_sharding(c: ParallelConfig) -> tuple[int, int]:
 
 
 def does_not_fit_by(e) -> str:
-    """How much more memory a plan that does not fit needs, on its fullest stage."""
-    over = e.memory.total - e.capacity_bytes
-    return (f"stage {e.peak_stage} needs {e.memory.total / GiB:.1f} GiB per GPU, {over / GiB:.1f} GiB "
-            f"({100 * over / e.capacity_bytes:.0f}%) more than the {e.capacity_bytes / GiB:.1f} GiB it has")
+    """How much more memory a plan that does not fit needs, on its fullest stage, against the usable memory
+    (the device's less the headroom) and, where it is within the device, saying so."""
+    if e.memory.total > e.capacity_bytes:
+        over = e.memory.total - e.capacity_bytes
+        return (f"stage {e.peak_stage} needs {e.memory.total / GiB:.1f} GiB per GPU, {over / GiB:.1f} GiB "
+                f"({100 * over / e.capacity_bytes:.0f}%) more than the {e.capacity_bytes / GiB:.1f} GiB it has")
+    over = e.memory.total - e.usable_bytes
+    return (f"stage {e.peak_stage} needs {e.memory.total / GiB:.1f} GiB per GPU, within the device's "
+            f"{e.capacity_bytes / GiB:.1f} GiB but {over / GiB:.1f} GiB more than the {e.usable_bytes / GiB:.1f} "
+            "usable with the memory headroom (--memory-headroom)")
 
 
 # -- views shared by the table (planner/cli/compare.py) and the report (report/comparison.py) -------
@@ -235,17 +241,24 @@ def verdict_line(cmp: Comparison) -> str:
                  else f"; the search's best ({describe_config(cmp.best.config)}) takes "
                       f"{cmp.best.estimate.step_time_s:.3f} s")
         return head + f"your plan is already the best meshplan finds{found}"
-    return head + (f"the recommended plan is {cmp.speedup:.2f}x as fast: "
-                   f"{cmp.mine.estimate.step_time_s - cmp.best.estimate.step_time_s:.3f} s less per step")
+    saved = cmp.mine.estimate.step_time_s - cmp.best.estimate.step_time_s
+    if saved < 0:           # a plan that does not fit can be faster than any that does: say what fitting costs
+        return head + (f"the recommended plan fits, at {-saved:.3f} s more per step than yours would take if it "
+                       f"fitted ({1 / cmp.speedup:.2f}x its step time)")
+    return head + f"the recommended plan is {cmp.speedup:.2f}x as fast: {saved:.3f} s less per step"
 
 
 def gain_line(cmp: Comparison) -> str:
     g = gain(cmp)
+    days = (f"{g['days_saved']:.1f} days saved" if g["days_saved"] >= 0 else
+            f"{-g['days_saved']:.1f} days more: your plan does not fit" if not cmp.mine.estimate.fits else
+            f"{-g['days_saved']:.1f} days more")
     text = (f"{g['token_budget']:.3g} tokens take {g['days']['baseline']:.1f} days on your plan, "
-            f"{g['days']['recommended']:.1f} on the recommended one ({g['days_saved']:.1f} days saved)")
+            f"{g['days']['recommended']:.1f} on the recommended one ({days})")
     if g["usd"]:
+        usd = (f"${g['usd_saved']:,.0f} saved" if g["usd_saved"] >= 0 else f"${-g['usd_saved']:,.0f} more")
         text += (f"; at ${g['gpu_hour_usd']:.3f} per GPU-hour: ${g['usd']['baseline']:,.0f} against "
-                 f"${g['usd']['recommended']:,.0f} (${g['usd_saved']:,.0f} saved)")
+                 f"${g['usd']['recommended']:,.0f} ({usd})")
     return text
 
 

@@ -41,6 +41,8 @@ class Combinations:
     replicates_kv_heads: bool               # tp may exceed the key/value heads (a multiple of them)
     stages_without_blocks: bool             # the embedding alone, or the final norm and head alone, can be a
                                             # (virtual) pipeline stage (Dubey et al. 2024, Llama 3, Sec 3.3.2)
+    per_stage_choices: bool = True          # unequal stage sizes and a recompute policy per layer can be given
+                                            # (else balanced stages and one policy for every block)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -194,11 +196,18 @@ MEGATRON = Runtime(
                   overlaps_param_gather=True, pp_sends_tp_shards=True, sp_keeps_gathered_input=False),
 )
 
+# What a DeepSpeed config and its engine express (deepspeed/runtime/config.py's keys; deepspeed.pipe): ZeRO 0-3
+# with optimizer offload; tensor parallelism by AutoTP (``tensor_parallel.autotp_size``); a pipeline by
+# PipelineModule with partition_method 'uniform' (or by parameters: no exact unequal split) and its one 1F1B
+# schedule; activation checkpointing of whole layers. No key expresses Megatron's sequence parallelism or
+# context parallelism (DeepSpeed-Ulysses splits attention heads, a different scheme), nor a recompute policy
+# per layer.
 _DEEPSPEED_RUNS = Combinations(
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1), zero_stages_with_tp=(0, 1, 2, 3),
     schedules=tuple(name for name, s in SCHEDULES.items() if s.deepspeed), recomputes=runs_in("deepspeed"),
-    sequence_parallel=True, context_parallel=True,
-    offload_zero_stages=(1, 2, 3), replicates_kv_heads=True, stages_without_blocks=False)
+    sequence_parallel=False, context_parallel=False,
+    offload_zero_stages=(1, 2, 3), replicates_kv_heads=True, stages_without_blocks=False,
+    per_stage_choices=False)
 
 DEEPSPEED = Runtime(
     name="deepspeed",

@@ -247,3 +247,41 @@ def test_compare_reads_each_export_of_a_report_back(cli, tmp_path, fmt):
     extra = ["--tp", "1", "--pp", "2"] if fmt == "deepspeed" else []
     doc = run_json(cli, "compare", *SMALL, "--baseline", str(tmp_path / "report" / files[fmt]), *extra)
     assert doc["baseline"]["config"] == planned
+
+
+# Where each knob a recommendation can change lives in a DeepSpeed job: its config keys, or the launch
+# line of Megatron-DeepSpeed (tp, pp). dp follows from the world size and tp x pp, so it changes only with them;
+# the schedule is DeepSpeed's one (1F1B), which a pipeline brings.
+DEEPSPEED_HOME = {"tp": ("tensor_parallel.autotp_size", "--tensor-model-parallel-size"),
+                  "pp": ("--pipeline-model-parallel-size",), "zero": ("zero_optimization.stage",),
+                  "num_microbatches": ("gradient_accumulation_steps",),
+                  "micro_batch": ("train_micro_batch_size_per_gpu",),
+                  "optimizer_offload": ("zero_optimization.offload_optimizer",),
+                  "recompute": ("activation_checkpointing",)}
+
+
+@pytest.mark.parametrize("gpus,stage", [(512, 3), (64, 1)])
+def test_compare_on_a_deepspeed_config_changes_only_what_deepspeed_expresses(cli, tmp_path, gpus, stage):
+    """A DeepSpeed ZeRO config for GPT-3 175B: the recommendation stays inside what DeepSpeed's config and
+    engine express (no Megatron sequence parallelism, no context parallelism, no interleaved schedule,
+    balanced stages), and every knob it changes is in the edits it prints."""
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"train_batch_size": 1536, "train_micro_batch_size_per_gpu": 1,
+                                "gradient_accumulation_steps": 1536 // gpus, "bf16": {"enabled": True},
+                                "zero_optimization": {"stage": stage, "overlap_comm": True}}))
+    doc = run_json(cli, "compare", "--model", "gpt3-175b", "--cluster", "a100-80g", "--gpus", str(gpus),
+                   "--baseline", str(path))
+    rec = doc["recommended"]["config"]
+    assert rec["sequence_parallel"] is False and rec["cp"] == 1 and rec["vpp"] == 1
+    assert rec["schedule"] == "1f1b"
+    assert rec.get("stage_layers") is None and rec.get("recompute_layers") is None
+    edits = doc["edits"]
+    printed = " ".join(edits["add"] + edits["remove"] + edits["launch"])
+    changed = {c["knob"] for c in doc["changes"]}
+    for knob in changed - {"dp", "schedule"}:
+        assert knob in DEEPSPEED_HOME, (knob, doc["changes"])
+        assert any(home in printed for home in DEEPSPEED_HOME[knob]), (knob, printed)
+    if "dp" in changed:
+        assert changed & {"tp", "pp"}, doc["changes"]
+    if "schedule" in changed:       # a pipeline where there was none runs DeepSpeed's one schedule
+        assert "pp" in changed, doc["changes"]

@@ -82,7 +82,7 @@ def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs
     stage = StageStats()
     shape = graph_shape(cache)
     # a fixed every-K pattern fixes each block's policy by its index in the model: balanced stages only
-    if solver != "uniform" and shape is not None and not every_k(knobs.recompute):
+    if solver != "uniform" and shape is not None and not every_k(knobs.recompute) and space.can.per_stage_choices:
         stage = _stage_phase(space, cache, top, order, bounds, shape, solver, prune, time_limit_s)
     if simulate:
         top.items = _rank_by_simulation(top.items, cache)
