@@ -285,3 +285,88 @@ def test_compare_on_a_deepspeed_config_changes_only_what_deepspeed_expresses(cli
         assert changed & {"tp", "pp"}, doc["changes"]
     if "schedule" in changed:       # a pipeline where there was none runs DeepSpeed's one schedule
         assert "pp" in changed, doc["changes"]
+
+
+def test_the_hugging_face_trainers_stock_zero3_config_says_how_each_auto_was_read(cli, tmp_path):
+    """The shape of the Trainer's documented ZeRO-3 config: "auto" batch keys, optimizer and parameter offload
+    to the CPU, fp16 and bf16 "auto". Every "auto" batch key is resolved in a note that names what the Trainer
+    fills it from; without a global batch the file gives none, and the error says so."""
+    path = tmp_path / "ds_zero3.json"
+    path.write_text(json.dumps({
+        "fp16": {"enabled": "auto", "loss_scale": 0, "initial_scale_power": 16}, "bf16": {"enabled": "auto"},
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}},
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                              "offload_param": {"device": "cpu", "pin_memory": True}, "overlap_comm": True,
+                              "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto"},
+        "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "train_batch_size": "auto",
+        "train_micro_batch_size_per_gpu": "auto"}))
+    args = ("compare", "--model", "llama3-8b", "--cluster", "h100-80g", "--gpus", "8", "--baseline", str(path))
+    out = cli(*args)
+    assert out.returncode == 2 and "train_batch_size: the file gives no global batch" in out.stderr
+    doc = run_json(cli, *args, "--global-batch", "64")
+    notes = doc["baseline"]["notes"]
+    base = doc["baseline"]["config"]
+    assert (base["zero"], base["optimizer_offload"], base["micro_batch"], base["num_microbatches"]) == (3, True, 8, 1)
+    said = " ".join(notes)
+    assert 'train_micro_batch_size_per_gpu "auto"' in said and "--per_device_train_batch_size" in said
+    assert "read as 8" in said and 'gradient_accumulation_steps "auto"' in said and 'train_batch_size "auto"' in said
+    assert "offload_param" in said
+
+
+# The shape of Megatron-LM's examples/gpt3/train_gpt3_175b_distributed.sh (its flags, bash arrays, comments
+# inside arrays, and positional-parameter paths), written here: no --tokenizer-type, --vocab-file and
+# --merge-file from $3 and $4, which pretrain_gpt.py reads as GPT-2's BPE files.
+MEGATRON_175B_SHAPE = '''#!/bin/bash
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+GPUS_PER_NODE=8
+NUM_NODES=1
+CHECKPOINT_PATH=$1 #<path>
+VOCAB_FILE=$3 #<path>/gpt2-vocab.json
+MERGE_FILE=$4 #<path>/gpt2-merges.txt
+DATA_PATH=$5
+DISTRIBUTED_ARGS=(
+    --nproc_per_node $GPUS_PER_NODE
+    --nnodes $NUM_NODES
+)
+GPT_MODEL_ARGS=(
+    --num-layers 96
+    --hidden-size 12288
+    --num-attention-heads 96
+    --seq-length 2048
+    --max-position-embeddings 2048
+    --attention-backend auto # one of flash/fused/unfused/local
+)
+TRAINING_ARGS=(
+    --micro-batch-size 1
+    --global-batch-size 1536
+    --rampup-batch-size 16 16 5859375
+    --train-iters 500000
+    --clip-grad 1.0
+    --fp16
+    --lr 6.0e-5
+)
+MODEL_PARALLEL_ARGS=(
+    --tensor-model-parallel-size 8
+    --pipeline-model-parallel-size 16
+)
+DATA_ARGS=(
+    --data-path $DATA_PATH
+    --vocab-file $VOCAB_FILE
+    --merge-file $MERGE_FILE
+    --split 949,50,1
+)
+torchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py ${GPT_MODEL_ARGS[@]} ${TRAINING_ARGS[@]} \\
+    ${MODEL_PARALLEL_ARGS[@]} ${DATA_ARGS[@]}
+'''
+
+
+def test_megatrons_175b_example_script_plans_with_gpt2s_padded_vocabulary(cli, tmp_path):
+    path = tmp_path / "train_gpt3_175b_distributed.sh"
+    path.write_text(MEGATRON_175B_SHAPE)
+    doc = run_json(cli, "compare", "--cluster", "a100-80g", "--gpus", "1024", "--baseline", str(path))
+    base = doc["baseline"]
+    assert (base["config"]["tp"], base["config"]["pp"], base["config"]["dp"]) == (8, 16, 8)
+    assert doc["workload"]["framework"] == "megatron" and doc["workload"]["precision"] == "fp16"
+    # GPT-2's 50257 BPE entries padded to a multiple of 128 x tp 8 = 1024 (megatron/training/vocab_utils.py)
+    assert doc["model"]["spec"]["vocab_size"] == 51200
+    assert any("GPT-2's BPE tokenizer (50257 tokens" in n and "--merge-file" in n for n in base["notes"])

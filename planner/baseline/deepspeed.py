@@ -89,7 +89,8 @@ def read(doc: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
         notes.append("offload_optimizer to NVMe (ZeRO-Infinity) is modelled as host memory")
     if _get(doc, "zero_optimization.offload_param") is not None:
         notes.append("zero_optimization.offload_param (parameters in host memory) is not modelled: the estimate "
-                     "keeps the parameters on the GPU")
+                     "keeps the parameters on the GPU, so its memory is an upper bound and its step time leaves out "
+                     "the parameters' host-to-device copies")
     overlap = _get(doc, "zero_optimization.overlap_comm")
     # deepspeed/runtime/zero/config.py (overlap_comm_valid): unset means on for stage 3, off otherwise
     overlap = zero == 3 if overlap is None else _enabled(doc, source, "zero_optimization.overlap_comm")
@@ -100,12 +101,39 @@ def read(doc: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
                      "model code; every block is assumed to")
     precision, more = _precision(doc, source)
     notes += more
+    notes += _auto_notes(doc, micro, batch, m, dp, ctx)
     config = ParallelConfig(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=micro, num_microbatches=m,
                             schedule=schedule_of(pp, 1), recompute=recompute,
                             optimizer_offload=device != "none")
     return Baseline(source=source, format="deepspeed", runtime="deepspeed", config=config, global_batch=batch,
                     seq_len=graph.seq_len, precision=precision, overlap_grad_reduce=overlap,
                     flags=FLAGS, ignored=tuple(k for k in _keys(doc) if k not in MODELLED), notes=tuple(notes))
+
+
+# what the Hugging Face Trainer fills in for "auto" (transformers/integrations/deepspeed.py, trainer_config_process:
+# train_micro_batch_size_per_gpu <- --per_device_train_batch_size, gradient_accumulation_steps <-
+# --gradient_accumulation_steps, train_batch_size <- world size x both, gradient_clipping <- --max_grad_norm)
+AUTO_FROM = {"train_micro_batch_size_per_gpu": "--per_device_train_batch_size",
+             "gradient_accumulation_steps": "--gradient_accumulation_steps",
+             "train_batch_size": "the world size x the two above"}
+
+
+def _auto_notes(doc: dict, micro: int, batch: int, steps: int, dp: int, ctx: Context) -> list[str]:
+    """One note per batch key left "auto": what the Trainer would fill it from, and what this read took."""
+    took = {"train_micro_batch_size_per_gpu": (micro, f"{batch} sequences / ({dp} data-parallel GPUs x {steps} "
+                                                       "accumulation steps)"),
+            "gradient_accumulation_steps": (steps, "1 unless the other two keys fix it"
+                                            if doc.get("train_batch_size") == "auto" or "train_batch_size" not in doc
+                                            else f"{batch} / ({dp} x {micro})"),
+            "train_batch_size": (batch, "--global-batch" if ctx.global_batch else
+                                 "the micro-batch x the accumulation steps x the data-parallel GPUs")}
+    out = []
+    for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
+        if doc.get(key) == "auto":
+            value, how = took[key]
+            out.append(f'{key} "auto" (the Hugging Face Trainer fills it from {AUTO_FROM[key]}) is read as {value}: '
+                       f"{how}")
+    return out
 
 
 def _batch(doc: dict, source: str, ctx: Context, dp: int) -> tuple[int, int, int]:

@@ -41,7 +41,7 @@ MODEL = {      # architecture flags (read when no --model is given, checked agai
     "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
     "--kv-channels", "--max-position-embeddings", "--position-embedding-type", "--normalization",
     "--attention-dropout", "--hidden-dropout", "--vocab-size", "--make-vocab-size-divisible-by", "--tokenizer-type",
-    "--vocab-file", "--num-experts", "--moe-router-topk",
+    "--vocab-file", "--merge-file", "--num-experts", "--moe-router-topk",
 }
 SHAPE = {"--num-layers": "num_layers", "--hidden-size": "hidden", "--num-attention-heads": "num_heads",
          "--num-query-groups": "num_kv_heads", "--ffn-hidden-size": "ffn_hidden", "--kv-channels": "head_dim",
@@ -138,20 +138,25 @@ def model_of(args: dict, source: str) -> FileModel:
     vocab, note = _vocab(args, source)
     if vocab is None:
         return FileModel(shape=shape, seq_len=seq_len,
-                         missing="the flags give no vocabulary (--vocab-size, or GPT2BPETokenizer)")
+                         missing="the flags give no vocabulary (--vocab-size, --tokenizer-type GPT2BPETokenizer, or "
+                                 "--vocab-file with --merge-file)")
     return FileModel(spec=_spec(args, source, {k: v for k, (_, v) in shape.items()}, vocab, seq), shape=shape,
                      seq_len=seq_len, notes=(note,))
 
 
 def _vocab(args: dict, source: str) -> tuple[int | None, str]:
     """The padded vocabulary and how it was found: the tokenizer's, rounded up to a multiple
-    of --make-vocab-size-divisible-by x tp (megatron/training/vocab_utils.py)."""
+    of --make-vocab-size-divisible-by x tp (megatron/training/vocab_utils.py). Without
+    --tokenizer-type, Megatron-LM's GPT entry point (pretrain_gpt.py: args_defaults
+    tokenizer_type GPT2BPETokenizer) reads --vocab-file and --merge-file as GPT-2's BPE files."""
     size = _int(args, "--vocab-size", source)
     tokenizer = args.get("--tokenizer-type")
     what = f"--vocab-size {size}"
-    if size is None and (tokenizer == "GPT2BPETokenizer" or (tokenizer is None and "gpt2" in str(
-            args.get("--vocab-file", "")).lower())):
-        size, what = GPT2_VOCAB, f"GPT-2's BPE tokenizer ({GPT2_VOCAB} tokens)"
+    bpe_files = args.get("--merge-file") is not None or "gpt2" in str(args.get("--vocab-file", "")).lower()
+    if size is None and (tokenizer == "GPT2BPETokenizer" or (tokenizer is None and bpe_files)):
+        how = ("--tokenizer-type GPT2BPETokenizer" if tokenizer else
+               "no --tokenizer-type: pretrain_gpt.py's default GPT2BPETokenizer with --vocab-file and --merge-file")
+        size, what = GPT2_VOCAB, f"GPT-2's BPE tokenizer ({GPT2_VOCAB} tokens; {how})"
     if size is None:
         return None, ""
     multiple = _int(args, "--make-vocab-size-divisible-by", source, 128) * _int(

@@ -11,6 +11,7 @@ import re
 import sys
 import time
 from dataclasses import asdict
+from dataclasses import asdict
 
 from .. import api
 from ..api import DEFAULT_CLUSTER
@@ -116,7 +117,7 @@ def comparison_json(cmp: Comparison) -> dict:
         "speedup": cmp.speedup, "verdict": cmp.verdict,
         "does_not_fit": None if cmp.mine.estimate.fits else does_not_fit_by(cmp.mine.estimate),
         "gain": gain(cmp), "switch": switch_costs(cmp), "edits": file_edits(cmp),
-        "model": {"name": cmp.spec.name, "params": int(cmp.graph.num_params)},
+        "model": {"name": cmp.spec.name, "params": int(cmp.graph.num_params), "spec": asdict(cmp.spec)},
         "cluster": {"name": cmp.cluster.name, "gpus": cmp.cluster.num_gpus}, "workload": asdict(cmp.workload),
     }
 
