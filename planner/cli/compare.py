@@ -11,7 +11,6 @@ import re
 import sys
 import time
 from dataclasses import asdict
-from dataclasses import asdict
 
 from .. import api
 from ..api import DEFAULT_CLUSTER
