@@ -34,6 +34,7 @@ RESHARD_TOOLS = {   # how each runtime moves a checkpoint to another layout
     "deepspeed": "DeepSpeed's universal checkpoint (deepspeed/checkpoint/ds_to_universal.py) loads into another "
                  "tensor/pipeline/data-parallel layout",
     "torchtitan": "torch.distributed.checkpoint (DCP) reshards when loaded",
+    "torchtitan-python": "torch.distributed.checkpoint (DCP) reshards when loaded",
     "plan.json": "meshplan run --save/--load (torch.distributed.checkpoint) reshards when loaded",
 }
 
@@ -262,7 +263,8 @@ def gain_line(cmp: Comparison) -> str:
     return text
 
 
-EXPORTERS = {"megatron": exports.megatron, "deepspeed": exports.deepspeed, "torchtitan": exports.torchtitan}
+EXPORTERS = {"megatron": exports.megatron, "deepspeed": exports.deepspeed, "torchtitan": exports.torchtitan,
+             "torchtitan-python": exports.torchtitan_python}
 
 
 def plan_of(cmp: Comparison, recommended: bool = True) -> Plan:
@@ -307,6 +309,9 @@ def _settings(fmt: str, text: str) -> list[str]:
         doc = tomllib.loads(text)
         doc.pop("job", None)
         return _flat(doc)
+    if fmt == "torchtitan-python":
+        from .baseline.torchtitan_py import settings
+        return settings(text)
     return [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
 
 

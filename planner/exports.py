@@ -365,7 +365,9 @@ def _modules_per_stage(plan) -> list[list[str]]:
     return [[_TORCHTITAN_MODULES.get(name, name) for name in modules] for modules in plan.stages]
 
 
-def torchtitan(plan) -> Export:
+def _torchtitan_sections(plan) -> tuple[dict, list[str]]:
+    """[training], [parallelism] and [activation_checkpoint] in the TOML form's words (torchtitan v0.2.2's
+    job_config.py), and what torchtitan cannot express of the plan."""
     c, w = plan.best.config, plan.workload
     notes = []
     parallelism: dict = {"tensor_parallel_degree": c.tp, "pipeline_parallel_degree": c.pp,
@@ -405,15 +407,85 @@ def torchtitan(plan) -> Export:
         notes.append("torchtitan's CPU offload (FSDP) moves parameters and gradients too, not only the optimizer")
     checkpoint, more = _torchtitan_checkpoint(plan)
     notes += more
-    sections = {"job": {"description": f"meshplan plan: {plan.model_name} on {plan.cluster.num_gpus} x "
-                                      f"{plan.cluster.name}"},
-                "training": training, "parallelism": parallelism, "activation_checkpoint": checkpoint}
-    lines = [f"# torchtitan job config for {plan.model_name} (written by meshplan); set [model] name/flavor "
+    return {"training": training, "parallelism": parallelism, "activation_checkpoint": checkpoint}, notes
+
+
+def _torchtitan_model(plan) -> tuple[str, str] | None:
+    """(torchtitan's model module, flavor) of the plan's model, where torchtitan has it."""
+    from .baseline.torchtitan import ZOO
+    return next((key for key, name in ZOO.items() if name == plan.model_name), None)
+
+
+def torchtitan(plan) -> Export:
+    """The last TOML form (torchtitan v0.2.2 and earlier: torchtitan/config/job_config.py)."""
+    sections, notes = _torchtitan_sections(plan)
+    model = _torchtitan_model(plan)
+    head = {"job": {"description": f"meshplan plan: {plan.model_name} on {plan.cluster.num_gpus} x {plan.cluster.name}"}}
+    if model:
+        head["model"] = {"name": model[0], "flavor": model[1]}
+    lines = [f"# torchtitan job config for {plan.model_name} (written by meshplan): the TOML form of torchtitan "
+             "v0.2.2 and earlier; later torchtitan reads the Python config in torchtitan_config.py. Set [model] "
              "and [training] dataset/steps for your run"]
-    for name, body in sections.items():
+    for name, body in {**head, **sections}.items():
         lines += ["", f"[{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in body.items()]
     return Export(framework="torchtitan", filename="torchtitan.toml", text="\n".join(lines) + "\n",
                   notes=tuple(notes))
+
+
+# The current form (torchtitan/config/configs.py since pytorch/torchtitan PR 2386, February 2026; batch sizes in
+# tokens since PR 4121, August 2026): the TOML keys that were renamed, and the activation-checkpointing classes
+TORCHTITAN_RENAMED = {"seq_len": "max_context_length"}
+TORCHTITAN_AC = {"full": "FullAC.Config()", "selective": "SelectiveAC.Config()", "none": "None",
+                 "memory_budget": "MemoryBudgetAC.Config()"}
+
+
+def torchtitan_python(plan) -> Export:
+    """The current torchtitan form: a config module whose function returns the job's ``Trainer.Config``
+    (run with ``--module <module> --config meshplan_plan``)."""
+    c, w = plan.best.config, plan.workload
+    sections, notes = _torchtitan_sections(plan)
+    training = {TORCHTITAN_RENAMED.get(k, k): v for k, v in sections["training"].items()
+                if k not in ("local_batch_size", "global_batch_size")}
+    training = {"num_tokens_per_microbatch_per_dp_rank": c.micro_batch * w.seq_len,
+                "num_tokens_per_train_step": w.global_batch * w.seq_len, **training}
+    parallelism = {k: v for k, v in sections["parallelism"].items() if k != "pipeline_parallel_microbatch_size"}
+    if c.pp > 1:
+        parallelism["num_pp_microbatches"] = c.num_microbatches
+    if c.tp > 1:        # the current form says it (ParallelismConfig.enable_sequence_parallel, default on)
+        parallelism["enable_sequence_parallel"] = c.sequence_parallel
+        notes = [n for n in notes if not n.startswith("torchtitan's tensor parallelism always shards norms")]
+    ac = sections["activation_checkpoint"]
+    mode = ac.get("mode", "selective")
+    if mode == "selective" and ac.get("selective_ac_option", "op") != "op":
+        notes = notes + [f"torchtitan's Python configs checkpoint every block alike (SelectiveAC is per operator): "
+                         f"one block in every {ac['selective_ac_option']} in full is not offered; SelectiveAC instead"]
+    model = _torchtitan_model(plan)
+    registry = (f"from torchtitan.models.{model[0]} import model_registry" if model else
+                "from torchtitan.models.llama3 import model_registry   # set your model's module")
+    flavor = model[1] if model else "FLAVOR"
+    if not model:
+        notes = notes + [f"{plan.model_name} is not one of torchtitan's registered models: set model_spec"]
+
+    def call(name: str, values: dict) -> list[str]:
+        return ([f"        {name}={_CONFIG_CLASS[name]}("] + [f"            {k}={v!r}," for k, v in values.items()]
+                + ["        ),"])
+
+    lines = [f'"""torchtitan config for {plan.model_name} on {plan.cluster.num_gpus} x {plan.cluster.name} (written by '
+             "meshplan): the Python form\ntorchtitan reads since February 2026 (torchtitan/config/configs.py). Run "
+             "with --module <this module> --config meshplan_plan;\nset the dataset, tokenizer and steps for your run. "
+             'The TOML form of torchtitan v0.2.2 and earlier is torchtitan.toml."""',
+             "from torchtitan.config import ParallelismConfig, TrainingConfig",
+             "from torchtitan.distributed.activation_checkpoint import FullAC, MemoryBudgetAC, SelectiveAC",
+             registry, "from torchtitan.trainer import Trainer", "", "",
+             "def meshplan_plan() -> Trainer.Config:", "    return Trainer.Config(",
+             f"        model_spec=model_registry({flavor!r}),"]
+    lines += call("training", training) + call("parallelism", parallelism)
+    lines += [f"        activation_checkpoint={TORCHTITAN_AC[mode]},", "    )"]
+    return Export(framework="torchtitan", filename="torchtitan_config.py", text="\n".join(lines) + "\n",
+                  notes=tuple(notes))
+
+
+_CONFIG_CLASS = {"training": "TrainingConfig", "parallelism": "ParallelismConfig"}
 
 
 def _torchtitan_layer_sac(plan) -> int | None:
@@ -510,7 +582,7 @@ def slurm(plan) -> Export:
     return Export(framework="slurm", filename="meshplan_sbatch.sh", text="\n".join(lines) + "\n", notes=notes)
 
 
-EXPORTERS = (deepspeed, megatron, colossalai, torchtitan, meshplan_run, slurm)
+EXPORTERS = (deepspeed, megatron, colossalai, torchtitan_python, torchtitan, meshplan_run, slurm)
 
 
 def exports(plan) -> tuple[Export, ...]:

@@ -299,7 +299,7 @@ def test_exports_and_notes_are_written(tmp_path):
     paths = write_exports(fixed_plan("llama3-8b", "h100-80g", 16, UNEQUAL), tmp_path)
     names = sorted(p.name for p in paths)
     assert names == ["NOTES.md", "colossalai_plugin.py", "deepspeed_config.json", "megatron_args.txt",
-                     "meshplan_run.sh", "meshplan_sbatch.sh", "torchtitan.toml"]
+                     "meshplan_run.sh", "meshplan_sbatch.sh", "torchtitan.toml", "torchtitan_config.py"]
     notes = (tmp_path / "NOTES.md").read_text()
     assert "cannot be given exactly" in notes and "## megatron_args.txt" in notes
 

@@ -48,7 +48,7 @@ def test_report_has_every_file(quick_start_report):
             assert (d / "plots" / f"{plot}.{ext}").stat().st_size > 5000, (plot, ext)
     exports = sorted(p.name for p in (d / "exports").iterdir())
     assert exports == ["NOTES.md", "colossalai_plugin.py", "deepspeed_config.json", "megatron_args.txt",
-                       "meshplan_run.sh", "meshplan_sbatch.sh", "torchtitan.toml"]
+                       "meshplan_run.sh", "meshplan_sbatch.sh", "torchtitan.toml", "torchtitan_config.py"]
     plan = json.loads((d / "plan.json").read_text())
     assert plan["schema_version"] == 2 and plan["alternatives"] and plan["closed_form_step_time_s"] > 0
 

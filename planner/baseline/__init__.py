@@ -6,9 +6,10 @@ One reader per format, each in its own module with ``parse`` (text -> document),
 ``model_of`` (what the file says about the model) and ``read`` (document and model ->
 Baseline): megatron.py (Megatron-LM arguments or launch script), deepspeed.py (a
 DeepSpeed config JSON), torchtitan.py (a job config TOML), planjson.py (meshplan's
-plan.json). The file tells its format: .toml is torchtitan, .json with a schema_version
-and a config is a plan.json, any other .json a DeepSpeed config, anything else
-Megatron-LM arguments.
+plan.json), torchtitan_py.py (a torchtitan Python config module, its current form).
+The file tells its format: .py is a torchtitan Python config (``file.py:function`` picks
+one of its config functions), .toml a torchtitan TOML, .json with a schema_version and a
+config a plan.json, any other .json a DeepSpeed config, anything else Megatron-LM arguments.
 """
 from __future__ import annotations
 
@@ -19,19 +20,26 @@ from ..errors import UserError
 from ..layers import LayerGraph, build_layer_graph
 from ..model import ModelSpec, load_model
 from ..search.space import Knobs, Space
-from . import deepspeed, megatron, planjson, torchtitan
+from . import deepspeed, megatron, planjson, torchtitan, torchtitan_py
 from .values import Baseline, Context, FileModel
 
-READERS = {"megatron": megatron, "deepspeed": deepspeed, "torchtitan": torchtitan, "plan.json": planjson}
+READERS = {"megatron": megatron, "deepspeed": deepspeed, "torchtitan": torchtitan, "torchtitan-python": torchtitan_py,
+           "plan.json": planjson}
 FORMAT_NAMES = {"megatron": "Megatron-LM arguments", "deepspeed": "DeepSpeed config", "torchtitan": "torchtitan TOML",
-                "plan.json": "meshplan plan.json"}
+                "torchtitan-python": "torchtitan Python config", "plan.json": "meshplan plan.json"}
 SHAPE_FIELDS = ("num_layers", "hidden", "num_heads", "num_kv_heads", "ffn_hidden")   # what must agree with --model
 
 __all__ = ["Baseline", "Context", "FORMAT_NAMES", "check_baseline", "detect", "read_baseline"]
 
 
 def detect(path: str, text: str) -> str:
-    suffix = Path(path).suffix.lower()
+    suffix = Path(file_of(path)).suffix.lower()
+    if suffix == ".py":
+        if not torchtitan_py.is_python_config(text):
+            raise UserError("a .py baseline is read as a torchtitan Python config, and this file neither imports "
+                            "torchtitan nor returns a Trainer.Config; allowed: a torchtitan config module, Megatron-LM "
+                            "arguments, a DeepSpeed JSON, a torchtitan TOML or a plan.json", source=path)
+        return "torchtitan-python"
     if suffix == ".toml":
         return "torchtitan"
     if suffix == ".json":
@@ -43,9 +51,9 @@ def read_baseline(path: str, ctx: Context, model: str | None = None) -> tuple[Ba
     """The baseline in ``path``, the model it trains (``model``, else the one the file
     describes) and its layer graph."""
     try:
-        text = Path(path).read_text()
+        text = Path(file_of(path)).read_text()
     except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read: {getattr(e, 'strerror', None) or e}", source=path) from None
+        raise UserError(f"cannot read: {getattr(e, 'strerror', None) or e}", source=file_of(path)) from None
     fmt = detect(path, text)
     if (ctx.tp or ctx.pp) and fmt != "deepspeed":
         raise UserError(f"only for a DeepSpeed config (Megatron-DeepSpeed's degrees); {path} is "
@@ -59,6 +67,12 @@ def read_baseline(path: str, ctx: Context, model: str | None = None) -> tuple[Ba
     baseline = reader.read(doc, path, ctx, graph)
     from_file = told.notes if model is None and told.spec is not None else ()    # how the file's model was read
     return replace(baseline, notes=from_file + baseline.notes), spec, graph
+
+
+def file_of(path: str) -> str:
+    """The file of a baseline path: ``config.py:function`` names a function of a torchtitan Python config."""
+    head, sep, _ = path.partition(".py:")
+    return head + ".py" if sep else path
 
 
 def _model(told: FileModel, model: str | None, source: str) -> ModelSpec:

@@ -31,7 +31,7 @@ MODELLED = {
                     "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size", "pipeline_parallel_split_points",
                     "module_fqns_per_model_part", "pipeline_parallel_layers_per_stage",
                     "pipeline_parallel_first_stage_less_layers", "pipeline_parallel_last_stage_less_layers",
-                    "enable_async_tensor_parallel"},
+                    "enable_async_tensor_parallel", "enable_sequence_parallel"},
     "activation_checkpoint": {"mode", "selective_ac_option"},
 }
 ZOO = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3-405b",
@@ -60,7 +60,52 @@ def parse(text: str, source: str) -> dict:
     for section in MODELLED:
         if not isinstance(doc.get(section, {}), dict):
             raise UserError("expected a table", source=source, field=f"[{section}]")
+    if any(k in doc.get("training", {}) for k in TOKEN_KEYS) or "num_pp_microbatches" in doc.get("parallelism", {}):
+        tokens_to_sequences(doc, source)
     return doc
+
+
+# torchtitan's batch keys in tokens (pytorch/torchtitan PR 4121, August 2026; torchtitan/config/configs.py
+# TrainingConfig, ParallelismConfig) and their defaults
+TOKEN_KEYS = {"num_tokens_per_microbatch_per_dp_rank": 16384, "num_tokens_per_train_step": -1,
+              "max_context_length": 2048}
+SEQUENCE_KEYS = ("local_batch_size", "batch_size", "global_batch_size", "seq_len")
+
+
+def tokens_to_sequences(doc: dict, source: str) -> None:
+    """Turn the token-based batch keys into the sequence-based ones this reader models, in place:
+    ``num_tokens_per_microbatch_per_dp_rank`` is one forward's tokens per data-parallel rank (the
+    micro-batch), ``num_pp_microbatches`` the pipeline's micro-batches per accumulation step, and
+    ``num_tokens_per_train_step`` the global batch's tokens (default: all of these x the data-parallel
+    degree, which the sequence-based reader derives the same way)."""
+    training, par = doc.setdefault("training", {}), doc.setdefault("parallelism", {})
+    mixed = [k for k in SEQUENCE_KEYS if k in training] + (
+        ["pipeline_parallel_microbatch_size"] if "pipeline_parallel_microbatch_size" in par else [])
+    if mixed:
+        raise UserError(f"{', '.join(mixed)} beside the token-based batch keys; allowed: one form (torchtitan "
+                        "counts tokens since August 2026)", source=source, field=f"training.{mixed[0]}")
+    seq = training.pop("max_context_length", TOKEN_KEYS["max_context_length"])
+    seq = positive_int(source, "training.max_context_length", seq)
+    tokens = positive_int(source, "training.num_tokens_per_microbatch_per_dp_rank",
+                          training.pop("num_tokens_per_microbatch_per_dp_rank",
+                                       TOKEN_KEYS["num_tokens_per_microbatch_per_dp_rank"]))
+    if tokens % seq:
+        raise UserError(f"{tokens} tokens are not whole sequences of max_context_length {seq}; allowed: a multiple "
+                        f"of {seq}", source=source, field="training.num_tokens_per_microbatch_per_dp_rank")
+    micro = tokens // seq
+    pp = par.get("pipeline_parallel_degree", 1)
+    pipeline_microbatches = positive_int(source, "parallelism.num_pp_microbatches", par.pop("num_pp_microbatches", 1))
+    training["seq_len"] = seq
+    training["local_batch_size"] = micro * (pipeline_microbatches if isinstance(pp, int) and pp > 1 else 1)
+    if isinstance(pp, int) and pp > 1:
+        par["pipeline_parallel_microbatch_size"] = micro
+    step = training.pop("num_tokens_per_train_step", -1)
+    if step != -1:
+        step = positive_int(source, "training.num_tokens_per_train_step", step)
+        if step % seq:
+            raise UserError(f"{step} tokens are not whole sequences of max_context_length {seq}; allowed: a "
+                            f"multiple of {seq}", source=source, field="training.num_tokens_per_train_step")
+        training["global_batch_size"] = step // seq
 
 
 def model_of(doc: dict, source: str) -> FileModel:
@@ -99,7 +144,8 @@ def read(doc: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
     notes += more
     recompute, recompute_layers = recompute_of(graph, per_block)
     config = ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, micro_batch=micro, num_microbatches=m, vpp=vpp,
-                            schedule=schedule, recompute=recompute, sequence_parallel=tp > 1,
+                            schedule=schedule, recompute=recompute,
+                            sequence_parallel=tp > 1 and bool(par.get("enable_sequence_parallel", True)),
                             recompute_layers=recompute_layers,
                             stage_layers=pipeline_layers(source, "parallelism.pipeline_parallel_split_points", graph,
                                                          blocks))
@@ -115,6 +161,8 @@ def read(doc: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
 def _ignored(doc: dict) -> tuple[str, ...]:
     out = []
     for section, body in doc.items():
+        if section.startswith("_"):
+            continue
         if section not in MODELLED or not isinstance(body, dict):
             out.append(f"[{section}]")
         else:

@@ -50,7 +50,7 @@ class Baseline:
     """A training job's own configuration in meshplan's terms."""
 
     source: str                        # the file
-    format: str                        # megatron, deepspeed, torchtitan or plan.json
+    format: str                        # megatron, deepspeed, torchtitan, torchtitan-python or plan.json
     runtime: str                       # whose memory layout models it (Workload.framework)
     config: ParallelConfig
     global_batch: int                  # sequences per optimizer step

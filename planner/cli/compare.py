@@ -28,8 +28,11 @@ examples:
   meshplan compare --gpus 16 --baseline plan.json --json
   meshplan compare --gpus 256 --baseline llama3_70b.toml --report compare/ --tokens 15T
 
-The baseline is told by its file: a .toml is a torchtitan job config ([parallelism],
-[training], [activation_checkpoint], [model] name/flavor); a .json is meshplan's plan.json
+The baseline is told by its file: a .py is a torchtitan config module in its current Python
+form (FILE.py:FUNCTION picks the function returning Trainer.Config where it has several; read,
+never run: token-based batch keys as torchtitan counts them); a .toml is a torchtitan job config
+of v0.2.2 and earlier ([parallelism], [training], [activation_checkpoint], [model] name/flavor);
+a .json is meshplan's plan.json
 or a DeepSpeed config (degrees from --tp/--pp); anything else is Megatron-LM arguments, a
 file of flags or the launch script itself (--tensor-model-parallel-size ..., and the
 architecture flags when no --model is given). The runtime, precision, sequence length and
@@ -48,7 +51,7 @@ def add_parser(sub) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--baseline", required=True, metavar="FILE",
                    help="your configuration: Megatron-LM arguments or launch script, a DeepSpeed JSON, a torchtitan "
-                        "TOML, or a plan.json")
+                        "Python config (FILE.py or FILE.py:FUNCTION) or TOML, or a plan.json")
     p.add_argument("--model", help="zoo name or Hugging Face config.json (default: the model the file describes)")
     p.add_argument("--cluster", default=DEFAULT_CLUSTER,
                    help=f"built-in profile or a profile TOML (default {DEFAULT_CLUSTER})")
