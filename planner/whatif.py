@@ -101,7 +101,9 @@ def point_inputs(inputs, key: str, value: str):
 
 def evaluate_point(inputs, key: str, value: str, knobs, top_k: int = 2) -> Point:
     """The best plan at one value of the sweep: the same search as `meshplan plan`, finalists ranked by
-    the simulation; one row."""
+    the simulation; one row. A sweep shows the model's optimum at each value (``prefer="fastest"``): the
+    near-tie rule of `meshplan plan` would let the curve wander within the model's error band, hiding the
+    trend the sweep is for; the memory headroom applies as in `meshplan plan`."""
     from .describe import cost_per_million_tokens, describe_config, short_config
     from .search import search
 
@@ -112,7 +114,7 @@ def evaluate_point(inputs, key: str, value: str, knobs, top_k: int = 2) -> Point
         if not cluster.nics_per_node:
             raise UserError(f"{cluster.name} has no inter-node network to sweep", field="--sweep")
         cluster = replace(cluster, nic=replace(cluster.nic, bytes_per_s=int(value) * 1e9 / 8))
-    result = search(job.graph, cluster, workload, knobs, top_k=top_k)
+    result = search(job.graph, cluster, workload, knobs, top_k=top_k, prefer="fastest")
     base = dict(value=value, gpus=cluster.num_gpus, global_batch=workload.global_batch, seq_len=workload.seq_len,
                 capacity_gib=cluster.device.memory_bytes / GiB)
     if result.best is None:
