@@ -92,6 +92,17 @@ class Link:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Power:
+    """Electrical power of one node's parts, each with its source (the profile's [power] table)."""
+
+    gpu_tdp_w: float                      # one GPU's board power limit: its draw with every SM busy
+    gpu_idle_w: float                     # one GPU's draw with nothing running
+    host_w: float                         # per node, besides the GPUs: CPUs, memory, NVSwitches, NICs, fans
+    network_w: float                      # per node: its share of the switch fabric (0: not in the profile)
+    source: str                           # where each number comes from
+
+
+@dataclass(frozen=True, kw_only=True)
 class Cluster:
     name: str
     description: str
@@ -118,6 +129,7 @@ class Cluster:
     measured_by: str = ""                 # the profile's own top-level `source` (what `meshplan profile` ran)
     gpu_hour_usd: float = 0.0             # price of one GPU for one hour (0: the profile has no [pricing])
     price_source: str = ""                # the public price list and its date
+    power: Power | None = None            # the optional [power] table (None: energy is not estimated)
     cores_per_node: int = 0               # CPU cores a node's processes share (CPU profiles; 0: none shared)
     threads_per_process: int = 1          # compute threads each process runs (CPU profiles)
     time_share: float = 1.0               # the share of its threads' cores each process gets (``with_gpus``)
@@ -427,7 +439,23 @@ def parse_cluster(data: dict, source: str) -> Cluster:
         sync_wait_coefficient=root.table("runtime").number("sync_wait_coefficient", allow_zero=True, default=0.0),
         cores_per_node=host.integer("cores", default=0, allow_zero=True),
         threads_per_process=gpu.integer("threads", default=1),
-        source=source, measured_by=root.string("source", default=""), **_pricing(root))
+        source=source, measured_by=root.string("source", default=""), **_pricing(root), **_power(root))
+
+
+def _power(root: _Table) -> dict:
+    """The optional [power] table: watts per GPU (TDP and idle), per node besides the GPUs, per node of
+    the network fabric (optional), and their sources."""
+    if "power" not in root.data:
+        return {}
+    power = root.table("power")
+    tdp = power.number("gpu_tdp_W")
+    idle = power.number("gpu_idle_W", allow_zero=True)
+    if idle > tdp:
+        raise UserError(f"{idle} W is more than gpu_tdp_W {tdp} W; allowed: at most the TDP", source=root.source,
+                        field="power.gpu_idle_W")
+    return {"power": Power(gpu_tdp_w=tdp, gpu_idle_w=idle, host_w=power.number("host_W", allow_zero=True),
+                           network_w=power.number("network_W", allow_zero=True, default=0.0),
+                           source=power.string("source"))}
 
 
 def _pricing(root: _Table) -> dict:

@@ -16,6 +16,7 @@ from . import exports
 from .baseline import Baseline
 from .cluster import GiB, Cluster
 from .describe import describe_config, describe_recompute, runs
+from .energy import energy, energy_words
 from .config import ParallelConfig, Workload
 from .placement import balanced_stage_layers, layer_policies
 from .estimate import StepTime
@@ -111,8 +112,8 @@ def changes(graph: LayerGraph, mine: ParallelConfig, other: ParallelConfig) -> l
 
 
 def gain(cmp: Comparison) -> dict:
-    """Step time saved, and the days and dollars of the token budget on each plan (dollars
-    when the cluster profile has a [pricing] table)."""
+    """Step time saved, and the days, dollars and energy of the token budget on each plan (dollars
+    when the cluster profile has a [pricing] table, energy when it has a [power] table: planner/energy.py)."""
     mine, rec = cmp.mine.estimate, cmp.recommended.estimate
     days = {name: cmp.token_budget / e.tokens_per_s / SECONDS_PER_DAY for name, e in (("baseline", mine),
                                                                                         ("recommended", rec))}
@@ -123,6 +124,11 @@ def gain(cmp: Comparison) -> dict:
         usd = {k: d * 24 * cmp.cluster.num_gpus * price for k, d in days.items()}
         out.update(usd=usd, usd_saved=usd["baseline"] - usd["recommended"], gpu_hour_usd=price,
                    price_source=cmp.cluster.price_source)
+    found = {name: energy(e, cmp.cluster, cmp.workload) for name, e in (("baseline", mine), ("recommended", rec))}
+    out["kwh"], out["kwh_saved"] = None, None
+    if all(found.values()):
+        kwh = {name: e.run_kwh(cmp.token_budget) for name, e in found.items()}
+        out.update(kwh=kwh, kwh_saved=kwh["baseline"] - kwh["recommended"], energy_source=found["baseline"].source)
     return out
 
 
@@ -260,6 +266,11 @@ def gain_line(cmp: Comparison) -> str:
         usd = (f"${g['usd_saved']:,.0f} saved" if g["usd_saved"] >= 0 else f"${-g['usd_saved']:,.0f} more")
         text += (f"; at ${g['gpu_hour_usd']:.3f} per GPU-hour: ${g['usd']['baseline']:,.0f} against "
                  f"${g['usd']['recommended']:,.0f} ({usd})")
+    if g["kwh"]:
+        saved = (f"{energy_words(g['kwh_saved'])} saved" if g["kwh_saved"] >= 0 else
+                 f"{energy_words(-g['kwh_saved'])} more")
+        text += (f"; energy {energy_words(g['kwh']['baseline'])} against {energy_words(g['kwh']['recommended'])} "
+                 f"({saved})")
     return text
 
 

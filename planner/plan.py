@@ -77,6 +77,7 @@ class Plan:
     recompute_per_layer: dict[str, str]     # layer path -> recompute policy
     alternatives: tuple[Alternative, ...] = ()
     choice: dict = field(default_factory=dict)      # how it was chosen among near-ties (search/finish.py)
+    energy: dict = field(default_factory=dict)      # its power and energy (planner/energy.py; {}: no [power])
     limits: str = ""                  # what binds the winner (planner/explain.py)
     accuracy: dict = field(default_factory=dict)    # the validation that covers it (planner/accuracy.py)
     gains: dict = field(default_factory=dict)       # what the per-stage choices bought (planner/explain.py)
@@ -119,6 +120,7 @@ class Plan:
             "alternatives": [{"config": a.config.to_json(), "estimate": a.estimate.to_json(), "lost_on": a.lost_on}
                              for a in self.alternatives],
             "choice": self.choice,
+            "energy": self.energy,
             "limits": self.limits,
             "accuracy": self.accuracy,
             "gains": self.gains,
@@ -166,6 +168,7 @@ class Plan:
             accuracy=data.get("accuracy") if isinstance(data.get("accuracy"), dict) else {},
             gains=data.get("gains") if isinstance(data.get("gains"), dict) else {},
             choice=data.get("choice") if isinstance(data.get("choice"), dict) else {},
+            energy=data.get("energy") if isinstance(data.get("energy"), dict) else {},
             search=SearchStats(seconds=float(search.get("seconds", 0.0)), candidates=_int(search.get("candidates", 0)),
                                evaluated=_int(search.get("evaluated", 0)), solver=str(search.get("solver", "")),
                                global_choices=_int(search.get("global_choices", 0)),

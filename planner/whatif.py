@@ -44,6 +44,7 @@ class Point:
     memory_gib: float = 0.0
     capacity_gib: float = 0.0
     usd_per_million_tokens: float | None = None
+    kwh_per_million_tokens: float | None = None    # planner/energy.py (None: the profile has no [power])
     search_s: float = 0.0
 
 
@@ -105,6 +106,7 @@ def evaluate_point(inputs, key: str, value: str, knobs, top_k: int = 2) -> Point
     near-tie rule of `meshplan plan` would let the curve wander within the model's error band, hiding the
     trend the sweep is for; the memory headroom applies as in `meshplan plan`."""
     from .describe import cost_per_million_tokens, describe_config, short_config
+    from .energy import energy
     from .search import search
 
     t0 = time.perf_counter()
@@ -122,10 +124,12 @@ def evaluate_point(inputs, key: str, value: str, knobs, top_k: int = 2) -> Point
     e = result.best.estimate
     price = (cost_per_million_tokens(cluster.gpu_hour_usd, cluster.num_gpus, e.tokens_per_s)
              if cluster.gpu_hour_usd else None)
+    used = energy(e, cluster, workload)
     return Point(fits=True, strategy=describe_config(result.best.config), layout=short_config(result.best.config),
                  step_time_s=e.step_time_s,
                  tokens_per_s=e.tokens_per_s, mfu=e.mfu, memory_gib=e.memory.total / GiB,
-                 usd_per_million_tokens=price, search_s=time.perf_counter() - t0, **base)
+                 usd_per_million_tokens=price, kwh_per_million_tokens=used.kwh_per_million_tokens if used else None,
+                 search_s=time.perf_counter() - t0, **base)
 
 
 def sweep(inputs, key: str, values: list[str], knobs, *, top_k: int = 2, progress=None) -> list[Point]:

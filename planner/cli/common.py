@@ -3,6 +3,7 @@ knob flags, and turning parsed flags into the library's values (``planner.api.Jo
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 
@@ -67,6 +68,18 @@ def on_off(text: str) -> bool:
     if text.lower() in ("off", "false", "no", "0"):
         return False
     raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+
+
+def token_count(text: str) -> float:
+    """'300B', '1.5T', '2e12' -> a number of tokens."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([kKmMbBtT]?)\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"expected a token count such as 300B, 1.5T or 2e12, got {text!r}")
+    scale = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[match.group(2).lower()]
+    value = float(match.group(1)) * scale
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive token count, got {text!r}")
+    return value
 
 
 def headroom(text: str) -> float:

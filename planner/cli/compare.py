@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from dataclasses import asdict
@@ -18,7 +17,7 @@ from ..baseline import FORMAT_NAMES
 from ..compare import (Comparison, changes, comparison_rows, counterpart, does_not_fit_by, file_edits, gain,
                        gain_line, switch_costs, verdict_line, word)
 from ..errors import UserError
-from .common import add_debug, positive_int
+from .common import add_debug, positive_int, token_count
 
 EPILOG = """\
 examples:
@@ -70,18 +69,6 @@ def add_parser(sub) -> None:
     p.add_argument("--report", metavar="DIR", help="also write the recommended plan's report into DIR, with a "
                                                    "section setting your plan against it")
     add_debug(p)
-
-
-def token_count(text: str) -> float:
-    """'300B', '1.5T', '2e12' -> a number of tokens."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([kKmMbBtT]?)\s*", text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"expected a token count such as 300B, 1.5T or 2e12, got {text!r}")
-    scale = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[match.group(2).lower()]
-    value = float(match.group(1)) * scale
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive token count, got {text!r}")
-    return value
 
 
 def run(args) -> int:

@@ -8,11 +8,12 @@ import sys
 from .. import api
 from ..accuracy import Accuracy
 from ..describe import describe_config, gib, runs
+from ..energy import Energy
 from ..explain import gain_sentences, headroom_words, ranking_sentence
 from ..errors import UserError
 from ..plan import Plan
 from .common import (RECOMPUTE_HELP, SCHEDULE_HELP, add_debug, add_job_args, add_knob_args, job_inputs, knobs,
-                     positive_int, search_progress, warn)
+                     positive_int, search_progress, token_count, warn)
 
 EPILOG = """\
 examples:
@@ -53,6 +54,8 @@ def add_parser(sub) -> None:
                    help="among plans within the model's step-time error of the fastest (the validation's median), "
                         "recommend one with no more modelled mechanisms and more memory left, where there is one "
                         "(headroom, the default), or always the fastest by the model")
+    p.add_argument("--tokens", type=token_count, metavar="N",
+                   help="a training run's tokens (300B, 1.5T, 2e12): the energy line adds the run's total")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--out", metavar="PLAN.json", help="also write plan.json (the executor's input)")
     p.add_argument("--report", metavar="DIR", help="also write a strategy report into DIR: plan.json, report.md, "
@@ -79,14 +82,17 @@ def run(args) -> int:
         except OSError as e:
             raise UserError(f"cannot write the report: {e.strerror}", source=args.report) from None
     if args.json:
-        json.dump(plan.to_json(), sys.stdout)
+        doc = plan.to_json()
+        if args.tokens and doc["energy"]:
+            doc["energy"] = Energy.from_json(doc["energy"]).to_json(args.tokens)
+        json.dump(doc, sys.stdout)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(format_plan(plan))
+        sys.stdout.write(format_plan(plan, tokens=args.tokens))
     return 0
 
 
-def format_plan(plan: Plan) -> str:
+def format_plan(plan: Plan, tokens: float | None = None) -> str:
     c, e, w = plan.best.config, plan.best.estimate, plan.workload
     mem, t = e.memory, e.time
     lines = [
@@ -110,6 +116,8 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"stages    layers per virtual stage {runs(c.stage_layers)} (embedding first, head last)")
     lines += [f"gains     {sentence}" for sentence in gain_sentences(plan.gains)]
     lines.append(f"limits    {plan.limits}")
+    lines.append(f"energy    {Energy.from_json(plan.energy).line(tokens)}" if plan.energy else
+                 f"energy    not estimated: the {plan.cluster_name} profile has no [power] table")
     lines.append(f"checked   {Accuracy.from_json(plan.accuracy).line()}")
     ranking = ranking_sentence(plan.choice, e, plan.alternatives)
     if ranking:

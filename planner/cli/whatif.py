@@ -69,12 +69,13 @@ class Progress:
 
 
 def format_points(points: list[Point], key: str) -> str:
-    lines = [f"{key:>12} {'tokens/s':>12} {'MFU':>6} {'GiB':>6} {'$/Mtok':>7}  strategy"]
+    lines = [f"{key:>12} {'tokens/s':>12} {'MFU':>6} {'GiB':>6} {'$/Mtok':>7} {'kWh/Mtok':>8}  strategy"]
     for p in points:
         if not p.fits:
             lines.append(f"{p.value:>12} {'no plan fits':>12}")
             continue
         price = f"{p.usd_per_million_tokens:.3f}" if p.usd_per_million_tokens is not None else "-"
-        lines.append(f"{p.value:>12} {p.tokens_per_s:>12,.0f} {100 * p.mfu:>5.1f}% {p.memory_gib:>6.1f} {price:>7}  "
-                     f"{p.strategy}")
+        kwh = f"{p.kwh_per_million_tokens:.3f}" if p.kwh_per_million_tokens is not None else "-"
+        lines.append(f"{p.value:>12} {p.tokens_per_s:>12,.0f} {100 * p.mfu:>5.1f}% {p.memory_gib:>6.1f} {price:>7} "
+                     f"{kwh:>8}  {p.strategy}")
     return "\n".join(lines) + "\n"

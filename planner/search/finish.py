@@ -12,6 +12,7 @@ from ..accuracy import accuracy
 from ..cluster import Cluster
 from ..config import ParallelConfig, Workload
 from ..cost.step import estimate
+from ..energy import energy
 from ..explain import gains, limits, lost_on
 from ..fingerprint import cluster_fingerprint, model_fingerprint
 from ..layers import LayerGraph
@@ -48,12 +49,18 @@ def finish(result: SearchResult, *, graph: LayerGraph, cluster: Cluster, workloa
                            for c in result.alternatives),
         choice=choice_json(result.choice, best) if result.choice else {},
         limits=limits(config, best.estimate, cluster), accuracy=checked.to_json(),
+        energy=_energy_json(best.estimate, cluster, workload),
         # closed form against closed form: the balanced and fully recomputed variants are priced that way
         gains=gains(graph, cluster, workload, config, closed_form),
         search=SearchStats(seconds=result.seconds if seconds is None else seconds, candidates=result.candidates,
                            evaluated=result.evaluated, solver=solver, global_choices=result.groups,
                            ilp_solves=result.ilp_solves),
         graph=graph, cluster=cluster)
+
+
+def _energy_json(est, cluster: Cluster, workload: Workload) -> dict:
+    found = energy(est, cluster, workload)
+    return found.to_json() if found else {}
 
 
 def choice_json(choice: Choice, chosen) -> dict:
