@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from ..accuracy import Accuracy
 from ..describe import cost_per_million_tokens, describe_config, gib, runs, short_config
 from ..estimate import StepTime
+from ..energy import Energy
 from ..explain import PARTS, gain_sentences, headroom_words, ranking_sentence
 from ..exports import DOCS, Export, recompute_per_stage
 from ..recompute import DESCRIPTIONS, EVERY_K_DESCRIPTION, POLICIES, every_k
@@ -52,6 +53,8 @@ def _summary(plan) -> Section:
             ("model FLOP/s per GPU", f"{e.model_tflops_per_gpu:.1f} TFLOP/s (MFU {100 * e.mfu:.1f}%)"),
             ("memory, most loaded GPU", f"{gib(e.memory.total)} of {gib(e.capacity_bytes)} GiB "
                                         f"(stage {e.peak_stage}; {headroom_words(w.memory_headroom, e)})")]
+    if plan.energy:
+        rows.append(("energy", Energy.from_json(plan.energy).line()))
     if cl.gpu_hour_usd:
         usd = cost_per_million_tokens(cl.gpu_hour_usd, cl.num_gpus, e.tokens_per_s)
         rows.append(("cost per million tokens",
