@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from conftest import ROOT
+from test_baseline import GPT3_SCRIPT, HF_ZERO3
 from gallery_plans import INTERLEAVED_UNEQUAL, fixed_plan
 from planner.baseline import Context, read_baseline
 from planner.config import ParallelConfig
@@ -292,14 +293,9 @@ def test_the_hugging_face_trainers_stock_zero3_config_says_how_each_auto_was_rea
     to the CPU, fp16 and bf16 "auto". Every "auto" batch key is resolved in a note that names what the Trainer
     fills it from; without a global batch the file gives none, and the error says so."""
     path = tmp_path / "ds_zero3.json"
-    path.write_text(json.dumps({
-        "fp16": {"enabled": "auto", "loss_scale": 0, "initial_scale_power": 16}, "bf16": {"enabled": "auto"},
-        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}},
-        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
-                              "offload_param": {"device": "cpu", "pin_memory": True}, "overlap_comm": True,
-                              "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto"},
-        "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "train_batch_size": "auto",
-        "train_micro_batch_size_per_gpu": "auto"}))
+    zero = {**HF_ZERO3["zero_optimization"], "offload_param": {"device": "cpu", "pin_memory": True}}
+    path.write_text(json.dumps({**HF_ZERO3, "zero_optimization": zero, "gradient_accumulation_steps": "auto",
+                                "train_micro_batch_size_per_gpu": "auto"}))
     args = ("compare", "--model", "llama3-8b", "--cluster", "h100-80g", "--gpus", "8", "--baseline", str(path))
     out = cli(*args)
     assert out.returncode == 2 and "train_batch_size: the file gives no global batch" in out.stderr
@@ -313,51 +309,11 @@ def test_the_hugging_face_trainers_stock_zero3_config_says_how_each_auto_was_rea
     assert "offload_param" in said
 
 
-# The shape of Megatron-LM's examples/gpt3/train_gpt3_175b_distributed.sh (its flags, bash arrays, comments
-# inside arrays, and positional-parameter paths), written here: no --tokenizer-type, --vocab-file and
-# --merge-file from $3 and $4, which pretrain_gpt.py reads as GPT-2's BPE files.
-MEGATRON_175B_SHAPE = '''#!/bin/bash
-export CUDA_DEVICE_MAX_CONNECTIONS=1
-GPUS_PER_NODE=8
-NUM_NODES=1
-CHECKPOINT_PATH=$1 #<path>
-VOCAB_FILE=$3 #<path>/gpt2-vocab.json
-MERGE_FILE=$4 #<path>/gpt2-merges.txt
-DATA_PATH=$5
-DISTRIBUTED_ARGS=(
-    --nproc_per_node $GPUS_PER_NODE
-    --nnodes $NUM_NODES
-)
-GPT_MODEL_ARGS=(
-    --num-layers 96
-    --hidden-size 12288
-    --num-attention-heads 96
-    --seq-length 2048
-    --max-position-embeddings 2048
-    --attention-backend auto # one of flash/fused/unfused/local
-)
-TRAINING_ARGS=(
-    --micro-batch-size 1
-    --global-batch-size 1536
-    --rampup-batch-size 16 16 5859375
-    --train-iters 500000
-    --clip-grad 1.0
-    --fp16
-    --lr 6.0e-5
-)
-MODEL_PARALLEL_ARGS=(
-    --tensor-model-parallel-size 8
-    --pipeline-model-parallel-size 16
-)
-DATA_ARGS=(
-    --data-path $DATA_PATH
-    --vocab-file $VOCAB_FILE
-    --merge-file $MERGE_FILE
-    --split 949,50,1
-)
-torchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py ${GPT_MODEL_ARGS[@]} ${TRAINING_ARGS[@]} \\
-    ${MODEL_PARALLEL_ARGS[@]} ${DATA_ARGS[@]}
-'''
+# The shape of Megatron-LM's examples/gpt3/train_gpt3_175b_distributed.sh as it is (test_baseline.GPT3_SCRIPT):
+# no --tokenizer-type, and --vocab-file and --merge-file from its positional parameters, which pretrain_gpt.py
+# reads as GPT-2's BPE files.
+MEGATRON_175B_SHAPE = GPT3_SCRIPT.replace("VOCAB_FILE=$3", "MERGE_FILE=$4\nVOCAB_FILE=$3").replace(
+    "--vocab-file gpt2-vocab.json\n    --merge-file gpt2-merges.txt", "--vocab-file $VOCAB_FILE\n    --merge-file $MERGE_FILE")
 
 
 def test_megatrons_175b_example_script_plans_with_gpt2s_padded_vocabulary(cli, tmp_path):
