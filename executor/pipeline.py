@@ -26,8 +26,9 @@ from torch.distributed.pipelining.schedules import get_schedule_class
 
 from planner.model import ModelSpec
 from planner.schedules import SCHEDULES
-from planner.trace.cut import cut
+from planner.trace.cut import fx_cut, how_to_cut
 
+from .hf_stages import decoder_stages
 from .models import Transformer, build_model
 from .support import runnable_schedule
 
@@ -48,7 +49,10 @@ def split_pipeline(module: nn.Module, stages: tuple[tuple[str, ...], ...], indic
     """The virtual stages ``indices`` of a user's ``module`` and how they were cut (planner/trace/cut.py:
     torch.fx where it follows the forward, else a ``transformers`` decoder's module paths), their
     parameters the module's own objects under the plan's paths (so TP styles and FSDP units apply by path)."""
-    return cut(module, stages, indices, source)
+    how, layout = how_to_cut(module, stages, source)
+    if how == "fx":
+        return fx_cut(module, stages, indices, source), how
+    return decoder_stages(module, layout, indices), how
 
 
 def tied_across_stages(module: nn.Module, stages: tuple[tuple[str, ...], ...]) -> dict[tuple[str, ...], tuple[int, ...]]:

@@ -7,8 +7,9 @@ plan's paths, and shapes stay as the module's code computes them). Two ways cut 
 - ``torch.fx`` (``fx_cut``): the forward traced symbolically with the layers kept as leaves, the
   graph cut before each stage's first layer (``torch.fx.passes.split_module``). It fails where the
   forward outside the layers branches on tensor values or shapes.
-- by module paths (``hf_cut.decoder_cut``) for the ``transformers`` decoders the planner reads, whose
-  forwards fx cannot follow (their mask building branches on the sequence length).
+- by module paths (``hf_cut.decoder_layout`` says where, executor/hf_stages.py builds the stages) for
+  the ``transformers`` decoders the planner reads, whose forwards fx cannot follow (their mask building
+  branches on the sequence length).
 
 torch.export (``torch.distributed.pipelining.pipeline``) follows such forwards too, but its cut of a
 ``transformers`` decoder sends the prologue's values (position ids, rotary tables) from the first
@@ -80,15 +81,17 @@ def fx_cut(module, stages: tuple[tuple[str, ...], ...], indices: list[int], sour
     return parts
 
 
-def cut(module, stages, indices: list[int], source: str = "plan") -> tuple[list, str]:
-    """(the stage modules ``indices``, "fx" or "paths"): ``fx_cut`` where torch.fx follows the forward,
-    else ``hf_cut.decoder_cut``; UserError naming both reasons where neither cuts it."""
-    from .hf_cut import decoder_cut
+def how_to_cut(module, stages, source: str = "plan") -> tuple[str, object]:
+    """("fx", None) where ``fx_cut`` cuts ``module`` into ``stages``, else ("paths", its
+    ``hf_cut.DecoderLayout``); UserError naming both reasons where neither does (the executor builds
+    the stages: executor/pipeline.py ``split_pipeline``)."""
+    from .hf_cut import decoder_layout
     try:
-        return fx_cut(module, stages, indices, source), "fx"
+        fx_cut(module, stages, [], source)
+        return "fx", None
     except UserError as fx_error:
         try:
-            return decoder_cut(module, stages, indices, source), "paths"
+            return "paths", decoder_layout(module, stages, source)
         except UserError as path_error:
             raise UserError(f"{fx_error.detail}; {path_error.detail}; plan with knobs pp=1", source=source,
                             field="stages") from None
@@ -113,7 +116,7 @@ def pipeline_cuts(module, layers: list[str], blocks: list[bool]) -> tuple[bool, 
     if not all(layers):
         return False, "a layer is not one submodule (the trace grouped operators outside any module)"
     try:
-        cut(module, stages, [0, 1], source="trace")
+        how_to_cut(module, stages, source="trace")
         return True, ""
     except UserError as e:
         return False, e.detail

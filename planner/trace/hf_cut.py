@@ -1,4 +1,4 @@
-"""Pipeline stages of a Hugging Face ``transformers`` decoder, cut by module paths.
+"""Where a Hugging Face ``transformers`` decoder is cut into pipeline stages, by module paths.
 
 torch.fx cannot follow a ``transformers`` decoder's forward: building the attention mask branches on
 the sequence's length (``masking_utils``). torch.export can, but its cut sends the forward's prologue
@@ -7,9 +7,8 @@ the sequence's length (``masking_utils``). torch.export can, but its cut sends t
 (``torchtitan/distributed/pipeline_parallel.py``: each stage the model's modules it runs, under their
 own paths): a stage holds the embedding (first stage), its decoder layers, the final norm and head
 (last stage) of the ``transformers`` model as the original module objects under the user module's
-paths, and runs them as the model's forward does (``LlamaModel.forward`` and its kin,
-``GPT2Model.forward`` in transformers 5.x), rebuilding the position ids, rotary tables and causal masks
-from the hidden states' shape in every stage (they hold no parameters).
+paths, and runs them as the model's forward does (executor/hf_stages.py builds and runs the stages; this module
+says where the cut goes and whether it can, for the trace).
 
 The user's module may wrap the model: its forward is traced by torch.fx with the model as one call;
 the code before the call (making ``input_ids``) runs in the first stage and the code after it (reading
@@ -18,6 +17,7 @@ the code before the call (making ``input_ids``) runs in the first stage and the 
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 
 from ..errors import UserError
 
@@ -99,91 +99,6 @@ def _wrapper_parts(module, lm_path: str, source: str):
     return fx.GraphModule(module, pre), fx.GraphModule(module, post)
 
 
-def _stage_class():
-    import torch
-    from torch import nn
-
-    class DecoderStage(nn.Module):
-        """One pipeline stage of a ``transformers`` decoder: the modules the plan gives it, under the
-        user module's paths, run as the model's forward runs them."""
-
-        def __init__(self, module, lm_path: str, lm, pieces: list[tuple[str, str, str]], first: bool, last: bool,
-                     pre, post):
-            super().__init__()
-            self._pieces = pieces          # (role, path, name) in the model's order
-            for _, path, _ in pieces:
-                _attach(self, path, module.get_submodule(path))
-            base, _, _, _, kind = FAMILIES[lm.config.model_type]
-            decoder = lm.get_submodule(base)
-            # not registered: no parameters, and every stage needs them
-            object.__setattr__(self, "_rotary", getattr(decoder, "rotary_emb", None))
-            object.__setattr__(self, "_pre", pre if first else None)
-            object.__setattr__(self, "_post", post if last else None)
-            self._config, self._kind, self._first, self._last = lm.config, kind, first, last
-
-        def forward(self, *args):
-            from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
-            if self._first:
-                hidden = self._pre(*args)              # the input ids
-            else:
-                hidden = args[0]
-            position_ids = masks = embeddings = None
-            for role, path, name in self._pieces:
-                module = self.get_submodule(path)
-                if role == "embed":
-                    if name == "wpe":              # GPT-2's learned positions, added to the token embeddings
-                        hidden = hidden + module(_positions(hidden))
-                    else:
-                        hidden = module(hidden)
-                    continue
-                if role == "layer":
-                    if position_ids is None:
-                        position_ids = _positions(hidden)
-                        kwargs = dict(config=self._config, inputs_embeds=hidden, attention_mask=None,
-                                      past_key_values=None, position_ids=position_ids)
-                        masks = {"full_attention": create_causal_mask(**kwargs)}
-                        if getattr(self._config, "sliding_window", None) is not None:
-                            masks["sliding_attention"] = create_sliding_window_causal_mask(**kwargs)
-                        if self._rotary is not None:
-                            embeddings = self._rotary(hidden, position_ids=position_ids)
-                    index = int(name)
-                    if self._kind == "gpt2":
-                        hidden = module(hidden, None, masks["full_attention"], None, use_cache=False,
-                                        position_ids=position_ids)
-                    else:
-                        hidden = module(hidden, attention_mask=masks[_mask_type(self._config, index)],
-                                        position_embeddings=embeddings, position_ids=position_ids,
-                                        past_key_values=None, use_cache=False)
-                    continue
-                hidden = module(hidden)            # the final norm, the head
-            return self._post(hidden) if self._last else hidden
-
-    def _positions(hidden):
-        return torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
-
-    return DecoderStage
-
-
-def _mask_type(config, index: int) -> str:
-    """The mask a layer takes: its ``layer_types`` entry (Qwen2/3), else sliding-window attention
-    where the config has a window (Mistral, Mixtral), else causal (as their forwards choose)."""
-    types = getattr(config, "layer_types", None)
-    if types:
-        return types[index]
-    return "sliding_attention" if getattr(config, "sliding_window", None) is not None else "full_attention"
-
-
-def _attach(root, path: str, module) -> None:
-    """Register ``module`` under ``path`` in ``root``, making plain containers on the way."""
-    from torch import nn
-    *parents, name = path.split(".")
-    for part in parents:
-        if part not in root._modules:
-            root.add_module(part, nn.Module())
-        root = root._modules[part]
-    root.add_module(name, module)
-
-
 def pieces_of(lm_path: str, lm, stages, source: str) -> list[list[tuple[str, str, str]]]:
     """Each stage's pieces (role, path, name) in the model's order; UserError where a stage holds a module
     that is not one of the model's pieces, or the pieces are out of the model's order."""
@@ -213,8 +128,22 @@ def pieces_of(lm_path: str, lm, stages, source: str) -> list[list[tuple[str, str
     return out
 
 
-def decoder_cut(module, stages, indices: list[int], source: str = "plan") -> list:
-    """The stage modules ``indices`` of ``module`` that wraps (or is) a ``transformers`` decoder."""
+@dataclass(frozen=True)
+class DecoderLayout:
+    """Where a ``transformers`` decoder inside a user's module is cut: the causal LM's path and module, each
+    stage's pieces (role, path, name) in the model's order, and the user's code before the model's call
+    (its inputs -> input_ids, run by the first stage) and after it (logits -> output, run by the last)."""
+
+    lm_path: str
+    lm: object
+    pieces: list
+    pre: object
+    post: object
+
+
+def decoder_layout(module, stages, source: str = "plan") -> DecoderLayout:
+    """How ``module`` that wraps a ``transformers`` decoder is cut into ``stages`` by module paths (the
+    executor builds the stages: executor/hf_stages.py); UserError where it cannot be."""
     found = find_decoder(module)
     if found is None:
         raise UserError(f"the module holds no transformers causal LM of a family a pipeline cuts by paths "
@@ -222,5 +151,4 @@ def decoder_cut(module, stages, indices: list[int], source: str = "plan") -> lis
     lm_path, lm = found
     pieces = pieces_of(lm_path, lm, stages, source)
     pre, post = _wrapper_parts(module, lm_path, source)
-    stage = _stage_class()
-    return [stage(module, lm_path, lm, pieces[j], j == 0, j == len(stages) - 1, pre, post) for j in indices]
+    return DecoderLayout(lm_path=lm_path, lm=lm, pieces=pieces, pre=pre, post=post)
