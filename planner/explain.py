@@ -292,7 +292,7 @@ def ranking_sentence(choice: dict, chosen: Estimate, runners_up) -> str | None:
     within the error, which rule chose (planner/search/result.py ``choose``) and the mechanism that
     separates the chosen plan from the nearest runner-up (their largest step-time difference). None
     where no runner-up is within the band. ``runners_up``: the plan's Alternatives."""
-    if not choice or choice.get("within_band", 1) <= 1:
+    if not choice or choice.get("within_band", 1) <= 1 or not runners_up:
         return None
     band, fastest = choice["band"], choice["fastest"]
     near = min(runners_up, key=lambda a: abs(a.estimate.step_time_s - chosen.step_time_s))
