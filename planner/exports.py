@@ -571,8 +571,10 @@ def slurm(plan) -> Export:
              "meshplan); submit with: sbatch meshplan_sbatch.sh", f"#SBATCH --job-name={name}",
              f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1", f"#SBATCH --gpus-per-node={nproc}",
              "#SBATCH --exclusive", "set -euo pipefail", "",
-             "# the rendezvous: torchrun's c10d store on the job's first node",
-             'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', "",
+             "# the rendezvous: torchrun's c10d store on the job's first node (read whole: a pipe into head would",
+             "# end scontrol with SIGPIPE on a long node list, which pipefail turns into a failed job)",
+             'mapfile -t job_nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+             'head_node=${job_nodes[0]}', "",
              "# one task per node; each starts torchrun with the node's GPUs (meshplan run launches it)",
              f"srun --kill-on-bad-exit=1 bash -c 'meshplan run --plan plan.json --model {shlex.quote(plan.model_source)} "
              f"--steps 10 --nproc {nproc} --nnodes \"$SLURM_NNODES\" --node-rank \"$SLURM_NODEID\" "

@@ -382,7 +382,8 @@ def test_the_sbatch_export_starts_meshplan_run_on_every_node(tmp_path):
     assert directives["nodes"] == "2" and directives["gpus-per-node"] == "8" and directives["ntasks-per-node"] == "1"
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    stand_ins = {"scontrol": 'printf "node-a\\nnode-b\\n"',
+    # a long node list after the two used here: a script that stops reading it early fails under pipefail (SIGPIPE)
+    stand_ins = {"scontrol": 'printf "node-a\\nnode-b\\n"; seq 1 200000 | sed "s/^/spare-/"',
                  "srun": 'for id in 0 1; do SLURM_NODEID=$id SLURM_NNODES=2 "${@:2}"; done',
                  "meshplan": 'echo "$@" >> "$LOG"'}
     for name, body in stand_ins.items():
