@@ -16,6 +16,7 @@ from importlib import resources
 
 from .cluster import Cluster
 from .config import Workload
+from .runtimes import priced_as
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ def accuracy(cluster: Cluster, workload: Workload, evidence: tuple[dict, ...] | 
     entries = _evidence() if evidence is None else evidence
     kind = cluster.device_kind
     for entry in entries:
-        if entry["device_kind"] != kind or workload.framework not in entry["frameworks"]:
+        if entry["device_kind"] != kind or priced_as(workload.framework) not in entry["frameworks"]:
             continue
         caveats = []
         if entry.get("gpu") and not any(g in cluster.device.name for g in entry["gpu"].split("/")):

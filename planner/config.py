@@ -7,15 +7,15 @@ from typing import Literal
 from . import schedules
 from .errors import UserError, one_of
 from .recompute import POLICIES, canonical, every_k
-from .runtimes import config_refusals
+from .runtimes import RUNTIMES, config_refusals
 
 Precision = Literal["bf16", "fp16", "fp32"]
-Framework = Literal["torch", "megatron", "deepspeed"]
+Framework = Literal["torch", "megatron", "deepspeed", "torchtitan"]
 Schedule = str      # a name of planner/schedules.py's records
 Recompute = str     # one of RECOMPUTES, or "every-K" (planner/recompute.py says what each is)
 
 PRECISIONS = ("bf16", "fp16", "fp32")
-FRAMEWORKS = ("torch", "megatron", "deepspeed")
+FRAMEWORKS = tuple(RUNTIMES)       # planner/runtimes.py
 SCHEDULES = schedules.NAMES
 RECOMPUTES = POLICIES
 ZERO_STAGES = (0, 1, 2, 3)

@@ -404,7 +404,8 @@ def _torchtitan_sections(plan) -> tuple[dict, list[str]]:
                      "accumulation need local_batch_size = global_batch_size / dp instead (more memory)")
     if c.optimizer_offload:
         training["enable_cpu_offload"] = True
-        notes.append("torchtitan's CPU offload (FSDP) moves parameters and gradients too, not only the optimizer")
+        if c.zero < 2:      # at ZeRO-2/3 the plan's offload is FSDP2's CPUOffloadPolicy, as torchtitan's
+            notes.append("torchtitan's CPU offload (FSDP) moves parameters and gradients too, not only the optimizer")
     checkpoint, more = _torchtitan_checkpoint(plan)
     notes += more
     return {"training": training, "parallelism": parallelism, "activation_checkpoint": checkpoint}, notes
@@ -451,6 +452,8 @@ def torchtitan_python(plan) -> Export:
     parallelism = {k: v for k, v in sections["parallelism"].items() if k != "pipeline_parallel_microbatch_size"}
     if c.pp > 1:
         parallelism["num_pp_microbatches"] = c.num_microbatches
+    # the current form accumulates gradients itself: num_tokens_per_train_step over the micro-batch's tokens x dp
+    notes = [n for n in notes if not n.startswith("gradient accumulation over")]
     if c.tp > 1:        # the current form says it (ParallelismConfig.enable_sequence_parallel, default on)
         parallelism["enable_sequence_parallel"] = c.sequence_parallel
         notes = [n for n in notes if not n.startswith("torchtitan's tensor parallelism always shards norms")]

@@ -10,7 +10,7 @@ for runtime ``torch``). A new capability of the executor is added here and nowhe
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from .errors import one_of
@@ -41,8 +41,11 @@ class Combinations:
     replicates_kv_heads: bool               # tp may exceed the key/value heads (a multiple of them)
     stages_without_blocks: bool             # the embedding alone, or the final norm and head alone, can be a
                                             # (virtual) pipeline stage (Dubey et al. 2024, Llama 3, Sec 3.3.2)
-    per_stage_choices: bool = True          # unequal stage sizes and a recompute policy per layer can be given
-                                            # (else balanced stages and one policy for every block)
+    unequal_stages: bool = True             # (virtual) stages of unequal sizes can be given (else balanced ones)
+    recompute_per_layer: bool = True        # a recompute policy per layer can be given (else one policy, or one
+                                            # every-K pattern, for every block)
+    zero_stages_with_cp: tuple[int, ...] | None = None
+    # ^ of the ZeRO stages, the ones that run with context parallelism (None: all of them)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,6 +124,9 @@ class Runtime:
     #   (log_softmax + nll_loss: torch's F.cross_entropy; meshplan's executor, torchtitan, and the Hugging Face
     #   models DeepSpeed trains, whose ForCausalLMLoss upcasts the logits), or Megatron-LM's fused
     #   vocab-parallel one (megatron/core/tensor_parallel/cross_entropy.py), whose gradient is written in place
+    priced_as: str = ""
+    # ^ the runtime whose mechanisms (eager kernels, host time, FSDP2's collectives) price this one's steps,
+    #   where it runs the same code as another and only expresses less of it; empty: its own
 
     def layout(self, precision: str) -> StateLayout:
         return self.fp32 if precision == "fp32" else self.mixed
@@ -177,7 +183,11 @@ _MEGATRON_RUNS = Combinations(
     zero_stages=(0, 1), zero_stages_with_pp=(0, 1), zero_stages_with_tp=(0, 1),
     schedules=tuple(name for name, s in SCHEDULES.items() if s.megatron),
     recomputes=runs_in("megatron"), sequence_parallel=True, context_parallel=True, offload_zero_stages=(1,),
-    replicates_kv_heads=True, stages_without_blocks=False)      # exports/megatron_args.txt splits blocks only
+    replicates_kv_heads=True, stages_without_blocks=False,      # exports/megatron_args.txt splits blocks only
+    # any blocks per stage (--pipeline-model-parallel-layout; --decoder-first/last-pipeline-num-layers); one
+    # --recompute-granularity for every layer (its --recompute-method block, the same count of blocks on every
+    # stage, is not searched)
+    unequal_stages=True, recompute_per_layer=False)
 
 MEGATRON = Runtime(
     name="megatron",
@@ -207,7 +217,7 @@ _DEEPSPEED_RUNS = Combinations(
     schedules=tuple(name for name, s in SCHEDULES.items() if s.deepspeed), recomputes=runs_in("deepspeed"),
     sequence_parallel=False, context_parallel=False,
     offload_zero_stages=(1, 2, 3), replicates_kv_heads=True, stages_without_blocks=False,
-    per_stage_choices=False)
+    unequal_stages=False, recompute_per_layer=False)
 
 DEEPSPEED = Runtime(
     name="deepspeed",
@@ -225,7 +235,35 @@ DEEPSPEED = Runtime(
                   overlaps_param_gather=False, pp_sends_tp_shards=False, sp_keeps_gathered_input=False),
 )
 
-RUNTIMES: dict[str, Runtime] = {r.name: r for r in (TORCH, MEGATRON, DEEPSPEED)}
+# What a torchtitan job config expresses (torchtitan/config/configs.py and torchtitan/distributed/ at commit
+# b5bcd76, August 2026; the same keys in v0.2.2's TOML form): FSDP2 over the data-parallel (and context-parallel)
+# ranks with fsdp_reshard_after_forward "always" (ZeRO-3) or "never" (ZeRO-2), or replicated (FSDP2 with a shard
+# degree of 1 over dp_replicate: ZeRO-0) and no ZeRO-1; under context parallelism FSDP always shards over the
+# context-parallel ranks (the dp_shard_cp mesh, torchtitan/distributed/parallel_dims.py), so ZeRO-0 with cp > 1
+# is not expressed; enable_cpu_offload is FSDP2's CPUOffloadPolicy (ZeRO-2/3); tensor parallelism with or without
+# sequence parallelism (enable_sequence_parallel), tp dividing the key/value heads (models/common/decoder.py
+# raises otherwise); every schedule of torch.distributed.pipelining, stages of any modules
+# (module_fqns_per_model_part); activation checkpointing none, full, selective per operator or every K-th
+# block, one mode for every block. It runs the code meshplan's executor runs (FSDP2, DTensor, pipelining), so its
+# steps are priced as meshplan's runtime's.
+_TORCHTITAN_RUNS = Combinations(
+    zero_stages=(0, 2, 3), zero_stages_with_pp=(0, 2, 3), zero_stages_with_tp=(0, 2, 3), zero_stages_with_cp=(2, 3),
+    schedules=tuple(name for name, s in SCHEDULES.items() if s.torch_name), recomputes=runs_in("torchtitan"),
+    sequence_parallel=True, context_parallel=True, offload_zero_stages=(2, 3), replicates_kv_heads=False,
+    stages_without_blocks=True, unequal_stages=True, recompute_per_layer=False)
+
+TORCHTITAN = replace(
+    TORCH, name="torchtitan", priced_as="torch", runs={"cuda": _TORCHTITAN_RUNS, "cpu": _TORCHTITAN_RUNS},
+    description="torchtitan: FSDP2 (ZeRO-2/3) or replicated data parallelism, DTensor TP/SP, context parallelism, "
+                "torch.distributed.pipelining, one activation-checkpointing mode")
+
+RUNTIMES: dict[str, Runtime] = {r.name: r for r in (TORCH, MEGATRON, DEEPSPEED, TORCHTITAN)}
+
+
+def priced_as(framework: str) -> str:
+    """The runtime whose mechanisms price ``framework``'s steps (``Runtime.priced_as``), or ``framework``."""
+    rt = RUNTIMES.get(framework)
+    return (rt.priced_as or rt.name) if rt is not None else framework
 EXECUTOR_RUNTIME = "torch"      # the runtime `meshplan run` is
 
 
@@ -248,6 +286,10 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
     elif zero is not None and tp is not None and tp > 1 and zero not in can.zero_stages_with_tp:
         out.append(("zero", f"ZeRO-{zero} with tensor parallelism does not run on {who}; allowed with "
                             f"tp > 1: {one_of(can.zero_stages_with_tp)}"))
+    elif (zero is not None and cp is not None and cp > 1 and can.zero_stages_with_cp is not None
+          and zero not in can.zero_stages_with_cp):
+        out.append(("zero", f"ZeRO-{zero} with context parallelism does not run on {who}; allowed with "
+                            f"cp > 1: {one_of(can.zero_stages_with_cp)}"))
     if schedule is not None and schedule not in can.schedules:
         out.append(("schedule", f"{schedule!r} does not run on {who}; allowed: {one_of(can.schedules)}"))
     if recompute is not None and recompute not in can.recomputes:

@@ -262,7 +262,7 @@ def test_torchtitan_llama3_70b_preset(tmp_path):
     assert (c.dp, c.tp, c.pp, c.cp, c.zero, c.sequence_parallel) == (32, 8, 1, 1, 3, True)
     # global batch: torchtitan's default local 8 x dp 32 = 256, one micro-batch of 8 per replica
     assert (c.micro_batch, c.num_microbatches, b.global_batch, c.recompute) == (8, 1, 256, "full")
-    assert (spec.name, b.seq_len, b.precision, b.runtime) == ("llama3-70b", 8192, "bf16", "torch")
+    assert (spec.name, b.seq_len, b.precision, b.runtime) == ("llama3-70b", 8192, "bf16", "torchtitan")
     assert {"[job]", "[profiling]", "[optimizer]", "[checkpoint]", "[compile]", "training.max_norm", "training.steps",
             "training.dataset", "model.hf_assets_path"} <= set(b.ignored)
 

@@ -173,3 +173,60 @@ def test_every_runtime_describes_both_device_kinds(runtime):
         assert set(can.zero_stages_with_pp) <= set(can.zero_stages)
         assert set(can.zero_stages_with_tp) <= set(can.zero_stages)
         assert set(can.offload_zero_stages) <= set(can.zero_stages) - {0}
+
+
+def _block_policies(graph, config) -> set[str]:
+    from planner.placement import layer_policies
+    return {policy for layer, policy in zip(graph.layers, layer_policies(graph, config)) if layer.kind == "block"}
+
+
+@pytest.fixture(scope="module")
+def llama70b_on_32():
+    """Llama 3 70B on 32 H100 with a 128-sequence batch: tight enough that, where a runtime allowed a policy per
+    layer, the search would mix them (for torch, Megatron-LM and torchtitan alike, were they allowed to)."""
+    from planner import api
+    return lambda framework: api.plan(api.load_job("llama3-70b", "h100-80g", gpus=32, global_batch=128,
+                                                   framework=framework))
+
+
+def test_the_torch_runtime_plans_per_layer_choices_on_this_job(llama70b_on_32):
+    """The control for the test below: where the runtime allows them, the search does choose per-layer mixes."""
+    plan = llama70b_on_32("torch")
+    assert any(len(_block_policies(plan.graph, c.config)) > 1 for c in (plan.best, *plan.alternatives))
+
+
+# What each framework's own files can say (not read from the runtime table): Megatron-LM one
+# --recompute-granularity for every layer, any blocks per stage (--pipeline-model-parallel-layout); DeepSpeed
+# activation checkpointing of every layer alike and PipelineModule's uniform partition; torchtitan one
+# activation_checkpoint mode, any modules per stage (module_fqns_per_model_part)
+ONE_POLICY_BALANCED = {"megatron": (True, False), "deepspeed": (True, True), "torchtitan": (True, False)}
+
+
+@pytest.mark.parametrize("framework", list(ONE_POLICY_BALANCED))
+def test_a_runtimes_plans_stay_inside_what_it_expresses(llama70b_on_32, framework):
+    """Every plan the search offers for ``framework`` (the recommendation and its runners-up) passes the runtime
+    table's refusals, recomputes every block alike where the framework takes one policy, and splits stages evenly
+    where it cannot split them otherwise."""
+    from planner.placement import balanced_stage_layers
+    from planner.runtimes import config_refusals
+    one_policy, balanced = ONE_POLICY_BALANCED[framework]
+    can = RUNTIMES[framework].on("cuda")
+    assert (can.recompute_per_layer, can.unequal_stages) == (not one_policy, not balanced)
+    plan = llama70b_on_32(framework)
+    for cand in (plan.best, *plan.alternatives):
+        c = cand.config
+        assert config_refusals(c, framework, "cuda", plan.graph.num_kv_heads) == [], c
+        if one_policy:
+            assert len(_block_policies(plan.graph, c)) == 1, c
+        if balanced and c.stage_layers is not None:
+            assert tuple(c.stage_layers) == balanced_stage_layers(plan.graph, c.pp * c.vpp), c
+
+
+def test_torchtitan_expresses_neither_zero1_nor_replication_beside_context_parallelism():
+    """torchtitan's data parallelism is FSDP2 (ZeRO-2/3) or replication (torchtitan/distributed/fsdp.py), and FSDP
+    always shards over the context-parallel ranks (parallel_dims.py's dp_shard_cp mesh)."""
+    assert [k for k, _ in refusals("torchtitan", "cuda", zero=1)] == ["zero"]
+    assert [k for k, _ in refusals("torchtitan", "cuda", zero=0, cp=2)] == ["zero"]
+    assert refusals("torchtitan", "cuda", zero=2, cp=2) == refusals("torchtitan", "cuda", zero=0, cp=1) == []
+    assert [k for k, _ in refusals("torchtitan", "cuda", recompute="activation-offload")] == ["recompute"]
+    assert [k for k, _ in refusals("torchtitan", "cuda", tp=4, num_kv_heads=2)] == ["tp"]

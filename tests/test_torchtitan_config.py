@@ -28,7 +28,8 @@ CASES = [dict(pp=2, tp=2, cp=1, zero=0, schedule="interleaved-1f1b"), dict(pp=1,
 
 
 def _plan(**knobs):
-    return api.plan(api.load_job("llama3-8b", "h100-80g", gpus=16, global_batch=64), api.Knobs(**knobs))
+    return api.plan(api.load_job("llama3-8b", "h100-80g", gpus=16, global_batch=64, framework="torchtitan"),
+                    api.Knobs(**knobs))
 
 
 def _policies(config, graph) -> tuple:
@@ -47,7 +48,7 @@ def test_both_forms_read_back_as_the_plan_they_came_from(tmp_path, knobs):
         for knob in KNOBS:
             assert getattr(baseline.config, knob) == getattr(plan.config, knob), (name, knob)
         assert _policies(baseline.config, graph) == _policies(plan.config, plan.graph), name
-        assert baseline.runtime == "torch"
+        assert baseline.runtime == "torchtitan"
 
 
 def test_the_python_form_says_sequence_parallelism_off_where_the_toml_could_not(tmp_path):
@@ -122,7 +123,7 @@ def test_torchtitans_llama3_70b_python_config_plans_through_compare(cli, tmp_pat
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     base = doc["baseline"]
-    assert base["format"] == "torchtitan-python" and doc["workload"]["framework"] == "torch"
+    assert base["format"] == "torchtitan-python" and doc["workload"]["framework"] == "torchtitan"
     assert doc["model"]["name"] == "llama3-70b" and doc["workload"]["seq_len"] == 8192
     c = base["config"]
     # FSDP over the 32 data-parallel ranks left by tp 8 (data_parallel_shard_degree -1), 8 sequences each

@@ -143,16 +143,20 @@ def read(doc: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
     per_block, more = _recompute(doc.get("activation_checkpoint"), source, graph.num_blocks, pp)
     notes += more
     recompute, recompute_layers = recompute_of(graph, per_block)
+    # enable_cpu_offload: FSDP2's CPUOffloadPolicy (torchtitan/distributed/fsdp.py), which keeps the sharded
+    # parameters, gradients and optimizer states in host memory: meshplan's optimizer offload at ZeRO-2/3
+    offload = bool(doc.get("training", {}).get("enable_cpu_offload"))
+    if offload and zero < 2:
+        notes.append("training.enable_cpu_offload with nothing sharded (no FSDP shard degree) is not modelled: the "
+                     "estimate keeps every state on the GPU")
     config = ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, micro_batch=micro, num_microbatches=m, vpp=vpp,
+                            optimizer_offload=offload and zero >= 2,
                             schedule=schedule, recompute=recompute,
                             sequence_parallel=tp > 1 and bool(par.get("enable_sequence_parallel", True)),
                             recompute_layers=recompute_layers,
                             stage_layers=pipeline_layers(source, "parallelism.pipeline_parallel_split_points", graph,
                                                          blocks))
-    if doc.get("training", {}).get("enable_cpu_offload"):
-        notes.append("training.enable_cpu_offload (FSDP CPU offload) is not modelled: the estimate keeps every "
-                     "state on the GPU")
-    return Baseline(source=source, format="torchtitan", runtime="torch", config=config, global_batch=batch,
+    return Baseline(source=source, format="torchtitan", runtime="torchtitan", config=config, global_batch=batch,
                     seq_len=graph.seq_len, precision=_precision(doc, source),
                     tp_comm_overlap=bool(par.get("enable_async_tensor_parallel")), flags=FLAGS,
                     ignored=_ignored(doc), notes=tuple(notes))

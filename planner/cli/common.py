@@ -9,7 +9,7 @@ import time
 
 from .. import schedules
 from ..api import DEFAULT_CLUSTER, DEFAULT_MODEL, JobInputs
-from ..config import DEFAULT_MEMORY_HEADROOM
+from ..config import DEFAULT_MEMORY_HEADROOM, FRAMEWORKS
 from ..errors import UserError
 from ..recompute import DESCRIPTIONS, EVERY_K_DESCRIPTION, parse_recompute
 from ..search import Knobs
@@ -133,9 +133,12 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=("bf16", "fp16", "fp32"),
                    help="compute dtype, mixed precision with fp32 master weights (default: bf16, or what the "
                         "device supports)")
-    p.add_argument("--framework", choices=("torch", "megatron", "deepspeed"), default="torch",
-                   help="whose memory layout is modelled: torch = meshplan's executor (FSDP2/DDP), megatron = fp32 "
-                        "main grads (18 B/param), deepspeed = the ZeRO paper's 2+2+12 B/param (default torch)")
+    p.add_argument("--framework", choices=FRAMEWORKS, default="torch",
+                   help="the runtime that will train: the search stays inside what it expresses and its memory "
+                        "layout is modelled. torch = meshplan's executor (FSDP2/DDP, everything meshplan plans), "
+                        "megatron = Megatron-LM (fp32 main grads, 18 B/param; ZeRO-1 at most), deepspeed = the ZeRO "
+                        "paper's 2+2+12 B/param (no SP or CP, balanced stages), torchtitan = FSDP2 as torch, without "
+                        "ZeRO-1 or a recompute policy per layer (default torch)")
     p.add_argument("--attention", choices=("flash", "unfused"), default="flash",
                    help="attention kernels: fused (FlashAttention) or materialised scores (default flash)")
     p.add_argument("--no-overlap-grad-reduce", action="store_true",

@@ -23,6 +23,8 @@ once per weight per step, ``direct_copy`` per weight per micro-batch).
 """
 from __future__ import annotations
 
+from ..runtimes import priced_as
+
 CAST_DOWN_BYTES = 6.0      # fp32 -> bf16: read 4, write 2
 CAST_UP_BYTES = 6.0        # bf16 -> fp32: read 2, write 4
 ACCUMULATE_BYTES = 12.0    # fp32 += fp32: read 4 + 4, write 4
@@ -39,7 +41,7 @@ def wraps_in_fsdp(*, zero: int, dp: int, tp: int, pp: int) -> bool:
 def eager_regime(*, framework: str, precision: str, zero: int, dp: int, tp: int, pp: int) -> str:
     """'autocast', 'bf16', 'fp32' or 'fp32-fsdp' (torch eager; fp32 under FSDP2 or replicate, whose
     unshards copy the parameters), or '' (not torch: priced by the fused-kernel model)."""
-    if framework != "torch":
+    if priced_as(framework) != "torch":
         return ""
     fsdp = wraps_in_fsdp(zero=zero, dp=dp, tp=tp, pp=pp)
     if precision == "fp32":
@@ -54,7 +56,7 @@ def layer_eager_regime(*, framework: str, precision: str, dp: int, tp: int, pp: 
     every ZeRO stage in FSDP2 or replicate ('bf16'); otherwise the layers are priced as autocast
     runs them, also for ZeRO-2/3, whose FSDP bf16 compute skips the input casts (an over-estimate
     of about those casts; measured on one H100: benchmarks/results/gpu_validate.json, fsdp row)."""
-    if framework != "torch":
+    if priced_as(framework) != "torch":
         return ""
     if precision == "fp32":
         return "fp32"

@@ -21,7 +21,7 @@ from ..cluster import DTYPE_BYTES, Cluster
 from ..layers import Layer, Op, Saved
 from .. import network
 from ..recompute import POLICY_RECORDS, BlockFacts, PolicyCost
-from ..runtimes import RUNTIMES
+from ..runtimes import RUNTIMES, priced_as
 from .compute import flash_attention_s, gemm_s, memory_bound_s, unfused_attention_s
 from .eager import CAST_UP_BYTES, eager_s
 
@@ -252,7 +252,7 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     wait_fwd, wait_bwd = _sync_waits(layer, fwd, bwd, cluster) if tp_fwd_all or cp_fwd else (0.0, 0.0)
     if tp_fwd_all:
         tp_fwd, tp_bwd = tp_fwd + wait_fwd, tp_bwd + wait_bwd
-        if layer.kind == "block" and ctx.framework == "torch":     # DTensor's host time (a CPU profile)
+        if layer.kind == "block" and priced_as(ctx.framework) == "torch":     # DTensor's host time (a CPU profile)
             tp_fwd, tp_bwd = tp_fwd + dev.tp_block_overhead_s[0], tp_bwd + dev.tp_block_overhead_s[1]
     fwd_total = fwd + tp_fwd + cp_fwd + (0.0 if tp_fwd_all else wait_fwd)
     bwd_total = bwd + tp_bwd + cp_bwd + (0.0 if tp_fwd_all else wait_bwd)

@@ -16,7 +16,7 @@ from ..estimate import Estimate, Memory, StepTime
 from ..layers import LayerGraph
 from ..placement import assign_layers, layer_policies
 from .. import network
-from ..runtimes import RUNTIMES
+from ..runtimes import RUNTIMES, priced_as
 from ..schedules import SCHEDULES
 from .eager import eager_regime, eager_s, layer_eager_regime, step_param_bytes, wraps_in_fsdp
 from .layer import Context, LayerCost, layer_cost
@@ -517,7 +517,7 @@ def grads_follow_activations(framework: str, config: ParallelConfig) -> bool:
 
 def grads_follow_activations_at(framework: str, *, pp: int, num_microbatches: int, shard: int, zero: int) -> bool:
     """``grads_follow_activations`` from the knobs it depends on (``shard``: dp x cp)."""
-    return framework == "torch" and pp == 1 and num_microbatches == 1 and (shard == 1 or zero >= 1)
+    return priced_as(framework) == "torch" and pp == 1 and num_microbatches == 1 and (shard == 1 or zero >= 1)
 
 
 def _memories(cache: CostCache, config: ParallelConfig, ranks: list[RankCost]) -> list[Memory]:

@@ -82,7 +82,7 @@ def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs
     stage = StageStats()
     shape = graph_shape(cache)
     # a fixed every-K pattern fixes each block's policy by its index in the model: balanced stages only
-    if solver != "uniform" and shape is not None and not every_k(knobs.recompute) and space.can.per_stage_choices:
+    if solver != "uniform" and shape is not None and not every_k(knobs.recompute) and space.can.unequal_stages:
         stage = _stage_phase(space, cache, top, order, bounds, shape, solver, prune, time_limit_s)
     if simulate:
         top.items = _rank_by_simulation(top.items, cache)
@@ -143,19 +143,26 @@ def _stage_phase(space: Space, cache: CostCache, top: TopK, order: list[Layout],
                               or _group_cheap_bound(space, cache, layout, schedule, vpp, sp) >= threshold()):
                     stats.space += _group_space(space, layout, vpp, shape, schedule)
                     continue
-                pr = GroupProblem(space, cache, layout, schedule, vpp, sp, shape)
+                whole = GroupProblem(space, cache, layout, schedule, vpp, sp, shape)
                 stats.space += _group_space(space, layout, vpp, shape, schedule)
-                # one problem per ZeRO/optimizer-offload option whose own bound can still win, most promising
-                # first: without the choice between options (binaries and big-M rows) each ILP is
-                # smaller, and the options that cannot win are not solved at all
-                if prune:
+                # a runtime that takes one recompute policy for every block: one group per policy
+                groups = [whole] if space.can.recompute_per_layer else [
+                    whole.with_policies((policy,)) for policy in whole.policies]
+                problems = []
+                for pr in groups:
+                    # one problem per ZeRO/optimizer-offload option whose own bound can still win, most promising
+                    # first: without the choice between options (binaries and big-M rows) each ILP is
+                    # smaller, and the options that cannot win are not solved at all
+                    if not prune:
+                        problems.append((-math.inf, pr))
+                        continue
                     lowers, _ = option_lower_bounds(pr, stop_at=threshold())
-                    problems = sorted((lower, k) for k, lower in enumerate(lowers) if lower < threshold())
-                    problems = [(lower, pr.with_options([pr.options[k]])) for lower, k in problems]
-                else:
-                    problems = [(-math.inf, pr)]
-                if solver == "exhaustive" and problems:     # the reference enumerates the whole group
-                    problems = [(-math.inf, pr)]
+                    winners = [(lower, pr.with_options([pr.options[k]]))
+                               for k, lower in enumerate(lowers) if lower < threshold()]
+                    if solver == "exhaustive" and winners:      # the reference enumerates the whole group
+                        winners = [(-math.inf, pr)]
+                    problems += winners
+                problems.sort(key=lambda item: item[0])
                 for lower, problem in problems:
                     if lower >= threshold():        # a plan found meanwhile beats this option's bound
                         continue
@@ -172,7 +179,8 @@ def _stage_phase(space: Space, cache: CostCache, top: TopK, order: list[Layout],
                     counts, option, _ = found
                     config = problem.config(counts, option)
                     est = estimate(space.graph, cache.cluster, space.w, config, cache)
-                    if space.k.recompute is None:       # a fixed --recompute is the user's, not lightened
+                    if space.k.recompute is None and space.can.recompute_per_layer:
+                        # a fixed --recompute is the user's, not lightened; nor is one policy for every block
                         lighter = least_recompute(cache, config, problem.policies)
                         lighter_est = estimate(space.graph, cache.cluster, space.w, lighter, cache)
                         # less recompute can expose more data-parallel time (a shorter backward hides less)
@@ -219,14 +227,19 @@ def _group_space(space: Space, layout: Layout, vpp: int, shape, schedule: str | 
     matrices with row sums >= v adding up to the blocks (dominated policies included: the ILP
     leaves them out because they cannot win, not because they are not candidates)."""
     p, blocks = layout.pp, len(shape.blocks)
-    key = (p, vpp, schedule, layout.tp > 1, layout.dp * layout.cp == 1)      # what zeros() depends on
+    key = (p, vpp, schedule, layout.tp > 1, layout.cp > 1, layout.dp * layout.cp == 1)   # what zeros() depends on
     memo = space.__dict__.setdefault("_group_space", {})
     if key not in memo:
         policies = len(space.recomputes())
         options = sum(len(space.optimizer_offloads(z)) for z in space.zeros(layout, schedule))
-        cells = p * policies
         free = blocks - p * vpp
-        memo[key] = math.comb(free + cells - 1, cells - 1) * options if free >= 0 else 0
+        if free < 0:
+            memo[key] = 0
+        elif space.can.recompute_per_layer:
+            cells = p * policies
+            memo[key] = math.comb(free + cells - 1, cells - 1) * options
+        else:       # one policy for every block: the splits of each policy
+            memo[key] = math.comb(free + p - 1, p - 1) * policies * options
     return memo[key]
 
 

@@ -207,7 +207,7 @@ class Space:
 
     def zeros(self, layout: Layout, schedule: str | None = None) -> list[int]:
         """ZeRO stages the runtime runs with this layout (and schedule, when known)."""
-        key = (layout.tp > 1, layout.pp > 1, layout.dp * layout.cp == 1, schedule)
+        key = (layout.tp > 1, layout.pp > 1, layout.cp > 1, layout.dp * layout.cp == 1, schedule)
         memo = self.__dict__.setdefault("_zeros_memo", {})
         if key not in memo:
             memo[key] = self._zeros(layout, schedule)
@@ -216,7 +216,7 @@ class Space:
     def _zeros(self, layout: Layout, schedule: str | None) -> list[int]:
         allowed = [z for z in self.can.zero_stages
                    if not refusals(self.w.framework, self.device_kind, zero=z, tp=layout.tp, pp=layout.pp,
-                                   schedule=schedule)]
+                                   cp=layout.cp, schedule=schedule)]
         if layout.dp * layout.cp == 1:    # nothing to shard over: the stages are all equal to ZeRO-0
             fixed = self.k.zero
             return [0] if fixed is None else [fixed] if fixed in allowed else []

@@ -166,6 +166,12 @@ class GroupProblem:
         out.options = list(options)
         return out
 
+    def with_policies(self, policies: tuple[str, ...]) -> "GroupProblem":
+        """The same group restricted to some of its recompute policies (one: every block alike)."""
+        out = copy.copy(self)
+        out.policies = tuple(policies)
+        return out
+
     def collectives(self, option: Option, params: float) -> tuple[float, float, float]:
         config = self.base.but(zero=option.zero, optimizer_offload=option.optimizer_offload)
         return dp_collectives(self.cache, config, params)
