@@ -187,7 +187,8 @@ def fully_fixed(knobs: Knobs, workload: Workload, num_gpus: int, graph: LayerGra
     config = ParallelConfig(dp=dp, tp=k.tp, pp=k.pp, cp=cp, zero=k.zero, micro_batch=k.micro_batch,
                             num_microbatches=max(1, m), vpp=k.vpp or 1,
                             schedule=k.schedule or schedules.default_for(k.vpp),
-                            sequence_parallel=bool(k.sequence_parallel), optimizer_offload=bool(k.optimizer_offload))
+                            sequence_parallel=bool(k.sequence_parallel), optimizer_offload=bool(k.optimizer_offload),
+                            param_offload=bool(k.param_offload))
     return expand_recompute(config, k.recompute, graph)
 
 

@@ -89,7 +89,7 @@ def effective_knobs(graph: LayerGraph, c: ParallelConfig) -> dict[str, object]:
     return {"dp": c.dp, "tp": c.tp, "pp": c.pp, "cp": c.cp, "zero": c.zero, "micro_batch": c.micro_batch,
             "num_microbatches": c.num_microbatches, "schedule": c.schedule if c.pp > 1 else "no pipeline",
             "vpp": c.vpp, "sequence_parallel": c.sequence_parallel, "optimizer_offload": c.optimizer_offload,
-            "stage_layers": list(c.stage_layers or balanced_stage_layers(graph, c.pp * c.vpp)) if c.pp > 1 else None,
+            "param_offload": c.param_offload, "stage_layers": list(c.stage_layers or balanced_stage_layers(graph, c.pp * c.vpp)) if c.pp > 1 else None,
             "recompute": blocks}
 
 
@@ -223,6 +223,8 @@ def comparison_rows(a: Candidate, b: Candidate) -> list[tuple[str, str, str, str
            knob("sequence parallel", "on" if ca.sequence_parallel else "off", "on" if cb.sequence_parallel else "off"),
            knob("optimizer offload", "on" if ca.optimizer_offload else "off",
                 "on" if cb.optimizer_offload else "off"),
+           *([knob("parameter offload", "on" if ca.param_offload else "off", "on" if cb.param_offload else "off")]
+             if ca.param_offload or cb.param_offload else []),
            seconds("step time (s)", ea.step_time_s, eb.step_time_s)]
     out += [seconds(f"  {PARTS[f.name]}", getattr(ea.time, f.name), getattr(eb.time, f.name)) for f in fields(StepTime)]
     faster = eb.tokens_per_s / ea.tokens_per_s - 1

@@ -79,6 +79,10 @@ class ParallelConfig:
     optimizer_offload: bool = False        # optimizer states (and fp32 master weights) in host memory
                                            # (ZeRO-Offload, Ren et al. 2021); activation offload is a
                                            # recompute policy ("activation-offload")
+    param_offload: bool = False            # ZeRO-3's parameter shards in host memory, copied to the device for
+                                           # each gather (DeepSpeed's zero_optimization.offload_param: ZeRO-Infinity,
+                                           # Rajbhandari et al. 2021); where the runtime's optimizer offload keeps
+                                           # them there already (FSDP2's CPUOffloadPolicy) it is not a knob of its own
     # Per-layer choices made by the ILP planner; None means uniform.
     recompute_layers: tuple[str, ...] | None = None    # one Recompute per layer of the layer graph
     stage_layers: tuple[int, ...] | None = None        # layers per (virtual) stage, in order
@@ -106,6 +110,8 @@ class ParallelConfig:
                 del out[key]
             else:
                 out[key] = list(out[key])
+        if not out["param_offload"]:        # said only where on: plan.json files of before it read the same
+            del out["param_offload"]
         return out
 
     @classmethod
@@ -139,7 +145,7 @@ class ParallelConfig:
                 if value not in allowed:
                     raise UserError(f"{value!r} is not allowed; allowed: {one_of(allowed)}", source=source,
                                     field=where)
-            elif name in ("sequence_parallel", "optimizer_offload"):
+            elif name in ("sequence_parallel", "optimizer_offload", "param_offload"):
                 if not isinstance(value, bool):
                     raise UserError(f"must be true or false, got {value!r}", source=source, field=where)
             elif name == "stage_layers" and value is not None:

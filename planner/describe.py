@@ -43,7 +43,8 @@ def describe_config(c: ParallelConfig) -> str:
     return (f"dp {c.dp} x tp {c.tp} x pp {c.pp} x cp {c.cp}, ZeRO-{c.zero}, micro-batch {c.micro_batch} "
             f"x {c.num_microbatches}, {sched}, recompute {describe_recompute(c)}, "
             f"sequence parallel {'on' if c.sequence_parallel else 'off'}, "
-            f"optimizer offload {'on' if c.optimizer_offload else 'off'}")
+            f"optimizer offload {'on' if c.optimizer_offload else 'off'}"
+            + (", parameter offload on" if c.param_offload else ""))
 
 
 def cost_per_million_tokens(gpu_hour_usd: float, gpus: int, tokens_per_s: float) -> float:

@@ -99,6 +99,9 @@ def _runs_instead(framework: str, joiner: str = " or ") -> str:
 
 # -- DeepSpeed ---------------------------------------------------------------------------------
 
+PARAM_OFFLOAD_NOTE = ("{framework} has no parameter offload of its own (DeepSpeed's offload_param): the parameters "
+                      "stay on the GPU, more memory than planned")
+
 def deepspeed(plan) -> Export:
     c, w = plan.best.config, plan.workload
     notes = []
@@ -111,6 +114,8 @@ def deepspeed(plan) -> Export:
     zero: dict = {"stage": c.zero, "overlap_comm": w.overlap_grad_reduce, "contiguous_gradients": True}
     if c.optimizer_offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if c.param_offload:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     cfg["zero_optimization"] = zero
     if c.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": c.tp}
@@ -267,6 +272,8 @@ def megatron(plan) -> Export:
                      "from what meshplan modelled for this runtime")
     if c.optimizer_offload:
         args += [["--optimizer-cpu-offload"], ["--optimizer-offload-fraction", "1.0"]]
+    if c.param_offload:
+        notes.append(PARAM_OFFLOAD_NOTE.format(framework="Megatron-LM"))
     if w.overlap_grad_reduce and c.dp * c.cp > 1:
         args.append(["--overlap-grad-reduce"])
         if c.zero >= 1:
@@ -297,6 +304,8 @@ def colossalai(plan) -> Export:
         notes.append(f"HybridParallelPlugin allows ZeRO 0 or 1 with pipeline parallelism, not {c.zero}")
     if c.optimizer_offload:
         kwargs["cpu_offload"] = True
+    if c.param_offload:
+        notes.append(PARAM_OFFLOAD_NOTE.format(framework="Colossal-AI's HybridParallelPlugin"))
     if c.cp > 1:
         kwargs.update(sp_size=c.cp, enable_sequence_parallelism=True, sequence_parallelism_mode="ring_attn")
         if c.sequence_parallel:
@@ -402,6 +411,9 @@ def _torchtitan_sections(plan) -> tuple[dict, list[str]]:
         notes.append(f"gradient accumulation over {c.num_microbatches} micro-batches: global_batch_size / "
                      "(local_batch_size x data-parallel degree); torchtitan versions without gradient "
                      "accumulation need local_batch_size = global_batch_size / dp instead (more memory)")
+    if c.param_offload and not c.optimizer_offload:
+        notes.append("torchtitan offloads parameters only with everything else (enable_cpu_offload, FSDP2's "
+                     "CPUOffloadPolicy): parameter offload alone is not offered")
     if c.optimizer_offload:
         training["enable_cpu_offload"] = True
         if c.zero < 2:      # at ZeRO-2/3 the plan's offload is FSDP2's CPUOffloadPolicy, as torchtitan's

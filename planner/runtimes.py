@@ -38,6 +38,7 @@ class Combinations:
     sequence_parallel: bool                 # Korthikanti et al. 2022, Sec 4.2.2
     context_parallel: bool                  # cp > 1: the sequence split over ranks
     offload_zero_stages: tuple[int, ...]    # ZeRO stages optimizer offload runs with (empty: no offload)
+    param_offload_zero_stages: tuple[int, ...] = ()     # ZeRO stages parameter offload (``param_offload``) runs with
     replicates_kv_heads: bool               # tp may exceed the key/value heads (a multiple of them)
     stages_without_blocks: bool             # the embedding alone, or the final norm and head alone, can be a
                                             # (virtual) pipeline stage (Dubey et al. 2024, Llama 3, Sec 3.3.2)
@@ -86,6 +87,9 @@ class Timing:
     #   al. 2021, Sec 4.1)
     offload_microbatch_copy_bytes: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
     # ^ by ZeRO stage: bytes per offloaded parameter copied every micro-batch
+    param_offload_microbatch_copy_bytes: float = 0.0
+    # ^ with parameter offload (``ParallelConfig.param_offload``): bytes per parameter of the rank's shard copied
+    #   from the host to the device every micro-batch, before its gathers
     pp_defers_sharded_dp_sync: bool = False
     # ^ under a pipeline, ZeRO-2/3 gradients accumulate unsharded over the micro-batches and the
     #   parameters stay gathered after each backward; one reduce-scatter runs after the last backward,
@@ -217,7 +221,8 @@ _DEEPSPEED_RUNS = Combinations(
     schedules=tuple(name for name, s in SCHEDULES.items() if s.deepspeed), recomputes=runs_in("deepspeed"),
     sequence_parallel=False, context_parallel=False,
     offload_zero_stages=(1, 2, 3), replicates_kv_heads=True, stages_without_blocks=False,
-    unequal_stages=False, recompute_per_layer=False)
+    unequal_stages=False, recompute_per_layer=False,
+    param_offload_zero_stages=(3,))     # zero_optimization.offload_param: stage 3 only (ZeRO-Infinity)
 
 DEEPSPEED = Runtime(
     name="deepspeed",
@@ -231,8 +236,14 @@ DEEPSPEED = Runtime(
                      grads_sharded_from=2, optimizer_sharded_from=1),
     # overlap_comm overlaps the gradient reduction; the ZeRO-1/2 optimizer's parameter all-gather
     # ends its step (deepspeed/runtime/zero/stage_1_and_2.py, ``step``: all_gather_dp_groups)
+    # offload_param: the 16-bit parameter shard lives in host memory and is copied to the device before the
+    # forward's all-gather and again before the backward's (ZeRO-Infinity, Rajbhandari et al. 2021, Sec 5.1 and
+    # 6.1; deepspeed/runtime/zero/partitioned_param_coordinator.py fetches each sub-module's parameters for
+    # forward and backward): 2 + 2 bytes per parameter per micro-batch, counted unhidden as the other offload
+    # copies are
     timing=Timing(params_gathered_every_microbatch=(3,), grads_reduced_every_microbatch=(2, 3),
-                  overlaps_param_gather=False, pp_sends_tp_shards=False, sp_keeps_gathered_input=False),
+                  overlaps_param_gather=False, pp_sends_tp_shards=False, sp_keeps_gathered_input=False,
+                  param_offload_microbatch_copy_bytes=4.0),
 )
 
 # What a torchtitan job config expresses (torchtitan/config/configs.py and torchtitan/distributed/ at commit
@@ -269,7 +280,8 @@ EXECUTOR_RUNTIME = "torch"      # the runtime `meshplan run` is
 
 def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int | None = None,
              pp: int | None = None, cp: int | None = None, schedule: str | None = None,
-             optimizer_offload: bool | None = None, sequence_parallel: bool | None = None,
+             optimizer_offload: bool | None = None, param_offload: bool | None = None,
+             sequence_parallel: bool | None = None,
              recompute: str | None = None,
              num_kv_heads: int | None = None) -> list[tuple[str, str]]:
     """(knob, why) for every knob value, or pair of them, that ``runtime`` does not run on
@@ -304,6 +316,15 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
         elif zero is not None and zero not in can.offload_zero_stages:
             out.append(("optimizer_offload", f"optimizer offload with ZeRO-{zero} does not run on {who}; allowed with "
                                    f"ZeRO {one_of(can.offload_zero_stages)}"))
+    if param_offload:
+        if not can.param_offload_zero_stages:
+            with_params = tuple(z for z in can.offload_zero_stages if z >= rt.layout("bf16").offload_params_grads_from)
+            why = (f" (its optimizer offload at ZeRO {one_of(with_params)} keeps the parameter shards in host memory)"
+                   if with_params else "")
+            out.append(("param_offload", f"parameter offload is not a knob of its own on {who}; allowed: off{why}"))
+        elif zero is not None and zero not in can.param_offload_zero_stages:
+            out.append(("param_offload", f"parameter offload with ZeRO-{zero} does not run on {who}; allowed with "
+                                         f"ZeRO {one_of(can.param_offload_zero_stages)}"))
     if tp is not None and num_kv_heads is not None and num_kv_heads % tp and not can.replicates_kv_heads:
         out.append(("tp", f"tp {tp} must divide the {num_kv_heads} key/value heads on {who} (it does not "
                           "replicate key/value heads)"))
@@ -315,7 +336,8 @@ def config_refusals(config, runtime: str, device_kind: str, num_kv_heads: int | 
     layer included (an every-K pattern is its layers' policies)."""
     c = config
     out = refusals(runtime, device_kind, zero=c.zero, tp=c.tp, pp=c.pp, cp=c.cp, schedule=c.schedule,
-                   optimizer_offload=c.optimizer_offload, sequence_parallel=c.sequence_parallel,
+                   optimizer_offload=c.optimizer_offload, param_offload=c.param_offload,
+                   sequence_parallel=c.sequence_parallel,
                    num_kv_heads=num_kv_heads)
     for policy in dict.fromkeys(c.recompute_layers or (c.recompute,)):
         out += refusals(runtime, device_kind, recompute=policy)

@@ -122,6 +122,9 @@ BAD_FLAGS = [
     (["--offload", "optimizer", "--zero", "0"], ["--optimizer-offload", "ZeRO stage 1, 2 or 3"]),   # the earlier name
     (["--framework", "megatron", "--zero", "3"], ["--zero", "ZeRO-3 does not run on the megatron runtime on cuda; allowed: 0 or 1"]),
     (["--framework", "deepspeed", "--zero", "3", "--pp", "2"], ["--zero", "pipeline"]),
+    (["--param-offload", "on"], ["--param-offload", "not a knob of its own on the torch runtime", "allowed: off"]),
+    (["--framework", "deepspeed", "--zero", "2", "--param-offload", "on"], ["--param-offload", "allowed with ZeRO 3"]),
+    (["--framework", "torchtitan", "--zero", "1"], ["--zero", "ZeRO-1 does not run on the torchtitan runtime"]),
     (["--cluster", "v100-32g", "--gpus", "16", "--precision", "bf16"], ["--precision", "bf16", "fp16"]),
     (["--cp", "3"], ["--cp"]),
     (["--zero", "4"], ["--zero", "invalid choice"]),

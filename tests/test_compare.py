@@ -258,18 +258,23 @@ DEEPSPEED_HOME = {"tp": ("tensor_parallel.autotp_size", "--tensor-model-parallel
                   "num_microbatches": ("gradient_accumulation_steps",),
                   "micro_batch": ("train_micro_batch_size_per_gpu",),
                   "optimizer_offload": ("zero_optimization.offload_optimizer",),
+                  "param_offload": ("zero_optimization.offload_param",),
                   "recompute": ("activation_checkpointing",)}
 
 
-@pytest.mark.parametrize("gpus,stage", [(512, 3), (64, 1)])
-def test_compare_on_a_deepspeed_config_changes_only_what_deepspeed_expresses(cli, tmp_path, gpus, stage):
-    """A DeepSpeed ZeRO config for GPT-3 175B: the recommendation stays inside what DeepSpeed's config and
-    engine express (no Megatron sequence parallelism, no context parallelism, no interleaved schedule,
-    balanced stages), and every knob it changes is in the edits it prints."""
+@pytest.mark.parametrize("gpus,stage,offload", [(512, 3, False), (64, 1, False), (512, 3, True)])
+def test_compare_on_a_deepspeed_config_changes_only_what_deepspeed_expresses(cli, tmp_path, gpus, stage, offload):
+    """A DeepSpeed ZeRO config for GPT-3 175B (one with ZeRO-Infinity's parameter and optimizer offload): the
+    recommendation stays inside what DeepSpeed's config and engine express (no Megatron sequence parallelism, no
+    context parallelism, no interleaved schedule, balanced stages), and every knob it changes is in the edits it
+    prints."""
     path = tmp_path / "ds_config.json"
+    zero = {"stage": stage, "overlap_comm": True}
+    if offload:
+        zero.update(offload_param={"device": "cpu"}, offload_optimizer={"device": "cpu"})
     path.write_text(json.dumps({"train_batch_size": 1536, "train_micro_batch_size_per_gpu": 1,
                                 "gradient_accumulation_steps": 1536 // gpus, "bf16": {"enabled": True},
-                                "zero_optimization": {"stage": stage, "overlap_comm": True}}))
+                                "zero_optimization": zero}))
     doc = run_json(cli, "compare", "--model", "gpt3-175b", "--cluster", "a100-80g", "--gpus", str(gpus),
                    "--baseline", str(path))
     rec = doc["recommended"]["config"]
@@ -306,7 +311,8 @@ def test_the_hugging_face_trainers_stock_zero3_config_says_how_each_auto_was_rea
     said = " ".join(notes)
     assert 'train_micro_batch_size_per_gpu "auto"' in said and "--per_device_train_batch_size" in said
     assert "read as 8" in said and 'gradient_accumulation_steps "auto"' in said and 'train_batch_size "auto"' in said
-    assert "offload_param" in said
+    # offload_param read as DeepSpeed reads it at stage 3: the parameter shards in host memory
+    assert base["param_offload"] is True and "offload_param" not in said
 
 
 # The shape of Megatron-LM's examples/gpt3/train_gpt3_175b_distributed.sh as it is (test_baseline.GPT3_SCRIPT):

@@ -22,12 +22,14 @@ MODELLED = {   # dotted keys this reader models; every other key is listed as ig
     "bf16", "bf16.enabled", "bfloat16", "bfloat16.enabled", "fp16", "fp16.enabled",
     "zero_optimization", "zero_optimization.stage", "zero_optimization.overlap_comm",
     "zero_optimization.offload_optimizer", "zero_optimization.offload_optimizer.device",
+    "zero_optimization.offload_param", "zero_optimization.offload_param.device",
     "tensor_parallel", "tensor_parallel.autotp_size", "activation_checkpointing",
 }
 FLAGS = {   # meshplan's flag (as config.check_config names it) -> this format's
     "--dp/--tp/--pp/--cp": "--tp x --pp", "--tp": "--tp", "--pp": "--pp", "--micro-batch":
     "train_micro_batch_size_per_gpu", "num_microbatches": "gradient_accumulation_steps",
     "--zero": "zero_optimization.stage", "--optimizer-offload": "zero_optimization.offload_optimizer",
+    "--param-offload": "zero_optimization.offload_param",
     "--recompute": "activation_checkpointing", "--precision": "bf16.enabled/fp16.enabled"}
 
 
@@ -87,10 +89,17 @@ def read(doc: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
     choice(source, "zero_optimization.offload_optimizer.device", device, ("none", "cpu", "nvme"))
     if device == "nvme":
         notes.append("offload_optimizer to NVMe (ZeRO-Infinity) is modelled as host memory")
-    if _get(doc, "zero_optimization.offload_param") is not None:
-        notes.append("zero_optimization.offload_param (parameters in host memory) is not modelled: the estimate "
-                     "keeps the parameters on the GPU, so its memory is an upper bound and its step time leaves out "
-                     "the parameters' host-to-device copies")
+    # offload_param (ZeRO-Infinity): the parameter shards in host memory, stage 3 only (DeepSpeed's
+    # DeepSpeedZeroOffloadParamConfig; below stage 3 the engine ignores it: deepspeed/runtime/engine.py
+    # zero_offload_param() is read by the stage-3 optimizer alone)
+    param_device = _get(doc, "zero_optimization.offload_param.device") or "none"
+    choice(source, "zero_optimization.offload_param.device", param_device, ("none", "cpu", "nvme"))
+    param_offload = param_device != "none" and zero == 3
+    if param_device != "none" and zero != 3:
+        notes.append(f"zero_optimization.offload_param applies to ZeRO stage 3 only: at stage {zero} DeepSpeed keeps "
+                     "the parameters on the GPU, and so does the estimate")
+    elif param_device == "nvme":
+        notes.append("offload_param to NVMe (ZeRO-Infinity) is modelled as host memory")
     overlap = _get(doc, "zero_optimization.overlap_comm")
     # deepspeed/runtime/zero/config.py (overlap_comm_valid): unset means on for stage 3, off otherwise
     overlap = zero == 3 if overlap is None else _enabled(doc, source, "zero_optimization.overlap_comm")
@@ -104,7 +113,7 @@ def read(doc: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
     notes += _auto_notes(doc, micro, batch, m, dp, ctx)
     config = ParallelConfig(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=micro, num_microbatches=m,
                             schedule=schedule_of(pp, 1), recompute=recompute,
-                            optimizer_offload=device != "none")
+                            optimizer_offload=device != "none", param_offload=param_offload)
     return Baseline(source=source, format="deepspeed", runtime="deepspeed", config=config, global_batch=batch,
                     seq_len=graph.seq_len, precision=precision, overlap_grad_reduce=overlap,
                     flags=FLAGS, ignored=tuple(k for k in _keys(doc) if k not in MODELLED), notes=tuple(notes))

@@ -15,7 +15,7 @@ from ..recompute import DESCRIPTIONS, EVERY_K_DESCRIPTION, parse_recompute
 from ..search import Knobs
 
 KNOB_NAMES = ("dp", "tp", "pp", "cp", "zero", "micro_batch", "vpp", "schedule", "recompute", "sequence_parallel",
-              "optimizer_offload")
+              "optimizer_offload", "param_offload")
 
 RECOMPUTE_HELP = ("recompute policies (--recompute; the search chooses one per block among those the runtime "
                   "runs):\n" + "".join(f"  {name:<18} {text}\n" for name, text in DESCRIPTIONS.items())
@@ -170,6 +170,9 @@ def add_knob_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sequence-parallel", type=on_off, metavar="on|off", help="sequence parallelism (tp >= 2)")
     g.add_argument("--optimizer-offload", type=on_off, metavar="on|off",
                    help="optimizer states (and fp32 master weights) in host memory: ZeRO-Offload, ZeRO >= 1")
+    g.add_argument("--param-offload", type=on_off, metavar="on|off",
+                   help="ZeRO-3's parameter shards in host memory, copied up for every gather (DeepSpeed's "
+                        "offload_param, --framework deepspeed); never searched: off unless given")
     g.add_argument("--offload", choices=("none", "optimizer"), help=argparse.SUPPRESS)   # the earlier name
 
 

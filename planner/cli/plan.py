@@ -26,8 +26,10 @@ examples:
 
 Knobs you leave out are searched: dp, tp, pp, cp (data, tensor, pipeline, context
 parallel degrees), --zero, --micro-batch, --vpp, --schedule, --recompute,
---sequence-parallel, --optimizer-offload. A fully fixed plan that does not fit is still
-reported, with "fits": false. Exit codes: 0 ok, 2 bad input, 3 nothing fits.
+--sequence-parallel, --optimizer-offload (--param-offload, DeepSpeed's, only when given).
+--framework names the runtime that will train: the search offers only what it expresses.
+A fully fixed plan that does not fit is still reported, with "fits": false. Exit codes:
+0 ok, 2 bad input, 3 nothing fits.
 
 """ + RECOMPUTE_HELP + "\n" + SCHEDULE_HELP
 

@@ -29,7 +29,7 @@ class StateBytes:
 
 @functools.lru_cache(maxsize=4096)       # pure: a memo of the search's most frequent call
 def state_bytes_per_param(*, framework: str, precision: str, zero: int, shard: int, optimizer_offload: bool,
-                          pp: int = 1) -> StateBytes:
+                          pp: int = 1, param_offload: bool = False) -> StateBytes:
     """Bytes per parameter of each model-state category on one GPU, from the runtime's layout
     (planner/runtimes.py ``StateLayout``, where each runtime's numbers name their source).
 
@@ -42,7 +42,9 @@ def state_bytes_per_param(*, framework: str, precision: str, zero: int, shard: i
     copy stays on the device). Where the runtime defers a sharded stage's gradient sync under a
     pipeline (``Timing.pp_defers_sharded_dp_sync``, ``pp`` > 1), the gradients are held unsharded
     on the device until the step's one reduce-scatter, and ZeRO-3's parameters stay gathered after
-    each backward as ZeRO-2's do.
+    each backward as ZeRO-2's do. ``param_offload`` (a runtime's parameter offload of its own, at the ZeRO
+    stages it allows: DeepSpeed's offload_param at ZeRO-3) moves the parameter shards to the host (the
+    gathered working copy stays a transient of the layer that runs).
     """
     layout = RUNTIMES[framework].layout(precision)
     d = max(1, shard)
@@ -55,15 +57,18 @@ def state_bytes_per_param(*, framework: str, precision: str, zero: int, shard: i
     held = layout.held_copy_bytes[2 if deferred else zero]
     grads = layout.grads_bytes if deferred else share(layout.grads_bytes, layout.grads_sharded_from)
     opt = share(layout.optimizer_bytes, layout.optimizer_sharded_from)
+    host_params = 0.0
+    if param_offload:
+        host_params, params = params, 0.0
     if not optimizer_offload:
-        return StateBytes(params=params + held, grads=grads, optimizer=opt)
+        return StateBytes(params=params + held, grads=grads, optimizer=opt, host_params=host_params)
     if zero >= layout.offload_params_grads_from:
         if deferred:        # the unsharded gradients accumulate on the device; the reduced shard goes down
             return StateBytes(params=held, grads=grads, optimizer=0.0, host_optimizer=opt, host_params=params,
                               host_grads=share(layout.grads_bytes, layout.grads_sharded_from))
         return StateBytes(params=held, grads=0.0, optimizer=0.0, host_optimizer=opt, host_params=params,
                           host_grads=grads)
-    return StateBytes(params=params + held, grads=grads, optimizer=0.0, host_optimizer=opt)
+    return StateBytes(params=params + held, grads=grads, optimizer=0.0, host_optimizer=opt, host_params=host_params)
 
 
 def working_copy_bytes_per_param(*, framework: str, precision: str, zero: int, tp: int, pp: int) -> float:
@@ -78,12 +83,11 @@ def working_copy_bytes_per_param(*, framework: str, precision: str, zero: int, t
 
 @functools.lru_cache(maxsize=4096)
 def resident_bytes_per_param(*, framework: str, precision: str, zero: int, shard: int, optimizer_offload: bool, tp: int,
-                             pp: int) -> float:
+                             pp: int, param_offload: bool = False) -> float:
     """Device bytes per parameter that scale with the parameters: the model states on the
     GPU plus the executor's working copy (``working_copy_bytes_per_param``)."""
     s = state_bytes_per_param(framework=framework, precision=precision, zero=zero, shard=shard,
-                              optimizer_offload=optimizer_offload,
-                              pp=pp)
+                              optimizer_offload=optimizer_offload, pp=pp, param_offload=param_offload)
     return s.params + s.grads + s.optimizer + working_copy_bytes_per_param(
         framework=framework, precision=precision, zero=zero, tp=tp, pp=pp)
 

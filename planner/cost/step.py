@@ -403,7 +403,7 @@ def optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float) ->
     if params <= 0:
         return 0.0
     key = (config.dp * config.cp, config.tp > 1, config.pp > 1, config.num_microbatches, config.zero,
-           config.optimizer_offload)
+           config.optimizer_offload, config.param_offload)
     rate = cache._optimizer_rates.get(key)
     if rate is None:
         rate = cache._optimizer_rates[key] = _optimizer_time_s(cache, config, 1.0)
@@ -418,6 +418,11 @@ def _optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float) -
                           dp=config.dp * config.cp, tp=config.tp, pp=config.pp)
     per_param = step_param_bytes(regime, zero=config.zero, num_microbatches=config.num_microbatches)
     casts_s = eager_s({c: params * b for c, b in per_param.items()}, 0, dev)
+    timing = RUNTIMES[w.framework].timing
+    # parameter offload: the shard up before the gathers of every micro-batch (Timing's
+    # param_offload_microbatch_copy_bytes), counted here with the other host copies, unhidden
+    param_copies = config.num_microbatches * timing.param_offload_microbatch_copy_bytes if config.param_offload else 0.0
+    casts_s += network.host_transfer_s(cluster, local * param_copies) if param_copies else 0.0
     if not config.optimizer_offload:
         # at the rate measured for the executor's own AdamW on this device where the profile has one
         # ([gpu.kernels] optimizer_GBps: the CPU's per-parameter loop is far from a memory stream),
@@ -429,9 +434,10 @@ def _optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float) -
     # All GPUs of a node share the host's DRAM bandwidth.
     per_node = min(cluster.gpus_per_node, cluster.num_gpus)
     cpu_s = per_node * local * ADAM_BYTES_PER_PARAM / (cluster.host_dram.effective_bytes_per_s)
-    timing = RUNTIMES[w.framework].timing
     once = timing.offload_step_copy_bytes
-    copies = ((4.0 + DTYPE_BYTES[w.precision]) if once is None else once[config.zero]) \
+    # (the updated parameters stay on the host where they are offloaded: nothing goes up after the step)
+    up = 0.0 if config.param_offload else DTYPE_BYTES[w.precision]
+    copies = ((4.0 + up) if once is None else once[config.zero]) \
         + config.num_microbatches * timing.offload_microbatch_copy_bytes[config.zero]
     return casts_s + cpu_s + network.host_transfer_s(cluster, local * copies)
 
@@ -443,11 +449,12 @@ def _optimizer_s(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tu
 
 def _host_bytes(cache: CostCache, config: ParallelConfig, rank: RankCost) -> float:
     """Bytes the node's host memory holds for this rank's offloaded states, times the node's ranks."""
-    if not config.optimizer_offload:
+    if not config.optimizer_offload and not config.param_offload:
         return 0.0
     w, cluster = cache.workload, cache.cluster
     states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
-                                   shard=config.dp * config.cp, optimizer_offload=True, pp=config.pp)
+                                   shard=config.dp * config.cp, optimizer_offload=config.optimizer_offload,
+                                   pp=config.pp, param_offload=config.param_offload)
     return min(cluster.gpus_per_node, cluster.num_gpus) * rank.params * states.host
 
 
@@ -455,7 +462,7 @@ def _host_bytes_per_node(cache: CostCache, config: ParallelConfig, ranks: list[R
     """Host memory per node: the offloaded model states (``_host_bytes``), and the activations offloaded by
     recompute "activation-offload" of the micro-batches in flight, of the node's GPUs (all alike: the most loaded
     rank's)."""
-    if not config.optimizer_offload and not any(rank.host_act_bytes for rank in ranks):
+    if not config.optimizer_offload and not config.param_offload and not any(rank.host_act_bytes for rank in ranks):
         return 0.0                  # nothing in host memory
     per_node = min(cache.cluster.gpus_per_node, cache.cluster.num_gpus)
     most = 0.0
@@ -524,7 +531,7 @@ def _memories(cache: CostCache, config: ParallelConfig, ranks: list[RankCost]) -
     w = cache.workload
     states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
                                    shard=config.dp * config.cp, optimizer_offload=config.optimizer_offload,
-                                   pp=config.pp)
+                                   pp=config.pp, param_offload=config.param_offload)
     other = other_bytes(cache, config)
     copy = working_copy_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
                                         tp=config.tp, pp=config.pp)
@@ -545,8 +552,7 @@ def peak_memory(cache: CostCache, config: ParallelConfig) -> tuple[float, float]
     w = cache.workload
     per_param = resident_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
                                          shard=config.dp * config.cp, optimizer_offload=config.optimizer_offload,
-                                         tp=config.tp,
-                                         pp=config.pp)
+                                         tp=config.tp, pp=config.pp, param_offload=config.param_offload)
     if grads_follow_activations(w.framework, config):
         device = max(m.total for m in _memories(cache, config, ranks))
     else:

@@ -27,6 +27,7 @@ class Knobs:
     recompute: str | None = None
     sequence_parallel: bool | None = None
     optimizer_offload: bool | None = None
+    param_offload: bool | None = None       # never searched: off unless fixed on
 
     def fixed(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
@@ -84,8 +85,10 @@ class Space:
             raise UserError(f"{k.zero!r} is not a ZeRO stage; allowed: 0, 1, 2 or 3", field="--zero")
         if k.schedule is not None and k.schedule not in SCHEDULE_NAMES:
             raise UserError(f"{k.schedule!r} is not allowed; allowed: {one_of(SCHEDULE_NAMES)}", field="--schedule")
-        if k.optimizer_offload is not None and not isinstance(k.optimizer_offload, bool):
-            raise UserError(f"must be on or off, got {k.optimizer_offload!r}", field="--optimizer-offload")
+        for name in ("optimizer_offload", "param_offload"):
+            value = getattr(k, name)
+            if value is not None and not isinstance(value, bool):
+                raise UserError(f"must be on or off, got {value!r}", field=knob_flag(name))
         if k.recompute is not None:
             parse_recompute(k.recompute)        # a policy or every-K, else UserError
         if w.framework not in FRAMEWORKS:
@@ -143,7 +146,7 @@ class Space:
             raise UserError("optimizer offload (ZeRO-Offload) needs ZeRO stage 1, 2 or 3", field="--optimizer-offload")
         for knob, why in refusals(w.framework, self.device_kind, zero=k.zero, tp=k.tp, pp=k.pp, cp=k.cp,
                                   schedule=k.schedule, optimizer_offload=k.optimizer_offload,
-                                  sequence_parallel=k.sequence_parallel,
+                                  param_offload=k.param_offload, sequence_parallel=k.sequence_parallel,
                                   recompute="full" if every_k(k.recompute) else k.recompute,
                                   num_kv_heads=g.num_kv_heads):
             raise UserError(why, field=knob_flag(knob))
@@ -216,8 +219,9 @@ class Space:
     def _zeros(self, layout: Layout, schedule: str | None) -> list[int]:
         allowed = [z for z in self.can.zero_stages
                    if not refusals(self.w.framework, self.device_kind, zero=z, tp=layout.tp, pp=layout.pp,
-                                   cp=layout.cp, schedule=schedule)]
-        if layout.dp * layout.cp == 1:    # nothing to shard over: the stages are all equal to ZeRO-0
+                                   cp=layout.cp, schedule=schedule, param_offload=self.param_offload)]
+        if layout.dp * layout.cp == 1 and not self.param_offload:
+            # nothing to shard over: the stages are all equal to ZeRO-0 (but where ZeRO-3's parameters go to the host)
             fixed = self.k.zero
             return [0] if fixed is None else [fixed] if fixed in allowed else []
         return self._allowed("zero", allowed)
@@ -250,7 +254,12 @@ class Space:
         return self.with_recompute(ParallelConfig(
             dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, zero=zero, micro_batch=layout.micro_batch,
             num_microbatches=m, vpp=vpp, schedule=schedule, sequence_parallel=sp,
-            optimizer_offload=optimizer_offload), recompute)
+            optimizer_offload=optimizer_offload, param_offload=self.param_offload), recompute)
+
+    @property
+    def param_offload(self) -> bool:
+        """Parameter offload, where fixed on (the search never turns it on by itself)."""
+        return bool(self.k.param_offload)
 
     def check(self, config: ParallelConfig) -> None:
         check_config(config, num_gpus=self.n, global_batch=self.w.global_batch, seq_len=self.w.seq_len,

@@ -90,7 +90,7 @@ class GroupProblem:
         self.stages = self.p * self.v
         self.base = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp,
                                    micro_batch=layout.micro_batch, num_microbatches=self.m, vpp=vpp,
-                                   schedule=schedule, sequence_parallel=sp)
+                                   schedule=schedule, sequence_parallel=sp, param_offload=space.param_offload)
         ctx = cache.context(self.base)
         self.block: LayerCost = cache.layer(shape.blocks[0], ctx)
         self.num_blocks = len(shape.blocks)
@@ -143,7 +143,7 @@ class GroupProblem:
         """Memoised on the cache: an option depends on the layout, sequence parallelism and the
         choice, not on the schedule or the virtual stages (the groups that differ only by those
         share it)."""
-        key = (self.layout, self.base.sequence_parallel, zero, offload)
+        key = (self.layout, self.base.sequence_parallel, zero, offload, self.base.param_offload)
         memo = self.cache.__dict__.setdefault("_stage_options", {})
         if key not in memo:
             memo[key] = self._new_option(zero, offload)
@@ -151,10 +151,12 @@ class GroupProblem:
 
     def _new_option(self, zero: int, offload: bool) -> Option:
         cache, w, lay = self.cache, self.cache.workload, self.layout
+        po = self.base.param_offload
         states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
-                                       shard=lay.dp * lay.cp, optimizer_offload=offload, pp=lay.pp)
+                                       shard=lay.dp * lay.cp, optimizer_offload=offload, pp=lay.pp, param_offload=po)
         resident = resident_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
-                                            shard=lay.dp * lay.cp, optimizer_offload=offload, tp=lay.tp, pp=lay.pp)
+                                            shard=lay.dp * lay.cp, optimizer_offload=offload, tp=lay.tp, pp=lay.pp,
+                                            param_offload=po)
         config = self.base.but(zero=zero, optimizer_offload=offload)
         return Option(zero=zero, optimizer_offload=offload, state_bytes=resident, host_bytes=states.host,
                       other_bytes=other_bytes(cache, config),
