@@ -14,6 +14,13 @@ the source's own FLOP convention (see ../shared/validation/README.md):
   per step, full recompute counted; TFLOP/s = F / (t n). Runtime: Megatron-LM of
   2021: fp16, full recompute, materialised attention scores (no FlashAttention yet),
   gradient all-reduce after backward (no overlap; local DDP), interleaved 1F1B.
+- NAR21-T2 (the same paper, Table 2: fixed global batch, 174.6B and 529.6B on 384 to 2240 GPUs), in
+  Table 1's convention. ZeRO-3 rows: DeepSpeed (``--framework deepspeed``, the runtime of 2021) with no
+  model parallelism, ZeRO-3, the published micro-batch, full recompute, fp16, materialised attention,
+  overlap_comm on (DeepSpeed's default at stage 3). PTD-P rows: as Table 1's runs (the TP x PP split of
+  the published model-parallel size inferred as 8 x 12 and 8 x 35). The published orderings are
+  checked too: PTD-P faster than ZeRO-3 at every GPU count both ran, and ZeRO-3's per-GPU throughput
+  falling as its GPUs double.
 - MLM24-H100 (Megatron-Core r0.8 README table): model FLOPs without recompute,
   72 B s l h^2 (1 + s/6h + V/12lh) (Megatron's num_floating_point_operations),
   TFLOP/s per GPU. Runtime flags published: --overlap-grad-reduce,
@@ -73,7 +80,11 @@ def case_settings(case: dict) -> tuple[dict, dict]:
     job = {"gpus": case["hardware"]["num_gpus"], "global_batch": cfg["global_batch"], "seq_len": m["seq_len"],
            "framework": "megatron"}
     knobs = {"tp": cfg["tp"], "pp": cfg["pp"], "dp": cfg["dp"], "cp": 1}
-    if case["id"].startswith("NAR21"):
+    if case["id"].startswith("NAR21-T2-ZeRO3"):
+        job.update(cluster="a100-80g", precision="fp16", attention="unfused", overlap_grad_reduce=True,
+                   framework="deepspeed")
+        knobs.update(zero=3, recompute="full", micro_batch=cfg["micro_batch"])
+    elif case["id"].startswith("NAR21"):
         job.update(cluster="a100-80g", precision="fp16", attention="unfused", overlap_grad_reduce=False)
         knobs.update(zero=0, recompute="full", **({"sequence_parallel": False} if cfg["tp"] > 1 else {}),
                      **({"schedule": "interleaved-1f1b"} if cfg["pp"] > 1 else {}))
@@ -123,7 +134,8 @@ def run_case(case: dict, workdir: Path) -> dict:
     predicted = published_convention_tflops(case, step_s)
     c = plan.best.config
     chosen = f"mb {c.micro_batch} vpp {c.vpp} rc {c.recompute} sp {'on' if c.sequence_parallel else 'off'}"
-    return {"id": case["id"], "params": plan.model_params, "pp": case["config"]["pp"], "published": published,
+    return {"id": case["id"], "params": plan.model_params, "pp": case["config"]["pp"], "dp": case["config"]["dp"],
+            "gpus": case["hardware"]["num_gpus"], "runtime": job["framework"], "published": published,
             "predicted": predicted, "error": predicted / published - 1, "config": chosen, "seconds": seconds,
             "step_s": step_s, "mem_gib": plan.best.estimate.memory.total / 2**30,
             "command": "meshplan plan " + " ".join(["--model", f"{case['id']}.json", *case_flags(case)])}
@@ -165,8 +177,31 @@ def run_case_api(case: dict, profile_override: dict | None = None) -> dict:
             "step_s": result.best.estimate.step_time_s, "mem_gib": result.best.estimate.memory.total / 2**30}
 
 
+THROUGHPUT_TYPES = ("throughput", "throughput+ranking")     # dense, bf16/fp16: what meshplan plans today
+
+
 def throughput_cases(path: Path) -> list[dict]:
-    return [c for c in json.loads(path.read_text()) if c["case_type"] == "throughput"]
+    return [c for c in json.loads(path.read_text()) if c["case_type"] in THROUGHPUT_TYPES]
+
+
+def orderings(rows: list[dict]) -> list[dict]:
+    """The orderings NAR21 Table 2 publishes, each checked on the published and on the predicted TFLOP/s per
+    GPU (the same FLOPs per step for both runtimes, so higher is faster): PTD-P against ZeRO-3 at each GPU
+    count both ran, and ZeRO-3's per-GPU throughput falling as its GPUs double."""
+    by_id = {r["id"]: r for r in rows}
+    out = []
+    zero3 = sorted((r for r in rows if r["id"].startswith("NAR21-T2-ZeRO3")), key=lambda r: (r["params"], r["gpus"]))
+    for z in zero3:
+        ptdp = by_id.get(z["id"].replace("ZeRO3", "PTDP"))
+        if ptdp is not None:
+            out.append({"claim": f"{ptdp['id']} faster than ZeRO-3", "published": ptdp["published"] > z["published"],
+                        "predicted": ptdp["predicted"] > z["predicted"]})
+    for a, b in zip(zero3, zero3[1:]):
+        if a["params"] == b["params"]:
+            out.append({"claim": f"ZeRO-3 per-GPU throughput falls from {a['gpus']} to {b['gpus']} GPUs "
+                                 f"({a['id'].split('-')[3]})",
+                        "published": b["published"] < a["published"], "predicted": b["predicted"] < a["predicted"]})
+    return out
 
 
 def trend(rows: list[dict], key) -> tuple[float, float]:
@@ -188,15 +223,15 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="meshplan-fidelity-") as tmp:
         rows = [run_case(case, Path(tmp)) for case in throughput_cases(args.cases)]
-    print(f"{'case':<18} {'published':>9} {'predicted':>9} {'error':>7}  {'step s':>7} {'GiB':>5}  searched knobs")
+    print(f"{'case':<30} {'published':>9} {'predicted':>9} {'error':>7}  {'step s':>7} {'GiB':>5}  searched knobs")
     for r in rows:
-        print(f"{r['id']:<18} {r['published']:>9.1f} {r['predicted']:>9.1f} {100 * r['error']:>+6.1f}%  "
+        print(f"{r['id']:<30} {r['published']:>9.1f} {r['predicted']:>9.1f} {100 * r['error']:>+6.1f}%  "
               f"{r['step_s']:>7.2f} {r['mem_gib']:>5.1f}  {r['config']}")
     errors = [abs(r["error"]) for r in rows]
     print(f"\nmean absolute error {100 * statistics.mean(errors):.1f}%   max {100 * max(errors):.1f}%   "
           f"({len(rows)} cases through `meshplan plan`; TFLOP/s per GPU in each source's own convention)")
     by_source = {}
-    for prefix in ("NAR21", "MLM24"):
+    for prefix in ("NAR21-T1", "NAR21-T2-PTDP", "NAR21-T2-ZeRO3", "MLM24"):
         sub = [abs(r["error"]) for r in rows if r["id"].startswith(prefix)]
         if sub:
             by_source[prefix] = {"cases": len(sub), "mean_abs": statistics.mean(sub), "max_abs": max(sub)}
@@ -208,15 +243,31 @@ def main() -> int:
         if sub:
             print(f"  {label:<9} {len(sub):>2} cases  mean {100 * statistics.mean(sub):+5.1f}%  "
                   f"mean |error| {100 * statistics.mean(abs(e) for e in sub):4.1f}%")
-    size_slope, size_r = trend(rows, lambda r: r["params"])
-    print(f"  least squares: {100 * size_slope:+.2f}% per decade of parameters (r = {size_r:+.2f})")
-    piped = [r for r in rows if r["pp"] > 1]
-    pp_slope, pp_r = trend(piped, lambda r: r["pp"]) if len(piped) > 2 else (0.0, 0.0)
-    print(f"  by pipeline depth (pp > 1): {100 * pp_slope:+.2f}% per decade of stages (r = {pp_r:+.2f})")
+    trends = {}
+    for label, sub in (("all cases", rows), ("the Megatron-LM cases", [r for r in rows if r["runtime"] == "megatron"])):
+        piped, wide = [r for r in sub if r["pp"] > 1], [r for r in sub if r["dp"] > 1]
+        t = trends[label] = {
+            "size": trend(sub, lambda r: r["params"]),
+            "pp": trend(piped, lambda r: r["pp"]) if len(piped) > 2 else (0.0, 0.0),
+            "dp": trend(wide, lambda r: r["dp"]) if len(wide) > 2 else (0.0, 0.0)}
+        print(f"  least squares over {label} ({len(sub)}), signed error per decade: of parameters "
+              f"{100 * t['size'][0]:+.2f}% (r = {t['size'][1]:+.2f}); of pipeline stages (pp > 1) "
+              f"{100 * t['pp'][0]:+.2f}% (r = {t['pp'][1]:+.2f}); of data-parallel replicas (dp > 1) "
+              f"{100 * t['dp'][0]:+.2f}% (r = {t['dp'][1]:+.2f})")
+    (size_slope, size_r), (pp_slope, pp_r), (dp_slope, dp_r) = (trends["all cases"][k] for k in ("size", "pp", "dp"))
+    checks = orderings(rows)
+    if checks:
+        print("\npublished orderings (NAR21 Table 2): holds in the source / in the prediction")
+        for c in checks:
+            print(f"  {'yes' if c['published'] else 'NO ':<3} / {'yes' if c['predicted'] else 'NO ':<3}  {c['claim']}")
+        print(f"  {sum(c['predicted'] for c in checks)} of {len(checks)} hold in the prediction")
     if args.json:
         summary = {"cases": len(rows), "mean_abs": statistics.mean(errors), "max_abs": max(errors),
                    "by_source": by_source, "size_slope_per_decade": size_slope, "size_r": size_r,
-                   "pp_slope_per_decade": pp_slope, "pp_r": pp_r}
+                   "pp_slope_per_decade": pp_slope, "pp_r": pp_r, "dp_slope_per_decade": dp_slope, "dp_r": dp_r,
+                   "orderings": checks, "orderings_held": sum(c["predicted"] for c in checks),
+                   "megatron_trends": {k: {"slope_per_decade": v[0], "r": v[1]}
+                                       for k, v in trends["the Megatron-LM cases"].items()}}
         args.json.write_text(json.dumps({"measured_by": "python benchmarks/fidelity.py --json "
                                          "benchmarks/results/fidelity.json", "cases_file": str(args.cases.name),
                                          "summary": summary, "rows": rows}, indent=1) + "\n")

@@ -27,5 +27,5 @@ def meshplan_plan() -> Trainer.Config:
             fsdp_reshard_after_forward='always',
             enable_sequence_parallel=True,
         ),
-        activation_checkpoint=SelectiveAC.Config(),
+        activation_checkpoint=FullAC.Config(),
     )
