@@ -113,6 +113,17 @@ def _step_latency(f: Fabric, grp: Group) -> float:
     return f.net_latency_s if grp.nodes > 1 else f.intra_latency_s
 
 
+def ring_latency_s(f: Fabric, grp: Group, passes: int = 1) -> float:
+    """The latency of a ring's ``passes`` trips round the group (all-gather and reduce-scatter 1, all-reduce 2):
+    of its ``passes x (n - 1)`` steps, ``passes x (nodes - 1)`` cross the network at its per-step latency and the
+    rest move between GPUs of a node at NVLink's (NCCL src/graph/tuning.cc, ncclTopoTuneModel: latency +=
+    (nsteps - nInterSteps) x intraLat + nInterSteps x interLat, nInterSteps = nNodes - 1, 2 (nNodes - 1) for
+    all-reduce)."""
+    n, nodes = grp.size, grp.nodes
+    inter = passes * (nodes - 1) if nodes > 1 else 0
+    return (passes * (n - 1) - inter) * f.intra_latency_s + inter * f.net_latency_s
+
+
 def all_reduce_s(cluster: Cluster, nbytes: float, grp: Group) -> float:
     """All-reduce of a ``nbytes`` buffer on every rank: min over ring, tree, hierarchical, NVLS."""
     n = grp.size
@@ -120,7 +131,7 @@ def all_reduce_s(cluster: Cluster, nbytes: float, grp: Group) -> float:
         return 0.0
     f = fabric(cluster)
     bw = _ring_bandwidth(f, grp)
-    ring = 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * _step_latency(f, grp)
+    ring = 2 * (n - 1) / n * nbytes / bw + ring_latency_s(f, grp, passes=2)
     best = ring
     if grp.nodes > 1:
         # double binary tree between nodes, chain inside: same bus bandwidth, log latency
@@ -142,7 +153,7 @@ def all_gather_s(cluster: Cluster, nbytes: float, grp: Group) -> float:
     n = grp.size
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return all_gather_bandwidth_s(cluster, nbytes, grp) + (n - 1) * _step_latency(fabric(cluster), grp)
+    return all_gather_bandwidth_s(cluster, nbytes, grp) + ring_latency_s(fabric(cluster), grp)
 
 
 def all_gather_bandwidth_s(cluster: Cluster, nbytes: float, grp: Group, *, ratio: float | None = None) -> float:
@@ -163,7 +174,7 @@ def reduce_scatter_s(cluster: Cluster, nbytes: float, grp: Group) -> float:
     if n <= 1 or nbytes <= 0:
         return 0.0
     return (all_gather_bandwidth_s(cluster, nbytes, grp, ratio=cluster.intra_reduce_scatter_ratio)
-            + (n - 1) * _step_latency(fabric(cluster), grp))
+            + ring_latency_s(fabric(cluster), grp))
 
 
 def all_to_all_s(cluster: Cluster, nbytes: float, grp: Group) -> float:

@@ -60,6 +60,16 @@ def test_all_gather_moves_half_of_an_all_reduce():
     assert all_gather_s(A100, S, Group(8, 8)) == pytest.approx(7 / 8 * S / NVLINK + 7 * 1.9e-6)
 
 
+def test_a_ring_spanning_nodes_crosses_the_network_once_per_node():
+    """NCCL's ring latency (tuning.cc): of an all-gather's 63 steps over 8 nodes of 8, 7 cross the network
+    (4 us each) and 56 stay on NVLink (1.9 us each); an all-reduce goes round twice."""
+    S = 4e9
+    bandwidth = 63 / 64 * S / min(NVLINK, 8 * NIC)
+    assert all_gather_s(A100, S, Group(64, 8)) == pytest.approx(bandwidth + 56 * 1.9e-6 + 7 * 4e-6)
+    ring = 2 * 63 / 64 * S / min(NVLINK, 8 * NIC) + 2 * (56 * 1.9e-6 + 7 * 4e-6)
+    assert all_reduce_s(A100, S, Group(64, 8)) <= ring
+
+
 def test_all_to_all_bottleneck_is_the_network():
     S = 1e9
     expected = max(7 / 64 * S / NVLINK, 56 / 64 * S / NIC) + 63 * 4e-6
