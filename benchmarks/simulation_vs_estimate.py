@@ -40,6 +40,9 @@ def main() -> int:
         graph, cluster, workload, knobs = case_inputs(case)
         result = search(graph, cluster, workload, knobs, top_k=args.top_k, solver="uniform", simulate=False)
         cache = CostCache(graph, cluster, workload)
+        if result.best is None:
+            print(f"{case['id']:<18} no plan fits (its published layout does not fit meshplan's memory model)")
+            continue
         for cand in [result.best, *result.alternatives][:args.top_k]:
             t0 = time.perf_counter()
             sim = simulate(graph, cluster, workload, cand.config, cache).step_time_s

@@ -1,8 +1,9 @@
 """The cost of a collective over a group of GPUs, read off the cluster graph.
 
-Time = latency terms + bytes over the bottleneck bandwidth the group crosses,
-for ring, tree, hierarchical and (on NVSwitch with SHARP) NVLS algorithms; the
-runtime (NCCL) picks the fastest, so we take the minimum. The bandwidth factors
+Time = latency + bytes over the bottleneck bandwidth the group crosses, for each algorithm and
+protocol NCCL runs (ring; tree for all-reduce across nodes; PAT for all-gather and reduce-scatter
+with one rank per node; NVLS inside an NVSwitch node with NVLink SHARP), priced as NCCL prices them
+(planner/nccl.py: its latencies and protocol factors); NCCL picks the cheapest, and so do we. The bandwidth factors
 are the ones nccl-tests uses to define bus bandwidth (NVIDIA/nccl-tests,
 doc/PERFORMANCE.md): all-reduce moves 2(n-1)/n of the buffer through each
 rank's link, all-gather and reduce-scatter (n-1)/n, all-to-all (n-1)/n.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from . import nccl
 from .cluster import Cluster
 
 
@@ -113,52 +115,58 @@ def _step_latency(f: Fabric, grp: Group) -> float:
     return f.net_latency_s if grp.nodes > 1 else f.intra_latency_s
 
 
-def ring_latency_s(f: Fabric, grp: Group, passes: int = 1) -> float:
-    """The latency of a ring's ``passes`` trips round the group (all-gather and reduce-scatter 1, all-reduce 2):
-    of its ``passes x (n - 1)`` steps, ``passes x (nodes - 1)`` cross the network at its per-step latency and the
-    rest move between GPUs of a node at NVLink's (NCCL src/graph/tuning.cc, ncclTopoTuneModel: latency +=
-    (nsteps - nInterSteps) x intraLat + nInterSteps x interLat, nInterSteps = nNodes - 1, 2 (nNodes - 1) for
-    all-reduce)."""
-    n, nodes = grp.size, grp.nodes
-    inter = passes * (nodes - 1) if nodes > 1 else 0
-    return (passes * (n - 1) - inter) * f.intra_latency_s + inter * f.net_latency_s
+def _runs_nccl(cluster: Cluster) -> bool:
+    """GPUs run NCCL; a CPU cluster runs gloo, whose ring is priced at its profile's measured step latency."""
+    return cluster.device_kind == "cuda"
+
+
+def _gloo_ring_latency_s(f: Fabric, grp: Group) -> float:
+    """One trip round a gloo ring: a step per rank at the profile's measured latency, the network's for a step
+    that leaves the node."""
+    inter = grp.nodes - 1 if grp.nodes > 1 else 0
+    return (grp.size - 1 - inter) * f.intra_latency_s + inter * f.net_latency_s
 
 
 def all_reduce_s(cluster: Cluster, nbytes: float, grp: Group) -> float:
-    """All-reduce of a ``nbytes`` buffer on every rank: min over ring, tree, hierarchical, NVLS."""
+    """All-reduce of a ``nbytes`` buffer on every rank, as NCCL runs it (planner/nccl.py): the cheapest of the
+    ring and, across nodes, the double binary tree, each at its best protocol; inside an NVSwitch node with
+    NVLink SHARP also NVLS, at the profile's measured bandwidth."""
+    return _all_reduce(cluster, nbytes, grp)[1]
+
+
+def all_reduce_choice(cluster: Cluster, nbytes: float, grp: Group) -> str:
+    """The algorithm and protocol ``all_reduce_s`` prices (``ring/Simple``, ``tree/LL128``, ``nvls``...)."""
+    return _all_reduce(cluster, nbytes, grp)[0]
+
+
+def _all_reduce(cluster: Cluster, nbytes: float, grp: Group) -> tuple[str, float]:
     n = grp.size
     if n <= 1 or nbytes <= 0:
-        return 0.0
+        return "none", 0.0
     f = fabric(cluster)
     bw = _ring_bandwidth(f, grp)
-    ring = 2 * (n - 1) / n * nbytes / bw + ring_latency_s(f, grp, passes=2)
-    best = ring
+    if not _runs_nccl(cluster):
+        return "gloo ring", 2 * (n - 1) / n * nbytes / bw + 2 * _gloo_ring_latency_s(f, grp)
+    options = {f"ring/{p}": nccl.ring_latency_s(n, grp.nodes, p, passes=2) + 2 * (n - 1) / n * nbytes / (
+        bw * nccl.RING_BW[p]) for p in nccl.PROTOCOLS}
     if grp.nodes > 1:
-        # double binary tree between nodes, chain inside: same bus bandwidth, log latency
-        tree_latency = 2 * (math.ceil(math.log2(grp.nodes)) * f.net_latency_s + (grp.per_node - 1) * f.intra_latency_s)
-        best = min(best, 2 * (n - 1) / n * nbytes / bw + tree_latency)
-        if grp.per_node > 1:
-            # reduce-scatter in the node, all-reduce of 1/k across nodes on each GPU's NIC, all-gather
-            k, nodes = grp.per_node, grp.nodes
-            hier = (2 * (k - 1) / k * nbytes / f.intra_bytes_per_s + 4 * (k - 1) * f.intra_latency_s
-                    + 2 * (nodes - 1) / nodes * (nbytes / k) / f.net_bytes_per_s + 2 * (nodes - 1) * f.net_latency_s)
-            best = min(best, hier)
+        # NCCL's algorithm bandwidth of the tree is half its bus bandwidth (tuning.cc: ratio .5)
+        options.update({f"tree/{p}": nccl.tree_latency_s(n, grp.nodes, p) + nbytes / (0.5 * bw * nccl.TREE_BW[p])
+                        for p in nccl.PROTOCOLS})
     elif f.nvls_bytes_per_s and grp.per_node > 2:
-        best = min(best, nbytes / f.nvls_bytes_per_s + 2 * f.intra_latency_s)
-    return best
+        options["nvls"] = nbytes / f.nvls_bytes_per_s + nccl.nvls_latency_s()
+    return nccl.cheapest(options)
 
 
 def all_gather_s(cluster: Cluster, nbytes: float, grp: Group) -> float:
-    """All-gather whose *output* is ``nbytes`` on every rank (each contributes nbytes / n)."""
-    n = grp.size
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    return all_gather_bandwidth_s(cluster, nbytes, grp) + ring_latency_s(fabric(cluster), grp)
+    """All-gather whose *output* is ``nbytes`` on every rank (each contributes nbytes / n), as NCCL runs it:
+    the ring at its best protocol, or across nodes with one rank each PAT (planner/nccl.py)."""
+    return _gather_or_scatter(cluster, nbytes, grp, cluster.intra_all_gather_ratio)
 
 
 def all_gather_bandwidth_s(cluster: Cluster, nbytes: float, grp: Group, *, ratio: float | None = None) -> float:
-    """The bandwidth term of ``all_gather_s`` (no per-step latency): linear in the bytes. Inside a node
-    at the profile's all-gather bus bandwidth against all-reduce's ([intra_node]
+    """The bandwidth term of a ring all-gather at NCCL's Simple protocol (no latency): linear in the bytes.
+    Inside a node at the profile's all-gather bus bandwidth against all-reduce's ([intra_node]
     all_gather_busbw_ratio; or ``ratio``)."""
     n = grp.size
     if n <= 1 or nbytes <= 0:
@@ -170,11 +178,21 @@ def all_gather_bandwidth_s(cluster: Cluster, nbytes: float, grp: Group, *, ratio
 def reduce_scatter_s(cluster: Cluster, nbytes: float, grp: Group) -> float:
     """Reduce-scatter whose *input* is ``nbytes`` on every rank: the mirror of all-gather, inside a node
     at the profile's reduce-scatter bus bandwidth ([intra_node] reduce_scatter_busbw_ratio)."""
+    return _gather_or_scatter(cluster, nbytes, grp, cluster.intra_reduce_scatter_ratio)
+
+
+def _gather_or_scatter(cluster: Cluster, nbytes: float, grp: Group, ratio: float) -> float:
     n = grp.size
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return (all_gather_bandwidth_s(cluster, nbytes, grp, ratio=cluster.intra_reduce_scatter_ratio)
-            + ring_latency_s(fabric(cluster), grp))
+    simple = all_gather_bandwidth_s(cluster, nbytes, grp, ratio=ratio)
+    if not _runs_nccl(cluster):
+        return simple + _gloo_ring_latency_s(fabric(cluster), grp)
+    options = {f"ring/{p}": nccl.ring_latency_s(n, grp.nodes, p) + simple / nccl.RING_BW[p] for p in nccl.PROTOCOLS}
+    if grp.nodes > 1 and grp.per_node == 1:
+        options["pat"] = nccl.pat_latency_s(n, grp.nodes) + nbytes / (_ring_bandwidth(fabric(cluster), grp)
+                                                                      * nccl.PAT_BW)
+    return nccl.cheapest(options)[1]
 
 
 def all_to_all_s(cluster: Cluster, nbytes: float, grp: Group) -> float:

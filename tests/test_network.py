@@ -2,7 +2,7 @@
 import pytest
 
 from planner.cluster import load_cluster
-from planner.network import Group, all_gather_s, all_reduce_s, all_to_all_s, fabric, group, p2p_s
+from planner.network import Group, all_gather_s, all_reduce_choice, all_reduce_s, all_to_all_s, fabric, group, p2p_s
 
 A100 = load_cluster("a100-80g", 64)      # 8 nodes of 8: NVLink 300 GB/s x 0.8, 8 NICs of 25 GB/s x 0.9
 H100 = load_cluster("h100-80g", 16)
@@ -30,44 +30,72 @@ def test_groups_follow_rank_order():
     assert group(A100, 16, 2) == Group(16, 4)
 
 
+# NCCL's latencies (src/graph/tuning.cc at 5067397), microseconds: base Ring Simple 8.4, LL 6.6, LL128 14;
+# per step Ring Simple 3.4 over NVLink, 14 over the network (Tree NET Simple 14 with one rank per node);
+# a ring leaving the node pays at least the network post overhead (1 us, x3 for Simple) per NVLink step.
+US = 1e-6
+
+
 def test_ring_all_reduce_inside_a_node():
+    """8 ranks on one node, 1 GB: the ring at Simple (LL128 would lose 8% of the bandwidth for 15 us)."""
     n, S = 8, 1e9
-    expected = 2 * (n - 1) / n * S / NVLINK + 2 * (n - 1) * 1.9e-6
+    expected = 2 * (n - 1) / n * S / NVLINK + (8.4 + 2 * (n - 1) * 3.4) * US
     assert all_reduce_s(A100, S, Group(8, 8)) == pytest.approx(expected)
+    assert all_reduce_choice(A100, S, Group(8, 8)) == "ring/Simple"
+
+
+def test_small_all_reduce_takes_the_low_latency_protocol():
+    """10 kB inside a node: LL, whose latency (6.6 + 14 x 0.6 us) beats its halved bandwidth."""
+    expected = (6.6 + 14 * 0.6) * US + 2 * 7 / 8 * 1e4 / (NVLINK * 0.5)
+    assert all_reduce_s(A100, 1e4, Group(8, 8)) == pytest.approx(expected)
+    assert all_reduce_choice(A100, 1e4, Group(8, 8)) == "ring/LL"
 
 
 def test_all_reduce_across_nodes_one_gpu_each():
+    """8 nodes, one rank each, 1 GB: the ring (14 network steps at the tree's 14 us) beats the tree, whose
+    algorithm bandwidth is half its bus bandwidth at 92% (NCCL's model)."""
     n, S = 8, 1e9
-    bandwidth = 2 * (n - 1) / n * S / NIC
-    tree_latency = 2 * 3 * 4e-6                           # log2(8) network hops, both ways
-    assert all_reduce_s(A100, S, Group(8, 1)) == pytest.approx(bandwidth + tree_latency)
+    ring = 2 * (n - 1) / n * S / NIC + (8.4 + 2 * (n - 1) * 14) * US
+    tree = S / (0.5 * NIC * 0.92) + (8.4 + 2 * 3 * 14) * US
+    assert ring < tree
+    assert all_reduce_s(A100, S, Group(8, 1)) == pytest.approx(ring)
 
 
 def test_all_reduce_spanning_nodes_uses_all_their_nics():
+    """64 ranks on 8 nodes: 8 channels leave each node through its 8 NICs; of the ring's 126 steps, 14 cross
+    the network."""
     n, S = 64, 1e9
-    ring = 2 * (n - 1) / n * S / min(NVLINK, 8 * NIC)
-    assert all_reduce_s(A100, S, Group(64, 8)) <= ring + 2 * (n - 1) * 4e-6
+    ring = 2 * (n - 1) / n * S / min(NVLINK, 8 * NIC) + (8.4 + (126 - 14) * 3.4 + 14 * 14) * US
+    assert all_reduce_s(A100, S, Group(64, 8)) == pytest.approx(ring)
     assert all_reduce_s(A100, S, Group(64, 8)) < all_reduce_s(A100, S, Group(64, 1)) / 5
 
 
 def test_nvlink_sharp_all_reduce_on_h100():
     S = 1e9
-    assert all_reduce_s(H100, S, Group(8, 8)) == pytest.approx(S / 275e9 + 2 * 1.9e-6)
+    assert all_reduce_s(H100, S, Group(8, 8)) == pytest.approx(S / 275e9 + 25 * US)
+    assert all_reduce_choice(H100, S, Group(8, 8)) == "nvls"
 
 
 def test_all_gather_moves_half_of_an_all_reduce():
     S = 4e9
-    assert all_gather_s(A100, S, Group(8, 8)) == pytest.approx(7 / 8 * S / NVLINK + 7 * 1.9e-6)
+    assert all_gather_s(A100, S, Group(8, 8)) == pytest.approx(7 / 8 * S / NVLINK + (8.4 + 7 * 3.4) * US)
 
 
 def test_a_ring_spanning_nodes_crosses_the_network_once_per_node():
-    """NCCL's ring latency (tuning.cc): of an all-gather's 63 steps over 8 nodes of 8, 7 cross the network
-    (4 us each) and 56 stay on NVLink (1.9 us each); an all-reduce goes round twice."""
+    """An all-gather's 63 steps over 8 nodes of 8: 7 cross the network (14 us), 56 stay on NVLink (3.4 us)."""
     S = 4e9
     bandwidth = 63 / 64 * S / min(NVLINK, 8 * NIC)
-    assert all_gather_s(A100, S, Group(64, 8)) == pytest.approx(bandwidth + 56 * 1.9e-6 + 7 * 4e-6)
-    ring = 2 * 63 / 64 * S / min(NVLINK, 8 * NIC) + 2 * (56 * 1.9e-6 + 7 * 4e-6)
-    assert all_reduce_s(A100, S, Group(64, 8)) <= ring
+    assert all_gather_s(A100, S, Group(64, 8)) == pytest.approx(bandwidth + (8.4 + 56 * 3.4 + 7 * 14) * US)
+
+
+def test_pat_gathers_across_one_rank_per_node():
+    """1 MB over 8 nodes of one rank: PAT (8 + log2(8) x 14 / 3.5 + 8 x 2.8 us, at 75% of the NIC) beats the
+    ring's 7 network steps at every protocol."""
+    S = 1e6
+    pat = (8.0 + 3 * 14 / 3.5 + 8 * 2.8) * US + S / (NIC * 0.75)
+    ring_ll128 = (14 + 7 * 8.5) * US + 7 / 8 * S / (NIC * 0.92)
+    assert pat < ring_ll128
+    assert all_gather_s(A100, S, Group(8, 1)) == pytest.approx(pat)
 
 
 def test_all_to_all_bottleneck_is_the_network():

@@ -380,7 +380,8 @@ def _dp_comm_uncached(cache: CostCache, config: ParallelConfig, rank: RankCost) 
     contention = cache.cluster.comm_sm_fraction
 
     def exposed(comm: float, window: float, last: float) -> float:
-        return max(comm - window, last) + contention * comm
+        # compute slows only while it runs beside the collectives: over the window, not past it
+        return max(comm - window, last) + contention * min(comm, window)
 
     out = m * exposed(per_micro, rank.fwd_s + rank.bwd_s, first[0]) if per_micro else 0.0
     if once and not once_overlaps:

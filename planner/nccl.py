@@ -1,0 +1,93 @@
+"""NCCL's own model of its collectives: the algorithm and protocol it picks and the latency each costs.
+
+NCCL prices every (algorithm, protocol) pair of a collective as latency + bytes / bandwidth and runs the
+cheapest (NVIDIA/nccl src/graph/tuning.cc, ncclTopoTuneModel and ncclTopoGetAlgoTime; constants below read at
+commit 5067397, June 2026). The latencies are software constants of NCCL's, the same on every machine: a base
+per algorithm and protocol, and one per step by the link the step crosses (NVLink inside a node, the network
+between nodes). The bandwidths are the machine's (planner/network.py reads them off the cluster graph), scaled
+by what each protocol delivers of them:
+
+- LL (8-byte lines with flags): half of the link (ring: ``busBw * .5``); lowest latency;
+- LL128 (128-byte lines): 92% (``busBw * 0.92``, 120 of 128 bytes);
+- Simple: all of it, at the highest per-step latency.
+
+Algorithms: the ring for every collective; for all-reduce across nodes also the double binary tree (latency
+logarithmic in the nodes, 92% of the ring's bandwidth); for all-gather and reduce-scatter across nodes with one
+rank per node also PAT (latency logarithmic in the nodes plus 2.8 us per rank, 75% of the bandwidth). NVLS
+(NVLink SHARP inside a node) is the profile's measured all-reduce bandwidth (planner/network.py). Left out:
+CollNet (SHARP in the network switches), NCCL's per-channel bandwidth caps (``llMaxBw``,
+``perChMaxRingLL128Bw``: they bind on small messages only) and its tree correction factors by size.
+"""
+from __future__ import annotations
+
+import math
+
+PROTOCOLS = ("LL", "LL128", "Simple")
+SOURCE = "NVIDIA/nccl src/graph/tuning.cc at 5067397 (ncclTunerConstantsDefaults, ncclTopoTuneModel)"
+
+# baseLatencies (us): Tree, Ring, PAT by protocol (LL, LL128, Simple)
+BASE_US = {"tree": {"LL": 6.8, "LL128": 14.0, "Simple": 8.4},
+           "ring": {"LL": 6.6, "LL128": 14.0, "Simple": 8.4},
+           "pat": {"Simple": 8.0}}
+# hwLatencies (us) per step: NVLink (inside a node) and NET (between nodes), by algorithm and protocol
+HOP_US = {"nvlink": {"tree": {"LL": 0.6, "LL128": 1.25, "Simple": 4.0},
+                     "ring": {"LL": 0.6, "LL128": 1.9, "Simple": 3.4},
+                     "pat": {"Simple": 4.0}, "nvls": {"Simple": 25.0}},
+          "net": {"tree": {"LL": 5.0, "LL128": 8.5, "Simple": 14.0},
+                  "ring": {"LL": 2.7, "LL128": 4.0, "Simple": 14.0},
+                  "pat": {"Simple": 14.0}}}
+# the share of the links' bus bandwidth each protocol delivers ("Various model refinements")
+RING_BW = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}
+TREE_BW = {"LL": 0.92 / 3.8, "LL128": 0.92 * 120 / 128, "Simple": 0.92}     # all-reduce, more than one node
+PAT_BW = 0.75
+# getNetOverhead: the host's cost of posting a network operation (x86: 1.0 us), three times for Simple; an
+# intra-node step of a ring that spans nodes costs at least that
+NET_OVERHEAD_US = 1.0
+
+
+def _log2i(x: int) -> int:
+    return max(0, int(math.floor(math.log2(x)))) if x >= 1 else 0
+
+
+def ring_latency_s(n: int, nodes: int, protocol: str, passes: int = 1) -> float:
+    """Latency of a ring going ``passes`` times round ``n`` ranks on ``nodes`` nodes (all-gather and
+    reduce-scatter 1, all-reduce 2): the base, then ``passes x (nodes - 1)`` steps across the network and the
+    other ``passes x (n - 1)`` minus those over NVLink (each at least the network post overhead where the ring
+    leaves the node). With one rank per node every step is the network's, at the tree's per-hop latency
+    ("with ppn=1 latencies are fully exposed")."""
+    if n <= 1:
+        return 0.0
+    steps = passes * (n - 1)
+    inter_steps = passes * (nodes - 1) if nodes > 1 else 0
+    intra = HOP_US["nvlink"]["ring"][protocol]
+    if nodes > 1:
+        intra = max(intra, NET_OVERHEAD_US * (3 if protocol == "Simple" else 1))
+    inter = HOP_US["net"]["tree" if n == nodes else "ring"][protocol]
+    return (BASE_US["ring"][protocol] + (steps - inter_steps) * intra + inter_steps * inter) * 1e-6
+
+
+def tree_latency_s(n: int, nodes: int, protocol: str) -> float:
+    """Latency of the double binary tree all-reduce: up and down a chain of the node's ranks and
+    log2(nodes) network hops."""
+    per_node = max(1, n // max(1, nodes))
+    intra = HOP_US["nvlink"]["tree"][protocol]
+    inter = HOP_US["net"]["tree"][protocol]
+    return (BASE_US["tree"][protocol] + 2 * ((per_node - 1) * intra + _log2i(nodes) * inter)) * 1e-6
+
+
+def pat_latency_s(n: int, nodes: int) -> float:
+    """Latency of PAT (all-gather and reduce-scatter, one rank per node, Simple only): logarithmic in the
+    nodes, with a linear part of 2.8 us per rank."""
+    return (BASE_US["pat"]["Simple"] + _log2i(nodes) * HOP_US["net"]["pat"]["Simple"] / 3.5 + n * 2.8) * 1e-6
+
+
+def nvls_latency_s() -> float:
+    """Latency of NVLS (NVLink SHARP) inside one node: NCCL prices it at NVLink's NVLS hop alone, 25 us
+    (hwLatencies NVLINK NVLS Simple; no base latency)."""
+    return HOP_US["nvlink"]["nvls"]["Simple"] * 1e-6
+
+
+def cheapest(options: dict[str, float]) -> tuple[str, float]:
+    """(name, seconds) of the cheapest of ``options`` (algorithm/protocol -> seconds), as NCCL picks it."""
+    name = min(options, key=options.get)
+    return name, options[name]
