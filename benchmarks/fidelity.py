@@ -6,8 +6,8 @@ For every throughput case, planned as `meshplan plan` plans it (planner.api.plan
 model written as a GPT-2 config.json, ``case_flags`` for the command): the published degrees (tp,
 pp, dp) and what the source states about its runtime are fixed; what it does not
 publish (micro-batch, virtual stages, and for Megatron-Core also recompute and
-sequence parallelism) is searched. It prints the error by model size and pipeline
-depth, with a least-squares trend. The prediction is converted to
+sequence parallelism) is searched. It prints the error by model size, pipeline depth and
+data-parallel size, each with a least-squares trend. The prediction is converted to
 the source's own FLOP convention (see ../shared/validation/README.md):
 
 - NAR21-T1 (Narayanan et al. SC'21, Table 1): F = 96 B s l h^2 (1 + s/6h + V/16lh)
@@ -236,13 +236,21 @@ def main() -> int:
         if sub:
             by_source[prefix] = {"cases": len(sub), "mean_abs": statistics.mean(sub), "max_abs": max(sub)}
             print(f"  {prefix}: mean {100 * statistics.mean(sub):.1f}%  max {100 * max(sub):.1f}%")
-    print("\nerror by model size (signed; a trend would show the model missing something that grows with scale)")
-    buckets = [("< 10B", 0, 1e10), ("10B-100B", 1e10, 1e11), ("100B-1T", 1e11, 1e12), (">= 1T", 1e12, math.inf)]
-    for label, lo, hi in buckets:
-        sub = [r["error"] for r in rows if lo <= r["params"] < hi]
-        if sub:
-            print(f"  {label:<9} {len(sub):>2} cases  mean {100 * statistics.mean(sub):+5.1f}%  "
-                  f"mean |error| {100 * statistics.mean(abs(e) for e in sub):4.1f}%")
+    print("\nerror (signed) by model size, pipeline depth and data-parallel size: a trend would show the model "
+          "missing something that grows with scale")
+    tables = {"parameters": ("params", [("< 10B", 0, 1e10), ("10B-100B", 1e10, 1e11), ("100B-1T", 1e11, 1e12),
+                                        (">= 1T", 1e12, math.inf)]),
+              "pipeline stages": ("pp", [("1", 1, 2), ("2-7", 2, 8), ("8-31", 8, 32), (">= 32", 32, math.inf)]),
+              "data-parallel replicas": ("dp", [("1-15", 1, 16), ("16-63", 16, 64), ("64-511", 64, 512),
+                                                (">= 512", 512, math.inf)])}
+    for title, (key, buckets) in tables.items():
+        print(f"  by {title}:")
+        for label, lo, hi in buckets:
+            for who, runtime in (("Megatron-LM", "megatron"), ("DeepSpeed", "deepspeed")):
+                sub = [r["error"] for r in rows if lo <= r[key] < hi and r["runtime"] == runtime]
+                if sub:
+                    print(f"    {label:<9} {who:<12} {len(sub):>2} cases  mean {100 * statistics.mean(sub):+6.1f}%  "
+                          f"mean |error| {100 * statistics.mean(abs(e) for e in sub):5.1f}%")
     trends = {}
     for label, sub in (("all cases", rows), ("the Megatron-LM cases", [r for r in rows if r["runtime"] == "megatron"])):
         piped, wide = [r for r in sub if r["pp"] > 1], [r for r in sub if r["dp"] > 1]
