@@ -19,11 +19,10 @@ from .describe import describe_config, describe_recompute, runs
 from .energy import energy, energy_words
 from .config import ParallelConfig, Workload
 from .placement import balanced_stage_layers, layer_policies
-from .estimate import StepTime
+from .estimate import Candidate, StepTime
 from .explain import PARTS
 from .layers import LayerGraph
 from .model import ModelSpec
-from .estimate import Candidate
 from .plan import Plan
 from .search.result import OPTIMALITY_GAP, SearchResult
 
@@ -35,9 +34,9 @@ RESHARD_TOOLS = {   # how each runtime moves a checkpoint to another layout
     "deepspeed": "DeepSpeed's universal checkpoint (deepspeed/checkpoint/ds_to_universal.py) loads into another "
                  "tensor/pipeline/data-parallel layout",
     "torchtitan": "torch.distributed.checkpoint (DCP) reshards when loaded",
-    "torchtitan-python": "torch.distributed.checkpoint (DCP) reshards when loaded",
     "plan.json": "meshplan run --save/--load (torch.distributed.checkpoint) reshards when loaded",
 }
+RESHARD_TOOLS["torchtitan-python"] = RESHARD_TOOLS["torchtitan"]     # the same runtime, its current file form
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,7 +88,8 @@ def effective_knobs(graph: LayerGraph, c: ParallelConfig) -> dict[str, object]:
     return {"dp": c.dp, "tp": c.tp, "pp": c.pp, "cp": c.cp, "zero": c.zero, "micro_batch": c.micro_batch,
             "num_microbatches": c.num_microbatches, "schedule": c.schedule if c.pp > 1 else "no pipeline",
             "vpp": c.vpp, "sequence_parallel": c.sequence_parallel, "optimizer_offload": c.optimizer_offload,
-            "param_offload": c.param_offload, "stage_layers": list(c.stage_layers or balanced_stage_layers(graph, c.pp * c.vpp)) if c.pp > 1 else None,
+            "param_offload": c.param_offload,
+            "stage_layers": list(c.stage_layers or balanced_stage_layers(graph, c.pp * c.vpp)) if c.pp > 1 else None,
             "recompute": blocks}
 
 

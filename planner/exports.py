@@ -102,6 +102,7 @@ def _runs_instead(framework: str, joiner: str = " or ") -> str:
 PARAM_OFFLOAD_NOTE = ("{framework} has no parameter offload of its own (DeepSpeed's offload_param): the parameters "
                       "stay on the GPU, more memory than planned")
 
+
 def deepspeed(plan) -> Export:
     c, w = plan.best.config, plan.workload
     notes = []
@@ -374,9 +375,11 @@ def _modules_per_stage(plan) -> list[list[str]]:
     return [[_TORCHTITAN_MODULES.get(name, name) for name in modules] for modules in plan.stages]
 
 
-def _torchtitan_sections(plan) -> tuple[dict, list[str]]:
+def _torchtitan_sections(plan, python: bool = False) -> tuple[dict, list[str]]:
     """[training], [parallelism] and [activation_checkpoint] in the TOML form's words (torchtitan v0.2.2's
-    job_config.py), and what torchtitan cannot express of the plan."""
+    job_config.py), and what torchtitan cannot express of the plan; ``python``: what the current Python form
+    cannot (it says sequence parallelism, ParallelismConfig.enable_sequence_parallel, and accumulates gradients
+    itself, num_tokens_per_train_step over the micro-batch's tokens x dp)."""
     c, w = plan.best.config, plan.workload
     notes = []
     parallelism: dict = {"tensor_parallel_degree": c.tp, "pipeline_parallel_degree": c.pp,
@@ -393,7 +396,7 @@ def _torchtitan_sections(plan) -> tuple[dict, list[str]]:
         notes.append(f"torchtitan shards parameters with FSDP over the context-parallel ranks too (its dp_shard_cp "
                      f"mesh, torchtitan/distributed/parallel_dims.py): with cp {c.cp} the model states are sharded "
                      f"{c.cp} ways (ZeRO-3 over cp) where the plan keeps ZeRO-{c.zero}")
-    if c.tp > 1 and not c.sequence_parallel:
+    if c.tp > 1 and not c.sequence_parallel and not python:
         notes.append("torchtitan's tensor parallelism always shards norms along the sequence (sequence "
                      "parallelism on): less activation memory than planned")
     if c.pp > 1:
@@ -407,7 +410,7 @@ def _torchtitan_sections(plan) -> tuple[dict, list[str]]:
                 "mixed_precision_reduce": "float32"}
     if w.precision == "fp16":
         notes.append("torchtitan's mixed precision is bfloat16 or float32: fp16 is not offered")
-    if c.pp == 1 and c.num_microbatches > 1:
+    if c.pp == 1 and c.num_microbatches > 1 and not python:
         notes.append(f"gradient accumulation over {c.num_microbatches} micro-batches: global_batch_size / "
                      "(local_batch_size x data-parallel degree); torchtitan versions without gradient "
                      "accumulation need local_batch_size = global_batch_size / dp instead (more memory)")
@@ -456,7 +459,7 @@ def torchtitan_python(plan) -> Export:
     """The current torchtitan form: a config module whose function returns the job's ``Trainer.Config``
     (run with ``--module <module> --config meshplan_plan``)."""
     c, w = plan.best.config, plan.workload
-    sections, notes = _torchtitan_sections(plan)
+    sections, notes = _torchtitan_sections(plan, python=True)
     training = {TORCHTITAN_RENAMED.get(k, k): v for k, v in sections["training"].items()
                 if k not in ("local_batch_size", "global_batch_size")}
     training = {"num_tokens_per_microbatch_per_dp_rank": c.micro_batch * w.seq_len,
@@ -464,11 +467,8 @@ def torchtitan_python(plan) -> Export:
     parallelism = {k: v for k, v in sections["parallelism"].items() if k != "pipeline_parallel_microbatch_size"}
     if c.pp > 1:
         parallelism["num_pp_microbatches"] = c.num_microbatches
-    # the current form accumulates gradients itself: num_tokens_per_train_step over the micro-batch's tokens x dp
-    notes = [n for n in notes if not n.startswith("gradient accumulation over")]
     if c.tp > 1:        # the current form says it (ParallelismConfig.enable_sequence_parallel, default on)
         parallelism["enable_sequence_parallel"] = c.sequence_parallel
-        notes = [n for n in notes if not n.startswith("torchtitan's tensor parallelism always shards norms")]
     ac = sections["activation_checkpoint"]
     mode = ac.get("mode", "selective")
     if mode == "selective" and ac.get("selective_ac_option", "op") != "op":

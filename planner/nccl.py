@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 
 PROTOCOLS = ("LL", "LL128", "Simple")
-SOURCE = "NVIDIA/nccl src/graph/tuning.cc at 5067397 (ncclTunerConstantsDefaults, ncclTopoTuneModel)"
 
 # baseLatencies (us): Tree, Ring, PAT by protocol (LL, LL128, Simple)
 BASE_US = {"tree": {"LL": 6.8, "LL128": 14.0, "Simple": 8.4},

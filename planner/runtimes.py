@@ -269,13 +269,13 @@ TORCHTITAN = replace(
                 "torch.distributed.pipelining, one activation-checkpointing mode")
 
 RUNTIMES: dict[str, Runtime] = {r.name: r for r in (TORCH, MEGATRON, DEEPSPEED, TORCHTITAN)}
+EXECUTOR_RUNTIME = "torch"      # the runtime `meshplan run` is
 
 
 def priced_as(framework: str) -> str:
     """The runtime whose mechanisms price ``framework``'s steps (``Runtime.priced_as``), or ``framework``."""
     rt = RUNTIMES.get(framework)
     return (rt.priced_as or rt.name) if rt is not None else framework
-EXECUTOR_RUNTIME = "torch"      # the runtime `meshplan run` is
 
 
 def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int | None = None,

@@ -85,21 +85,19 @@ def read(doc: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
     micro, batch, m = _batch(doc, source, ctx, dp)
     zero = _get(doc, "zero_optimization.stage")
     zero = 0 if zero is None else int(choice(source, "zero_optimization.stage", zero, (0, 1, 2, 3)))
-    device = _get(doc, "zero_optimization.offload_optimizer.device") or "none"
-    choice(source, "zero_optimization.offload_optimizer.device", device, ("none", "cpu", "nvme"))
+    device = _offload_device(doc, source, "offload_optimizer")
     if device == "nvme":
-        notes.append("offload_optimizer to NVMe (ZeRO-Infinity) is modelled as host memory")
+        notes.append(NVME_NOTE.format(what="offload_optimizer"))
     # offload_param (ZeRO-Infinity): the parameter shards in host memory, stage 3 only (DeepSpeed's
     # DeepSpeedZeroOffloadParamConfig; below stage 3 the engine ignores it: deepspeed/runtime/engine.py
     # zero_offload_param() is read by the stage-3 optimizer alone)
-    param_device = _get(doc, "zero_optimization.offload_param.device") or "none"
-    choice(source, "zero_optimization.offload_param.device", param_device, ("none", "cpu", "nvme"))
+    param_device = _offload_device(doc, source, "offload_param")
     param_offload = param_device != "none" and zero == 3
     if param_device != "none" and zero != 3:
         notes.append(f"zero_optimization.offload_param applies to ZeRO stage 3 only: at stage {zero} DeepSpeed keeps "
                      "the parameters on the GPU, and so does the estimate")
     elif param_device == "nvme":
-        notes.append("offload_param to NVMe (ZeRO-Infinity) is modelled as host memory")
+        notes.append(NVME_NOTE.format(what="offload_param"))
     overlap = _get(doc, "zero_optimization.overlap_comm")
     # deepspeed/runtime/zero/config.py (overlap_comm_valid): unset means on for stage 3, off otherwise
     overlap = zero == 3 if overlap is None else _enabled(doc, source, "zero_optimization.overlap_comm")
@@ -117,6 +115,17 @@ def read(doc: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
     return Baseline(source=source, format="deepspeed", runtime="deepspeed", config=config, global_batch=batch,
                     seq_len=graph.seq_len, precision=precision, overlap_grad_reduce=overlap,
                     flags=FLAGS, ignored=tuple(k for k in _keys(doc) if k not in MODELLED), notes=tuple(notes))
+
+
+NVME_NOTE = "{what} to NVMe (ZeRO-Infinity) is modelled as host memory"
+
+
+def _offload_device(doc: dict, source: str, what: str) -> str:
+    """zero_optimization.<what>.device ("none" where unset): none, cpu or nvme, else UserError naming the key."""
+    key = f"zero_optimization.{what}.device"
+    device = _get(doc, key) or "none"
+    choice(source, key, device, ("none", "cpu", "nvme"))
+    return device
 
 
 # what the Hugging Face Trainer fills in for "auto" (transformers/integrations/deepspeed.py, trainer_config_process:
