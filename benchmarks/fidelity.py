@@ -15,7 +15,7 @@ the source's own FLOP convention (see ../shared/validation/README.md):
   2021: fp16, full recompute, materialised attention scores (no FlashAttention yet),
   gradient all-reduce after backward (no overlap; local DDP), interleaved 1F1B.
 - NAR21-T2 (the same paper, Table 2: fixed global batch, 174.6B and 529.6B on 384 to 2240 GPUs), in
-  Table 1's convention. ZeRO-3 rows: DeepSpeed (``--framework deepspeed``, the runtime of 2021) with no
+  Table 1's convention. ZeRO-3 rows: DeepSpeed of 2021 (``--framework deepspeed-2021``: v0.3.13-v0.5.4) with no
   model parallelism, ZeRO-3, the published micro-batch, full recompute, fp16, materialised attention,
   overlap_comm on (DeepSpeed's default at stage 3). PTD-P rows: as Table 1's runs (the TP x PP split of
   the published model-parallel size inferred as 8 x 12 and 8 x 35). The published orderings are
@@ -82,7 +82,7 @@ def case_settings(case: dict) -> tuple[dict, dict]:
     knobs = {"tp": cfg["tp"], "pp": cfg["pp"], "dp": cfg["dp"], "cp": 1}
     if case["id"].startswith("NAR21-T2-ZeRO3"):
         job.update(cluster="a100-80g", precision="fp16", attention="unfused", overlap_grad_reduce=True,
-                   framework="deepspeed")
+                   framework="deepspeed-2021")
         knobs.update(zero=3, recompute="full", micro_batch=cfg["micro_batch"])
     elif case["id"].startswith("NAR21"):
         job.update(cluster="a100-80g", precision="fp16", attention="unfused", overlap_grad_reduce=False)
@@ -246,7 +246,7 @@ def main() -> int:
     for title, (key, buckets) in tables.items():
         print(f"  by {title}:")
         for label, lo, hi in buckets:
-            for who, runtime in (("Megatron-LM", "megatron"), ("DeepSpeed", "deepspeed")):
+            for who, runtime in (("Megatron-LM", "megatron"), ("DeepSpeed", "deepspeed-2021")):
                 sub = [r["error"] for r in rows if lo <= r[key] < hi and r["runtime"] == runtime]
                 if sub:
                     print(f"    {label:<9} {who:<12} {len(sub):>2} cases  mean {100 * statistics.mean(sub):+6.1f}%  "

@@ -125,6 +125,8 @@ class Cluster:
     intra_reduce_scatter_ratio: float = 1.0   # reduce-scatter's likewise
     sync_wait_coefficient: float = 0.0    # a blocking collective after t seconds of work waits c sqrt(t) for the
                                           # slowest rank (CPU profiles: executor/profile/collectives.py _sync_wait)
+    copy_launch_s: float = 0.0            # host time to enqueue one device-to-device copy (torch's copy_ of a
+                                          # contiguous tensor: one cudaMemcpyAsync); 0: not in the profile
     source: str = ""
     measured_by: str = ""                 # the profile's own top-level `source` (what `meshplan profile` ran)
     gpu_hour_usd: float = 0.0             # price of one GPU for one hour (0: the profile has no [pricing])
@@ -437,6 +439,7 @@ def parse_cluster(data: dict, source: str) -> Cluster:
         comm_sm_fraction=min(1.0, root.table("runtime").number("comm_sms", allow_zero=True, default=0.0)
                              / gpu.integer("sm_count")),
         sync_wait_coefficient=root.table("runtime").number("sync_wait_coefficient", allow_zero=True, default=0.0),
+        copy_launch_s=root.table("runtime").number("copy_launch_us", allow_zero=True, default=0.0) * 1e-6,
         cores_per_node=host.integer("cores", default=0, allow_zero=True),
         threads_per_process=gpu.integer("threads", default=1),
         source=source, measured_by=root.string("source", default=""), **_pricing(root), **_power(root))

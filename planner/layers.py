@@ -13,7 +13,7 @@ saved tensor says how tensor/sequence parallelism splits it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from .eager_bytes import layer_eager_bytes
@@ -78,6 +78,8 @@ class Op:
     unfused: str = ""                     # the fused kernel this op runs as where the device has one
     unfused_saved: tuple[Saved, ...] = ()  # what it also keeps for backward where it does not
     measured_fwd_s: float | None = None   # per token, from `meshplan profile --ops` (preferred when set)
+    fused_with_previous: bool = False     # its parameters are part of the previous linear's tensors (k and v of
+                                          # a fused qkv projection: ModelSpec.fused_qkv)
     measured_bwd_s: float | None = None
 
     @property
@@ -213,8 +215,10 @@ def _attention_ops(prefix: str, spec: ModelSpec) -> list[Op]:
     bias = spec.linear_bias or spec.qkv_bias
     # q, k and v read the same normed input: it is saved once (on q_proj)
     ops = [_linear(f"{prefix}.q_proj", spec, h, q, "column", bias=bias, input_split="sp"),
-           _linear(f"{prefix}.k_proj", spec, h, kv, "column", bias=bias, saves_input=False),
-           _linear(f"{prefix}.v_proj", spec, h, kv, "column", bias=bias, saves_input=False)]
+           replace(_linear(f"{prefix}.k_proj", spec, h, kv, "column", bias=bias, saves_input=False),
+                   fused_with_previous=spec.fused_qkv),
+           replace(_linear(f"{prefix}.v_proj", spec, h, kv, "column", bias=bias, saves_input=False),
+                   fused_with_previous=spec.fused_qkv)]
     if spec.mlp == "swiglu":   # RoPE on q and k: elementwise, saves only its cos/sin tables
         ops.append(Op(name=f"{prefix}.rope", kind="elementwise", bytes_fwd=4 * (q + kv), bytes_bwd=4 * (q + kv),
                       split="tp"))

@@ -38,6 +38,8 @@ class ModelSpec:
     num_experts: int = 0            # 0: dense MLP; else experts per MoE layer
     experts_per_token: int = 0      # top-k routing
     sliding_window: int = 0         # 0: full causal attention
+    fused_qkv: bool = False         # q, k and v are one parameter tensor (GPT-2's c_attn, Megatron GPT's
+                                    # query_key_value): one module for runtimes that work per module
     source: str = ""                # where these numbers come from
 
     @property
@@ -107,7 +109,7 @@ def _gpt(name: str, layers: int, hidden: int, heads: int, *, seq: int = 2048, vo
     return ModelSpec(name=name, num_layers=layers, hidden=hidden, num_heads=heads, num_kv_heads=heads,
                      head_dim=hidden // heads, ffn_hidden=4 * hidden, vocab_size=vocab, seq_len=seq,
                      max_positions=seq, mlp="gelu", norm="layernorm", linear_bias=True, qkv_bias=False,
-                     tied_embeddings=True, dropout=True, source=source)
+                     tied_embeddings=True, dropout=True, fused_qkv=True, source=source)
 
 
 def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int,
@@ -272,7 +274,7 @@ def load_hf_config(path: Path) -> ModelSpec:
             num_kv_heads=heads, head_dim=hidden // heads, ffn_hidden=f.int("n_inner", default=4 * hidden),
             vocab_size=f.int("vocab_size"), seq_len=positions, max_positions=positions, mlp="gelu",
             norm="layernorm", linear_bias=True, qkv_bias=False,
-            tied_embeddings=f.bool("tie_word_embeddings", True), dropout=dropout, source=said)
+            tied_embeddings=f.bool("tie_word_embeddings", True), dropout=dropout, fused_qkv=True, source=said)
     else:
         hidden = f.int("hidden_size")
         heads = f.int("num_attention_heads")

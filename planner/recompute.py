@@ -72,6 +72,8 @@ class RecomputePolicy:
     megatron: str | None            # --recompute-granularity (""; no recompute flags)
     torchtitan: tuple[tuple[str, str], ...] | None    # [activation_checkpoint] settings
     deepspeed: str | None
+    reruns_block: bool = False      # the block's sub-modules run forward again before backward (their forward
+                                    # hooks fire again: ZeRO-3 runtimes that fetch per sub-module fetch again)
 
 
 def _none(f: BlockFacts) -> PolicyCost:
@@ -141,14 +143,15 @@ OP = RecomputePolicy(
                 "and reduce-scatters, recompute the rest (torchtitan SelectiveAC, selective_ac_option 'op', with "
                 "torch.utils.checkpoint.create_selective_checkpoint_contexts)",
     needs="torch's selective checkpointing contexts (torch.utils.checkpoint.create_selective_checkpoint_contexts)",
-    cost=_op, megatron=None, torchtitan=(("mode", "selective"), ("selective_ac_option", "op")), deepspeed=None)
+    cost=_op, megatron=None, torchtitan=(("mode", "selective"), ("selective_ac_option", "op")), deepspeed=None,
+    reruns_block=True)
 FULL = RecomputePolicy(
     name="full", title="full recompute",
     description="keep the block's input only and recompute the block before its backward (Chen et al. 2016; "
                 "Megatron-LM --recompute-granularity full)",
     needs="a checkpoint around the block (torch.utils.checkpoint)", cost=_full,
     megatron="--recompute-granularity full", torchtitan=(("mode", "full"),),
-    deepspeed="deepspeed.checkpointing.checkpoint around the block")
+    deepspeed="deepspeed.checkpointing.checkpoint around the block", reruns_block=True)
 ACTIVATION_OFFLOAD = RecomputePolicy(
     name="activation-offload", aliases=("offload",), title="activation offload to host memory",
     description="move the block's saved activations to host memory in forward and back in backward, over the "

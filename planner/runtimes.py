@@ -71,6 +71,19 @@ class StateLayout:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PerTensorFetch:
+    """ZeRO-3 as DeepSpeed v0.3.13-v0.5.4 runs it (planner/cost/fetch.py): each parameter tensor gathered on
+    its own into a list of per-rank views, each gradient reduce-scattered on its own from such a list."""
+
+    gather_loop_s: float          # host time per rank of the group, per gathered tensor: the Python loop of
+                                  # ``_allgather_param`` (a narrow view, get_rank(group) and an append per rank)
+    reduce_loop_s: float          # likewise of ``_reduce_scatter_gradient`` (a narrow view and an append per rank)
+    max_reuse_distance: float     # stage3_max_reuse_distance: parameters used again within this many
+                                  # elements stay gathered
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class Timing:
     """When a runtime runs its collectives, and which it overlaps with compute."""
 
@@ -113,6 +126,9 @@ class Timing:
     #   al. 2023, Ring Attention), or one all-gather before attention and a reduce-scatter of their
     #   gradients after it, with the whole sequence's keys and values kept for backward (Dubey et al.
     #   2024, Llama 3, Sec 3.3.2)
+    zero3_per_tensor: PerTensorFetch | None = None
+    # ^ ZeRO-3 gathers and reduces one parameter tensor at a time, serialised with compute
+    #   (planner/cost/fetch.py); None: a layer's parameters at once, prefetched beside compute
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -268,7 +284,25 @@ TORCHTITAN = replace(
     description="torchtitan: FSDP2 (ZeRO-2/3) or replicated data parallelism, DTensor TP/SP, context parallelism, "
                 "torch.distributed.pipelining, one activation-checkpointing mode")
 
-RUNTIMES: dict[str, Runtime] = {r.name: r for r in (TORCH, MEGATRON, DEEPSPEED, TORCHTITAN)}
+# DeepSpeed as it was from v0.3.13 (March 2021, the first with ZeRO-3) to v0.5.4 (October 2021), the version
+# of the ZeRO-3 runs Narayanan et al. (SC'21) Table 2 measured: the same configuration keys and memory
+# layout, but ZeRO-3 fetches one tensor at a time behind torch.cuda.synchronize() and gathers it into a
+# list of per-rank views (deepspeed/runtime/zero/partition_parameters.py ``_allgather_param`` and
+# ``_reduce_scatter_gradient``, stage3.py ``fetch_sub_module`` at v0.3.16; v0.5.5 moved the gather to
+# ``_all_gather_base``, one flat output). The loops' host time per rank: the two loops, copied into
+# ``python benchmarks/deepspeed_host_loop.py`` and run on CPU tensors with a gloo group, on the development
+# machine (2026-11-26): 2.7 us (gather) and 2.6 us (reduce-scatter) per rank, medians of 7 runs over 1536 ranks
+# (three more runs: 2.72-2.88 and 2.65-2.78)
+DEEPSPEED_2021 = replace(
+    DEEPSPEED, name="deepspeed-2021",
+    description="DeepSpeed v0.3.13-v0.5.4 (2021): ZeRO-3 gathers and reduce-scatters one tensor at a time, "
+                "each behind a device-wide synchronize",
+    timing=replace(DEEPSPEED.timing, zero3_per_tensor=PerTensorFetch(
+        gather_loop_s=2.7e-6, reduce_loop_s=2.6e-6, max_reuse_distance=1e9,
+        source="DeepSpeed v0.3.16 stage3.py (stage3_max_reuse_distance default 1e9) and partition_parameters.py; "
+               "loops: python benchmarks/deepspeed_host_loop.py (2026-11-26)")))
+
+RUNTIMES: dict[str, Runtime] = {r.name: r for r in (TORCH, MEGATRON, DEEPSPEED, TORCHTITAN, DEEPSPEED_2021)}
 EXECUTOR_RUNTIME = "torch"      # the runtime `meshplan run` is
 
 

@@ -52,7 +52,7 @@ from dataclasses import dataclass, fields, replace
 from .cluster import Cluster
 from .config import ParallelConfig, Workload
 from .cost.step import (CostCache, dp_overlaps, dp_phases, estimate, gathers_every_microbatch, optimizer_time_s,
-                        rank_costs, reduces_every_microbatch, tied_embedding_sync_s)
+                        per_tensor_phases, rank_costs, reduces_every_microbatch, tied_embedding_sync_s)
 from .estimate import Estimate, StepTime
 from .layers import LayerGraph
 from .placement import assign_layers, layer_policies
@@ -478,6 +478,8 @@ def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
     policies = layer_policies(graph, config)
     placement = assign_layers(graph, config)
     tied_extra = graph.tied_params / config.tp if graph.tied_embeddings and config.pp > 1 else 0.0
+    # ZeRO-3 one tensor at a time: every fetch and reduction waits for the GPU (cost/fetch.py)
+    per_tensor = config.zero == 3 and RUNTIMES[w.framework].timing.zero3_per_tensor is not None
     chunks = []
     for rank, rank_chunks in enumerate(placement):
         out = []
@@ -487,6 +489,8 @@ def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
                 cost = cache.layer(i, ctx)
                 p = cost.policy(policies[i])
                 g_f, g_b, red = dp_phases(cache, config, cost.params)
+                if per_tensor:
+                    g_f, g_b, red = per_tensor_phases(cache, config, cache.signatures[i], policies[i])
                 if tied_extra and rank == config.pp - 1 and i == len(graph.layers) - 1:
                     extra = dp_phases(cache, config, tied_extra)   # the head's copy of the shared embedding
                     g_f, g_b, red = g_f + extra[0], g_b + extra[1], red + extra[2]
@@ -504,7 +508,7 @@ def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
                     reduce_every_microbatch=reduces_every_microbatch(config, w.framework),
                     # torch pipelining runs the deferred ZeRO-2/3 sync after the last backward, the torch
                     # ZeRO-1 one in its optimizer step; FSDP2 on gloo blocks (cost.step.dp_overlaps)
-                    overlap_dp=all(dp_overlaps(framework=w.framework, device_kind=cluster.device_kind,
+                    overlap_dp=not per_tensor and all(dp_overlaps(framework=w.framework, device_kind=cluster.device_kind,
                                                overlap_grad_reduce=w.overlap_grad_reduce, zero=config.zero,
                                                dp=config.dp * config.cp, tp=config.tp, pp=config.pp)),
                     contention=cluster.comm_sm_fraction,

@@ -24,7 +24,7 @@ GLOBAL_BATCH = 8
 
 TINY_GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden=64, num_heads=4, num_kv_heads=4, head_dim=16,
                      ffn_hidden=256, vocab_size=128, seq_len=SEQ, max_positions=SEQ, mlp="gelu", norm="layernorm",
-                     linear_bias=True, qkv_bias=False, tied_embeddings=True, dropout=False)
+                     linear_bias=True, qkv_bias=False, tied_embeddings=True, dropout=False, fused_qkv=True)
 # a third shape: more, narrower heads sharing one key/value head, six layers, a wider MLP
 TINY_GQA = ModelSpec(name="tiny-gqa", num_layers=6, hidden=64, num_heads=8, num_kv_heads=1, head_dim=8,
                      ffn_hidden=192, vocab_size=96, seq_len=SEQ, max_positions=0, mlp="swiglu", norm="rmsnorm",

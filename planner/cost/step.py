@@ -18,6 +18,7 @@ from ..placement import assign_layers, layer_policies
 from .. import network
 from ..runtimes import RUNTIMES, priced_as
 from ..schedules import SCHEDULES
+from . import fetch
 from .eager import eager_regime, eager_s, layer_eager_regime, step_param_bytes, wraps_in_fsdp
 from .layer import Context, LayerCost, layer_cost
 from .memory import (grad_comm_bytes_per_param, resident_bytes_per_param, state_bytes_per_param,
@@ -162,6 +163,7 @@ class RankCost:
     first_bucket: float = 0.0    # parameters of the rank's first layer: its gather opens the forward,
                                  # its reduction closes the backward
     host_act_bytes: float = 0.0  # activations offloaded to host memory per micro-batch (recompute "activation-offload")
+    layers: tuple[tuple[tuple[str, str], int], ...] = ()    # ((signature, recompute policy), how many) it holds
 
 
 def rank_costs(cache: CostCache, config: ParallelConfig) -> list[RankCost]:
@@ -198,7 +200,7 @@ def _rank_costs(cache: CostCache, config: ParallelConfig, ctx: Context) -> list[
                             p2p_s=p2p, act_bytes=act, peak_extra_bytes=extra, params=params,
                             matmul_flops=flops, num_layers=max(1, layers), buckets=buckets,
                             first_bucket=cache.signature_cost(first, ctx).params if first else 0.0,
-                            host_act_bytes=host))
+                            host_act_bytes=host, layers=counts))
         if not tied:
             same[group] = out[-1]
     return out
@@ -258,7 +260,7 @@ def _inflight(schedule: str, rank: int, pp: int, vpp: int, m: int) -> float:
 
 def _dp_comm(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[float, float]:
     key = (config.dp, config.cp, config.tp, config.zero, config.num_microbatches, rank.buckets, rank.first_bucket,
-           rank.fwd_s, rank.bwd_s)
+           rank.fwd_s, rank.bwd_s, rank.layers)
     out = cache._dp.get(key)
     if out is None:
         out = cache._dp[key] = _dp_comm_uncached(cache, config, rank)
@@ -365,6 +367,10 @@ def _dp_comm_uncached(cache: CostCache, config: ParallelConfig, rank: RankCost) 
     if config.dp * config.cp == 1:
         return 0.0, 0.0
     m = config.num_microbatches
+    per_tensor = RUNTIMES[cache.workload.framework].timing.zero3_per_tensor
+    if config.zero == 3 and per_tensor is not None:
+        out = m * _per_tensor_s(cache, config, rank, per_tensor)
+        return out, out             # every fetch and reduction waits for the GPU: nothing hides (cost/fetch.py)
     per_micro = once = after = 0.0
     for params, count in rank.buckets:
         a, b, c = dp_collectives(cache, config, params)
@@ -393,6 +399,31 @@ def _dp_comm_uncached(cache: CostCache, config: ParallelConfig, rank: RankCost) 
     elif after:
         out += after                                     # ends the optimizer step
     return total, out
+
+
+def _per_tensor_s(cache: CostCache, config: ParallelConfig, rank: RankCost, per_tensor) -> float:
+    """One micro-batch's ZeRO-3 fetches and reductions, one tensor at a time (planner/cost/fetch.py)."""
+    return sum(n * sum(per_tensor_phases(cache, config, sig, policy)) for (sig, policy), n in rank.layers)
+
+
+def per_tensor_phases(cache: CostCache, config: ParallelConfig, signature: str, policy: str
+                      ) -> tuple[float, float, float]:
+    """(forward fetches, backward fetches, reductions) of one layer per micro-batch where the runtime's ZeRO-3
+    works one tensor at a time (``Timing.zero3_per_tensor``; planner/cost/fetch.py); zeros elsewhere."""
+    per_tensor = RUNTIMES[cache.workload.framework].timing.zero3_per_tensor
+    if config.zero != 3 or per_tensor is None or config.dp * config.cp == 1:
+        return 0.0, 0.0, 0.0
+    key = ("per-tensor", config.dp * config.cp, config.tp, config.micro_batch, config.sequence_parallel, signature,
+           policy)
+    out = cache._phases.get(key)
+    if out is None:
+        ctx = cache.context(config)
+        grp = network.group(cache.cluster, config.dp * config.cp, config.tp)
+        grad_bytes = grad_comm_bytes_per_param(cache.workload.framework, cache.workload.precision)
+        out = cache._phases[key] = fetch.layer_phases(
+            cache, cache.graph.layers[cache.representative[signature]], policy, config.tp, grp,
+            cache.signature_cost(signature, ctx).bwd_s, per_tensor, grad_bytes)
+    return out
 
 
 def optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float) -> float:

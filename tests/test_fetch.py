@@ -1,0 +1,105 @@
+"""ZeRO-3 one tensor at a time (planner/cost/fetch.py): DeepSpeed v0.3.13-v0.5.4's fetches, by hand."""
+import pytest
+
+from planner.api import load_job
+from planner.config import ParallelConfig
+from planner.cost import fetch
+from planner.cost.step import CostCache, estimate
+from planner.layers import build_layer_graph
+from planner.model import load_model
+from planner import network
+from planner.runtimes import RUNTIMES
+
+H = 12288       # GPT-3 175B's width
+
+
+def _block(model: str):
+    graph = build_layer_graph(load_model(model))
+    return graph, next(layer for layer in graph.layers if layer.kind == "block")
+
+
+def test_a_gpt_block_is_six_modules_with_a_fused_qkv():
+    graph, block = _block("gpt3-175b")
+    assert fetch.submodules(block, 1, graph.hidden) == [
+        (H, H),                         # input LayerNorm: weight, bias
+        (3 * H * H, 3 * H),             # query_key_value: one weight, one bias
+        (H * H, H),                     # output projection
+        (H, H),                         # post-attention LayerNorm
+        (4 * H * H, 4 * H),             # h -> 4h
+        (4 * H * H, H)]                 # 4h -> h
+
+
+def test_a_llama_block_keeps_q_k_v_apart_and_splits_under_tp():
+    graph, block = _block("llama3-8b")
+    h, kv, f = 4096, 1024, 14336
+    assert fetch.submodules(block, 2, graph.hidden) == [
+        (h,), (h * h / 2,), (h * kv / 2,), (h * kv / 2,), (h * h / 2,), (h,),
+        (h * f / 2,), (h * f / 2,), (f * h / 2,)]
+
+
+def test_reuse_distance_keeps_only_what_returns_within_the_limit():
+    subs = [(10.0,), (5.0, 5.0), (100.0,)]
+    # between a module's recomputed forward and its backward: the modules after it, forward and backward
+    assert fetch.kept_for_backward(subs, 25) == [False, False, True]          # 220, 200, 0
+    assert fetch.kept_for_backward(subs, 201) == [False, True, True]
+    assert fetch.kept_for_backward(subs, 221) == [True, True, True]
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    """GPT-3 175B under DeepSpeed of 2021 on two DGX A100 (16 ranks, 8 per node)."""
+    job = load_job("gpt3-175b", "a100-80g", gpus=16, global_batch=16, framework="deepspeed-2021", precision="fp16")
+    return (job, CostCache(job.graph, job.cluster, job.workload), network.group(job.cluster, 16, 1),
+            RUNTIMES["deepspeed-2021"].timing.zero3_per_tensor)
+
+
+def test_one_gather_as_deepspeed_issues_it(two_nodes):
+    job, cache, grp, spec = two_nodes
+    x = 1e8                                           # 200 MB of fp16
+    nbytes = 2e8
+    hbm = 2039e9 * 0.90
+    # NCCL's ring at Simple over 16 ranks on 2 nodes: 8.4 us base, 14 NVLink steps of 3.4 us, 1 network step of
+    # 14 us; bus bandwidth: 8 ranks per node, each node's 8 NICs at 200 Gb/s x 0.9 = 180 GB/s
+    ring = 8.4e-6 + 14 * 3.4e-6 + 14e-6 + 15 / 16 * nbytes / 180e9
+    # zeros, the loop over 16 ranks, then 16 copy launches beside NCCL's gather and the copies on the GPU
+    expected = nbytes / hbm + 16 * 2.7e-6 + max(16 * 6e-6, ring + 2 * nbytes / hbm)
+    assert fetch.gather_s(cache, x, grp, spec) == pytest.approx(expected, rel=1e-9)
+    # a tiny tensor: the host's launches decide
+    small = 2 * 12288 / hbm + 16 * 2.7e-6 + 16 * 6e-6
+    assert fetch.gather_s(cache, 12288, grp, spec) == pytest.approx(small, rel=0.02)
+
+
+def test_a_recomputed_block_fetches_three_times_less_what_stays(two_nodes):
+    _, cache, grp, spec = two_nodes
+    _, block = _block("gpt3-175b")
+    subs = fetch.submodules(block, 1, H)
+    one = sum(fetch.gather_s(cache, x, grp, spec) for s in subs for x in s)
+    last = sum(fetch.gather_s(cache, x, grp, spec) for x in subs[-1])       # 4h -> h: used again at once
+    fwd, bwd, _ = fetch.layer_phases(cache, block, "full", 1, grp, 1.0, spec, 2.0)
+    assert fwd == pytest.approx(one) and bwd == pytest.approx(2 * one - last)
+    fwd, bwd, _ = fetch.layer_phases(cache, block, "none", 1, grp, 1.0, spec, 2.0)
+    assert fwd == pytest.approx(one) and bwd == pytest.approx(one)
+
+
+def test_reductions_hide_their_host_work_behind_the_backward_only_where_it_is_longer(two_nodes):
+    job, cache, grp, spec = two_nodes
+    _, block = _block("gpt3-175b")
+    gpu = sum(2 * x * 2 / (2039e9 * 0.9) + network.reduce_scatter_s(job.cluster, 2 * x, grp)
+              for s in fetch.submodules(block, 1, H) for x in s)
+    host = 12 * 16 * (2.6e-6 + 6e-6)             # 12 tensors, 16 ranks: the loop and a copy launch each
+    # a backward of 10^4 s: even a LayerNorm's share (2h of 12h^2 + 13h parameters, 0.14 s) outlasts its host work
+    assert fetch.layer_phases(cache, block, "none", 1, grp, 1e4, spec, 2.0)[2] == pytest.approx(gpu)
+    assert fetch.layer_phases(cache, block, "none", 1, grp, 0.0, spec, 2.0)[2] == pytest.approx(gpu + host)
+
+
+@pytest.mark.parametrize("gpus", [384, 768, 1536])
+def test_deepspeed_of_2021_is_slower_than_todays_and_falls_as_the_gpus_double(gpus):
+    """Narayanan et al. SC'21 Table 2's shape: at a fixed global batch, per-GPU throughput of ZeRO-3 falls as
+    the GPUs double, because every tensor's gather costs a host step per rank."""
+    def tflops(framework: str, n: int) -> float:
+        job = load_job("gpt3-175b", "a100-80g", gpus=n, global_batch=1536, framework=framework, precision="fp16")
+        cfg = ParallelConfig(dp=n, tp=1, pp=1, zero=3, micro_batch=1536 // n, num_microbatches=1, recompute="full")
+        return estimate(job.graph, job.cluster, job.workload, cfg).model_tflops_per_gpu
+    assert tflops("deepspeed-2021", gpus) < tflops("deepspeed", gpus)
+    if gpus > 384:
+        assert tflops("deepspeed-2021", gpus) < tflops("deepspeed-2021", gpus // 2)
