@@ -28,6 +28,7 @@ from torch import nn
 from torch.nn.attention.bias import causal_lower_right
 
 from planner.model import ModelSpec
+from .support import check_model
 
 ROPE_THETA = 10000.0   # Su et al. 2021 (RoFormer), Sec 3.4.2; Llama 2 uses the same base
 
@@ -191,9 +192,7 @@ class Transformer(nn.Module):
         """``keep``: the layer paths to build (a pipeline stage's: "embed", "layers.3", "norm",
         "lm_head"); None builds them all."""
         super().__init__()
-        if spec.is_moe:
-            raise NotImplementedError(f"model {spec.name}: mixture-of-experts layers are not in the "
-                                      "reference models; allowed: dense GPT and Llama specs")
+        check_model(spec, source=f"model {spec.name}")
 
         def built(path: str) -> bool:
             return keep is None or path in keep

@@ -33,10 +33,29 @@ def check_stages(stages: tuple[tuple[str, ...], ...], spec: ModelSpec, source: s
         raise UserError("a stage holds no layer", source=source, field="stages")
 
 
+# What a model spec can ask for that executor/models.py does not build yet: the planner prices them all
+UNBUILT = (("num_experts", "mixture-of-experts layers"), ("kv_lora_rank", "multi-head latent attention"),
+           ("sliding_window", "sliding-window attention"), ("attention_sinks", "attention sinks"),
+           ("qk_norm", "q/k norms"))
+
+
+def check_model(spec: ModelSpec, source: str = "plan.json") -> None:
+    """Refuse a model spec with a part the executor's reference models (executor/models.py) do not build,
+    naming the plan.json field."""
+    for field, what in UNBUILT:
+        if getattr(spec, field):
+            raise UserError(f"{getattr(spec, field)!r}: {what} are not in meshplan's reference models yet "
+                            "(`meshplan plan` prices them; `meshplan run` cannot train them); allowed: dense "
+                            "GPT, Llama and Qwen2 models with full causal attention", source=source,
+                            field=f"model.spec.{field}")
+
+
 def check_supported(config: ParallelConfig, spec: ModelSpec | None, device_kind: str, source: str = "plan.json") -> None:
-    """Refuse what this executor cannot run on ``device_kind`` ("cuda" or "cpu"): the torch
-    runtime's refusals in planner/runtimes.py, the table the planner's search space is built
-    from, named as plan.json fields (of the file ``source``)."""
+    """Refuse what this executor cannot run on ``device_kind`` ("cuda" or "cpu"): the model's parts it does
+    not build (``check_model``), and the torch runtime's refusals in planner/runtimes.py, the table the
+    planner's search space is built from, named as plan.json fields (of the file ``source``)."""
+    if spec is not None:
+        check_model(spec, source)
     kv_heads = spec.num_kv_heads if spec is not None else None
     for knob, why in config_refusals(config, EXECUTOR_RUNTIME, device_kind, kv_heads):
         raise UserError(why, source=source, field=f"config.{knob}")

@@ -209,8 +209,44 @@ def _dropout_add(name: str, spec: ModelSpec) -> Op:
     return Op(name=name, kind="elementwise", bytes_fwd=6 * h, bytes_bwd=4 * h, split="sp")
 
 
-def _attention_ops(prefix: str, spec: ModelSpec) -> list[Op]:
-    """q/k/v projections (column parallel), the attention core, the output projection (row)."""
+def _mla_ops(prefix: str, spec: ModelSpec, window: int) -> list[Op]:
+    """Multi-head latent attention (DeepSeek-AI 2024, DeepSeek-V2, arXiv:2405.04434, Sec 2.1; Megatron-Core's
+    MLASelfAttention): q through a rank-r_q bottleneck (down-projection replicated over TP, a norm, an up-projection
+    column parallel), k and v from one latent of rank r_kv plus a shared RoPE key (down-projection replicated, a
+    norm, an up-projection column parallel to every head's no-RoPE key and value). The core's q.k width is
+    ``head_dim`` (no-RoPE + RoPE) and its v width ``v_head_dim``: it is priced at their mean width, exact for its
+    two products' FLOPs and for the keys and values it moves."""
+    h, heads, q = spec.hidden, spec.num_heads, spec.q_dim
+    rope, v = spec.qk_rope_head_dim, spec.v_head_dim or spec.head_dim
+    r_q, r_kv = spec.q_lora_rank, spec.kv_lora_rank
+    ops = []
+    if r_q:
+        ops += [_linear(f"{prefix}.q_down", spec, h, r_q, "replicate", bias=False, input_split="sp"),
+                replace(_norm(f"{prefix}.q_norm", spec), params=r_q, bytes_fwd=4 * r_q, bytes_bwd=6 * r_q,
+                        split="none", saved=(Saved(elems=r_q, split="none"),)),
+                _linear(f"{prefix}.q_up", spec, r_q, q, "column", bias=False, input_split="none")]
+    else:
+        ops.append(_linear(f"{prefix}.q_proj", spec, h, q, "column", bias=False, input_split="sp"))
+    ops += [_linear(f"{prefix}.kv_down", spec, h, r_kv + rope, "replicate", bias=False, saves_input=not r_q),
+            replace(_norm(f"{prefix}.kv_norm", spec), params=r_kv, bytes_fwd=4 * r_kv, bytes_bwd=6 * r_kv,
+                    split="none", saved=(Saved(elems=r_kv, split="none"),)),
+            _linear(f"{prefix}.kv_up", spec, r_kv, heads * (spec.head_dim - rope + v), "column", bias=False,
+                    input_split="none"),
+            Op(name=f"{prefix}.rope", kind="elementwise", bytes_fwd=4 * (heads + 1) * rope,
+               bytes_bwd=4 * (heads + 1) * rope, split="tp"),
+            Op(name=f"{prefix}.core", kind="attention", heads=heads, kv_heads=heads, head_dim=(spec.head_dim + v) // 2,
+               causal=True, window=window, attn_dropout=spec.dropout,
+               saved=(Saved(elems=2 * q + heads * v, split="tp"), Saved(elems=heads * v, split="tp"))),
+            _linear(f"{prefix}.o_proj", spec, heads * v, h, "row", bias=False, saves_input=False)]
+    return ops
+
+
+def _attention_ops(prefix: str, spec: ModelSpec, window: int | None = None) -> list[Op]:
+    """q/k/v projections (column parallel), the attention core, the output projection (row); ``window``: the
+    block's sliding window (None: the model's)."""
+    window = spec.sliding_window if window is None else window
+    if spec.is_mla:
+        return _mla_ops(prefix, spec, window)
     h, q, kv = spec.hidden, spec.q_dim, spec.kv_dim
     bias = spec.linear_bias or spec.qkv_bias
     # q, k and v read the same normed input: it is saved once (on q_proj)
@@ -219,19 +255,44 @@ def _attention_ops(prefix: str, spec: ModelSpec) -> list[Op]:
                    fused_with_previous=spec.fused_qkv),
            replace(_linear(f"{prefix}.v_proj", spec, h, kv, "column", bias=bias, saves_input=False),
                    fused_with_previous=spec.fused_qkv)]
+    if spec.qk_norm:           # RMSNorm of each head's q and k (Qwen3): reads and writes them, keeps rstd
+        ops.append(Op(name=f"{prefix}.qk_norm", kind="elementwise", params=2 * spec.head_dim, bytes_fwd=4 * (q + kv),
+                      bytes_bwd=6 * (q + kv), split="tp", norm=True,
+                      saved=(Saved(elems=q + kv, split="tp"),
+                             Saved(elems=spec.num_heads + spec.num_kv_heads, split="tp", dtype_bytes=4))))
     if spec.mlp == "swiglu":   # RoPE on q and k: elementwise, saves only its cos/sin tables
         ops.append(Op(name=f"{prefix}.rope", kind="elementwise", bytes_fwd=4 * (q + kv), bytes_bwd=4 * (q + kv),
                       split="tp"))
-    # the core saves q, k, v (its inputs) and its output (the projection's input, one tensor)
+    # the core saves q, k, v (its inputs) and its output (the projection's input, one tensor); attention sinks
+    # (GPT-OSS) add one learned logit per head to every softmax: its parameters, no work worth a kernel
     ops.append(Op(name=f"{prefix}.core", kind="attention", heads=spec.num_heads, kv_heads=spec.num_kv_heads,
-                  head_dim=spec.head_dim, causal=True, window=spec.sliding_window, attn_dropout=spec.dropout,
+                  head_dim=spec.head_dim, causal=True, window=window, attn_dropout=spec.dropout,
+                  params=spec.num_heads if spec.attention_sinks else 0,
                   saved=(Saved(elems=q + 2 * kv, split="tp"), Saved(elems=q, split="tp"))))
     ops.append(_linear(f"{prefix}.o_proj", spec, q, h, "row", bias=spec.linear_bias, saves_input=False))
     return ops
 
 
-def _mlp_ops(prefix: str, spec: ModelSpec) -> list[Op]:
+def _swiglu_ops(prefix: str, spec: ModelSpec, f: int, *, saves_input: bool = True) -> list[Op]:
+    """A dense SwiGLU MLP of inner width ``f`` (a dense block's, or the shared experts' together)."""
+    h = spec.hidden
+    return [
+        _linear(f"{prefix}.gate_proj", spec, h, f, "column", bias=spec.linear_bias, saves_input=saves_input,
+                input_split="sp"),
+        _linear(f"{prefix}.up_proj", spec, h, f, "column", bias=spec.linear_bias, saves_input=False),
+        Op(name=f"{prefix}.act", kind="elementwise", bytes_fwd=10 * f, bytes_bwd=16 * f, split="tp",
+           saved=(Saved(elems=3 * f, split="tp"),)),
+        _linear(f"{prefix}.down_proj", spec, f, h, "row", bias=spec.linear_bias),
+    ]
+
+
+def _mlp_ops(prefix: str, spec: ModelSpec, moe: bool | None = None) -> list[Op]:
+    """The block's MLP: dense (GELU or SwiGLU of ``ffn_hidden``), or routed experts (``moe``: this block routes)
+    of ``expert_ffn`` each, top-k of them per token, beside the shared experts."""
     h, f = spec.hidden, spec.ffn_hidden
+    moe = spec.is_moe if moe is None else moe
+    if spec.mlp == "swiglu" and not moe:
+        return _swiglu_ops(prefix, spec, f)
     if spec.mlp == "gelu":
         return [
             _linear(f"{prefix}.fc1", spec, h, f, "column", bias=spec.linear_bias, input_split="sp"),
@@ -239,35 +300,41 @@ def _mlp_ops(prefix: str, spec: ModelSpec) -> list[Op]:
                saved=(Saved(elems=f, split="tp"),)),
             _linear(f"{prefix}.fc2", spec, f, h, "row", bias=spec.linear_bias),
         ]
-    k = spec.experts_per_token if spec.is_moe else 1
-    e = spec.num_experts if spec.is_moe else 1
-    ops = []
-    if spec.is_moe:    # router: a replicated h x E linear, softmax and top-k; tokens are permuted to experts
-        ops.append(_linear(f"{prefix}.router", spec, h, spec.num_experts, "replicate", bias=False,
-                           input_split="sp"))
-        ops.append(Op(name=f"{prefix}.permute", kind="elementwise", bytes_fwd=4 * h * k, bytes_bwd=4 * h * k,
-                      split="sp", saved=(Saved(elems=h * k, split="sp"),)))
+    k, e, f = spec.experts_per_token, spec.num_experts, spec.expert_ffn
+    # router: a replicated h x E linear, softmax and top-k; tokens are permuted to experts
+    ops = [_linear(f"{prefix}.router", spec, h, e, "replicate", bias=spec.linear_bias, input_split="sp"),
+           Op(name=f"{prefix}.permute", kind="elementwise", bytes_fwd=4 * h * k, bytes_bwd=4 * h * k,
+              split="sp", saved=(Saved(elems=h * k, split="sp"),))]
     ops += [
-        # gate and up share their input: one saved copy (on the up projection's entry)
-        _linear(f"{prefix}.gate_proj", spec, h, f, "column", bias=False, saves_input=not spec.is_moe,
+        # gate and up share their input: one saved copy (the permuted tokens, above)
+        _linear(f"{prefix}.gate_proj", spec, h, f, "column", bias=spec.linear_bias, saves_input=False,
                 input_split="sp", tokens_factor=k, num_gemms=e),
-        _linear(f"{prefix}.up_proj", spec, h, f, "column", bias=False, saves_input=False, tokens_factor=k,
+        _linear(f"{prefix}.up_proj", spec, h, f, "column", bias=spec.linear_bias, saves_input=False, tokens_factor=k,
                 num_gemms=e),
         # silu saves the gate output; the product saves silu's output and up's output
         Op(name=f"{prefix}.act", kind="elementwise", bytes_fwd=10 * f * k, bytes_bwd=16 * f * k, split="tp",
            saved=(Saved(elems=3 * f * k, split="tp"),)),
-        _linear(f"{prefix}.down_proj", spec, f, h, "row", bias=False, tokens_factor=k, num_gemms=e),
+        _linear(f"{prefix}.down_proj", spec, f, h, "row", bias=spec.linear_bias, tokens_factor=k, num_gemms=e),
     ]
+    if spec.shared_experts:    # every token through the shared experts too: one dense MLP of their total width
+        ops += _swiglu_ops(f"{prefix}.shared", spec, spec.shared_ffn, saves_input=False)
+        if spec.shared_expert_gate:
+            ops.append(_linear(f"{prefix}.shared.gate", spec, h, 1, "replicate", bias=False, saves_input=False))
     return ops
 
 
 def _block(index: int, spec: ModelSpec) -> Layer:
+    """Block ``index``: its signature names what sets it apart from the model's other blocks (a dense MLP among
+    experts, full attention among sliding windows), so that blocks alike are priced once."""
     prefix = f"layers.{index}"
     h = spec.hidden
-    ops = [_norm(f"{prefix}.attn_norm", spec), *_attention_ops(f"{prefix}.attn", spec),
+    moe, window = spec.is_moe_block(index), spec.sliding_window if spec.slides(index) else 0
+    ops = [_norm(f"{prefix}.attn_norm", spec), *_attention_ops(f"{prefix}.attn", spec, window),
            _dropout_add(f"{prefix}.residual1", spec), _norm(f"{prefix}.mlp_norm", spec),
-           *_mlp_ops(f"{prefix}.mlp", spec), _dropout_add(f"{prefix}.residual2", spec)]
-    return Layer(name=prefix, kind="block", signature="block", ops=tuple(ops),
+           *_mlp_ops(f"{prefix}.mlp", spec, moe), _dropout_add(f"{prefix}.residual2", spec)]
+    signature = "block" + ("-dense" if spec.is_moe and not moe else "") \
+        + ("-full" if spec.sliding_window and not window else "")
+    return Layer(name=prefix, kind="block", signature=signature, ops=tuple(ops),
                  tp_allreduce_fwd_elems=2 * h, tp_allreduce_bwd_elems=2 * h, output_elems=h,
                  params_replicated=replicated_params(ops), eager=layer_eager_bytes(spec, "block"))
 

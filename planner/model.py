@@ -35,11 +35,27 @@ class ModelSpec:
     qkv_bias: bool                  # biases on q, k, v only (Qwen2)
     tied_embeddings: bool           # LM head shares the input embedding matrix
     dropout: bool                   # dropout layers active in training (Megatron GPT: 0.1)
-    num_experts: int = 0            # 0: dense MLP; else experts per MoE layer
+    num_experts: int = 0            # 0: dense MLP; else routed experts per MoE layer
     experts_per_token: int = 0      # top-k routing
     sliding_window: int = 0         # 0: full causal attention
     fused_qkv: bool = False         # q, k and v are one parameter tensor (GPT-2's c_attn, Megatron GPT's
                                     # query_key_value): one module for runtimes that work per module
+    # -- mixtures of experts (Fedus et al. 2022; DeepSeek-AI 2024, DeepSeek-V3, arXiv:2412.19437, Sec 2.1.2)
+    moe_ffn_hidden: int = 0         # one routed expert's inner width (0: ffn_hidden, as Mixtral)
+    shared_experts: int = 0         # experts every token goes through (DeepSeek, Qwen2-MoE)
+    shared_ffn_hidden: int = 0      # one shared expert's inner width (0: moe_ffn_hidden)
+    shared_expert_gate: bool = False    # a sigmoid gate (an h x 1 linear) scales the shared experts' output (Qwen2-MoE)
+    dense_layers: int = 0           # the first blocks have a dense MLP of ffn_hidden (first_k_dense_replace)
+    # -- multi-head latent attention (DeepSeek-V2, arXiv:2405.04434, Sec 2.1): low-rank q and kv
+    q_lora_rank: int = 0            # q's down-projection rank (0: a full-rank q projection)
+    kv_lora_rank: int = 0           # the latent kv rank; > 0 makes attention MLA
+    qk_rope_head_dim: int = 0       # of head_dim (q's and k's width per head), the part RoPE rotates
+    v_head_dim: int = 0             # v's width per head (0: head_dim)
+    # -- attention variants
+    sliding_every: int = 0          # with sliding_window: blocks i with i % sliding_every == 0 slide, the
+                                    # others attend fully (GPT-OSS alternates: 2); 0: every block slides
+    attention_sinks: bool = False   # a learned logit per head in every softmax (GPT-OSS)
+    qk_norm: bool = False           # RMSNorm of q and k per head (Qwen3)
     source: str = ""                # where these numbers come from
 
     @property
@@ -54,24 +70,73 @@ class ModelSpec:
     def kv_dim(self) -> int:
         return self.num_kv_heads * self.head_dim
 
-    def block_params(self) -> int:
-        """Parameters of one transformer block."""
-        h, f = self.hidden, self.ffn_hidden
-        norm = (2 * h if self.norm == "layernorm" else h) * 2
-        attn = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def o_dim(self) -> int:
+        """The attention's output width (the output projection's input): heads x v's head width."""
+        return self.num_heads * (self.v_head_dim or self.head_dim)
+
+    @property
+    def expert_ffn(self) -> int:
+        return self.moe_ffn_hidden or self.ffn_hidden
+
+    @property
+    def shared_ffn(self) -> int:
+        """The shared experts' inner width, all of them together (one dense MLP of that width)."""
+        return self.shared_experts * (self.shared_ffn_hidden or self.expert_ffn)
+
+    def is_moe_block(self, index: int) -> bool:
+        """Whether block ``index`` routes its tokens to experts (the first ``dense_layers`` do not)."""
+        return self.is_moe and index >= self.dense_layers
+
+    def slides(self, index: int) -> bool:
+        """Whether block ``index`` attends through the sliding window."""
+        return bool(self.sliding_window) and (not self.sliding_every or index % self.sliding_every == 0)
+
+    def mlp_params(self, width: int) -> int:
+        """One MLP (or expert) of inner width ``width``."""
+        h = self.hidden
+        if self.mlp == "gelu":
+            return 2 * h * width + ((width + h) if self.linear_bias else 0)
+        return 3 * h * width + ((2 * width + h) if self.linear_bias else 0)
+
+    def attention_params(self) -> int:
+        h, heads = self.hidden, self.num_heads
+        if self.is_mla:
+            rope = self.qk_rope_head_dim
+            q = (h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * self.q_dim) if self.q_lora_rank \
+                else h * self.q_dim
+            kv = h * (self.kv_lora_rank + rope) + self.kv_lora_rank \
+                + self.kv_lora_rank * heads * (self.head_dim - rope + (self.v_head_dim or self.head_dim))
+            return q + kv + self.o_dim * h
+        attn = h * self.q_dim + 2 * h * self.kv_dim + self.o_dim * h
         if self.linear_bias:
             attn += self.q_dim + 2 * self.kv_dim + h
         elif self.qkv_bias:
             attn += self.q_dim + 2 * self.kv_dim
-        if self.mlp == "gelu":
-            expert = 2 * h * f + ((f + h) if self.linear_bias else 0)
-        else:
-            expert = 3 * h * f
-        if self.is_moe:
-            mlp = self.num_experts * expert + h * self.num_experts  # experts + router
-        else:
-            mlp = expert
-        return norm + attn + mlp
+        if self.qk_norm:
+            attn += 2 * self.head_dim
+        if self.attention_sinks:
+            attn += heads
+        return attn
+
+    def block_params(self, index: int = 0) -> int:
+        """Parameters of transformer block ``index``."""
+        h = self.hidden
+        norm = (2 * h if self.norm == "layernorm" else h) * 2
+        if not self.is_moe_block(index):
+            return norm + self.attention_params() + self.mlp_params(self.ffn_hidden)
+        router = h * self.num_experts + (self.num_experts if self.linear_bias else 0)
+        shared = (self.mlp_params(self.shared_ffn) + (h if self.shared_expert_gate else 0)) if self.shared_experts else 0
+        return norm + self.attention_params() + self.num_experts * self.mlp_params(self.expert_ffn) + router + shared
+
+    def active_params(self) -> int:
+        """Parameters a token goes through: the routed experts it is sent to, not all of them."""
+        idle = (self.num_experts - self.experts_per_token) * self.mlp_params(self.expert_ffn) if self.is_moe else 0
+        return self.num_params() - idle * (self.num_layers - min(self.dense_layers, self.num_layers))
 
     def embedding_params(self) -> int:
         return self.vocab_size * self.hidden + self.max_positions * self.hidden
@@ -84,7 +149,9 @@ class ModelSpec:
         return 0 if self.tied_embeddings else self.vocab_size * self.hidden
 
     def num_params(self) -> int:
-        return (self.embedding_params() + self.num_layers * self.block_params()
+        dense = min(self.dense_layers, self.num_layers) if self.is_moe else self.num_layers
+        return (self.embedding_params() + dense * self.block_params(0)
+                + (self.num_layers - dense) * self.block_params(self.num_layers - 1)
                 + self.final_norm_params() + self.head_params())
 
     def validate(self, source: str) -> "ModelSpec":
@@ -100,6 +167,28 @@ class ModelSpec:
         if self.is_moe and not 0 < self.experts_per_token <= self.num_experts:
             raise UserError(f"experts per token must be 1..{self.num_experts}, got {self.experts_per_token}",
                             source=source, field="experts_per_token")
+        for field in ("moe_ffn_hidden", "shared_experts", "shared_ffn_hidden", "dense_layers", "q_lora_rank",
+                      "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "sliding_every", "sliding_window"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise UserError(f"must be a non-negative integer, got {value!r}", source=source, field=field)
+        if not self.is_moe:
+            for field in ("moe_ffn_hidden", "shared_experts", "shared_ffn_hidden", "dense_layers"):
+                if getattr(self, field):
+                    raise UserError(f"{getattr(self, field)} without routed experts (num_experts is 0)",
+                                    source=source, field=field)
+        if self.dense_layers > self.num_layers:
+            raise UserError(f"{self.dense_layers} dense blocks of {self.num_layers}", source=source,
+                            field="dense_layers")
+        if self.is_mla and not 0 < self.qk_rope_head_dim < self.head_dim:
+            raise UserError(f"multi-head latent attention rotates 1..{self.head_dim - 1} of each head's "
+                            f"{self.head_dim} q/k dimensions, got {self.qk_rope_head_dim}", source=source,
+                            field="qk_rope_head_dim")
+        if not self.is_mla and (self.q_lora_rank or self.qk_rope_head_dim):
+            raise UserError("a low-rank q or a RoPE part of the head needs multi-head latent attention "
+                            "(kv_lora_rank > 0)", source=source, field="kv_lora_rank")
+        if self.sliding_every and not self.sliding_window:
+            raise UserError(f"{self.sliding_every} without a sliding window", source=source, field="sliding_every")
         return self
 
 
@@ -127,6 +216,23 @@ _GPT3 = "Brown et al. 2020 (arXiv:2005.14165), Table 2.1 (GPT-3 175B); Narayanan
 _L2 = "Touvron et al. 2023 (arXiv:2307.09288) / Hugging Face meta-llama/Llama-2-*-hf config.json"
 _L3 = "Llama Team 2024, 'The Llama 3 Herd of Models' (arXiv:2407.21783), Table 3 / HF config.json"
 _MIX = "Jiang et al. 2024 (arXiv:2401.04088) / HF mistralai/Mixtral-8x7B-v0.1 config.json"
+_MIX22 = ("Mistral AI, Mixtral 8x22B (April 2024): HF mistralai/Mixtral-8x22B-v0.1 config.json (hidden 6144, 56 layers, "
+          "48/8 heads, experts of 16384, 8 experts, top 2, vocabulary 32000); 141B parameters, 39B active; "
+          "sequence 4096 assumed")
+_DSV3 = ("DeepSeek-AI 2024, DeepSeek-V3 Technical Report (arXiv:2412.19437), Sec 4.2: 61 layers, hidden 7168, 128 "
+         "heads of 128 + 64 (RoPE), v 128, q rank 1536, kv rank 512, 1 shared + 256 routed experts of 2048, top 8, "
+         "the first 3 layers dense (18432), sequence 4096; 671B parameters, 37B active; transformers 5.23 "
+         "DeepseekV3Config; the multi-token-prediction module left out")
+_K2 = ("Kimi Team 2025, Kimi K2 (arXiv:2507.20534), Sec 2.3 and Table 2: DeepSeek-V3's architecture with 64 heads, "
+       "384 experts (top 8, 1 shared), 1 dense layer, vocabulary 163840; 1.04T parameters, 32B active; HF "
+       "moonshotai/Kimi-K2-Base config.json; sequence 4096")
+_Q3 = ("Qwen Team 2025, Qwen3 Technical Report (arXiv:2505.09388), Table 2 (layers, heads, 128 experts, top 8) / HF "
+       "Qwen/Qwen3-30B-A3B and Qwen3-235B-A22B config.json (hidden, head_dim 128, moe_intermediate_size, QK norm); "
+       "sequence 4096 (its first pre-training stages)")
+_OSS = ("OpenAI 2025, gpt-oss-120b & gpt-oss-20b Model Card (arXiv:2508.10925), Sec 2.1 and Table 1: hidden 2880, "
+        "64 query / 8 key-value heads of 64, experts of 2880 (top 4), banded window of 128 tokens on every other "
+        "layer, a learned sink per head, biases; 36 layers and 128 experts (116.8B, 5.1B active) or 24 and 32 "
+        "(20.9B, 3.6B active); HF openai/gpt-oss-* config.json; sequence 4096 assumed")
 
 ZOO: dict[str, ModelSpec] = {m.name: m for m in (
     _gpt("gpt-1.7b", 24, 2304, 24, source=_NAR21),
@@ -147,16 +253,33 @@ ZOO: dict[str, ModelSpec] = {m.name: m for m in (
     _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, source=_L3),
     _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192, source=_L3),
     _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 4096, source=_MIX, experts=8, top_k=2),
+    _llama("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32000, 4096, source=_MIX22, experts=8, top_k=2),
+    replace(_llama("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, 4096, source=_DSV3, experts=256, top_k=8),
+            head_dim=192, qk_rope_head_dim=64, v_head_dim=128, q_lora_rank=1536, kv_lora_rank=512,
+            moe_ffn_hidden=2048, shared_experts=1, dense_layers=3),
+    replace(_llama("kimi-k2", 61, 7168, 64, 64, 18432, 163840, 4096, source=_K2, experts=384, top_k=8),
+            head_dim=192, qk_rope_head_dim=64, v_head_dim=128, q_lora_rank=1536, kv_lora_rank=512,
+            moe_ffn_hidden=2048, shared_experts=1, dense_layers=1),
+    replace(_llama("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, 4096, source=_Q3, experts=128, top_k=8),
+            head_dim=128, moe_ffn_hidden=768, qk_norm=True),
+    replace(_llama("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 151936, 4096, source=_Q3, experts=128, top_k=8),
+            head_dim=128, moe_ffn_hidden=1536, qk_norm=True),
+    replace(_llama("gpt-oss-20b", 24, 2880, 64, 8, 2880, 201088, 4096, source=_OSS, experts=32, top_k=4),
+            head_dim=64, linear_bias=True, attention_sinks=True, sliding_window=128, sliding_every=2),
+    replace(_llama("gpt-oss-120b", 36, 2880, 64, 8, 2880, 201088, 4096, source=_OSS, experts=128, top_k=4),
+            head_dim=64, linear_bias=True, attention_sinks=True, sliding_window=128, sliding_every=2),
 )}
 
 # Other names people use for the same models. Narayanan's Table 1 has no 175B
 # row (its GPT-3-sized row is 145.6B); GPT-3 175B is the model of its Sec 5.2.
 ALIASES = {"gpt-175b": "gpt3-175b", "gpt-1008b": "gpt-1t", "gpt3": "gpt3-175b"}
 
-SUPPORTED_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "mixtral")
+SUPPORTED_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3",
+                         "gpt_oss")
 
 # What transformers assumes for each field a config.json leaves out: the defaults of its config classes
-# (GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, MixtralConfig of transformers 5.23; checked against
+# (GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig,
+# DeepseekV3Config, GptOssConfig of transformers 5.23; checked against
 # the installed transformers by tests/test_model.py). Only the fields meshplan reads.
 HF_DEFAULTS = {
     "gpt2": {"n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024, "n_inner": None, "vocab_size": 50257,
@@ -174,9 +297,31 @@ HF_DEFAULTS = {
                 "intermediate_size": 14336, "vocab_size": 32000, "max_position_embeddings": 131072, "head_dim": None,
                 "sliding_window": None, "num_local_experts": 8, "num_experts_per_tok": 2,
                 "tie_word_embeddings": False},
+    "qwen2_moe": {"hidden_size": 2048, "num_attention_heads": 16, "num_hidden_layers": 24, "num_key_value_heads": 16,
+                  "intermediate_size": 5632, "vocab_size": 151936, "max_position_embeddings": 32768,
+                  "sliding_window": 0, "use_sliding_window": False, "tie_word_embeddings": False, "num_experts": 60,
+                  "num_experts_per_tok": 4, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+                  "decoder_sparse_step": 1, "mlp_only_layers": [], "qkv_bias": True},
+    "qwen3_moe": {"hidden_size": 2048, "num_attention_heads": 32, "num_hidden_layers": 24, "num_key_value_heads": 4,
+                  "intermediate_size": 6144, "vocab_size": 151936, "max_position_embeddings": 32768,
+                  "sliding_window": None, "use_sliding_window": False, "tie_word_embeddings": False,
+                  "num_local_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+                  "decoder_sparse_step": 1, "mlp_only_layers": [], "attention_bias": False},
+    "deepseek_v3": {"hidden_size": 7168, "num_attention_heads": 128, "num_hidden_layers": 61,
+                    "num_key_value_heads": 128, "intermediate_size": 18432, "vocab_size": 129280,
+                    "max_position_embeddings": 4096, "tie_word_embeddings": False, "n_routed_experts": 256,
+                    "n_shared_experts": 1, "num_experts_per_tok": 8, "moe_intermediate_size": 2048,
+                    "first_k_dense_replace": 3, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+                    "qk_rope_head_dim": 64, "v_head_dim": 128, "attention_bias": False},
+    "gpt_oss": {"hidden_size": 2880, "num_attention_heads": 64, "num_hidden_layers": 36, "num_key_value_heads": 8,
+                "intermediate_size": 2880, "vocab_size": 201088, "max_position_embeddings": 131072, "head_dim": 64,
+                "sliding_window": 128, "tie_word_embeddings": False, "num_local_experts": 128,
+                "num_experts_per_tok": 4, "attention_bias": True},
 }
 GPT2_ATTRIBUTE_MAP = {"hidden_size": "n_embd", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer",
                       "max_position_embeddings": "n_positions"}
+ATTRIBUTE_MAPS = {"gpt2": GPT2_ATTRIBUTE_MAP, "qwen3_moe": {"num_experts": "num_local_experts"},
+                  "gpt_oss": {"num_experts": "num_local_experts"}}
 
 
 def zoo_names() -> list[str]:
@@ -237,6 +382,15 @@ class _Fields:
             raise UserError("missing (required)", source=self.source, field=" or ".join(keys))
         return default
 
+    def count(self, key: str, default: int = 0) -> int:
+        """A non-negative integer; absent or null: ``default``."""
+        value = self.data.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise UserError(f"must be a non-negative integer, got {value!r}", source=self.source, field=key)
+        return value
+
     def bool(self, key: str, default: bool) -> bool:
         value = self.data.get(key, default)
         if value is None:
@@ -254,8 +408,9 @@ def load_hf_config(path: Path) -> ModelSpec:
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise UserError(f"unsupported value {model_type!r}; supported: {one_of(SUPPORTED_MODEL_TYPES)}",
                         source=source, field="model_type")
-    if model_type == "gpt2":        # GPT2Config.attribute_map: the common names stand for GPT-2's own
-        data = {**{own: data[common] for common, own in GPT2_ATTRIBUTE_MAP.items() if common in data}, **data}
+    # the config class's attribute_map: other names a file may use for its own fields
+    data = {**{own: data[other] for other, own in ATTRIBUTE_MAPS.get(model_type, {}).items() if other in data},
+            **data}
     defaulted = sorted(k for k in HF_DEFAULTS[model_type] if k not in data)
     data = {**HF_DEFAULTS[model_type], **data}      # what transformers assumes for what the file leaves out
     f = _Fields(data, source)
@@ -299,4 +454,57 @@ def load_hf_config(path: Path) -> ModelSpec:
             num_experts=experts, experts_per_token=top_k,
             sliding_window=window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else 0,
             source=said)
+        spec = _MOE_READERS.get(model_type, lambda spec, f: spec)(spec, f)
     return spec.validate(source)
+
+
+def _leading_dense(f: "_Fields", num_layers: int) -> int:
+    """Qwen-MoE's dense blocks (``mlp_only_layers``, and every block off ``decoder_sparse_step``), as the count of
+    leading dense blocks meshplan expresses; another layout is refused, naming the field."""
+    step = f.int("decoder_sparse_step", default=1)
+    dense = sorted(set(f.data.get("mlp_only_layers") or [])
+                   | {i for i in range(num_layers) if (i + 1) % step})
+    if dense != list(range(len(dense))):
+        raise UserError(f"dense blocks {dense}: only leading dense blocks are supported (the first K blocks)",
+                        source=f.source, field="mlp_only_layers")
+    return len(dense)
+
+
+def _qwen_moe(spec: ModelSpec, f: "_Fields") -> ModelSpec:
+    """Qwen2-MoE (a gated shared expert, q/k/v biases) and Qwen3-MoE (q/k norms, no shared expert)."""
+    qwen3 = f.data.get("model_type") == "qwen3_moe"
+    shared = 0 if qwen3 else f.count("shared_expert_intermediate_size")
+    return replace(spec, num_experts=f.int("num_local_experts" if qwen3 else "num_experts"),
+                   experts_per_token=f.int("num_experts_per_tok"), moe_ffn_hidden=f.int("moe_intermediate_size"),
+                   shared_experts=1 if shared else 0, shared_ffn_hidden=shared, shared_expert_gate=bool(shared),
+                   qk_norm=qwen3,
+                   qkv_bias=not qwen3 and f.bool("qkv_bias", True),
+                   dense_layers=_leading_dense(f, spec.num_layers))
+
+
+def _deepseek_v3(spec: ModelSpec, f: "_Fields") -> ModelSpec:
+    """DeepSeek-V3 (and Kimi K2, the same architecture): multi-head latent attention, one shared expert beside
+    the routed ones, the first ``first_k_dense_replace`` blocks dense. Its multi-token-prediction module
+    (``num_nextn_predict_layers``) is left out."""
+    nope, rope = f.int("qk_nope_head_dim"), f.int("qk_rope_head_dim")
+    return replace(spec, num_kv_heads=spec.num_heads, head_dim=nope + rope, qk_rope_head_dim=rope,
+                   v_head_dim=f.int("v_head_dim"), q_lora_rank=f.count("q_lora_rank"),
+                   kv_lora_rank=f.int("kv_lora_rank"), num_experts=f.int("n_routed_experts"),
+                   experts_per_token=f.int("num_experts_per_tok"), moe_ffn_hidden=f.int("moe_intermediate_size"),
+                   shared_experts=f.count("n_shared_experts"), dense_layers=f.count("first_k_dense_replace"))
+
+
+def _gpt_oss(spec: ModelSpec, f: "_Fields") -> ModelSpec:
+    """GPT-OSS: experts of ``intermediate_size`` with biases (and the router's), attention with biases and a
+    learned sink per head, sliding-window and full attention alternating (``layer_types``)."""
+    types = f.data.get("layer_types") or ["sliding_attention", "full_attention"] * ((spec.num_layers + 1) // 2)
+    sliding = [t == "sliding_attention" for t in types[:spec.num_layers]]
+    every = next((k for k in (1, 2) if sliding == [i % k == 0 for i in range(spec.num_layers)]), None)
+    if every is None:
+        raise UserError("only every block sliding, or sliding and full attention alternating from the first, "
+                        "is supported", source=f.source, field="layer_types")
+    return replace(spec, num_experts=f.int("num_local_experts"), experts_per_token=f.int("num_experts_per_tok"),
+                   linear_bias=True, qkv_bias=False, attention_sinks=True, sliding_every=0 if every == 1 else 2)
+
+
+_MOE_READERS = {"qwen2_moe": _qwen_moe, "qwen3_moe": _qwen_moe, "deepseek_v3": _deepseek_v3, "gpt_oss": _gpt_oss}

@@ -62,7 +62,7 @@ CASES = {
     "model spec not an object": ("gpt", _set("model.spec", [1]), "gpt", [],
                                  ["plan.json: model.spec: must be a JSON object, got [1]"]),
     "model spec unknown field": ("gpt", _set("model.spec.wings", 2), "gpt", [],
-                                 ["plan.json: model.spec: unknown field(s) wings; allowed: dropout,"]),
+                                 ["plan.json: model.spec: unknown field(s) wings; allowed: attention_sinks, dense_layers, dropout,"]),
     "fingerprints missing": ("gpt", _set("fingerprints", DELETE), "gpt", [],
                              ["plan.json: fingerprints: missing (required)"]),
     "model fingerprint not hex": ("gpt", _set("fingerprints.model", "xyz"), "gpt", [],

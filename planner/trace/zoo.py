@@ -3,8 +3,10 @@
 The zoo's GPTs are Megatron GPTs (GELU MLP, learned positions, tied embeddings):
 ``GPT2Config(n_embd, n_layer, n_head, n_inner, vocab_size, n_positions)``; the
 Llama family maps to ``LlamaConfig`` (``MixtralConfig`` for a mixture of
-experts, ``MistralConfig`` with a sliding window, ``Qwen2Config`` with q/k/v
-biases). Needs ``transformers``; no weights are downloaded or allocated.
+experts, ``DeepseekV3Config`` with latent attention, ``GptOssConfig`` with attention
+sinks, ``Qwen3MoeConfig``/``Qwen2MoeConfig`` with q/k norms or a gated shared expert,
+``MistralConfig`` with a sliding window, ``Qwen2Config`` with q/k/v biases). Needs
+``transformers``; no weights are downloaded or allocated.
 """
 from __future__ import annotations
 
@@ -27,9 +29,27 @@ def hf_config(spec: ModelSpec):
                   num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim, intermediate_size=spec.ffn_hidden,
                   vocab_size=spec.vocab_size, max_position_embeddings=spec.seq_len,
                   tie_word_embeddings=spec.tied_embeddings)
+    experts = dict(num_experts_per_tok=spec.experts_per_token)
+    if spec.is_mla:
+        common.pop("head_dim")
+        return tf.DeepseekV3Config(
+            n_routed_experts=spec.num_experts, n_shared_experts=spec.shared_experts, first_k_dense_replace=spec.dense_layers,
+            moe_intermediate_size=spec.expert_ffn, q_lora_rank=spec.q_lora_rank or None, kv_lora_rank=spec.kv_lora_rank,
+            qk_nope_head_dim=spec.head_dim - spec.qk_rope_head_dim, qk_rope_head_dim=spec.qk_rope_head_dim,
+            v_head_dim=spec.v_head_dim or spec.head_dim, n_group=1, topk_group=1, **experts, **common)
+    if spec.attention_sinks:
+        common["intermediate_size"] = spec.expert_ffn
+        return tf.GptOssConfig(num_local_experts=spec.num_experts, sliding_window=spec.sliding_window or None,
+                               layer_types=["sliding_attention" if spec.slides(i) else "full_attention"
+                                            for i in range(spec.num_layers)], **experts, **common)
+    if spec.is_moe and (spec.qk_norm or spec.shared_experts):
+        cls = tf.Qwen3MoeConfig if spec.qk_norm else tf.Qwen2MoeConfig
+        shared = {} if spec.qk_norm else {"shared_expert_intermediate_size": spec.shared_ffn}
+        return cls(num_experts=spec.num_experts, moe_intermediate_size=spec.expert_ffn,
+                   mlp_only_layers=list(range(spec.dense_layers)), **shared, **experts, **common)
     if spec.is_moe:
-        return tf.MixtralConfig(num_local_experts=spec.num_experts, num_experts_per_tok=spec.experts_per_token,
-                                sliding_window=spec.sliding_window or None, **common)
+        return tf.MixtralConfig(num_local_experts=spec.num_experts, sliding_window=spec.sliding_window or None,
+                                **experts, **common)
     if spec.qkv_bias:
         return tf.Qwen2Config(**common)
     if spec.sliding_window:

@@ -1,0 +1,147 @@
+"""Mixtures of experts, latent attention and alternating windows: the zoo against published sizes, config.json
+readers against transformers' own modules, the layer graph's blocks."""
+import pytest
+
+from planner.errors import UserError
+from planner.layers import build_layer_graph
+from planner.model import ZOO, load_model
+
+# Total and active parameters as each source states them (billions), and how close the source rounds.
+PUBLISHED = {
+    # Mistral AI's Mixtral 8x22B announcement: 141B total, 39B active
+    "mixtral-8x22b": (141, 39, 0.01),
+    # DeepSeek-V3 Technical Report (arXiv:2412.19437), abstract: 671B total, 37B activated per token
+    "deepseek-v3": (671, 37, 0.015),
+    # Kimi K2 (arXiv:2507.20534), abstract: 1.04 trillion total, 32 billion activated
+    "kimi-k2": (1040, 32, 0.03),
+    # Qwen3 Technical Report (arXiv:2505.09388), Table 2 and the model names: 30B/3B and 235B/22B
+    "qwen3-30b-a3b": (30.5, 3.3, 0.02),
+    "qwen3-235b-a22b": (235, 22, 0.02),
+}
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_moe_zoo_sizes_match_their_sources(name):
+    total, active, rel = PUBLISHED[name]
+    spec = ZOO[name]
+    assert spec.num_params() / 1e9 == pytest.approx(total, rel=rel)
+    assert spec.active_params() / 1e9 == pytest.approx(active, rel=0.03)
+    assert build_layer_graph(spec).layers and sum(
+        op.params for layer in build_layer_graph(spec).layers for op in layer.ops) == spec.num_params()
+
+
+@pytest.mark.parametrize("name,total,active", [("gpt-oss-120b", 116.83, 5.13), ("gpt-oss-20b", 20.91, 3.61)])
+def test_gpt_oss_sizes_match_the_model_card(name, total, active):
+    """gpt-oss model card (arXiv:2508.10925) Table 1: 116.83B and 20.91B total; 5.13B and 3.61B active, counting
+    the unembedding but not the embedding."""
+    spec = ZOO[name]
+    embedding = spec.vocab_size * spec.hidden
+    assert spec.num_params() / 1e9 == pytest.approx(total, abs=0.01)
+    assert (spec.active_params() - embedding) / 1e9 == pytest.approx(active, abs=0.01)
+
+
+def _torch_params(config) -> int:
+    """Parameters of transformers' own module for ``config``, built on the meta device."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+SMALL = {   # small configs of each model_type: the reader and transformers' module must agree on every parameter
+    "qwen2_moe": dict(model_type="qwen2_moe", hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                      num_hidden_layers=3, intermediate_size=96, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=48, num_experts=6, num_experts_per_tok=2, vocab_size=128,
+                      mlp_only_layers=[0]),
+    "qwen3_moe": dict(model_type="qwen3_moe", hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                      num_hidden_layers=2, intermediate_size=96, moe_intermediate_size=32, num_experts=8,
+                      num_experts_per_tok=2, vocab_size=128),
+    "deepseek_v3": dict(model_type="deepseek_v3", hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
+                        num_hidden_layers=3, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8,
+                        n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1, q_lora_rank=24,
+                        kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, vocab_size=128,
+                        n_group=1, topk_group=1),
+    "deepseek_v3 full-rank q": dict(model_type="deepseek_v3", hidden_size=64, num_attention_heads=4,
+                                    num_key_value_heads=4, num_hidden_layers=2, intermediate_size=96,
+                                    moe_intermediate_size=32, n_routed_experts=4, n_shared_experts=2,
+                                    num_experts_per_tok=2, first_k_dense_replace=0, q_lora_rank=None,
+                                    kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                                    vocab_size=128, n_group=1, topk_group=1),
+    "gpt_oss": dict(model_type="gpt_oss", hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    num_hidden_layers=4, intermediate_size=48, num_local_experts=4, num_experts_per_tok=2,
+                    vocab_size=128, sliding_window=8,
+                    layer_types=["sliding_attention", "full_attention"] * 2),
+}
+
+
+@pytest.mark.parametrize("case", SMALL)
+def test_each_moe_reader_counts_what_transformers_builds(write_json, case):
+    transformers = pytest.importorskip("transformers")
+    data = SMALL[case]
+    spec = load_model(write_json(data))
+    config = transformers.AutoConfig.for_model(**data)
+    assert spec.num_params() == _torch_params(config)
+    graph = build_layer_graph(spec)
+    assert sum(op.params for layer in graph.layers for op in layer.ops) == spec.num_params()
+
+
+def test_the_first_dense_blocks_and_the_windows_have_their_own_signature():
+    ds = build_layer_graph(ZOO["deepseek-v3"])
+    blocks = [layer.signature for layer in ds.layers if layer.kind == "block"]
+    assert blocks == ["block-dense"] * 3 + ["block"] * 58
+    oss = build_layer_graph(ZOO["gpt-oss-120b"])
+    blocks = [layer for layer in oss.layers if layer.kind == "block"]
+    assert [b.signature for b in blocks[:4]] == ["block", "block-full", "block", "block-full"]
+    windows = [next(op.window for op in b.ops if op.kind == "attention") for b in blocks[:2]]
+    assert windows == [128, 0]
+
+
+def test_latent_attention_ops_have_deepseeks_shapes():
+    """DeepSeek-V3 (arXiv:2412.19437 Sec 4.2): q 7168 -> 1536 -> 128 x 192; kv 7168 -> 512 + 64, then
+    512 -> 128 x (128 + 128); the core at 128 heads, q.k 192 and v 128 wide; the output 128 x 128 -> 7168."""
+    graph = build_layer_graph(ZOO["deepseek-v3"])
+    block = next(layer for layer in graph.layers if layer.signature == "block")
+    shape = {op.name.split(".")[-1]: (op.in_features, op.out_features, op.tp) for op in block.ops if op.kind == "linear"}
+    assert shape["q_down"] == (7168, 1536, "replicate") and shape["q_up"] == (1536, 128 * 192, "column")
+    assert shape["kv_down"] == (7168, 576, "replicate") and shape["kv_up"] == (512, 128 * 256, "column")
+    assert shape["o_proj"] == (128 * 128, 7168, "row")
+    core = next(op for op in block.ops if op.kind == "attention")
+    assert (core.heads, core.kv_heads, core.head_dim) == (128, 128, (192 + 128) // 2)
+    experts = next(op for op in block.ops if op.name.endswith("mlp.gate_proj"))
+    assert (experts.num_gemms, experts.tokens_factor, experts.out_features) == (256, 8, 2048)
+    shared = next(op for op in block.ops if op.name.endswith("shared.gate_proj"))
+    assert (shared.num_gemms, shared.tokens_factor, shared.out_features) == (1, 1, 2048)
+
+
+@pytest.mark.parametrize("data,field", [
+    (dict(SMALL["qwen2_moe"], mlp_only_layers=[1]), "mlp_only_layers"),
+    (dict(SMALL["qwen3_moe"], decoder_sparse_step=2, num_hidden_layers=4), "mlp_only_layers"),
+    (dict(SMALL["gpt_oss"], layer_types=["full_attention", "sliding_attention"] * 2), "layer_types"),
+    (dict(SMALL["deepseek_v3"], qk_nope_head_dim=0), "qk_nope_head_dim"),
+    (dict(SMALL["deepseek_v3"], first_k_dense_replace=9), "dense_layers"),
+    (dict(SMALL["deepseek_v3"], q_lora_rank=-1), "q_lora_rank"),
+])
+def test_moe_layouts_meshplan_cannot_express_are_refused_by_field(write_json, data, field):
+    with pytest.raises(UserError) as caught:
+        load_model(write_json(data))
+    assert caught.value.field == field and caught.value.exit_code == 2
+
+
+@pytest.mark.parametrize("case", SMALL)
+def test_a_moe_spec_maps_back_to_its_transformers_config_for_tracing(write_json, case):
+    """planner/trace/zoo.py builds transformers' module of a spec (to trace a zoo model): the same parameters."""
+    pytest.importorskip("transformers")
+    from planner.trace.zoo import hf_config
+    spec = load_model(write_json(SMALL[case]))
+    assert _torch_params(hf_config(spec)) == spec.num_params()
+
+
+def test_the_executor_refuses_what_its_reference_models_do_not_build():
+    from executor.support import check_model
+    for name, field in (("mixtral-8x7b", "num_experts"), ("deepseek-v3", "num_experts"),
+                        ("gpt-oss-20b", "num_experts")):
+        with pytest.raises(UserError) as caught:
+            check_model(ZOO[name])
+        assert caught.value.field == f"model.spec.{field}" and caught.value.exit_code == 2
+    check_model(ZOO["llama3-8b"])
