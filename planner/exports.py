@@ -176,7 +176,7 @@ def _megatron_model(plan) -> tuple[list[list[str]], list[str]]:
     notes = [f"the vocabulary ({s.vocab_size}) comes from the tokenizer arguments, which are yours to give"]
     if s.num_kv_heads != s.num_heads:
         args += [["--group-query-attention"], ["--num-query-groups", str(s.num_kv_heads)]]
-    if s.head_dim * s.num_heads != s.hidden:
+    if s.head_dim * s.num_heads != s.hidden and not s.is_mla:      # MLA's head widths have flags of their own
         args.append(["--kv-channels", str(s.head_dim)])
     if s.max_positions:
         args += [["--max-position-embeddings", str(s.max_positions)], ["--position-embedding-type", "learned_absolute"]]
@@ -195,8 +195,28 @@ def _megatron_model(plan) -> tuple[list[list[str]], list[str]]:
         args += [["--attention-dropout", "0.0"], ["--hidden-dropout", "0.0"]]
     if s.num_experts:
         args += [["--num-experts", str(s.num_experts)], ["--moe-router-topk", str(s.experts_per_token)]]
-    if s.sliding_window:
-        notes.append(f"sliding-window attention ({s.sliding_window}) is not set by these flags")
+        if s.moe_ffn_hidden:
+            args.append(["--moe-ffn-hidden-size", str(s.moe_ffn_hidden)])
+        if s.shared_experts:
+            args.append(["--moe-shared-expert-intermediate-size", str(s.shared_ffn)])
+            if s.shared_expert_gate:
+                args.append(["--moe-shared-expert-gate"])
+        if s.dense_layers:      # moe_freq_type: a list expression, 0 a dense block, 1 an expert block
+            args.append(["--moe-layer-freq", f"[0]*{s.dense_layers}+[1]*{s.num_layers - s.dense_layers}"])
+    if s.is_mla:                # Megatron-Core's MLA: --qk-head-dim is the no-RoPE part of a q/k head
+        args.append(["--multi-latent-attention"])
+        if s.q_lora_rank:
+            args.append(["--q-lora-rank", str(s.q_lora_rank)])
+        args += [["--kv-lora-rank", str(s.kv_lora_rank)], ["--qk-head-dim", str(s.head_dim - s.qk_rope_head_dim)],
+                 ["--qk-pos-emb-head-dim", str(s.qk_rope_head_dim)], ["--v-head-dim", str(s.v_head_dim or s.head_dim)]]
+    if s.qk_norm:
+        args.append(["--qk-layernorm"])
+    if s.attention_sinks:
+        args += [["--softmax-type", "learnable"]]
+    if s.sliding_window:        # TransformerConfig.window_size (left, right); window_attn_skip_freq N: every N-th full
+        args.append(["--window-size", f"{s.sliding_window},0"])
+        if s.sliding_every:
+            args.append(["--window-attn-skip-freq", str(s.sliding_every)])
     return args, notes
 
 
@@ -284,7 +304,7 @@ def megatron(plan) -> Export:
     header = [f"# Megatron-LM pretrain_gpt.py arguments for {plan.model_name} on {plan.cluster.num_gpus} x "
               f"{plan.cluster.name} (written by meshplan; flags from megatron/training/arguments.py)",
               "# one flag per line; add your data, tokenizer, optimizer and checkpoint arguments"]
-    text = "\n".join(header + [" ".join(a) for a in args]) + "\n"
+    text = "\n".join(header + [" ".join(shlex.quote(x) for x in a) for a in args]) + "\n"     # quoted as a shell reads them
     return Export(framework="megatron", filename="megatron_args.txt", text=text, notes=tuple(notes))
 
 

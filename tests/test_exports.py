@@ -116,7 +116,7 @@ def megatron_args(text: str) -> dict[str, list[str]]:
     out = {}
     for line in text.splitlines():
         if line.strip() and not line.startswith("#"):
-            flag, *values = line.split()
+            flag, *values = shlex.split(line)      # the values quoted as a shell reads them
             assert flag not in out, f"{flag} given twice"
             out[flag] = values
     return out

@@ -145,3 +145,41 @@ def test_the_executor_refuses_what_its_reference_models_do_not_build():
             check_model(ZOO[name])
         assert caught.value.field == f"model.spec.{field}" and caught.value.exit_code == 2
     check_model(ZOO["llama3-8b"])
+
+
+MOE_ZOO = ("mixtral-8x7b", "mixtral-8x22b", "deepseek-v3", "kimi-k2", "qwen3-30b-a3b", "qwen3-235b-a22b",
+           "gpt-oss-20b", "gpt-oss-120b")
+
+
+@pytest.mark.parametrize("name", MOE_ZOO)
+def test_megatron_flags_of_a_moe_model_read_back_as_the_model(name):
+    """The Megatron-LM export names every part of the architecture (experts and their width, shared experts,
+    dense first blocks, latent attention, q/k norms, sinks, windows) and its reader reads them back."""
+    from dataclasses import asdict
+
+    from planner import api
+    from planner.baseline import megatron as reader
+    from planner.exports import megatron
+    spec = ZOO[name]
+    plan = api.plan(api.load_job(name, "h100-80g", gpus=1024, framework="megatron"), api.Knobs(), top_k=1)
+    text = megatron(plan).text + f"\n--vocab-size {spec.vocab_size} --make-vocab-size-divisible-by 1\n"
+    told = reader.model_of(reader.parse(text, "args.txt"), "args.txt")
+    ignore = ("name", "source", "seq_len", "max_positions", "fused_qkv")
+    assert {k: v for k, v in asdict(told.spec).items() if k not in ignore} == \
+        {k: v for k, v in asdict(spec).items() if k not in ignore}
+
+
+@pytest.mark.parametrize("flags,field", [
+    ("--moe-layer-freq ([1]*2+[0]*2)", "--moe-layer-freq"),
+    ("--moe-layer-freq __import__('os')", "--moe-layer-freq"),
+    ("--window-size 128,4", "--window-size"),
+    ("--window-size 128,0 --window-attn-skip-freq 4", "--window-attn-skip-freq"),
+    ("--softmax-type sideways", "--softmax-type"),
+])
+def test_megatron_moe_flags_it_cannot_express_are_refused(flags, field):
+    from planner.baseline import megatron as reader
+    text = ("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128 --swiglu "
+            "--num-experts 4 --moe-router-topk 2 --vocab-size 128 --seq-length 64 " + flags)
+    with pytest.raises(UserError) as caught:
+        reader.model_of(reader.parse(text, "args.txt"), "args.txt")
+    assert caught.value.field == field

@@ -10,9 +10,11 @@ model-parallel-layout``); the padded vocabulary megatron/training/vocab_utils.py
 """
 from __future__ import annotations
 
+import ast
 import math
 import re
 import shlex
+from dataclasses import replace
 from pathlib import Path
 
 from ..config import ParallelConfig
@@ -35,13 +37,16 @@ SWITCHES = {   # store_true flags this reader models
     "--optimizer-cpu-offload", "--recompute-activations", "--checkpoint-activations", "--bf16", "--fp16",
     "--overlap-grad-reduce", "--tp-comm-overlap", "--use-flash-attn", "--account-for-embedding-in-pipeline-split",
     "--account-for-loss-in-pipeline-split", "--swiglu", "--untie-embeddings-and-output-weights",
-    "--disable-bias-linear", "--add-qkv-bias", "--group-query-attention",
+    "--disable-bias-linear", "--add-qkv-bias", "--group-query-attention", "--moe-shared-expert-gate",
+    "--multi-latent-attention", "--qk-layernorm",
 }
 MODEL = {      # architecture flags (read when no --model is given, checked against it otherwise)
     "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
     "--kv-channels", "--max-position-embeddings", "--position-embedding-type", "--normalization",
     "--attention-dropout", "--hidden-dropout", "--vocab-size", "--make-vocab-size-divisible-by", "--tokenizer-type",
-    "--vocab-file", "--merge-file", "--num-experts", "--moe-router-topk",
+    "--vocab-file", "--merge-file", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
+    "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim",
+    "--qk-pos-emb-head-dim", "--v-head-dim", "--softmax-type", "--window-size", "--window-attn-skip-freq",
 }
 SHAPE = {"--num-layers": "num_layers", "--hidden-size": "hidden", "--num-attention-heads": "num_heads",
          "--num-query-groups": "num_kv_heads", "--ffn-hidden-size": "ffn_hidden", "--kv-channels": "head_dim",
@@ -180,6 +185,10 @@ def _spec(args: dict, source: str, shape: dict, vocab: int, seq: int | None) -> 
                   ("LayerNorm", "RMSNorm"))
     dropout = any(_float(args, f, source, 0.1) > 0 for f in ("--attention-dropout", "--hidden-dropout"))
     experts = shape.get("num_experts") or 0
+    mla = bool(args.get("--multi-latent-attention"))
+    # Megatron-Core's MLA defaults (arguments.py _add_mla_args): kv rank 32, q/k heads of 128 + 64 (RoPE), v 128
+    nope, rope = _int(args, "--qk-head-dim", source, 128), _int(args, "--qk-pos-emb-head-dim", source, 64)
+    window = _window(args, source)
     spec = ModelSpec(
         name=Path(source).stem, num_layers=shape["num_layers"], hidden=h, num_heads=heads,
         num_kv_heads=shape.get("num_kv_heads", heads) if args.get("--group-query-attention") else heads,
@@ -190,7 +199,73 @@ def _spec(args: dict, source: str, shape: dict, vocab: int, seq: int | None) -> 
         tied_embeddings=not args.get("--untie-embeddings-and-output-weights"), dropout=dropout,
         num_experts=experts, experts_per_token=_int(args, "--moe-router-topk", source, 2) if experts else 0,
         source=f"{source} (Megatron-LM flags)")
-    return spec.validate(source)
+    if experts:
+        shared = _int(args, "--moe-shared-expert-intermediate-size", source, 0, minimum=0)
+        moe_ffn = _int(args, "--moe-ffn-hidden-size", source, 0, minimum=0)
+        spec = replace(spec, moe_ffn_hidden=moe_ffn, shared_experts=1 if shared else 0,
+                       shared_ffn_hidden=0 if shared == (moe_ffn or ffn) else shared,   # 0: an expert's width
+                       shared_expert_gate=bool(shared and args.get("--moe-shared-expert-gate")),
+                       dense_layers=_dense_layers(args, source, shape["num_layers"]))
+    if mla:
+        spec = replace(spec, num_kv_heads=heads, head_dim=nope + rope, qk_rope_head_dim=rope,
+                       v_head_dim=_int(args, "--v-head-dim", source, 128),
+                       q_lora_rank=_int(args, "--q-lora-rank", source, 0, minimum=0),
+                       kv_lora_rank=_int(args, "--kv-lora-rank", source, 32))
+    softmax = choice(source, "--softmax-type", _value(args, "--softmax-type", source) or "vanilla",
+                     ("vanilla", "off-by-one", "learnable"))
+    return replace(spec, qk_norm=bool(args.get("--qk-layernorm")), attention_sinks=softmax == "learnable",
+                   **window).validate(source)
+
+
+def _layer_pattern(text: str, source: str, flag: str) -> list[int]:
+    """A list expression of Megatron's ``moe_freq_type`` ("[0]*3+[1]*58"): list literals of integers joined by
+    + and repeated by *, read without running it."""
+    def value(node):
+        if isinstance(node, ast.List) and all(isinstance(e, ast.Constant) and type(e.value) is int for e in node.elts):
+            return [e.value for e in node.elts]
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            left, right = value(node.left), value(node.right)
+            return left + right if isinstance(node.op, ast.Add) else left * right
+        raise ValueError
+    try:
+        out = value(ast.parse(text, mode="eval").body)
+    except (SyntaxError, ValueError, TypeError):
+        out = None
+    if not isinstance(out, list):
+        raise UserError(f"{text!r} is not a list expression of 0s and 1s such as \"[0]*3+[1]*58\"", source=source,
+                        field=flag)
+    return out
+
+
+def _dense_layers(args: dict, source: str, num_layers: int) -> int:
+    """--moe-layer-freq as the count of leading dense blocks (the layouts meshplan expresses)."""
+    text = _value(args, "--moe-layer-freq", source)
+    if text is None or text.strip() == "1":
+        return 0
+    pattern = _layer_pattern(text, source, "--moe-layer-freq")
+    dense = pattern.index(1) if 1 in pattern else len(pattern)
+    if len(pattern) != num_layers or pattern != [0] * dense + [1] * (num_layers - dense):
+        raise UserError(f"{text!r}: only leading dense blocks then expert blocks, {num_layers} in all, are "
+                        "supported", source=source, field="--moe-layer-freq")
+    return dense
+
+
+def _window(args: dict, source: str) -> dict:
+    """--window-size LEFT,RIGHT (causal: RIGHT 0) and --window-attn-skip-freq (2: every other block full)."""
+    text = _value(args, "--window-size", source)
+    if text is None:
+        return {}
+    parts = text.strip("()").split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts) or int(parts[0]) <= 0 or int(parts[1]):
+        raise UserError(f"{text!r}: expected LEFT,0 (a causal window of LEFT tokens)", source=source,
+                        field="--window-size")
+    skip = _value(args, "--window-attn-skip-freq", source)
+    if skip not in (None, "2"):
+        raise UserError(f"{skip!r}: only 2 (sliding and full attention alternating) is supported", source=source,
+                        field="--window-attn-skip-freq")
+    return {"sliding_window": int(parts[0]), "sliding_every": 2 if skip else 0}
 
 
 # -- the knobs --------------------------------------------------------------------------------------
