@@ -27,22 +27,36 @@ def _models(args) -> int:
     if args.json:
         json.dump([{"name": n, "params": p, "layers": s.num_layers, "hidden": s.hidden, "heads": s.num_heads,
                     "kv_heads": s.num_kv_heads, "ffn_hidden": s.ffn_hidden, "vocab": s.vocab_size,
-                    "seq_len": s.seq_len, "experts": s.num_experts, "source": s.source} for n, p, s in rows],
+                    "seq_len": s.seq_len, "experts": s.num_experts, "active_params": s.active_params(),
+                    "source": s.source} for n, p, s in rows],
                   sys.stdout)
         sys.stdout.write("\n")
         return 0
     aliases = {}
     for alias, target in ALIASES.items():
         aliases.setdefault(target, []).append(alias)
-    print(f"{'name':<14} {'params':>9} {'layers':>6} {'hidden':>6} {'heads':>9} {'ffn':>6} {'vocab':>7} {'seq':>6}")
+    print(f"{'name':<15} {'params':>9} {'layers':>6} {'hidden':>6} {'heads':>9} {'ffn':>6} {'vocab':>7} {'seq':>6}")
     for name, params, s in rows:
         heads = f"{s.num_heads}/{s.num_kv_heads}" if s.num_kv_heads != s.num_heads else str(s.num_heads)
-        extra = f"  MoE {s.num_experts}x top-{s.experts_per_token}" if s.is_moe else ""
+        extra = _moe_text(s)
         also = f"  (also: {', '.join(aliases[name])})" if name in aliases else ""
-        print(f"{name:<14} {params / 1e9:>8.2f}B {s.num_layers:>6} {s.hidden:>6} {heads:>9} {s.ffn_hidden:>6} "
+        print(f"{name:<15} {params / 1e9:>8.2f}B {s.num_layers:>6} {s.hidden:>6} {heads:>9} {s.ffn_hidden:>6} "
               f"{s.vocab_size:>7} {s.seq_len:>6}{extra}{also}")
     print(f"\nor --model path/to/config.json (Hugging Face model_type {', '.join(SUPPORTED_MODEL_TYPES)})")
     return 0
+
+
+def _moe_text(s) -> str:
+    """What a row's columns leave out: the experts (their width where it is not the ffn column's, the shared ones,
+    the dense first blocks, the parameters a token goes through) and latent attention."""
+    if not s.is_moe:
+        return ""
+    width = f" of {s.expert_ffn}" if s.expert_ffn != s.ffn_hidden else ""
+    shared = f" + {s.shared_experts} shared" if s.shared_experts else ""
+    dense = f", first {s.dense_layers} dense" if s.dense_layers else ""
+    mla = ", MLA" if s.is_mla else ""
+    return f"  MoE {s.num_experts}x{width} top-{s.experts_per_token}{shared}{dense}{mla}, " \
+           f"{s.active_params() / 1e9:.1f}B active"
 
 
 def _clusters(args) -> int:
