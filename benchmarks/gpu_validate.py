@@ -12,8 +12,11 @@ without a GPU:
    executor in this process (world size 1, NCCL), and records the median step
    time after warm-up (CUDA-synchronised wall time), the peak of
    ``torch.cuda.max_memory_allocated`` over the timed steps, the executor's
-   bytes by category, and the GPU time of one step's kernels by kind (GEMM,
-   attention, optimizer, other; torch.profiler). Writes ``--raw``
+   bytes by category, the GPU time of one step's kernels by kind (GEMM,
+   attention, optimizer, other; torch.profiler), and the host's side of that
+   step: how many kernels and copies it launched and when its last launch
+   ended (``kernels.host``: what prices the host's time per launch of a
+   host-bound step, issue 24). Writes ``--raw``
    (benchmarks/results/gpu_runs.json).
 2. Without ``--measure``: for each recorded run, ``meshplan plan --json`` with the
    same knobs against ``--cluster`` (default: the profile ``meshplan profile
@@ -138,13 +141,44 @@ def kernel_kind(name: str) -> str:
     return "other"
 
 
+LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync", "cudaMemsetAsync",
+                "cudaLaunchCooperativeKernel")
+
+
+def host_issue(events) -> dict:
+    """The host's side of a step from torch.profiler's CPU events: how many kernels and copies it launched
+    (the CUDA runtime's launch calls) and when it issued its last one, after the step's first event. A step
+    whose last launch comes about when the step ends kept the GPU waiting for the host (host-bound): the
+    launch count and that span price the host's time per launch."""
+    launches, first, last = 0, None, None
+    for evt in events:
+        start = getattr(evt, "time_range", None)
+        if start is None:
+            continue
+        begin, end = start.start, start.end
+        first = begin if first is None else min(first, begin)
+        if any(evt.name.startswith(call) for call in LAUNCH_CALLS):
+            launches += 1
+            last = end if last is None else max(last, end)
+    span = (last - first) * 1e-6 if launches and first is not None else 0.0
+    return {"launches": launches, "last_launch_s": span}
+
+
 def profile_step(step_fn) -> dict:
-    """GPU seconds and kernel count of one step, by kernel kind (torch.profiler, CUDA activity)."""
+    """GPU seconds and kernel count of one step, by kernel kind (torch.profiler, CUDA activity), and the host's
+    launches (``host_issue``, CPU activity)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step_fn()
         torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    try:
+        host = {**host_issue(e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU),
+                "profiled_step_s": wall}
+    except Exception as e:      # the kernels below are the run's purpose: a parsing failure must not lose them
+        host = {"error": f"{type(e).__name__}: {e}"}
     out: dict[str, dict] = {}
     names: dict[str, list] = {}
     for evt in prof.events():
@@ -159,7 +193,8 @@ def profile_step(step_fn) -> dict:
         entry[0] += seconds
         entry[1] += 1
     kernels = sorted(names.items(), key=lambda kv: -kv[1][0])
-    return {"by_kind": out, "kernels": [{"name": n[:200], "s": s, "count": c} for n, (s, c) in kernels if s > 2e-5]}
+    return {"by_kind": out, "kernels": [{"name": n[:200], "s": s, "count": c} for n, (s, c) in kernels if s > 2e-5],
+            "host": host}
 
 
 def measure_case(plan_path: Path, *, steps: int, warmup: int, device) -> dict:

@@ -101,3 +101,18 @@ def test_gpu_validate_measures_on_the_cpu_with_quick(tmp_path):
         assert len(r["step_times_s"]) == 2 and r["measured_step_s"] > 0
         assert r["categories_bytes"]["params"] > 0 and "measured_peak_bytes" not in r
     assert set(out["capabilities"]) >= {"sdpa_flash", "torch_context_parallel_1rank"}
+
+
+def test_host_issue_counts_launches_and_when_the_last_one_ended():
+    """benchmarks/gpu_validate.py's host side of a profiled step: the CUDA runtime's launch calls and the span
+    from the step's first event to the end of its last launch (torch.profiler times in microseconds)."""
+    sys.path.insert(0, "benchmarks")
+    from gpu_validate import host_issue
+
+    class Event:
+        def __init__(self, name, start, end):
+            self.name, self.time_range = name, type("Range", (), {"start": start, "end": end})()
+    events = [Event("aten::mm", 100, 400), Event("cudaLaunchKernel", 150, 160), Event("cudaMemcpyAsync", 300, 320),
+              Event("aten::item", 500, 900), Event("cuLaunchKernel", 350, 355)]
+    assert host_issue(events) == {"launches": 3, "last_launch_s": pytest.approx(255e-6)}     # 355 - 100 us
+    assert host_issue([Event("aten::add", 0, 5)]) == {"launches": 0, "last_launch_s": 0.0}
