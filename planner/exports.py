@@ -304,7 +304,7 @@ def megatron(plan) -> Export:
     header = [f"# Megatron-LM pretrain_gpt.py arguments for {plan.model_name} on {plan.cluster.num_gpus} x "
               f"{plan.cluster.name} (written by meshplan; flags from megatron/training/arguments.py)",
               "# one flag per line; add your data, tokenizer, optimizer and checkpoint arguments"]
-    text = "\n".join(header + [" ".join(shlex.quote(x) for x in a) for a in args]) + "\n"     # quoted as a shell reads them
+    text = "\n".join(header + [" ".join(shlex.quote(x) for x in a) for a in args]) + "\n"   # as a shell reads them
     return Export(framework="megatron", filename="megatron_args.txt", text=text, notes=tuple(notes))
 
 
