@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 from .cluster import Cluster
@@ -106,7 +106,7 @@ class Plan:
             "schema_version": PLAN_SCHEMA_VERSION,
             "meshplan_version": self.meshplan_version,
             "model": {"name": self.model_name, "params": int(self.model_params), "source": self.model_source,
-                      **({"spec": asdict(self.spec)} if self.spec else {})},
+                      **({"spec": spec_json(self.spec)} if self.spec else {})},
             "cluster": {"name": self.cluster_name, "gpus": self.world_size, "gpus_per_node": self.gpus_per_node},
             "fingerprints": asdict(self.fingerprints),
             "workload": asdict(self.workload),
@@ -199,6 +199,13 @@ def _require(data: dict, key: str, kind: type, source: str, prefix: str = ""):
 
 def _json_kind(kind: type) -> str:
     return {dict: "object", list: "array", str: "string", int: "integer", bool: "boolean"}.get(kind, kind.__name__)
+
+
+def spec_json(spec: ModelSpec) -> dict:
+    """A model spec as plan.json holds it: every field but those at their default (a dense model says nothing
+    of experts or latent attention; reading fills them back in)."""
+    defaults = {f.name: f.default for f in fields(ModelSpec) if f.default is not MISSING}
+    return {k: v for k, v in asdict(spec).items() if k not in defaults or v != defaults[k] or k == "source"}
 
 
 def _spec(model: dict, source: str) -> ModelSpec | None:

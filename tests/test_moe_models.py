@@ -183,3 +183,18 @@ def test_megatron_moe_flags_it_cannot_express_are_refused(flags, field):
     with pytest.raises(UserError) as caught:
         reader.model_of(reader.parse(text, "args.txt"), "args.txt")
     assert caught.value.field == field
+
+
+def test_plan_json_says_only_what_differs_from_a_dense_model_and_reads_back():
+    from planner.plan import spec_json
+    assert not {"num_experts", "kv_lora_rank", "attention_sinks"} & spec_json(ZOO["llama3-8b"]).keys()
+    for name in ("llama3-8b", "deepseek-v3", "gpt-oss-120b"):
+        written = spec_json(ZOO[name])
+        assert written["source"] == ZOO[name].source and load_spec_back(written) == ZOO[name]
+
+
+def load_spec_back(written: dict):
+    import json
+
+    from planner.model import ModelSpec
+    return ModelSpec(**json.loads(json.dumps(written)))
