@@ -40,6 +40,7 @@ from .. import network
 from ..cluster import DTYPE_BYTES
 from ..recompute import RECOMPUTE_POLICIES
 from ..runtimes import PerTensorFetch
+from .compute import memory_bound_s
 
 
 def submodules(layer: Layer, tp: int, hidden: int) -> list[tuple[float, ...]]:
@@ -76,12 +77,11 @@ def kept_for_backward(subs: list[tuple[float, ...]], max_reuse: float) -> list[b
 
 def gather_s(cache, x: float, grp, fetch: PerTensorFetch) -> float:
     """One tensor of ``x`` elements gathered by ``_allgather_param`` (module docstring)."""
-    cluster = cache.cluster
+    cluster, dev = cache.cluster, cache.cluster.device
     nbytes = x * DTYPE_BYTES[cache.workload.precision]
-    hbm = cluster.device.hbm_bytes_per_s * cluster.device.hbm_efficiency
     n = grp.size
-    return nbytes / hbm + n * fetch.gather_loop_s + max(
-        n * cluster.copy_launch_s, network.all_gather_s(cluster, nbytes, grp) + 2 * nbytes / hbm)
+    return memory_bound_s(nbytes, dev) + n * fetch.gather_loop_s + max(
+        n * cluster.copy_launch_s, network.all_gather_s(cluster, nbytes, grp) + memory_bound_s(2 * nbytes, dev))
 
 
 def layer_phases(cache, layer: Layer, policy: str, tp: int, grp, bwd_s: float, fetch: PerTensorFetch,
@@ -92,7 +92,6 @@ def layer_phases(cache, layer: Layer, policy: str, tp: int, grp, bwd_s: float, f
     if not subs:
         return 0.0, 0.0, 0.0
     cluster = cache.cluster
-    hbm = cluster.device.hbm_bytes_per_s * cluster.device.hbm_efficiency
     n = grp.size
     rerun = RECOMPUTE_POLICIES[policy].reruns_block
     kept = kept_for_backward(subs, fetch.max_reuse_distance) if rerun else [False] * len(subs)
@@ -104,5 +103,6 @@ def layer_phases(cache, layer: Layer, policy: str, tp: int, grp, bwd_s: float, f
     for s in subs:
         host = len(s) * n * (fetch.reduce_loop_s + cluster.copy_launch_s)
         reduce += max(0.0, host - bwd_s * sum(s) / total)
-        reduce += sum(2 * x * grad_bytes / hbm + network.reduce_scatter_s(cluster, x * grad_bytes, grp) for x in s)
+        reduce += sum(memory_bound_s(2 * x * grad_bytes, cluster.device)
+                      + network.reduce_scatter_s(cluster, x * grad_bytes, grp) for x in s)
     return forward, backward, reduce
