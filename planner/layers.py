@@ -179,17 +179,19 @@ def replicated_params(ops) -> int:
 
 # -- analytical layer graph of a config model ----------------------------------------------------
 
-def _norm(name: str, spec: ModelSpec) -> Op:
-    """LayerNorm/RMSNorm: reads and writes h; backward reads grad and input, writes grad."""
-    h = spec.hidden
+def _norm(name: str, spec: ModelSpec, width: int = 0, split: Split = "sp") -> Op:
+    """LayerNorm/RMSNorm over ``width`` (0: the hidden size) features, split as ``split`` says: reads and
+    writes them; backward reads grad and input, writes grad."""
+    h = width or spec.hidden
     params = 2 * h if spec.norm == "layernorm" else h
     stats = 2 if spec.norm == "layernorm" else 1      # mean and rstd, or rstd: fp32 per token
     # RMSNorm without a fused kernel (torch 2.13 on CPU runs F.rms_norm as composite ops)
     # also keeps the normalised input: h more per token (measured with saved-tensor hooks)
     unfused = "rmsnorm" if spec.norm == "rmsnorm" else ""
-    extra = (Saved(elems=h, split="sp"),) if unfused else ()
-    return Op(name=name, kind="elementwise", params=params, bytes_fwd=4 * h, bytes_bwd=6 * h, split="sp", norm=True,
-              unfused=unfused, unfused_saved=extra, saved=(Saved(elems=h, split="sp"), Saved(elems=stats, split="sp", dtype_bytes=4)))
+    extra = (Saved(elems=h, split=split),) if unfused else ()
+    return Op(name=name, kind="elementwise", params=params, bytes_fwd=4 * h, bytes_bwd=6 * h, split=split, norm=True,
+              unfused=unfused, unfused_saved=extra,
+              saved=(Saved(elems=h, split=split), Saved(elems=stats, split=split, dtype_bytes=4)))
 
 
 def _linear(name: str, spec: ModelSpec, k: int, n: int, tp: str, *, bias: bool, saves_input: bool = True,
@@ -222,14 +224,12 @@ def _mla_ops(prefix: str, spec: ModelSpec, window: int) -> list[Op]:
     ops = []
     if r_q:
         ops += [_linear(f"{prefix}.q_down", spec, h, r_q, "replicate", bias=False, input_split="sp"),
-                replace(_norm(f"{prefix}.q_norm", spec), params=r_q, bytes_fwd=4 * r_q, bytes_bwd=6 * r_q,
-                        split="none", saved=(Saved(elems=r_q, split="none"),)),
+                _norm(f"{prefix}.q_norm", spec, r_q, "none"),
                 _linear(f"{prefix}.q_up", spec, r_q, q, "column", bias=False, input_split="none")]
     else:
         ops.append(_linear(f"{prefix}.q_proj", spec, h, q, "column", bias=False, input_split="sp"))
     ops += [_linear(f"{prefix}.kv_down", spec, h, r_kv + rope, "replicate", bias=False, saves_input=not r_q),
-            replace(_norm(f"{prefix}.kv_norm", spec), params=r_kv, bytes_fwd=4 * r_kv, bytes_bwd=6 * r_kv,
-                    split="none", saved=(Saved(elems=r_kv, split="none"),)),
+            _norm(f"{prefix}.kv_norm", spec, r_kv, "none"),
             _linear(f"{prefix}.kv_up", spec, r_kv, heads * (spec.head_dim - rope + v), "column", bias=False,
                     input_split="none"),
             Op(name=f"{prefix}.rope", kind="elementwise", bytes_fwd=4 * (heads + 1) * rope,
