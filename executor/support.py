@@ -5,7 +5,7 @@ from __future__ import annotations
 from planner.errors import UserError
 from planner.model import ModelSpec
 from planner.config import ParallelConfig
-from planner.runtimes import EXECUTOR_RUNTIME, config_refusals
+from planner.runtimes import EXECUTOR_RUNTIME, config_refusals, unbuilt
 from planner.schedules import SCHEDULES
 
 
@@ -33,21 +33,14 @@ def check_stages(stages: tuple[tuple[str, ...], ...], spec: ModelSpec, source: s
         raise UserError("a stage holds no layer", source=source, field="stages")
 
 
-# What a model spec can ask for that executor/models.py does not build yet: the planner prices them all
-UNBUILT = (("num_experts", "mixture-of-experts layers"), ("kv_lora_rank", "multi-head latent attention"),
-           ("sliding_window", "sliding-window attention"), ("attention_sinks", "attention sinks"),
-           ("qk_norm", "q/k norms"))
-
-
 def check_model(spec: ModelSpec, source: str = "plan.json") -> None:
-    """Refuse a model spec with a part the executor's reference models (executor/models.py) do not build,
-    naming the plan.json field."""
-    for field, what in UNBUILT:
-        if getattr(spec, field):
-            raise UserError(f"{getattr(spec, field)!r}: {what} are not in meshplan's reference models yet "
-                            "(`meshplan plan` prices them; `meshplan run` cannot train them); allowed: dense "
-                            "GPT, Llama and Qwen2 models with full causal attention", source=source,
-                            field=f"model.spec.{field}")
+    """Refuse a model spec with a part the executor's reference models (executor/models.py) do not build
+    (planner/runtimes.py ``unbuilt``), naming the plan.json field."""
+    for field, what in unbuilt(spec):
+        raise UserError(f"{getattr(spec, field)!r}: {what} are not in meshplan's reference models yet "
+                        "(`meshplan plan` prices them; `meshplan run` cannot train them); allowed: dense "
+                        "GPT, Llama and Qwen2 models with full causal attention", source=source,
+                        field=f"model.spec.{field}")
 
 
 def check_supported(config: ParallelConfig, spec: ModelSpec | None, device_kind: str, source: str = "plan.json") -> None:

@@ -312,6 +312,18 @@ def priced_as(framework: str) -> str:
     return (rt.priced_as or rt.name) if rt is not None else framework
 
 
+# The parts of a model spec meshplan's executor does not build yet (executor/models.py): it refuses plans of such
+# models (executor/support.py check_model) and `meshplan plan` says so when it plans one for runtime torch
+EXECUTOR_UNBUILT = (("num_experts", "mixture-of-experts layers"), ("kv_lora_rank", "multi-head latent attention"),
+                    ("sliding_window", "sliding-window attention"), ("attention_sinks", "attention sinks"),
+                    ("qk_norm", "q/k norms"))
+
+
+def unbuilt(spec) -> list[tuple[str, str]]:
+    """(ModelSpec field, what it asks for) of each part of ``spec`` the executor does not build yet."""
+    return [(field, what) for field, what in EXECUTOR_UNBUILT if getattr(spec, field)]
+
+
 def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int | None = None,
              pp: int | None = None, cp: int | None = None, schedule: str | None = None,
              optimizer_offload: bool | None = None, param_offload: bool | None = None,

@@ -198,3 +198,12 @@ def load_spec_back(written: dict):
 
     from planner.model import ModelSpec
     return ModelSpec(**json.loads(json.dumps(written)))
+
+
+def test_planning_a_model_the_executor_cannot_train_says_so(cli):
+    out = cli("plan", "--model", "gpt-oss-20b", "--cluster", "h100-80g", "--gpus", "8")
+    assert out.returncode == 0, out.stderr
+    assert "`meshplan run` cannot train gpt-oss-20b yet (mixture-of-experts layers, sliding-window attention, " \
+           "attention sinks are not in its reference models)" in out.stderr
+    quiet = cli("plan", "--model", "gpt-oss-20b", "--cluster", "h100-80g", "--gpus", "8", "--framework", "megatron")
+    assert quiet.returncode == 0 and "cannot train" not in quiet.stderr

@@ -11,6 +11,7 @@ from ..describe import describe_config, gib, runs
 from ..energy import Energy
 from ..explain import gain_sentences, headroom_words, ranking_sentence
 from ..errors import UserError
+from ..runtimes import EXECUTOR_RUNTIME, unbuilt
 from ..plan import Plan
 from .common import (RECOMPUTE_HELP, SCHEDULE_HELP, add_debug, add_job_args, add_knob_args, job_inputs, knobs,
                      positive_int, search_progress, token_count, warn)
@@ -70,6 +71,11 @@ def run(args) -> int:
         raise UserError("choose --exhaustive or --uniform-stages, not both", field="--exhaustive")
     solver = "exhaustive" if args.exhaustive else "uniform" if args.uniform_stages else args.solver
     job = job_inputs(args).load(warn=warn)
+    parts = unbuilt(job.spec) if job.spec is not None and job.workload.framework == EXECUTOR_RUNTIME else []
+    if parts:
+        warn(f"`meshplan run` cannot train {job.spec.name} yet ({', '.join(what for _, what in parts)} are not in "
+             "its reference models): this plan prices meshplan's runtime; --framework megatron plans it for "
+             "Megatron-LM")
     plan = api.plan(job, knobs(args), top_k=args.top_k, solver=solver, time_limit_s=args.time_limit,
                     progress=None if args.json else search_progress(), prefer=args.prefer)
     if args.out:
