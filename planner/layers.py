@@ -241,10 +241,9 @@ def _mla_ops(prefix: str, spec: ModelSpec, window: int) -> list[Op]:
     return ops
 
 
-def _attention_ops(prefix: str, spec: ModelSpec, window: int | None = None) -> list[Op]:
+def _attention_ops(prefix: str, spec: ModelSpec, window: int) -> list[Op]:
     """q/k/v projections (column parallel), the attention core, the output projection (row); ``window``: the
-    block's sliding window (None: the model's)."""
-    window = spec.sliding_window if window is None else window
+    block's sliding window (0: none)."""
     if spec.is_mla:
         return _mla_ops(prefix, spec, window)
     h, q, kv = spec.hidden, spec.q_dim, spec.kv_dim
@@ -286,11 +285,10 @@ def _swiglu_ops(prefix: str, spec: ModelSpec, f: int, *, saves_input: bool = Tru
     ]
 
 
-def _mlp_ops(prefix: str, spec: ModelSpec, moe: bool | None = None) -> list[Op]:
+def _mlp_ops(prefix: str, spec: ModelSpec, moe: bool) -> list[Op]:
     """The block's MLP: dense (GELU or SwiGLU of ``ffn_hidden``), or routed experts (``moe``: this block routes)
     of ``expert_ffn`` each, top-k of them per token, beside the shared experts."""
     h, f = spec.hidden, spec.ffn_hidden
-    moe = spec.is_moe if moe is None else moe
     if spec.mlp == "swiglu" and not moe:
         return _swiglu_ops(prefix, spec, f)
     if spec.mlp == "gelu":

@@ -51,8 +51,8 @@ from dataclasses import dataclass, fields, replace
 
 from .cluster import Cluster
 from .config import ParallelConfig, Workload
-from .cost.step import (CostCache, dp_overlaps, dp_phases, estimate, gathers_every_microbatch, optimizer_time_s,
-                        per_tensor_phases, rank_costs, reduces_every_microbatch, tied_embedding_sync_s)
+from .cost.step import (CostCache, dp_overlaps, dp_phases, estimate, fetches_per_tensor, gathers_every_microbatch,
+                        optimizer_time_s, per_tensor_phases, rank_costs, reduces_every_microbatch, tied_embedding_sync_s)
 from .estimate import Estimate, StepTime
 from .layers import LayerGraph
 from .placement import assign_layers, layer_policies
@@ -479,7 +479,7 @@ def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
     placement = assign_layers(graph, config)
     tied_extra = graph.tied_params / config.tp if graph.tied_embeddings and config.pp > 1 else 0.0
     # ZeRO-3 one tensor at a time: every fetch and reduction waits for the GPU (cost/fetch.py)
-    per_tensor = config.zero == 3 and RUNTIMES[w.framework].timing.zero3_per_tensor is not None
+    per_tensor = fetches_per_tensor(config, w.framework)
     chunks = []
     for rank, rank_chunks in enumerate(placement):
         out = []

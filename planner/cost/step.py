@@ -367,9 +367,8 @@ def _dp_comm_uncached(cache: CostCache, config: ParallelConfig, rank: RankCost) 
     if config.dp * config.cp == 1:
         return 0.0, 0.0
     m = config.num_microbatches
-    per_tensor = RUNTIMES[cache.workload.framework].timing.zero3_per_tensor
-    if config.zero == 3 and per_tensor is not None:
-        out = m * _per_tensor_s(cache, config, rank, per_tensor)
+    if fetches_per_tensor(config, cache.workload.framework):
+        out = m * _per_tensor_s(cache, config, rank)
         return out, out             # every fetch and reduction waits for the GPU: nothing hides (cost/fetch.py)
     per_micro = once = after = 0.0
     for params, count in rank.buckets:
@@ -401,17 +400,22 @@ def _dp_comm_uncached(cache: CostCache, config: ParallelConfig, rank: RankCost) 
     return total, out
 
 
-def _per_tensor_s(cache: CostCache, config: ParallelConfig, rank: RankCost, per_tensor) -> float:
+def _per_tensor_s(cache: CostCache, config: ParallelConfig, rank: RankCost) -> float:
     """One micro-batch's ZeRO-3 fetches and reductions, one tensor at a time (planner/cost/fetch.py)."""
     return sum(n * sum(per_tensor_phases(cache, config, sig, policy)) for (sig, policy), n in rank.layers)
+
+
+def fetches_per_tensor(config: ParallelConfig, framework: str) -> bool:
+    """Whether ZeRO-3 runs one tensor at a time here, every fetch and reduction waiting for the GPU
+    (``Timing.zero3_per_tensor``; planner/cost/fetch.py)."""
+    return config.zero == 3 and RUNTIMES[framework].timing.zero3_per_tensor is not None
 
 
 def per_tensor_phases(cache: CostCache, config: ParallelConfig, signature: str, policy: str
                       ) -> tuple[float, float, float]:
     """(forward fetches, backward fetches, reductions) of one layer per micro-batch where the runtime's ZeRO-3
     works one tensor at a time (``Timing.zero3_per_tensor``; planner/cost/fetch.py); zeros elsewhere."""
-    per_tensor = RUNTIMES[cache.workload.framework].timing.zero3_per_tensor
-    if config.zero != 3 or per_tensor is None or config.dp * config.cp == 1:
+    if not fetches_per_tensor(config, cache.workload.framework) or config.dp * config.cp == 1:
         return 0.0, 0.0, 0.0
     key = ("per-tensor", config.dp * config.cp, config.tp, config.micro_batch, config.sequence_parallel, signature,
            policy)
@@ -422,7 +426,8 @@ def per_tensor_phases(cache: CostCache, config: ParallelConfig, signature: str, 
         grad_bytes = grad_comm_bytes_per_param(cache.workload.framework, cache.workload.precision)
         out = cache._phases[key] = fetch.layer_phases(
             cache, cache.graph.layers[cache.representative[signature]], policy, config.tp, grp,
-            cache.signature_cost(signature, ctx).bwd_s, per_tensor, grad_bytes)
+            cache.signature_cost(signature, ctx).bwd_s, RUNTIMES[cache.workload.framework].timing.zero3_per_tensor,
+            grad_bytes)
     return out
 
 
