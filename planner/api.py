@@ -177,14 +177,14 @@ def fully_fixed(knobs: Knobs, workload: Workload, num_gpus: int, graph: LayerGra
     """A ParallelConfig when every knob that matters is given (dp may be implied); ``every-K`` expanded
     into the per-layer policies of ``graph``."""
     k = knobs
-    if None in (k.tp, k.pp, k.micro_batch, k.zero, k.recompute):
+    if None in (k.tp, k.pp, k.micro_batch, k.zero, k.recompute) or (graph.num_experts and k.ep is None):
         return None
     if k.pp > 1 and k.schedule is None and k.vpp is None:
         return None
     cp = k.cp or 1
     dp = k.dp if k.dp is not None else num_gpus // max(1, k.tp * k.pp * cp)
     m = workload.global_batch // max(1, dp * k.micro_batch)
-    config = ParallelConfig(dp=dp, tp=k.tp, pp=k.pp, cp=cp, zero=k.zero, micro_batch=k.micro_batch,
+    config = ParallelConfig(dp=dp, tp=k.tp, pp=k.pp, cp=cp, ep=k.ep or 1, zero=k.zero, micro_batch=k.micro_batch,
                             num_microbatches=max(1, m), vpp=k.vpp or 1,
                             schedule=k.schedule or schedules.default_for(k.vpp),
                             sequence_parallel=bool(k.sequence_parallel), optimizer_offload=bool(k.optimizer_offload),

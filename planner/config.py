@@ -67,6 +67,11 @@ class ParallelConfig:
     tp: int                                # tensor parallel (Shoeybi et al. 2019)
     pp: int                                # pipeline stages (Narayanan et al. 2021)
     cp: int = 1                            # context parallel: the sequence split across ranks (ring attention)
+    ep: int = 1                            # expert parallel: each MoE layer's routed experts split over ep ranks,
+                                           # folded onto the data x context x tensor-parallel ranks (or the data-
+                                           # parallel ones: the runtime's Combinations.expert_parallel); with ep > 1
+                                           # an expert is whole on its rank (expert tensor parallel 1), with ep 1
+                                           # it is split over the tp ranks as the dense MLP is
     zero: int = 0                          # ZeRO stage (Rajbhandari et al. 2020): 1 optimizer, 2 + grads, 3 + params
     micro_batch: int = 1                   # sequences per micro-batch per replica
     num_microbatches: int = 1              # micro-batches per step per replica (gradient accumulation)
@@ -112,6 +117,8 @@ class ParallelConfig:
                 out[key] = list(out[key])
         if not out["param_offload"]:        # said only where on: plan.json files of before it read the same
             del out["param_offload"]
+        if out["ep"] == 1:                  # likewise: said only where experts are split
+            del out["ep"]
         return out
 
     @classmethod
@@ -132,7 +139,7 @@ class ParallelConfig:
                 value = canonical(value)
             elif name == "recompute_layers" and isinstance(value, list):
                 value = [canonical(v) for v in value]
-            if name in ("dp", "tp", "pp", "cp", "zero", "micro_batch", "num_microbatches", "vpp"):
+            if name in ("dp", "tp", "pp", "cp", "ep", "zero", "micro_batch", "num_microbatches", "vpp"):
                 if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "zero" else 1):
                     raise UserError(f"must be a {'non-negative' if name == 'zero' else 'positive'} integer, "
                                     f"got {value!r}", source=source, field=where)
@@ -192,12 +199,13 @@ def _divisors(n: int) -> list[int]:
 
 def check_config(config: ParallelConfig, *, num_gpus: int, global_batch: int, seq_len: int, num_heads: int,
                  num_kv_heads: int, num_blocks: int, framework: str, dtypes: tuple[str, ...] = (),
-                 precision: str = "bf16", device_kind: str = "cuda", max_stages: int | None = None) -> None:
+                 precision: str = "bf16", device_kind: str = "cuda", max_stages: int | None = None,
+                 num_experts: int = 0) -> None:
     """Raise UserError (naming the flag) when the knobs cannot work together, or when the
     runtime ``framework`` does not run them on ``device_kind`` (planner/runtimes.py). ``max_stages``:
     the most (virtual) pipeline stages the model splits into (default one block each)."""
     c = config
-    for name in ("dp", "tp", "pp", "cp", "micro_batch", "num_microbatches", "vpp"):
+    for name in ("dp", "tp", "pp", "cp", "ep", "micro_batch", "num_microbatches", "vpp"):
         value = getattr(c, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise UserError(f"must be a positive integer, got {value!r}", field=f"--{name.replace('_', '-')}")
@@ -245,7 +253,7 @@ def check_config(config: ParallelConfig, *, num_gpus: int, global_batch: int, se
     if dtypes and precision not in dtypes:
         raise UserError(f"the cluster's devices have no {precision} peak; allowed: {one_of(dtypes)}",
                         field="--precision")
-    for knob, why in config_refusals(c, framework, device_kind, num_kv_heads):
+    for knob, why in config_refusals(c, framework, device_kind, num_kv_heads, num_experts):
         raise UserError(why, field=knob_flag(knob))
 
 

@@ -40,7 +40,8 @@ def describe_recompute(c: ParallelConfig) -> str:
 
 def describe_config(c: ParallelConfig) -> str:
     sched = c.schedule + (f" (vpp {c.vpp})" if c.vpp > 1 else "") if c.pp > 1 else "no pipeline"
-    return (f"dp {c.dp} x tp {c.tp} x pp {c.pp} x cp {c.cp}, ZeRO-{c.zero}, micro-batch {c.micro_batch} "
+    return (f"dp {c.dp} x tp {c.tp} x pp {c.pp} x cp {c.cp}" + (f", ep {c.ep}" if c.ep > 1 else "")
+            + f", ZeRO-{c.zero}, micro-batch {c.micro_batch} "
             f"x {c.num_microbatches}, {sched}, recompute {describe_recompute(c)}, "
             f"sequence parallel {'on' if c.sequence_parallel else 'off'}, "
             f"optimizer offload {'on' if c.optimizer_offload else 'off'}"
@@ -61,4 +62,5 @@ def schedule_words(config) -> str:
 
 def short_config(c) -> str:
     sched = f", {c.schedule}" + (f" v{c.vpp}" if c.vpp > 1 else "") if c.pp > 1 else ""
-    return f"dp{c.dp} tp{c.tp} pp{c.pp} cp{c.cp} ZeRO-{c.zero} mb{c.micro_batch}{sched}"
+    ep = f" ep{c.ep}" if getattr(c, "ep", 1) > 1 else ""
+    return f"dp{c.dp} tp{c.tp} pp{c.pp} cp{c.cp}{ep} ZeRO-{c.zero} mb{c.micro_batch}{sched}"

@@ -15,7 +15,7 @@ from .runtimes import RUNTIMES
 
 PARTS = {
     "compute": "compute", "recompute": "recompute", "tp_comm": "exposed TP communication",
-    "cp_comm": "exposed CP communication", "pp_comm": "pipeline sends", "bubble": "pipeline bubble",
+    "cp_comm": "exposed CP communication", "ep_comm": "expert all-to-all", "pp_comm": "pipeline sends", "bubble": "pipeline bubble",
     "dp_comm": "exposed data-parallel communication", "optimizer": "optimizer step",
 }
 
@@ -68,6 +68,7 @@ def limits(config: ParallelConfig, est: Estimate, cluster: Cluster) -> str:
     links = {
         "tp_comm": _link(cluster, config.tp, 1),
         "cp_comm": _link(cluster, config.cp, config.tp),
+        "ep_comm": _link(cluster, config.ep, 1),
         "dp_comm": _link(cluster, config.dp * config.cp, config.tp),
         "pp_comm": _link(cluster, 2, config.tp * config.cp * config.dp),
     }

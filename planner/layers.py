@@ -83,6 +83,11 @@ class Op:
     measured_bwd_s: float | None = None
 
     @property
+    def routed(self) -> bool:
+        """One of a MoE layer's routed-expert linears: ``num_gemms`` experts sharing the tokens."""
+        return self.kind == "linear" and self.num_gemms > 1
+
+    @property
     def fwd_flops_per_token(self) -> float:
         """Matrix-multiply FLOPs of the forward pass per token (attention: per unit of kv length)."""
         if self.kind == "linear":
@@ -106,6 +111,11 @@ class Layer:
     output_elems: float = 0.0
     # parameters that TP cannot split (norms, biases of row-parallel linears, routers)
     params_replicated: int = 0
+    # of the TP collectives, the elements per token (each way) around routed experts: the MLP's pair of a block
+    # whose MLP is routed experts alone. Under expert parallelism (ep > 1) each expert is whole on its rank and
+    # the tokens stay split along the sequence, so these collectives give way to the all-to-alls (Megatron-Core
+    # with --expert-tensor-parallel-size 1); shared experts keep theirs
+    tp_allreduce_expert_elems: float = 0.0
     # elementwise bytes per token as torch runs the layer eagerly, per mixed-precision regime
     # (planner.cost.eager); () where the operators' own bytes price it (traced modules, other families)
     eager: tuple = ()
@@ -132,6 +142,7 @@ class LayerGraph:
     num_kv_heads: int
     tied_embeddings: bool           # first and last stage all-reduce the shared embedding's gradient
     tied_params: int = 0            # parameters shared between embedding and head
+    num_experts: int = 0            # routed experts per MoE layer (0: a dense model); ep must divide it
     # whether the executor can cut the model into pipeline stages (a traced module: planner/trace/cut.py),
     # and why not
     pipelines: bool = True
@@ -334,6 +345,7 @@ def _block(index: int, spec: ModelSpec) -> Layer:
         + ("-full" if spec.sliding_window and not window else "")
     return Layer(name=prefix, kind="block", signature=signature, ops=tuple(ops),
                  tp_allreduce_fwd_elems=2 * h, tp_allreduce_bwd_elems=2 * h, output_elems=h,
+                 tp_allreduce_expert_elems=h if moe and not spec.shared_experts else 0.0,
                  params_replicated=replicated_params(ops), eager=layer_eager_bytes(spec, "block"))
 
 
@@ -380,7 +392,8 @@ def build_layer_graph(spec: ModelSpec) -> LayerGraph:
     return LayerGraph(name=spec.name, layers=(embed, *blocks, final_norm, head), seq_len=spec.seq_len,
                       hidden=h, vocab_size=v, num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
                       tied_embeddings=spec.tied_embeddings,
-                      tied_params=v * h if spec.tied_embeddings else 0, source=spec.source)
+                      tied_params=v * h if spec.tied_embeddings else 0, num_experts=spec.num_experts,
+                      source=spec.source)
 
 
 def attention_flops(batch: float, heads: float, q_len: float, kv_len: float, head_dim: int, *,

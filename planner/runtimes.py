@@ -47,6 +47,15 @@ class Combinations:
                                             # every-K pattern, for every block)
     zero_stages_with_cp: tuple[int, ...] | None = None
     # ^ of the ZeRO stages, the ones that run with context parallelism (None: all of them)
+    expert_parallel: Literal["folded", "data", "none"] = "none"
+    # ^ how routed experts split over ranks (ParallelConfig.ep): "folded" over the same ranks as the dense layers'
+    #   data x context x tensor parallelism, each expert whole on its rank (Megatron-Core's MoE parallel folding with
+    #   --expert-tensor-parallel-size 1, Liu et al. 2025, arXiv:2504.14960, Sec 3; torchtitan's expert parallelism,
+    #   which borrows its ranks from dp_shard, cp and tp); "data" over the data-parallel ranks only (DeepSpeed-MoE's
+    #   ep_size, which must divide the data-parallel size: deepspeed/utils/groups.py); "none": ep 1 only
+    ep_needs_sp: bool = False               # ep > 1 with tp > 1 needs sequence parallelism (Megatron-LM's
+                                            # arguments.py: "When using MoE and tensor parallelism, sequence
+                                            # parallelism must be used")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,7 +170,8 @@ class Runtime:
 _TORCH_RUNS = Combinations(
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1, 2, 3), zero_stages_with_tp=(0, 1, 2, 3),
     schedules=tuple(SCHEDULES), recomputes=ALL_RECOMPUTES, sequence_parallel=True,
-    context_parallel=True, offload_zero_stages=(1, 2, 3), replicates_kv_heads=False, stages_without_blocks=True)
+    context_parallel=True, offload_zero_stages=(1, 2, 3), replicates_kv_heads=False, stages_without_blocks=True,
+    expert_parallel="folded")
 
 TORCH = Runtime(
     name="torch",
@@ -204,6 +214,7 @@ _MEGATRON_RUNS = Combinations(
     schedules=tuple(name for name, s in SCHEDULES.items() if s.megatron),
     recomputes=runs_in("megatron"), sequence_parallel=True, context_parallel=True, offload_zero_stages=(1,),
     replicates_kv_heads=True, stages_without_blocks=False,      # exports/megatron_args.txt splits blocks only
+    expert_parallel="folded", ep_needs_sp=True,
     # any blocks per stage (--pipeline-model-parallel-layout; --decoder-first/last-pipeline-num-layers); one
     # --recompute-granularity for every layer (its --recompute-method block, the same count of blocks on every
     # stage, is not searched)
@@ -237,7 +248,7 @@ _DEEPSPEED_RUNS = Combinations(
     schedules=tuple(name for name, s in SCHEDULES.items() if s.deepspeed), recomputes=runs_in("deepspeed"),
     sequence_parallel=False, context_parallel=False,
     offload_zero_stages=(1, 2, 3), replicates_kv_heads=True, stages_without_blocks=False,
-    unequal_stages=False, recompute_per_layer=False,
+    unequal_stages=False, recompute_per_layer=False, expert_parallel="data",
     param_offload_zero_stages=(3,))     # zero_optimization.offload_param: stage 3 only (ZeRO-Infinity)
 
 DEEPSPEED = Runtime(
@@ -277,7 +288,7 @@ _TORCHTITAN_RUNS = Combinations(
     zero_stages=(0, 2, 3), zero_stages_with_pp=(0, 2, 3), zero_stages_with_tp=(0, 2, 3), zero_stages_with_cp=(2, 3),
     schedules=tuple(name for name, s in SCHEDULES.items() if s.torch_name), recomputes=runs_in("torchtitan"),
     sequence_parallel=True, context_parallel=True, offload_zero_stages=(2, 3), replicates_kv_heads=False,
-    stages_without_blocks=True, unequal_stages=True, recompute_per_layer=False)
+    stages_without_blocks=True, unequal_stages=True, recompute_per_layer=False, expert_parallel="folded")
 
 TORCHTITAN = replace(
     TORCH, name="torchtitan", priced_as="torch", runs={"cuda": _TORCHTITAN_RUNS, "cpu": _TORCHTITAN_RUNS},
@@ -329,7 +340,8 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
              optimizer_offload: bool | None = None, param_offload: bool | None = None,
              sequence_parallel: bool | None = None,
              recompute: str | None = None,
-             num_kv_heads: int | None = None) -> list[tuple[str, str]]:
+             num_kv_heads: int | None = None, ep: int | None = None, dp: int | None = None,
+             num_experts: int | None = None) -> list[tuple[str, str]]:
     """(knob, why) for every knob value, or pair of them, that ``runtime`` does not run on
     ``device_kind``; None means the knob is not known yet (nothing is said about it)."""
     rt = RUNTIMES[runtime]
@@ -371,20 +383,63 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
         elif zero is not None and zero not in can.param_offload_zero_stages:
             out.append(("param_offload", f"parameter offload with ZeRO-{zero} does not run on {who}; allowed with "
                                          f"ZeRO {one_of(can.param_offload_zero_stages)}"))
+    if ep is not None and ep > 1:
+        out += _ep_refusals(can, who, ep=ep, dp=dp, tp=tp, cp=cp, sequence_parallel=sequence_parallel,
+                            num_experts=num_experts)
     if tp is not None and num_kv_heads is not None and num_kv_heads % tp and not can.replicates_kv_heads:
         out.append(("tp", f"tp {tp} must divide the {num_kv_heads} key/value heads on {who} (it does not "
                           "replicate key/value heads)"))
     return out
 
 
-def config_refusals(config, runtime: str, device_kind: str, num_kv_heads: int | None = None) -> list[tuple[str, str]]:
+def expert_ranks(runtime: str, *, dp: int, cp: int, tp: int) -> int:
+    """The ranks of one pipeline stage that routed experts are split over and replicated across
+    (``Combinations.expert_parallel``): dp x cp x tp folded, dp for DeepSpeed's expert groups. Both are the same on
+    every kind of device."""
+    how = RUNTIMES[runtime].on("cuda").expert_parallel
+    return dp if how == "data" else dp * cp * tp
+
+
+def expert_data_parallel(runtime: str, *, ep: int, dp: int, cp: int, tp: int) -> int:
+    """The expert data-parallel size: the ranks holding the same experts, over which their gradients are reduced
+    and, with ZeRO, their states sharded (``expert_ranks`` / ep)."""
+    return max(1, expert_ranks(runtime, dp=dp, cp=cp, tp=tp) // max(1, ep))
+
+
+def _ep_refusals(can: Combinations, who: str, *, ep: int, dp, tp, cp, sequence_parallel, num_experts
+                 ) -> list[tuple[str, str]]:
+    if can.expert_parallel == "none":
+        return [("ep", f"expert parallelism (ep {ep}) does not run on {who}; allowed: 1")]
+    if num_experts == 0:
+        return [("ep", f"ep {ep} splits routed experts, and the model has none; allowed: 1")]
+    out = []
+    if num_experts is not None and num_experts % ep:
+        allowed = [d for d in range(1, num_experts + 1) if num_experts % d == 0]
+        out.append(("ep", f"ep {ep} does not divide the model's {num_experts} routed experts; allowed: "
+                          f"{one_of(allowed)}"))
+    if can.expert_parallel == "data":
+        if dp is not None and dp % ep:
+            out.append(("ep", f"ep {ep} must divide the data-parallel size ({dp}) on {who}"))
+        if tp is not None and tp > 1:
+            out.append(("ep", f"ep {ep} with tp {tp}: {who} would split each expert's tokens over the tensor-"
+                              "parallel ranks, which meshplan does not model; allowed with ep > 1: tp 1"))
+    elif None not in (dp, tp, cp) and (dp * cp * tp) % ep:
+        out.append(("ep", f"ep {ep} must divide dp x cp x tp = {dp} x {cp} x {tp} = {dp * cp * tp} on {who} (experts "
+                          "fold onto the data, context and tensor-parallel ranks)"))
+    if can.ep_needs_sp and tp is not None and tp > 1 and sequence_parallel is False:
+        out.append(("sequence_parallel", f"ep {ep} with tp {tp} needs sequence parallelism on {who}"))
+    return out
+
+
+def config_refusals(config, runtime: str, device_kind: str, num_kv_heads: int | None = None,
+                    num_experts: int | None = None) -> list[tuple[str, str]]:
     """``refusals`` for every knob of a ParallelConfig (planner/config.py), the recompute policy of each
     layer included (an every-K pattern is its layers' policies)."""
     c = config
     out = refusals(runtime, device_kind, zero=c.zero, tp=c.tp, pp=c.pp, cp=c.cp, schedule=c.schedule,
                    optimizer_offload=c.optimizer_offload, param_offload=c.param_offload,
                    sequence_parallel=c.sequence_parallel,
-                   num_kv_heads=num_kv_heads)
+                   num_kv_heads=num_kv_heads, ep=c.ep, dp=c.dp, num_experts=num_experts)
     for policy in dict.fromkeys(c.recompute_layers or (c.recompute,)):
         out += refusals(runtime, device_kind, recompute=policy)
     return out

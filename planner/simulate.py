@@ -105,6 +105,7 @@ class LayerWork:
     recompute_s: float = 0.0     # of bwd_s, the forward redone first
     tp_comm_s: float = 0.0       # of fwd_s + bwd_s, exposed tensor-parallel collectives
     cp_comm_s: float = 0.0       # of fwd_s + bwd_s, exposed context-parallel exchange
+    ep_comm_s: float = 0.0       # of fwd_s + bwd_s, expert parallelism's all-to-alls
     gather_fwd_s: float = 0.0    # all-gather of the layer's parameters before its forward
     gather_bwd_s: float = 0.0    # ... before its backward (ZeRO-3)
     reduce_s: float = 0.0        # gradient reduction after its backward
@@ -458,7 +459,8 @@ def _finish(work: StepWork, ranks: list[_Rank]) -> Timeline:
     m = work.num_microbatches
     busy, rec = m * sum(lw.fwd_s + lw.bwd_s for lw in layers), m * sum(lw.recompute_s for lw in layers)
     tp, cp = m * sum(lw.tp_comm_s for lw in layers), m * sum(lw.cp_comm_s for lw in layers)
-    breakdown = StepTime(compute=busy - rec - tp - cp, recompute=rec, tp_comm=tp, cp_comm=cp,
+    ep = m * sum(lw.ep_comm_s for lw in layers)
+    breakdown = StepTime(compute=busy - rec - tp - cp - ep, recompute=rec, tp_comm=tp, cp_comm=cp, ep_comm=ep,
                          pp_comm=st.waits["pp_comm"], bubble=st.waits["bubble"],
                          dp_comm=st.waits["dp_comm"] + st.waits["contention"],
                          optimizer=work.optimizer_s[critical] if work.optimizer_s else 0.0)
@@ -488,7 +490,10 @@ def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
             for i in chunk:
                 cost = cache.layer(i, ctx)
                 p = cost.policy(policies[i])
-                g_f, g_b, red = dp_phases(cache, config, cost.params)
+                g_f, g_b, red = dp_phases(cache, config, cost.params - cost.expert_params)
+                if cost.expert_params:      # routed experts: over their expert data-parallel group
+                    e_f, e_b, e_r = dp_phases(cache, config, cost.expert_params, expert=True)
+                    g_f, g_b, red = g_f + e_f, g_b + e_b, red + e_r
                 if per_tensor:
                     g_f, g_b, red = per_tensor_phases(cache, config, cache.signatures[i], policies[i])
                 if tied_extra and rank == config.pp - 1 and i == len(graph.layers) - 1:
@@ -496,7 +501,7 @@ def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
                     g_f, g_b, red = g_f + extra[0], g_b + extra[1], red + extra[2]
                 layers.append(LayerWork(fwd_s=cost.fwd_s, bwd_s=cost.bwd_s + p.recompute_s,
                                         recompute_s=p.recompute_s, tp_comm_s=cost.tp_comm_s,
-                                        cp_comm_s=cost.cp_comm_s, gather_fwd_s=g_f, gather_bwd_s=g_b,
+                                        cp_comm_s=cost.cp_comm_s, ep_comm_s=cost.ep_comm_s, gather_fwd_s=g_f, gather_bwd_s=g_b,
                                         reduce_s=red))
             out.append(tuple(layers))
         chunks.append(tuple(out))
@@ -514,7 +519,7 @@ def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
                     contention=cluster.comm_sm_fraction,
                     overlap_param_gather=RUNTIMES[w.framework].timing.overlaps_param_gather,
                     embedding_allreduce_s=tied_embedding_sync_s(cache, config),
-                    optimizer_s=tuple(optimizer_time_s(cache, config, r.params) for r in ranks))
+                    optimizer_s=tuple(optimizer_time_s(cache, config, r.params, r.expert_params) for r in ranks))
 
 
 def simulate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: ParallelConfig,

@@ -14,7 +14,7 @@ from ..errors import UserError
 from ..recompute import DESCRIPTIONS, EVERY_K_DESCRIPTION, parse_recompute
 from ..search import Knobs
 
-KNOB_NAMES = ("dp", "tp", "pp", "cp", "zero", "micro_batch", "vpp", "schedule", "recompute", "sequence_parallel",
+KNOB_NAMES = ("dp", "tp", "pp", "cp", "ep", "zero", "micro_batch", "vpp", "schedule", "recompute", "sequence_parallel",
               "optimizer_offload", "param_offload")
 
 RECOMPUTE_HELP = ("recompute policies (--recompute; the search chooses one per block among those the runtime "
@@ -160,6 +160,10 @@ def add_knob_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tp", type=positive_int, help="tensor-parallel degree (divides the attention heads)")
     g.add_argument("--pp", type=positive_int, help="pipeline stages")
     g.add_argument("--cp", type=positive_int, help="context-parallel degree (splits the sequence)")
+    g.add_argument("--ep", type=positive_int,
+                   help="expert-parallel degree of a mixture of experts: each MoE layer's routed experts split over "
+                        "ep ranks, each expert whole on its rank, tokens sent to them by all-to-all (folded onto the "
+                        "dp x cp x tp ranks; DeepSpeed: dividing dp)")
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage: 1 optimizer, 2 +grads, 3 +params")
     g.add_argument("--micro-batch", type=positive_int, help="sequences per micro-batch per replica")
     g.add_argument("--vpp", type=positive_int, help="virtual stages per pipeline rank (a schedule with virtual "

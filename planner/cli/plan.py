@@ -117,7 +117,8 @@ def format_plan(plan: Plan, tokens: float | None = None) -> str:
         + (" (backward frees activations as it writes gradients: the peak holds the larger)"
            if mem.grads_after_activations else "") + ("" if e.fits else "   DOES NOT FIT"),
         f"time      compute {t.compute:.3f} s, recompute {t.recompute:.3f}, TP comm {t.tp_comm:.3f}, "
-        f"CP comm {t.cp_comm:.3f}, PP comm {t.pp_comm:.3f}, bubble {t.bubble:.3f}, DP comm {t.dp_comm:.3f}, "
+        f"CP comm {t.cp_comm:.3f}, " + (f"EP all-to-all {t.ep_comm:.3f}, " if t.ep_comm else "") +
+        f"PP comm {t.pp_comm:.3f}, bubble {t.bubble:.3f}, DP comm {t.dp_comm:.3f}, "
         f"optimizer {t.optimizer:.3f}",
     ]
     if c.stage_layers and c.pp > 1:

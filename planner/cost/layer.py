@@ -38,6 +38,7 @@ class Context(NamedTuple):
     framework: str
     tp_comm_overlap: bool
     eager_regime: str = ""      # torch eager mixed precision ("autocast" / "bf16"; planner.cost.eager)
+    ep: int = 1                 # expert parallelism: routed experts split over ep ranks, each whole on its rank
 
     @property
     def tokens(self) -> float:
@@ -52,8 +53,11 @@ class LayerCost:
     by_policy: dict[str, PolicyCost]      # what each recompute policy costs (planner/recompute.py)
     tp_comm_s: float                      # exposed TP collective time, forward + backward
     cp_comm_s: float                      # exposed context-parallel exchange, forward + backward
-    params: float                         # parameters held by one TP rank
+    params: float                         # parameters held by one rank (TP shards; E / ep experts)
     matmul_flops_fwd: float               # matmul FLOPs of one forward on one rank (hardware FLOPs)
+    expert_params: float = 0.0            # of ``params``, the routed experts' where ep > 1: reduced and sharded
+                                          # over the expert data-parallel ranks, not the dense ones
+    ep_comm_s: float = 0.0                # the all-to-alls of expert parallelism, forward + backward (exposed)
     work_floor_s: float = 0.0             # a lower bound on fwd_s + bwd_s that is linear in the tokens
                                           # (GEMMs at their ideal rate, no quantization, no communication):
                                           # k times it at micro-batch 1 bounds the time at micro-batch k
@@ -97,7 +101,36 @@ def linear_s(op: Op, split: str, tp: int, tokens: float, cluster: Cluster, preci
 
 
 def _linear(op: Op, ctx: Context, cluster: Cluster) -> tuple[float, float, float]:
+    if op.routed and ctx.ep > 1:
+        return expert_linear_s(op, ctx, cluster)
     return linear_s(op, op.tp, ctx.tp, ctx.tokens, cluster, ctx.precision)
+
+
+def expert_linear_s(op: Op, ctx: Context, cluster: Cluster) -> tuple[float, float, float]:
+    """(fwd_s, bwd_s, fwd matmul FLOPs) of a routed-expert linear under expert parallelism: the rank holds
+    E / ep whole experts and receives, routing balanced (as the published MoE benchmarks force it), the
+    top-k copies of its ep group's tokens that go to them: the tokens of the rank split along the sequence
+    (T / tp: sequence parallelism, or no TP), times k, times ep / E per expert. Each expert is its own GEMM of
+    that many rows (a grouped GEMM runs them in one launch but each at its own shape: small experts are far
+    from peak, which ``gemm_s``'s shape model prices)."""
+    local = op.num_gemms / ctx.ep
+    m = ctx.tokens / ctx.tp * op.tokens_factor * ctx.ep / op.num_gemms
+    n, k, dev = op.out_features, op.in_features, cluster.device
+    fwd = local * gemm_s(m, n, k, dev, ctx.precision)
+    bwd = local * (gemm_s(m, k, n, dev, ctx.precision) + gemm_s(k, n, m, dev, ctx.precision))
+    return fwd, bwd, 2.0 * m * n * k * local
+
+
+def _expert_dispatch_s(layer: Layer, ctx: Context, cluster: Cluster) -> float:
+    """One all-to-all of expert parallelism: each rank sends the top-k copies of its tokens (T / tp of them,
+    ``expert_linear_s``) of hidden width to the ranks holding their experts, (ep - 1) / ep of them leaving it
+    (balanced routing). A MoE layer runs four per micro-batch, none overlapped: dispatch and combine in forward,
+    their gradients in backward (Megatron-Core's alltoall token dispatcher, megatron/core/transformer/moe/
+    token_dispatcher.py, without --overlap-moe-expert-parallel-comm; torchtitan's expert_parallel.py). The ep
+    ranks are adjacent in rank order (expert tensor parallelism 1: Megatron's expert rank order tp-ep-dp-pp)."""
+    first = next(op for op in layer.ops if op.routed)
+    nbytes = ctx.tokens / ctx.tp * first.tokens_factor * first.in_features * DTYPE_BYTES[ctx.precision]
+    return network.all_to_all_s(cluster, nbytes, network.group(cluster, ctx.ep, 1))
 
 
 def _attention(op: Op, ctx: Context, cluster: Cluster) -> tuple[float, float, float, float, float]:
@@ -205,7 +238,9 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     core_fwd = cp_fwd = cp_bwd = kept = floor = 0.0
     gemm_rate = dev.peak(ctx.precision) * dev.gemm_efficiency
     saved = workspace = 0.0
-    params = layer.params_replicated + (layer.params - layer.params_replicated) / ctx.tp
+    routed = sum(op.params for op in layer.ops if op.routed) if ctx.ep > 1 else 0.0
+    expert_params = routed / ctx.ep
+    params = layer.params_replicated + (layer.params - layer.params_replicated - routed) / ctx.tp + expert_params
     eager = dict(layer.eager).get(ctx.eager_regime) if ctx.eager_regime else None
     sac = _SacOutputs()         # what operator-level selective checkpointing keeps (policy "op")
     eager_loss = RUNTIMES[ctx.framework].loss == "eager" if ctx.framework in RUNTIMES else True
@@ -220,7 +255,7 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
             f, b, fl = _linear(op, ctx, cluster)
             fwd, bwd, flops = fwd + f, bwd + b, flops + fl
             floor += 3 * fl / gemm_rate                  # gemm_s >= 2 m n k / rate: padding only adds
-            if op.tp != "replicate":
+            if op.tp != "replicate" and not (op.routed and ctx.ep > 1):
                 tp_gemm_fwd, tp_gemm_bwd = tp_gemm_fwd + f, tp_gemm_bwd + b
         elif op.kind == "attention":
             f, b, cf, cb, kept = _attention(op, ctx, cluster)
@@ -246,16 +281,18 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     if eager is not None:
         f, b = _eager_s(eager, params, ctx, cluster)
         fwd, bwd, floor = fwd + f, bwd + b, floor + f + b
-    tp_fwd_all, tp_fwd_rs = _tp_comm(layer, ctx, cluster, layer.tp_allreduce_fwd_elems)
+    by_experts = layer.tp_allreduce_expert_elems if routed else 0.0     # all-to-alls instead (``_expert_dispatch_s``)
+    tp_fwd_all, tp_fwd_rs = _tp_comm(layer, ctx, cluster, layer.tp_allreduce_fwd_elems - by_experts)
     tp_fwd = _exposed(tp_fwd_all, tp_gemm_fwd, ctx)
-    tp_bwd = _exposed(_tp_comm(layer, ctx, cluster, layer.tp_allreduce_bwd_elems)[0], tp_gemm_bwd, ctx)
+    tp_bwd = _exposed(_tp_comm(layer, ctx, cluster, layer.tp_allreduce_bwd_elems - by_experts)[0], tp_gemm_bwd, ctx)
+    ep_one = _expert_dispatch_s(layer, ctx, cluster) if routed else 0.0
     wait_fwd, wait_bwd = _sync_waits(layer, fwd, bwd, cluster) if tp_fwd_all or cp_fwd else (0.0, 0.0)
     if tp_fwd_all:
         tp_fwd, tp_bwd = tp_fwd + wait_fwd, tp_bwd + wait_bwd
         if layer.kind == "block" and priced_as(ctx.framework) == "torch":     # DTensor's host time (a CPU profile)
             tp_fwd, tp_bwd = tp_fwd + dev.tp_block_overhead_s[0], tp_bwd + dev.tp_block_overhead_s[1]
-    fwd_total = fwd + tp_fwd + cp_fwd + (0.0 if tp_fwd_all else wait_fwd)
-    bwd_total = bwd + tp_bwd + cp_bwd + (0.0 if tp_fwd_all else wait_bwd)
+    fwd_total = fwd + tp_fwd + cp_fwd + 2 * ep_one + (0.0 if tp_fwd_all else wait_fwd)
+    bwd_total = bwd + tp_bwd + cp_bwd + 2 * ep_one + (0.0 if tp_fwd_all else wait_bwd)
     # what each recompute policy keeps and redoes (planner/recompute.py), from what this layer is
     if layer.kind == "embedding":
         input_bytes = 8.0 * ctx.tokens                  # the int64 token ids
@@ -273,7 +310,8 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     return LayerCost(
         fwd_s=fwd_total, bwd_s=bwd_total, by_policy={p.name: p.cost(facts) for p in POLICY_RECORDS},
         tp_comm_s=tp_fwd + tp_bwd, cp_comm_s=cp_fwd + cp_bwd + (0.0 if tp_fwd_all else wait_fwd + wait_bwd),
-        params=params, matmul_flops_fwd=flops, work_floor_s=floor)
+        params=params, matmul_flops_fwd=flops, expert_params=expert_params, ep_comm_s=4 * ep_one,
+        work_floor_s=floor)
 
 
 class _SacOutputs:

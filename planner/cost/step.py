@@ -16,7 +16,7 @@ from ..estimate import Estimate, Memory, StepTime
 from ..layers import LayerGraph
 from ..placement import assign_layers, layer_policies
 from .. import network
-from ..runtimes import RUNTIMES, priced_as
+from ..runtimes import RUNTIMES, expert_data_parallel, priced_as
 from ..schedules import SCHEDULES
 from . import fetch
 from .eager import eager_regime, eager_s, layer_eager_regime, step_param_bytes, wraps_in_fsdp
@@ -61,7 +61,7 @@ class CostCache:
         self._optimizer_rates: dict[tuple, float] = {}
 
     def context(self, config: ParallelConfig) -> Context:
-        key = (config.micro_batch, config.tp, config.cp, config.sequence_parallel, config.dp, config.pp)
+        key = (config.micro_batch, config.tp, config.cp, config.sequence_parallel, config.dp, config.pp, config.ep)
         ctx = self._contexts.get(key)
         if ctx is None:
             ctx = self._contexts[key] = self._context(config)
@@ -73,7 +73,8 @@ class CostCache:
                        sequence_parallel=config.sequence_parallel, precision=w.precision, attention=w.attention,
                        framework=w.framework, tp_comm_overlap=w.tp_comm_overlap,
                        eager_regime=layer_eager_regime(framework=w.framework, precision=w.precision,
-                                                       dp=config.dp * config.cp, tp=config.tp, pp=config.pp))
+                                                       dp=config.dp * config.cp, tp=config.tp, pp=config.pp),
+                       ep=config.ep)
 
     def signature_cost(self, signature: str, ctx: Context) -> LayerCost:
         costs = self._layer.get(ctx)
@@ -164,6 +165,10 @@ class RankCost:
                                  # its reduction closes the backward
     host_act_bytes: float = 0.0  # activations offloaded to host memory per micro-batch (recompute "activation-offload")
     layers: tuple[tuple[tuple[str, str], int], ...] = ()    # ((signature, recompute policy), how many) it holds
+    expert_params: float = 0.0   # of ``params``, routed experts' under expert parallelism (their own data-parallel
+                                 # group: ``expert_shard``)
+    expert_buckets: tuple[tuple[float, int], ...] = ()      # (a layer's expert parameters, layers like it)
+    ep_comm_s: float = 0.0       # expert all-to-alls per micro-batch (in fwd_s + bwd_s)
 
 
 def rank_costs(cache: CostCache, config: ParallelConfig) -> list[RankCost]:
@@ -187,8 +192,8 @@ def _rank_costs(cache: CostCache, config: ParallelConfig, ctx: Context) -> list[
             out.append(same[group])
             continue
         counts, chunks, layers, first = group
-        fwd, bwd, rec, tp, cp, act, extra, params, flops, buckets, host = _rank_sums(cache, ctx, counts, tied,
-                                                                                    config.tp)
+        (fwd, bwd, rec, tp, cp, act, extra, params, flops, buckets, host, experts, expert_buckets,
+         ep_comm) = _rank_sums(cache, ctx, counts, tied, config.tp)
         # per micro-batch each chunk receives/sends once forward and once backward. 1F1B and
         # GPipe wait for them; the interleaved schedule posts them asynchronously and runs
         # another chunk meanwhile (Megatron-LM overlap_p2p_comm; torch's interleaved
@@ -199,8 +204,9 @@ def _rank_costs(cache: CostCache, config: ParallelConfig, ctx: Context) -> list[
         out.append(RankCost(fwd_s=fwd, bwd_s=bwd, recompute_s=rec, tp_comm_s=tp, cp_comm_s=cp,
                             p2p_s=p2p, act_bytes=act, peak_extra_bytes=extra, params=params,
                             matmul_flops=flops, num_layers=max(1, layers), buckets=buckets,
-                            first_bucket=cache.signature_cost(first, ctx).params if first else 0.0,
-                            host_act_bytes=host, layers=counts))
+                            first_bucket=_dense(cache.signature_cost(first, ctx)) if first else 0.0,
+                            host_act_bytes=host, layers=counts, expert_params=experts,
+                            expert_buckets=expert_buckets, ep_comm_s=ep_comm))
         if not tied:
             same[group] = out[-1]
     return out
@@ -215,11 +221,16 @@ def _rank_sums(cache: CostCache, ctx: Context, counts: tuple, tied: bool, tp_deg
     out = cache._rank_sums.get(key)
     if out is not None:
         return out
-    fwd = bwd = rec = tp = cp = act = extra = params = flops = host = 0.0
+    fwd = bwd = rec = tp = cp = act = extra = params = flops = host = experts = ep_comm = 0.0
     buckets: dict[float, int] = {}
+    expert_buckets: dict[float, int] = {}
     for (sig, policy), n in counts:
         cost = cache.signature_cost(sig, ctx)
-        buckets[cost.params] = buckets.get(cost.params, 0) + n
+        buckets[_dense(cost)] = buckets.get(_dense(cost), 0) + n
+        if cost.expert_params:
+            expert_buckets[cost.expert_params] = expert_buckets.get(cost.expert_params, 0) + n
+            experts += n * cost.expert_params
+            ep_comm += n * cost.ep_comm_s
         p = cost.policy(policy)
         fwd += n * cost.fwd_s
         bwd += n * (cost.bwd_s + p.recompute_s)
@@ -236,8 +247,22 @@ def _rank_sums(cache: CostCache, ctx: Context, counts: tuple, tied: bool, tp_deg
         params += shared
         buckets[shared] = buckets.get(shared, 0) + 1
     out = cache._rank_sums[key] = (fwd, bwd, rec, tp, cp, act, extra, params, flops, tuple(sorted(buckets.items())),
-                                   host)
+                                   host, experts, tuple(sorted(expert_buckets.items())), ep_comm)
     return out
+
+
+def _dense(cost: LayerCost) -> float:
+    """A layer's parameters on one rank that the dense data-parallel group reduces (all but its routed experts
+    under expert parallelism)."""
+    return cost.params - cost.expert_params
+
+
+def expert_shard(config: ParallelConfig, framework: str) -> int:
+    """The ranks routed experts' gradients are reduced over and, with ZeRO, their states sharded over: the expert
+    data-parallel size (planner/runtimes.py ``expert_data_parallel``); the dense layers' dp x cp where ep is 1."""
+    if config.ep == 1:
+        return config.dp * config.cp
+    return expert_data_parallel(framework, ep=config.ep, dp=config.dp, cp=config.cp, tp=config.tp)
 
 
 def pipeline_s(per_rank_s: list[float], config: ParallelConfig, hop_s: float = 0.0) -> float:
@@ -260,7 +285,7 @@ def _inflight(schedule: str, rank: int, pp: int, vpp: int, m: int) -> float:
 
 def _dp_comm(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[float, float]:
     key = (config.dp, config.cp, config.tp, config.zero, config.num_microbatches, rank.buckets, rank.first_bucket,
-           rank.fwd_s, rank.bwd_s, rank.layers)
+           rank.fwd_s, rank.bwd_s, rank.layers, config.ep, rank.expert_buckets)
     out = cache._dp.get(key)
     if out is None:
         out = cache._dp[key] = _dp_comm_uncached(cache, config, rank)
@@ -306,37 +331,44 @@ def deferred_sharded_sync(config: ParallelConfig, framework: str) -> bool:
     return config.pp > 1 and config.zero >= 2 and RUNTIMES[framework].timing.pp_defers_sharded_dp_sync
 
 
-def dp_phases(cache: CostCache, config: ParallelConfig, params: float) -> tuple[float, float, float]:
+def dp_phases(cache: CostCache, config: ParallelConfig, params: float, expert: bool = False
+              ) -> tuple[float, float, float]:
     """(gather before forward, gather before backward, reduction after backward) seconds of one
     layer's data-parallel collectives, for one layer of ``params`` parameters (per TP rank):
     ZeRO-0 all-reduces gradients; ZeRO-1 and 2 reduce-scatter them and all-gather the
     parameters; ZeRO-3 gathers the parameters for forward and again for backward
     (Rajbhandari et al. 2020, Sec 5 and 7). How often each runs: ``gathers_every_microbatch``
-    and ``reduces_every_microbatch``."""
-    key = (config.dp * config.cp, config.tp, config.zero, params)
+    and ``reduces_every_microbatch``. ``expert``: routed experts' parameters under expert parallelism, over
+    their expert data-parallel group (``expert_shard`` ranks spaced ep apart: Megatron's expert rank order
+    tp-ep-dp-pp with expert tensor parallelism 1) instead of the dense dp x cp ranks spaced tp apart."""
+    size, stride = (expert_shard(config, cache.workload.framework), config.ep) if expert else \
+        (config.dp * config.cp, config.tp)
+    key = (size, stride, config.zero, params)
     out = cache._phases.get(key)
     if out is None:
-        out = cache._phases[key] = _dp_phases_uncached(cache, config, params)
+        out = cache._phases[key] = _dp_phases_uncached(cache, config.zero, size, stride, params)
     return out
 
 
-def _dp_phases_uncached(cache: CostCache, config: ParallelConfig, params: float) -> tuple[float, float, float]:
+def _dp_phases_uncached(cache: CostCache, zero: int, size: int, stride: int, params: float
+                        ) -> tuple[float, float, float]:
     cluster, w = cache.cluster, cache.workload
-    if config.dp * config.cp == 1 or params <= 0:
+    if size == 1 or params <= 0:
         return 0.0, 0.0, 0.0
-    grp = network.group(cluster, config.dp * config.cp, config.tp)
+    grp = network.group(cluster, size, stride)
     grads = params * grad_comm_bytes_per_param(w.framework, w.precision)
     weights = params * DTYPE_BYTES[w.precision]
-    if config.zero == 0:
+    if zero == 0:
         return 0.0, 0.0, network.all_reduce_s(cluster, grads, grp)
     rs = network.reduce_scatter_s(cluster, grads, grp)
     ag = network.all_gather_s(cluster, weights, grp)
-    if config.zero == 3:
+    if zero == 3:
         return ag, ag, rs
     return ag, 0.0, rs
 
 
-def dp_collectives(cache: CostCache, config: ParallelConfig, params: float) -> tuple[float, float, float]:
+def dp_collectives(cache: CostCache, config: ParallelConfig, params: float, expert: bool = False
+                  ) -> tuple[float, float, float]:
     """(per micro-batch, once after backward, once after the optimizer) seconds of the
     data-parallel collectives for one layer of ``params`` parameters (per TP rank): those of
     ``dp_phases`` (memoised there), by when they run.
@@ -347,7 +379,7 @@ def dp_collectives(cache: CostCache, config: ParallelConfig, params: float) -> t
     backward and reduce-scatters every micro-batch. Which stage does what every micro-batch
     is the runtime's ``Timing`` (planner/runtimes.py).
     """
-    gather_fwd, gather_bwd, reduce = dp_phases(cache, config, params)
+    gather_fwd, gather_bwd, reduce = dp_phases(cache, config, params, expert)
     framework = cache.workload.framework
     every_gather = gathers_every_microbatch(config, framework)
     every_reduce = reduces_every_microbatch(config, framework)
@@ -364,16 +396,17 @@ def _dp_comm_uncached(cache: CostCache, config: ParallelConfig, rank: RankCost) 
     share (its gather opens the forward, its reduction closes the backward) cannot
     hide; the compute it runs beside slows down by the SMs the collectives occupy.
     """
-    if config.dp * config.cp == 1:
+    if config.dp * config.cp == 1 and not rank.expert_buckets:
         return 0.0, 0.0
     m = config.num_microbatches
     if fetches_per_tensor(config, cache.workload.framework):
         out = m * _per_tensor_s(cache, config, rank)
         return out, out             # every fetch and reduction waits for the GPU: nothing hides (cost/fetch.py)
     per_micro = once = after = 0.0
-    for params, count in rank.buckets:
-        a, b, c = dp_collectives(cache, config, params)
-        per_micro, once, after = per_micro + count * a, once + count * b, after + count * c
+    for expert, buckets in ((False, rank.buckets), (True, rank.expert_buckets)):
+        for params, count in buckets:
+            a, b, c = dp_collectives(cache, config, params, expert)
+            per_micro, once, after = per_micro + count * a, once + count * b, after + count * c
     total = m * per_micro + once + after
     w = cache.workload
     overlap, once_overlaps = dp_overlaps(framework=w.framework, device_kind=cache.cluster.device_kind,
@@ -431,25 +464,33 @@ def per_tensor_phases(cache: CostCache, config: ParallelConfig, signature: str, 
     return out
 
 
-def optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float) -> float:
+def optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float, expert_params: float = 0.0) -> float:
     """Seconds of the optimizer step over ``params`` parameters of one rank (its ZeRO share), and of
     the step's parameter-sized casts and gradient accumulation under torch eager mixed precision
     (planner.cost.eager.step_param_bytes; zero for the fused runtimes). Every term is bytes per
     parameter over a bandwidth: linear in ``params``, one rate per configuration (memoised on what
-    it depends on)."""
+    it depends on). ``expert_params``: of ``params``, routed experts' under expert parallelism, whose ZeRO
+    share is over their expert data-parallel ranks (``expert_shard``)."""
     if params <= 0:
         return 0.0
-    key = (config.dp * config.cp, config.tp > 1, config.pp > 1, config.num_microbatches, config.zero,
-           config.optimizer_offload, config.param_offload)
+    dense = _optimizer_rate(cache, config, config.dp * config.cp) * (params - expert_params)
+    if not expert_params:
+        return dense
+    return dense + _optimizer_rate(cache, config, expert_shard(config, cache.workload.framework)) * expert_params
+
+
+def _optimizer_rate(cache: CostCache, config: ParallelConfig, shard: int) -> float:
+    key = (shard, config.tp > 1, config.pp > 1, config.num_microbatches, config.zero,
+           config.optimizer_offload, config.param_offload, config.dp * config.cp)
     rate = cache._optimizer_rates.get(key)
     if rate is None:
-        rate = cache._optimizer_rates[key] = _optimizer_time_s(cache, config, 1.0)
-    return params * rate
+        rate = cache._optimizer_rates[key] = _optimizer_time_s(cache, config, 1.0, shard)
+    return rate
 
 
-def _optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float) -> float:
+def _optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float, shard: int) -> float:
     cluster, w = cache.cluster, cache.workload
-    local = params / (config.dp * config.cp if config.zero >= 1 else 1)
+    local = params / (shard if config.zero >= 1 else 1)
     dev = cluster.device
     regime = eager_regime(framework=w.framework, precision=w.precision, zero=config.zero,
                           dp=config.dp * config.cp, tp=config.tp, pp=config.pp)
@@ -481,18 +522,16 @@ def _optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float) -
 
 def _optimizer_s(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[float, float]:
     """(seconds, host bytes per node) of the optimizer step of one rank."""
-    return optimizer_time_s(cache, config, rank.params), _host_bytes(cache, config, rank)
+    return optimizer_time_s(cache, config, rank.params, rank.expert_params), _host_bytes(cache, config, rank)
 
 
 def _host_bytes(cache: CostCache, config: ParallelConfig, rank: RankCost) -> float:
     """Bytes the node's host memory holds for this rank's offloaded states, times the node's ranks."""
     if not config.optimizer_offload and not config.param_offload:
         return 0.0
-    w, cluster = cache.workload, cache.cluster
-    states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
-                                   shard=config.dp * config.cp, optimizer_offload=config.optimizer_offload,
-                                   pp=config.pp, param_offload=config.param_offload)
-    return min(cluster.gpus_per_node, cluster.num_gpus) * rank.params * states.host
+    states, experts = state_rates(cache, config)
+    per_node = min(cache.cluster.gpus_per_node, cache.cluster.num_gpus)
+    return per_node * ((rank.params - rank.expert_params) * states.host + rank.expert_params * experts.host)
 
 
 def _host_bytes_per_node(cache: CostCache, config: ParallelConfig, ranks: list[RankCost]) -> float:
@@ -564,19 +603,43 @@ def grads_follow_activations_at(framework: str, *, pp: int, num_microbatches: in
     return priced_as(framework) == "torch" and pp == 1 and num_microbatches == 1 and (shard == 1 or zero >= 1)
 
 
+def state_rates(cache: CostCache, config: ParallelConfig):
+    """(StateBytes of the dense parameters, of routed experts' under expert parallelism): sharded over dp x cp and
+    over the expert data-parallel ranks (``expert_shard``)."""
+    w = cache.workload
+
+    def at(shard: int):
+        return state_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero, shard=shard,
+                                     optimizer_offload=config.optimizer_offload, pp=config.pp,
+                                     param_offload=config.param_offload)
+    return at(config.dp * config.cp), at(expert_shard(config, w.framework))
+
+
+def resident_rates(cache: CostCache, config: ParallelConfig) -> tuple[float, float]:
+    """(device bytes per dense parameter, per routed-expert parameter under expert parallelism) that scale with the
+    parameters (``resident_bytes_per_param`` at dp x cp and at the expert data-parallel size)."""
+    w = cache.workload
+
+    def at(shard: int) -> float:
+        return resident_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero, shard=shard,
+                                        optimizer_offload=config.optimizer_offload, tp=config.tp, pp=config.pp,
+                                        param_offload=config.param_offload)
+    return at(config.dp * config.cp), at(expert_shard(config, w.framework))
+
+
 def _memories(cache: CostCache, config: ParallelConfig, ranks: list[RankCost]) -> list[Memory]:
     w = cache.workload
-    states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
-                                   shard=config.dp * config.cp, optimizer_offload=config.optimizer_offload,
-                                   pp=config.pp, param_offload=config.param_offload)
+    states, experts = state_rates(cache, config)
     other = other_bytes(cache, config)
     copy = working_copy_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
                                         tp=config.tp, pp=config.pp)
     out = []
     for r, rank in enumerate(ranks):
         inflight = inflight_microbatches(config, r)
-        out.append(Memory(params=rank.params * states.params, grads=rank.params * states.grads,
-                          optimizer=rank.params * states.optimizer,
+        dense, routed = rank.params - rank.expert_params, rank.expert_params
+        out.append(Memory(params=dense * states.params + routed * experts.params,
+                          grads=dense * states.grads + routed * experts.grads,
+                          optimizer=dense * states.optimizer + routed * experts.optimizer,
                           activations=rank.act_bytes * inflight + rank.peak_extra_bytes,
                           other=other + rank.params * copy, reserve=cache.cluster.device.reserved_bytes,
                           grads_after_activations=grads_follow_activations(w.framework, config)))
@@ -587,15 +650,13 @@ def peak_memory(cache: CostCache, config: ParallelConfig) -> tuple[float, float]
     """(bytes on the most loaded GPU, offloaded bytes per node): what `fits` is decided on."""
     ranks = rank_costs(cache, config)
     w = cache.workload
-    per_param = resident_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
-                                         shard=config.dp * config.cp, optimizer_offload=config.optimizer_offload,
-                                         tp=config.tp, pp=config.pp, param_offload=config.param_offload)
+    per_param, per_expert = resident_rates(cache, config)
     if grads_follow_activations(w.framework, config):
         device = max(m.total for m in _memories(cache, config, ranks))
     else:
         device = other_bytes(cache, config) + max(
-            rank.params * per_param + rank.peak_extra_bytes + rank.act_bytes * inflight_microbatches(config, r)
-            for r, rank in enumerate(ranks))
+            rank.params * per_param + rank.expert_params * (per_expert - per_param) + rank.peak_extra_bytes
+            + rank.act_bytes * inflight_microbatches(config, r) for r, rank in enumerate(ranks))
     return device, _host_bytes_per_node(cache, config, ranks)
 
 
@@ -632,9 +693,9 @@ def estimate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: Pa
     host_bytes = _host_bytes_per_node(cache, config, ranks)
     tied_s = tied_embedding_sync_s(cache, config)
     step = pipe + dp_exposed + opt_s + tied_s
-    compute = m * (slow.fwd_s + slow.bwd_s - slow.recompute_s - slow.tp_comm_s - slow.cp_comm_s)
+    compute = m * (slow.fwd_s + slow.bwd_s - slow.recompute_s - slow.tp_comm_s - slow.cp_comm_s - slow.ep_comm_s)
     time = StepTime(compute=compute, recompute=m * slow.recompute_s, tp_comm=m * slow.tp_comm_s,
-                    cp_comm=m * slow.cp_comm_s, pp_comm=m * slow.p2p_s, bubble=pipe - m * max(per_rank),
+                    cp_comm=m * slow.cp_comm_s, ep_comm=m * slow.ep_comm_s, pp_comm=m * slow.p2p_s, bubble=pipe - m * max(per_rank),
                     dp_comm=dp_exposed + tied_s, optimizer=opt_s)
     memories = tuple(_memories(cache, config, ranks))
     peak = max(memories, key=lambda mem: mem.total)

@@ -50,7 +50,7 @@ class LayoutBounds:
         step's casts and accumulation only grow with them; the parameters do not depend on
         sequence parallelism, so it adds to the least over it)."""
         if layout not in self._floor:
-            one = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, micro_batch=1,
+            one = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep, micro_batch=1,
                                  num_microbatches=1)
             params = self.cache.totals(self.cache.context(one))[2] / layout.pp
             self._floor[layout] = self._order[layout] + optimizer_floor(self.space, layout, self.cache, one, params)
@@ -83,7 +83,7 @@ class LayoutBounds:
         if work is None:
             work = memo[key] = min(
                 self.cache.totals(self.cache.context(ParallelConfig(
-                    dp=layout.dp, tp=layout.tp, pp=pp, cp=layout.cp, micro_batch=1, num_microbatches=m,
+                    dp=layout.dp, tp=layout.tp, pp=pp, cp=layout.cp, ep=layout.ep, micro_batch=1, num_microbatches=m,
                     sequence_parallel=sp)))[3] for sp in space.sequence_parallel(layout)) / pp
         return self._pipeline_factor(layout, m) * work * layout.micro_batch
 
@@ -95,7 +95,7 @@ class LayoutBounds:
         factor = self._pipeline_factor(layout, m)
         best = float("inf")
         for sp in space.sequence_parallel(layout):
-            cfg = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp,
+            cfg = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep,
                                  micro_batch=layout.micro_batch, num_microbatches=m, sequence_parallel=sp)
             work, _, params, _ = cache.totals(cache.context(cfg))
             work /= layout.pp                                       # mean rank, no recompute
@@ -109,12 +109,12 @@ class LayoutBounds:
         best_act = float("inf")
         params = 0.0
         for sp in space.sequence_parallel(layout):
-            one = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, micro_batch=1,
+            one = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep, micro_batch=1,
                                  num_microbatches=1, sequence_parallel=sp)
             _, act, params, _ = cache.totals(cache.context(one))
             best_act = min(best_act, layout.micro_batch * act / layout.pp)
         params /= layout.pp
-        base = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp,
+        base = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep,
                               micro_batch=layout.micro_batch,
                               num_microbatches=layout.num_microbatches(space.w.global_batch))
         return least_state_and_activation_bytes(space, layout, base, None, [(params, best_act)]) \

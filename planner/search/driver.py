@@ -93,7 +93,15 @@ def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs
         step_band, memory_band = error_bands(cluster, workload)
         band = step_band if prefer == "headroom" else 0.0
         best, choice = choose(best, tuple(top.items[1:]), band, memory_band)
-    return SearchResult(best=best, alternatives=tuple(c for c in top.items if c is not best)[:top_k], choice=choice,
+    alternatives = tuple(c for c in top.items if c is not best)[:top_k]
+    if best is not None and best.config.ep > 1 and knobs.ep is None and top_k \
+            and not any(c.config.ep == 1 for c in alternatives):
+        # what expert parallelism gains: the best plan without it among the runners-up (its own search)
+        dense = search(graph, cluster, workload, replace(knobs, ep=1), top_k=0, solver=solver, prune=prune,
+                       time_limit_s=time_limit_s, simulate=simulate, prefer="fastest")
+        if dense.best is not None:
+            alternatives = tuple(sorted(alternatives[:top_k - 1] + (dense.best,), key=lambda c: c.estimate.step_time_s))
+    return SearchResult(best=best, alternatives=alternatives, choice=choice,
                         candidates=max(stats.covered, stage.space), evaluated=stats.evaluated + stage.solved,
                         memory_checked=stats.checked, seconds=time.perf_counter() - t0, least_memory=least,
                         groups=stage.groups, ilp_solves=stage.solved, ilp_improved=stage.improved)
@@ -113,7 +121,7 @@ def _group_cheap_bound(space: Space, cache: CostCache, layout: Layout, schedule:
     the least optimizer step of the average rank's parameters (the slowest rank's is on the path).
     The total work does not depend on where layers go: summed per layer signature."""
     m = layout.num_microbatches(space.w.global_batch)
-    config = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, micro_batch=layout.micro_batch,
+    config = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep, micro_batch=layout.micro_batch,
                             num_microbatches=m, sequence_parallel=sp)
     work, _, params, _ = cache.totals(cache.context(config))
     p = layout.pp

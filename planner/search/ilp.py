@@ -97,14 +97,12 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
         prob += pulp.lpSum(n[r, c] for c in pr.policies) >= v, f"b_rank_{r}_one_block_per_stage"
     prob += pulp.lpSum(z.values()) == 1, "c_one_zero_option"
 
-    total_params = L * block.params + sum(f.params for f in pr.fixed)
     rank_time = []
     for r in range(p):
         nb = pulp.lpSum(n[r, c] for c in pr.policies)
         fixed = pr.fixed[r]
         F = block.fwd_s * nb + fixed.fwd_s
         B = pulp.lpSum((block.bwd_s + rc[c]) * n[r, c] for c in pr.policies) + fixed.bwd_s
-        P = block.params * nb + fixed.params
         sends = 2 * v * pr.hop_s if p > 1 else 0.0
         if pr.schedule.overlaps_sends:
             y = pulp.LpVariable(f"y_{r}", 0)
@@ -127,21 +125,24 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
         for k, opt in enumerate(pr.options):
             # big-M: the row's left-hand side at its largest (every block on this rank, the
             # largest activations and transient), so the row is slack when option k is not chosen
-            most = (opt.state_bytes * (L * block.params + fixed.params) / gib
+            states = (opt.block_state_bytes * nb + opt.state_bytes * fixed.params) / gib
+            most = ((opt.block_state_bytes * L + opt.state_bytes * fixed.params) / gib
                     + pr.inflight[r] * (L * max(act.values()) + fixed.act_bytes / gib)
                     + max([fixed.extra_bytes / gib] + list(transient.values())) + opt.other_bytes / gib)
-            prob += (opt.state_bytes / gib * P + pr.inflight[r] * A + E + opt.other_bytes / gib
+            prob += (states + pr.inflight[r] * A + E + opt.other_bytes / gib
                      <= cap + max(0.0, most - cap) * (1 - z[k])), f"f_rank_{r}_memory_{k}"
             if opt.host_bytes or any(host_act.values()):
                 # the node's GPUs alike: offloaded optimizer states and offloaded activations in flight
                 per_node = min(cache.cluster.gpus_per_node, cache.cluster.num_gpus)
-                H = per_node * (opt.host_bytes / gib * P + pr.inflight[r] * pulp.lpSum(
-                    host_act[c] * n[r, c] for c in pr.policies if host_act[c]))
-                most = per_node * (opt.host_bytes / gib * total_params + pr.inflight[r] * L * max(host_act.values()))
+                H = per_node * ((opt.block_host_bytes * nb + opt.host_bytes * fixed.params) / gib
+                                + pr.inflight[r] * pulp.lpSum(host_act[c] * n[r, c] for c in pr.policies if host_act[c]))
+                total_host = opt.block_host_bytes * L + opt.host_bytes * sum(f.params for f in pr.fixed)
+                most = per_node * (total_host / gib + pr.inflight[r] * L * max(host_act.values()))
                 prob += H <= host_cap + max(0.0, most - host_cap) * (1 - z[k]), f"g_rank_{r}_host_{k}"
             _data_parallel(prob, pr, opt, k, r, nb, F, B, D, z[k])
-            most_opt = opt.optimizer_s_per_param * (L * block.params + fixed.params)
-            prob += O >= opt.optimizer_s_per_param * P - most_opt * (1 - z[k]), f"k_rank_{r}_optimizer_{k}"
+            most_opt = opt.block_optimizer_s * L + opt.optimizer_s_per_param * fixed.params
+            prob += O >= opt.block_optimizer_s * nb + opt.optimizer_s_per_param * fixed.params \
+                - most_opt * (1 - z[k]), f"k_rank_{r}_optimizer_{k}"
 
     # (m) a cut implied by (a)-(h): the slowest rank is at least as slow as in the best integer split when
     # each rank recomputes as little as its memory allows (``_least_slowest_rank``). The LP relaxation
@@ -198,7 +199,7 @@ def _least_recompute_s(pr: GroupProblem, opt: Option, r: int, b: int) -> float:
     policies whose transient is at most it, two at a time (an LP with two rows mixes at most two)."""
     block, fixed, inflight = pr.block, pr.fixed[r], pr.inflight[r]
     cap = pr.cache.usable_bytes
-    base = opt.other_bytes + (fixed.params + b * block.params) * opt.state_bytes + inflight * fixed.act_bytes
+    base = opt.other_bytes + fixed.params * opt.state_bytes + b * opt.block_state_bytes + inflight * fixed.act_bytes
     cost = {c: (block.policy(c).recompute_s, inflight * block.policy(c).act_bytes, block.policy(c).peak_extra_bytes)
             for c in pr.policies}
     if math.comb(b + len(cost) - 1, len(cost) - 1) <= 1000:
@@ -238,7 +239,7 @@ def _most_blocks(pr: GroupProblem, r: int, cap_gib: float, act_gib: dict[str, fl
     fit = 0.0
     for opt in pr.options:
         base = (opt.other_bytes + fixed.params * opt.state_bytes + fixed.extra_bytes) / gib + inflight * fixed.act_bytes / gib
-        per_block = pr.block.params * opt.state_bytes / gib + inflight * min(act_gib.values())
+        per_block = opt.block_state_bytes / gib + inflight * min(act_gib.values())
         fit = max(fit, (cap_gib - base) / per_block if per_block > 0 else math.inf)
     most = pr.num_blocks - (pr.p - 1) * pr.v
     return most if fit >= most else max(0, math.floor(fit + 1e-9))
@@ -247,9 +248,9 @@ def _most_blocks(pr: GroupProblem, r: int, cap_gib: float, act_gib: dict[str, fl
 def _data_parallel(prob, pr: GroupProblem, opt: Option, k: int, r: int, nb, F, B, D, z) -> None:
     """(i)-(j): the rank's exposed data-parallel time under option k, as the cost model
     prices it (planner/cost/step.py::_dp_comm_uncached), layer by layer."""
-    if pr.layout.dp * pr.layout.cp == 1:
+    if not pr.has_dp:
         return
-    blk = pr.collectives(opt, pr.block.params)
+    blk = pr.block_collectives(opt)
     fixed = [pr.collectives(opt, params) for params in pr.fixed[r].buckets]
     totals = [blk[i] * nb + sum(f[i] for f in fixed) for i in range(3)]    # per micro, once, after
     m = pr.m

@@ -27,13 +27,13 @@ class SearchResult:
 def sort_key(c: Candidate) -> tuple:
     """Fastest first; ties go to less memory, then to the simpler config."""
     cfg = c.config
-    return (round(c.estimate.step_time_s, 12), round(c.estimate.memory.total), cfg.tp, cfg.pp, cfg.cp, cfg.zero,
+    return (round(c.estimate.step_time_s, 12), round(c.estimate.memory.total), cfg.tp, cfg.pp, cfg.cp, cfg.ep, cfg.zero,
             policy_rank(cfg.recompute), cfg.vpp, cfg.sequence_parallel, cfg.optimizer_offload,
             cfg.micro_batch)
 
 
-def layout_key(config: ParallelConfig) -> tuple[int, int, int, int]:
-    return (config.dp, config.tp, config.pp, config.cp)
+def layout_key(config: ParallelConfig) -> tuple[int, int, int, int, int]:
+    return (config.dp, config.tp, config.pp, config.cp, config.ep)
 
 
 OPTIMALITY_GAP = 1e-3     # the search's answer is the cost model's optimum to within this fraction
@@ -62,7 +62,7 @@ def _better(new: Candidate, old: Candidate) -> bool:
 
 
 class TopK:
-    """The best candidate of each distinct parallel layout (dp, tp, pp, cp), the k fastest
+    """The best candidate of each distinct parallel layout (dp, tp, pp, cp, ep), the k fastest
     layouts kept: the runners-up are other ways to split the job, not near-copies. Within a
     layout, a plan with more offload or recompute must be faster by more than the optimality gap
     to displace a simpler one (a 0.02% gain is not worth moving the optimizer to the host)."""
@@ -107,6 +107,8 @@ def mechanisms(config: ParallelConfig) -> tuple[str, ...]:
         out.append("sequence parallelism")
     if config.cp > 1:
         out.append("CP exchange")
+    if config.ep > 1:
+        out.append("expert all-to-all")
     if config.zero == 3:
         out.append("ZeRO-3 parameter gathers")
     if config.optimizer_offload:

@@ -20,6 +20,7 @@ class Knobs:
     tp: int | None = None
     pp: int | None = None
     cp: int | None = None
+    ep: int | None = None
     zero: int | None = None
     micro_batch: int | None = None
     vpp: int | None = None
@@ -55,6 +56,7 @@ class Layout:
     cp: int
     dp: int
     micro_batch: int
+    ep: int = 1             # expert parallelism (routed experts over ep of the ranks: planner/runtimes.py)
 
     def num_microbatches(self, global_batch: int) -> int:
         return global_batch // (self.dp * self.micro_batch)
@@ -77,7 +79,7 @@ class Space:
     # -- validation of what the user fixed ------------------------------------------------------
     def _check_fixed(self, dtypes) -> None:
         k, g, w, n = self.k, self.graph, self.w, self.n
-        for name in ("dp", "tp", "pp", "cp", "micro_batch", "vpp"):
+        for name in ("dp", "tp", "pp", "cp", "ep", "micro_batch", "vpp"):
             value = getattr(k, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise UserError(f"must be a positive integer, got {value!r}", field=f"--{name.replace('_', '-')}")
@@ -144,6 +146,12 @@ class Space:
                             field="--sequence-parallel")
         if k.optimizer_offload and k.zero == 0:
             raise UserError("optimizer offload (ZeRO-Offload) needs ZeRO stage 1, 2 or 3", field="--optimizer-offload")
+        if k.ep is not None and k.ep > 1:
+            if n % k.ep:
+                raise UserError(f"ep {k.ep} does not divide the {n} GPUs", field="--ep")
+            for knob, why in refusals(w.framework, self.device_kind, ep=k.ep, num_experts=g.num_experts,
+                                      dp=k.dp, tp=k.tp, cp=k.cp, sequence_parallel=k.sequence_parallel):
+                raise UserError(why, field=knob_flag(knob))
         for knob, why in refusals(w.framework, self.device_kind, zero=k.zero, tp=k.tp, pp=k.pp, cp=k.cp,
                                   schedule=k.schedule, optimizer_offload=k.optimizer_offload,
                                   param_offload=k.param_offload, sequence_parallel=k.sequence_parallel,
@@ -178,9 +186,22 @@ class Space:
                     dp = n // (tp * pp * cp)
                     if (self.k.dp is not None and dp != self.k.dp) or w.global_batch % dp:
                         continue
-                    for mb in self._options("micro_batch", divisors(w.global_batch // dp)):
-                        if (w.global_batch // dp) % mb == 0:
-                            yield Layout(tp, pp, cp, dp, mb)
+                    for ep in self.eps(tp, cp, dp):
+                        for mb in self._options("micro_batch", divisors(w.global_batch // dp)):
+                            if (w.global_batch // dp) % mb == 0:
+                                yield Layout(tp, pp, cp, dp, mb, ep)
+
+    def eps(self, tp: int, cp: int, dp: int) -> list[int]:
+        """Expert-parallel degrees for these dense degrees: 1 for a dense model, else those dividing the routed
+        experts that the runtime runs here (``refusals``: ep folded onto dp x cp x tp, or dividing dp), or the
+        fixed one."""
+        experts = self.graph.num_experts
+        if not experts:
+            return self._allowed("ep", [1])
+        out = [ep for ep in divisors(experts) if ep == 1 or not [
+            knob for knob, _ in refusals(self.w.framework, self.device_kind, ep=ep, dp=dp, tp=tp, cp=cp,
+                                         num_experts=experts) if knob == "ep"]]
+        return self._allowed("ep", out)
 
     def schedules(self, layout: Layout) -> list[tuple[str, int]]:
         """(schedule, vpp) pairs legal for a layout: the runtime's schedules (or the fixed one), each
@@ -219,7 +240,7 @@ class Space:
     def _zeros(self, layout: Layout, schedule: str | None) -> list[int]:
         allowed = [z for z in self.can.zero_stages
                    if not refusals(self.w.framework, self.device_kind, zero=z, tp=layout.tp, pp=layout.pp,
-                                   cp=layout.cp, schedule=schedule, param_offload=self.param_offload)]
+                                   cp=layout.cp, ep=layout.ep, schedule=schedule, param_offload=self.param_offload)]
         if layout.dp * layout.cp == 1 and not self.param_offload:
             # nothing to shard over: the stages are all equal to ZeRO-0 (but where ZeRO-3's parameters go to the host)
             fixed = self.k.zero
@@ -227,6 +248,8 @@ class Space:
         return self._allowed("zero", allowed)
 
     def sequence_parallel(self, layout: Layout) -> list[bool]:
+        if layout.ep > 1 and layout.tp > 1 and self.can.ep_needs_sp:
+            return self._allowed("sequence_parallel", [True])
         return self._allowed("sequence_parallel", [False, True] if layout.tp > 1 and self.can.sequence_parallel
                              else [False])
 
@@ -252,7 +275,7 @@ class Space:
                recompute: str) -> ParallelConfig:
         m = layout.num_microbatches(self.w.global_batch)
         return self.with_recompute(ParallelConfig(
-            dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, zero=zero, micro_batch=layout.micro_batch,
+            dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep, zero=zero, micro_batch=layout.micro_batch,
             num_microbatches=m, vpp=vpp, schedule=schedule, sequence_parallel=sp,
             optimizer_offload=optimizer_offload, param_offload=self.param_offload), recompute)
 
@@ -265,4 +288,4 @@ class Space:
         check_config(config, num_gpus=self.n, global_batch=self.w.global_batch, seq_len=self.w.seq_len,
                      num_heads=self.graph.num_heads, num_kv_heads=self.graph.num_kv_heads, num_blocks=self.blocks,
                      framework=self.w.framework, precision=self.w.precision, device_kind=self.device_kind,
-                     max_stages=self.max_stages)
+                     max_stages=self.max_stages, num_experts=self.graph.num_experts)

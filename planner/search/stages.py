@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from ..config import ParallelConfig
 from ..cost.layer import LayerCost
 from ..cost.memory import resident_bytes_per_param, state_bytes_per_param
-from ..cost.step import (CostCache, other_bytes, dp_collectives, dp_overlaps, inflight_microbatches, optimizer_time_s,
-                         tied_embedding_sync_s)
+from ..cost.step import (CostCache, other_bytes, dp_collectives, dp_overlaps, expert_shard, inflight_microbatches,
+                         optimizer_time_s, resident_rates, tied_embedding_sync_s, state_rates)
 from ..runtimes import RUNTIMES
 from ..recompute import POLICIES, summary_policy
 from ..schedules import SCHEDULES
@@ -77,6 +77,10 @@ class Option:
     host_bytes: float             # bytes per parameter in host memory (optimizer offload)
     other_bytes: float            # runtime reserve and communication buffers
     optimizer_s_per_param: float  # optimizer step seconds per parameter of the rank
+    block_state_bytes: float = 0.0   # of one block: its parameters' device bytes (routed experts at their own
+                                     # shard under expert parallelism: cost.step.resident_rates)
+    block_host_bytes: float = 0.0    # of one block: host bytes of its states
+    block_optimizer_s: float = 0.0   # of one block: optimizer step seconds
 
 
 class GroupProblem:
@@ -88,7 +92,7 @@ class GroupProblem:
         self.m = layout.num_microbatches(space.w.global_batch)
         self.p, self.v = layout.pp, vpp
         self.stages = self.p * self.v
-        self.base = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp,
+        self.base = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep,
                                    micro_batch=layout.micro_batch, num_microbatches=self.m, vpp=vpp,
                                    schedule=schedule, sequence_parallel=sp, param_offload=space.param_offload)
         ctx = cache.context(self.base)
@@ -158,9 +162,16 @@ class GroupProblem:
                                             shard=lay.dp * lay.cp, optimizer_offload=offload, tp=lay.tp, pp=lay.pp,
                                             param_offload=po)
         config = self.base.but(zero=zero, optimizer_offload=offload)
+        block = self.block
+        dense, expert_resident = resident_rates(cache, config)
+        expert_host = state_rates(cache, config)[1].host
+        routed = block.expert_params
         return Option(zero=zero, optimizer_offload=offload, state_bytes=resident, host_bytes=states.host,
                       other_bytes=other_bytes(cache, config),
-                      optimizer_s_per_param=optimizer_time_s(cache, config, 1.0))
+                      optimizer_s_per_param=optimizer_time_s(cache, config, 1.0),
+                      block_state_bytes=(block.params - routed) * dense + routed * expert_resident,
+                      block_host_bytes=(block.params - routed) * states.host + routed * expert_host,
+                      block_optimizer_s=optimizer_time_s(cache, config, block.params, routed))
 
     def with_options(self, options: list[Option]) -> "GroupProblem":
         """The same group restricted to some of its ZeRO/optimizer-offload options."""
@@ -178,11 +189,28 @@ class GroupProblem:
         config = self.base.but(zero=option.zero, optimizer_offload=option.optimizer_offload)
         return dp_collectives(self.cache, config, params)
 
+    def block_collectives(self, option: Option) -> tuple[float, float, float]:
+        """One block's data-parallel collectives: its dense parameters over dp x cp, its routed experts (under
+        expert parallelism) over their expert data-parallel ranks."""
+        config = self.base.but(zero=option.zero, optimizer_offload=option.optimizer_offload)
+        routed = self.block.expert_params
+        dense = dp_collectives(self.cache, config, self.block.params - routed)
+        if not routed:
+            return dense
+        experts = dp_collectives(self.cache, config, routed, expert=True)
+        return tuple(a + b for a, b in zip(dense, experts))
+
+    @property
+    def has_dp(self) -> bool:
+        """Whether any parameter has a data-parallel group: dp x cp > 1, or routed experts an expert one."""
+        lay = self.layout
+        return lay.dp * lay.cp > 1 or (self.block.expert_params > 0 and expert_shard(self.base, self.space.w.framework) > 1)
+
     def first_layer_params(self, rank: int) -> float:
         """The rank's first layer: the prefix's first on rank 0, else a block."""
         if rank == 0 and self.shape.prefix:
             return self.cache.layer(self.shape.prefix[0], self.cache.context(self.base)).params
-        return self.block.params
+        return self.block.params - self.block.expert_params
 
     # -- solutions ----------------------------------------------------------------------------
     def config(self, counts: list[dict[str, int]], option: Option) -> ParallelConfig:
@@ -319,8 +347,8 @@ def option_lower_bounds(pr: GroupProblem, stop_at: float = math.inf) -> tuple[li
         for r in range(p):
             inf_r = pr.inflight[r]
             base = opt.other_bytes + pr.fixed[r].params * opt.state_bytes + pr.fixed[r].act_bytes * inf_r
-            per_block_none = block.params * opt.state_bytes + a_none * inf_r
-            per_block_min = block.params * opt.state_bytes + a_min * inf_r
+            per_block_none = opt.block_state_bytes + a_none * inf_r
+            per_block_min = opt.block_state_bytes + a_min * inf_r
             if pr.fixed[r].extra_bytes:
                 base += pr.fixed[r].extra_bytes
             c0, c_full = _blocks_that_fit(cap - base, per_block_none), _blocks_that_fit(cap - base, per_block_min)
@@ -344,7 +372,7 @@ def option_lower_bounds(pr: GroupProblem, stop_at: float = math.inf) -> tuple[li
             continue
         total = work + recompute
         pipe = _pipeline(pr, max(max(times), total / p), total)
-        optimizer = opt.optimizer_s_per_param * (L * block.params + sum(f.params for f in pr.fixed)) / p
+        optimizer = (L * opt.block_optimizer_s + opt.optimizer_s_per_param * sum(f.params for f in pr.fixed)) / p
         if pipe + optimizer + pr.tied_s >= stop_at:
             out.append(pipe + optimizer + pr.tied_s)  # the scan only adds to it: not needed to rule it out
             continue
@@ -429,11 +457,11 @@ class _Rank0Collectives:
     """Rank 0's data-parallel collectives under one option, as a function of its blocks."""
 
     def __init__(self, pr: GroupProblem, opt: Option):
-        self.active = pr.layout.dp * pr.layout.cp > 1
+        self.active = pr.has_dp
         if not self.active:
             return
         self.m = pr.m
-        self.blk = pr.collectives(opt, pr.block.params)
+        self.blk = pr.block_collectives(opt)
         fixed = [pr.collectives(opt, params) for params in pr.fixed[0].buckets]
         self.fixed = [sum(f[i] for f in fixed) for i in range(3)]
         self.overlap, self.once_overlaps = pr.dp_overlaps(opt)

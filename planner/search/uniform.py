@@ -125,7 +125,7 @@ def _count_layout(space: Space, layout: Layout) -> int:
 
 def _group_config(space: Space, layout: Layout, schedule: str, vpp: int, sp: bool) -> ParallelConfig:
     m = layout.num_microbatches(space.w.global_batch)
-    return ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, micro_batch=layout.micro_batch,
+    return ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep, micro_batch=layout.micro_batch,
                           num_microbatches=m, vpp=vpp, schedule=schedule, sequence_parallel=sp)
 
 
