@@ -205,14 +205,14 @@ def whatif(inputs: JobInputs, key: str, values: list[str], knobs: Knobs = Knobs(
 
 def compare(baseline: str, *, cluster: str = DEFAULT_CLUSTER, gpus: int | None = None, model: str | None = None,
             global_batch: int | None = None, seq_len: int | None = None, tp: int | None = None,
-            pp: int | None = None, tokens: float | None = None, top_k: int = 5):
+            pp: int | None = None, ep: int | None = None, tokens: float | None = None, top_k: int = 5):
     """Your configuration (a Megatron-LM arguments file or launch script, a DeepSpeed JSON, a torchtitan
     TOML or a plan.json) estimated, the best plan for the same job searched, both side by side: a
     ``compare.Comparison``. Raises NoFeasiblePlan when neither fits."""
     from .baseline import Context, check_baseline, read_baseline
     from .compare import CHINCHILLA_TOKENS_PER_PARAM, Comparison, does_not_fit_by
     machines = load_cluster(cluster, gpus)
-    ctx = Context(gpus=machines.num_gpus, global_batch=global_batch, seq_len=seq_len, tp=tp, pp=pp)
+    ctx = Context(gpus=machines.num_gpus, global_batch=global_batch, seq_len=seq_len, tp=tp, pp=pp, ep=ep)
     read, spec, graph = read_baseline(baseline, ctx, model)
     check_baseline(read, graph, machines)
     workload = read.workload()

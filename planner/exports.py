@@ -122,6 +122,10 @@ def deepspeed(plan) -> Export:
         cfg["tensor_parallel"] = {"autotp_size": c.tp}
         notes.append(f"tensor parallel {c.tp} via AutoTP (`tensor_parallel.autotp_size`); its sharding follows "
                      "DeepSpeed's presets, not meshplan's tp_plan")
+    if c.ep > 1:
+        notes.append(f"expert parallelism {c.ep}: build each MoE layer as deepspeed.moe.layer.MoE(..., num_experts="
+                     f"{plan.spec.num_experts if plan.spec else 'E'}, ep_size={c.ep}) in code (not a config key); "
+                     f"`meshplan compare --ep {c.ep}` reads this file back with it")
     if c.sequence_parallel:
         notes.append("Megatron-style sequence parallelism has no DeepSpeed config key (DeepSpeed-Ulysses "
                      "splits attention heads instead): run without it or use Megatron-DeepSpeed")
@@ -281,6 +285,13 @@ def megatron(plan) -> Export:
         notes += n
     if c.sequence_parallel:
         args.append(["--sequence-parallel"])
+    if plan.spec is not None and plan.spec.is_moe:
+        # MoE parallel folding: experts whole on each of ep ranks (expert tensor parallel 1), tokens sent by all-to-all
+        # in grouped GEMMs, as meshplan priced them (planner/cost/layer.py expert_linear_s); with ep 1 the experts
+        # split over the tensor-parallel ranks (--expert-tensor-parallel-size defaults to tp)
+        args += [["--expert-model-parallel-size", str(c.ep)],
+                 ["--expert-tensor-parallel-size", "1" if c.ep > 1 else str(c.tp)],
+                 ["--moe-token-dispatcher-type", "alltoall"], ["--moe-grouped-gemm"]]
     if w.precision in ("bf16", "fp16"):
         args.append([f"--{w.precision}"])
     args.append(["--attention-backend", "flash" if w.attention == "flash" else "unfused"])
@@ -404,6 +415,9 @@ def _torchtitan_sections(plan, python: bool = False) -> tuple[dict, list[str]]:
     notes = []
     parallelism: dict = {"tensor_parallel_degree": c.tp, "pipeline_parallel_degree": c.pp,
                          "context_parallel_degree": c.cp}
+    if plan.spec is not None and plan.spec.is_moe:
+        # experts whole on each of ep ranks (torchtitan's expert_tensor_parallel_degree 1, its default)
+        parallelism["expert_parallel_degree"] = c.ep
     if c.zero >= 2:
         parallelism.update(data_parallel_shard_degree=c.dp, data_parallel_replicate_degree=1,
                            fsdp_reshard_after_forward="always" if c.zero == 3 else "never")

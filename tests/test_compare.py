@@ -139,7 +139,7 @@ def test_help_teaches(cli):
 def effective(plan, config: ParallelConfig) -> dict:
     """Every knob as it runs: the stage split and each layer's recompute spelled out."""
     c = config
-    return {"dp": c.dp, "tp": c.tp, "pp": c.pp, "cp": c.cp, "zero": c.zero, "micro_batch": c.micro_batch,
+    return {"dp": c.dp, "tp": c.tp, "pp": c.pp, "cp": c.cp, "ep": c.ep, "zero": c.zero, "micro_batch": c.micro_batch,
             "num_microbatches": c.num_microbatches, "vpp": c.vpp, "schedule": c.schedule if c.pp > 1 else None,
             "sequence_parallel": c.sequence_parallel, "optimizer_offload": c.optimizer_offload,
             "stage_layers": tuple(c.stage_layers or balanced_stage_layers(plan.graph, c.pp * c.vpp)),
@@ -191,9 +191,31 @@ def plan_stages_that_cannot_be_equal():
                                                                  num_microbatches=8))
 
 
+def plan_experts_folded():
+    # Mixtral 8x7B, its 8 experts over ep 8 folded onto tp 2 x dp 4 (Megatron's MoE parallel folding, SP on)
+    return fixed_plan("mixtral-8x7b", "h100-80g", 32, ParallelConfig(
+        dp=4, tp=2, pp=4, ep=8, zero=1, micro_batch=1, num_microbatches=16, recompute="full", sequence_parallel=True),
+        framework="megatron")
+
+
+def plan_experts_fsdp():
+    # Qwen3-30B-A3B under FSDP, 128 experts over ep 8 of the 16 data-parallel ranks (torchtitan's way)
+    return fixed_plan("qwen3-30b-a3b", "h100-80g", 16, ParallelConfig(
+        dp=16, tp=1, pp=1, ep=8, zero=3, micro_batch=1, num_microbatches=2, recompute="full"),
+        framework="torchtitan")
+
+
+def plan_experts_deepspeed():
+    # DeepSpeed-MoE: ep 4 dividing dp 8, ZeRO-2
+    return fixed_plan("mixtral-8x7b", "h100-80g", 8, ParallelConfig(
+        dp=8, tp=1, pp=1, ep=4, zero=2, micro_batch=1, num_microbatches=2, recompute="full"),
+        framework="deepspeed")
+
+
 PLANS = {f.__name__[5:]: f for f in (plan_zero3_no_pipeline, plan_tp_pp_distributed_optimizer,
                                      plan_interleaved_unequal, plan_context_parallel_zero3, plan_pipeline_offload,
-                                     plan_block_recompute, plan_stages_that_cannot_be_equal)}
+                                     plan_block_recompute, plan_stages_that_cannot_be_equal, plan_experts_folded,
+                                     plan_experts_fsdp, plan_experts_deepspeed)}
 # (plan, format, knobs the format cannot hold: the export's notes say so)
 ROUND_TRIP = [
     *[(name, "plan.json", ()) for name in PLANS],
@@ -210,6 +232,8 @@ ROUND_TRIP = [
     ("interleaved_unequal", "torchtitan", ("zero", "recompute")),
     ("context_parallel_zero3", "torchtitan", ()),
     ("pipeline_offload", "torchtitan", ("zero", "optimizer_offload")),   # nor optimizer offload
+    ("experts_fsdp", "torchtitan", ()),
+    ("experts_deepspeed", "deepspeed", ()),     # ep_size is a code argument: given as --ep, as tp and pp are
 ]
 EXPORTS = {"megatron": megatron, "deepspeed": deepspeed, "torchtitan": torchtitan}
 
@@ -226,7 +250,7 @@ def test_every_export_reads_back_as_the_plans_own_configuration(tmp_path, name, 
         path = tmp_path / export.filename
         path.write_text(export.text)
     # Megatron-DeepSpeed gives tp and pp on its command line (the JSON holds neither)
-    degrees = {"tp": c.tp, "pp": c.pp} if fmt == "deepspeed" else {}
+    degrees = {"tp": c.tp, "pp": c.pp, "ep": c.ep} if fmt == "deepspeed" else {}
     baseline, _, _ = read_baseline(str(path), Context(gpus=c.world_size, **degrees), plan.model_source)
     want, got = effective(plan, c), effective(plan, baseline.config)
     for knob in want:

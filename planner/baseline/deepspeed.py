@@ -26,7 +26,7 @@ MODELLED = {   # dotted keys this reader models; every other key is listed as ig
     "tensor_parallel", "tensor_parallel.autotp_size", "activation_checkpointing",
 }
 FLAGS = {   # meshplan's flag (as config.check_config names it) -> this format's
-    "--dp/--tp/--pp/--cp": "--tp x --pp", "--tp": "--tp", "--pp": "--pp", "--micro-batch":
+    "--dp/--tp/--pp/--cp": "--tp x --pp", "--tp": "--tp", "--pp": "--pp", "--ep": "--ep", "--micro-batch":
     "train_micro_batch_size_per_gpu", "num_microbatches": "gradient_accumulation_steps",
     "--zero": "zero_optimization.stage", "--optimizer-offload": "zero_optimization.offload_optimizer",
     "--param-offload": "zero_optimization.offload_param",
@@ -109,7 +109,7 @@ def read(doc: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
     precision, more = _precision(doc, source)
     notes += more
     notes += _auto_notes(doc, micro, batch, m, dp, ctx)
-    config = ParallelConfig(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=micro, num_microbatches=m,
+    config = ParallelConfig(dp=dp, tp=tp, pp=pp, ep=ctx.ep or 1, zero=zero, micro_batch=micro, num_microbatches=m,
                             schedule=schedule_of(pp, 1), recompute=recompute,
                             optimizer_offload=device != "none", param_offload=param_offload)
     return Baseline(source=source, format="deepspeed", runtime="deepspeed", config=config, global_batch=batch,

@@ -30,7 +30,8 @@ PARALLEL = {   # flags that set the knobs (the values they take are checked wher
     "--num-virtual-stages-per-pipeline-rank", "--virtual-pipeline-model-parallel-size",
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--pipeline-model-parallel-layout",
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--data-parallel-sharding-strategy",
-    "--optimizer-offload-fraction", "--attention-backend",
+    "--optimizer-offload-fraction", "--attention-backend", "--expert-model-parallel-size",
+    "--expert-tensor-parallel-size", "--moe-token-dispatcher-type",
 }
 SWITCHES = {   # store_true flags this reader models
     "--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--use-torch-fsdp2",
@@ -38,7 +39,7 @@ SWITCHES = {   # store_true flags this reader models
     "--overlap-grad-reduce", "--tp-comm-overlap", "--use-flash-attn", "--account-for-embedding-in-pipeline-split",
     "--account-for-loss-in-pipeline-split", "--swiglu", "--untie-embeddings-and-output-weights",
     "--disable-bias-linear", "--add-qkv-bias", "--group-query-attention", "--moe-shared-expert-gate",
-    "--multi-latent-attention", "--qk-layernorm",
+    "--multi-latent-attention", "--qk-layernorm", "--moe-grouped-gemm",
 }
 MODEL = {      # architecture flags (read when no --model is given, checked against it otherwise)
     "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
@@ -290,12 +291,14 @@ def read(args: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
     if sp and tp == 1:
         sp = False
         notes.append("--sequence-parallel with tensor parallel size 1: Megatron-LM turns it off (arguments.py)")
+    ep, more = _expert_parallel(args, source, tp, graph)
+    notes += more
     offload = bool(args.get("--optimizer-cpu-offload"))
     fraction = _float(args, "--optimizer-offload-fraction", source, 1.0)
     if offload and fraction < 1.0:
         notes.append(f"--optimizer-offload-fraction {fraction}: meshplan models the whole optimizer offloaded")
-    config = ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, micro_batch=micro, num_microbatches=m, vpp=vpp,
-                            schedule=schedule_of(pp, vpp), recompute=recompute, sequence_parallel=sp,
+    config = ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, micro_batch=micro, num_microbatches=m,
+                            vpp=vpp, schedule=schedule_of(pp, vpp), recompute=recompute, sequence_parallel=sp,
                             optimizer_offload=offload,
                             recompute_layers=recompute_layers,
                             stage_layers=pipeline_layers(source, "--pipeline-model-parallel-size", graph, blocks))
@@ -306,9 +309,34 @@ def read(args: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
                     ignored=tuple(sorted(f for f in args if f not in PARALLEL | SWITCHES | MODEL)), notes=tuple(notes))
 
 
+def _expert_parallel(args: dict, source: str, tp: int, graph: LayerGraph) -> tuple[int, list[str]]:
+    """(ep, notes) of --expert-model-parallel-size and --expert-tensor-parallel-size (Megatron-Core's MoE parallel
+    folding): meshplan models experts whole on each of ep ranks (expert tensor parallel 1) or, with ep 1, split over
+    the tensor-parallel ranks (the expert tensor-parallel size's default, tp)."""
+    ep = _int(args, "--expert-model-parallel-size", source, 1)
+    etp = _int(args, "--expert-tensor-parallel-size", source, tp if ep == 1 else 1)
+    if ep > 1 and etp != 1:
+        raise UserError(f"{etp} with --expert-model-parallel-size {ep}: meshplan models experts whole on their rank "
+                        "(expert tensor parallel 1) under expert parallelism; allowed: 1", source=source,
+                        field="--expert-tensor-parallel-size")
+    if ep == 1 and etp != tp:
+        raise UserError(f"{etp} without expert parallelism: meshplan splits the experts as the dense layers (over "
+                        f"the {tp} tensor-parallel ranks); allowed: {tp}", source=source,
+                        field="--expert-tensor-parallel-size")
+    notes = []
+    dispatcher = _value(args, "--moe-token-dispatcher-type", source)
+    if dispatcher not in (None, "alltoall"):
+        notes.append(f"--moe-token-dispatcher-type {dispatcher}: meshplan prices the alltoall dispatcher")
+    if ep > 1 and not args.get("--moe-grouped-gemm"):
+        notes.append("no --moe-grouped-gemm: Megatron runs the local experts one after another (SequentialMLP); "
+                     "meshplan prices each expert's GEMM alike either way")
+    return ep, notes
+
+
 FLAGS = {   # meshplan's flag (as config.check_config names it) -> this format's
     "--dp/--tp/--pp/--cp": "--tensor-model-parallel-size x --pipeline-model-parallel-size x --context-parallel-size",
     "--tp": "--tensor-model-parallel-size", "--pp": "--pipeline-model-parallel-size", "--cp": "--context-parallel-size",
+    "--ep": "--expert-model-parallel-size",
     "--micro-batch": "--micro-batch-size", "num_microbatches": "--global-batch-size",
     "--vpp": "--num-layers-per-virtual-pipeline-stage", "--schedule": "--num-layers-per-virtual-pipeline-stage",
     "--recompute": "--recompute-granularity", "--sequence-parallel": "--sequence-parallel",

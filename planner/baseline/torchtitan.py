@@ -31,7 +31,8 @@ MODELLED = {
                     "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size", "pipeline_parallel_split_points",
                     "module_fqns_per_model_part", "pipeline_parallel_layers_per_stage",
                     "pipeline_parallel_first_stage_less_layers", "pipeline_parallel_last_stage_less_layers",
-                    "enable_async_tensor_parallel", "enable_sequence_parallel"},
+                    "enable_async_tensor_parallel", "enable_sequence_parallel", "expert_parallel_degree",
+                    "expert_tensor_parallel_degree"},
     "activation_checkpoint": {"mode", "selective_ac_option"},
 }
 ZOO = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3-405b",
@@ -46,7 +47,7 @@ LOCAL_BATCH, SEQ_LEN = 8, 2048          # job_config.py Training defaults
 FLAGS = {   # meshplan's flag (as config.check_config names it) -> this format's
     "--dp/--tp/--pp/--cp": "parallelism degrees", "--tp": "parallelism.tensor_parallel_degree",
     "--pp": "parallelism.pipeline_parallel_degree", "--cp": "parallelism.context_parallel_degree",
-    "--micro-batch": "parallelism.pipeline_parallel_microbatch_size", "num_microbatches": "training.global_batch_size",
+    "--ep": "parallelism.expert_parallel_degree", "--micro-batch": "parallelism.pipeline_parallel_microbatch_size", "num_microbatches": "training.global_batch_size",
     "--vpp": "parallelism.pipeline_parallel_split_points", "--schedule": "parallelism.pipeline_parallel_schedule",
     "--zero": "parallelism.data_parallel_shard_degree", "--recompute": "activation_checkpoint.mode",
     "--precision": "training.mixed_precision_param"}
@@ -149,8 +150,13 @@ def read(doc: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
     if offload and zero < 2:
         notes.append("training.enable_cpu_offload with nothing sharded (no FSDP shard degree) is not modelled: the "
                      "estimate keeps every state on the GPU")
-    config = ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, micro_batch=micro, num_microbatches=m, vpp=vpp,
-                            optimizer_offload=offload and zero >= 2,
+    ep = _int(doc, "parallelism.expert_parallel_degree", source, 1)
+    etp = _int(doc, "parallelism.expert_tensor_parallel_degree", source, 1)
+    if etp != 1:
+        raise UserError(f"{etp}: meshplan models experts whole on their rank (expert tensor parallel 1, torchtitan's "
+                        "default); allowed: 1", source=source, field="parallelism.expert_tensor_parallel_degree")
+    config = ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, micro_batch=micro, num_microbatches=m,
+                            vpp=vpp, optimizer_offload=offload and zero >= 2,
                             schedule=schedule, recompute=recompute,
                             sequence_parallel=tp > 1 and bool(par.get("enable_sequence_parallel", True)),
                             recompute_layers=recompute_layers,

@@ -29,6 +29,7 @@ class Context:
     seq_len: int | None = None         # --seq-len
     tp: int | None = None              # --tp, --pp: a DeepSpeed JSON holds no Megatron-DeepSpeed degrees
     pp: int | None = None
+    ep: int | None = None              # --ep: DeepSpeed-MoE's ep_size is an argument of its MoE layers, not a key
 
 
 @dataclass(frozen=True, kw_only=True)

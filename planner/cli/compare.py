@@ -60,6 +60,8 @@ def add_parser(sub) -> None:
     p.add_argument("--seq-len", type=positive_int, help="tokens per sequence, when the file does not set it")
     p.add_argument("--tp", type=positive_int, help="tensor-parallel degree of a Megatron-DeepSpeed job (DeepSpeed only)")
     p.add_argument("--pp", type=positive_int, help="pipeline stages of a Megatron-DeepSpeed job (DeepSpeed only)")
+    p.add_argument("--ep", type=positive_int, help="expert-parallel degree of a DeepSpeed-MoE job: the ep_size its "
+                                                   "MoE layers are built with (DeepSpeed only)")
     p.add_argument("--tokens", type=token_count, metavar="N",
                    help="token budget the gain in days and cost is priced for, e.g. 300B or 15T (default 20 per "
                         "parameter, Hoffmann et al. 2022)")
@@ -74,7 +76,8 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     t0 = time.perf_counter()
     cmp = api.compare(args.baseline, cluster=args.cluster, gpus=args.gpus, model=args.model,
-                      global_batch=args.global_batch, seq_len=args.seq_len, tp=args.tp, pp=args.pp, tokens=args.tokens,
+                      global_batch=args.global_batch, seq_len=args.seq_len, tp=args.tp, pp=args.pp, ep=args.ep,
+                      tokens=args.tokens,
                       top_k=args.top_k)
     if args.report:
         from ..compare import plan_of

@@ -8,6 +8,7 @@ import math
 from ..config import ParallelConfig
 from ..cost.memory import resident_bytes_per_param, state_bytes_per_param
 from ..cost.step import CostCache, grads_follow_activations_at, optimizer_time_s
+from ..runtimes import expert_data_parallel
 from ..schedules import SCHEDULES
 from .space import Layout, Space
 
@@ -143,15 +144,27 @@ def least_optimizer_rate(space: Space, layout: Layout, cache: CostCache, base: P
     the parameters (every term is bytes per parameter over a bandwidth), so one rate per choice,
     memoised on the cache."""
     key = (base.dp, base.cp, base.tp, base.pp, base.num_microbatches, schedule if zero is None else None, zero,
-           offload)
+           offload, layout.ep)
     memo = cache.__dict__.setdefault("_least_optimizer_rate", {})
     out = memo.get(key)
     if out is None:
         zeros = space.zeros(layout, schedule) if zero is None else [zero]
-        out = memo[key] = min((optimizer_time_s(cache, base.but(zero=z, optimizer_offload=o), 1.0)
+        # a parameter is a dense one or, under expert parallelism, a routed expert's (its own shard): the lesser
+        out = memo[key] = min((min(optimizer_time_s(cache, base.but(zero=z, optimizer_offload=o), 1.0, e)
+                                   for e in ((0.0, 1.0) if layout.ep > 1 else (0.0,)))
                                for z in zeros for o in space.optimizer_offloads(z) if offload in (None, o)),
                               default=0.0)
     return out
+
+
+def _least_sharded(space: Space, layout: Layout) -> int:
+    """The most ranks any parameter's states are sharded over: dp x cp, or under expert parallelism the expert
+    data-parallel size where larger (bytes per parameter only fall with the shard: a bound for both kinds)."""
+    shard = layout.dp * layout.cp
+    if layout.ep > 1:
+        shard = max(shard, expert_data_parallel(space.w.framework, ep=layout.ep, dp=layout.dp, cp=layout.cp,
+                                                tp=layout.tp))
+    return shard
 
 
 def least_state_and_activation_bytes(space: Space, layout: Layout, base: ParallelConfig, schedule: str | None,
@@ -160,7 +173,7 @@ def least_state_and_activation_bytes(space: Space, layout: Layout, base: Paralle
     activations, for (parameters, activation bytes) per rank: their sum, or where gradients only
     follow the activations (planner.cost.step.grads_follow_activations) the larger of the two."""
     w = space.w
-    shard = layout.dp * layout.cp
+    shard = _least_sharded(space, layout)
     most: dict[float, float] = {}        # ranks with the same parameters: only the most activations count
     for params, act in ranks:
         most[params] = max(act, most.get(params, act))
