@@ -178,6 +178,62 @@ def run_case_api(case: dict, profile_override: dict | None = None) -> dict:
 
 
 THROUGHPUT_TYPES = ("throughput", "throughput+ranking")     # dense, bf16/fp16: what meshplan plans today
+MOE_TYPES = ("throughput (MoE, BF16)",)     # the FP8 ones once FP8 is priced
+# the Megatron-Bridge rows' models (model.name_in_source) as meshplan's zoo holds them; ``moe_case_model`` checks the
+# dimensions the case gives against the zoo's
+MOE_ZOO = {"GPT OSS 120B": "gpt-oss-120b", "Qwen3_30B_a3B": "qwen3-30b-a3b", "Qwen3_235B_a22B": "qwen3-235b-a22b",
+           "DeepSeekV3 (w/ MTP)": "deepseek-v3"}
+# the clusters meshplan has a profile of, by the case's system
+MOE_CLUSTERS = {"DGX-H100": "h100-80g"}
+
+
+def moe_case_model(case: dict) -> str:
+    """The zoo name of a Megatron-Bridge MoE case's model, its dimensions checked against the case's."""
+    from planner.model import ZOO
+    m = case["model"]
+    name = MOE_ZOO[m["name_in_source"]]
+    spec = ZOO[name]
+    for field, key in (("num_layers", "layers"), ("hidden", "hidden"), ("num_heads", "heads"), ("vocab_size", "vocab"),
+                       ("num_experts", "num_experts"), ("experts_per_token", "experts_per_token")):
+        assert getattr(spec, field) == m[key], (name, field, getattr(spec, field), m[key])
+    return name
+
+
+def moe_case_settings(case: dict) -> tuple[dict, dict]:
+    """(job settings, fixed knobs) of a Megatron-Bridge MoE case: every published degree (tp, pp, cp, dp, ep, virtual
+    stages) and the micro-batch fixed; the distributed optimizer (ZeRO-1, Megatron-Bridge's default; not published);
+    recompute and optimizer offload searched, as the source does not publish them. The published run ran, so it fit
+    its GPU: no memory headroom beyond the device's (``--memory-headroom 0``; the default headroom is the gap measured
+    for meshplan's own torch runtime, not Megatron-LM's)."""
+    cfg, m, hw = case["config"], case["model"], case["hardware"]
+    job = {"gpus": hw["num_gpus"], "global_batch": cfg["global_batch"], "seq_len": m["seq_len"], "framework": "megatron",
+           "cluster": MOE_CLUSTERS[hw["system"]], "precision": "bf16", "attention": "flash", "memory_headroom": 0.0}
+    knobs = {"tp": cfg["tp"], "pp": cfg["pp"], "cp": cfg["cp"], "dp": cfg["dp"], "ep": cfg["ep"],
+             "micro_batch": cfg["micro_batch"], "zero": 1}
+    if cfg["pp"] > 1:
+        knobs["vpp"] = cfg["virtual_stages"]
+    return job, knobs
+
+
+def run_moe_case(case: dict) -> dict:
+    """A Megatron-Bridge MoE case planned as `meshplan plan --model <zoo name> ...` plans it: tokens per second per GPU
+    predicted against the published."""
+    model = moe_case_model(case)
+    job, knobs = moe_case_settings(case)
+    t0 = time.perf_counter()
+    plan = api.plan(api.load_job(model, **job), api.Knobs(**knobs), top_k=1, solver="uniform")
+    seconds = time.perf_counter() - t0
+    published = case["published"]["tokens_per_s_per_gpu"]
+    predicted = plan.best.estimate.tokens_per_s / job["gpus"]
+    c, t = plan.best.config, plan.best.estimate.time
+    flags = []
+    for key, value in {**job, **knobs}.items():
+        flags += [f"--{key.replace('_', '-')}", str(value)]
+    return {"id": case["id"], "published": published, "predicted": predicted, "error": predicted / published - 1,
+            "config": f"rc {c.recompute} offload {'on' if c.optimizer_offload else 'off'}", "seconds": seconds,
+            "step_s": plan.best.estimate.step_time_s, "mem_gib": plan.best.estimate.memory.total / 2**30,
+            "ep_comm_s": t.ep_comm, "bubble_s": t.bubble,
+            "command": "meshplan plan " + " ".join(["--model", model, *flags, "--uniform-stages", "--top-k", "1"])}
 
 
 def throughput_cases(path: Path) -> list[dict]:
@@ -223,6 +279,9 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="meshplan-fidelity-") as tmp:
         rows = [run_case(case, Path(tmp)) for case in throughput_cases(args.cases)]
+    moe = [c for c in json.loads(args.cases.read_text()) if c["case_type"] in MOE_TYPES]
+    moe_rows = [run_moe_case(c) for c in moe if c["hardware"]["system"] in MOE_CLUSTERS]
+    unpriced = [c["id"] for c in moe if c["hardware"]["system"] not in MOE_CLUSTERS]
     print(f"{'case':<30} {'published':>9} {'predicted':>9} {'error':>7}  {'step s':>7} {'GiB':>5}  searched knobs")
     for r in rows:
         print(f"{r['id']:<30} {r['published']:>9.1f} {r['predicted']:>9.1f} {100 * r['error']:>+6.1f}%  "
@@ -269,13 +328,22 @@ def main() -> int:
         for c in checks:
             print(f"  {'yes' if c['published'] else 'NO ':<3} / {'yes' if c['predicted'] else 'NO ':<3}  {c['claim']}")
         print(f"  {sum(c['predicted'] for c in checks)} of {len(checks)} hold in the prediction")
+    if moe_rows:
+        print(f"\nmixtures of experts (Megatron-Bridge, tokens/s per GPU): {'published':>9} {'predicted':>9} {'error':>7}")
+        for r in moe_rows:
+            print(f"  {r['id']:<44} {r['published']:>9.0f} {r['predicted']:>9.0f} {100 * r['error']:>+6.1f}%  "
+                  f"step {r['step_s']:.2f} s, {r['mem_gib']:.1f} GiB, all-to-all {r['ep_comm_s']:.2f} s, "
+                  f"{r['config']}\n    {r['command']}")
+    if unpriced:
+        print(f"  not priced (no profile of their GPU yet): {', '.join(unpriced)}")
     if args.json:
         summary = {"cases": len(rows), "mean_abs": statistics.mean(errors), "max_abs": max(errors),
                    "by_source": by_source, "size_slope_per_decade": size_slope, "size_r": size_r,
                    "pp_slope_per_decade": pp_slope, "pp_r": pp_r, "dp_slope_per_decade": dp_slope, "dp_r": dp_r,
                    "orderings": checks, "orderings_held": sum(c["predicted"] for c in checks),
                    "megatron_trends": {k: {"slope_per_decade": v[0], "r": v[1]}
-                                       for k, v in trends["the Megatron-LM cases"].items()}}
+                                       for k, v in trends["the Megatron-LM cases"].items()},
+                   "moe": {"rows": moe_rows, "not_priced": unpriced}}
         args.json.write_text(json.dumps({"measured_by": "python benchmarks/fidelity.py --json "
                                          "benchmarks/results/fidelity.json", "cases_file": str(args.cases.name),
                                          "summary": summary, "rows": rows}, indent=1) + "\n")

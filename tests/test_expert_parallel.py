@@ -1,0 +1,155 @@
+"""Expert parallelism in the plan: the knob, each runtime's rule, the cost of routed experts (their GEMMs, the
+all-to-alls, their states over the expert data-parallel ranks) and the search."""
+from dataclasses import replace
+
+import pytest
+
+from planner import api
+from planner.cluster import load_cluster
+from planner.config import ParallelConfig, Workload
+from planner.cost.layer import Context, layer_cost
+from planner.cost.step import CostCache, estimate, rank_costs
+from planner.errors import UserError
+from planner.layers import build_layer_graph
+from planner.model import ZOO, ModelSpec
+from planner.search import Knobs, search
+
+# a small Mixtral-style model: 8 experts of 1024, top 2, on 4 blocks
+SMALL_MOE = ModelSpec(name="moe-test", num_layers=4, hidden=512, num_heads=8, num_kv_heads=8, head_dim=64,
+                      ffn_hidden=1024, vocab_size=8192, seq_len=1024, max_positions=0, mlp="swiglu", norm="rmsnorm", linear_bias=False,
+                      qkv_bias=False, tied_embeddings=False, dropout=False, num_experts=8, experts_per_token=2)
+
+
+def _estimate(config: ParallelConfig, framework="megatron", spec=SMALL_MOE, gpus=None, cluster="h100-80g"):
+    graph = build_layer_graph(spec)
+    machines = load_cluster(cluster, gpus or config.world_size)
+    work = Workload(global_batch=config.dp * config.micro_batch * config.num_microbatches, seq_len=spec.seq_len,
+                    framework=framework)
+    return graph, machines, work, estimate(graph, machines, work, config)
+
+
+def test_mixtral_on_64_h100_splits_its_experts_and_shows_what_it_gains():
+    plan = api.plan(api.load_job("mixtral-8x7b", "h100-80g", gpus=64), top_k=5)
+    assert plan.best.config.ep > 1
+    assert plan.best.estimate.time.ep_comm > 0
+    dense = [a for a in plan.alternatives if a.config.ep == 1]
+    assert dense, "the best plan without expert parallelism is among the runners-up"
+    assert dense[0].estimate.step_time_s > plan.best.estimate.step_time_s
+    assert plan.best.config.to_json()["ep"] == plan.best.config.ep
+
+
+@pytest.mark.parametrize("gpus", [256, 1024])
+def test_deepseek_v3_plans_with_experts_split(gpus):
+    plan = api.plan(api.load_job("deepseek-v3", "h100-80g", gpus=gpus, framework="megatron"), top_k=1)
+    c = plan.best.config
+    assert c.ep > 1 and 256 % c.ep == 0 and (c.dp * c.cp * c.tp) % c.ep == 0
+    assert c.tp == 1 or c.sequence_parallel          # Megatron needs SP with TP under expert parallelism
+    assert plan.best.estimate.fits
+
+
+@pytest.mark.parametrize("framework,config,knob,words", [
+    ("megatron", ParallelConfig(dp=2, tp=2, pp=1, ep=4, sequence_parallel=False), "sequence_parallel",
+     "needs sequence parallelism"),
+    ("megatron", ParallelConfig(dp=2, tp=1, pp=1, ep=3), "ep", "does not divide the model's 8 routed experts"),
+    ("megatron", ParallelConfig(dp=2, tp=1, pp=2, ep=4), "ep", "must divide dp x cp x tp"),
+    ("deepspeed", ParallelConfig(dp=4, tp=2, pp=1, ep=2), "ep", "allowed with ep > 1: tp 1"),
+    ("deepspeed", ParallelConfig(dp=2, tp=1, pp=1, ep=4), "ep", "must divide the data-parallel size"),
+])
+def test_each_runtime_refuses_the_expert_layouts_it_does_not_run(framework, config, knob, words):
+    from planner.runtimes import config_refusals
+    found = config_refusals(config, framework, "cuda", 8, num_experts=8)
+    assert any(k == knob and words in why for k, why in found), found
+
+
+def test_ep_on_a_dense_model_is_refused_naming_the_flag(cli):
+    out = cli("plan", "--model", "llama3-8b", "--cluster", "h100-80g", "--gpus", "8", "--ep", "2")
+    assert out.returncode == 2 and "--ep" in out.stderr and "has none" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_expert_states_are_sharded_over_the_expert_data_parallel_ranks():
+    """Megatron's layout (bf16 parameters 2 bytes, fp32 main gradients 4, distributed optimizer 12 sharded): the
+    dense parameters' optimizer over dp = 8, the experts' over the expert data-parallel ranks, dp / ep = 2; each rank
+    holds 8 / 4 = 2 experts of each MoE layer."""
+    s = SMALL_MOE
+    per_expert = 3 * s.hidden * s.ffn_hidden
+    experts = s.num_layers * s.num_experts * per_expert
+    dense = s.num_params() - experts
+    local = experts / 4
+    config = ParallelConfig(dp=8, tp=1, pp=1, ep=4, zero=1, micro_batch=1, num_microbatches=1)
+    mem = _estimate(config)[3].memory
+    assert mem.params == pytest.approx(2 * (dense + local))
+    assert mem.grads == pytest.approx(4 * (dense + local))
+    assert mem.optimizer == pytest.approx(12 * dense / 8 + 12 * local / 2)
+
+
+def test_splitting_experts_moves_their_work_not_their_flops():
+    """Under ep the rank runs E / ep whole experts on the tokens the ep group routes to them: with balanced routing
+    the same matmul FLOPs per rank as without (T k 2 h f per linear), in fewer, taller GEMMs."""
+    graph = build_layer_graph(SMALL_MOE)
+    block = next(layer for layer in graph.layers if layer.is_block)
+    cluster = load_cluster("h100-80g", 8)
+    base = Context(micro_batch=2, seq_len=1024, tp=1, cp=1, sequence_parallel=False, precision="bf16",
+                   attention="flash", framework="megatron", tp_comm_overlap=False)
+    one, four = layer_cost(block, base, cluster), layer_cost(block, base._replace(ep=4), cluster)
+    assert four.matmul_flops_fwd == pytest.approx(one.matmul_flops_fwd)
+    routed = sum(op.params for op in block.ops if op.routed)
+    assert one.params - four.params == pytest.approx(routed - routed / 4)
+    assert four.expert_params == pytest.approx(routed / 4) and one.expert_params == 0
+
+
+def test_a_moe_layer_runs_four_all_to_alls_of_its_routed_tokens():
+    """Dispatch and combine in forward and their gradients in backward, each moving the top-k copies of the rank's
+    tokens at hidden width (bf16): 2 x 1024 tokens x 2 x 512 x 2 bytes."""
+    from planner import network
+    graph = build_layer_graph(SMALL_MOE)
+    block = next(layer for layer in graph.layers if layer.is_block)
+    cluster = load_cluster("h100-80g", 16)
+    ctx = Context(micro_batch=2, seq_len=1024, tp=1, cp=1, sequence_parallel=False, precision="bf16",
+                  attention="flash", framework="megatron", tp_comm_overlap=False, ep=8)
+    one = network.all_to_all_s(cluster, 2 * 1024 * 2 * 512 * 2, network.group(cluster, 8, 1))
+    assert layer_cost(block, ctx, cluster).ep_comm_s == pytest.approx(4 * one)
+    assert layer_cost(block, ctx._replace(ep=1), cluster).ep_comm_s == 0
+
+
+def test_the_mlp_tensor_parallel_collectives_give_way_to_the_all_to_alls():
+    """With tp 2, SP and ep 4 a block whose MLP is routed experts alone keeps attention's TP collectives only."""
+    graph = build_layer_graph(SMALL_MOE)
+    block = next(layer for layer in graph.layers if layer.is_block)
+    cluster = load_cluster("h100-80g", 8)
+    ctx = Context(micro_batch=1, seq_len=1024, tp=2, cp=1, sequence_parallel=True, precision="bf16",
+                  attention="flash", framework="megatron", tp_comm_overlap=False)
+    dense_tp, folded = layer_cost(block, ctx, cluster), layer_cost(block, ctx._replace(ep=4), cluster)
+    assert folded.tp_comm_s == pytest.approx(dense_tp.tp_comm_s / 2)
+
+
+def test_the_search_covers_ep_and_the_ilp_and_the_uniform_search_agree():
+    graph = build_layer_graph(SMALL_MOE)
+    cluster = load_cluster("h100-80g", 8)
+    work = Workload(global_batch=16, seq_len=1024, framework="megatron")
+    ilp = search(graph, cluster, work, Knobs(pp=2), top_k=3, simulate=False)
+    uniform = search(graph, cluster, work, Knobs(pp=2), top_k=3, solver="uniform", simulate=False)
+    assert ilp.best.estimate.step_time_s <= uniform.best.estimate.step_time_s * (1 + 1e-6)
+    eps = {c.config.ep for c in (ilp.best, *ilp.alternatives)}
+    assert len(eps) > 1
+    # the ILP's candidate re-estimated by the closed form is what it said
+    again = estimate(graph, cluster, work, ilp.best.config)
+    assert again.step_time_s == pytest.approx(ilp.best.estimate.step_time_s, rel=1e-6)
+
+
+def test_fixed_ep_is_kept_and_a_bad_one_names_the_flag():
+    job = api.load_job("mixtral-8x7b", "h100-80g", gpus=32, framework="megatron")
+    plan = api.plan(job, Knobs(ep=4), top_k=1)
+    assert plan.best.config.ep == 4
+    with pytest.raises(UserError) as e:
+        api.plan(job, Knobs(ep=16), top_k=1)
+    assert e.value.field == "--ep"
+
+
+def test_ranks_split_experts_hold_their_expert_buckets():
+    config = ParallelConfig(dp=8, tp=1, pp=2, ep=4, zero=1, micro_batch=1, num_microbatches=4)
+    graph, machines, work, _ = _estimate(config)
+    ranks = rank_costs(CostCache(graph, machines, work), config)
+    routed = sum(op.params for layer in graph.layers for op in layer.ops if op.routed)
+    assert sum(r.expert_params for r in ranks) == pytest.approx(routed / 4)
+    assert all(r.ep_comm_s > 0 for r in ranks)
