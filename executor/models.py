@@ -12,6 +12,8 @@ GPT (Radford et al. 2019; Megatron GPT): learned positions, LayerNorm with bias,
 biases on every linear, GELU MLP, LM head tied to the token embedding.
 Llama (Touvron et al. 2023): RMSNorm, RoPE (Su et al. 2021), SwiGLU MLP, grouped-
 query attention, no biases (q/k/v biases when ``qkv_bias``), untied head.
+Mixtures of experts (Mixtral, DeepSeek, Qwen-MoE): the Llama block with routed and shared
+experts in place of the MLP after the first ``dense_layers`` blocks (executor/moe.py).
 
 Attention heads are counted from the projected tensors' last dimension, so the
 same code runs a tensor-parallel shard that holds heads / tp of them.
@@ -28,6 +30,7 @@ from torch import nn
 from torch.nn.attention.bias import causal_lower_right
 
 from planner.model import ModelSpec
+from .moe import MoE
 from .support import check_model
 
 ROPE_THETA = 10000.0   # Su et al. 2021 (RoFormer), Sec 3.4.2; Llama 2 uses the same base
@@ -152,15 +155,22 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))   # (B, S, h) -> (B, S, f) -> (B, S, h)
 
 
+def _mlp(spec: ModelSpec, index: int) -> nn.Module:
+    """Block ``index``'s MLP: routed experts where it is a MoE block (executor/moe.py), else dense."""
+    if spec.is_moe_block(index):
+        return MoE(spec)
+    return GeluMLP(spec) if spec.mlp == "gelu" else SwiGLU(spec)
+
+
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, index: int = 0):
         super().__init__()
         self.attn_norm = _norm(spec)
         self.attn = Attention(spec)
         self.mlp_norm = _norm(spec)
-        self.mlp = GeluMLP(spec) if spec.mlp == "gelu" else SwiGLU(spec)
+        self.mlp = _mlp(spec, index)
         self.dropout = _dropout(spec)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -199,7 +209,7 @@ class Transformer(nn.Module):
 
         self.spec = spec
         self.embed = Embedding(spec) if built("embed") else None
-        self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.num_layers) if built(f"layers.{i}")})
+        self.layers = nn.ModuleDict({str(i): Block(spec, i) for i in range(spec.num_layers) if built(f"layers.{i}")})
         self.norm = _norm(spec) if built("norm") else None
         self.lm_head = nn.Linear(spec.hidden, spec.vocab_size, bias=False) if built("lm_head") else None
         self.tie_weights()

@@ -43,12 +43,51 @@ def check_model(spec: ModelSpec, source: str = "plan.json") -> None:
                         field=f"model.spec.{field}")
 
 
+def moe_refusals(config: ParallelConfig, spec: ModelSpec | None) -> list[tuple[str, str]]:
+    """(plan.json field, why) for what the executor's mixtures of experts (executor/moe.py) do not run:
+    routed experts split over the data- and context-parallel ranks (``ep`` divides dp x cp, the
+    experts' gradients reduced over the dp x cp / ep ranks holding the same experts) with ZeRO 0, 2
+    or 3, any pipeline; not with tensor parallelism (experts are not tensor-parallel, nor are they
+    folded onto tp ranks) nor ZeRO-1 (its optimizer reduces every gradient over all data-parallel
+    ranks)."""
+    c, experts = config, spec.num_experts if spec is not None else 0
+    out = []
+    if experts and spec.mlp != "swiglu":
+        out.append(("model.spec.mlp", f"{spec.mlp!r}: routed experts are SwiGLU MLPs here; allowed: 'swiglu'"))
+    if experts and spec.linear_bias:
+        out.append(("model.spec.linear_bias", "true: the executor's experts and routers have no biases; "
+                                              "allowed: false"))
+    if experts and c.tp > 1:
+        out.append(("config.tp", f"tp {c.tp} with routed experts: the executor splits experts over data-parallel "
+                                 "ranks (ep), not over tensor-parallel ones; allowed with experts: tp 1"))
+    if c.ep == 1:
+        return out
+    if not experts:
+        return out + [("config.ep", f"ep {c.ep} splits routed experts, and the model has none; allowed: 1")]
+    if experts % c.ep:
+        out.append(("config.ep", f"ep {c.ep} does not divide the model's {experts} routed experts"))
+    if (c.dp * c.cp) % c.ep:
+        out.append(("config.ep", f"ep {c.ep} must divide dp x cp = {c.dp} x {c.cp} = {c.dp * c.cp} (experts are split "
+                                 "over the data- and context-parallel ranks)"))
+    if c.zero == 1:
+        out.append(("config.zero", f"ZeRO-1 with ep {c.ep}: the executor's sharded optimizer reduces every gradient "
+                                   "over all data-parallel ranks; allowed with ep > 1: ZeRO 0, 2, 3"))
+    if "op" in (c.recompute_layers or (c.recompute,)):
+        out.append(("config.recompute", f"'op' with ep {c.ep}: operator-level selective checkpointing does not "
+                                        "replay the experts' all-to-alls (torch.utils.checkpoint finds the recompute "
+                                        "differs); allowed with ep > 1: none, selective, full, activation-offload, "
+                                        "every-K"))
+    return out
+
+
 def check_supported(config: ParallelConfig, spec: ModelSpec | None, device_kind: str, source: str = "plan.json") -> None:
     """Refuse what this executor cannot run on ``device_kind`` ("cuda" or "cpu"): the model's parts it does
     not build (``check_model``), and the torch runtime's refusals in planner/runtimes.py, the table the
     planner's search space is built from, named as plan.json fields (of the file ``source``)."""
     if spec is not None:
         check_model(spec, source)
+    for field, why in moe_refusals(config, spec):
+        raise UserError(why, source=source, field=field)
     kv_heads = spec.num_kv_heads if spec is not None else None
     for knob, why in config_refusals(config, EXECUTOR_RUNTIME, device_kind, kv_heads):
         raise UserError(why, source=source, field=f"config.{knob}")

@@ -1,0 +1,177 @@
+"""Mixture-of-experts MLP blocks and expert parallelism (ep).
+
+Module paths are the op names of ``planner.layers._mlp_ops``: ``layers.{i}.mlp.router`` (an h x E linear),
+``layers.{i}.mlp.gate_proj / up_proj / down_proj`` (the E routed SwiGLU experts, each one parameter of
+shape (E, out, in): nn.Linear's weights stacked), ``layers.{i}.mlp.shared.gate_proj / up_proj / down_proj``
+(the shared experts, one dense SwiGLU of ``spec.shared_ffn``) and ``layers.{i}.mlp.shared.gate`` (h x 1).
+
+Routing is Mixtral's (Jiang et al. 2024, arXiv:2401.04088, Sec 2.1; Hugging Face transformers'
+``MixtralSparseMoeBlock``, also Qwen3-MoE's with ``norm_topk_prob``): softmax over the router logits in
+fp32, the top-k experts, their weights renormalised to sum to one, and the block's output
+``sum_k w_k expert_k(x) + shared(x)`` (the shared part times ``sigmoid(gate(x))`` with a shared-expert gate:
+Qwen2-MoE). Every token reaches its k experts: no capacity factor, no token dropped.
+
+Expert parallelism as torchtitan runs it (``torchtitan/models/common/token_dispatcher.py``,
+``AllToAllTokenDispatcher``): the experts of each MoE block are split over the ``ep`` ranks (rank r holds
+experts [r E/ep, (r+1) E/ep): their weights are DTensors sharded on dim 0 over the ``ep`` mesh); each rank
+sorts its (token, expert) pairs by expert, exchanges the counts with one ``all_to_all_single``, sends each
+token to the rank holding its expert with a second (uneven splits), runs its local experts, and sends the
+outputs back with the reverse one. The exchanges are differentiable (``AllToAll``: the backward of an
+all-to-all is the reverse all-to-all).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+from planner.model import ModelSpec
+
+
+def route(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mixtral's router (HF ``MixtralSparseMoeBlock.forward``): softmax in fp32, top-k, renormalised.
+    logits: (T, E) -> (weights (T, k) in the logits' dtype, expert ids (T, k))."""
+    probs = F.softmax(logits, dim=-1, dtype=torch.float32)                # (T, E)
+    weights, experts = probs.topk(k, dim=-1)                              # (T, k)
+    weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(logits.dtype), experts
+
+
+class AllToAll(torch.autograd.Function):
+    """``all_to_all_single`` with uneven splits whose backward is the reverse exchange."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
+        ctx.splits, ctx.group = (out_splits, in_splits), group
+        out = x.new_empty((sum(out_splits), *x.shape[1:]))                # (R, h)
+        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        out_splits, in_splits = ctx.splits
+        back = grad.new_empty((sum(in_splits), *grad.shape[1:]))
+        dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
+        return back, None, None, None
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _runs_grouped_mm(x: torch.Tensor) -> bool:
+    """torch._grouped_mm runs on CUDA devices of compute capability 9.0 and later (bf16); the CPU and
+    the others take the loop."""
+    return x.is_cuda and x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device)[0] >= 9
+
+
+class GroupedLinear(nn.Module):
+    """E bias-free linears of ``in_features`` -> ``out_features``, weight (E, out, in); under expert
+    parallelism a DTensor sharded on dim 0 over the ep ranks, this rank's experts its local rows."""
+
+    def __init__(self, num_experts: int, in_features: int, out_features: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, out_features, in_features))
+
+    def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """x: (R, in), its rows grouped by local expert, ``counts[e]`` rows for expert e -> (R, out)."""
+        w = _local(self.weight)                                           # (e, out, in): the local experts
+        if _runs_grouped_mm(x):
+            offs = torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)
+            return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
+        return torch.cat([rows @ w[e].T for e, rows in enumerate(x.split(counts))])     # (R, out)
+
+
+class SharedExperts(nn.Module):
+    """The shared experts as one dense SwiGLU of their total width (Shazeer 2020, eq. 6), with
+    Qwen2-MoE's sigmoid gate where the spec has one."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        h, f = spec.hidden, spec.shared_ffn
+        self.gate_proj = nn.Linear(h, f, bias=False)
+        self.up_proj = nn.Linear(h, f, bias=False)
+        self.down_proj = nn.Linear(f, h, bias=False)
+        self.gate = nn.Linear(h, 1, bias=False) if spec.shared_expert_gate else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # (T, h)
+        return y * torch.sigmoid(self.gate(x)) if self.gate is not None else y
+
+
+class MoE(nn.Module):
+    """Routed experts (top-k of E) beside the shared experts; token-dropless."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        h, f, e = spec.hidden, spec.expert_ffn, spec.num_experts
+        self.num_experts, self.top_k = e, spec.experts_per_token
+        self.router = nn.Linear(h, e, bias=False)
+        self.gate_proj = GroupedLinear(e, h, f)
+        self.up_proj = GroupedLinear(e, h, f)
+        self.down_proj = GroupedLinear(e, f, h)
+        self.shared = SharedExperts(spec) if spec.shared_experts else None
+        self.ep_group = None        # the ranks the experts are split over (``apply_ep``); None: all here
+        self.ep = 1
+
+    def experts(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """The local experts' SwiGLU on rows grouped by expert. (R, h) -> (R, h)"""
+        return self.down_proj(F.silu(self.gate_proj(x, counts)) * self.up_proj(x, counts), counts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape                                                   # (B, S, h)
+        tokens = x.reshape(-1, shape[-1])                                 # (T, h)
+        weights, chosen = route(self.router(tokens), self.top_k)          # (T, k), (T, k)
+        order = chosen.flatten().argsort(stable=True)                     # (T k,): pairs sorted by expert
+        counts = torch.bincount(chosen.flatten(), minlength=self.num_experts)    # (E,)
+        routed = tokens[order // self.top_k]                              # (T k, h)
+        if self.ep_group is None:
+            out = self.experts(routed, counts.tolist())
+        else:
+            out = self._experts_elsewhere(routed, counts)
+        out = out * weights.flatten()[order].unsqueeze(-1)                # (T k, h)
+        y = torch.zeros_like(tokens).index_add(0, order // self.top_k, out)     # (T, h)
+        if self.shared is not None:
+            y = y + self.shared(tokens)
+        return y.view(shape)
+
+    def _experts_elsewhere(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Send each (token, expert) row to the rank holding its expert, run the local experts on what
+        arrives, send the outputs back (torchtitan's dispatch and combine). routed: (N, h) sorted by
+        expert; counts: (E,) rows per expert. -> (N, h)"""
+        ep, local = self.ep, self.num_experts // self.ep
+        with torch.no_grad():
+            sent = counts.view(ep, local)                                 # (ep, e): rows to each rank's experts
+            got = torch.empty_like(sent)                                  # (ep, e): rows from each rank
+            dist.all_to_all_single(got, sent, group=self.ep_group)
+        in_splits, out_splits = sent.sum(1).tolist(), got.sum(1).tolist()
+        arrived = AllToAll.apply(routed, out_splits, in_splits, self.ep_group)   # (R, h), by source rank
+        # rows arrive by source rank, then local expert; the experts take them grouped by expert
+        expert_of = torch.arange(local, device=routed.device).repeat(ep).repeat_interleave(got.flatten())
+        by_expert = expert_of.argsort(stable=True)                        # (R,)
+        out = self.experts(arrived[by_expert], got.sum(0).tolist())      # (R, h)
+        back = torch.empty_like(by_expert)
+        back[by_expert] = torch.arange(by_expert.numel(), device=by_expert.device)
+        return AllToAll.apply(out[back], in_splits, out_splits, self.ep_group)   # (N, h)
+
+
+def moe_blocks(model: nn.Module) -> dict[str, MoE]:
+    """{path: MoE module} of the MoE blocks ``model`` (or a stage of it) holds."""
+    return {path: m for path, m in model.named_modules() if isinstance(m, MoE)}
+
+
+def expert_modules(moe: MoE) -> list[nn.Module]:
+    """The routed experts of one MoE block: its data-parallel unit under expert parallelism."""
+    return [moe.gate_proj, moe.up_proj, moe.down_proj]
+
+
+def apply_ep(model: nn.Module, ep_mesh) -> None:
+    """Expert parallelism: each MoE block's routed experts sharded on dim 0 over ``ep_mesh`` (DTensor
+    ``Shard(0)``: rank r holds experts [r E/ep, (r+1) E/ep)), tokens exchanged with all-to-alls."""
+    for moe in moe_blocks(model).values():
+        for linear in expert_modules(moe):
+            linear.weight = nn.Parameter(distribute_tensor(linear.weight.data, ep_mesh, [Shard(0)],
+                                                           src_data_rank=None))
+        moe.ep_group, moe.ep = ep_mesh.get_group(), ep_mesh.size()

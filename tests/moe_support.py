@@ -1,0 +1,69 @@
+"""Shared by the mixture-of-experts executor tests: two tiny MoE models, plan.json files with expert
+parallelism, and the runtime table's executor entry for experts lifted while the planner's lags."""
+from __future__ import annotations
+
+import contextlib
+import json
+
+from planner.model import ModelSpec
+
+SEQ = 16
+GLOBAL_BATCH = 8
+
+# Mixtral-style (Jiang et al. 2024): 8 routed experts, top 2, no shared expert, every block MoE
+TINY_MIXTRAL = ModelSpec(name="tiny-mixtral", num_layers=2, hidden=32, num_heads=4, num_kv_heads=2, head_dim=8,
+                         ffn_hidden=64, vocab_size=64, seq_len=SEQ, max_positions=0, mlp="swiglu", norm="rmsnorm",
+                         linear_bias=False, qkv_bias=False, tied_embeddings=False, dropout=False,
+                         num_experts=8, experts_per_token=2)
+# DeepSeek-style (DeepSeek-AI 2024, arXiv:2412.19437, Sec 2.1.2): the first block dense, then 8 routed
+# experts of a narrower width (top 2) beside one shared expert
+TINY_DEEPSEEK = ModelSpec(name="tiny-deepseek", num_layers=3, hidden=32, num_heads=4, num_kv_heads=4, head_dim=8,
+                          ffn_hidden=96, vocab_size=64, seq_len=SEQ, max_positions=0, mlp="swiglu", norm="rmsnorm",
+                          linear_bias=False, qkv_bias=False, tied_embeddings=False, dropout=False,
+                          num_experts=8, experts_per_token=2, moe_ffn_hidden=32, shared_experts=1, dense_layers=1)
+
+
+def lift_moe_refusal() -> None:
+    """Drop mixtures of experts from planner/runtimes.py's EXECUTOR_UNBUILT in this process (a spawned
+    rank); once the table lists them as built this changes nothing."""
+    import planner.runtimes as runtimes
+    runtimes.EXECUTOR_UNBUILT = tuple(e for e in runtimes.EXECUTOR_UNBUILT if e[0] != "num_experts")
+
+
+@contextlib.contextmanager
+def moe_built():
+    """``lift_moe_refusal`` for the duration of a block of this process (the test session's)."""
+    import planner.runtimes as runtimes
+    saved = runtimes.EXECUTOR_UNBUILT
+    lift_moe_refusal()
+    try:
+        yield
+    finally:
+        runtimes.EXECUTOR_UNBUILT = saved
+
+
+def moe_plan_doc(spec: ModelSpec, *, gpus: int, ep: int = 1, global_batch: int = GLOBAL_BATCH,
+                 cluster: str = "cpu-gloo", **knobs) -> dict:
+    """plan.json of ``spec`` with fixed knobs (dp = gpus / (pp cp) unless given, tp 1, ZeRO-0, one
+    micro-batch per replica unless given, no recompute), planned by the planner's own API at ep 1 and
+    then given ``ep`` (the planner's search does not take it yet)."""
+    from planner import api
+    from planner.cluster import load_cluster
+    from planner.config import ParallelConfig, Workload
+    from planner.layers import build_layer_graph
+    pp, cp = knobs.get("pp", 1), knobs.get("cp", 1)
+    dp = knobs.pop("dp", gpus // (pp * cp))
+    micro = knobs.pop("micro_batch", global_batch // dp)
+    config = ParallelConfig(**{"dp": dp, "tp": 1, "pp": 1, "zero": 0, "micro_batch": micro,
+                               "num_microbatches": global_batch // (dp * micro), "recompute": "none", **knobs})
+    job = api.Job(model_source=spec.name, spec=spec, graph=build_layer_graph(spec),
+                  cluster=load_cluster(cluster, gpus),
+                  workload=Workload(global_batch=global_batch, seq_len=spec.seq_len, precision="fp32"))
+    doc = api.fixed_plan(job, config).to_json()
+    doc["config"]["ep"] = ep
+    return doc
+
+
+def write_moe_plan(path, spec: ModelSpec, **kwargs) -> str:
+    path.write_text(json.dumps(moe_plan_doc(spec, **kwargs)))
+    return str(path)
