@@ -5,6 +5,11 @@ Mesh dimensions, outermost first (torchtitan's ``ParallelDims`` order):
 ZeRO-0/1), ``dp_shard`` (ranks FSDP shards over: ZeRO-2/3), ``cp`` (context
 parallel), ``tp`` (tensor parallel, innermost so its ranks are neighbours).
 Code fetches a dimension by name (``mesh["tp"]``), never by position.
+
+Under expert parallelism (``ep`` > 1) the routed experts take a second mesh over the same ranks:
+the ``dp_cp`` ranks unflattened into ``efsdp`` x ``ep`` (torchtitan's ``ParallelDims`` borrows the
+experts' ranks the same way, ep innermost): an expert lives on one ``ep`` rank of each ``efsdp``
+group, whose ranks hold the same experts and reduce (ZeRO-2/3: shard) their gradients.
 """
 from __future__ import annotations
 
@@ -51,6 +56,7 @@ class ParallelDims:
     cp: int
     tp: int
     world_size: int
+    ep: int = 1             # expert parallel: routed experts split over ep of the dp x cp ranks
 
     def __post_init__(self):
         for name in MESH_DIM_NAMES:
@@ -62,17 +68,24 @@ class ParallelDims:
             raise UserError(f"pp x dp x cp x tp = {self.pp} x {self.dp} x {self.cp} x {self.tp} = {product} but "
                             f"the job has {self.world_size} processes; launch with --nproc {product} or plan for "
                             f"{self.world_size} GPUs", field="config")
+        if not isinstance(self.ep, int) or self.ep < 1 or (self.dp * self.cp) % self.ep:
+            raise UserError(f"ep {self.ep} must divide dp x cp = {self.dp * self.cp}", field="config.ep")
 
     @classmethod
     def from_config(cls, config: ParallelConfig, world_size: int) -> "ParallelDims":
         """ZeRO-0/1 replicate over the data-parallel ranks; ZeRO-2/3 shard over them."""
         sharded = config.zero >= 2
         return cls(pp=config.pp, dp_replicate=1 if sharded else config.dp, dp_shard=config.dp if sharded else 1,
-                   cp=config.cp, tp=config.tp, world_size=world_size)
+                   cp=config.cp, tp=config.tp, world_size=world_size, ep=config.ep)
 
     @property
     def dp(self) -> int:
         return self.dp_replicate * self.dp_shard
+
+    @property
+    def efsdp(self) -> int:
+        """Ranks holding the same experts: dp x cp / ep."""
+        return self.dp * self.cp // self.ep
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -87,3 +100,10 @@ class ParallelDims:
         mesh = init_device_mesh(device_type, self.shape, mesh_dim_names=MESH_DIM_NAMES)
         dp_cp = mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
         return mesh, mesh["dp_replicate", "dp_shard"]._flatten("dp"), dp_cp
+
+    def build_expert_mesh(self, dp_cp_mesh):
+        """The experts' mesh (``efsdp``, ``ep``): the ``dp_cp`` ranks unflattened, ep innermost; None
+        without expert parallelism. Built once per job (it creates process groups)."""
+        if self.ep == 1:
+            return None
+        return dp_cp_mesh._unflatten(0, (self.efsdp, self.ep), ("efsdp", "ep"))

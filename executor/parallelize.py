@@ -17,9 +17,12 @@ The dispatcher ``parallelize`` composes them in this order (torchtitan's
                   so the data-parallel wrappers see DTensor parameters on the tp mesh;
    ``apply_cp``   context parallelism (executor/context.py): attention gathers keys and values
                   over the cp ranks; no parameter changes;
+   ``apply_ep``   expert parallelism (executor/moe.py): routed experts sharded over the ``ep``
+                  ranks, tokens exchanged with all-to-alls;
 2. ``apply_ac``   activation checkpointing per layer, inside the data-parallel units,
                   so recomputation runs while the unit's parameters are gathered;
-3. data parallelism by ZeRO stage (``dp_wrapper``), over ``dp_cp`` (the data-parallel and
+3. data parallelism by ZeRO stage (``dp_wrapper``); under expert parallelism first the experts'
+                  units over the ``efsdp`` ranks (``apply_expert_dp``), then the rest over ``dp_cp`` (the data-parallel and
                   context-parallel ranks hold the same parameters): ``apply_fsdp`` (ZeRO-3:
                   ``fully_shard`` resharding after forward; ZeRO-2: keeping the gathered parameters
                   until backward; with optimizer offload, FSDP2's ``CPUOffloadPolicy``),
@@ -39,6 +42,7 @@ from __future__ import annotations
 from typing import Callable, Iterable, Literal
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
@@ -51,6 +55,7 @@ from planner.plan import Plan
 from .context import apply_cp
 from .mesh import ParallelDims
 from .models import materialize, sdpa
+from .moe import apply_ep, expert_modules, moe_blocks
 from .activations import apply_policy
 from .selective import selective_forward
 
@@ -158,6 +163,35 @@ def apply_ac(model: nn.Module, recompute_per_layer: dict[str, str], *,
     return notes
 
 
+def apply_expert_dp(model: nn.Module, expert_mesh: DeviceMesh, *, sharded: bool, reshard_after_forward: bool,
+                    divide_factor: int, mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy(),
+                    offload_policy: OffloadPolicy = OffloadPolicy()) -> None:
+    """Data parallelism of the routed experts under expert parallelism: one unit per MoE block (its
+    gate, up and down experts) over the ``efsdp`` ranks holding the same experts, FSDP2 (``sharded``:
+    ZeRO-2/3) or replicate (ZeRO-0). Their gradients are divided by ``divide_factor`` (the dp x cp
+    ranks), not by efsdp: an expert's gradient on its rank already sums the tokens of the ep ranks,
+    so over efsdp it sums all dp x cp ranks' (torchtitan sets FSDP's gradient divide factor for its
+    experts the same way). Each expert's tensor is sharded along dim 0 where there are as many local
+    experts as efsdp ranks, else along dim 1 (torchtitan's ``shard_placement_fn`` for experts)."""
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+    efsdp = expert_mesh["efsdp"]
+    for moe in moe_blocks(model).values():
+        local = moe.num_experts // moe.ep
+        units = expert_modules(moe)
+        if sharded:
+            dim = 0 if local % efsdp.size() == 0 else 1
+            fully_shard(units, mesh=efsdp, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy,
+                        offload_policy=offload_policy, shard_placement_fn=lambda p, dim=dim: Shard(dim))
+        else:
+            replicate(units, mesh=efsdp, mp_policy=mp_policy)
+        units[0].set_gradient_divide_factor(float(divide_factor))
+        if sharded and efsdp.size() > 1 and dist.get_backend(efsdp.get_group()) == "gloo":
+            # gloo has no PREMUL_SUM: sum, then divide. Not over one rank, nor for replicate: FSDP2 divides
+            # there as it copies the unreduced gradient (its reduce-scatter is skipped), and would divide
+            # again after the sum (torch 2.13 _fsdp_collectives.foreach_reduce)
+            units[0].set_force_sum_reduction_for_comms(True)
+
+
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, units: Iterable[nn.Module], reshard_after_forward: bool,
                mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy(),
                offload_policy: OffloadPolicy = OffloadPolicy()) -> None:
@@ -214,12 +248,12 @@ def dp_wrapper(plan: Plan, dims: ParallelDims) -> Literal["fsdp", "replicate", "
     ranks: FSDP2's ``fully_shard`` for ZeRO-2/3 (on meshplan's own models even over one rank, where it
     still applies the mixed-precision and offload policies; a user's module is not wrapped where there
     is nothing to shard over); for ZeRO-0 with more than one replica, ``replicate`` where DDP cannot go
-    (``uses_fsdp``), else DDP; none for ZeRO-1 (its optimizer reduces: executor/zero1.py)."""
+    (``uses_fsdp``; under expert parallelism too: its experts are units over other ranks), else DDP; none for ZeRO-1 (its optimizer reduces: executor/zero1.py)."""
     c, replicas = plan.config, dims.dp * dims.cp
     if c.zero >= 2 and (replicas > 1 or plan.spec is not None):
         return "fsdp"
     if c.zero == 0 and replicas > 1:
-        return "replicate" if dims.tp > 1 or c.pp > 1 else "ddp"
+        return "replicate" if dims.tp > 1 or c.pp > 1 or dims.ep > 1 else "ddp"
     return None
 
 
@@ -256,10 +290,11 @@ def autocast_for(precision: str, device_type: str, *, fsdp_managed: bool) -> tor
 
 
 def shard_model(model: nn.Module, plan: Plan, dims: ParallelDims, mesh: DeviceMesh, dp_cp_mesh: DeviceMesh,
-                device_type: str) -> list[str]:
+                device_type: str, expert_mesh: DeviceMesh | None = None) -> list[str]:
     """Steps 1-3 on ``model`` in place: what a dry run builds (executor/dryrun.py). ``model``: meshplan's
     own model (or a stage of it) where the plan has a spec, else the user's traced module (or a stage of
-    it). ``dp_cp_mesh``: the data-parallel and context-parallel ranks flattened (``ParallelDims.build_mesh``).
+    it). ``dp_cp_mesh``: the data-parallel and context-parallel ranks flattened (``ParallelDims.build_mesh``);
+    ``expert_mesh``: under expert parallelism, the same ranks as (efsdp, ep) (``build_expert_mesh``).
     Returns the notes of where the run differs from the plan (``apply_ac``'s)."""
     c, own = plan.config, plan.spec is not None      # meshplan's own model, else a user's traced module
     if dims.tp > 1:
@@ -270,11 +305,17 @@ def shard_model(model: nn.Module, plan: Plan, dims: ParallelDims, mesh: DeviceMe
             model.tie_weights()     # TP replaced the shared weight in embed and head by two DTensors: share again
     if dims.cp > 1:
         apply_cp(model, mesh["cp"])
+    if expert_mesh is not None:
+        apply_ep(model, expert_mesh["ep"])
     notes = apply_ac(model, plan.recompute_per_layer, attention_core=sdpa if own else None)
     modules = dict(model.named_modules())
     units = [modules[path] for path in dp_units(model, plan)]
     mp_policy = mixed_precision(plan.workload.precision, device_type)
     wrapper = dp_wrapper(plan, dims)
+    if expert_mesh is not None and wrapper in ("fsdp", "replicate"):
+        apply_expert_dp(model, expert_mesh, sharded=wrapper == "fsdp", reshard_after_forward=c.zero == 3,
+                        divide_factor=dims.dp * dims.cp, mp_policy=mp_policy,
+                        offload_policy=offload_policy(c.optimizer_offload, device_type))
     if wrapper == "fsdp":
         apply_fsdp(model, dp_cp_mesh, units=units, reshard_after_forward=c.zero == 3, mp_policy=mp_policy,
                    offload_policy=offload_policy(c.optimizer_offload, device_type))
@@ -284,12 +325,13 @@ def shard_model(model: nn.Module, plan: Plan, dims: ParallelDims, mesh: DeviceMe
 
 
 def parallelize(model: nn.Module, plan: Plan, dims: ParallelDims, mesh: DeviceMesh, dp_cp_mesh: DeviceMesh,
-                device: torch.device, seed: int = 0) -> tuple[nn.Module, list[str]]:
+                device: torch.device, seed: int = 0, expert_mesh: DeviceMesh | None = None
+                ) -> tuple[nn.Module, list[str]]:
     """Apply the plan to ``model`` in place (``shard_model``'s), materialising meshplan's own model (built on
     the meta device; a user's module is real already) from ``seed``. Returns the module to train (a DDP
     wrapper where ``apply_ddp`` applies, else ``model`` itself) and the notes of where the run differs
     from the plan."""
-    notes = shard_model(model, plan, dims, mesh, dp_cp_mesh, device.type)
+    notes = shard_model(model, plan, dims, mesh, dp_cp_mesh, device.type, expert_mesh)
     if plan.spec is not None:
         materialize(model, seed=seed, device=device)
     if dims.tp > 1 and not uses_fsdp(plan, dims):       # FSDP reduces (and shards) gradients itself

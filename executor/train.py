@@ -73,6 +73,7 @@ class Job:
         self.plan, self.options, self.device = plan, options, device
         self.dims = ParallelDims.from_config(c, dist.get_world_size())
         self.mesh, self.dp_mesh, self.grad_mesh = self.dims.build_mesh(device.type)   # grad: dp x cp
+        self.expert_mesh = self.dims.build_expert_mesh(self.grad_mesh)                # (efsdp, ep) or None
         self.pp_rank = self.mesh["pp"].get_local_rank()
         self.dp_rank = self.dp_mesh.get_local_rank()
         mine = stage_indices(len(plan.stages), c.pp, self.pp_rank)
@@ -86,7 +87,8 @@ class Job:
         trained = []
         for j in mine:
             part = build_stage_model(spec, plan.stages[j]) if c.pp > 1 else build_model(spec)
-            model, _ = parallelize(part, plan, self.dims, self.mesh, self.grad_mesh, device, options.seed)
+            model, _ = parallelize(part, plan, self.dims, self.mesh, self.grad_mesh, device, options.seed,
+                                   expert_mesh=self.expert_mesh)
             trained.append(model)
             self.parts.append(part)
         self.trained = trained

@@ -9,12 +9,16 @@ it is gone.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
-from moe_support import TINY_DEEPSEEK, TINY_MIXTRAL, moe_built
+from executor_support import assert_losses, load_rank_grads, reference_run, spawn
+from moe_support import GLOBAL_BATCH, TINY_DEEPSEEK, TINY_MIXTRAL, lift_moe_refusal, moe_built, write_moe_plan
 from planner.errors import UserError
 
 MODELS = {"mixtral": TINY_MIXTRAL, "deepseek": TINY_DEEPSEEK}
@@ -111,3 +115,112 @@ def test_ep_on_a_dense_model_is_refused():
     with pytest.raises(UserError) as e:
         check_supported(ParallelConfig(dp=2, tp=1, pp=1, ep=2), TINY_LLAMA, "cpu", "plan.json")
     assert e.value.field == "config.ep"
+
+
+# -- expert parallelism on gloo against one process -------------------------------------------------
+
+# name -> (world size, plan knobs); dp is world / (pp cp) unless given
+PLANS = {
+    "ep2": (2, {"ep": 2}),                                      # replicate (ZeRO-0), one rank per expert group
+    "ep2-zero3": (2, {"ep": 2, "zero": 3}),                     # FSDP2 over efsdp = 1
+    "dp4-ep2": (4, {"ep": 2}),                                  # experts replicated over efsdp = 2
+    "dp4-ep2-zero2": (4, {"ep": 2, "zero": 2}),                 # experts sharded over efsdp = 2
+    "dp4-ep2-zero3": (4, {"ep": 2, "zero": 3}),
+    "ep4": (4, {"ep": 4}),
+    "pp2-ep2": (4, {"ep": 2, "pp": 2, "schedule": "1f1b", "micro_batch": 2}),
+    "pp2-ep2-zero2": (4, {"ep": 2, "pp": 2, "zero": 2, "schedule": "1f1b", "micro_batch": 2}),
+    "cp2-ep2-zero3": (4, {"ep": 2, "cp": 2, "dp": 2, "zero": 3}),     # experts folded over dp x cp
+}
+
+
+def _run_plans(jobs: list[tuple[str, str]], out_dir: str) -> None:
+    lift_moe_refusal()
+    from executor.plan_file import load_plan
+    from executor.train import RunOptions, run
+    for name, plan_path in jobs:
+        measured = run(load_plan(plan_path), RunOptions(steps=STEPS, grads_path=f"{out_dir}/{name}.grads"))
+        if dist.get_rank() == 0:
+            Path(f"{out_dir}/{name}.json").write_text(json.dumps(measured))
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("moe")
+    by_world: dict[int, list[tuple[str, str]]] = {}
+    with moe_built():
+        for model, spec in MODELS.items():
+            for plan, (world, knobs) in PLANS.items():
+                path = write_moe_plan(tmp / f"{model}-{plan}.plan.json", spec, gpus=world, **knobs)
+                by_world.setdefault(world, []).append((f"{model}-{plan}", path))
+    for world, jobs in sorted(by_world.items()):
+        spawn(_run_plans, world, jobs, str(tmp))
+    return {(model, plan): (json.loads((tmp / f"{model}-{plan}.json").read_text()),
+                            load_rank_grads(str(tmp / f"{model}-{plan}.grads"), world, MODELS[model]))
+            for model in MODELS for plan, (world, _) in PLANS.items()}
+
+
+@pytest.fixture(scope="module")
+def references():
+    with moe_built():
+        return {model: reference_run(spec, steps=STEPS) for model, spec in MODELS.items()}
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("plan", list(PLANS))
+@pytest.mark.parametrize("model", list(MODELS))
+def test_expert_parallel_losses_and_gradients_equal_single_process(results, references, model, plan):
+    measured, grads = results[model, plan]
+    ref_losses, ref_grads = references[model]
+    assert_losses(measured["losses"], ref_losses, against="single process")
+    assert set(grads) == set(ref_grads)
+    floor = 1e-5 * max(g.abs().max().item() for g in ref_grads.values())
+    for name, want in ref_grads.items():
+        torch.testing.assert_close(grads[name], want, rtol=1e-4, atol=floor, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.distributed
+def test_the_losses_move_and_the_routing_is_uneven(references):
+    """The comparison means something: three steps change the loss, and experts get unequal numbers of
+    tokens (uneven all-to-all splits)."""
+    from executor.models import build_model, full_init
+    for model, (losses, _) in references.items():
+        assert len(set(round(x, 6) for x in losses)) == STEPS, (model, losses)
+    spec = TINY_MIXTRAL
+    model = build_model(spec, "cpu")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(full_init(name, p.shape, spec, 0))
+    x = model.embed(torch.randint(0, spec.vocab_size, (GLOBAL_BATCH, spec.seq_len)))
+    logits = model.layers["0"].mlp.router(model.layers["0"].mlp_norm(x))
+    counts = torch.bincount(logits.topk(2).indices.flatten(), minlength=spec.num_experts)
+    assert counts.min() < counts.max(), counts
+
+
+def _closed_form(spec, knobs: dict, world: int) -> dict[str, int]:
+    """fp32 parameter, gradient and AdamW bytes per rank (no pipeline): the routed experts' weights
+    (3 h f per expert, E/ep experts per rank in each MoE block) over efsdp = dp cp / ep at ZeRO-2/3,
+    every other parameter over dp cp at ZeRO-2/3; AdamW keeps two fp32 moments per element and a
+    4-byte step count per tensor."""
+    from executor.models import build_model
+    ep, zero = knobs.get("ep", 1), knobs.get("zero", 0)
+    ranks = world                                  # dp x cp (tp 1, pp 1)
+    moe_blocks = sum(spec.is_moe_block(i) for i in range(spec.num_layers))
+    experts = moe_blocks * spec.num_experts * 3 * spec.hidden * spec.expert_ffn
+    dense = spec.num_params() - experts
+    local = dense // (ranks if zero >= 2 else 1) + experts // ep // (ranks // ep if zero >= 2 else 1)
+    tensors = len(list(build_model(spec).parameters()))
+    return {"params": 4 * local, "grads": 4 * local, "optimizer": 8 * local + 4 * tensors}
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("plan", [plan for plan, (_, knobs) in PLANS.items() if "pp" not in knobs])
+@pytest.mark.parametrize("model", list(MODELS))
+def test_model_state_bytes_per_rank_are_the_closed_form(results, model, plan):
+    """Each rank's parameters, gradients and optimizer states as executor/measure.py counts them equal
+    the closed form exactly (the tiny models' tensors divide evenly: no padding)."""
+    measured, _ = results[model, plan]
+    world, knobs = PLANS[plan]
+    want = _closed_form(MODELS[model], knobs, world)
+    for rank in measured["memory_per_rank_bytes"]:
+        got = {key: rank[key] for key in want}
+        assert got == want, f"rank {rank['rank']}: measured {got}, closed form {want}"
