@@ -16,7 +16,8 @@ DTensor and FSDP2 cut); under ZeRO-1, the shape of the optimizer rows the rank o
 counts the rank's parameter, gradient and optimizer bytes and puts them next to the plan's
 prediction for its pipeline stage; under optimizer offload, what stays in host memory (FSDP2's
 offloaded parameter shards, their gradients and optimizer states; ZeRO-1's offloaded states) is
-counted apart. No step runs: activations and the buffers a step holds (gathered parameters,
+counted apart. Under expert parallelism the representatives are also the first and last ranks of the
+experts' ``efsdp`` and ``ep`` groups, whose routed experts are checked the same way. No step runs: activations and the buffers a step holds (gathered parameters,
 autocast copies) are not built.
 """
 from __future__ import annotations
@@ -79,10 +80,36 @@ def _chunk(size: int, parts: int, index: int) -> int:
     return max(0, min(piece, size - piece * index))
 
 
+def is_expert_param(name: str, plan: Plan) -> bool:
+    """Whether ``name`` is a MoE block's routed experts' weight (executor/moe.py: ``layers.{i}.mlp.gate_proj``,
+    ``up_proj``, ``down_proj``, each (E, out, in))."""
+    parts = name.split(".")
+    return (plan.spec is not None and len(parts) == 5 and parts[0] == "layers" and parts[2] == "mlp"
+            and parts[3] in ("gate_proj", "up_proj", "down_proj") and plan.spec.is_moe_block(int(parts[1])))
+
+
+def expected_expert_shards(shape: torch.Size, plan: Plan, dims: ParallelDims,
+                           coords: dict[str, int]) -> tuple[dict[str, int], tuple[int, ...]]:
+    """Under expert parallelism a routed experts' weight (E, out, in): dim 0 over ``ep`` (rank r holds
+    experts [r E/ep, (r+1) E/ep)), then ZeRO-2/3 over ``efsdp``, along dim 0 where the local experts
+    divide over it, else dim 1 (executor/parallelize.py ``apply_expert_dp``)."""
+    local = list(shape)
+    local[0] = _chunk(shape[0], dims.ep, coords["ep"])
+    sharded = {"ep": 0}
+    if plan.config.zero >= 2:
+        dim = 0 if local[0] % dims.efsdp == 0 else 1
+        sharded["efsdp"] = dim
+        local[dim] = _chunk(local[dim], dims.efsdp, coords["efsdp"])
+    return sharded, tuple(local)
+
+
 def expected_shards(name: str, shape: torch.Size, plan: Plan, dims: ParallelDims,
                     coords: dict[str, int]) -> tuple[dict[str, int], tuple[int, ...]]:
     """({mesh dimension: tensor dimension it shards}, local shape) of parameter ``name`` under the
-    plan: its TP style's dimension over ``tp``, then ZeRO-2/3's dim 0 over ``dp_cp``."""
+    plan: its TP style's dimension over ``tp``, then ZeRO-2/3's dim 0 over ``dp_cp``; a routed
+    experts' weight under expert parallelism ``expected_expert_shards``'."""
+    if dims.ep > 1 and is_expert_param(name, plan):
+        return expected_expert_shards(shape, plan, dims, coords)
     module, _, leaf = name.rpartition(".")
     local = list(shape)
     sharded: dict[str, int] = {}
@@ -135,13 +162,14 @@ def _local_bytes(t: torch.Tensor) -> int:
 
 
 def _unsharded_over_dp_bytes(p: torch.Tensor) -> int:
-    """Bytes of ``p`` gathered over the data-parallel mesh dimensions but still split by TP: what a
-    pipeline's deferred FSDP gradient holds (planner/runtimes.py pp_defers_sharded_dp_sync)."""
+    """Bytes of ``p`` gathered over the data-parallel mesh dimensions but still split by TP (and a
+    routed experts' weight by EP): what a pipeline's deferred FSDP gradient holds (planner/runtimes.py
+    pp_defers_sharded_dp_sync)."""
     if not isinstance(p, DTensor):
         return _local_bytes(p)
     numel = p.numel()
     for name, placement in zip(p.device_mesh.mesh_dim_names or (), p.placements):
-        if name == "tp" and placement.is_shard():
+        if name in ("tp", "ep") and placement.is_shard():
             numel = -(-numel // p.device_mesh.size(p.device_mesh.mesh_dim_names.index(name)))
     return numel * p.element_size()
 
@@ -172,17 +200,20 @@ def _state_bytes(model: nn.Module, optimizer, deferred: bool = False) -> tuple[d
     return device, host
 
 
-def _coordinates(mesh, dp_cp_mesh) -> dict[str, int]:
-    return {"dp_cp": dp_cp_mesh.get_local_rank(), "tp": mesh["tp"].get_local_rank()}
+def _coordinates(mesh, dp_cp_mesh, expert_mesh=None) -> dict[str, int]:
+    coords = {"dp_cp": dp_cp_mesh.get_local_rank(), "tp": mesh["tp"].get_local_rank()}
+    if expert_mesh is not None:
+        coords.update(efsdp=expert_mesh["efsdp"].get_local_rank(), ep=expert_mesh["ep"].get_local_rank())
+    return coords
 
 
 def _build_rank(plan: Plan, dims: ParallelDims, meshes, pp_rank: int, own: bool) -> RankReport:
     """Every stage of pipeline rank ``pp_rank`` with this fake world's other coordinates; its
     schedule too where ``own`` (the world's own pipeline rank)."""
     from .train import make_optimizer
-    mesh, _, dp_cp_mesh = meshes
+    mesh, _, dp_cp_mesh, expert_mesh = meshes
     c, spec = plan.config, plan.spec
-    coords = _coordinates(mesh, dp_cp_mesh)
+    coords = _coordinates(mesh, dp_cp_mesh, expert_mesh)
     where = list(mesh.get_coordinate())
     where[0] = pp_rank                           # the same place in another pipeline stage
     report = RankReport(rank=int(mesh.mesh[tuple(where)]), pp_rank=pp_rank, coordinates=coords,
@@ -192,7 +223,7 @@ def _build_rank(plan: Plan, dims: ParallelDims, meshes, pp_rank: int, own: bool)
     for j in mine:
         part = build_stage_model(spec, plan.stages[j])
         full_shapes = {canonical_name(n): p.shape for n, p in part.named_parameters()}
-        shard_model(part, plan, dims, mesh, dp_cp_mesh, "meta")
+        shard_model(part, plan, dims, mesh, dp_cp_mesh, "meta", expert_mesh)
         report.problems += _check_params(part, plan, dims, coords, full_shapes)
         optimizer = make_optimizer(part, lr=1e-3, zero=c.zero, dp_mesh=dp_cp_mesh, optimizer_offload=c.optimizer_offload)
         if isinstance(optimizer, ShardedAdamW):
@@ -216,6 +247,7 @@ def _fake_world(plan: Plan, dims: ParallelDims, rank: int) -> list[RankReport]:
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=dims.world_size)
     try:
         meshes = dims.build_mesh("cpu")
+        meshes = (*meshes, dims.build_expert_mesh(meshes[2]))
         own = meshes[0]["pp"].get_local_rank()
         return [_build_rank(plan, dims, meshes, r, own=r == own) for r in range(plan.config.pp)]
     finally:
@@ -241,7 +273,8 @@ def dry_run(plan: Plan, device_kind: str = "cuda") -> tuple[list[RankReport], fl
 def format_dry_run(plan: Plan, reports: list[RankReport], seconds: float) -> str:
     """The table `meshplan run --dry-run` prints: bytes per representative rank against the plan."""
     c = plan.config
-    lines = [f"dry run of {plan.source}: {plan.world_size} ranks (dp {c.dp} x tp {c.tp} x pp {c.pp} x cp {c.cp}, "
+    experts = f", ep {c.ep}" if c.ep > 1 else ""
+    lines = [f"dry run of {plan.source}: {plan.world_size} ranks (dp {c.dp} x tp {c.tp} x pp {c.pp} x cp {c.cp}{experts}, "
              f"ZeRO-{c.zero}), {len(reports)} representative ranks built on the meta device in {seconds:.1f} s",
              f"{'rank':>6} {'stage':>5} {'dp_cp':>5} {'tp':>3}  {'category':<10} {'predicted B':>16} {'built B':>16} "
              f"{'error':>7}"]

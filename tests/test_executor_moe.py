@@ -224,3 +224,62 @@ def test_model_state_bytes_per_rank_are_the_closed_form(results, model, plan):
     for rank in measured["memory_per_rank_bytes"]:
         got = {key: rank[key] for key in want}
         assert got == want, f"rank {rank['rank']}: measured {got}, closed form {want}"
+
+
+# -- Mixtral 8x7B with ep 8 at 64 ranks, built on the fake process group ----------------------------
+
+def _mixtral_plan(ep: int = 8):
+    from planner import api
+    from planner.cluster import load_cluster
+    from planner.config import ParallelConfig, Workload
+    from planner.layers import build_layer_graph
+    from planner.model import ZOO
+    from planner.plan import Plan
+    spec = ZOO["mixtral-8x7b"]
+    job = api.Job(model_source="mixtral-8x7b", spec=spec, graph=build_layer_graph(spec),
+                  cluster=load_cluster("h100-80g", 64), workload=Workload(global_batch=64, seq_len=4096))
+    config = ParallelConfig(dp=32, tp=1, pp=2, zero=3, micro_batch=1, num_microbatches=2, schedule="1f1b",
+                            recompute="full")
+    doc = api.fixed_plan(job, config).to_json()
+    doc["config"]["ep"] = ep
+    return Plan.from_json(doc, "mixtral-8x7b-ep8.json")
+
+
+@pytest.mark.distributed
+def test_a_mixtral_8x7b_plan_with_ep_8_builds_at_64_ranks_as_planned():
+    """pp 2 x dp 32 at ZeRO-3, ep 8: each rank holds one expert per block (E/ep = 8/8) of the blocks of
+    its stage, FSDP-sharded over the efsdp = 32/8 = 4 ranks holding the same expert, along dim 1 (one
+    local expert does not split four ways): a (1, 3584, 4096) shard of each gate and up weight; every
+    placement and shard shape as executor/dryrun.py computes it from the plan."""
+    from executor.dryrun import dry_run, expected_shards
+    from executor.mesh import ParallelDims
+    plan = _mixtral_plan()
+    reports, seconds = dry_run(plan)
+    assert seconds < 60
+    assert {(r.pp_rank, r.coordinates["efsdp"], r.coordinates["ep"]) for r in reports} == \
+        {(0, 0, 0), (1, 0, 0), (0, 3, 7), (1, 3, 7)}
+    for r in reports:
+        assert r.problems == [], r.problems[:5]
+    dims = ParallelDims.from_config(plan.config, 64)
+    h, f = 4096, 14336
+    assert expected_shards("layers.3.mlp.gate_proj.weight", torch.Size([8, f, h]), plan, dims,
+                           {"dp_cp": 31, "tp": 0, "efsdp": 3, "ep": 7}) == ({"ep": 0, "efsdp": 1}, (1, f // 4, h))
+    assert expected_shards("layers.3.mlp.down_proj.weight", torch.Size([8, h, f]), plan, dims,
+                           {"dp_cp": 0, "tp": 0, "efsdp": 0, "ep": 0}) == ({"ep": 0, "efsdp": 1}, (1, h // 4, f))
+    # parameter bytes of a stage: its 16 blocks' experts / (ep x efsdp) and the rest / dp, fp32
+    spec = plan.spec
+    blocks = [int(path.split(".")[1]) for path in plan.stages[0] if path.startswith("layers.")]
+    experts = len(blocks) * spec.num_experts * 3 * h * f
+    first = next(r for r in reports if r.pp_rank == 0 and r.coordinates["dp_cp"] == 0)
+    stage_params = sum(spec.block_params(i) for i in blocks) + spec.embedding_params()
+    want = 4 * ((stage_params - experts) / 32 + experts / (8 * 4))
+    assert abs(first.params_bytes - want) <= 1e-3 * want, (first.params_bytes, want)
+    assert first.optimizer_bytes == pytest.approx(2 * want, rel=1e-3)
+
+
+@pytest.mark.distributed
+def test_without_ep_a_mixtral_plan_replicates_its_experts_over_the_data_parallel_ranks():
+    from executor.dryrun import dry_run
+    reports, _ = dry_run(_mixtral_plan(ep=1))
+    assert all(r.problems == [] for r in reports)
+    assert all("ep" not in r.coordinates for r in reports)
