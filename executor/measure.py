@@ -94,13 +94,17 @@ def state_bytes(modules: Iterable[nn.Module], optimizers: Iterable) -> int:
 
 
 def _fsdp_params(modules: Iterable[nn.Module]):
-    """The FSDPParams of every FSDP module under ``modules``."""
+    """The FSDPParams of every FSDP module under ``modules``, each once (the modules of one unit share
+    its group: a MoE block's experts, executor/parallelize.py ``apply_expert_dp``)."""
     from torch.distributed.fsdp import FSDPModule
+    seen = set()
     for root in modules:
         for module in root.modules():
             if isinstance(module, FSDPModule):
                 group = module._get_fsdp_state()._fsdp_param_group
-                yield from group.fsdp_params if group is not None else ()
+                if group is not None and id(group) not in seen:
+                    seen.add(id(group))
+                    yield from group.fsdp_params
 
 
 def unsharded_grad_bytes(modules: Iterable[nn.Module]) -> int:

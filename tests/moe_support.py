@@ -45,8 +45,8 @@ def moe_built():
 def moe_plan_doc(spec: ModelSpec, *, gpus: int, ep: int = 1, global_batch: int = GLOBAL_BATCH,
                  cluster: str = "cpu-gloo", **knobs) -> dict:
     """plan.json of ``spec`` with fixed knobs (dp = gpus / (pp cp) unless given, tp 1, ZeRO-0, one
-    micro-batch per replica unless given, no recompute), planned by the planner's own API at ep 1 and
-    then given ``ep`` (the planner's search does not take it yet)."""
+    micro-batch per replica unless given, no recompute), as the planner's own API makes it for them
+    (``meshplan plan`` with every knob given)."""
     from planner import api
     from planner.cluster import load_cluster
     from planner.config import ParallelConfig, Workload
@@ -54,14 +54,12 @@ def moe_plan_doc(spec: ModelSpec, *, gpus: int, ep: int = 1, global_batch: int =
     pp, cp = knobs.get("pp", 1), knobs.get("cp", 1)
     dp = knobs.pop("dp", gpus // (pp * cp))
     micro = knobs.pop("micro_batch", global_batch // dp)
-    config = ParallelConfig(**{"dp": dp, "tp": 1, "pp": 1, "zero": 0, "micro_batch": micro,
+    config = ParallelConfig(**{"dp": dp, "tp": 1, "pp": 1, "zero": 0, "micro_batch": micro, "ep": ep,
                                "num_microbatches": global_batch // (dp * micro), "recompute": "none", **knobs})
     job = api.Job(model_source=spec.name, spec=spec, graph=build_layer_graph(spec),
                   cluster=load_cluster(cluster, gpus),
                   workload=Workload(global_batch=global_batch, seq_len=spec.seq_len, precision="fp32"))
-    doc = api.fixed_plan(job, config).to_json()
-    doc["config"]["ep"] = ep
-    return doc
+    return api.fixed_plan(job, config).to_json()
 
 
 def write_moe_plan(path, spec: ModelSpec, **kwargs) -> str:

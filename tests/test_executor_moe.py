@@ -226,6 +226,38 @@ def test_model_state_bytes_per_rank_are_the_closed_form(results, model, plan):
         assert got == want, f"rank {rank['rank']}: measured {got}, closed form {want}"
 
 
+# Under a pipeline the data-parallel wrappers defer the gradient sync to the last micro-batch
+# (planner/runtimes.py pp_defers_sharded_dp_sync): their accumulators are measured at their peak,
+# checked within 10% as tests/test_executor_plans.py does. executor/train.py samples them at the end
+# of each forward, and under 1F1B with two micro-batches the first pipeline rank runs both forwards
+# before its first backward: it never shows its FSDP accumulators (measured: the sharded gradients,
+# 94,976 B against 140,800 B predicted for the DeepSeek-style model at ZeRO-2), so the first rank's
+# gradients are not checked there.
+DEFERRED_GRADS_TOLERANCE = 0.10
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("plan", list(PLANS))
+@pytest.mark.parametrize("model", list(MODELS))
+def test_model_state_bytes_per_rank_match_the_cost_model(results, model, plan):
+    """The same bytes against the plan's prediction for the rank's pipeline stage (planner/cost: the
+    experts' states over efsdp), within 2% (AdamW's step counts are not predicted); ZeRO-2's gathered
+    parameters counted with the parameters, as the cost model does."""
+    measured, _ = results[model, plan]
+    _, knobs = PLANS[plan]
+    zero, deferred = knobs.get("zero", 0), knobs.get("pp", 1) > 1
+    for rank in measured["memory_per_rank_bytes"]:
+        want = measured["predicted"]["memory_per_stage_bytes"][rank["pp_rank"]]
+        got = {"params": rank["params"] + (rank["params_gathered"] if zero == 2 else 0),
+               "grads": rank["grads"], "optimizer": rank["optimizer"]}
+        for key, value in got.items():
+            if deferred and zero >= 2 and key == "grads" and rank["pp_rank"] == 0:
+                continue
+            tolerance = DEFERRED_GRADS_TOLERANCE if deferred and key == "grads" else 0.02
+            assert abs(value - want[key]) <= tolerance * want[key], (
+                f"rank {rank['rank']} {key}: measured {value} B, predicted {want[key]} B")
+
+
 # -- Mixtral 8x7B with ep 8 at 64 ranks, built on the fake process group ----------------------------
 
 def _mixtral_plan(ep: int = 8):
