@@ -62,9 +62,18 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _runs_grouped_mm(x: torch.Tensor) -> bool:
-    """torch._grouped_mm runs on CUDA devices of compute capability 9.0 and later (bf16); the CPU and
-    the others take the loop."""
+    """Where the experts run as one ``torch._grouped_mm``: bf16 on CUDA devices of compute capability
+    9.0 and later (torchtitan's condition); the CPU and the others take the loop over experts."""
     return x.is_cuda and x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device)[0] >= 9
+
+
+def grouped_product(x: torch.Tensor, w: torch.Tensor, counts: list[int], grouped: bool) -> torch.Tensor:
+    """Rows of ``x`` grouped by expert (``counts[e]`` rows for expert e) times each expert's weight
+    transposed, one grouped GEMM (``grouped``) or a loop. x: (R, in), w: (e, out, in) -> (R, out)"""
+    if grouped:
+        offs = torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)     # (e,) end of each group
+        return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
+    return torch.cat([rows @ w[e].T for e, rows in enumerate(x.split(counts))])
 
 
 class GroupedLinear(nn.Module):
@@ -78,10 +87,7 @@ class GroupedLinear(nn.Module):
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """x: (R, in), its rows grouped by local expert, ``counts[e]`` rows for expert e -> (R, out)."""
         w = _local(self.weight)                                           # (e, out, in): the local experts
-        if _runs_grouped_mm(x):
-            offs = torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)
-            return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
-        return torch.cat([rows @ w[e].T for e, rows in enumerate(x.split(counts))])     # (R, out)
+        return grouped_product(x, w, counts, _runs_grouped_mm(x))         # (R, out)
 
 
 class SharedExperts(nn.Module):
