@@ -80,12 +80,15 @@ class Op:
     measured_fwd_s: float | None = None   # per token, from `meshplan profile --ops` (preferred when set)
     fused_with_previous: bool = False     # its parameters are part of the previous linear's tensors (k and v of
                                           # a fused qkv projection: ModelSpec.fused_qkv)
+    expert: bool = False                  # runs on the tokens routed to experts (a MoE layer's routed experts and
+                                          # their activation): under expert parallelism, on the tokens its rank's
+                                          # experts receive
     measured_bwd_s: float | None = None
 
     @property
     def routed(self) -> bool:
         """One of a MoE layer's routed-expert linears: ``num_gemms`` experts sharing the tokens."""
-        return self.kind == "linear" and self.num_gemms > 1
+        return self.expert and self.kind == "linear"
 
     @property
     def fwd_flops_per_token(self) -> float:
@@ -314,7 +317,7 @@ def _mlp_ops(prefix: str, spec: ModelSpec, moe: bool) -> list[Op]:
     ops = [_linear(f"{prefix}.router", spec, h, e, "replicate", bias=spec.linear_bias, input_split="sp"),
            Op(name=f"{prefix}.permute", kind="elementwise", bytes_fwd=4 * h * k, bytes_bwd=4 * h * k,
               split="sp", saved=(Saved(elems=h * k, split="sp"),))]
-    ops += [
+    routed = [
         # gate and up share their input: one saved copy (the permuted tokens, above)
         _linear(f"{prefix}.gate_proj", spec, h, f, "column", bias=spec.linear_bias, saves_input=False,
                 input_split="sp", tokens_factor=k, num_gemms=e),
@@ -325,6 +328,7 @@ def _mlp_ops(prefix: str, spec: ModelSpec, moe: bool) -> list[Op]:
            saved=(Saved(elems=3 * f * k, split="tp"),)),
         _linear(f"{prefix}.down_proj", spec, f, h, "row", bias=spec.linear_bias, tokens_factor=k, num_gemms=e),
     ]
+    ops += [replace(op, expert=True) for op in routed]
     if spec.shared_experts:    # every token through the shared experts too: one dense MLP of their total width
         ops += _swiglu_ops(f"{prefix}.shared", spec, spec.shared_ffn, saves_input=False)
         if spec.shared_expert_gate:

@@ -109,7 +109,8 @@ class Plan:
                       **({"spec": spec_json(self.spec)} if self.spec else {})},
             "cluster": {"name": self.cluster_name, "gpus": self.world_size, "gpus_per_node": self.gpus_per_node},
             "fingerprints": asdict(self.fingerprints),
-            "workload": asdict(self.workload),
+            "workload": {k: v for k, v in asdict(self.workload).items()
+                         if k != "expert_imbalance" or v != 1.0},     # said only where not balanced
             "config": self.config.to_json(),
             "estimate": self.estimate.to_json(),
             "closed_form_step_time_s": self.closed_form_step_time_s,
@@ -249,6 +250,11 @@ def _workload(raw: dict, source: str) -> Workload:
                             field="workload.memory_headroom")
     else:       # written before the headroom existed: the plan was made without one
         raw = {**raw, "memory_headroom": 0.0}
+    if "expert_imbalance" in raw:
+        value = raw["expert_imbalance"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1:
+            raise UserError(f"must be a number of at least 1, got {value!r}", source=source,
+                            field="workload.expert_imbalance")
     return Workload(**raw)
 
 

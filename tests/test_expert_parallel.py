@@ -153,3 +153,28 @@ def test_ranks_split_experts_hold_their_expert_buckets():
     routed = sum(op.params for layer in graph.layers for op in layer.ops if op.routed)
     assert sum(r.expert_params for r in ranks) == pytest.approx(routed / 4)
     assert all(r.ep_comm_s > 0 for r in ranks)
+
+
+def test_an_imbalance_slows_the_busiest_expert_rank_and_only_under_expert_parallelism():
+    graph = build_layer_graph(SMALL_MOE)
+    block = next(layer for layer in graph.layers if layer.is_block)
+    cluster = load_cluster("h100-80g", 16)
+    ctx = Context(micro_batch=2, seq_len=1024, tp=1, cp=1, sequence_parallel=False, precision="bf16",
+                  attention="flash", framework="megatron", tp_comm_overlap=False, ep=8)
+    even, skew = layer_cost(block, ctx, cluster), layer_cost(block, ctx._replace(expert_imbalance=1.5), cluster)
+    assert skew.fwd_s > even.fwd_s and skew.ep_comm_s > even.ep_comm_s
+    assert skew.policy("none").act_bytes > even.policy("none").act_bytes
+    assert skew.params == even.params
+    no_ep = ctx._replace(ep=1)
+    assert layer_cost(block, no_ep._replace(expert_imbalance=1.5), cluster) == layer_cost(block, no_ep, cluster)
+
+
+def test_the_imbalance_reads_back_from_plan_json_and_a_bad_one_is_refused(cli, tmp_path):
+    out = cli("plan", "--model", "mixtral-8x7b", "--cluster", "h100-80g", "--gpus", "16", "--expert-imbalance", "1.3",
+              "--framework", "megatron", "--out", str(tmp_path / "plan.json"), timeout=300)
+    assert out.returncode == 0, out.stderr
+    from planner.plan import Plan
+    plan = Plan.read(tmp_path / "plan.json")
+    assert plan.workload.expert_imbalance == 1.3
+    bad = cli("plan", "--model", "mixtral-8x7b", "--expert-imbalance", "0.5")
+    assert bad.returncode == 2 and "--expert-imbalance" in bad.stderr and "Traceback" not in bad.stderr

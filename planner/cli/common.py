@@ -94,6 +94,17 @@ def headroom(text: str) -> float:
     return value
 
 
+def imbalance(text: str) -> float:
+    """An expert imbalance factor: a number of at least 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of at least 1 (1.3: 30% more), got {text!r}") from None
+    if not value >= 1 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of at least 1 (1: balanced), got {text!r}")
+    return value
+
+
 def recompute(text: str) -> str:
     """A recompute policy (or an earlier name of one) or ``every-K`` (planner/recompute.py)."""
     try:
@@ -151,6 +162,10 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
                         f"{DEFAULT_MEMORY_HEADROOM:g}: the largest gap between the predicted peak and the peak torch's "
                         "allocator reserved on meshplan's 18 H100 runs (benchmarks/results/gpu_validate.json, "
                         "gpu_holdout_validate.json)")
+    p.add_argument("--expert-imbalance", type=imbalance, default=1.0, metavar="FACTOR",
+                   help="mixtures of experts under expert parallelism: the tokens the busiest rank's experts receive "
+                        "over the balanced share (1.3: 30%% more). Default 1: balanced routing, as published MoE "
+                        "benchmarks force it")
     add_example_input_arg(p)
 
 
@@ -187,7 +202,8 @@ def job_inputs(args: argparse.Namespace) -> JobInputs:
                      seq_len=args.seq_len, precision=args.precision, framework=args.framework,
                      attention=args.attention, overlap_grad_reduce=not args.no_overlap_grad_reduce,
                      tp_comm_overlap=args.tp_comm_overlap, example_input=getattr(args, "example_input", None),
-                     memory_headroom=args.memory_headroom)
+                     memory_headroom=args.memory_headroom,
+                     expert_imbalance=getattr(args, "expert_imbalance", 1.0))
 
 
 def knobs(args: argparse.Namespace) -> Knobs:

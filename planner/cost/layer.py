@@ -39,6 +39,7 @@ class Context(NamedTuple):
     tp_comm_overlap: bool
     eager_regime: str = ""      # torch eager mixed precision ("autocast" / "bf16"; planner.cost.eager)
     ep: int = 1                 # expert parallelism: routed experts split over ep ranks, each whole on its rank
+    expert_imbalance: float = 1.0   # under ep > 1, the busiest rank's routed tokens over the balanced share
 
     @property
     def tokens(self) -> float:
@@ -79,6 +80,13 @@ def _op_divisor(op: Op, ctx: Context) -> int:
     return _split(op.split, ctx)
 
 
+def _routed_share(op: Op, ctx: Context) -> float:
+    """How much more of an expert op's tokens the busiest rank holds than the balanced share (Workload.expert_imbalance)
+    under expert parallelism; 1 for every other op, and without expert parallelism (each rank runs every expert on
+    all its tokens: the imbalance moves work between its GEMMs, not between ranks)."""
+    return ctx.expert_imbalance if op.expert and ctx.ep > 1 else 1.0
+
+
 def _saved_bytes(saved: Saved, ctx: Context) -> float:
     divide = _split(saved.split, ctx)
     if saved.gathered_input and ctx.sequence_parallel and RUNTIMES[ctx.framework].timing.sp_keeps_gathered_input:
@@ -114,7 +122,7 @@ def expert_linear_s(op: Op, ctx: Context, cluster: Cluster) -> tuple[float, floa
     that many rows (a grouped GEMM runs them in one launch but each at its own shape: small experts are far
     from peak, which ``gemm_s``'s shape model prices)."""
     local = op.num_gemms / ctx.ep
-    m = ctx.tokens / ctx.tp * op.tokens_factor * ctx.ep / op.num_gemms
+    m = ctx.tokens / ctx.tp * op.tokens_factor * ctx.ep / op.num_gemms * ctx.expert_imbalance
     n, k, dev = op.out_features, op.in_features, cluster.device
     fwd = local * gemm_s(m, n, k, dev, ctx.precision)
     bwd = local * (gemm_s(m, k, n, dev, ctx.precision) + gemm_s(k, n, m, dev, ctx.precision))
@@ -130,6 +138,8 @@ def _expert_dispatch_s(layer: Layer, ctx: Context, cluster: Cluster) -> float:
     ranks are adjacent in rank order (expert tensor parallelism 1: Megatron's expert rank order tp-ep-dp-pp)."""
     first = next(op for op in layer.ops if op.routed)
     nbytes = ctx.tokens / ctx.tp * first.tokens_factor * first.in_features * DTYPE_BYTES[ctx.precision]
+    # the busiest rank receives (and, combining, sends back) its share times the imbalance: the all-to-all waits for it
+    nbytes *= ctx.expert_imbalance
     return network.all_to_all_s(cluster, nbytes, network.group(cluster, ctx.ep, 1))
 
 
@@ -266,14 +276,14 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
         elif eager is not None:     # priced as a whole below
             pass
         else:   # elementwise and embedding: memory-bound; byte counts are given for 2-byte activations
-            scale = ctx.tokens * dt / 2 / _split(op.split, ctx)
+            scale = ctx.tokens * dt / 2 / _split(op.split, ctx) * _routed_share(op, ctx)
             f, b = memory_bound_s(op.bytes_fwd * scale, dev), memory_bound_s(op.bytes_bwd * scale, dev)
             fwd, bwd, floor = fwd + f, bwd + b, floor + f + b
         if op.kind == "linear":
             sac.linear(op, ctx, f, fl)
         elif op.kind == "attention":
             sac.attention(op, ctx, f)
-        saved += sum(_saved_bytes(s, ctx) for s in op.saved)
+        saved += sum(_saved_bytes(s, ctx) for s in op.saved) * _routed_share(op, ctx)
         if op.unfused and op.unfused not in dev.fused_kernels:
             saved += sum(_saved_bytes(s, ctx) for s in op.unfused_saved)
         transient = op.eager_workspace if op.eager_workspace is not None and eager_loss else op.workspace
