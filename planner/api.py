@@ -72,6 +72,7 @@ class JobInputs:
     example_input: str | None = None    # SHAPE:DTYPE[,...] for a traced module
     memory_headroom: float = DEFAULT_MEMORY_HEADROOM   # memory a plan leaves free (planner/config.py)
     expert_imbalance: float = 1.0       # the busiest expert rank's tokens over the balanced share (planner/config.py)
+    expert_dispatcher: str = "alltoall"     # "alltoall" or Megatron-LM's "allgather" (planner/config.py)
 
     def load(self, warn: Callable[[str], None] | None = None) -> Job:
         """The Job: the model traced or built, the cluster loaded with its GPUs, the workload with its defaults.
@@ -96,7 +97,8 @@ class JobInputs:
         workload = Workload(global_batch=self.global_batch or default_global_batch(seq, cluster.num_gpus),
                             seq_len=seq, precision=precision, framework=self.framework, attention=self.attention,
                             overlap_grad_reduce=self.overlap_grad_reduce, tp_comm_overlap=self.tp_comm_overlap,
-                            memory_headroom=self.memory_headroom, expert_imbalance=self.expert_imbalance)
+                            memory_headroom=self.memory_headroom, expert_imbalance=self.expert_imbalance,
+                            expert_dispatcher=self.expert_dispatcher)
         return Job(model_source=self.model, spec=spec, graph=graph, cluster=cluster, workload=workload)
 
 

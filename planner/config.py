@@ -53,6 +53,10 @@ class Workload:
                                            # Megatron-Core --tp-comm-overlap)
     optimizer: Literal["adamw"] = "adamw"  # Adam(W): two fp32 moments per parameter (Loshchilov & Hutter 2019)
     memory_headroom: float = DEFAULT_MEMORY_HEADROOM   # memory a plan leaves free (DEFAULT_MEMORY_HEADROOM)
+    expert_dispatcher: Literal["alltoall", "allgather"] = "alltoall"   # how tokens reach their experts under
+                                           # expert parallelism (planner/cost/layer.py _expert_exchange_s): all-to-
+                                           # alls, or Megatron-LM's all-gather and reduce-scatter
+                                           # (--moe-token-dispatcher-type; Combinations.expert_dispatchers)
     expert_imbalance: float = 1.0          # under expert parallelism, the tokens the busiest rank's experts receive
                                            # over the balanced share (>= 1): its expert GEMMs, activations and all-to-
                                            # all traffic grow by it and the step waits for it. 1: balanced, as the

@@ -291,7 +291,7 @@ def megatron(plan) -> Export:
         # split over the tensor-parallel ranks (--expert-tensor-parallel-size defaults to tp)
         args += [["--expert-model-parallel-size", str(c.ep)],
                  ["--expert-tensor-parallel-size", "1" if c.ep > 1 else str(c.tp)],
-                 ["--moe-token-dispatcher-type", "alltoall"], ["--moe-grouped-gemm"]]
+                 ["--moe-token-dispatcher-type", w.expert_dispatcher], ["--moe-grouped-gemm"]]
     if w.precision in ("bf16", "fp16"):
         args.append([f"--{w.precision}"])
     args.append(["--attention-backend", "flash" if w.attention == "flash" else "unfused"])

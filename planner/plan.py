@@ -26,7 +26,7 @@ PLAN_SCHEMA_VERSION = 2     # 2: config.optimizer_offload (1 said "offload": "no
 READS_SCHEMA_VERSIONS = (1, 2)
 _HEX16 = re.compile(r"^[0-9a-f]{16}$")
 _WORKLOAD_CHOICES = {"precision": PRECISIONS, "framework": FRAMEWORKS, "attention": ("flash", "unfused"),
-                     "optimizer": ("adamw",)}
+                     "optimizer": ("adamw",), "expert_dispatcher": ("alltoall", "allgather")}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,8 +109,8 @@ class Plan:
                       **({"spec": spec_json(self.spec)} if self.spec else {})},
             "cluster": {"name": self.cluster_name, "gpus": self.world_size, "gpus_per_node": self.gpus_per_node},
             "fingerprints": asdict(self.fingerprints),
-            "workload": {k: v for k, v in asdict(self.workload).items()
-                         if k != "expert_imbalance" or v != 1.0},     # said only where not balanced
+            "workload": {k: v for k, v in asdict(self.workload).items()      # the expert settings said only
+                         if (k, v) not in (("expert_imbalance", 1.0), ("expert_dispatcher", "alltoall"))},  # off default
             "config": self.config.to_json(),
             "estimate": self.estimate.to_json(),
             "closed_form_step_time_s": self.closed_form_step_time_s,

@@ -53,6 +53,7 @@ class Combinations:
     #   --expert-tensor-parallel-size 1, Liu et al. 2025, arXiv:2504.14960, Sec 3; torchtitan's expert parallelism,
     #   which borrows its ranks from dp_shard, cp and tp); "data" over the data-parallel ranks only (DeepSpeed-MoE's
     #   ep_size, which must divide the data-parallel size: deepspeed/utils/groups.py); "none": ep 1 only
+    expert_dispatchers: tuple[str, ...] = ("alltoall",)     # how tokens reach their experts (Workload.expert_dispatcher)
     ep_needs_sp: bool = False               # ep > 1 with tp > 1 needs sequence parallelism (Megatron-LM's
                                             # arguments.py: "When using MoE and tensor parallelism, sequence
                                             # parallelism must be used")
@@ -214,7 +215,7 @@ _MEGATRON_RUNS = Combinations(
     schedules=tuple(name for name, s in SCHEDULES.items() if s.megatron),
     recomputes=runs_in("megatron"), sequence_parallel=True, context_parallel=True, offload_zero_stages=(1,),
     replicates_kv_heads=True, stages_without_blocks=False,      # exports/megatron_args.txt splits blocks only
-    expert_parallel="folded", ep_needs_sp=True,
+    expert_parallel="folded", ep_needs_sp=True, expert_dispatchers=("alltoall", "allgather"),
     # any blocks per stage (--pipeline-model-parallel-layout; --decoder-first/last-pipeline-num-layers); one
     # --recompute-granularity for every layer (its --recompute-method block, the same count of blocks on every
     # stage, is not searched)

@@ -178,3 +178,36 @@ def test_the_imbalance_reads_back_from_plan_json_and_a_bad_one_is_refused(cli, t
     assert plan.workload.expert_imbalance == 1.3
     bad = cli("plan", "--model", "mixtral-8x7b", "--expert-imbalance", "0.5")
     assert bad.returncode == 2 and "--expert-imbalance" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_allgather_dispatcher_gathers_the_group_s_tokens_once_and_runs_on_megatron_only(write_json, tmp_path):
+    """Megatron-LM's allgather dispatcher moves each token once (not k times) to every rank of the ep group, with its
+    routing over the E experts: with top-2 of 8 experts over 8 ranks it moves more than the all-to-all's k copies
+    sent (ep - 1) / ep of the way, and it is priced as an all-gather plus a reduce-scatter each way."""
+    from planner import network
+    graph = build_layer_graph(SMALL_MOE)
+    block = next(layer for layer in graph.layers if layer.is_block)
+    cluster = load_cluster("h100-80g", 8)
+    ctx = Context(micro_batch=2, seq_len=1024, tp=1, cp=1, sequence_parallel=False, precision="bf16",
+                  attention="flash", framework="megatron", tp_comm_overlap=False, ep=8)
+    grp = network.group(cluster, 8, 1)
+    tokens, h = 2 * 1024, 512
+    one_way = (network.all_gather_s(cluster, 8 * tokens * (h * 2 + 8 * 5), grp)
+               + network.reduce_scatter_s(cluster, 8 * tokens * h * 2, grp))
+    gathered = layer_cost(block, ctx._replace(expert_dispatcher="allgather"), cluster)
+    assert gathered.ep_comm_s == pytest.approx(2 * one_way)
+    assert gathered.ep_comm_s > layer_cost(block, ctx, cluster).ep_comm_s
+    # meshplan's executor, torchtitan and DeepSpeed dispatch by all-to-all only
+    with pytest.raises(UserError) as e:
+        api.plan(api.load_job("mixtral-8x7b", "h100-80g", gpus=8, expert_dispatcher="allgather"), top_k=1)
+    assert e.value.field == "--expert-dispatcher"
+    plan = api.plan(api.load_job("mixtral-8x7b", "h100-80g", gpus=16, framework="megatron",
+                                 expert_dispatcher="allgather"), Knobs(ep=8), top_k=1)
+    from planner.exports import megatron
+    text = megatron(plan).text
+    assert "--moe-token-dispatcher-type allgather" in text
+    from planner.baseline import Context as FileContext, read_baseline
+    path = tmp_path / "megatron_args.txt"
+    path.write_text(text)
+    baseline, _, _ = read_baseline(str(path), FileContext(gpus=16), "mixtral-8x7b")
+    assert baseline.expert_dispatcher == "allgather" and baseline.config.ep == 8

@@ -306,7 +306,15 @@ def read(args: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
                     seq_len=graph.seq_len, precision=_precision(args, source), attention=_attention(args, source),
                     overlap_grad_reduce=bool(args.get("--overlap-grad-reduce")),
                     tp_comm_overlap=bool(args.get("--tp-comm-overlap")), flags=FLAGS,
+                    expert_dispatcher=_dispatcher(args, source),
                     ignored=tuple(sorted(f for f in args if f not in PARALLEL | SWITCHES | MODEL)), notes=tuple(notes))
+
+
+def _dispatcher(args: dict, source: str) -> str:
+    """--moe-token-dispatcher-type: alltoall (Megatron-LM's default) or allgather; flex (DeepEP) is not modelled."""
+    value = _value(args, "--moe-token-dispatcher-type", source)
+    return "alltoall" if value is None else choice(source, "--moe-token-dispatcher-type", value,
+                                                    ("alltoall", "allgather"))
 
 
 def _expert_parallel(args: dict, source: str, tp: int, graph: LayerGraph) -> tuple[int, list[str]]:
@@ -324,9 +332,6 @@ def _expert_parallel(args: dict, source: str, tp: int, graph: LayerGraph) -> tup
                         f"the {tp} tensor-parallel ranks); allowed: {tp}", source=source,
                         field="--expert-tensor-parallel-size")
     notes = []
-    dispatcher = _value(args, "--moe-token-dispatcher-type", source)
-    if dispatcher not in (None, "alltoall"):
-        notes.append(f"--moe-token-dispatcher-type {dispatcher}: meshplan prices the alltoall dispatcher")
     if ep > 1 and not args.get("--moe-grouped-gemm"):
         notes.append("no --moe-grouped-gemm: Megatron runs the local experts one after another (SequentialMLP); "
                      "meshplan prices each expert's GEMM alike either way")

@@ -45,4 +45,5 @@ def read(plan: Plan, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
     batch = global_batch(source, "workload.global_batch", w.global_batch, ctx, None)
     return Baseline(source=source, format="plan.json", runtime=w.framework, config=config, global_batch=batch,
                     seq_len=graph.seq_len, precision=w.precision, attention=w.attention,
-                    overlap_grad_reduce=w.overlap_grad_reduce, tp_comm_overlap=w.tp_comm_overlap, flags=FLAGS)
+                    overlap_grad_reduce=w.overlap_grad_reduce, tp_comm_overlap=w.tp_comm_overlap, flags=FLAGS,
+                    expert_dispatcher=w.expert_dispatcher, expert_imbalance=w.expert_imbalance)

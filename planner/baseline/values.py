@@ -60,6 +60,8 @@ class Baseline:
     attention: str = "flash"
     overlap_grad_reduce: bool = True
     tp_comm_overlap: bool = False
+    expert_dispatcher: str = "alltoall"
+    expert_imbalance: float = 1.0
     flags: dict[str, str] = field(default_factory=dict)     # meshplan flag -> the file's flag or key
     ignored: tuple[str, ...] = ()      # flags read and not modelled
     notes: tuple[str, ...] = ()        # where the mapping is an approximation
@@ -67,7 +69,8 @@ class Baseline:
     def workload(self) -> Workload:
         return Workload(global_batch=self.global_batch, seq_len=self.seq_len, precision=self.precision,
                         framework=self.runtime, attention=self.attention,
-                        overlap_grad_reduce=self.overlap_grad_reduce, tp_comm_overlap=self.tp_comm_overlap)
+                        overlap_grad_reduce=self.overlap_grad_reduce, tp_comm_overlap=self.tp_comm_overlap,
+                        expert_dispatcher=self.expert_dispatcher, expert_imbalance=self.expert_imbalance)
 
 
 def positive_int(source: str, flag: str, value, minimum: int = 1) -> int:

@@ -166,6 +166,10 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
                    help="mixtures of experts under expert parallelism: the tokens the busiest rank's experts receive "
                         "over the balanced share (1.3: 30%% more). Default 1: balanced routing, as published MoE "
                         "benchmarks force it")
+    p.add_argument("--expert-dispatcher", choices=("alltoall", "allgather"), default="alltoall",
+                   help="how tokens reach their experts under expert parallelism: all-to-alls (every runtime; the "
+                        "default), or all-gather and reduce-scatter over the expert-parallel ranks (Megatron-LM's "
+                        "--moe-token-dispatcher-type allgather)")
     add_example_input_arg(p)
 
 
@@ -203,7 +207,8 @@ def job_inputs(args: argparse.Namespace) -> JobInputs:
                      attention=args.attention, overlap_grad_reduce=not args.no_overlap_grad_reduce,
                      tp_comm_overlap=args.tp_comm_overlap, example_input=getattr(args, "example_input", None),
                      memory_headroom=args.memory_headroom,
-                     expert_imbalance=getattr(args, "expert_imbalance", 1.0))
+                     expert_imbalance=getattr(args, "expert_imbalance", 1.0),
+                     expert_dispatcher=getattr(args, "expert_dispatcher", "alltoall"))
 
 
 def knobs(args: argparse.Namespace) -> Knobs:

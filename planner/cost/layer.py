@@ -40,6 +40,7 @@ class Context(NamedTuple):
     eager_regime: str = ""      # torch eager mixed precision ("autocast" / "bf16"; planner.cost.eager)
     ep: int = 1                 # expert parallelism: routed experts split over ep ranks, each whole on its rank
     expert_imbalance: float = 1.0   # under ep > 1, the busiest rank's routed tokens over the balanced share
+    expert_dispatcher: str = "alltoall"     # how tokens reach their experts under ep > 1 (``_expert_exchange_s``)
 
     @property
     def tokens(self) -> float:
@@ -129,18 +130,30 @@ def expert_linear_s(op: Op, ctx: Context, cluster: Cluster) -> tuple[float, floa
     return fwd, bwd, 2.0 * m * n * k * local
 
 
-def _expert_dispatch_s(layer: Layer, ctx: Context, cluster: Cluster) -> float:
-    """One all-to-all of expert parallelism: each rank sends the top-k copies of its tokens (T / tp of them,
-    ``expert_linear_s``) of hidden width to the ranks holding their experts, (ep - 1) / ep of them leaving it
-    (balanced routing). A MoE layer runs four per micro-batch, none overlapped: dispatch and combine in forward,
-    their gradients in backward (Megatron-Core's alltoall token dispatcher, megatron/core/transformer/moe/
-    token_dispatcher.py, without --overlap-moe-expert-parallel-comm; torchtitan's expert_parallel.py). The ep
-    ranks are adjacent in rank order (expert tensor parallelism 1: Megatron's expert rank order tp-ep-dp-pp)."""
+def _expert_exchange_s(layer: Layer, ctx: Context, cluster: Cluster) -> float:
+    """Seconds of expert parallelism's token exchange in one pass (forward, or backward: the same volumes the other
+    way) of a MoE layer, none of it overlapped (Megatron-Core's token dispatchers, megatron/core/transformer/moe/
+    token_dispatcher.py, without --overlap-moe-expert-parallel-comm or --moe-shared-expert-overlap; torchtitan's
+    expert_parallel.py). The ep ranks are adjacent in rank order (expert tensor parallelism 1: Megatron's expert
+    rank order tp-ep-dp-pp). A rank holds T / tp of the tokens (sequence parallelism, or no TP).
+
+    ``alltoall``: dispatch and combine, each rank sending the top-k copies of its tokens at hidden width, (ep - 1) / ep
+    of them to other ranks (balanced routing; the busiest rank's share times Workload.expert_imbalance).
+    ``allgather`` (Megatron's MoEAllGatherTokenDispatcher): every rank all-gathers the ep group's tokens (once each,
+    not k times) with their routing probabilities (fp32) and map (a byte) over the E experts, keeps those routed to its
+    experts, and reduce-scatters the combined output back; in backward the mirror (a reduce-scatter of the tokens'
+    and probabilities' gradients, an all-gather of the output's)."""
     first = next(op for op in layer.ops if op.routed)
-    nbytes = ctx.tokens / ctx.tp * first.tokens_factor * first.in_features * DTYPE_BYTES[ctx.precision]
+    dt, h, k = DTYPE_BYTES[ctx.precision], first.in_features, first.tokens_factor
+    tokens = ctx.tokens / ctx.tp
+    grp = network.group(cluster, ctx.ep, 1)
+    if ctx.expert_dispatcher == "allgather":
+        gathered = ctx.ep * tokens * (h * dt + first.num_gemms * 5)       # tokens, fp32 probabilities, byte map
+        combined = ctx.ep * tokens * h * dt
+        return network.all_gather_s(cluster, gathered, grp) + network.reduce_scatter_s(cluster, combined, grp)
     # the busiest rank receives (and, combining, sends back) its share times the imbalance: the all-to-all waits for it
-    nbytes *= ctx.expert_imbalance
-    return network.all_to_all_s(cluster, nbytes, network.group(cluster, ctx.ep, 1))
+    nbytes = tokens * k * h * dt * ctx.expert_imbalance
+    return 2 * network.all_to_all_s(cluster, nbytes, grp)
 
 
 def _attention(op: Op, ctx: Context, cluster: Cluster) -> tuple[float, float, float, float, float]:
@@ -291,18 +304,18 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     if eager is not None:
         f, b = _eager_s(eager, params, ctx, cluster)
         fwd, bwd, floor = fwd + f, bwd + b, floor + f + b
-    by_experts = layer.tp_allreduce_expert_elems if routed else 0.0     # all-to-alls instead (``_expert_dispatch_s``)
+    by_experts = layer.tp_allreduce_expert_elems if routed else 0.0     # exchanged instead (``_expert_exchange_s``)
     tp_fwd_all, tp_fwd_rs = _tp_comm(layer, ctx, cluster, layer.tp_allreduce_fwd_elems - by_experts)
     tp_fwd = _exposed(tp_fwd_all, tp_gemm_fwd, ctx)
     tp_bwd = _exposed(_tp_comm(layer, ctx, cluster, layer.tp_allreduce_bwd_elems - by_experts)[0], tp_gemm_bwd, ctx)
-    ep_one = _expert_dispatch_s(layer, ctx, cluster) if routed else 0.0
+    exchange = _expert_exchange_s(layer, ctx, cluster) if routed else 0.0
     wait_fwd, wait_bwd = _sync_waits(layer, fwd, bwd, cluster) if tp_fwd_all or cp_fwd else (0.0, 0.0)
     if tp_fwd_all:
         tp_fwd, tp_bwd = tp_fwd + wait_fwd, tp_bwd + wait_bwd
         if layer.kind == "block" and priced_as(ctx.framework) == "torch":     # DTensor's host time (a CPU profile)
             tp_fwd, tp_bwd = tp_fwd + dev.tp_block_overhead_s[0], tp_bwd + dev.tp_block_overhead_s[1]
-    fwd_total = fwd + tp_fwd + cp_fwd + 2 * ep_one + (0.0 if tp_fwd_all else wait_fwd)
-    bwd_total = bwd + tp_bwd + cp_bwd + 2 * ep_one + (0.0 if tp_fwd_all else wait_bwd)
+    fwd_total = fwd + tp_fwd + cp_fwd + exchange + (0.0 if tp_fwd_all else wait_fwd)
+    bwd_total = bwd + tp_bwd + cp_bwd + exchange + (0.0 if tp_fwd_all else wait_bwd)
     # what each recompute policy keeps and redoes (planner/recompute.py), from what this layer is
     if layer.kind == "embedding":
         input_bytes = 8.0 * ctx.tokens                  # the int64 token ids
@@ -320,7 +333,7 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     return LayerCost(
         fwd_s=fwd_total, bwd_s=bwd_total, by_policy={p.name: p.cost(facts) for p in POLICY_RECORDS},
         tp_comm_s=tp_fwd + tp_bwd, cp_comm_s=cp_fwd + cp_bwd + (0.0 if tp_fwd_all else wait_fwd + wait_bwd),
-        params=params, matmul_flops_fwd=flops, expert_params=expert_params, ep_comm_s=4 * ep_one,
+        params=params, matmul_flops_fwd=flops, expert_params=expert_params, ep_comm_s=2 * exchange,
         work_floor_s=floor)
 
 

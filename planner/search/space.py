@@ -98,6 +98,9 @@ class Space:
         if dtypes and w.precision not in dtypes:
             raise UserError(f"the cluster's devices have no {w.precision} peak; allowed: {one_of(dtypes)}",
                             field="--precision")
+        if w.framework in RUNTIMES and w.expert_dispatcher not in self.can.expert_dispatchers:
+            raise UserError(f"{w.expert_dispatcher!r} does not run on the {w.framework} runtime; allowed: "
+                            f"{one_of(self.can.expert_dispatchers)}", field="--expert-dispatcher")
         product = 1
         for name in ("dp", "tp", "pp", "cp"):
             value = getattr(k, name)
