@@ -73,10 +73,10 @@ def moe_refusals(config: ParallelConfig, spec: ModelSpec | None) -> list[tuple[s
         out.append(("config.zero", f"ZeRO-1 with ep {c.ep}: the executor's sharded optimizer reduces every gradient "
                                    "over all data-parallel ranks; allowed with ep > 1: ZeRO 0, 2, 3"))
     if "op" in (c.recompute_layers or (c.recompute,)):
-        out.append(("config.recompute", f"'op' with ep {c.ep}: operator-level selective checkpointing does not "
-                                        "replay the experts' all-to-alls (torch.utils.checkpoint finds the recompute "
-                                        "differs); allowed with ep > 1: none, selective, full, activation-offload, "
-                                        "every-K"))
+        out.append(("config.recompute", f"'op' with ep {c.ep}: the experts' data-parallel unit sits inside the "
+                                        "checkpointed block, and its hooks run other ops in the recompute than in the "
+                                        "forward, which torch's selective checkpointing refuses; allowed with ep > 1: "
+                                        "none, selective, full, activation-offload, every-K"))
     return out
 
 

@@ -143,6 +143,7 @@ def test_ep_on_a_dense_model_is_refused():
 PLANS = {
     "ep2": (2, {"ep": 2}),                                      # replicate (ZeRO-0), one rank per expert group
     "ep2-zero3": (2, {"ep": 2, "zero": 3}),                     # FSDP2 over efsdp = 1
+    "ep2-zero3-full-recompute": (2, {"ep": 2, "zero": 3, "recompute": "full"}),   # the all-to-alls recomputed
     "dp4-ep2": (4, {"ep": 2}),                                  # experts replicated over efsdp = 2
     "dp4-ep2-zero2": (4, {"ep": 2, "zero": 2}),                 # experts sharded over efsdp = 2
     "dp4-ep2-zero3": (4, {"ep": 2, "zero": 3}),
