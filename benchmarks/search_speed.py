@@ -26,6 +26,12 @@ SCENARIOS = [
     ("Llama-3 405B on 16384 H100, seq 8192, 16M tokens",
      ["--model", "llama3-405b", "--cluster", "h100-80g", "--gpus", "16384", "--seq-len", "8192",
       "--global-batch", "2048"]),
+    ("Mixtral 8x7B on 64 H100 (ep searched)",
+     ["--model", "mixtral-8x7b", "--cluster", "h100-80g", "--gpus", "64"]),
+    ("DeepSeek-V3 on 256 H100, Megatron-LM",
+     ["--model", "deepseek-v3", "--cluster", "h100-80g", "--gpus", "256", "--framework", "megatron"]),
+    ("DeepSeek-V3 on 1024 H100, Megatron-LM",
+     ["--model", "deepseek-v3", "--cluster", "h100-80g", "--gpus", "1024", "--framework", "megatron"]),
 ]
 
 
@@ -45,7 +51,8 @@ def main() -> int:
         best = min((run(args) for _ in range(3)), key=lambda r: r[0])
         wall, doc = best
         c, s = doc["config"], doc["search"]
-        plan = (f"dp {c['dp']} tp {c['tp']} pp {c['pp']} cp {c['cp']} zero {c['zero']} mb {c['micro_batch']} "
+        plan = (f"dp {c['dp']} tp {c['tp']} pp {c['pp']} cp {c['cp']} ep {c.get('ep', 1)} zero {c['zero']} "
+                f"mb {c['micro_batch']} "
                 f"{c['schedule']} v{c['vpp']} rc {c['recompute']}")
         print(f"{name:<50} {wall:>7.2f} {s['seconds']:>8.2f} {s['candidates']:>11,} {s['evaluated']:>6,}  {plan}")
     return 0
