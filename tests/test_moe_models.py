@@ -207,3 +207,22 @@ def test_planning_a_model_the_executor_cannot_train_says_so(cli):
            "attention sinks are not in its reference models)" in out.stderr
     quiet = cli("plan", "--model", "gpt-oss-20b", "--cluster", "h100-80g", "--gpus", "8", "--framework", "megatron")
     assert quiet.returncode == 0 and "cannot train" not in quiet.stderr
+
+
+MIXTRAL_SMALL = dict(model_type="mixtral", hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                     num_hidden_layers=2, intermediate_size=96, num_local_experts=8, num_experts_per_tok=2,
+                     vocab_size=128)
+
+
+@pytest.mark.parametrize("case", [*SMALL, "mixtral"])
+def test_a_config_json_of_each_moe_model_type_plans_with_its_experts_split(write_json, case):
+    """Each listed model_type, as a config.json, plans on 8 GPUs for the Megatron-LM runtime (which runs expert
+    parallelism folded onto the data and tensor-parallel ranks) with the expert-parallel degrees it allows."""
+    from planner import api
+    from planner.search import Knobs
+    data = MIXTRAL_SMALL if case == "mixtral" else SMALL[case]
+    job = api.load_job(write_json(data), "h100-80g", gpus=8, global_batch=16, seq_len=64, framework="megatron")
+    experts = job.graph.num_experts
+    plan = api.plan(job, Knobs(ep=2), top_k=1)
+    assert plan.best.config.ep == 2 and experts % 2 == 0
+    assert plan.best.estimate.time.ep_comm > 0
