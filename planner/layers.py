@@ -146,6 +146,10 @@ class LayerGraph:
     tied_embeddings: bool           # first and last stage all-reduce the shared embedding's gradient
     tied_params: int = 0            # parameters shared between embedding and head
     num_experts: int = 0            # routed experts per MoE layer (0: a dense model); ep must divide it
+    # whether meshplan's executor can split the experts over ranks (its own reference models: executor/moe.py), and
+    # why not (a traced module's experts are its own code)
+    splits_experts: bool = True
+    experts_why: str = ""
     # whether the executor can cut the model into pipeline stages (a traced module: planner/trace/cut.py),
     # and why not
     pipelines: bool = True

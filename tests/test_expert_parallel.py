@@ -211,3 +211,33 @@ def test_the_allgather_dispatcher_gathers_the_group_s_tokens_once_and_runs_on_me
     path.write_text(text)
     baseline, _, _ = read_baseline(str(path), FileContext(gpus=16), "mixtral-8x7b")
     assert baseline.expert_dispatcher == "allgather" and baseline.config.ep == 8
+
+
+def test_the_tracer_recognises_a_modules_grouped_experts_and_router(tmp_path):
+    """transformers' Mixtral (grouped expert weights, a router linear), traced: its routed experts are one grouped
+    GEMM of E matrices each way on k copies of the tokens, its parameters all counted, the elementwise work inside
+    the experts module on the routed tokens; ep is searched for it where the runtime can split its experts."""
+    pytest.importorskip("transformers")
+    source = tmp_path / "mixtral_small.py"
+    source.write_text(
+        "from transformers import MixtralConfig, AutoModelForCausalLM\n"
+        "def build():\n"
+        "    cfg = MixtralConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,\n"
+        "                        intermediate_size=96, num_local_experts=8, num_experts_per_tok=2, vocab_size=128)\n"
+        "    return AutoModelForCausalLM.from_config(cfg)\n")
+    job = api.load_job(f"{source}:build", "h100-80g", gpus=8, example_input="2x64:int64", framework="megatron")
+    graph = job.graph
+    assert graph.num_experts == 8
+    block = next(layer for layer in graph.layers if layer.is_block)
+    routed = [op for op in block.ops if op.routed]
+    assert [op.num_gemms for op in routed] == [8, 8] and all(op.tokens_factor == 2 for op in routed)
+    assert sum(op.params for op in routed) == 8 * 3 * 64 * 96
+    router = [op for op in block.ops if op.kind == "linear" and op.out_features == 8 and not op.expert]
+    assert router and router[0].tp == "replicate"
+    assert block.tp_allreduce_expert_elems == 64
+    assert graph.num_params == job.graph.num_params and graph.num_params == sum(
+        p.numel() for p in __import__("runpy").run_path(str(source))["build"]().parameters())
+    assert api.plan(job, Knobs(ep=4), top_k=1).best.config.ep == 4
+    with pytest.raises(UserError) as e:       # meshplan's executor splits its own models' experts only
+        api.plan(replace(job, workload=replace(job.workload, framework="torch")), Knobs(ep=2), top_k=1)
+    assert e.value.field == "--ep"

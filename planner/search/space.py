@@ -8,7 +8,7 @@ from ..config import FRAMEWORKS, ParallelConfig, Workload, check_config, knob_fl
 from ..errors import UserError, one_of
 from ..layers import LayerGraph
 from ..recompute import every_k, expand_recompute, parse_recompute
-from ..runtimes import RUNTIMES, refusals
+from ..runtimes import EXECUTOR_RUNTIME, RUNTIMES, refusals
 from ..schedules import DEFAULT as DEFAULT_SCHEDULE, NAMES as SCHEDULE_NAMES, SCHEDULES
 
 
@@ -152,6 +152,9 @@ class Space:
         if k.ep is not None and k.ep > 1:
             if n % k.ep:
                 raise UserError(f"ep {k.ep} does not divide the {n} GPUs", field="--ep")
+            if not g.splits_experts and w.framework == EXECUTOR_RUNTIME:
+                raise UserError(f"ep {k.ep}: {g.experts_why}; allowed: 1 (or plan for --framework megatron)",
+                                field="--ep")
             for knob, why in refusals(w.framework, self.device_kind, ep=k.ep, num_experts=g.num_experts,
                                       dp=k.dp, tp=k.tp, cp=k.cp, sequence_parallel=k.sequence_parallel):
                 raise UserError(why, field=knob_flag(knob))
@@ -199,7 +202,7 @@ class Space:
         experts that the runtime runs here (``refusals``: ep folded onto dp x cp x tp, or dividing dp), or the
         fixed one."""
         experts = self.graph.num_experts
-        if not experts:
+        if not experts or (not self.graph.splits_experts and self.w.framework == EXECUTOR_RUNTIME):
             return self._allowed("ep", [1])
         out = [ep for ep in divisors(experts) if ep == 1 or not [
             knob for knob, _ in refusals(self.w.framework, self.device_kind, ep=ep, dp=dp, tp=tp, cp=cp,

@@ -292,7 +292,7 @@ def _linear_op(b: Builder, g: _Group, name: str, saved: list[Saved]) -> tuple[Op
     style = next((b.tp.style[i] for i in g.records if i in b.tp.style), "replicate")
     tf = rows / b.t.tokens
     op = Op(name=name, kind="linear", params=g.params, in_features=k, out_features=n, tp=style,
-            tokens_factor=_round(tf), num_gemms=gemms, saved=tuple(saved))
+            tokens_factor=_round(tf), num_gemms=gemms, saved=tuple(saved), expert=gemms > 1)
     # Megatron (Shoeybi et al. 2019, Sec 3): a row-parallel linear all-reduces its output; grouped expert
     # GEMMs combine their top-k rows per token first (Megatron-Core MoE token unpermute): one width
     allreduce_fwd = n * (1.0 if gemms > 1 else tf) if style == "row" else 0.0
@@ -372,12 +372,13 @@ def _names(b: Builder) -> dict[tuple, str]:
 
 def _layer(b: Builder, span: LayerSpan, groups: list[_Group], saved: dict, names: dict,
            unused: list[tuple[str, int]], has_backward: bool) -> Layer:
-    ops, fwd_elems, column_inputs = [], 0.0, {}
+    ops, fwd_elems, column_inputs, expert_elems = [], 0.0, {}, 0.0
     for g in groups:
         mine = saved.get(g.key, [])
         if g.kind == "linear":
             op, ar, cols = _linear_op(b, g, names[g.key], mine)
             fwd_elems += ar
+            expert_elems += ar if op.expert else 0.0
             for storage, elems in cols:
                 column_inputs[storage] = max(column_inputs.get(storage, 0.0), elems)
         elif g.kind == "attention":
@@ -394,11 +395,29 @@ def _layer(b: Builder, span: LayerSpan, groups: list[_Group], saved: dict, names
     bwd_elems = sum(column_inputs.values())
     call = b.cap.modules.get(span.path)
     out = call.output.numel / b.t.tokens if call and call.output else 0.0
+    ops = _mark_routed(ops)
+    # the routed experts' share of the TP collectives (their row-parallel output, one width per token each way):
+    # under expert parallelism an all-to-all moves their tokens instead (Layer.tp_allreduce_expert_elems), unless
+    # the layer also has dense (shared) experts, which keep the pair
+    shared = any(op.kind == "linear" and not op.expert and op.tp == "row" and ".mlp" in op.name for op in ops)
     layer = Layer(name=span.path, kind=span.kind, signature="", ops=tuple(ops),
                   tp_allreduce_fwd_elems=_round(fwd_elems), tp_allreduce_bwd_elems=_round(bwd_elems),
-                  output_elems=_round(out), params_replicated=replicated_params(ops))
+                  output_elems=_round(out), params_replicated=replicated_params(ops),
+                  tp_allreduce_expert_elems=0.0 if shared else _round(expert_elems))
     from dataclasses import replace
     return replace(layer, signature=signature(layer))
+
+
+def _mark_routed(ops: list[Op]) -> list[Op]:
+    """Grouped expert GEMMs (``num_gemms`` > 1: a MoE layer's routed experts, one weight of E matrices) run on the
+    tokens routed to experts, and so does the elementwise work recorded inside their module (the activation between
+    them): each is ``Op.expert``."""
+    from dataclasses import replace
+    modules = {op.name.rsplit(".", 1)[0] for op in ops if op.expert}
+    if not modules:
+        return ops
+    inside = tuple(m + sep for m in modules for sep in (".", ":"))
+    return [replace(op, expert=True) if not op.expert and op.name.startswith(inside) else op for op in ops]
 
 
 def op_out_width(b: Builder, g: _Group) -> float:
@@ -446,5 +465,8 @@ def build_graph(cap: Capture, cls: Classified, spans: list[LayerSpan], layer_of:
                        vocab_size=int(vocab), num_heads=heads, num_kv_heads=kv_heads,
                        tied_embeddings=b.tied_layers and b.tied_params > 0,
                        tied_params=b.tied_params if b.tied_layers else 0, source=source,
-                       warnings=tuple(cap.warnings))
+                       warnings=tuple(cap.warnings),
+                       num_experts=max((op.num_gemms for op in all_ops if op.expert), default=0),
+                       splits_experts=False, experts_why="meshplan's executor splits the experts of its own reference "
+                       "models (executor/moe.py), not a traced module's")
     return graph, b
