@@ -41,7 +41,7 @@ from .models import canonical_name
 from .parallelize import shard_model
 from .pipeline import build_schedule, build_stage_model, stage_indices
 from .support import check_stages, check_supported
-from .zero1 import ShardedAdamW
+from .zero1 import ShardedAdamW, expert_shard_dim
 
 # The tensor dimension each TP style shards (torch.distributed.tensor.parallel: ColwiseParallel
 # splits a linear's output features, RowwiseParallel its input features, and an embedding's rows);
@@ -145,14 +145,19 @@ def _check_params(model: nn.Module, plan: Plan, dims: ParallelDims, coords: dict
 
 
 def _check_zero1(optimizer: ShardedAdamW, coords: dict[str, int], n: int) -> list[str]:
-    """The AdamW rows each ZeRO-1 rank owns: its chunk of the local tensor's rows."""
+    """The AdamW rows each ZeRO-1 rank owns: its chunk of the local tensor's rows over the ``n``
+    dp_cp ranks, a split expert's over the efsdp ranks."""
     problems = []
     for s in optimizer.shards:
         local = s.param.to_local() if isinstance(s.param, DTensor) else s.param
-        rows = _chunk(local.shape[0] if local.dim() else 1, n, coords["dp_cp"])
+        experts = optimizer.replicas_of(s.param).mesh is not optimizer.dp_mesh
+        where, among = (coords["efsdp"], n // coords["ep_size"]) if experts else (coords["dp_cp"], n)
+        dim = expert_shard_dim(s.param, among) if experts else 0
+        rows = _chunk(local.shape[dim] if local.dim() else 1, among, where)
         got = optimizer.state[s.param]["exp_avg"].shape
-        if got[0] != rows:
-            problems.append(f"{s.name}: ZeRO-1 owns {got[0]} rows of {local.shape[0]}, expected {rows}")
+        if got[0] != rows or s.dim != dim:
+            problems.append(f"{s.name}: ZeRO-1 owns {got[0]} rows of {local.shape[s.dim]} along dim {s.dim}, "
+                            f"expected {rows} along dim {dim}")
     return problems
 
 
@@ -225,9 +230,10 @@ def _build_rank(plan: Plan, dims: ParallelDims, meshes, pp_rank: int, own: bool)
         full_shapes = {canonical_name(n): p.shape for n, p in part.named_parameters()}
         shard_model(part, plan, dims, mesh, dp_cp_mesh, "meta", expert_mesh)
         report.problems += _check_params(part, plan, dims, coords, full_shapes)
-        optimizer = make_optimizer(part, lr=1e-3, zero=c.zero, dp_mesh=dp_cp_mesh, optimizer_offload=c.optimizer_offload)
+        optimizer = make_optimizer(part, lr=1e-3, zero=c.zero, dp_mesh=dp_cp_mesh, optimizer_offload=c.optimizer_offload,
+                                   expert_mesh=expert_mesh)
         if isinstance(optimizer, ShardedAdamW):
-            report.problems += _check_zero1(optimizer, coords, dp_cp_mesh.size())
+            report.problems += _check_zero1(optimizer, {**coords, "ep_size": dims.ep}, dp_cp_mesh.size())
         device, host = _state_bytes(part, optimizer, deferred=c.pp > 1 and c.zero >= 2)
         report.params_bytes += device["params"]
         report.grads_bytes += device["grads"]

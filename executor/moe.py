@@ -173,6 +173,12 @@ def expert_modules(moe: MoE) -> list[nn.Module]:
     return [moe.gate_proj, moe.up_proj, moe.down_proj]
 
 
+def expert_parallel_params(model: nn.Module) -> set[int]:
+    """ids of the routed experts' weights that expert parallelism splits (``apply_ep``): their replicas
+    are the efsdp ranks, not all the data-parallel ones."""
+    return {id(linear.weight) for moe in moe_blocks(model).values() if moe.ep > 1 for linear in expert_modules(moe)}
+
+
 def apply_ep(model: nn.Module, ep_mesh) -> None:
     """Expert parallelism: each MoE block's routed experts sharded on dim 0 over ``ep_mesh`` (DTensor
     ``Shard(0)``: rank r holds experts [r E/ep, (r+1) E/ep)), tokens exchanged with all-to-alls."""

@@ -46,10 +46,9 @@ def check_model(spec: ModelSpec, source: str = "plan.json") -> None:
 def moe_refusals(config: ParallelConfig, spec: ModelSpec | None) -> list[tuple[str, str]]:
     """(plan.json field, why) for what the executor's mixtures of experts (executor/moe.py) do not run:
     routed experts split over the data- and context-parallel ranks (``ep`` divides dp x cp, the
-    experts' gradients reduced over the dp x cp / ep ranks holding the same experts) with ZeRO 0, 2
-    or 3, any pipeline; not with tensor parallelism (experts are not tensor-parallel, nor are they
-    folded onto tp ranks) nor ZeRO-1 (its optimizer reduces every gradient over all data-parallel
-    ranks)."""
+    experts' gradients reduced over the dp x cp / ep ranks holding the same experts) with any ZeRO
+    stage and pipeline; not with tensor parallelism (experts are not tensor-parallel, nor are they
+    folded onto tp ranks) nor, with ep > 1, the ``op`` recompute policy."""
     c, experts = config, spec.num_experts if spec is not None else 0
     out = []
     if experts and spec.mlp != "swiglu":
@@ -69,9 +68,6 @@ def moe_refusals(config: ParallelConfig, spec: ModelSpec | None) -> list[tuple[s
     if (c.dp * c.cp) % c.ep:
         out.append(("config.ep", f"ep {c.ep} must divide dp x cp = {c.dp} x {c.cp} = {c.dp * c.cp} (experts are split "
                                  "over the data- and context-parallel ranks)"))
-    if c.zero == 1:
-        out.append(("config.zero", f"ZeRO-1 with ep {c.ep}: the executor's sharded optimizer reduces every gradient "
-                                   "over all data-parallel ranks; allowed with ep > 1: ZeRO 0, 2, 3"))
     if "op" in (c.recompute_layers or (c.recompute,)):
         out.append(("config.recompute", f"'op' with ep {c.ep}: the experts' data-parallel unit sits inside the "
                                         "checkpointed block, and its hooks run other ops in the recompute than in the "

@@ -41,6 +41,7 @@ from .measure import (AllocationPeak, SavedTensorMeter, gathered_param_bytes, gr
 from .mesh import ParallelDims, init_process_group, local_device
 from .context import shard_sequence
 from .models import SequenceLayout, build_model, canonical_name
+from .moe import expert_parallel_params
 from .parallelize import autocast_dtype, grads_are_bucket_views, parallelize
 from .pipeline import build_schedule, build_stage_model, stage_indices, sync_tied_grads, tied_groups
 from .plan_file import load_plan
@@ -93,7 +94,7 @@ class Job:
             self.parts.append(part)
         self.trained = trained
         self.optimizers = [make_optimizer(m, lr=options.lr, zero=c.zero, dp_mesh=self.grad_mesh,
-                                          optimizer_offload=c.optimizer_offload)
+                                          optimizer_offload=c.optimizer_offload, expert_mesh=self.expert_mesh)
                            for m in trained]      # one per part (DCP)
         self.schedule = None
         if c.pp > 1:
@@ -123,14 +124,19 @@ class Job:
 
 # One training step, in pieces shared with auto_parallelize's ParallelTraining (executor/auto.py).
 
-def make_optimizer(model: nn.Module, *, lr: float, zero: int, dp_mesh, optimizer_offload: bool = False):
+def make_optimizer(model: nn.Module, *, lr: float, zero: int, dp_mesh, optimizer_offload: bool = False,
+                   expert_mesh=None):
     """AdamW with a constant ``lr`` over ``model``'s parameters; under ZeRO-1 with more than one
     replica (``dp_mesh``), or with optimizer offload, its states sharded over them (executor/zero1.py,
-    which keeps them in host memory with ``optimizer_offload``). Under ZeRO-2/3 with offload FSDP2 holds the
+    which keeps them in host memory with ``optimizer_offload``), those of the experts that expert parallelism
+    splits over ``expert_mesh``'s efsdp ranks. Under ZeRO-2/3 with offload FSDP2 holds the
     parameters in host memory, so this AdamW and its states are there too (executor/parallelize.py)."""
     if zero == 1 and (dp_mesh.size() > 1 or optimizer_offload):
+        experts = expert_parallel_params(model)
         named = [(canonical_name(name), p) for name, p in model.named_parameters()]
-        return ShardedAdamW(named, lr=lr, dp_mesh=dp_mesh, offload=optimizer_offload)
+        return ShardedAdamW([(n, p) for n, p in named if id(p) not in experts], lr=lr, dp_mesh=dp_mesh,
+                            offload=optimizer_offload, expert_params=[(n, p) for n, p in named if id(p) in experts],
+                            expert_mesh=expert_mesh["efsdp"] if experts else None)
     params = list(model.parameters())
     # on CUDA one fused kernel per step (torchtitan's default implementation): it streams 28 bytes per
     # parameter where the multi-tensor (foreach) path runs eight passes and keeps a temporary copy of
@@ -228,8 +234,9 @@ def write_grads(job: Job, path: str) -> None:
             g = p.grad
             g = (g.full_tensor() if isinstance(g, DTensor) else g).detach().clone()
             if isinstance(optimizer, ShardedAdamW):
-                dist.all_reduce(g, group=optimizer.group)
-                g /= optimizer.n
+                replicas = optimizer.replicas_of(p)
+                dist.all_reduce(g, group=replicas.group)
+                g /= replicas.divide
             grads[canonical_name(name)] = g.cpu()
     torch.save(grads, f"{path}.rank{dist.get_rank()}.pt")
 

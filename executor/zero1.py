@@ -24,6 +24,11 @@ rows at a time.
 The states are exposed as DTensors over the replicas (and the parameter's own TP mesh) with
 the placements FSDP2 gives a sharded parameter, so a DCP checkpoint of a ZeRO-1 run loads
 under any other plan and the other way round (executor/checkpoint.py).
+
+Under expert parallelism the routed experts' weights are a second group of parameters, whose
+replicas are the ``efsdp`` ranks holding the same experts: their gradients are reduce-scattered
+over those ranks and divided by all the dp x cp ranks (an expert's gradient already sums the
+tokens of its ep group), as FSDP2 does for them (executor/parallelize.py ``apply_expert_dp``).
 """
 from __future__ import annotations
 
@@ -60,23 +65,29 @@ class _Shard:
     start_row: int
     rows: int                   # rows this replica owns (0 or more)
     row_numel: int              # elements per row
+    dim: int = 0                # the dimension whose "rows" are chunked (1: an expert weight with fewer
+                                # local experts than replicas, as FSDP2 shards it: parallelize.apply_expert_dp)
 
     @property
     def numel(self) -> int:      # elements of a full chunk (padded), in the collectives' buffers
         return self.chunk_rows * self.row_numel
 
+    def rows_first(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` (the local tensor's shape, or its gradient's) with the chunked dimension first (a view)."""
+        return t.movedim(self.dim, 0) if self.dim else t
+
     def owned(self) -> torch.Tensor:
         """View of this replica's rows of the parameter's local tensor. (rows, ...)"""
-        return _local(self.param).detach().narrow(0, self.start_row, self.rows)
+        return self.rows_first(_local(self.param).detach()).narrow(0, self.start_row, self.rows)
 
 
-def _shard_of(name: str, param: nn.Parameter, n: int, rank: int) -> _Shard:
+def _shard_of(name: str, param: nn.Parameter, n: int, rank: int, dim: int = 0) -> _Shard:
     local = _local(param)
-    total_rows = local.shape[0] if local.dim() else 1
+    total_rows = local.shape[dim] if local.dim() else 1
     chunk = math.ceil(total_rows / n)
     start = min(chunk * rank, total_rows)
     return _Shard(name=name, param=param, chunk_rows=chunk, start_row=start,
-                  rows=max(0, min(chunk, total_rows - start)), row_numel=local.numel() // max(total_rows, 1))
+                  rows=max(0, min(chunk, total_rows - start)), row_numel=local.numel() // max(total_rows, 1), dim=dim)
 
 
 def _buckets(shards: list[_Shard], n: int, cap_bytes: int) -> list[list[_Shard]]:
@@ -92,19 +103,55 @@ def _buckets(shards: list[_Shard], n: int, cap_bytes: int) -> list[list[_Shard]]
     return out
 
 
+@dataclass
+class _Replicas:
+    """A group of parameters and the replicas its states are sharded over."""
+
+    mesh: DeviceMesh
+    divide: float               # what the summed gradient is divided by (the replicas; for experts dp x cp)
+    shards: list[_Shard]
+    buckets: list[list[_Shard]]
+
+    @property
+    def group(self) -> dist.ProcessGroup:
+        return self.mesh.get_group()
+
+    @property
+    def n(self) -> int:
+        return self.mesh.size()
+
+
+def expert_shard_dim(param: nn.Parameter, n: int) -> int:
+    """The dimension an expert weight's (e, out, in) local tensor is chunked along over ``n`` replicas:
+    the experts where they divide, else the output features (FSDP2's choice for them,
+    executor/parallelize.py ``apply_expert_dp``)."""
+    return 0 if _local(param).shape[0] % n == 0 else 1
+
+
+def _replicas(named_params: list[tuple[str, nn.Parameter]], mesh: DeviceMesh, divide: float,
+              bucket_bytes: int, experts: bool = False) -> _Replicas:
+    n, rank = mesh.size(), mesh.get_local_rank()
+    shards = [_shard_of(name, p, n, rank, expert_shard_dim(p, n) if experts else 0) for name, p in named_params]
+    return _Replicas(mesh=mesh, divide=divide, shards=shards, buckets=_buckets(shards, n, bucket_bytes))
+
+
 class ShardedAdamW:
     """AdamW over ``named_params`` with its states sharded over ``dp_mesh`` (see the module
-    docstring). ``step`` and ``zero_grad`` as torch's optimizers; ``state`` maps each parameter
-    to its owned states (what executor/measure.py counts)."""
+    docstring); ``expert_params`` (expert parallelism) over ``expert_mesh``, their gradients divided by
+    ``dp_mesh``'s size. ``step`` and ``zero_grad`` as torch's optimizers; ``state`` maps each
+    parameter to its owned states (what executor/measure.py counts)."""
 
     def __init__(self, named_params: list[tuple[str, nn.Parameter]], *, lr: float, dp_mesh: DeviceMesh,
-                 bucket_bytes: int = BUCKET_BYTES, offload: bool = False):
+                 bucket_bytes: int = BUCKET_BYTES, offload: bool = False,
+                 expert_params: list[tuple[str, nn.Parameter]] = (), expert_mesh: DeviceMesh | None = None):
         self.dp_mesh = dp_mesh
         self.offload = offload      # states in host memory, AdamW stepped there (module docstring)
-        self.group = dp_mesh.get_group()
-        self.n, self.rank = dp_mesh.size(), dp_mesh.get_local_rank()
-        self.shards = [_shard_of(name, p, self.n, self.rank) for name, p in named_params]
-        self.buckets = _buckets(self.shards, self.n, bucket_bytes)
+        self.replicas = [_replicas(named_params, dp_mesh, dp_mesh.size(), bucket_bytes)]
+        if expert_params:
+            self.replicas.append(_replicas(list(expert_params), expert_mesh, dp_mesh.size(), bucket_bytes,
+                                           experts=True))
+        self.shards = [s for r in self.replicas for s in r.shards]
+        self._replicas_of = {id(s.param): r for r in self.replicas for s in r.shards}
         # one fused kernel on CUDA (as executor/train.py's make_optimizer), whose step counts live there too,
         # and on the host when offloaded (ADAM_CPU_NOTE)
         self.fused = bool(self.shards) and (_local(self.shards[0].param).device.type == "cuda" or offload)
@@ -124,12 +171,17 @@ class ShardedAdamW:
         for s in self.shards:
             s.param.grad = None
 
+    def replicas_of(self, param: nn.Parameter) -> _Replicas:
+        """The replicas ``param``'s states are sharded over, and its gradient's divisor."""
+        return self._replicas_of[id(param)]
+
     @torch.no_grad()
     def step(self) -> None:
-        for bucket in self.buckets:
-            grads = self._reduce_scatter(bucket)
-            self._adamw(bucket, grads)
-            self._all_gather(bucket)
+        for r in self.replicas:
+            for bucket in r.buckets:
+                grads = self._reduce_scatter(r, bucket)
+                self._adamw(bucket, grads)
+                self._all_gather(r, bucket)
 
     def _local_grad(self, s: _Shard) -> torch.Tensor:
         grad = s.param.grad
@@ -139,29 +191,30 @@ class ShardedAdamW:
             grad = grad.redistribute(placements=s.param.placements)
         return _local(grad)
 
-    def _padded_rows(self, s: _Shard, local: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def _padded_rows(s: _Shard, local: torch.Tensor, n: int) -> torch.Tensor:
         """``local`` (rows, ...) padded to n chunks, as (n, chunk elements)."""
         flat = local.reshape(-1)
-        want = self.n * s.numel
+        want = n * s.numel
         if flat.numel() < want:
             flat = torch.cat([flat, flat.new_zeros(want - flat.numel())])
-        return flat.view(self.n, s.numel)
+        return flat.view(n, s.numel)
 
-    def _reduce_scatter(self, bucket: list[_Shard]) -> list[torch.Tensor]:
+    def _reduce_scatter(self, r: _Replicas, bucket: list[_Shard]) -> list[torch.Tensor]:
         """The averaged gradient rows this replica owns, one (rows, ...) tensor per parameter."""
         width = sum(s.numel for s in bucket)
         first = self._local_grad(bucket[0])
-        send = first.new_empty(self.n, width)               # (replica, its chunks of every parameter)
+        send = first.new_empty(r.n, width)                  # (replica, its chunks of every parameter)
         offset = 0
         for s in bucket:
-            send[:, offset:offset + s.numel] = self._padded_rows(s, self._local_grad(s))
+            send[:, offset:offset + s.numel] = self._padded_rows(s, s.rows_first(self._local_grad(s)), r.n)
             offset += s.numel
         mine = first.new_empty(width)
-        dist.reduce_scatter_single(mine, send.view(-1), group=self.group)
-        mine /= self.n
+        dist.reduce_scatter_single(mine, send.view(-1), group=r.group)
+        mine /= r.divide
         out, offset = [], 0
         for s in bucket:
-            owned_shape = (s.rows, *_local(s.param).shape[1:])
+            owned_shape = (s.rows, *s.rows_first(_local(s.param)).shape[1:])
             out.append(mine[offset:offset + s.rows * s.row_numel].view(owned_shape))
             offset += s.numel
         return out
@@ -189,7 +242,7 @@ class ShardedAdamW:
             for device_rows, host_rows in zip(owned, params):
                 device_rows.copy_(host_rows)
 
-    def _all_gather(self, bucket: list[_Shard]) -> None:
+    def _all_gather(self, r: _Replicas, bucket: list[_Shard]) -> None:
         """Every replica's updated rows into every replica's parameters."""
         width = sum(s.numel for s in bucket)
         first = _local(bucket[0].param)
@@ -198,26 +251,28 @@ class ShardedAdamW:
         for s in bucket:
             mine[offset:offset + s.rows * s.row_numel] = s.owned().reshape(-1)
             offset += s.numel
-        everyone = first.new_empty(self.n, width)
-        dist.all_gather_single(everyone.view(-1), mine, group=self.group)
+        everyone = first.new_empty(r.n, width)
+        dist.all_gather_single(everyone.view(-1), mine, group=r.group)
         offset = 0
         for s in bucket:
-            local = _local(s.param).detach()
+            local = s.rows_first(_local(s.param).detach())
             rows = everyone[:, offset:offset + s.numel].reshape(-1)[:local.numel()]
             local.copy_(rows.view(local.shape))
             offset += s.numel
 
     # -- checkpoints: the flattened keys of torch.distributed.checkpoint.state_dict -------------
     def _state_dtensor(self, s: _Shard, local: torch.Tensor) -> DTensor:
-        """An owned state tensor as the DTensor of the whole parameter's shape: Shard(0) over the
-        replicas, after the parameter's own TP placements (FSDP2's layout for a sharded DTensor)."""
-        p = s.param
+        """An owned state tensor as the DTensor of the whole parameter's shape: Shard(0) (an expert's
+        ``_Shard.dim``) over the replicas, after the parameter's own TP (EP) placements (FSDP2's layout
+        for a sharded DTensor)."""
+        p, dp_mesh = s.param, self.replicas_of(s.param).mesh
+        local = local.movedim(0, s.dim) if s.dim else local          # back in the parameter's layout
         if not isinstance(p, DTensor):
-            return DTensor.from_local(local, self.dp_mesh, (Shard(0),), run_check=False, shape=p.shape,
+            return DTensor.from_local(local, dp_mesh, (Shard(s.dim),), run_check=False, shape=p.shape,
                                       stride=p.stride())
-        split = math.prod(p.device_mesh.size(i) for i, pl in enumerate(p.placements) if pl == Shard(0))
-        dp_placement = _StridedShard(0, split_factor=split) if split > 1 else Shard(0)
-        mesh = DeviceMesh._concatenate([self.dp_mesh, p.device_mesh])
+        split = math.prod(p.device_mesh.size(i) for i, pl in enumerate(p.placements) if pl == Shard(s.dim))
+        dp_placement = _StridedShard(s.dim, split_factor=split) if split > 1 else Shard(s.dim)
+        mesh = DeviceMesh._concatenate([dp_mesh, p.device_mesh])
         return DTensor.from_local(local, mesh, (dp_placement, *p.placements), run_check=False, shape=p.shape,
                                   stride=p.stride())
 
@@ -238,6 +293,6 @@ class ShardedAdamW:
             st = self.state[s.param]
             for key in STATE_KEYS:
                 value = flat[f"state.{s.name}.{key}"]
-                st[key].copy_(_local(value) if isinstance(value, DTensor) else value)
+                st[key].copy_(s.rows_first(_local(value)) if isinstance(value, DTensor) else value)
             for k in ("lr", "betas", "eps", "weight_decay"):
                 self.hyper[k] = flat[f"param_groups.{s.name}.{k}"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from dataclasses import replace
 
 from planner.model import ModelSpec
 
@@ -21,6 +22,10 @@ TINY_DEEPSEEK = ModelSpec(name="tiny-deepseek", num_layers=3, hidden=32, num_hea
                           ffn_hidden=96, vocab_size=64, seq_len=SEQ, max_positions=0, mlp="swiglu", norm="rmsnorm",
                           linear_bias=False, qkv_bias=False, tied_embeddings=False, dropout=False,
                           num_experts=8, experts_per_token=2, moe_ffn_hidden=32, shared_experts=1, dense_layers=1)
+
+# two experts, top 1: under ep 2 one expert per rank, fewer than its efsdp ranks at dp 4, so its states
+# are sharded along the expert's rows (dim 1), not across experts
+TINY_TWO_EXPERTS = replace(TINY_MIXTRAL, name="tiny-two-experts", num_experts=2, experts_per_token=1)
 
 
 def lift_moe_refusal() -> None:

@@ -18,7 +18,8 @@ import torch
 import torch.distributed as dist
 
 from executor_support import assert_losses, load_rank_grads, reference_run, spawn
-from moe_support import GLOBAL_BATCH, TINY_DEEPSEEK, TINY_MIXTRAL, lift_moe_refusal, moe_built, write_moe_plan
+from moe_support import (GLOBAL_BATCH, TINY_DEEPSEEK, TINY_MIXTRAL, TINY_TWO_EXPERTS, lift_moe_refusal, moe_built,
+                         write_moe_plan)
 from planner.errors import UserError
 
 MODELS = {"mixtral": TINY_MIXTRAL, "deepseek": TINY_DEEPSEEK}
@@ -116,7 +117,6 @@ def test_the_grouped_gemm_and_the_loop_over_experts_agree():
     ({"dp": 4, "tp": 2}, "config.tp"),                          # not even at ep 1
     ({"dp": 2, "ep": 4}, "config.ep"),                          # ep divides dp x cp
     ({"dp": 6, "ep": 3}, "config.ep"),                          # ep divides the experts
-    ({"dp": 2, "ep": 2, "zero": 1}, "config.zero"),
     ({"dp": 2, "ep": 2, "recompute": "op"}, "config.recompute"),
 ])
 def test_the_executor_refuses_what_it_does_not_run_with_experts(knobs, field):
@@ -145,12 +145,19 @@ PLANS = {
     "ep2-zero3": (2, {"ep": 2, "zero": 3}),                     # FSDP2 over efsdp = 1
     "ep2-zero3-full-recompute": (2, {"ep": 2, "zero": 3, "recompute": "full"}),   # the all-to-alls recomputed
     "dp4-ep2": (4, {"ep": 2}),                                  # experts replicated over efsdp = 2
+    "dp4-ep2-zero1": (4, {"ep": 2, "zero": 1}),                 # AdamW states of the experts over efsdp = 2
     "dp4-ep2-zero2": (4, {"ep": 2, "zero": 2}),                 # experts sharded over efsdp = 2
     "dp4-ep2-zero3": (4, {"ep": 2, "zero": 3}),
     "ep4": (4, {"ep": 4}),
     "pp2-ep2-zero2": (4, {"ep": 2, "pp": 2, "zero": 2, "schedule": "1f1b", "micro_batch": 2}),
     "cp2-ep2-zero3": (4, {"ep": 2, "cp": 2, "dp": 2, "zero": 3}),     # experts folded over dp x cp
 }
+
+
+# and with one expert per rank, fewer than the efsdp ranks: sharded along dim 1 (FSDP2 and ZeRO-1 alike)
+ONE_EXPERT_PER_RANK = ["dp4-ep2-zero1", "dp4-ep2-zero3"]
+CASES = [(model, plan) for model in MODELS for plan in PLANS] + [("two-experts", p) for p in ONE_EXPERT_PER_RANK]
+SPECS = {**MODELS, "two-experts": TINY_TWO_EXPERTS}
 
 
 def _run_plans(jobs: list[tuple[str, str]], out_dir: str) -> None:
@@ -168,26 +175,25 @@ def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("moe")
     by_world: dict[int, list[tuple[str, str]]] = {}
     with moe_built():
-        for model, spec in MODELS.items():
-            for plan, (world, knobs) in PLANS.items():
-                path = write_moe_plan(tmp / f"{model}-{plan}.plan.json", spec, gpus=world, **knobs)
-                by_world.setdefault(world, []).append((f"{model}-{plan}", path))
+        for model, plan in CASES:
+            world, knobs = PLANS[plan]
+            path = write_moe_plan(tmp / f"{model}-{plan}.plan.json", SPECS[model], gpus=world, **knobs)
+            by_world.setdefault(world, []).append((f"{model}-{plan}", path))
     for world, jobs in sorted(by_world.items()):
         spawn(_run_plans, world, jobs, str(tmp))
     return {(model, plan): (json.loads((tmp / f"{model}-{plan}.json").read_text()),
-                            load_rank_grads(str(tmp / f"{model}-{plan}.grads"), world, MODELS[model]))
-            for model in MODELS for plan, (world, _) in PLANS.items()}
+                            load_rank_grads(str(tmp / f"{model}-{plan}.grads"), PLANS[plan][0], SPECS[model]))
+            for model, plan in CASES}
 
 
 @pytest.fixture(scope="module")
 def references():
     with moe_built():
-        return {model: reference_run(spec, steps=STEPS) for model, spec in MODELS.items()}
+        return {model: reference_run(spec, steps=STEPS) for model, spec in SPECS.items()}
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("plan", list(PLANS))
-@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("model,plan", CASES)
 def test_expert_parallel_losses_and_gradients_equal_single_process(results, references, model, plan):
     measured, grads = results[model, plan]
     ref_losses, ref_grads = references[model]
@@ -218,18 +224,22 @@ def test_the_losses_move_and_the_routing_is_uneven(references):
 
 def _closed_form(spec, knobs: dict, world: int) -> dict[str, int]:
     """fp32 parameter, gradient and AdamW bytes per rank (no pipeline): the routed experts' weights
-    (3 h f per expert, E/ep experts per rank in each MoE block) over efsdp = dp cp / ep at ZeRO-2/3,
-    every other parameter over dp cp at ZeRO-2/3; AdamW keeps two fp32 moments per element and a
-    4-byte step count per tensor."""
+    (3 h f per expert, E/ep experts per rank in each MoE block), sharded over efsdp = dp cp / ep, every
+    other parameter over dp cp: the optimizer states from ZeRO-1, the gradients and parameters from
+    ZeRO-2; AdamW keeps two fp32 moments per element and a 4-byte step count per tensor."""
     from executor.models import build_model
     ep, zero = knobs.get("ep", 1), knobs.get("zero", 0)
     ranks = world                                  # dp x cp (tp 1, pp 1)
     moe_blocks = sum(spec.is_moe_block(i) for i in range(spec.num_layers))
     experts = moe_blocks * spec.num_experts * 3 * spec.hidden * spec.expert_ffn
     dense = spec.num_params() - experts
-    local = dense // (ranks if zero >= 2 else 1) + experts // ep // (ranks // ep if zero >= 2 else 1)
+
+    def local(sharded: bool) -> int:
+        return dense // (ranks if sharded else 1) + experts // ep // (ranks // ep if sharded else 1)
+
     tensors = len(list(build_model(spec).parameters()))
-    return {"params": 4 * local, "grads": 4 * local, "optimizer": 8 * local + 4 * tensors}
+    return {"params": 4 * local(zero >= 2), "grads": 4 * local(zero >= 2),
+            "optimizer": 8 * local(zero >= 1) + 4 * tensors}
 
 
 @pytest.mark.distributed
@@ -280,7 +290,7 @@ def test_model_state_bytes_per_rank_match_the_cost_model(results, model, plan):
 
 # -- Mixtral 8x7B with ep 8 at 64 ranks, built on the fake process group ----------------------------
 
-def _mixtral_plan(ep: int = 8):
+def _mixtral_plan(ep: int = 8, zero: int = 3):
     from planner import api
     from planner.cluster import load_cluster
     from planner.config import ParallelConfig, Workload
@@ -290,11 +300,9 @@ def _mixtral_plan(ep: int = 8):
     spec = ZOO["mixtral-8x7b"]
     job = api.Job(model_source="mixtral-8x7b", spec=spec, graph=build_layer_graph(spec),
                   cluster=load_cluster("h100-80g", 64), workload=Workload(global_batch=64, seq_len=4096))
-    config = ParallelConfig(dp=32, tp=1, pp=2, zero=3, micro_batch=1, num_microbatches=2, schedule="1f1b",
-                            recompute="full")
-    doc = api.fixed_plan(job, config).to_json()
-    doc["config"]["ep"] = ep
-    return Plan.from_json(doc, "mixtral-8x7b-ep8.json")
+    config = ParallelConfig(dp=32, tp=1, pp=2, zero=zero, micro_batch=1, num_microbatches=2, schedule="1f1b",
+                            recompute="full", ep=ep)
+    return Plan.from_json(api.fixed_plan(job, config).to_json(), "mixtral-8x7b-ep8.json")
 
 
 @pytest.mark.distributed
@@ -330,6 +338,24 @@ def test_a_mixtral_8x7b_plan_with_ep_8_builds_at_64_ranks_as_planned():
 
 
 @pytest.mark.distributed
+def test_zero1_shards_the_experts_adamw_states_over_their_efsdp_ranks_at_64_ranks():
+    """ZeRO-1 with ep 8: each rank keeps its stage's parameters whole but for the experts (one of 8 per
+    block), and owns a quarter of its local expert's AdamW rows (efsdp 4) and a 32nd of every other
+    tensor's (executor/dryrun.py checks the rows each rank owns)."""
+    from executor.dryrun import dry_run
+    plan = _mixtral_plan(zero=1)
+    reports, _ = dry_run(plan)
+    assert all(r.problems == [] for r in reports), [r.problems[:3] for r in reports]
+    spec, h, f = plan.spec, 4096, 14336
+    blocks = [int(path.split(".")[1]) for path in plan.stages[0] if path.startswith("layers.")]
+    experts = len(blocks) * spec.num_experts * 3 * h * f
+    dense = sum(spec.block_params(i) for i in blocks) + spec.embedding_params() - experts
+    first = next(r for r in reports if r.pp_rank == 0 and r.coordinates["dp_cp"] == 0)
+    assert first.params_bytes == 4 * (dense + experts // 8)
+    assert first.optimizer_bytes == pytest.approx(8 * (dense / 32 + experts / 32), rel=1e-3)
+
+
+@pytest.mark.distributed
 def test_without_ep_a_mixtral_plan_replicates_its_experts_over_the_data_parallel_ranks():
     from executor.dryrun import dry_run
     reports, _ = dry_run(_mixtral_plan(ep=1))
@@ -350,15 +376,16 @@ def _train(plan_path: str, steps: int, load: str | None, save: str | None, out: 
 
 
 @pytest.mark.distributed
-def test_a_checkpoint_of_ep_2_resumes_without_expert_parallelism(tmp_path):
-    """Save after 2 steps with the experts split over 2 ep ranks under FSDP2 (DTensors on the (efsdp, ep)
-    mesh), resume 2 steps with every expert on every rank (ep 1, ZeRO-2 over dp 2): the 4 losses equal an
-    uninterrupted single-process run within 1e-4."""
-    spec = TINY_DEEPSEEK
-    plan_a = write_moe_plan(tmp_path / "a.plan.json", spec, gpus=2, ep=2, zero=3)
+def test_a_zero1_checkpoint_of_ep_2_resumes_without_expert_parallelism(tmp_path):
+    """Save after 2 steps with the experts split over 2 ep ranks and their ZeRO-1 states over 2 efsdp
+    ranks along the expert's rows (one expert per rank: DTensors Shard(1) x Shard(0) on the (efsdp, ep)
+    mesh), resume 2 steps with every expert on every rank (ep 1, ZeRO-2 over dp 2, FSDP2's Shard(0)):
+    the 4 losses equal an uninterrupted single-process run within 1e-4."""
+    spec = TINY_TWO_EXPERTS
+    plan_a = write_moe_plan(tmp_path / "a.plan.json", spec, gpus=4, ep=2, zero=1)
     plan_b = write_moe_plan(tmp_path / "b.plan.json", spec, gpus=2, zero=2)
     ckpt = str(tmp_path / "ckpt")
-    spawn(_train, 2, plan_a, 2, None, ckpt, str(tmp_path / "a.json"))
+    spawn(_train, 4, plan_a, 2, None, ckpt, str(tmp_path / "a.json"))
     spawn(_train, 2, plan_b, 2, ckpt, None, str(tmp_path / "b.json"))
     first = json.loads((tmp_path / "a.json").read_text())
     second = json.loads((tmp_path / "b.json").read_text())
