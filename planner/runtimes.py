@@ -54,6 +54,8 @@ class Combinations:
     #   which borrows its ranks from dp_shard, cp and tp); "data" over the data-parallel ranks only (DeepSpeed-MoE's
     #   ep_size, which must divide the data-parallel size: deepspeed/utils/groups.py); "none": ep 1 only
     expert_dispatchers: tuple[str, ...] = ("alltoall",)     # how tokens reach their experts (Workload.expert_dispatcher)
+    grouped_experts: bool = False           # a rank's routed experts run as one grouped GEMM (one launch, their tiles
+                                            # in the same waves) rather than one GEMM after another
     ep_needs_sp: bool = False               # ep > 1 with tp > 1 needs sequence parallelism (Megatron-LM's
                                             # arguments.py: "When using MoE and tensor parallelism, sequence
                                             # parallelism must be used")
@@ -173,12 +175,14 @@ _TORCH_RUNS = Combinations(
     schedules=tuple(SCHEDULES), recomputes=ALL_RECOMPUTES, sequence_parallel=True,
     context_parallel=True, offload_zero_stages=(1, 2, 3), replicates_kv_heads=False, stages_without_blocks=True,
     expert_parallel="folded")
+# the executor's routed experts: torch._grouped_mm on a GPU, a loop over the local experts on a CPU (executor/moe.py)
+_TORCH_CUDA_RUNS = replace(_TORCH_RUNS, grouped_experts=True)
 
 TORCH = Runtime(
     name="torch",
     description="meshplan's executor: DDP or FSDP2's replicate for ZeRO-0, a sharded optimizer for ZeRO-1, "
                 "FSDP2 for ZeRO-2/3, DTensor TP/SP, torch.distributed.pipelining",
-    runs={"cuda": _TORCH_RUNS, "cpu": _TORCH_RUNS},
+    runs={"cuda": _TORCH_CUDA_RUNS, "cpu": _TORCH_RUNS},
     # fp32 parameters; ZeRO-0/1 autocast keeps bf16 weight copies from forward until backward (+2);
     # FSDP2 with MixedPrecisionPolicy(bf16 params, fp32 reduce) shards the fp32 parameters at
     # ZeRO-2/3, and ZeRO-2 (reshard_after_forward=False) keeps the gathered bf16 ones (+2).
@@ -216,6 +220,7 @@ _MEGATRON_RUNS = Combinations(
     recomputes=runs_in("megatron"), sequence_parallel=True, context_parallel=True, offload_zero_stages=(1,),
     replicates_kv_heads=True, stages_without_blocks=False,      # exports/megatron_args.txt splits blocks only
     expert_parallel="folded", ep_needs_sp=True, expert_dispatchers=("alltoall", "allgather"),
+    grouped_experts=True,       # --moe-grouped-gemm (TransformerEngine's GroupedLinear), which the export sets
     # any blocks per stage (--pipeline-model-parallel-layout; --decoder-first/last-pipeline-num-layers); one
     # --recompute-granularity for every layer (its --recompute-method block, the same count of blocks on every
     # stage, is not searched)
@@ -289,7 +294,8 @@ _TORCHTITAN_RUNS = Combinations(
     zero_stages=(0, 2, 3), zero_stages_with_pp=(0, 2, 3), zero_stages_with_tp=(0, 2, 3), zero_stages_with_cp=(2, 3),
     schedules=tuple(name for name, s in SCHEDULES.items() if s.torch_name), recomputes=runs_in("torchtitan"),
     sequence_parallel=True, context_parallel=True, offload_zero_stages=(2, 3), replicates_kv_heads=False,
-    stages_without_blocks=True, unequal_stages=True, recompute_per_layer=False, expert_parallel="folded")
+    stages_without_blocks=True, unequal_stages=True, recompute_per_layer=False, expert_parallel="folded",
+    grouped_experts=True)       # torchtitan's MoE: use_grouped_mm (torch._grouped_mm), its default
 
 TORCHTITAN = replace(
     TORCH, name="torchtitan", priced_as="torch", runs={"cuda": _TORCHTITAN_RUNS, "cpu": _TORCHTITAN_RUNS},

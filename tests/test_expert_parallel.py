@@ -241,3 +241,18 @@ def test_the_tracer_recognises_a_modules_grouped_experts_and_router(tmp_path):
     with pytest.raises(UserError) as e:       # meshplan's executor splits its own models' experts only
         api.plan(replace(job, workload=replace(job.workload, framework="torch")), Knobs(ep=2), top_k=1)
     assert e.value.field == "--ep"
+
+
+def test_a_grouped_gemm_fills_its_waves_with_every_experts_tiles():
+    """16 experts of (4096 x 2880) @ (2880 x 2880) on an H100 (132 SMs, 256 x 128 tiles): one at a time each is 16 x 23
+    = 368 tiles in 3 waves (2.79 of work); grouped, 5,888 tiles in 45 waves (44.6): the grouped GEMM is faster by
+    about the first's quantization loss, (3 / 2.79 - 1) = 7.5% at most."""
+    from planner.cost.layer import grouped_gemms_s
+    cluster = load_cluster("h100-80g", 8)
+    one_by_one = grouped_gemms_s(16, 4096, 2880, 2880, cluster, "bf16", grouped=False)
+    grouped = grouped_gemms_s(16, 4096, 2880, 2880, cluster, "bf16", grouped=True)
+    assert grouped[0] < one_by_one[0] and grouped[1] < one_by_one[1]
+    assert one_by_one[0] / grouped[0] == pytest.approx(3 / 2.79 * 44.6 / 45, rel=0.03)
+    from planner.runtimes import RUNTIMES
+    assert RUNTIMES["megatron"].on("cuda").grouped_experts and RUNTIMES["torch"].on("cuda").grouped_experts
+    assert not RUNTIMES["torch"].on("cpu").grouped_experts and not RUNTIMES["deepspeed"].on("cuda").grouped_experts

@@ -96,23 +96,44 @@ def _saved_bytes(saved: Saved, ctx: Context) -> float:
     return saved.elems * ctx.tokens * dtype / divide
 
 
-def linear_s(op: Op, split: str, tp: int, tokens: float, cluster: Cluster, precision: str
-             ) -> tuple[float, float, float]:
+def linear_s(op: Op, split: str, tp: int, tokens: float, cluster: Cluster, precision: str, *,
+             grouped: bool = False) -> tuple[float, float, float]:
     """(fwd_s, bwd_s, fwd matmul FLOPs) of a linear split ``split`` ("column", "row" or
-    "replicate") over ``tp`` ranks, for ``tokens`` tokens; backward is dgrad + wgrad."""
-    dev = cluster.device
+    "replicate") over ``tp`` ranks, for ``tokens`` tokens; backward is dgrad + wgrad. Routed experts
+    (``num_gemms`` of them) are ``grouped_gemms_s``."""
     n = op.out_features / (tp if split == "column" else 1)
     k = op.in_features / (tp if split == "row" else 1)
     m = tokens * op.tokens_factor / op.num_gemms
-    fwd = op.num_gemms * gemm_s(m, n, k, dev, precision)
-    bwd = op.num_gemms * (gemm_s(m, k, n, dev, precision) + gemm_s(k, n, m, dev, precision))
+    fwd, bwd = grouped_gemms_s(op.num_gemms, m, n, k, cluster, precision, grouped)
     return fwd, bwd, 2.0 * m * n * k * op.num_gemms
+
+
+def grouped_gemms_s(count: float, m: float, n: float, k: float, cluster: Cluster, precision: str,
+                    grouped: bool) -> tuple[float, float]:
+    """(forward, backward: dgrad + wgrad) of ``count`` equal products (m x k) @ (k x n): routed experts at balanced
+    routing. ``grouped`` (the runtime's ``Combinations.grouped_experts``): one grouped GEMM, whose tiles of every
+    expert fill the same waves (``gemm_s`` with a batch: CUTLASS's grouped GEMM and TransformerEngine's
+    GroupedLinear schedule the problems' tiles over the SMs together, NVIDIA CUTLASS docs 'Grouped GEMM'); else one
+    GEMM after another, each quantized on its own."""
+    dev = cluster.device
+    if grouped and count > 1:
+        b = int(round(count))
+        return (gemm_s(m, n, k, dev, precision, b),
+                gemm_s(m, k, n, dev, precision, b) + gemm_s(k, n, m, dev, precision, b))
+    return (count * gemm_s(m, n, k, dev, precision),
+            count * (gemm_s(m, k, n, dev, precision) + gemm_s(k, n, m, dev, precision)))
+
+
+def _grouped(ctx: Context, cluster: Cluster) -> bool:
+    rt = RUNTIMES.get(ctx.framework)
+    return bool(rt and rt.on(cluster.device_kind).grouped_experts)
 
 
 def _linear(op: Op, ctx: Context, cluster: Cluster) -> tuple[float, float, float]:
     if op.routed and ctx.ep > 1:
         return expert_linear_s(op, ctx, cluster)
-    return linear_s(op, op.tp, ctx.tp, ctx.tokens, cluster, ctx.precision)
+    return linear_s(op, op.tp, ctx.tp, ctx.tokens, cluster, ctx.precision,
+                    grouped=op.routed and _grouped(ctx, cluster))
 
 
 def expert_linear_s(op: Op, ctx: Context, cluster: Cluster) -> tuple[float, float, float]:
@@ -120,13 +141,12 @@ def expert_linear_s(op: Op, ctx: Context, cluster: Cluster) -> tuple[float, floa
     E / ep whole experts and receives, routing balanced (as the published MoE benchmarks force it), the
     top-k copies of its ep group's tokens that go to them: the tokens of the rank split along the sequence
     (T / tp: sequence parallelism, or no TP), times k, times ep / E per expert. Each expert is its own GEMM of
-    that many rows (a grouped GEMM runs them in one launch but each at its own shape: small experts are far
-    from peak, which ``gemm_s``'s shape model prices)."""
+    that many rows, run as one grouped GEMM where the runtime groups them (``grouped_gemms_s``): small experts
+    are far from peak, which ``gemm_s``'s shape model prices."""
     local = op.num_gemms / ctx.ep
     m = ctx.tokens / ctx.tp * op.tokens_factor * ctx.ep / op.num_gemms * ctx.expert_imbalance
-    n, k, dev = op.out_features, op.in_features, cluster.device
-    fwd = local * gemm_s(m, n, k, dev, ctx.precision)
-    bwd = local * (gemm_s(m, k, n, dev, ctx.precision) + gemm_s(k, n, m, dev, ctx.precision))
+    n, k = op.out_features, op.in_features
+    fwd, bwd = grouped_gemms_s(local, m, n, k, cluster, ctx.precision, _grouped(ctx, cluster))
     return fwd, bwd, 2.0 * m * n * k * local
 
 
