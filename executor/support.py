@@ -38,42 +38,10 @@ def check_model(spec: ModelSpec, source: str = "plan.json") -> None:
     (planner/runtimes.py ``unbuilt``), naming the plan.json field."""
     for field, what in unbuilt(spec):
         raise UserError(f"{getattr(spec, field)!r}: {what} are not in meshplan's reference models yet "
-                        "(`meshplan plan` prices them; `meshplan run` cannot train them); allowed: dense "
-                        "GPT, Llama and Qwen2 models with full causal attention", source=source,
+                        "(`meshplan plan` prices them; `meshplan run` cannot train them); allowed: GPT, "
+                        "Llama and Qwen2 models with full causal attention, dense or with SwiGLU experts",
+                        source=source,
                         field=f"model.spec.{field}")
-
-
-def moe_refusals(config: ParallelConfig, spec: ModelSpec | None) -> list[tuple[str, str]]:
-    """(plan.json field, why) for what the executor's mixtures of experts (executor/moe.py) do not run:
-    routed experts split over the data- and context-parallel ranks (``ep`` divides dp x cp, the
-    experts' gradients reduced over the dp x cp / ep ranks holding the same experts) with any ZeRO
-    stage and pipeline; not with tensor parallelism (experts are not tensor-parallel, nor are they
-    folded onto tp ranks) nor, with ep > 1, the ``op`` recompute policy."""
-    c, experts = config, spec.num_experts if spec is not None else 0
-    out = []
-    if experts and spec.mlp != "swiglu":
-        out.append(("model.spec.mlp", f"{spec.mlp!r}: routed experts are SwiGLU MLPs here; allowed: 'swiglu'"))
-    if experts and spec.linear_bias:
-        out.append(("model.spec.linear_bias", "true: the executor's experts and routers have no biases; "
-                                              "allowed: false"))
-    if experts and c.tp > 1:
-        out.append(("config.tp", f"tp {c.tp} with routed experts: the executor splits experts over data-parallel "
-                                 "ranks (ep), not over tensor-parallel ones; allowed with experts: tp 1"))
-    if c.ep == 1:
-        return out
-    if not experts:
-        return out + [("config.ep", f"ep {c.ep} splits routed experts, and the model has none; allowed: 1")]
-    if experts % c.ep:
-        out.append(("config.ep", f"ep {c.ep} does not divide the model's {experts} routed experts"))
-    if (c.dp * c.cp) % c.ep:
-        out.append(("config.ep", f"ep {c.ep} must divide dp x cp = {c.dp} x {c.cp} = {c.dp * c.cp} (experts are split "
-                                 "over the data- and context-parallel ranks)"))
-    if "op" in (c.recompute_layers or (c.recompute,)):
-        out.append(("config.recompute", f"'op' with ep {c.ep}: the experts' data-parallel unit sits inside the "
-                                        "checkpointed block, and its hooks run other ops in the recompute than in the "
-                                        "forward, which torch's selective checkpointing refuses; allowed with ep > 1: "
-                                        "none, selective, full, activation-offload, every-K"))
-    return out
 
 
 def check_supported(config: ParallelConfig, spec: ModelSpec | None, device_kind: str, source: str = "plan.json") -> None:
@@ -82,8 +50,7 @@ def check_supported(config: ParallelConfig, spec: ModelSpec | None, device_kind:
     planner's search space is built from, named as plan.json fields (of the file ``source``)."""
     if spec is not None:
         check_model(spec, source)
-    for field, why in moe_refusals(config, spec):
-        raise UserError(why, source=source, field=field)
     kv_heads = spec.num_kv_heads if spec is not None else None
-    for knob, why in config_refusals(config, EXECUTOR_RUNTIME, device_kind, kv_heads):
+    experts = spec.num_experts if spec is not None else None
+    for knob, why in config_refusals(config, EXECUTOR_RUNTIME, device_kind, kv_heads, experts):
         raise UserError(why, source=source, field=f"config.{knob}")

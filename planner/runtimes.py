@@ -54,6 +54,8 @@ class Combinations:
     #   which borrows its ranks from dp_shard, cp and tp); "data" over the data-parallel ranks only (DeepSpeed-MoE's
     #   ep_size, which must divide the data-parallel size: deepspeed/utils/groups.py); "none": ep 1 only
     expert_dispatchers: tuple[str, ...] = ("alltoall",)     # how tokens reach their experts (Workload.expert_dispatcher)
+    experts_with_tp: bool = True            # a mixture of experts runs with tp > 1 (its dense layers tensor parallel)
+    recomputes_with_ep: tuple[str, ...] | None = None   # the recompute policies that run with ep > 1 (None: all)
     grouped_experts: bool = False           # a rank's routed experts run as one grouped GEMM (one launch, their tiles
                                             # in the same waves) rather than one GEMM after another
     ep_needs_sp: bool = False               # ep > 1 with tp > 1 needs sequence parallelism (Megatron-LM's
@@ -170,11 +172,15 @@ class Runtime:
 # meshplan's executor (executor/). What it cannot run yet is left out, so no plan asks for it.
 # Optimizer offload: ZeRO-1's sharded AdamW with its states in host memory (executor/zero1.py),
 # FSDP2's CPUOffloadPolicy at ZeRO-2/3 (executor/parallelize.py offload_policy)
+# Mixtures of experts (executor/moe.py): experts split over ep of the dp x cp ranks (ep divides dp x cp, folded as
+# torchtitan folds them), no tensor parallelism in a MoE model (executor/moe.py splits no expert); under ep > 1 no
+# operator-level recompute ("op": the experts' data-parallel unit inside the checkpointed block runs other hook ops
+# in the recompute, which torch's selective checkpointing refuses)
 _TORCH_RUNS = Combinations(
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1, 2, 3), zero_stages_with_tp=(0, 1, 2, 3),
     schedules=tuple(SCHEDULES), recomputes=ALL_RECOMPUTES, sequence_parallel=True,
     context_parallel=True, offload_zero_stages=(1, 2, 3), replicates_kv_heads=False, stages_without_blocks=True,
-    expert_parallel="folded")
+    expert_parallel="folded", experts_with_tp=False, recomputes_with_ep=tuple(p for p in ALL_RECOMPUTES if p != "op"))
 # the executor's routed experts: torch._grouped_mm on a GPU, a loop over the local experts on a CPU (executor/moe.py)
 _TORCH_CUDA_RUNS = replace(_TORCH_RUNS, grouped_experts=True)
 
@@ -332,14 +338,20 @@ def priced_as(framework: str) -> str:
 
 # The parts of a model spec meshplan's executor does not build yet (executor/models.py): it refuses plans of such
 # models (executor/support.py check_model) and `meshplan plan` says so when it plans one for runtime torch
-EXECUTOR_UNBUILT = (("num_experts", "mixture-of-experts layers"), ("kv_lora_rank", "multi-head latent attention"),
+EXECUTOR_UNBUILT = (("kv_lora_rank", "multi-head latent attention"),
                     ("sliding_window", "sliding-window attention"), ("attention_sinks", "attention sinks"),
                     ("qk_norm", "q/k norms"))
 
 
 def unbuilt(spec) -> list[tuple[str, str]]:
-    """(ModelSpec field, what it asks for) of each part of ``spec`` the executor does not build yet."""
-    return [(field, what) for field, what in EXECUTOR_UNBUILT if getattr(spec, field)]
+    """(ModelSpec field, what it asks for) of each part of ``spec`` the executor does not build yet: the fields of
+    ``EXECUTOR_UNBUILT``, and experts other than SwiGLU without biases (executor/moe.py)."""
+    out = [(field, what) for field, what in EXECUTOR_UNBUILT if getattr(spec, field)]
+    if spec.is_moe and spec.mlp == "gelu":
+        out.append(("mlp", "GELU experts"))
+    if spec.is_moe and spec.linear_bias:
+        out.append(("linear_bias", "experts with biases"))
+    return out
 
 
 def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int | None = None,
@@ -393,6 +405,11 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
     if ep is not None and ep > 1:
         out += _ep_refusals(can, who, ep=ep, dp=dp, tp=tp, cp=cp, sequence_parallel=sequence_parallel,
                             num_experts=num_experts)
+        if recompute is not None and can.recomputes_with_ep is not None and recompute not in can.recomputes_with_ep:
+            out.append(("recompute", f"{recompute!r} with expert parallelism does not run on {who}; allowed with "
+                                     f"ep > 1: {one_of(can.recomputes_with_ep)}"))
+    if num_experts and tp is not None and tp > 1 and not can.experts_with_tp:
+        out.append(("tp", f"a mixture of experts with tp {tp} does not run on {who}; allowed: tp 1"))
     if tp is not None and num_kv_heads is not None and num_kv_heads % tp and not can.replicates_kv_heads:
         out.append(("tp", f"tp {tp} must divide the {num_kv_heads} key/value heads on {who} (it does not "
                           "replicate key/value heads)"))
@@ -448,5 +465,5 @@ def config_refusals(config, runtime: str, device_kind: str, num_kv_heads: int | 
                    sequence_parallel=c.sequence_parallel,
                    num_kv_heads=num_kv_heads, ep=c.ep, dp=c.dp, num_experts=num_experts)
     for policy in dict.fromkeys(c.recompute_layers or (c.recompute,)):
-        out += refusals(runtime, device_kind, recompute=policy)
+        out += [(k, why) for k, why in refusals(runtime, device_kind, recompute=policy, ep=c.ep) if k == "recompute"]
     return out

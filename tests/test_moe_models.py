@@ -139,12 +139,17 @@ def test_a_moe_spec_maps_back_to_its_transformers_config_for_tracing(write_json,
 
 def test_the_executor_refuses_what_its_reference_models_do_not_build():
     from executor.support import check_model
-    for name, field in (("mixtral-8x7b", "num_experts"), ("deepseek-v3", "num_experts"),
-                        ("gpt-oss-20b", "num_experts")):
+    for name, field in (("deepseek-v3", "kv_lora_rank"), ("gpt-oss-20b", "sliding_window")):
         with pytest.raises(UserError) as caught:
             check_model(ZOO[name])
         assert caught.value.field == f"model.spec.{field}" and caught.value.exit_code == 2
-    check_model(ZOO["llama3-8b"])
+    # its mixtures of experts are SwiGLU experts without biases (executor/moe.py)
+    from dataclasses import replace
+    with pytest.raises(UserError) as caught:
+        check_model(replace(ZOO["mixtral-8x7b"], linear_bias=True))
+    assert caught.value.field == "model.spec.linear_bias"
+    for name in ("llama3-8b", "mixtral-8x7b"):
+        check_model(ZOO[name])
 
 
 MOE_ZOO = ("mixtral-8x7b", "mixtral-8x22b", "deepseek-v3", "kimi-k2", "qwen3-30b-a3b", "qwen3-235b-a22b",
@@ -203,8 +208,8 @@ def load_spec_back(written: dict):
 def test_planning_a_model_the_executor_cannot_train_says_so(cli):
     out = cli("plan", "--model", "gpt-oss-20b", "--cluster", "h100-80g", "--gpus", "8")
     assert out.returncode == 0, out.stderr
-    assert "`meshplan run` cannot train gpt-oss-20b yet (mixture-of-experts layers, sliding-window attention, " \
-           "attention sinks are not in its reference models)" in out.stderr
+    assert "`meshplan run` cannot train gpt-oss-20b yet (sliding-window attention, attention sinks, experts with " \
+           "biases are not in its reference models)" in out.stderr
     quiet = cli("plan", "--model", "gpt-oss-20b", "--cluster", "h100-80g", "--gpus", "8", "--framework", "megatron")
     assert quiet.returncode == 0 and "cannot train" not in quiet.stderr
 

@@ -230,3 +230,24 @@ def test_torchtitan_expresses_neither_zero1_nor_replication_beside_context_paral
     assert refusals("torchtitan", "cuda", zero=2, cp=2) == refusals("torchtitan", "cuda", zero=0, cp=1) == []
     assert [k for k, _ in refusals("torchtitan", "cuda", recompute="activation-offload")] == ["recompute"]
     assert [k for k, _ in refusals("torchtitan", "cuda", tp=4, num_kv_heads=2)] == ["tp"]
+
+
+@pytest.mark.parametrize("cluster,gpus,model", [("h100-80g", 64, "mixtral-8x7b"), ("h100-80g", 32, "mixtral-8x7b"),
+                                                ("cpu-gloo", 8, None)])
+def test_every_moe_plan_for_meshplans_runtime_is_one_its_executor_runs(write_json, cluster, gpus, model):
+    """The recommendation and every runner-up the search offers a mixture of experts for runtime torch pass the
+    executor's own pre-launch check (executor/support.py check_supported: its mixtures of experts run without
+    tensor parallelism, ep over the data and context-parallel ranks, no 'op' recompute with ep)."""
+    from executor.support import check_supported
+    from planner import api
+    if model is None:       # a tiny Mixtral-style config.json the CPU can train
+        model = write_json(dict(model_type="mixtral", hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                num_hidden_layers=4, intermediate_size=96, num_local_experts=8,
+                                num_experts_per_tok=2, vocab_size=128, max_position_embeddings=256))
+    plan = api.plan(api.load_job(model, cluster, gpus=gpus, global_batch=gpus * 2, seq_len=256), top_k=8)
+    device = "cpu" if cluster == "cpu-gloo" else "cuda"
+    seen = set()
+    for cand in (plan.best, *plan.alternatives):
+        check_supported(cand.config, plan.spec, device)
+        seen.add(cand.config.ep)
+    assert max(seen) > 1

@@ -235,10 +235,10 @@ def _group_space(space: Space, layout: Layout, vpp: int, shape, schedule: str | 
     matrices with row sums >= v adding up to the blocks (dominated policies included: the ILP
     leaves them out because they cannot win, not because they are not candidates)."""
     p, blocks = layout.pp, len(shape.blocks)
-    key = (p, vpp, schedule, layout.tp > 1, layout.cp > 1, layout.dp * layout.cp == 1)   # what zeros() depends on
+    key = (p, vpp, schedule, layout.tp > 1, layout.cp > 1, layout.dp * layout.cp == 1, layout.ep > 1)   # what zeros() depends on
     memo = space.__dict__.setdefault("_group_space", {})
     if key not in memo:
-        policies = len(space.recomputes())
+        policies = len(space.recomputes(layout))
         options = sum(len(space.optimizer_offloads(z)) for z in space.zeros(layout, schedule))
         free = blocks - p * vpp
         if free < 0:

@@ -162,7 +162,8 @@ class Space:
                                   schedule=k.schedule, optimizer_offload=k.optimizer_offload,
                                   param_offload=k.param_offload, sequence_parallel=k.sequence_parallel,
                                   recompute="full" if every_k(k.recompute) else k.recompute,
-                                  num_kv_heads=g.num_kv_heads):
+                                  num_kv_heads=g.num_kv_heads, num_experts=g.num_experts,
+                                  ep=k.ep, dp=k.dp):
             raise UserError(why, field=knob_flag(knob))
 
     # -- enumeration ----------------------------------------------------------------------------
@@ -182,6 +183,8 @@ class Space:
             if g.num_heads % tp or (g.num_kv_heads % tp and tp % g.num_kv_heads):
                 continue
             if g.num_kv_heads % tp and not self.can.replicates_kv_heads:
+                continue
+            if tp > 1 and g.num_experts and not self.can.experts_with_tp:
                 continue
             for pp in self._options("pp", divisors(n // tp)):
                 if pp > self.max_stages or (n // tp) % pp or (pp > 1 and not g.pipelines):
@@ -263,9 +266,16 @@ class Space:
         """Without optimizer offload, and with it where the runtime offloads at this ZeRO stage."""
         return self._allowed("optimizer_offload", [False, True] if zero in self.can.offload_zero_stages else [False])
 
-    def recomputes(self) -> list[str]:
-        """The recompute policies to search (the runtime's), or the fixed one: a policy or ``every-K``."""
-        return self._options("recompute", list(self.can.recomputes))
+    def recomputes(self, layout: Layout | None = None) -> list[str]:
+        """The recompute policies to search (the runtime's, with the layout's expert parallelism where given), or the
+        fixed one: a policy or ``every-K``."""
+        allowed = list(self.can.recomputes)
+        if layout is not None and layout.ep > 1 and self.can.recomputes_with_ep is not None:
+            allowed = [p for p in allowed if p in self.can.recomputes_with_ep]
+            fixed = self.k.recompute
+            if fixed is not None:
+                return [fixed] if (every_k(fixed) and "full" in allowed) or fixed in allowed else []
+        return self._options("recompute", allowed)
 
     def with_recompute(self, config: ParallelConfig, policy: str) -> ParallelConfig:
         """``config`` recomputing every block with ``policy``, or in the ``every-K`` pattern (full on every
@@ -274,7 +284,7 @@ class Space:
 
     def configs(self, layout: Layout, schedule: str, vpp: int, sp: bool, zero: int) -> Iterator[ParallelConfig]:
         for offload in self.optimizer_offloads(zero):
-            for recompute in self.recomputes():
+            for recompute in self.recomputes(layout):
                 yield self.config(layout, schedule, vpp, sp, zero, offload, recompute)
 
     def config(self, layout: Layout, schedule: str, vpp: int, sp: bool, zero: int, optimizer_offload: bool,

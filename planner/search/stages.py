@@ -119,7 +119,7 @@ class GroupProblem:
         """Recompute policies worth deciding: a fixed --recompute, else the runtime's without those whose
         costs equal another's on every block (planner/search/policies.py: selective with fused attention
         keeps what none keeps and costs nothing extra)."""
-        return distinct_policies(self.cache, self.cache.context(self.base), space.recomputes())
+        return distinct_policies(self.cache, self.cache.context(self.base), space.recomputes(self.layout))
 
     def _fixed(self, rank: int, ctx) -> Fixed:
         """Prefix layers sit on virtual stage 0 (rank 0), suffix layers on the last stage."""

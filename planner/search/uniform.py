@@ -107,7 +107,7 @@ def _layout_size(space: Space, layout: Layout) -> int:
     """Number of legal configs in a layout (for the coverage count), memoised on what the
     schedules, ZeRO stages and sequence-parallel choices of a layout depend on."""
     m = layout.num_microbatches(space.w.global_batch)
-    key = (layout.pp, m % layout.pp == 0, layout.tp > 1, layout.dp > 1, layout.dp * layout.cp == 1)
+    key = (layout.pp, m % layout.pp == 0, layout.tp > 1, layout.dp > 1, layout.dp * layout.cp == 1, layout.ep > 1)
     sizes = space.__dict__.setdefault("_layout_sizes", {})
     if key not in sizes:
         sizes[key] = _count_layout(space, layout)
@@ -119,7 +119,7 @@ def _count_layout(space: Space, layout: Layout) -> int:
     for schedule, _ in space.schedules(layout):
         for _ in space.sequence_parallel(layout):
             for zero in space.zeros(layout, schedule):
-                n += len(space.optimizer_offloads(zero)) * len(space.recomputes())
+                n += len(space.optimizer_offloads(zero)) * len(space.recomputes(layout))
     return n
 
 
@@ -169,7 +169,7 @@ def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bo
         for sp in space.sequence_parallel(layout):
             base = _group_config(space, layout, schedule, vpp, sp)
             ctx = cache.context(base)
-            policies = distinct_policies(cache, ctx, space.recomputes())     # fastest first
+            policies = distinct_policies(cache, ctx, space.recomputes(layout))     # fastest first
             may_fit: dict[str, bool] = {}      # recompute policy -> whether its memory bound fits (lazily)
             if prune:
                 if _group_time_bound(space, cache, layout, base) >= top.threshold:
