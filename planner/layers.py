@@ -317,10 +317,17 @@ def _mlp_ops(prefix: str, spec: ModelSpec, moe: bool) -> list[Op]:
             _linear(f"{prefix}.fc2", spec, f, h, "row", bias=spec.linear_bias),
         ]
     k, e, f = spec.experts_per_token, spec.num_experts, spec.expert_ffn
-    # router: a replicated h x E linear, softmax and top-k; tokens are permuted to experts
+    # router: a replicated h x E linear, then a softmax in fp32 over the experts (its output kept), top-k (the
+    # chosen experts' int64 ids kept) and the weights' renormalisation (the k weights and their sum kept): Megatron-
+    # Core's TopKRouter and Mixtral's router alike (measured with saved-tensor hooks on the executor's block,
+    # executor/moe.py). The tokens are permuted to their experts: k copies of each (kept for the experts' first GEMMs)
+    # and the int64 index of the gather
     ops = [_linear(f"{prefix}.router", spec, h, e, "replicate", bias=spec.linear_bias, input_split="sp"),
+           Op(name=f"{prefix}.route", kind="elementwise", bytes_fwd=8 * e + 16 * k, bytes_bwd=8 * e + 8 * k,
+              split="sp", saved=(Saved(elems=e, split="sp", dtype_bytes=4), Saved(elems=k, split="sp", dtype_bytes=8),
+                                 Saved(elems=k + 1, split="sp", dtype_bytes=4))),
            Op(name=f"{prefix}.permute", kind="elementwise", bytes_fwd=4 * h * k, bytes_bwd=4 * h * k,
-              split="sp", saved=(Saved(elems=h * k, split="sp"),))]
+              split="sp", saved=(Saved(elems=h * k, split="sp"), Saved(elems=k, split="sp", dtype_bytes=8)))]
     routed = [
         # gate and up share their input: one saved copy (the permuted tokens, above)
         _linear(f"{prefix}.gate_proj", spec, h, f, "column", bias=spec.linear_bias, saves_input=False,
@@ -333,6 +340,13 @@ def _mlp_ops(prefix: str, spec: ModelSpec, moe: bool) -> list[Op]:
         _linear(f"{prefix}.down_proj", spec, f, h, "row", bias=spec.linear_bias, tokens_factor=k, num_gemms=e),
     ]
     ops += [replace(op, expert=True) for op in routed]
+    # combine: each copy's output scaled by its weight and summed back into its token (Megatron-Core's unpermute with
+    # probs; the executor's index_add): the k outputs at hidden width, their k weights and the int64 index are kept.
+    # Reads k h twice and writes them and the token's h
+    ops.append(Op(name=f"{prefix}.combine", kind="elementwise", bytes_fwd=2 * (3 * k * h + h),
+                  bytes_bwd=2 * (3 * k * h + h), split="sp",
+                  saved=(Saved(elems=k * h, split="sp"), Saved(elems=k, split="sp"),
+                         Saved(elems=k, split="sp", dtype_bytes=8))))
     if spec.shared_experts:    # every token through the shared experts too: one dense MLP of their total width
         ops += _swiglu_ops(f"{prefix}.shared", spec, spec.shared_ffn, saves_input=False)
         if spec.shared_expert_gate:
