@@ -100,15 +100,18 @@ def test_splitting_experts_moves_their_work_not_their_flops():
 
 def test_a_moe_layer_runs_four_all_to_alls_of_its_routed_tokens():
     """Dispatch and combine in forward and their gradients in backward, each moving the top-k copies of the rank's
-    tokens at hidden width (bf16): 2 x 1024 tokens x 2 x 512 x 2 bytes."""
+    tokens at hidden width (bf16): 2 x 1024 tokens x 2 x 512 x 2 bytes; and in forward the exchange of the token
+    counts per expert that the uneven all-to-alls need."""
     from planner import network
     graph = build_layer_graph(SMALL_MOE)
     block = next(layer for layer in graph.layers if layer.is_block)
     cluster = load_cluster("h100-80g", 16)
     ctx = Context(micro_batch=2, seq_len=1024, tp=1, cp=1, sequence_parallel=False, precision="bf16",
                   attention="flash", framework="megatron", tp_comm_overlap=False, ep=8)
-    one = network.all_to_all_s(cluster, 2 * 1024 * 2 * 512 * 2, network.group(cluster, 8, 1))
-    assert layer_cost(block, ctx, cluster).ep_comm_s == pytest.approx(4 * one)
+    grp = network.group(cluster, 8, 1)
+    one = network.all_to_all_s(cluster, 2 * 1024 * 2 * 512 * 2, grp)
+    counts = network.all_to_all_s(cluster, 8 * 8, grp)      # forward first sends 8 experts' int64 token counts
+    assert layer_cost(block, ctx, cluster).ep_comm_s == pytest.approx(4 * one + counts)
     assert layer_cost(block, ctx._replace(ep=1), cluster).ep_comm_s == 0
 
 

@@ -150,15 +150,18 @@ def expert_linear_s(op: Op, ctx: Context, cluster: Cluster) -> tuple[float, floa
     return fwd, bwd, 2.0 * m * n * k * local
 
 
-def _expert_exchange_s(layer: Layer, ctx: Context, cluster: Cluster) -> float:
-    """Seconds of expert parallelism's token exchange in one pass (forward, or backward: the same volumes the other
-    way) of a MoE layer, none of it overlapped (Megatron-Core's token dispatchers, megatron/core/transformer/moe/
+def _expert_exchange_s(layer: Layer, ctx: Context, cluster: Cluster) -> tuple[float, float]:
+    """(forward, backward) seconds of expert parallelism's token exchange in a MoE layer (backward moves the same
+    volumes the other way), none of it overlapped (Megatron-Core's token dispatchers, megatron/core/transformer/moe/
     token_dispatcher.py, without --overlap-moe-expert-parallel-comm or --moe-shared-expert-overlap; torchtitan's
     expert_parallel.py). The ep ranks are adjacent in rank order (expert tensor parallelism 1: Megatron's expert
     rank order tp-ep-dp-pp). A rank holds T / tp of the tokens (sequence parallelism, or no TP).
 
     ``alltoall``: dispatch and combine, each rank sending the top-k copies of its tokens at hidden width, (ep - 1) / ep
-    of them to other ranks (balanced routing; the busiest rank's share times Workload.expert_imbalance).
+    of them to other ranks (balanced routing; the busiest rank's share times Workload.expert_imbalance). Before them,
+    in forward only, the ranks exchange how many tokens each sends to each expert (E int64 counts), which the
+    uneven exchange needs (Megatron-Core's MoEAlltoAllTokenDispatcher.preprocess, torchtitan's and the executor's
+    all_to_all_single of the counts): one more all-to-all, latency-bound.
     ``allgather`` (Megatron's MoEAllGatherTokenDispatcher): every rank all-gathers the ep group's tokens (once each,
     not k times) with their routing probabilities (fp32) and map (a byte) over the E experts, keeps those routed to its
     experts, and reduce-scatters the combined output back; in backward the mirror (a reduce-scatter of the tokens'
@@ -170,10 +173,12 @@ def _expert_exchange_s(layer: Layer, ctx: Context, cluster: Cluster) -> float:
     if ctx.expert_dispatcher == "allgather":
         gathered = ctx.ep * tokens * (h * dt + first.num_gemms * 5)       # tokens, fp32 probabilities, byte map
         combined = ctx.ep * tokens * h * dt
-        return network.all_gather_s(cluster, gathered, grp) + network.reduce_scatter_s(cluster, combined, grp)
+        one = network.all_gather_s(cluster, gathered, grp) + network.reduce_scatter_s(cluster, combined, grp)
+        return one, one
     # the busiest rank receives (and, combining, sends back) its share times the imbalance: the all-to-all waits for it
     nbytes = tokens * k * h * dt * ctx.expert_imbalance
-    return 2 * network.all_to_all_s(cluster, nbytes, grp)
+    both = 2 * network.all_to_all_s(cluster, nbytes, grp)
+    return both + network.all_to_all_s(cluster, first.num_gemms * 8, grp), both
 
 
 def _attention(op: Op, ctx: Context, cluster: Cluster) -> tuple[float, float, float, float, float]:
@@ -328,14 +333,14 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     tp_fwd_all, tp_fwd_rs = _tp_comm(layer, ctx, cluster, layer.tp_allreduce_fwd_elems - by_experts)
     tp_fwd = _exposed(tp_fwd_all, tp_gemm_fwd, ctx)
     tp_bwd = _exposed(_tp_comm(layer, ctx, cluster, layer.tp_allreduce_bwd_elems - by_experts)[0], tp_gemm_bwd, ctx)
-    exchange = _expert_exchange_s(layer, ctx, cluster) if routed else 0.0
+    exchange_fwd, exchange_bwd = _expert_exchange_s(layer, ctx, cluster) if routed else (0.0, 0.0)
     wait_fwd, wait_bwd = _sync_waits(layer, fwd, bwd, cluster) if tp_fwd_all or cp_fwd else (0.0, 0.0)
     if tp_fwd_all:
         tp_fwd, tp_bwd = tp_fwd + wait_fwd, tp_bwd + wait_bwd
         if layer.kind == "block" and priced_as(ctx.framework) == "torch":     # DTensor's host time (a CPU profile)
             tp_fwd, tp_bwd = tp_fwd + dev.tp_block_overhead_s[0], tp_bwd + dev.tp_block_overhead_s[1]
-    fwd_total = fwd + tp_fwd + cp_fwd + exchange + (0.0 if tp_fwd_all else wait_fwd)
-    bwd_total = bwd + tp_bwd + cp_bwd + exchange + (0.0 if tp_fwd_all else wait_bwd)
+    fwd_total = fwd + tp_fwd + cp_fwd + exchange_fwd + (0.0 if tp_fwd_all else wait_fwd)
+    bwd_total = bwd + tp_bwd + cp_bwd + exchange_bwd + (0.0 if tp_fwd_all else wait_bwd)
     # what each recompute policy keeps and redoes (planner/recompute.py), from what this layer is
     if layer.kind == "embedding":
         input_bytes = 8.0 * ctx.tokens                  # the int64 token ids
@@ -353,7 +358,7 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     return LayerCost(
         fwd_s=fwd_total, bwd_s=bwd_total, by_policy={p.name: p.cost(facts) for p in POLICY_RECORDS},
         tp_comm_s=tp_fwd + tp_bwd, cp_comm_s=cp_fwd + cp_bwd + (0.0 if tp_fwd_all else wait_fwd + wait_bwd),
-        params=params, matmul_flops_fwd=flops, expert_params=expert_params, ep_comm_s=2 * exchange,
+        params=params, matmul_flops_fwd=flops, expert_params=expert_params, ep_comm_s=exchange_fwd + exchange_bwd,
         work_floor_s=floor)
 
 
