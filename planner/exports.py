@@ -122,7 +122,11 @@ def deepspeed(plan) -> Export:
         cfg["tensor_parallel"] = {"autotp_size": c.tp}
         notes.append(f"tensor parallel {c.tp} via AutoTP (`tensor_parallel.autotp_size`); its sharding follows "
                      "DeepSpeed's presets, not meshplan's tp_plan")
-    if c.ep > 1:
+    if c.ep > 1 and (c.dp % c.ep or c.tp > 1):
+        notes.append(f"expert parallelism {c.ep} over dp {c.dp} x cp {c.cp} x tp {c.tp}: DeepSpeed-MoE's ep_size must "
+                     "divide the data-parallel size, with experts not tensor parallel (plan with --framework deepspeed "
+                     "for a layout it runs)")
+    elif c.ep > 1:
         notes.append(f"expert parallelism {c.ep}: build each MoE layer as deepspeed.moe.layer.MoE(..., num_experts="
                      f"{plan.spec.num_experts if plan.spec else 'E'}, ep_size={c.ep}) in code (not a config key); "
                      f"`meshplan compare --ep {c.ep}` reads this file back with it")
