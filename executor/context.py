@@ -10,6 +10,9 @@ query chunks to the keys up to that chunk's end (causal, aligned to the chunk's 
 kernels on CUDA and its math kernel on CPU). The collectives are torch.distributed's
 ``all_gather_single`` and ``reduce_scatter_single``: gloo on CPU, NCCL on GPUs.
 
+Multi-head latent attention gathers its keys and values as they enter the core (every head's,
+after the up-projection), as the planner prices its core (planner/layers.py ``_mla_ops``).
+
 Everything else of a block (projections, norms, MLP) is per token and needs nothing: each
 rank runs it on its own chunks. Positions (RoPE, GPT's learned positions) are the tokens'
 global ones (``SequenceLayout.positions`` in executor/models.py).
@@ -23,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from .models import Attention, Embedding, SequenceLayout
+from .models import Attention, Embedding, LatentAttention, SequenceLayout
 
 
 class _GatherSequence(torch.autograd.Function):
@@ -67,8 +70,8 @@ def apply_cp(model: nn.Module, cp_mesh: DeviceMesh) -> SequenceLayout:
     layout = SequenceLayout(cp=cp_mesh.size(), rank=cp_mesh.get_local_rank())
     exchange = partial(gather_sequence, group=cp_mesh.get_group(), size=cp_mesh.size())
     for module in model.modules():
-        if isinstance(module, (Attention, Embedding)):
+        if isinstance(module, (Attention, LatentAttention, Embedding)):
             module.layout = layout
-        if isinstance(module, Attention):
+        if isinstance(module, (Attention, LatentAttention)):
             module.exchange = exchange
     return layout

@@ -14,6 +14,7 @@ Llama (Touvron et al. 2023): RMSNorm, RoPE (Su et al. 2021), SwiGLU MLP, grouped
 query attention, no biases (q/k/v biases when ``qkv_bias``), untied head.
 Mixtures of experts (Mixtral, DeepSeek, Qwen-MoE): the Llama block with routed and shared
 experts in place of the MLP after the first ``dense_layers`` blocks (executor/moe.py).
+DeepSeek-V2/V3: multi-head latent attention in place of the q/k/v projections (``LatentAttention``).
 
 Attention heads are counted from the projected tensors' last dimension, so the
 same code runs a tensor-parallel shard that holds heads / tp of them.
@@ -34,6 +35,9 @@ from .moe import MoE
 from .support import check_model
 
 ROPE_THETA = 10000.0   # Su et al. 2021 (RoFormer), Sec 3.4.2; Llama 2 uses the same base
+# the RMSNorms of multi-head latent attention's latents: DeepSeek-V3's inference/model.py and transformers'
+# DeepseekV3Attention build them with RMSNorm's default eps, 1e-6 (the executor's block norms keep 1e-5)
+LATENT_NORM_EPS = 1e-6
 
 
 def _norm(spec: ModelSpec) -> nn.Module:
@@ -112,13 +116,69 @@ class Attention(nn.Module):
         if self.rope:
             positions = self.layout.positions(seq, x.device)
             q, k = rope(q, positions), rope(k, positions)
-        dropout_p = self.dropout_p if self.training else 0.0
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, n, S, hd)
-        if self.exchange is not None:
-            k, v = self.exchange(k), self.exchange(v)                  # (B, nkv, S cp, hd), in sequence order
-        y = torch.cat([self.core(q[:, :, first:end], k[:, :, :keys], v[:, :, :keys], dropout_p)
-                       for first, end, keys in self.layout.query_blocks(seq)], dim=2)    # (B, nh, S, hd)
-        return self.o_proj(y.transpose(1, 2).reshape(bsz, seq, -1))    # (B, S, h)
+        return self.o_proj(attend(self, q, k, v))                      # (B, S, h)
+
+
+def attend(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The causal core of ``attn`` (an ``Attention`` or a ``LatentAttention``: its ``core``, ``layout``,
+    ``exchange`` and ``dropout_p``) on this rank's tokens, the heads concatenated for the output projection.
+    q: (B, S, nh, hd), k: (B, S, nkv, hd), v: (B, S, nkv, hv) -> (B, S, nh hv); S local under CP."""
+    bsz, seq = q.shape[:2]
+    dropout_p = attn.dropout_p if attn.training else 0.0
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, n, S, hd)
+    if attn.exchange is not None:
+        k, v = attn.exchange(k), attn.exchange(v)                      # (B, nkv, S cp, hd), in sequence order
+    y = torch.cat([attn.core(q[:, :, first:end], k[:, :, :keys], v[:, :, :keys], dropout_p)
+                   for first, end, keys in attn.layout.query_blocks(seq)], dim=2)    # (B, nh, S, hv)
+    return y.transpose(1, 2).reshape(bsz, seq, -1)                     # (B, S, nh hv)
+
+
+class LatentAttention(nn.Module):
+    """Multi-head latent attention (DeepSeek-AI 2024, DeepSeek-V2, arXiv:2405.04434, Sec 2.1, eqs. 9-19;
+    DeepSeek-V3, arXiv:2412.19437, Sec 2.1.1; transformers' ``DeepseekV3Attention``), under the op names of
+    planner/layers.py ``_mla_ops``. q through a rank-``q_lora_rank`` bottleneck (``q_down``, RMSNorm
+    ``q_norm``, ``q_up``; one full-rank ``q_proj`` where the rank is 0); keys and values from one latent of
+    rank ``kv_lora_rank`` (``kv_down``'s first channels, RMSNorm ``kv_norm``, ``kv_up`` to every head's no-RoPE
+    key and value), beside a RoPE key of ``qk_rope_head_dim`` channels (``kv_down``'s last ones) shared by
+    every head. Each head's q and k are [no-RoPE part, RoPE part] (``head_dim`` wide; RoPE on the second,
+    as ``rope`` rotates Llama's, DeepSeek's interleaved pairs); the softmax scale is 1/sqrt(head_dim)
+    (SDPA's default; DeepSeek-V3's YaRN mscale is not applied: no long-context scaling here); v is
+    ``v_head_dim`` wide. No biases (DeepSeek's ``attention_bias`` false; the planner counts none).
+    Causal; under context parallelism the expanded keys and values are gathered as ``Attention``'s are."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        h, heads, r_q, r_kv = spec.hidden, spec.num_heads, spec.q_lora_rank, spec.kv_lora_rank
+        self.head_dim, self.rope_dim = spec.head_dim, spec.qk_rope_head_dim
+        self.nope_dim, self.v_dim = spec.head_dim - spec.qk_rope_head_dim, spec.v_head_dim or spec.head_dim
+        self.kv_rank, self.q_bottleneck = r_kv, r_q > 0
+        self.dropout_p = 0.1 if spec.dropout else 0.0
+        if r_q:
+            self.q_down = nn.Linear(h, r_q, bias=False)
+            self.q_norm = nn.RMSNorm(r_q, eps=LATENT_NORM_EPS)
+            self.q_up = nn.Linear(r_q, heads * spec.head_dim, bias=False)
+        else:
+            self.q_proj = nn.Linear(h, heads * spec.head_dim, bias=False)
+        self.kv_down = nn.Linear(h, r_kv + self.rope_dim, bias=False)
+        self.kv_norm = nn.RMSNorm(r_kv, eps=LATENT_NORM_EPS)
+        self.kv_up = nn.Linear(r_kv, heads * (self.nope_dim + self.v_dim), bias=False)
+        self.o_proj = nn.Linear(heads * self.v_dim, h, bias=False)
+        self.core = sdpa   # as Attention's: selective recompute wraps exactly this call
+        self.layout = SequenceLayout()      # this rank's tokens (context parallelism)
+        self.exchange = None                # (B, nh, S/cp, d) -> (B, nh, S, d) under context parallelism
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bsz, seq, _ = x.shape                                          # (B, S, h); S local under CP
+        q = self.q_up(self.q_norm(self.q_down(x))) if self.q_bottleneck else self.q_proj(x)  # (B, S, nh hd)
+        q_nope, q_pe = q.view(bsz, seq, -1, self.head_dim).split([self.nope_dim, self.rope_dim], dim=-1)
+        latent, k_pe = self.kv_down(x).split([self.kv_rank, self.rope_dim], dim=-1)   # (B, S, r_kv), (B, S, dr)
+        kv = self.kv_up(self.kv_norm(latent)).view(bsz, seq, -1, self.nope_dim + self.v_dim)   # (B, S, nh, dn + dv)
+        k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)     # (B, S, nh, dn), (B, S, nh, dv)
+        positions = self.layout.positions(seq, x.device)
+        q_pe, k_pe = rope(q_pe, positions), rope(k_pe.unsqueeze(2), positions)   # (B, S, nh, dr), (B, S, 1, dr)
+        q = torch.cat([q_nope, q_pe], dim=-1)                         # (B, S, nh, hd)
+        k = torch.cat([k_nope, k_pe.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)   # (B, S, nh, hd)
+        return self.o_proj(attend(self, q, k, v))                      # (B, S, nh dv) -> (B, S, h)
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
@@ -168,7 +228,7 @@ class Block(nn.Module):
     def __init__(self, spec: ModelSpec, index: int = 0):
         super().__init__()
         self.attn_norm = _norm(spec)
-        self.attn = Attention(spec)
+        self.attn = LatentAttention(spec) if spec.is_mla else Attention(spec)
         self.mlp_norm = _norm(spec)
         self.mlp = _mlp(spec, index)
         self.dropout = _dropout(spec)

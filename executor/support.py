@@ -39,7 +39,8 @@ def check_model(spec: ModelSpec, source: str = "plan.json") -> None:
     for field, what in unbuilt(spec):
         raise UserError(f"{getattr(spec, field)!r}: {what} are not in meshplan's reference models yet "
                         "(`meshplan plan` prices them; `meshplan run` cannot train them); allowed: GPT, "
-                        "Llama and Qwen2 models with full causal attention, dense or with SwiGLU experts",
+                        "Llama, Qwen2 and DeepSeek-V3 models with full causal attention (multi-head or latent), "
+                        "dense or with SwiGLU experts",
                         source=source,
                         field=f"model.spec.{field}")
 
@@ -54,3 +55,10 @@ def check_supported(config: ParallelConfig, spec: ModelSpec | None, device_kind:
     experts = spec.num_experts if spec is not None else None
     for knob, why in config_refusals(config, EXECUTOR_RUNTIME, device_kind, kv_heads, experts):
         raise UserError(why, source=source, field=f"config.{knob}")
+    if spec is not None and spec.is_mla and config.tp > 1:
+        # executor/models.py LatentAttention is not tensor-parallel: its shared RoPE key (kv_down's last
+        # channels) feeds every head, so split heads leave kv_down's gradient partial over the tp ranks,
+        # and sequence parallelism would hand its replicated down-projections a sequence-split input
+        raise UserError(f"tp {config.tp}: multi-head latent attention (model.spec.kv_lora_rank "
+                        f"{spec.kv_lora_rank}) runs without tensor parallelism in meshplan's executor; allowed: tp 1",
+                        source=source, field="config.tp")
