@@ -9,7 +9,10 @@ Routing is Mixtral's (Jiang et al. 2024, arXiv:2401.04088, Sec 2.1; Hugging Face
 ``MixtralSparseMoeBlock``, also Qwen3-MoE's with ``norm_topk_prob``): softmax over the router logits in
 fp32, the top-k experts, their weights renormalised to sum to one, and the block's output
 ``sum_k w_k expert_k(x) + shared(x)`` (the shared part times ``sigmoid(gate(x))`` with a shared-expert gate:
-Qwen2-MoE). Every token reaches its k experts: no capacity factor, no token dropped.
+Qwen2-MoE). Every token reaches its k experts: no capacity factor, no token dropped. DeepSeek-V3's own router
+(arXiv:2412.19437, Sec 2.1.2: sigmoid affinities, top-k within the best expert groups, a per-expert bias for
+auxiliary-loss-free balancing that chooses the experts but does not weight them) is not built: a DeepSeek-V3
+spec routes as Mixtral does here, which leaves its experts' placement, shapes and FLOPs as they are.
 
 Expert parallelism as torchtitan runs it (``torchtitan/models/common/token_dispatcher.py``,
 ``AllToAllTokenDispatcher``): the experts of each MoE block are split over the ``ep`` ranks (rank r holds
