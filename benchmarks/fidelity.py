@@ -184,7 +184,7 @@ MOE_TYPES = ("throughput (MoE, BF16)",)     # the FP8 ones once FP8 is priced
 MOE_ZOO = {"GPT OSS 120B": "gpt-oss-120b", "Qwen3_30B_a3B": "qwen3-30b-a3b", "Qwen3_235B_a22B": "qwen3-235b-a22b",
            "DeepSeekV3 (w/ MTP)": "deepseek-v3"}
 # the clusters meshplan has a profile of, by the case's system
-MOE_CLUSTERS = {"DGX-H100": "h100-80g"}
+MOE_CLUSTERS = {"DGX-H100": "h100-80g", "DGX-B200": "b200"}
 
 
 def moe_case_model(case: dict) -> str:

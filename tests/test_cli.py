@@ -77,7 +77,7 @@ def test_models_and_clusters_lists(cli):
         assert name in out.stdout
     assert "1.65B" in out.stdout
     out = cli("clusters")
-    for name in ("a100-40g", "a100-80g", "h100-80g", "h200", "v100-32g", "l40s", "cpu-gloo"):
+    for name in ("a100-40g", "a100-80g", "b200", "h100-80g", "h200", "v100-32g", "l40s", "cpu-gloo"):
         assert name in out.stdout
 
 

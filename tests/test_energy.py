@@ -12,7 +12,7 @@ from planner.cluster import builtin_profiles, load_cluster
 from planner.energy import energy
 
 
-@pytest.mark.parametrize("name", ["a100-40g", "a100-80g", "h100-80g", "h200", "v100-32g", "l40s"])
+@pytest.mark.parametrize("name", ["a100-40g", "a100-80g", "b200", "h100-80g", "h200", "v100-32g", "l40s"])
 def test_every_gpu_profile_has_power_with_its_sources(name):
     power = load_cluster(name).power
     assert power is not None and 0 < power.gpu_idle_w < power.gpu_tdp_w
