@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor, Partial, Replicate
 from torch.nn.attention.bias import causal_lower_right
 
 from planner.model import ModelSpec
@@ -166,12 +167,25 @@ class LatentAttention(nn.Module):
         self.core = sdpa   # as Attention's: selective recompute wraps exactly this call
         self.layout = SequenceLayout()      # this rank's tokens (context parallelism)
         self.exchange = None                # (B, nh, S/cp, d) -> (B, nh, S, d) under context parallelism
+        self.tp_mesh = None                 # where q_up/q_proj and kv_up split the heads (``shares_rope_key``)
+
+    def shares_rope_key(self, tp_mesh) -> None:
+        """Tensor parallelism splits the heads (q_up or q_proj and kv_up column parallel, o_proj row parallel,
+        the down-projections and norms replicated: Megatron-Core's MLASelfAttention): each rank's heads use
+        the one RoPE key, so its gradient there sums this rank's heads only; it is summed over ``tp_mesh``
+        (Megatron's copy to the tensor-parallel region, Shoeybi et al. 2019, Sec 3: identity forward,
+        all-reduce backward). The latent's and q's paths need nothing: the column-parallel linears they
+        enter all-reduce their input's gradient."""
+        self.tp_mesh = tp_mesh
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bsz, seq, _ = x.shape                                          # (B, S, h); S local under CP
         q = self.q_up(self.q_norm(self.q_down(x))) if self.q_bottleneck else self.q_proj(x)  # (B, S, nh hd)
         q_nope, q_pe = q.view(bsz, seq, -1, self.head_dim).split([self.nope_dim, self.rope_dim], dim=-1)
         latent, k_pe = self.kv_down(x).split([self.kv_rank, self.rope_dim], dim=-1)   # (B, S, r_kv), (B, S, dr)
+        if self.tp_mesh is not None:       # identity; the gradient all-reduced over the tp ranks
+            k_pe = DTensor.from_local(k_pe, self.tp_mesh, [Replicate()], run_check=False).to_local(
+                grad_placements=[Partial()])
         kv = self.kv_up(self.kv_norm(latent)).view(bsz, seq, -1, self.nope_dim + self.v_dim)   # (B, S, nh, dn + dv)
         k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)     # (B, S, nh, dn), (B, S, nh, dv)
         positions = self.layout.positions(seq, x.device)

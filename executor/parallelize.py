@@ -54,7 +54,7 @@ from planner.plan import Plan
 
 from .context import apply_cp
 from .mesh import ParallelDims
-from .models import materialize, sdpa
+from .models import LatentAttention, materialize, sdpa
 from .moe import apply_ep, expert_modules, moe_blocks
 from .activations import apply_policy
 from .selective import selective_forward
@@ -102,7 +102,9 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, tp_plan: dict[str, str], *, 
     along the sequence. ``loss_parallel``: ``tp_style``'s. ``layers`` (a user's module, whose code after
     a linear expects whole tensors): the module's layer paths; a column-parallel linear keeps its output
     split only where a row-parallel linear of its layer consumes it next, any other (a column linear
-    alone) gathers it. None (meshplan's own models, written for TP): every colwise output stays split."""
+    alone) gathers it. None (meshplan's own models, written for TP): every colwise output stays split.
+    Multi-head latent attention whose ``kv_up`` is column parallel sums the gradient of the RoPE key its heads
+    share over the tp ranks (``LatentAttention.shares_rope_key``)."""
     modules = dict(model.named_modules())
     entries = list(tp_plan.items())
     styles = {}
@@ -121,6 +123,9 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, tp_plan: dict[str, str], *, 
             elif style == "vocab":
                 styles[parent] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1))
     parallelize_module(model, tp_mesh, styles)
+    for path, module in modules.items():
+        if isinstance(module, LatentAttention) and tp_plan.get(f"{path}.kv_up") == "colwise":
+            module.shares_rope_key(tp_mesh)      # its heads split: the shared RoPE key's gradient summed
 
 
 def shard_embedding_grads(model: nn.Module, tp_plan: dict[str, str]) -> None:

@@ -55,10 +55,10 @@ def check_supported(config: ParallelConfig, spec: ModelSpec | None, device_kind:
     experts = spec.num_experts if spec is not None else None
     for knob, why in config_refusals(config, EXECUTOR_RUNTIME, device_kind, kv_heads, experts):
         raise UserError(why, source=source, field=f"config.{knob}")
-    if spec is not None and spec.is_mla and config.tp > 1:
-        # executor/models.py LatentAttention is not tensor-parallel: its shared RoPE key (kv_down's last
-        # channels) feeds every head, so split heads leave kv_down's gradient partial over the tp ranks,
-        # and sequence parallelism would hand its replicated down-projections a sequence-split input
-        raise UserError(f"tp {config.tp}: multi-head latent attention (model.spec.kv_lora_rank "
-                        f"{spec.kv_lora_rank}) runs without tensor parallelism in meshplan's executor; allowed: tp 1",
-                        source=source, field="config.tp")
+    if spec is not None and spec.is_mla and config.tp > 1 and config.sequence_parallel:
+        # executor/models.py LatentAttention splits its heads over the tp ranks with the down-projections
+        # replicated on the whole sequence; under sequence parallelism the planner runs those on sequence
+        # shards (tp_plan's q_norm/kv_norm "sequence"), which the executor's apply_tp does not arrange
+        raise UserError(f"sequence parallelism with multi-head latent attention (model.spec.kv_lora_rank "
+                        f"{spec.kv_lora_rank}) does not run in meshplan's executor; allowed: sequence_parallel "
+                        "false", source=source, field="config.sequence_parallel")

@@ -1,8 +1,9 @@
 """Multi-head latent attention in the executor (executor/models.py ``LatentAttention``; DeepSeek-V2,
 arXiv:2405.04434, Sec 2.1): the modules against the planner's layer graph (planner/layers.py ``_mla_ops``), the
 attention against its formulas and against transformers' ``DeepseekV3Attention``, a tiny DeepSeek-style model
-under expert parallelism on gloo against one process (losses and the first step's gradients within 1e-4), and
-DeepSeek-V3 built at 256 and 1024 ranks on the fake process group with the plans the planner makes for it.
+under expert, pipeline and context parallelism and a dense one under tensor parallelism on gloo against one
+process (losses and the first step's gradients within 1e-4), and DeepSeek-V3 built at 256 and 1024 ranks on the
+fake process group with the plans the planner makes for it.
 
 The router stays Mixtral's softmax top-k (executor/moe.py), not DeepSeek-V3's sigmoid scores with group-limited
 top-k and a bias: these tests check attention, placement and shapes, not routing.
@@ -30,7 +31,10 @@ TINY_MLA = replace(TINY_DEEPSEEK, name="tiny-mla", head_dim=12, qk_rope_head_dim
                    q_lora_rank=16, kv_lora_rank=8)
 # DeepSeek-V2-Lite's choice: a full-rank q projection (q_lora_rank 0)
 TINY_MLA_FULL_Q = replace(TINY_MLA, name="tiny-mla-full-q", q_lora_rank=0)
-SPECS = {"mla": TINY_MLA, "mla-full-q": TINY_MLA_FULL_Q}
+# dense (no experts): tensor parallelism splits its heads (the executor runs no MoE model with tp > 1)
+TINY_MLA_DENSE = replace(TINY_MLA, name="tiny-mla-dense", num_experts=0, experts_per_token=0, moe_ffn_hidden=0,
+                         shared_experts=0, dense_layers=0)
+SPECS = {"mla": TINY_MLA, "mla-full-q": TINY_MLA_FULL_Q, "mla-dense": TINY_MLA_DENSE}
 
 
 def _filled(module: torch.nn.Module, prefix: str, spec, scale: float = 1.0) -> torch.nn.Module:
@@ -140,20 +144,35 @@ def test_latent_attention_equals_transformers_deepseek_v3_attention(spec):
     torch.testing.assert_close(ours(x), want, rtol=1e-5, atol=1e-5)
 
 
-def test_tensor_parallelism_with_latent_attention_is_refused():
-    """LatentAttention is not tensor-parallel (executor/support.py says why), MoE or dense."""
+def test_what_the_executor_refuses_with_latent_attention():
+    """Sequence parallelism (executor/support.py says why); tp > 1 with experts, as for every MoE model."""
     from executor.support import check_supported
     from planner.config import ParallelConfig
-    dense = replace(TINY_MLA, name="tiny-mla-dense", num_experts=0, experts_per_token=0, moe_ffn_hidden=0,
-                    shared_experts=0, dense_layers=0)
-    for spec in (dense, TINY_MLA):
+    for spec, knobs, field in ((TINY_MLA_DENSE, {"sequence_parallel": True}, "config.sequence_parallel"),
+                               (TINY_MLA, {}, "config.tp")):
         with pytest.raises(UserError) as e:
-            check_supported(ParallelConfig(dp=1, tp=2, pp=1), spec, "cpu", "plan.json")
-        assert e.value.field == "config.tp" and e.value.exit_code == 2
+            check_supported(ParallelConfig(dp=1, tp=2, pp=1, **knobs), spec, "cpu", "plan.json")
+        assert e.value.field == field and e.value.exit_code == 2
+    check_supported(ParallelConfig(dp=1, tp=2, pp=1), TINY_MLA_DENSE, "cpu", "plan.json")
     check_supported(ParallelConfig(dp=2, tp=1, pp=1, cp=2, ep=2), TINY_MLA, "cpu", "plan.json")
 
 
-# -- expert parallelism on gloo against one process -------------------------------------------------
+def test_a_dense_mla_plan_with_tp_splits_the_heads_and_replicates_the_down_projections():
+    """The planner's TP plan (planner/layers.py _mla_ops: q_down/kv_down replicated, q_up/kv_up column, o_proj
+    row) built at 8 ranks (tp 2 x dp 4, ZeRO-3) on the fake process group: the up-projections' rows and the
+    output projection's columns split over tp, the down-projections and the latents' norms whole over tp,
+    every parameter sharded over dp by ZeRO-3 (executor/dryrun.py)."""
+    from executor.dryrun import dry_run
+    from planner.plan import Plan
+    from moe_support import moe_plan_doc
+    plan = Plan.from_json(moe_plan_doc(TINY_MLA_DENSE, gpus=8, tp=2, dp=4, zero=3), "tiny-mla-dense.json")
+    assert {k: v for k, v in plan.tp_plan.items() if k.startswith("layers.0.attn")} == {
+        "layers.0.attn.q_up": "colwise", "layers.0.attn.kv_up": "colwise", "layers.0.attn.o_proj": "rowwise"}
+    reports, _ = dry_run(plan)
+    assert reports and all(r.problems == [] for r in reports), [r.problems[:3] for r in reports]
+
+
+# -- expert, pipeline, context and tensor parallelism on gloo against one process -------------------------------------------------
 
 # name -> (world size, plan knobs); dp is world / (pp cp) unless given
 PLANS = {
@@ -161,8 +180,9 @@ PLANS = {
     "dp4-ep2-zero3": (4, {"ep": 2, "zero": 3}),
     "pp2-ep2-zero2": (4, {"ep": 2, "pp": 2, "zero": 2, "schedule": "1f1b", "micro_batch": 2}),
     "cp2-ep2-zero3": (4, {"ep": 2, "cp": 2, "dp": 2, "zero": 3}),     # keys and values gathered over cp
+    "tp2": (2, {"tp": 2, "dp": 1}),                             # heads split, the RoPE key's gradient summed
 }
-CASES = [("mla", plan) for plan in PLANS] + [("mla-full-q", "ep2")]
+CASES = [("mla", plan) for plan in PLANS if plan != "tp2"] + [("mla-full-q", "ep2"), ("mla-dense", "tp2")]
 
 
 def _run_plans(jobs: list[tuple[str, str]], out_dir: str) -> None:
@@ -175,7 +195,7 @@ def _run_plans(jobs: list[tuple[str, str]], out_dir: str) -> None:
 
 
 @pytest.mark.distributed
-def test_mla_under_expert_parallelism_equals_single_process(tmp_path):
+def test_mla_under_each_parallelism_equals_single_process(tmp_path):
     """Every case of ``CASES``: the losses of 3 steps, and the first step's gradients, within 1e-4 of one
     process. One test, not one per case: under pytest-xdist each worker would run its own copy of a
     module-scoped fixture's gloo jobs (about 35 s on 2 cores), and this keeps them to one worker."""
