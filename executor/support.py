@@ -53,12 +53,6 @@ def check_supported(config: ParallelConfig, spec: ModelSpec | None, device_kind:
         check_model(spec, source)
     kv_heads = spec.num_kv_heads if spec is not None else None
     experts = spec.num_experts if spec is not None else None
-    for knob, why in config_refusals(config, EXECUTOR_RUNTIME, device_kind, kv_heads, experts):
+    latent = spec.is_mla if spec is not None else None
+    for knob, why in config_refusals(config, EXECUTOR_RUNTIME, device_kind, kv_heads, experts, latent):
         raise UserError(why, source=source, field=f"config.{knob}")
-    if spec is not None and spec.is_mla and config.tp > 1 and config.sequence_parallel:
-        # executor/models.py LatentAttention splits its heads over the tp ranks with the down-projections
-        # replicated on the whole sequence; under sequence parallelism the planner runs those on sequence
-        # shards (tp_plan's q_norm/kv_norm "sequence"), which the executor's apply_tp does not arrange
-        raise UserError(f"sequence parallelism with multi-head latent attention (model.spec.kv_lora_rank "
-                        f"{spec.kv_lora_rank}) does not run in meshplan's executor; allowed: sequence_parallel "
-                        "false", source=source, field="config.sequence_parallel")

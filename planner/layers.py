@@ -146,6 +146,7 @@ class LayerGraph:
     tied_embeddings: bool           # first and last stage all-reduce the shared embedding's gradient
     tied_params: int = 0            # parameters shared between embedding and head
     num_experts: int = 0            # routed experts per MoE layer (0: a dense model); ep must divide it
+    latent_attention: bool = False  # multi-head latent attention (ModelSpec.is_mla): some runtimes refuse SP with it
     # whether meshplan's executor can split the experts over ranks (its own reference models: executor/moe.py), and
     # why not (a traced module's experts are its own code)
     splits_experts: bool = True
@@ -415,6 +416,7 @@ def build_layer_graph(spec: ModelSpec) -> LayerGraph:
                       hidden=h, vocab_size=v, num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
                       tied_embeddings=spec.tied_embeddings,
                       tied_params=v * h if spec.tied_embeddings else 0, num_experts=spec.num_experts,
+                      latent_attention=spec.is_mla,
                       source=spec.source)
 
 

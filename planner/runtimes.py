@@ -55,6 +55,7 @@ class Combinations:
     #   ep_size, which must divide the data-parallel size: deepspeed/utils/groups.py); "none": ep 1 only
     expert_dispatchers: tuple[str, ...] = ("alltoall",)     # how tokens reach their experts (Workload.expert_dispatcher)
     experts_with_tp: bool = True            # a mixture of experts runs with tp > 1 (its dense layers tensor parallel)
+    sp_with_latent_attention: bool = True   # sequence parallelism runs with multi-head latent attention
     recomputes_with_ep: tuple[str, ...] | None = None   # the recompute policies that run with ep > 1 (None: all)
     grouped_experts: bool = False           # a rank's routed experts run as one grouped GEMM (one launch, their tiles
                                             # in the same waves) rather than one GEMM after another
@@ -180,7 +181,10 @@ _TORCH_RUNS = Combinations(
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1, 2, 3), zero_stages_with_tp=(0, 1, 2, 3),
     schedules=tuple(SCHEDULES), recomputes=ALL_RECOMPUTES, sequence_parallel=True,
     context_parallel=True, offload_zero_stages=(1, 2, 3), replicates_kv_heads=False, stages_without_blocks=True,
-    expert_parallel="folded", experts_with_tp=False, recomputes_with_ep=tuple(p for p in ALL_RECOMPUTES if p != "op"))
+    expert_parallel="folded", experts_with_tp=False, recomputes_with_ep=tuple(p for p in ALL_RECOMPUTES if p != "op"),
+    # latent attention splits its heads over the tp ranks with its down-projections on the whole sequence
+    # (executor/models.py LatentAttention); under SP the plan runs those on sequence shards, which it does not arrange
+    sp_with_latent_attention=False)
 # the executor's routed experts: torch._grouped_mm on a GPU, a loop over the local experts on a CPU (executor/moe.py)
 _TORCH_CUDA_RUNS = replace(_TORCH_RUNS, grouped_experts=True)
 
@@ -359,7 +363,7 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
              sequence_parallel: bool | None = None,
              recompute: str | None = None,
              num_kv_heads: int | None = None, ep: int | None = None, dp: int | None = None,
-             num_experts: int | None = None) -> list[tuple[str, str]]:
+             num_experts: int | None = None, latent_attention: bool | None = None) -> list[tuple[str, str]]:
     """(knob, why) for every knob value, or pair of them, that ``runtime`` does not run on
     ``device_kind``; None means the knob is not known yet (nothing is said about it)."""
     rt = RUNTIMES[runtime]
@@ -384,6 +388,9 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
         out.append(("recompute", f"{recompute!r} does not run on {who}; allowed: {one_of(can.recomputes)}"))
     if sequence_parallel and not can.sequence_parallel:
         out.append(("sequence_parallel", f"sequence parallelism does not run on {who}; allowed: off"))
+    elif sequence_parallel and latent_attention and not can.sp_with_latent_attention:
+        out.append(("sequence_parallel", f"sequence parallelism with multi-head latent attention does not run on "
+                                         f"{who}; allowed: off"))
     if cp is not None and cp > 1 and not can.context_parallel:
         out.append(("cp", f"context parallelism (cp {cp}) does not run on {who}; allowed: 1"))
     if optimizer_offload:
@@ -455,14 +462,15 @@ def _ep_refusals(can: Combinations, who: str, *, ep: int, dp, tp, cp, sequence_p
 
 
 def config_refusals(config, runtime: str, device_kind: str, num_kv_heads: int | None = None,
-                    num_experts: int | None = None) -> list[tuple[str, str]]:
+                    num_experts: int | None = None, latent_attention: bool | None = None) -> list[tuple[str, str]]:
     """``refusals`` for every knob of a ParallelConfig (planner/config.py), the recompute policy of each
     layer included (an every-K pattern is its layers' policies)."""
     c = config
     out = refusals(runtime, device_kind, zero=c.zero, tp=c.tp, pp=c.pp, cp=c.cp, schedule=c.schedule,
                    optimizer_offload=c.optimizer_offload, param_offload=c.param_offload,
                    sequence_parallel=c.sequence_parallel,
-                   num_kv_heads=num_kv_heads, ep=c.ep, dp=c.dp, num_experts=num_experts)
+                   num_kv_heads=num_kv_heads, ep=c.ep, dp=c.dp, num_experts=num_experts,
+                   latent_attention=latent_attention)
     for policy in dict.fromkeys(c.recompute_layers or (c.recompute,)):
         out += [(k, why) for k, why in refusals(runtime, device_kind, recompute=policy, ep=c.ep) if k == "recompute"]
     return out

@@ -20,6 +20,15 @@ SMALL_MOE = ModelSpec(name="moe-test", num_layers=4, hidden=512, num_heads=8, nu
                       qkv_bias=False, tied_embeddings=False, dropout=False, num_experts=8, experts_per_token=2)
 
 
+def _moe_block(gpus: int, **context):
+    """(the first MoE block of SMALL_MOE, an H100 cluster of ``gpus``, a Megatron context at bf16 with flash
+    attention, tp 1 and micro-batch 2 unless ``context`` says otherwise)."""
+    block = next(layer for layer in build_layer_graph(SMALL_MOE).layers if layer.is_block)
+    fields = dict(micro_batch=2, seq_len=1024, tp=1, cp=1, sequence_parallel=False, precision="bf16",
+                  attention="flash", framework="megatron", tp_comm_overlap=False)
+    return block, load_cluster("h100-80g", gpus), Context(**{**fields, **context})
+
+
 def _estimate(config: ParallelConfig, framework="megatron", spec=SMALL_MOE, gpus=None, cluster="h100-80g"):
     graph = build_layer_graph(spec)
     machines = load_cluster(cluster, gpus or config.world_size)
@@ -86,11 +95,7 @@ def test_expert_states_are_sharded_over_the_expert_data_parallel_ranks():
 def test_splitting_experts_moves_their_work_not_their_flops():
     """Under ep the rank runs E / ep whole experts on the tokens the ep group routes to them: with balanced routing
     the same matmul FLOPs per rank as without (T k 2 h f per linear), in fewer, taller GEMMs."""
-    graph = build_layer_graph(SMALL_MOE)
-    block = next(layer for layer in graph.layers if layer.is_block)
-    cluster = load_cluster("h100-80g", 8)
-    base = Context(micro_batch=2, seq_len=1024, tp=1, cp=1, sequence_parallel=False, precision="bf16",
-                   attention="flash", framework="megatron", tp_comm_overlap=False)
+    block, cluster, base = _moe_block(8)
     one, four = layer_cost(block, base, cluster), layer_cost(block, base._replace(ep=4), cluster)
     assert four.matmul_flops_fwd == pytest.approx(one.matmul_flops_fwd)
     routed = sum(op.params for op in block.ops if op.routed)
@@ -103,11 +108,7 @@ def test_a_moe_layer_runs_four_all_to_alls_of_its_routed_tokens():
     tokens at hidden width (bf16): 2 x 1024 tokens x 2 x 512 x 2 bytes; and in forward the exchange of the token
     counts per expert that the uneven all-to-alls need."""
     from planner import network
-    graph = build_layer_graph(SMALL_MOE)
-    block = next(layer for layer in graph.layers if layer.is_block)
-    cluster = load_cluster("h100-80g", 16)
-    ctx = Context(micro_batch=2, seq_len=1024, tp=1, cp=1, sequence_parallel=False, precision="bf16",
-                  attention="flash", framework="megatron", tp_comm_overlap=False, ep=8)
+    block, cluster, ctx = _moe_block(16, ep=8)
     grp = network.group(cluster, 8, 1)
     one = network.all_to_all_s(cluster, 2 * 1024 * 2 * 512 * 2, grp)
     counts = network.all_to_all_s(cluster, 8 * 8, grp)      # forward first sends 8 experts' int64 token counts
@@ -117,11 +118,7 @@ def test_a_moe_layer_runs_four_all_to_alls_of_its_routed_tokens():
 
 def test_the_mlp_tensor_parallel_collectives_give_way_to_the_all_to_alls():
     """With tp 2, SP and ep 4 a block whose MLP is routed experts alone keeps attention's TP collectives only."""
-    graph = build_layer_graph(SMALL_MOE)
-    block = next(layer for layer in graph.layers if layer.is_block)
-    cluster = load_cluster("h100-80g", 8)
-    ctx = Context(micro_batch=1, seq_len=1024, tp=2, cp=1, sequence_parallel=True, precision="bf16",
-                  attention="flash", framework="megatron", tp_comm_overlap=False)
+    block, cluster, ctx = _moe_block(8, micro_batch=1, tp=2, sequence_parallel=True)
     dense_tp, folded = layer_cost(block, ctx, cluster), layer_cost(block, ctx._replace(ep=4), cluster)
     assert folded.tp_comm_s == pytest.approx(dense_tp.tp_comm_s / 2)
 
@@ -159,11 +156,7 @@ def test_ranks_split_experts_hold_their_expert_buckets():
 
 
 def test_an_imbalance_slows_the_busiest_expert_rank_and_only_under_expert_parallelism():
-    graph = build_layer_graph(SMALL_MOE)
-    block = next(layer for layer in graph.layers if layer.is_block)
-    cluster = load_cluster("h100-80g", 16)
-    ctx = Context(micro_batch=2, seq_len=1024, tp=1, cp=1, sequence_parallel=False, precision="bf16",
-                  attention="flash", framework="megatron", tp_comm_overlap=False, ep=8)
+    block, cluster, ctx = _moe_block(16, ep=8)
     even, skew = layer_cost(block, ctx, cluster), layer_cost(block, ctx._replace(expert_imbalance=1.5), cluster)
     assert skew.fwd_s > even.fwd_s and skew.ep_comm_s > even.ep_comm_s
     assert skew.policy("none").act_bytes > even.policy("none").act_bytes
@@ -188,11 +181,7 @@ def test_the_allgather_dispatcher_gathers_the_group_s_tokens_once_and_runs_on_me
     routing over the E experts: with top-2 of 8 experts over 8 ranks it moves more than the all-to-all's k copies
     sent (ep - 1) / ep of the way, and it is priced as an all-gather plus a reduce-scatter each way."""
     from planner import network
-    graph = build_layer_graph(SMALL_MOE)
-    block = next(layer for layer in graph.layers if layer.is_block)
-    cluster = load_cluster("h100-80g", 8)
-    ctx = Context(micro_batch=2, seq_len=1024, tp=1, cp=1, sequence_parallel=False, precision="bf16",
-                  attention="flash", framework="megatron", tp_comm_overlap=False, ep=8)
+    block, cluster, ctx = _moe_block(8, ep=8)
     grp = network.group(cluster, 8, 1)
     tokens, h = 2 * 1024, 512
     one_way = (network.all_gather_s(cluster, 8 * tokens * (h * 2 + 8 * 5), grp)

@@ -251,3 +251,31 @@ def test_every_moe_plan_for_meshplans_runtime_is_one_its_executor_runs(write_jso
         check_supported(cand.config, plan.spec, device)
         seen.add(cand.config.ep)
     assert max(seen) > 1
+
+
+def test_no_plan_for_meshplans_runtime_puts_sequence_parallelism_on_latent_attention():
+    """meshplan's executor splits latent attention's heads over the tp ranks with its down-projections on the whole
+    sequence (executor/models.py LatentAttention), so the table refuses sequence parallelism with it: the search
+    never offers it, a fixed --sequence-parallel on is refused naming the flag, and Megatron-LM keeps it."""
+    from dataclasses import replace as with_fields
+
+    from planner.cluster import load_cluster
+    from planner.config import Workload
+    from planner.errors import UserError
+    from planner.layers import build_layer_graph
+    from planner.model import ZOO
+    from planner.search import Knobs, search
+    spec = with_fields(ZOO["deepseek-v3"], name="dense-mla", num_layers=4, num_experts=0, experts_per_token=0,
+                       moe_ffn_hidden=0, shared_experts=0, dense_layers=0)
+    graph = build_layer_graph(spec)
+    cluster = load_cluster("h100-80g", 8)
+    work = Workload(global_batch=16, seq_len=4096, framework="torch")
+    result = search(graph, cluster, work, Knobs(tp=2), top_k=5, simulate=False)
+    assert result.best is not None
+    assert not any(c.config.sequence_parallel for c in (result.best, *result.alternatives))
+    with pytest.raises(UserError) as e:
+        search(graph, cluster, work, Knobs(tp=2, sequence_parallel=True), top_k=1)
+    assert e.value.field == "--sequence-parallel"
+    megatron = search(graph, cluster, replace(work, framework="megatron"), Knobs(tp=2, sequence_parallel=True),
+                      top_k=1, simulate=False)
+    assert megatron.best.config.sequence_parallel

@@ -60,7 +60,8 @@ def _legal(plan, config) -> bool:
         check_config(config, num_gpus=plan.cluster.num_gpus, global_batch=w.global_batch, seq_len=w.seq_len,
                      num_heads=g.num_heads, num_kv_heads=g.num_kv_heads, num_blocks=g.num_blocks,
                      framework=w.framework, device_kind=plan.cluster.device_kind,
-                     max_stages=max_stages(g, can.stages_without_blocks))
+                     max_stages=max_stages(g, can.stages_without_blocks), num_experts=g.num_experts,
+                     latent_attention=g.latent_attention)
     except UserError:
         return False
     return True

@@ -163,7 +163,7 @@ class Space:
                                   param_offload=k.param_offload, sequence_parallel=k.sequence_parallel,
                                   recompute="full" if every_k(k.recompute) else k.recompute,
                                   num_kv_heads=g.num_kv_heads, num_experts=g.num_experts,
-                                  ep=k.ep, dp=k.dp):
+                                  ep=k.ep, dp=k.dp, latent_attention=g.latent_attention):
             raise UserError(why, field=knob_flag(knob))
 
     # -- enumeration ----------------------------------------------------------------------------
@@ -257,6 +257,8 @@ class Space:
         return self._allowed("zero", allowed)
 
     def sequence_parallel(self, layout: Layout) -> list[bool]:
+        if self.graph.latent_attention and not self.can.sp_with_latent_attention:
+            return self._allowed("sequence_parallel", [False])
         if layout.ep > 1 and layout.tp > 1 and self.can.ep_needs_sp:
             return self._allowed("sequence_parallel", [True])
         return self._allowed("sequence_parallel", [False, True] if layout.tp > 1 and self.can.sequence_parallel
@@ -304,4 +306,5 @@ class Space:
         check_config(config, num_gpus=self.n, global_batch=self.w.global_batch, seq_len=self.w.seq_len,
                      num_heads=self.graph.num_heads, num_kv_heads=self.graph.num_kv_heads, num_blocks=self.blocks,
                      framework=self.w.framework, precision=self.w.precision, device_kind=self.device_kind,
-                     max_stages=self.max_stages, num_experts=self.graph.num_experts)
+                     max_stages=self.max_stages, num_experts=self.graph.num_experts,
+                     latent_attention=self.graph.latent_attention)
