@@ -2,7 +2,6 @@
 parallelism, and the runtime table's executor entry for experts lifted while the planner's lags."""
 from __future__ import annotations
 
-import contextlib
 import json
 from dataclasses import replace
 
@@ -28,23 +27,17 @@ TINY_DEEPSEEK = ModelSpec(name="tiny-deepseek", num_layers=3, hidden=32, num_hea
 TINY_TWO_EXPERTS = replace(TINY_MIXTRAL, name="tiny-two-experts", num_experts=2, experts_per_token=1)
 
 
-def lift_moe_refusal() -> None:
-    """Drop mixtures of experts from planner/runtimes.py's EXECUTOR_UNBUILT in this process (a spawned
-    rank); once the table lists them as built this changes nothing."""
-    import planner.runtimes as runtimes
-    runtimes.EXECUTOR_UNBUILT = tuple(e for e in runtimes.EXECUTOR_UNBUILT if e[0] != "num_experts")
-
-
-@contextlib.contextmanager
-def moe_built():
-    """``lift_moe_refusal`` for the duration of a block of this process (the test session's)."""
-    import planner.runtimes as runtimes
-    saved = runtimes.EXECUTOR_UNBUILT
-    lift_moe_refusal()
-    try:
-        yield
-    finally:
-        runtimes.EXECUTOR_UNBUILT = saved
+def built_as_planned(spec: ModelSpec):
+    """The executor's reference model of ``spec`` (meta device), checked against the planner: exactly
+    ModelSpec.num_params() parameters, and every op of the layer graph that has parameters a module of it."""
+    from executor.models import build_model
+    from planner.layers import build_layer_graph
+    model = build_model(spec)
+    assert sum(p.numel() for p in model.parameters()) == spec.num_params()
+    modules = dict(model.named_modules())
+    with_params = [op.name for layer in build_layer_graph(spec).layers for op in layer.ops if op.params]
+    assert [name for name in with_params if name not in modules] == []
+    return model
 
 
 def moe_plan_doc(spec: ModelSpec, *, gpus: int, ep: int = 1, global_batch: int = GLOBAL_BATCH,
@@ -70,3 +63,18 @@ def moe_plan_doc(spec: ModelSpec, *, gpus: int, ep: int = 1, global_batch: int =
 def write_moe_plan(path, spec: ModelSpec, **kwargs) -> str:
     path.write_text(json.dumps(moe_plan_doc(spec, **kwargs)))
     return str(path)
+
+
+def train_cases(cases, plans: dict, specs: dict, out_dir, target) -> None:
+    """Write each (model, plan) case's plan.json under ``out_dir`` (``plans[plan]`` is (world size, knobs)) and
+    train them on gloo, one spawn per world size running ``target(jobs, out_dir)`` on each rank."""
+    from pathlib import Path
+
+    from executor_support import spawn
+    by_world: dict[int, list[tuple[str, str]]] = {}
+    for model, plan in cases:
+        world, knobs = plans[plan]
+        path = write_moe_plan(Path(out_dir) / f"{model}-{plan}.plan.json", specs[model], gpus=world, **knobs)
+        by_world.setdefault(world, []).append((f"{model}-{plan}", path))
+    for world, jobs in sorted(by_world.items()):
+        spawn(target, world, jobs, str(out_dir))

@@ -19,8 +19,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from executor_support import assert_losses, load_rank_grads, reference_run, spawn
-from moe_support import TINY_DEEPSEEK, write_moe_plan
+from executor_support import assert_losses, load_rank_grads, reference_run
+from moe_support import TINY_DEEPSEEK, built_as_planned, train_cases
 from planner.errors import UserError
 
 STEPS = 3
@@ -51,13 +51,8 @@ def _filled(module: torch.nn.Module, prefix: str, spec, scale: float = 1.0) -> t
 
 @pytest.mark.parametrize("spec", SPECS.values(), ids=SPECS.keys())
 def test_mla_models_have_the_planner_module_paths_and_parameter_count(spec):
-    from executor.models import LatentAttention, build_model
-    from planner.layers import build_layer_graph
-    model = build_model(spec)
-    assert sum(p.numel() for p in model.parameters()) == spec.num_params()
-    modules = dict(model.named_modules())
-    with_params = [op.name for layer in build_layer_graph(spec).layers for op in layer.ops if op.params]
-    assert [name for name in with_params if name not in modules] == []
+    from executor.models import LatentAttention
+    model = built_as_planned(spec)
     assert all(isinstance(block.attn, LatentAttention) for block in model.layers.values())
     attn = model.layers["0"].attn
     names = {name for name, _ in attn.named_parameters()}
@@ -199,13 +194,7 @@ def test_mla_under_each_parallelism_equals_single_process(tmp_path):
     """Every case of ``CASES``: the losses of 3 steps, and the first step's gradients, within 1e-4 of one
     process. One test, not one per case: under pytest-xdist each worker would run its own copy of a
     module-scoped fixture's gloo jobs (about 35 s on 2 cores), and this keeps them to one worker."""
-    by_world: dict[int, list[tuple[str, str]]] = {}
-    for model, plan in CASES:
-        world, knobs = PLANS[plan]
-        path = write_moe_plan(tmp_path / f"{model}-{plan}.plan.json", SPECS[model], gpus=world, **knobs)
-        by_world.setdefault(world, []).append((f"{model}-{plan}", path))
-    for world, jobs in sorted(by_world.items()):
-        spawn(_run_plans, world, jobs, str(tmp_path))
+    train_cases(CASES, PLANS, SPECS, tmp_path, _run_plans)
     references = {model: reference_run(SPECS[model], steps=STEPS) for model in {model for model, _ in CASES}}
     for model, plan in CASES:
         measured = json.loads((tmp_path / f"{model}-{plan}.json").read_text())

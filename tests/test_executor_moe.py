@@ -2,10 +2,6 @@
 layer graph, the routing, expert parallelism on gloo against one process (losses and the first
 step's gradients within 1e-4), each rank's model-state bytes against their closed form, and a
 Mixtral-8x7B plan with ep 8 built at 64 ranks on the fake process group.
-
-planner/runtimes.py lists mixtures of experts among what the executor does not build until the
-planner's runtime table catches up; the tests lift that entry (``moe_built``), which is harmless once
-it is gone.
 """
 from __future__ import annotations
 
@@ -18,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from executor_support import assert_losses, load_rank_grads, reference_run, spawn
-from moe_support import (GLOBAL_BATCH, TINY_DEEPSEEK, TINY_MIXTRAL, TINY_TWO_EXPERTS, lift_moe_refusal, moe_built,
+from moe_support import (GLOBAL_BATCH, TINY_DEEPSEEK, TINY_MIXTRAL, TINY_TWO_EXPERTS, built_as_planned, train_cases,
                          write_moe_plan)
 from planner.errors import UserError
 
@@ -29,24 +25,12 @@ TINY_QWEN2_MOE = replace(TINY_DEEPSEEK, name="tiny-qwen2-moe", dense_layers=0, s
                          shared_expert_gate=True)
 
 
-@pytest.fixture(autouse=True)
-def _moe_built():
-    with moe_built():
-        yield
-
-
 # -- the modules, one process -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("spec", [TINY_MIXTRAL, TINY_DEEPSEEK, TINY_QWEN2_MOE], ids=lambda s: s.name)
 def test_moe_models_have_the_planner_module_paths_and_parameter_count(spec):
-    from executor.models import build_model
     from executor.moe import MoE
-    from planner.layers import build_layer_graph
-    model = build_model(spec)
-    assert sum(p.numel() for p in model.parameters()) == spec.num_params()
-    modules = dict(model.named_modules())
-    with_params = [op.name for layer in build_layer_graph(spec).layers for op in layer.ops if op.params]
-    assert [name for name in with_params if name not in modules] == []
+    model = built_as_planned(spec)
     assert [i for i, block in enumerate(model.layers.values()) if isinstance(block.mlp, MoE)] == \
         [i for i in range(spec.num_layers) if spec.is_moe_block(i)]
     # one (E, out, in) weight per projection of the routed experts
@@ -165,7 +149,6 @@ SPECS = {**MODELS, "two-experts": TINY_TWO_EXPERTS}
 
 
 def _run_plans(jobs: list[tuple[str, str]], out_dir: str) -> None:
-    lift_moe_refusal()
     from executor.plan_file import load_plan
     from executor.train import RunOptions, run
     for name, plan_path in jobs:
@@ -177,14 +160,7 @@ def _run_plans(jobs: list[tuple[str, str]], out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("moe")
-    by_world: dict[int, list[tuple[str, str]]] = {}
-    with moe_built():
-        for model, plan in CASES:
-            world, knobs = PLANS[plan]
-            path = write_moe_plan(tmp / f"{model}-{plan}.plan.json", SPECS[model], gpus=world, **knobs)
-            by_world.setdefault(world, []).append((f"{model}-{plan}", path))
-    for world, jobs in sorted(by_world.items()):
-        spawn(_run_plans, world, jobs, str(tmp))
+    train_cases(CASES, PLANS, SPECS, tmp, _run_plans)
     return {(model, plan): (json.loads((tmp / f"{model}-{plan}.json").read_text()),
                             load_rank_grads(str(tmp / f"{model}-{plan}.grads"), PLANS[plan][0], SPECS[model]))
             for model, plan in CASES}
@@ -192,8 +168,7 @@ def results(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def references():
-    with moe_built():
-        return {model: reference_run(spec, steps=STEPS) for model, spec in SPECS.items()}
+    return {model: reference_run(spec, steps=STEPS) for model, spec in SPECS.items()}
 
 
 @pytest.mark.distributed
@@ -369,7 +344,6 @@ def test_without_ep_a_mixtral_plan_replicates_its_experts_over_the_data_parallel
 # -- checkpoints: experts saved under one ep, loaded under another ---------------------------------
 
 def _train(plan_path: str, steps: int, load: str | None, save: str | None, out: str) -> None:
-    lift_moe_refusal()
     from executor.plan_file import load_plan
     from executor.train import RunOptions, run
     measured = run(load_plan(plan_path), RunOptions(steps=steps, load_dir=load, save_dir=save))
