@@ -124,7 +124,10 @@ def grouped_gemms_s(count: float, m: float, n: float, k: float, cluster: Cluster
             count * (gemm_s(m, k, n, dev, precision) + gemm_s(k, n, m, dev, precision)))
 
 
-def _grouped(ctx: Context, cluster: Cluster) -> bool:
+def runs_grouped(op: Op, ctx: Context, cluster: Cluster) -> bool:
+    """Whether ``op`` is routed experts the runtime runs as one grouped GEMM here (``Combinations.grouped_experts``)."""
+    if not op.routed:
+        return False
     rt = RUNTIMES.get(ctx.framework)
     return bool(rt and rt.on(cluster.device_kind).grouped_experts)
 
@@ -132,8 +135,7 @@ def _grouped(ctx: Context, cluster: Cluster) -> bool:
 def _linear(op: Op, ctx: Context, cluster: Cluster) -> tuple[float, float, float]:
     if op.routed and ctx.ep > 1:
         return expert_linear_s(op, ctx, cluster)
-    return linear_s(op, op.tp, ctx.tp, ctx.tokens, cluster, ctx.precision,
-                    grouped=op.routed and _grouped(ctx, cluster))
+    return linear_s(op, op.tp, ctx.tp, ctx.tokens, cluster, ctx.precision, grouped=runs_grouped(op, ctx, cluster))
 
 
 def expert_linear_s(op: Op, ctx: Context, cluster: Cluster) -> tuple[float, float, float]:
@@ -146,7 +148,7 @@ def expert_linear_s(op: Op, ctx: Context, cluster: Cluster) -> tuple[float, floa
     local = op.num_gemms / ctx.ep
     m = ctx.tokens / ctx.tp * op.tokens_factor * ctx.ep / op.num_gemms * ctx.expert_imbalance
     n, k = op.out_features, op.in_features
-    fwd, bwd = grouped_gemms_s(local, m, n, k, cluster, ctx.precision, _grouped(ctx, cluster))
+    fwd, bwd = grouped_gemms_s(local, m, n, k, cluster, ctx.precision, runs_grouped(op, ctx, cluster))
     return fwd, bwd, 2.0 * m * n * k * local
 
 
