@@ -7,8 +7,7 @@ import math
 
 from ..config import ParallelConfig
 from ..cost.memory import resident_bytes_per_param, state_bytes_per_param
-from ..cost.step import CostCache, grads_follow_activations_at, optimizer_time_s
-from ..runtimes import expert_data_parallel
+from ..cost.step import CostCache, expert_shard, grads_follow_activations_at, optimizer_time_s
 from ..schedules import SCHEDULES
 from .space import Layout, Space
 
@@ -157,23 +156,15 @@ def least_optimizer_rate(space: Space, layout: Layout, cache: CostCache, base: P
     return out
 
 
-def _least_sharded(space: Space, layout: Layout) -> int:
-    """The most ranks any parameter's states are sharded over: dp x cp, or under expert parallelism the expert
-    data-parallel size where larger (bytes per parameter only fall with the shard: a bound for both kinds)."""
-    shard = layout.dp * layout.cp
-    if layout.ep > 1:
-        shard = max(shard, expert_data_parallel(space.w.framework, ep=layout.ep, dp=layout.dp, cp=layout.cp,
-                                                tp=layout.tp))
-    return shard
-
-
 def least_state_and_activation_bytes(space: Space, layout: Layout, base: ParallelConfig, schedule: str | None,
                                       ranks: list[tuple[float, float]]) -> float:
     """The least over the layout's ZeRO/optimizer-offload choices of the most loaded rank's model states plus
     activations, for (parameters, activation bytes) per rank: their sum, or where gradients only
     follow the activations (planner.cost.step.grads_follow_activations) the larger of the two."""
     w = space.w
-    shard = _least_sharded(space, layout)
+    # the most ranks any parameter's states are sharded over: dp x cp, or the expert data-parallel size where larger
+    # (bytes per parameter only fall with the shard: a bound for both kinds of parameter)
+    shard = max(layout.dp * layout.cp, expert_shard(base, w.framework))
     most: dict[float, float] = {}        # ranks with the same parameters: only the most activations count
     for params, act in ranks:
         most[params] = max(act, most.get(params, act))

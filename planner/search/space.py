@@ -155,9 +155,6 @@ class Space:
             if not g.splits_experts and w.framework == EXECUTOR_RUNTIME:
                 raise UserError(f"ep {k.ep}: {g.experts_why}; allowed: 1 (or plan for --framework megatron)",
                                 field="--ep")
-            for knob, why in refusals(w.framework, self.device_kind, ep=k.ep, num_experts=g.num_experts,
-                                      dp=k.dp, tp=k.tp, cp=k.cp, sequence_parallel=k.sequence_parallel):
-                raise UserError(why, field=knob_flag(knob))
         for knob, why in refusals(w.framework, self.device_kind, zero=k.zero, tp=k.tp, pp=k.pp, cp=k.cp,
                                   schedule=k.schedule, optimizer_offload=k.optimizer_offload,
                                   param_offload=k.param_offload, sequence_parallel=k.sequence_parallel,
