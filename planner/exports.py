@@ -342,6 +342,9 @@ def colossalai(plan) -> Export:
         kwargs["cpu_offload"] = True
     if c.param_offload:
         notes.append(PARAM_OFFLOAD_NOTE.format(framework="Colossal-AI's HybridParallelPlugin"))
+    if c.ep > 1:
+        notes.append(f"expert parallelism {c.ep}: HybridParallelPlugin has none; Colossal-AI's MoeHybridParallelPlugin "
+                     f"(ep_size={c.ep}) is not written here, so this file keeps every expert on every rank")
     if c.cp > 1:
         kwargs.update(sp_size=c.cp, enable_sequence_parallelism=True, sequence_parallelism_mode="ring_attn")
         if c.sequence_parallel:
