@@ -104,6 +104,37 @@ HOLDOUT = {
     "gpt3-760m mb6 s2k": ("gpt3-760m", 6, 1, 2048, "none", 0),
     "gpt3-760m mb2 s4k full": ("gpt3-760m", 2, 1, 4096, "full", 0),
 }
+# Round 2 (issue 28): what the planner now recommends and round 1 never timed: activation offload,
+# operator-level and every-2 recompute, FSDP with 2-4 micro-batches (host-bound), and mixtures of
+# experts with grouped expert GEMMs (torch._grouped_mm, executor/moe.py). Predicted before they ran
+# (benchmarks/results/gpu_round2_predicted*.json), then measured.
+ROUND2_MODELS = {
+    **{name: MODELS[name] for name in ("gpt2-355m", "gpt3-1.3b", "llama3.2-1b", "llama3.2-3b")},
+    **HOLDOUT_MODELS,
+    # Mixtral-style (Jiang et al. 2024): every block 8 routed SwiGLU experts, top 2; 0.9B parameters
+    "moe-8e": {"model_type": "mixtral", "num_hidden_layers": 8, "hidden_size": 1024, "num_attention_heads": 16,
+               "num_key_value_heads": 8, "intermediate_size": 2816, "num_local_experts": 8,
+               "num_experts_per_tok": 2, "vocab_size": 32000, "max_position_embeddings": 8192},
+    # finer experts: 32 of width 512, top 4 (as Qwen3-MoE and DeepSeek split them); 1.1B parameters
+    "moe-32e": {"model_type": "mixtral", "num_hidden_layers": 8, "hidden_size": 1536, "num_attention_heads": 12,
+                "num_key_value_heads": 4, "intermediate_size": 512, "num_local_experts": 32,
+                "num_experts_per_tok": 4, "vocab_size": 32000, "max_position_embeddings": 8192},
+}
+ROUND2 = {
+    "llama-1b mb4 s2k offload": ("llama3.2-1b", 4, 1, 2048, "activation-offload", 0),
+    "gpt3-1.3b mb4 s2k offload": ("gpt3-1.3b", 4, 1, 2048, "activation-offload", 0),
+    "llama-2.5b mb1 s4k offload": ("llama-2.5b", 1, 1, 4096, "activation-offload", 0),
+    "llama-1b mb2 s4k op": ("llama3.2-1b", 2, 1, 4096, "op", 0),
+    "gpt2-355m mb8 s2k op": ("gpt2-355m", 8, 1, 2048, "op", 0),
+    "llama-3b mb2 s2k every-2": ("llama3.2-3b", 2, 1, 2048, "every-2", 0),
+    "gpt3-760m mb4 s4k every-2": ("gpt3-760m", 4, 1, 4096, "every-2", 0),
+    "llama-1b mb1 s2k x4 fsdp": ("llama3.2-1b", 1, 4, 2048, "none", 3),
+    "gpt2-355m mb2 s2k x3 fsdp": ("gpt2-355m", 2, 3, 2048, "none", 3),
+    "qwen2-0.5b mb2 s4k x2 fsdp sel": ("qwen2-0.5b", 2, 2, 4096, "selective", 3),
+    "moe-8e mb4 s2k": ("moe-8e", 4, 1, 2048, "none", 0),
+    "moe-8e mb2 s2k x2 fsdp": ("moe-8e", 2, 2, 2048, "none", 3),
+    "moe-32e mb2 s4k sel": ("moe-32e", 2, 1, 4096, "selective", 0),
+}
 QUICK_CASES = {
     "tiny-gpt mb2 s64": ("tiny-gpt", 2, 1, 64, "none", 0),
     "tiny-llama mb1x2 s64 full": ("tiny-llama", 1, 2, 64, "full", 3),
@@ -319,6 +350,9 @@ def measure(args) -> None:
         print(f"{name:<28} {row.get('measured_step_s', float('nan')):>9.4f} s "
               f"{row.get('measured_peak_bytes', 0) / 2**30:>7.2f} GiB  {row.get('error', '')}", flush=True)
         out["rows"].append(row)
+        # after every case: a run stopped at its time limit keeps the cases it finished
+        Path(args.raw).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.raw).write_text(json.dumps(out, indent=1) + "\n")
     dist.destroy_process_group()
     Path(args.raw).parent.mkdir(parents=True, exist_ok=True)
     Path(args.raw).write_text(json.dumps(out, indent=1) + "\n")
@@ -383,7 +417,7 @@ def predict(args) -> None:
 
 
 def case_set(name: str) -> tuple[dict, dict]:
-    return (HOLDOUT_MODELS, HOLDOUT) if name == "holdout" else (MODELS, CASES)
+    return {"holdout": (HOLDOUT_MODELS, HOLDOUT), "round2": (ROUND2_MODELS, ROUND2)}.get(name, (MODELS, CASES))
 
 
 def predict_only(args) -> None:
@@ -416,8 +450,9 @@ def main() -> None:
     parser.add_argument("--raw", default=str(RESULTS / "gpu_runs.json"), help="the measured runs")
     parser.add_argument("--cluster", help="the profile to predict with (default: the measured H100/H200 one)")
     parser.add_argument("--out", default=str(RESULTS / "gpu_validate.json"))
-    parser.add_argument("--set", choices=("main", "holdout"), default="main",
-                        help="the cases: the main set, or the holdout predicted before it ran")
+    parser.add_argument("--set", choices=("main", "holdout", "round2"), default="main",
+                        help="the cases: the main set, the holdout predicted before it ran, or round 2 "
+                             "(offload, op and every-2 recompute, FSDP micro-batches, experts)")
     parser.add_argument("--predict-only", action="store_true", help="predict the set without any measurement")
     args = parser.parse_args()
     if args.measure:

@@ -160,6 +160,10 @@ GPU_HEAD_WIDTHS = tuple((h, v) for h in (768, 2048, 3072) for v in (50257, 12825
 GPU_ATTENTION = ((8, 12, 12, 2048, 64), (2, 16, 16, 4096, 64), (1, 16, 16, 8192, 128), (4, 32, 8, 2048, 64),
                  (2, 32, 8, 8192, 64), (1, 24, 8, 4096, 128), (2, 24, 8, 2048, 128))
 GPU_COPY_BYTES = tuple(2**e for e in range(16, 31, 2))
+# routed experts: tokens per expert from fine-grained routing of a short micro-batch to a long one,
+# expert widths (in, out) of Mixtral-style (hidden x 2.75) and fine-grained (hidden x 0.7) experts
+GPU_EXPERT_TOKENS = (128, 512, 2048, 8192)
+GPU_EXPERT_WIDTHS = ((1024, 2816), (2816, 1024), (2048, 1408), (1408, 2048))
 
 
 def kernel_detail(device: str, dtypes: list[str], *, quick: bool) -> dict:
@@ -183,4 +187,12 @@ def kernel_detail(device: str, dtypes: list[str], *, quick: bool) -> dict:
             "attention": pk.attention_backends(device, dtype, list(attn)),
             "dispatch": pk.dispatch_overhead(device, ops=200 if gpu else 20),
             "copy": pk.bandwidth_sweep(device, list(GPU_COPY_BYTES if gpu else (2**16, 2**20))),
-            "adam": pk.adam_variants(device, tensors=150 if gpu else 4, params_per_tensor=2**20 if gpu else 2**10)}
+            "adam": pk.adam_variants(device, tensors=150 if gpu else 4, params_per_tensor=2**20 if gpu else 2**10),
+            # FP8 (torch._scaled_mm) over the bf16 sweep's shapes, the casts around it, grouped expert
+            # GEMMs, host copies beside compute, host time per operator (issue 28)
+            "fp8_gemm": pk.fp8_gemm_sweep(device, list(tokens), list(widths), graph=gpu),
+            "fp8_cast": pk.fp8_casts(device, tokens=8192 if gpu else 256, hidden=4096 if gpu else 64, compiled=gpu),
+            "grouped_gemm": pk.grouped_gemm_sweep(device, [8, 32] if gpu else [4], list(GPU_EXPERT_TOKENS if gpu else (16,)),
+                                                  list(GPU_EXPERT_WIDTHS if gpu else ((32, 64),))),
+            "host_copy_overlap": pk.host_copy_overlap(device),
+            "host_per_op": pk.host_per_op(device, ops=100 if gpu else 10, compiled=gpu)}

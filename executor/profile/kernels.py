@@ -319,3 +319,262 @@ def kernel_gap(device: str, kernels: int = 200, repeat: int = 5) -> dict:
         for _ in range(kernels):
             x.add_(1.0)
     return {"kernels": kernels, "s_per_kernel": time_per_call(chain, device, repeat, graph=True) / kernels}
+
+
+# -- FP8, grouped expert GEMMs, host copies under load, host time per operator (issue 28) --------
+
+FP8_RECIPES = ("tensorwise", "rowwise")
+FP8_MAX = 448.0             # largest finite float8_e4m3fn (OCP 8-bit floating point spec, E4M3)
+
+
+def _fp8_operands(m: int, n: int, k: int, recipe: str, device: str):
+    """``torch._scaled_mm``'s operands of an (m x k)(k x n) product as torchao's float8 linears pass
+    them: ``a`` row-major, ``b`` column-major, both e4m3, with one fp32 scale per tensor
+    ("tensorwise") or per row of ``a`` and column of ``b`` ("rowwise")."""
+    import torch
+    a = torch.randn(m, k, device=device).to(torch.float8_e4m3fn)
+    b = torch.randn(n, k, device=device).to(torch.float8_e4m3fn).t()
+    if recipe == "tensorwise":
+        return a, b, torch.tensor(1.0, device=device), torch.tensor(1.0, device=device)
+    return a, b, torch.ones(m, 1, device=device), torch.ones(1, n, device=device)
+
+
+def fp8_gemm_sweep(device: str, tokens: list[int], widths: list[tuple[int, int]], recipes=FP8_RECIPES,
+                   repeat: int = 5, graph: bool = False) -> list[dict]:
+    """The three GEMMs of a linear (as ``gemm_sweep``: forward (m, n, k), input gradient (m, k, n),
+    weight gradient (n, k, m)) as ``torch._scaled_mm`` runs them in FP8 (e4m3 operands, bf16 output)
+    under each scaling recipe. The casts that make the operands are timed by ``fp8_casts``. A shape
+    or recipe the device refuses is a row with its error."""
+    import torch
+    rows = []
+    for m in tokens:
+        for k, n in widths:
+            for kind, (mm, nn, kk) in {"fwd": (m, n, k), "dgrad": (m, k, n), "wgrad": (n, k, m)}.items():
+                for recipe in recipes:
+                    row = {"kind": kind, "recipe": recipe, "m": mm, "n": nn, "k": kk, "dtype": "fp8_e4m3"}
+                    try:
+                        a, b, sa, sb = _fp8_operands(mm, nn, kk, recipe, device)
+                        t = time_per_call(lambda: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb,
+                                                                   out_dtype=torch.bfloat16),
+                                          device, repeat, graph=graph)
+                        row.update(seconds=t, tflops=2.0 * mm * nn * kk / t / 1e12)
+                    except RuntimeError as err:
+                        row["error"] = str(err).strip().splitlines()[0][:200]
+                    rows.append(row)
+    return rows
+
+
+def _to_fp8_tensorwise(x):
+    import torch
+    scale = FP8_MAX / x.abs().amax().float().clamp(min=1e-12)
+    return (x.float() * scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+
+
+def _to_fp8_rowwise(x):
+    import torch
+    scale = FP8_MAX / x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12)
+    return (x.float() * scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+
+
+def fp8_casts(device: str, tokens: int, hidden: int, repeat: int = 3, compiled: bool = False) -> list[dict]:
+    """What FP8 training adds around each GEMM: the amax of a bf16 tensor (per tensor and per row)
+    and its scaled cast to e4m3, as eager torch runs them (several kernels each: abs, amax, the
+    fp32 scale, multiply, clamp, cast) and, with ``compiled``, as one ``torch.compile``d function
+    (what torchao's float8 linears run under torchtitan's compiled blocks). ``bytes``: the least
+    traffic of the operation (read bf16, write e4m3; amax reads only), so ``GBps`` is the fraction
+    of the copy rate it reaches."""
+    import torch
+    x = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16)
+    n = tokens * hidden
+    cases = {"amax_tensorwise": (lambda: x.abs().amax(), n * 2),
+             "amax_rowwise": (lambda: x.abs().amax(dim=-1, keepdim=True), n * 2),
+             "cast_tensorwise": (lambda: _to_fp8_tensorwise(x), n * 3),
+             "cast_rowwise": (lambda: _to_fp8_rowwise(x), n * 3),
+             "cast_transpose_tensorwise": (lambda: _to_fp8_tensorwise(x)[0].t().contiguous(), n * 3)}
+    if compiled:
+        for name, fn in (("cast_tensorwise_compiled", _to_fp8_tensorwise), ("cast_rowwise_compiled", _to_fp8_rowwise)):
+            try:
+                cfn = torch.compile(fn)
+                cases[name] = ((lambda f=cfn: f(x)), n * 3)
+            except Exception as err:               # compile is optional: a failure is a row, not a crash
+                cases[name] = (None, str(err).strip().splitlines()[0][:200])
+    rows = []
+    for name, (fn, nbytes) in cases.items():
+        if fn is None:
+            rows.append({"kernel": name, "error": nbytes})
+            continue
+        try:
+            t = time_per_call(fn, device, repeat)
+            rows.append({"kernel": name, "tokens": tokens, "hidden": hidden, "bytes": int(nbytes), "seconds": t,
+                         "GBps": nbytes / t / 1e9})
+        except Exception as err:
+            rows.append({"kernel": name, "error": f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200]}"})
+    return rows
+
+
+def grouped_gemm_sweep(device: str, experts: list[int], tokens_per_expert: list[int],
+                       widths: list[tuple[int, int]], repeat: int = 3) -> list[dict]:
+    """Routed experts as the executor runs them (executor/moe.py): ``torch._grouped_mm`` of the
+    tokens sorted by expert, (E * t, k), against the experts' (E, n, k) weights, t tokens per expert
+    (balanced), forward and forward + backward, beside one dense GEMM of the same FLOPs (all E * t
+    tokens through one (k, n) weight): the grouped kernel's loss by tokens per expert."""
+    import torch
+    bf = torch.bfloat16
+    rows = []
+    for e in experts:
+        for t in tokens_per_expert:
+            for k, n in widths:
+                row = {"experts": e, "tokens_per_expert": t, "k": k, "n": n, "dtype": "bf16",
+                       "flops_fwd": 2.0 * e * t * k * n}
+                try:
+                    x = torch.randn(e * t, k, device=device, dtype=bf, requires_grad=True)
+                    w = torch.randn(e, n, k, device=device, dtype=bf, requires_grad=True)
+                    offs = torch.arange(1, e + 1, device=device, dtype=torch.int32) * t
+                    dense = w[0].detach()
+
+                    def grouped():
+                        return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
+                    out = grouped()
+                    grad = torch.randn_like(out)
+
+                    def both():
+                        torch.autograd.grad(grouped(), (x, w), grad)
+                    row["fwd_s"] = time_per_call(lambda: torch._grouped_mm(x.detach(), w.detach().transpose(-2, -1),
+                                                                           offs=offs), device, repeat)
+                    row["fwd_bwd_s"] = time_per_call(both, device, repeat)
+                    row["dense_fwd_s"] = time_per_call(lambda: x.detach() @ dense.t(), device, repeat)
+                    row["tflops_fwd"] = row["flops_fwd"] / row["fwd_s"] / 1e12
+                    row["tflops_fwd_bwd"] = 3 * row["flops_fwd"] / row["fwd_bwd_s"] / 1e12
+                except Exception as err:
+                    row["error"] = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200]}"
+                rows.append(row)
+                x = w = None
+    return rows
+
+
+def host_copy_overlap(device: str, nbytes: int = 256 * 2**20, gemm: int = 8192, repeat: int = 5) -> dict | None:
+    """Pinned host-device copies (activation and optimizer offload) alone and while the compute
+    stream runs bf16 GEMMs: each direction's rate (CUDA events on the copy stream), and the GEMMs'
+    time alone and beside the copy (what a copy steals from compute: memory traffic, copy
+    engines). The median of ``repeat``. None on a CPU-only run."""
+    import torch
+    if not device.startswith("cuda"):
+        return None
+    host_in = torch.empty(nbytes // 4, pin_memory=True)
+    host_out = torch.empty(nbytes // 4, pin_memory=True)
+    dev = torch.empty(nbytes // 4, device=device)
+    a = torch.randn(gemm, gemm, device=device, dtype=torch.bfloat16)
+    b = torch.randn(gemm, gemm, device=device, dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
+    out: dict = {"bytes": nbytes, "gemm": [gemm, gemm, gemm]}
+
+    def timed(copy: str | None, gemms: int) -> tuple[float, float]:
+        """(copy seconds, seconds per GEMM) of one copy on ``side`` and ``gemms`` GEMMs on the
+        current stream, started together."""
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+        torch.cuda.synchronize()
+        with torch.cuda.stream(side):
+            ev[0].record(side)
+            if copy == "h2d":
+                dev.copy_(host_in, non_blocking=True)
+            elif copy == "d2h":
+                host_out.copy_(dev, non_blocking=True)
+            ev[1].record(side)
+        ev[2].record()
+        for _ in range(gemms):
+            a @ b
+        ev[3].record()
+        torch.cuda.synchronize()
+        return ev[0].elapsed_time(ev[1]) * 1e-3, ev[2].elapsed_time(ev[3]) * 1e-3 / max(gemms, 1)
+
+    timed(None, 3)
+    gemm_alone = statistics.median(timed(None, 10)[1] for _ in range(repeat))
+    out["gemm_alone_s"] = gemm_alone
+    for direction in ("h2d", "d2h"):
+        alone = statistics.median(timed(direction, 0)[0] for _ in range(repeat))
+        # enough GEMMs to outlast the copy
+        gemms = max(2, int(2 * alone / gemm_alone) + 1)
+        both = [timed(direction, gemms) for _ in range(repeat)]
+        copy_s = statistics.median(c for c, _ in both)
+        out[direction] = {"alone_s": alone, "alone_GBps": nbytes / alone / 1e9, "with_gemm_s": copy_s,
+                          "with_gemm_GBps": nbytes / copy_s / 1e9, "gemms": gemms,
+                          "gemm_with_copy_s": statistics.median(g for _, g in both)}
+    return out
+
+
+def host_per_op(device: str, ops: int = 100, repeat: int = 5, compiled: bool = False) -> dict:
+    """Host seconds per operator where the GPU waits on the host: a chain of ``ops`` tiny linears,
+    forward and backward, in bf16 and under ``torch.autocast`` (bf16, fp32 weights: each linear also
+    casts its input and weight); and one transformer block (executor/models.py, hidden 256, 64
+    tokens: every kernel tiny) forward and backward, eager and, with ``compiled``, as one
+    ``torch.compile``d module (torchtitan's per-block compile), with the kernels each launches."""
+    import torch
+    import torch.nn.functional as F
+    out: dict = {"ops": ops}
+    x = torch.randn(16, 16, device=device)
+    w32 = torch.randn(16, 16, device=device, requires_grad=True)
+    w16 = torch.randn(16, 16, device=device, dtype=torch.bfloat16, requires_grad=True)
+
+    def chain(w, autocast: bool):
+        def run():
+            ctx = torch.autocast(device.split(":")[0], dtype=torch.bfloat16) if autocast else nullcontext()
+            with ctx:
+                y = x.to(w.dtype)
+                for _ in range(ops):
+                    y = F.linear(y, w)
+            y.float().sum().backward()
+        return run
+    out["linear_bf16_s"] = time_per_call(chain(w16, False), device, repeat) / ops
+    out["linear_autocast_s"] = time_per_call(chain(w32, True), device, repeat) / ops
+    out["block"] = _block_host(device, repeat, compiled)
+    return out
+
+
+def _block_host(device: str, repeat: int, compiled: bool) -> dict:
+    import torch
+
+    from planner.model import ModelSpec
+
+    from ..models import build_model
+    spec = ModelSpec(name="host-probe", num_layers=1, hidden=256, num_heads=4, num_kv_heads=2, head_dim=64,
+                     ffn_hidden=512, vocab_size=256, seq_len=64, max_positions=0, mlp="swiglu", norm="rmsnorm",
+                     linear_bias=False, qkv_bias=False, tied_embeddings=False, dropout=False)
+    dt = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    block = build_model(spec, device=device).layers["0"].to(dt)
+    for p in block.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    x = torch.randn(1, spec.seq_len, spec.hidden, device=device, dtype=dt, requires_grad=True)
+    out: dict = {"hidden": spec.hidden, "tokens": spec.seq_len}
+
+    def step(module):
+        def run():
+            module(x).float().sum().backward()
+        return run
+    variants = {"eager": block}
+    if compiled:
+        try:
+            variants["compiled"] = torch.compile(block)
+        except Exception as err:
+            out["compiled_error"] = str(err).strip().splitlines()[0][:200]
+    for name, module in variants.items():
+        try:
+            fn = step(module)
+            for _ in range(3):                          # compile, autotune, warm caches
+                fn()
+            out[f"{name}_s"] = time_per_call(fn, device, repeat)
+            out[f"{name}_kernels"] = _kernels_launched(fn, device)
+        except Exception as err:
+            out[f"{name}_error"] = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200]}"
+    return out
+
+
+def _kernels_launched(fn, device: str) -> int | None:
+    """GPU kernels one call of ``fn`` runs (torch.profiler); None on a CPU."""
+    import torch
+    if not device.startswith("cuda"):
+        return None
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
