@@ -75,7 +75,9 @@ def grouped_product(x: torch.Tensor, w: torch.Tensor, counts: list[int], grouped
     transposed, one grouped GEMM (``grouped``) or a loop. x: (R, in), w: (e, out, in) -> (R, out)"""
     if grouped:
         offs = torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)     # (e,) end of each group
-        return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
+        # autocast does not cover _grouped_mm: fp32 weights are cast to the activations' dtype, as
+        # autocast casts a linear's weight
+        return torch._grouped_mm(x, w.to(x.dtype).transpose(-2, -1), offs=offs)
     return torch.cat([rows @ w[e].T for e, rows in enumerate(x.split(counts))])
 
 
@@ -141,7 +143,8 @@ class MoE(nn.Module):
         else:
             out = self._experts_elsewhere(routed, counts)
         out = out * weights.flatten()[order].unsqueeze(-1)                # (T k, h)
-        y = torch.zeros_like(tokens).index_add(0, order // self.top_k, out)     # (T, h)
+        # in the experts' dtype (bf16 under autocast, as a dense MLP's output is)
+        y = out.new_zeros(tokens.shape).index_add(0, order // self.top_k, out)  # (T, h)
         if self.shared is not None:
             y = y + self.shared(tokens)
         return y.view(shape)
