@@ -19,6 +19,9 @@ from .errors import UserError, one_of
 
 GiB = 2**30
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+# the torch executor's regimes whose host time `meshplan profile` measures (executor/profile/host.py PROBES;
+# priced by planner/cost/host.py): ZeRO-0 eager, with operator-level and full recompute, FSDP2 ZeRO-3, MoE
+HOST_REGIMES = ("eager", "op", "full", "fsdp", "moe")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +50,9 @@ class Device:
     optimizer_bytes_per_s: float = 0.0    # AdamW as the executor steps it here, at 28 B per parameter (0: HBM)
     tp_block_overhead_s: tuple[float, float] = (0.0, 0.0)   # (forward, backward) host time tensor parallelism
                                           # adds to a block beyond its collectives in torch eager (a CPU profile)
+    host_us: tuple[tuple[str, float, float, float, float], ...] = ()   # the torch executor's host time by
+                                          # regime (HOST_REGIMES): microseconds per block per
+                                          # micro-batch and per step, of the rest per micro-batch and per step
     gemm_shapes: tuple[tuple[int, int, int, float], ...] = ()   # measured (m, n, k, efficiency): a GEMM's
                                           # rate is the peak times the efficiency of the nearest shape (a CPU)
 
@@ -360,6 +366,29 @@ def _tp_block_overhead(kernels: "_Table", source: str) -> tuple[float, float]:
     return float(value[0]) * 1e-6, float(value[1]) * 1e-6
 
 
+def _host_us(kernels: "_Table", source: str) -> tuple[tuple[str, float, float, float, float], ...]:
+    """[gpu.kernels] host_us = { eager = [block per micro-batch, block per step, rest per micro-batch, rest per
+    step], ... } in microseconds, by regime (HOST_REGIMES); a solved value may be slightly
+    negative where it is below the timing noise."""
+    if "host_us" not in kernels.data:
+        return ()
+    table = kernels.table("host_us")
+    out = []
+    for key, value in table.data.items():
+        if key not in HOST_REGIMES:
+            raise UserError(f"unknown regime {key!r}; allowed: {one_of(HOST_REGIMES)}", source=source,
+                            field=f"gpu.kernels.host_us.{key}")
+        if not (isinstance(value, list) and len(value) == 4 and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) for x in value)):
+            raise UserError("must be [block per micro-batch, block per step, rest per micro-batch, rest per step] "
+                            f"in microseconds, got {value!r}", source=source, field=f"gpu.kernels.host_us.{key}")
+        out.append((key, *(float(x) for x in value)))
+    if out and "eager" not in table.data:
+        raise UserError("needs the eager regime, which the others are priced against", source=source,
+                        field="gpu.kernels.host_us")
+    return tuple(out)
+
+
 def _eager_bandwidths(kernels: "_Table", source: str) -> tuple[tuple[str, float], ...]:
     """[gpu.kernels] eager_GBps = { stream = ..., cast_up = ..., ... } (planner.eager_bytes.CLASSES)."""
     from .eager_bytes import CLASSES
@@ -413,7 +442,8 @@ def parse_cluster(data: dict, source: str) -> Cluster:
         eager_bytes_per_s=_eager_bandwidths(kernels, source),
         kernel_gap_s=kernels.number("kernel_gap_us", allow_zero=True, default=0.0) * 1e-6,
         optimizer_bytes_per_s=kernels.number("optimizer_GBps", allow_zero=True, default=0.0) * 1e9,
-        gemm_shapes=_gemm_shapes(kernels, source), tp_block_overhead_s=_tp_block_overhead(kernels, source))
+        gemm_shapes=_gemm_shapes(kernels, source), tp_block_overhead_s=_tp_block_overhead(kernels, source),
+        host_us=_host_us(kernels, source))
     intra, host, net = root.table("intra_node"), root.table("host"), root.table("network")
     nics = net.integer("nics_per_node", allow_zero=True)
     return Cluster(

@@ -72,18 +72,19 @@ class StepTime:
     dp_comm: float                 # exposed data-parallel / ZeRO communication
     optimizer: float               # optimizer step (and offload transfers)
     ep_comm: float = 0.0           # expert parallelism's all-to-alls (token dispatch and combine)
+    host_wait: float = 0.0         # the GPU idle while the host issues the step (planner.cost.host)
 
     @property
     def total(self) -> float:
         return (self.compute + self.recompute + self.tp_comm + self.cp_comm + self.ep_comm + self.pp_comm
-                + self.bubble + self.dp_comm + self.optimizer)
+                + self.bubble + self.dp_comm + self.optimizer + self.host_wait)
 
     @classmethod
     def from_json(cls, raw, source: str = "plan.json", where: str = "time_breakdown_s") -> "StepTime":
         raw = _object(raw, source, where)
-        # ep_comm: absent from plan.json files written before expert parallelism (0 there)
+        # ep_comm, host_wait: absent from plan.json files written before them (0 there)
         return cls(**{f.name: _number(raw, f.name, source, where) for f in fields(cls)
-                      if f.name in raw or f.name != "ep_comm"})
+                      if f.name in raw or f.name not in ("ep_comm", "host_wait")})
 
 
 @dataclass(frozen=True, kw_only=True)

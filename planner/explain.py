@@ -17,6 +17,7 @@ PARTS = {
     "compute": "compute", "recompute": "recompute", "tp_comm": "exposed TP communication",
     "cp_comm": "exposed CP communication", "ep_comm": "expert all-to-all", "pp_comm": "pipeline sends", "bubble": "pipeline bubble",
     "dp_comm": "exposed data-parallel communication", "optimizer": "optimizer step",
+    "host_wait": "waiting for the host to issue kernels",
 }
 
 

@@ -53,6 +53,7 @@ from .cluster import Cluster
 from .config import ParallelConfig, Workload
 from .cost.step import (CostCache, dp_overlaps, dp_phases, estimate, fetches_per_tensor, gathers_every_microbatch,
                         optimizer_time_s, per_tensor_phases, rank_costs, reduces_every_microbatch, tied_embedding_sync_s)
+from .cost.host import host_bound, host_s
 from .estimate import Estimate, StepTime
 from .layers import LayerGraph
 from .placement import assign_layers, layer_policies
@@ -575,4 +576,5 @@ def simulated_estimate(graph: LayerGraph, cluster: Cluster, workload: Workload, 
     """The estimate with the simulated step time and its parts: what the search ranks by at the end."""
     cache = cache or CostCache(graph, cluster, workload)
     step_s, parts = step_time(step_work(cache, config))
-    return with_simulation(estimate(graph, cluster, workload, config, cache), step_s, parts)
+    est = with_simulation(estimate(graph, cluster, workload, config, cache), step_s, parts)
+    return host_bound(est, host_s(cache, config))

@@ -170,6 +170,7 @@ def kernel_detail(device: str, dtypes: list[str], *, quick: bool) -> dict:
     """The kernel-level measurements of kernels.py: a shape sweep on a GPU, a token one on the
     CPU or with --quick (enough to exercise every path)."""
     from . import kernels as pk
+    from .host import executor_host
     gpu = device.startswith("cuda") and not quick
     tokens = GPU_TOKENS if gpu else (64,)
     widths = GPU_WIDTHS if gpu else ((32, 64),)
@@ -195,4 +196,6 @@ def kernel_detail(device: str, dtypes: list[str], *, quick: bool) -> dict:
             "grouped_gemm": pk.grouped_gemm_sweep(device, [8, 32] if gpu else [4], list(GPU_EXPERT_TOKENS if gpu else (16,)),
                                                   list(GPU_EXPERT_WIDTHS if gpu else ((32, 64),))),
             "host_copy_overlap": pk.host_copy_overlap(device),
-            "host_per_op": pk.host_per_op(device, ops=100 if gpu else 10, compiled=gpu)}
+            "host_per_op": pk.host_per_op(device, ops=100 if gpu else 10, compiled=gpu),
+            # the executor's own host time per block by regime; on a CPU the step is the cores' compute
+            **({"executor_host": executor_host(device)} if gpu else {})}

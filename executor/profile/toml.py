@@ -269,6 +269,7 @@ def _fitted(m: dict, peaks: dict[str, float], measured: str) -> tuple[dict[str, 
     if k.get("gap"):
         lines += [f"kernel_gap_us = {_num(k['gap']['s_per_kernel'] * 1e6)}",
                   f"kernel_gap_source = {_q(measured + ': a CUDA graph of tiny kernels, GPU time per kernel')}"]
+    lines += host_lines(k.get("executor_host"), measured)
     if a:
         attn = (f"{measured}: causal SDPA fwd+bwd {a['shape']} (the largest timed) at "
                 f"{a['rate_flops'] / 1e12:.0f} TFLOP/s over the fitted GEMM rate")
@@ -276,6 +277,21 @@ def _fitted(m: dict, peaks: dict[str, float], measured: str) -> tuple[dict[str, 
     src = (f"{measured}: GEMM model fitted to {g['rows']} GEMMs ({g['rate_flops'] / 1e12:.0f} TFLOP/s, "
            f"{g['latency_s'] * 1e6:.0f} us per kernel); copy {m['copy']['GBps']:.1f} GB/s")
     return peaks, lines, src
+
+
+def host_lines(probe: dict | None, measured: str) -> list[str]:
+    """[gpu.kernels] host_us from the executor's host probe (executor/profile/host.py), the regimes that ran."""
+    rows = {name: r for name, r in (probe or {}).get("regimes", {}).items() if "error" not in r}
+    if "eager" not in rows:
+        return []
+    keys = ("block_microbatch_s", "block_step_s", "rest_microbatch_s", "rest_step_s")
+    table = ", ".join(f"{name} = [" + ", ".join(_num(r[k] * 1e6) for k in keys) + "]" for name, r in rows.items())
+    if probe.get("command"):            # measured by its own command, added to an earlier profile's raw file
+        measured = f"measured: `{probe['command']}`"
+    src = (f"{measured}: the executor's step of a tiny model (executor/profile/host.py: hidden 256, 64 tokens, "
+           f"the GPU idle) at 2 and 6 blocks with 1 and 2 micro-batches, solved per block and for the rest")
+    return [f"host_us = {{ {table} }}   # per block per micro-batch, per block per step, rest per micro-batch, "
+            "rest per step", f"host_source = {_q(src)}"]
 
 
 def _gemm_shape_lines(rows: list[dict], peak: float, measured: str, nproc: int) -> list[str]:

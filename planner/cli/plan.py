@@ -119,7 +119,7 @@ def format_plan(plan: Plan, tokens: float | None = None) -> str:
         f"time      compute {t.compute:.3f} s, recompute {t.recompute:.3f}, TP comm {t.tp_comm:.3f}, "
         f"CP comm {t.cp_comm:.3f}, " + (f"EP all-to-all {t.ep_comm:.3f}, " if t.ep_comm else "") +
         f"PP comm {t.pp_comm:.3f}, bubble {t.bubble:.3f}, DP comm {t.dp_comm:.3f}, "
-        f"optimizer {t.optimizer:.3f}",
+        f"optimizer {t.optimizer:.3f}" + (f", waiting for the host {t.host_wait:.3f}" if t.host_wait else ""),
     ]
     if c.stage_layers and c.pp > 1:
         lines.append(f"stages    layers per virtual stage {runs(c.stage_layers)} (embedding first, head last)")

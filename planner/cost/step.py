@@ -19,6 +19,7 @@ from .. import network
 from ..runtimes import RUNTIMES, expert_data_parallel, priced_as
 from ..schedules import SCHEDULES
 from . import fetch
+from .host import host_bound, host_s
 from .eager import eager_regime, eager_s, layer_eager_regime, step_param_bytes, wraps_in_fsdp
 from .layer import Context, LayerCost, layer_cost
 from .memory import (grad_comm_bytes_per_param, resident_bytes_per_param, state_bytes_per_param,
@@ -706,8 +707,9 @@ def estimate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: Pa
     capacity, usable = cluster.device.memory_bytes, cache.usable_bytes
     host_capacity = cluster.host_memory_bytes
     fits = peak.total <= usable and host_bytes <= host_capacity
-    return Estimate(step_time_s=step, tokens_per_s=tokens / step, model_tflops_per_gpu=model_flops / step / n / 1e12,
-                    mfu=model_flops / step / n / cluster.peak_flops(workload.precision),
-                    hardware_tflops_per_gpu=hw_flops / step / n / 1e12, memory=peak, memory_per_stage=memories,
-                    time=time, capacity_bytes=capacity, usable_bytes=usable, host_bytes_per_node=host_bytes,
-                    host_capacity_bytes=host_capacity, fits=fits)
+    est = Estimate(step_time_s=step, tokens_per_s=tokens / step, model_tflops_per_gpu=model_flops / step / n / 1e12,
+                   mfu=model_flops / step / n / cluster.peak_flops(workload.precision),
+                   hardware_tflops_per_gpu=hw_flops / step / n / 1e12, memory=peak, memory_per_stage=memories,
+                   time=time, capacity_bytes=capacity, usable_bytes=usable, host_bytes_per_node=host_bytes,
+                   host_capacity_bytes=host_capacity, fits=fits)
+    return host_bound(est, host_s(cache, config))

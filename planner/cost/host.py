@@ -1,0 +1,107 @@
+"""The host's side of a step of the torch executor: no step ends before the host has issued it.
+
+Each eager operator costs the host microseconds (Python, the dispatcher, autograd's bookkeeping) and
+launches its kernels asynchronously, so the GPU runs ahead of nothing: where the kernels are short
+(small models, short sequences, many micro-batches) the GPU waits for the host and the step takes
+the host's time (measured on one H200: benchmarks/results/gpu_round2_runs.json, whose FSDP rows with
+2 to 4 micro-batches ran 2.5 to 3.7 times their kernels' GPU time). FSDP2's hooks around every
+block, operator-level checkpointing's policy calls and a mixture of experts' routing (a copy of the
+tokens per expert back to the host each layer, which also drains the GPU's queue) add host work of
+their own.
+
+``meshplan profile`` measures the executor's host time per block in each of those regimes
+(executor/profile/host.py, ``[gpu.kernels] host_us``): per block per micro-batch and per step, and
+the rest of the step (embedding, head, loss, optimizer) per micro-batch and per step. A block of
+another model is priced by its kernel launches over the probe block's of its kind, dense or MoE
+(``launches``: the same operators run more or fewer times). The step is then the
+larger of the GPU's time and the host's (``host_s``): where they are close, the host also stalls
+the GPU at its synchronisations, which this bound leaves out. Only the torch runtime is measured
+(other runtimes: no bound), and only profiles written by ``meshplan profile`` on a GPU carry it.
+"""
+from __future__ import annotations
+
+import functools
+
+from ..model import ModelSpec
+from ..runtimes import priced_as
+from .eager import wraps_in_fsdp
+
+PROBE_EXPERTS = 8
+
+
+def probe_spec(blocks: int, experts: int = 0) -> ModelSpec:
+    """The probe's model (executor/profile/host.py trains it): a Llama-style block (RMSNorm, RoPE,
+    grouped-query attention, SwiGLU) at tiny widths, its MLP a mixture of ``experts`` (top 2) where
+    given."""
+    return ModelSpec(name=f"host-probe-{blocks}", num_layers=blocks, hidden=256, num_heads=4, num_kv_heads=2,
+                     head_dim=64, ffn_hidden=512, vocab_size=256, seq_len=64, max_positions=0, mlp="swiglu",
+                     norm="rmsnorm", linear_bias=False, qkv_bias=False, tied_embeddings=False, dropout=False,
+                     num_experts=experts, experts_per_token=2 if experts else 0)
+
+
+def launches(layer) -> float:
+    """Kernels a block launches per micro-batch as torch eager runs it under autocast: its elementwise
+    kernels forward and backward (planner/eager_table.py, counted from the executor's models; two per
+    elementwise operator where the family is not tabled), three GEMMs per linear (forward, input and
+    weight gradient) and two per attention core (forward, backward)."""
+    eager = dict(layer.eager).get("autocast")
+    kinds = [op.kind for op in layer.ops]
+    elementwise = eager.fwd_kernels + eager.bwd_kernels if eager else 2 * kinds.count("elementwise")
+    return elementwise + 3 * kinds.count("linear") + 2 * kinds.count("attention")
+
+
+@functools.lru_cache(maxsize=2)
+def probe_launches(experts: int = 0) -> float:
+    """``launches`` of the probe's block, dense or a mixture of ``experts``."""
+    from ..layers import build_layer_graph
+    return launches(next(layer for layer in build_layer_graph(probe_spec(1, experts)).layers if layer.is_block))
+
+
+def block_host_s(layer, policy: str, *, m: int, fsdp: bool, table: dict) -> float:
+    """Host seconds of one block over a step of ``m`` micro-batches: the probe block's of its kind (the
+    dense probe, or the MoE probe for a block with routed experts), plus what the policy (``op``,
+    ``full``) and FSDP add over the dense probe, scaled by the block's launches over its probe
+    block's. Each regime's time is ``m`` times its per-micro-batch part plus its per-step part
+    (``table``: seconds)."""
+    def at(regime: str) -> float:
+        per_microbatch, per_step = table[regime][:2]
+        return m * per_microbatch + per_step
+    routed = any(op.routed for op in layer.ops) and "moe" in table
+    eager = at("eager")
+    total = at("moe" if routed else "eager") + sum(
+        at(regime) - eager for regime, on in (("op", policy == "op"), ("full", policy == "full"), ("fsdp", fsdp))
+        if on and regime in table)
+    return max(total, 0.0) * launches(layer) / probe_launches(PROBE_EXPERTS if routed else 0)
+
+
+def host_s(cache, config) -> float:
+    """Host seconds of one step on its busiest rank (0 where the profile has no host measurement or the
+    runtime is not torch's)."""
+    from ..placement import assign_layers, layer_policies
+    table = {name: tuple(x * 1e-6 for x in values) for name, *values in cache.cluster.device.host_us}
+    if "eager" not in table or priced_as(cache.workload.framework) != "torch":
+        return 0.0
+    fsdp = wraps_in_fsdp(zero=config.zero, dp=config.dp * config.cp, tp=config.tp, pp=config.pp)
+    m = config.num_microbatches
+    rest = table["fsdp" if fsdp and "fsdp" in table else "eager"]
+    layers, policies = cache.graph.layers, layer_policies(cache.graph, config)
+    busiest = 0.0
+    for chunks in assign_layers(cache.graph, config):
+        total = max(m * rest[2] + rest[3], 0.0) + sum(
+            block_host_s(layers[i], policies[i], m=m, fsdp=fsdp, table=table)
+            for chunk in chunks for i in chunk if layers[i].is_block)
+        busiest = max(busiest, total)
+    return busiest
+
+
+def host_bound(est, host: float):
+    """``est`` with its step no shorter than ``host`` seconds: the GPU's wait for the host is the step's
+    ``host_wait``, and throughput, model and hardware FLOP/s and MFU scale with the longer step."""
+    from dataclasses import replace
+    if host <= est.step_time_s:
+        return est
+    ratio = est.step_time_s / host
+    return replace(est, step_time_s=host, tokens_per_s=est.tokens_per_s * ratio,
+                   model_tflops_per_gpu=est.model_tflops_per_gpu * ratio, mfu=est.mfu * ratio,
+                   hardware_tflops_per_gpu=est.hardware_tflops_per_gpu * ratio,
+                   time=replace(est.time, host_wait=est.time.host_wait + host - est.step_time_s))
