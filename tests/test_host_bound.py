@@ -102,13 +102,19 @@ def test_the_profile_reads_host_us_and_refuses_what_it_cannot_price():
         assert err.value.field == field
 
 
-def test_the_probe_solves_the_four_host_times_from_its_four_runs():
+def test_the_probe_fits_the_four_host_times_to_its_runs_and_says_how_well():
     from executor.profile.host import DEPTHS, solve
     truth = {"block_microbatch_s": 2e-3, "block_step_s": 3e-4, "rest_microbatch_s": 5e-4, "rest_step_s": 4e-3}
     t = {(blocks, m): m * (blocks * truth["block_microbatch_s"] + truth["rest_microbatch_s"])
          + blocks * truth["block_step_s"] + truth["rest_step_s"] for blocks, m in DEPTHS}
     got = solve(t)
-    assert got == pytest.approx(truth, rel=1e-9)
+    assert {k: got[k] for k in truth} == pytest.approx(truth, rel=1e-9) and got["rms_residual_s"] < 1e-12
+    # round 2's four runs (2 and 6 blocks, 1 and 2 micro-batches) determine it exactly
+    four = {k: t[k] for k in ((2, 1), (6, 1), (2, 2), (6, 2))}
+    assert {k: solve(four)[k] for k in truth} == pytest.approx(truth, rel=1e-9)
+    # one run 1 ms off: the fit moves and its residual shows it
+    noisy = solve({**t, (4, 1): t[(4, 1)] + 1e-3})
+    assert noisy["rms_residual_s"] > 1e-4
 
 
 def test_the_derived_profile_carries_the_probe_as_host_us():
