@@ -72,11 +72,13 @@ def _clusters(args) -> int:
                     "nic_Gbps": c.nic.bytes_per_s * 8 / 1e9} for c in rows], sys.stdout)
         sys.stdout.write("\n")
         return 0
-    print(f"{'name':<10} {'GPU':<24} {'mem GiB':>7} {'TFLOPS':>7} {'per node':>8} {'intra GB/s':>10} {'network':>14}")
+    # columns as wide as their longest entry (profile names like gb200-nvl72, GPU names like B200 (GB200, 1,200 W))
+    wn, wg = max([4] + [len(c.name) for c in rows]), max([3] + [len(c.device.name) for c in rows])
+    print(f"{'name':<{wn}} {'GPU':<{wg}} {'mem GiB':>7} {'TFLOPS':>7} {'per node':>8} {'intra GB/s':>10} {'network':>14}")
     for c in rows:
         peak = max(f for _, f in c.device.peak_flops) / 1e12
         net = f"{c.nics_per_node}x{c.nic.bytes_per_s * 8 / 1e9:.0f} Gb/s" if c.nics_per_node else "-"
-        print(f"{c.name:<10} {c.device.name:<24} {c.device.memory_bytes / GiB:>7.1f} {peak:>7.1f} "
+        print(f"{c.name:<{wn}} {c.device.name:<{wg}} {c.device.memory_bytes / GiB:>7.1f} {peak:>7.1f} "
               f"{c.gpus_per_node:>8} {c.intra.bytes_per_s / 1e9:>6.0f} {c.fabric:<3.3} {net:>14}")
     print("\nor --cluster path/to/profile.toml (see profiles/*.toml for the format)")
     return 0

@@ -1,0 +1,53 @@
+"""The 2025-2026 GPU profiles (profiles/gb200-nvl72.toml, mi300x.toml): a GB200 NVL72 rack is one NVLink
+domain of 72 GPUs, so tensor parallelism over 16 of them stays on NVLink, where on DGX B200 nodes of 8 it
+crosses InfiniBand; both plan and sweep."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from planner import api
+from planner.cluster import load_cluster
+from planner.config import ParallelConfig, Workload
+from planner.layers import build_layer_graph
+from planner.model import load_model
+
+
+def _tp_comm(cluster, tp: int) -> float:
+    """Exposed TP communication of Llama 3 70B at ``tp`` under Megatron-LM (which replicates the 8 key/value
+    heads over a TP group of 16), ZeRO-1, sequence parallel."""
+    spec = load_model("llama3-70b")
+    gpus = cluster.num_gpus
+    job = api.Job(model_source="llama3-70b", spec=spec, graph=build_layer_graph(spec), cluster=cluster,
+                  workload=Workload(global_batch=gpus // tp * 2, seq_len=8192, framework="megatron"))
+    config = ParallelConfig(dp=gpus // tp, tp=tp, pp=1, zero=1, micro_batch=1, num_microbatches=2, recompute="full",
+                            sequence_parallel=True)
+    return api.fixed_plan(job, config).best.estimate.time.tp_comm
+
+
+def test_tensor_parallelism_over_16_gpus_stays_on_nvlink_in_an_nvl72_rack():
+    nvl72, dgx = load_cluster("gb200-nvl72", 144), load_cluster("b200", 144)
+    # a TP group of 16 crosses InfiniBand between DGX B200 nodes of 8 and stays on NVLink in the rack
+    assert _tp_comm(nvl72, 16) < 0.75 * _tp_comm(dgx, 16)
+    # what decides it is the NVLink domain: DGX B200 nodes as large as the rack price it the same (both NVLink5 at
+    # 900 GB/s per direction, the same efficiency and latency)
+    rack_sized = replace(dgx, gpus_per_node=72, nics_per_node=72)
+    assert _tp_comm(nvl72, 16) == pytest.approx(_tp_comm(rack_sized, 16), rel=1e-6)
+    # inside 8 GPUs both are NVLink5 at the same rate
+    assert _tp_comm(nvl72, 8) == pytest.approx(_tp_comm(dgx, 8), rel=1e-6)
+
+
+@pytest.mark.parametrize("name,gpus_per_node,vendor", [("gb200-nvl72", 72, "NVIDIA"), ("mi300x", 8, "AMD")])
+def test_the_new_profiles_load_with_their_domains(name, gpus_per_node, vendor):
+    cluster = load_cluster(name)
+    assert cluster.gpus_per_node == cluster.num_gpus == gpus_per_node and cluster.device.name.startswith(vendor)
+
+
+def test_whatif_sweeps_the_gpus_of_2026(cli, tmp_path):
+    out = cli("whatif", "--model", "llama3-8b", "--gpus", "72", "--sweep",
+              "gpu=h100-80g,h200,b200,gb200-nvl72,mi300x", "--out", str(tmp_path))
+    points = json.loads((tmp_path / "whatif.json").read_text())["points"]
+    assert out.returncode == 0 and "gb200-nvl72" in out.stdout and (tmp_path / "whatif.png").is_file()
+    assert len(points) == 5
