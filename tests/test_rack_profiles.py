@@ -51,3 +51,21 @@ def test_whatif_sweeps_the_gpus_of_2026(cli, tmp_path):
     points = json.loads((tmp_path / "whatif.json").read_text())["points"]
     assert out.returncode == 0 and "gb200-nvl72" in out.stdout and (tmp_path / "whatif.png").is_file()
     assert len(points) == 5
+
+
+@pytest.mark.parametrize("name,tflops", [("h100-80g", 1978.9), ("h200", 1978.9), ("b200", 4500), ("gb200-nvl72", 5000),
+                                         ("mi300x", 2614.9), ("l40s", 733), ("a100-80g", 0), ("v100-32g", 0)])
+def test_fp8_peaks_are_the_datasheets_dense_figures_and_no_precision_of_their_own(name, tflops):
+    """Dense FP8 tensor-core peaks (H100/H200 SXM and L40S datasheets: half the sparse figure; B200 at 1,000 W and
+    1,200 W; MI300X); Ampere and Volta have none. FP8 is not offered as a training precision by itself."""
+    device = load_cluster(name).device
+    assert device.fp8_peak_flops == pytest.approx(tflops * 1e12)
+    assert "fp8" not in device.dtypes
+
+
+def test_the_measured_h200_profile_carries_its_best_fp8_gemm(cli):
+    raw = json.loads(open("profiles/measured/h200.kernels.json").read())["device"]["kernels"]["fp8_gemm"]
+    best = max(r["tflops"] for r in raw if "tflops" in r)
+    assert load_cluster("profiles/measured/h200.toml").device.fp8_peak_flops == pytest.approx(best * 1e12, rel=1e-3)
+    listed = {c["name"]: c for c in json.loads(cli("clusters", "--json").stdout)}
+    assert listed["b200"]["peak_tflops"]["fp8"] == 4500 and "fp8" not in listed["a100-80g"]["peak_tflops"]

@@ -170,6 +170,9 @@ def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, da
         kernel_lines += tp_block_lines(comm["tp_block"], comm["world"], link, latency, measured)
     if not cpu and m.get("kernels"):
         peaks, kernel_lines, gpu_src = _fitted(m, peaks, measured)
+        fp8 = [r["tflops"] for r in m["kernels"].get("fp8_gemm", []) if "tflops" in r]
+        if fp8:         # the best FP8 GEMM (torch._scaled_mm, executor/profile/kernels.py fp8_gemm_sweep)
+            peaks = {**peaks, "fp8": max(fp8)}
     lines = [
         f"# Written by `{command}` on {host} ({date}). Every number below was measured on that machine",
         "# by that command (the raw measurements are under [measured]); see executor/profile/toml.py",

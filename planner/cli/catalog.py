@@ -67,7 +67,8 @@ def _clusters(args) -> int:
     if args.json:
         json.dump([{"name": c.name, "description": c.description, "gpus_per_node": c.gpus_per_node,
                     "device": c.device.name, "memory_bytes": c.device.memory_bytes,
-                    "peak_tflops": {d: f / 1e12 for d, f in c.device.peak_flops},
+                    "peak_tflops": {**{d: f / 1e12 for d, f in c.device.peak_flops},
+                                    **({"fp8": c.device.fp8_peak_flops / 1e12} if c.device.fp8_peak_flops else {})},
                     "intra_node_GBps": c.intra.bytes_per_s / 1e9, "nics_per_node": c.nics_per_node,
                     "nic_Gbps": c.nic.bytes_per_s * 8 / 1e9} for c in rows], sys.stdout)
         sys.stdout.write("\n")
