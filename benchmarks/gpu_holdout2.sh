@@ -11,14 +11,8 @@
 #    $OUT/gpu_holdout2_predicted_inrun.json;
 # 3. the holdout plans trained and measured: $OUT/gpu_holdout2_runs.json, written after every plan.
 # Then, anywhere: python benchmarks/gpu_validate.py --raw $OUT/gpu_holdout2_runs.json --cluster $OUT/h200.toml
-set -u
 OUT=${OUT:-/tmp/meshplan-holdout2}
-mkdir -p "$OUT"
-if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+source benchmarks/gpu_env.sh
 date -u +"probe start %FT%TZ"
 timeout "${PROBE_S:-150}" python3 -m executor.profile.host --merge profiles/measured/h200.kernels.json \
     --out "$OUT/h200.kernels.json" 2>&1 | grep -v Warning

@@ -13,14 +13,8 @@
 # next its time. Wheels under .whl/ (PuLP, highspy: the planner's solver) are installed first where the
 # machine reaches no package registry. Then, anywhere:
 #     python benchmarks/gpu_validate.py --raw $OUT/gpu_round2_runs.json --cluster $OUT/NAME.toml
-set -u
 OUT=${OUT:-/tmp/meshplan-round2}
-mkdir -p "$OUT"
-if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+source benchmarks/gpu_env.sh
 NAME=${NAME:-$(python3 -c "import torch; print(torch.cuda.get_device_name().split()[1].lower())")}
 nvidia-smi --query-gpu=name,memory.total,power.limit,clocks.max.sm,clocks.max.mem,driver_version --format=csv \
     > "$OUT/nvidia-smi.csv" 2>&1
