@@ -14,7 +14,7 @@
 OUT=${OUT:-/tmp/meshplan-holdout2}
 source benchmarks/gpu_env.sh
 date -u +"probe start %FT%TZ"
-timeout "${PROBE_S:-150}" python3 -m executor.profile.host --merge profiles/measured/h200.kernels.json \
+timeout "${PROBE_S:-240}" python3 -m executor.profile.host --merge profiles/measured/h200.kernels.json \
     --out "$OUT/h200.kernels.json" 2>&1 | grep -v Warning
 python3 -m planner.cli profile --from "$OUT/h200.kernels.json" --name measured-h200 --out "$OUT/h200.toml"
 grep host_us "$OUT/h200.toml"
