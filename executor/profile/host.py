@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from planner.cost.host import probe_spec
+from planner.cost.host import PROBE_EXPERTS, probe_spec
 
 # (blocks, micro-batches) of the timed runs: three depths and two micro-batch counts, so that the four
 # host times are fitted with a residual that says how well one line holds (a GPU lease measured four
@@ -37,7 +37,7 @@ PROBES = {"eager": {"zero": 0, "recompute": "none"},
           "op": {"zero": 0, "recompute": "op"},
           "full": {"zero": 0, "recompute": "full"},
           "fsdp": {"zero": 3, "recompute": "none"},
-          "moe": {"zero": 0, "recompute": "none", "experts": 8}}
+          "moe": {"zero": 0, "recompute": "none", "experts": PROBE_EXPERTS}}
 
 
 def probe_config(spec) -> dict:
