@@ -21,6 +21,7 @@ The dispatcher ``parallelize`` composes them in this order (torchtitan's
                   ranks, tokens exchanged with all-to-alls;
 2. ``apply_ac``   activation checkpointing per layer, inside the data-parallel units,
                   so recomputation runs while the unit's parameters are gathered;
+   ``apply_compile`` with ``--compile``, each unit ``torch.compile``d, checkpointing inside it;
 3. data parallelism by ZeRO stage (``dp_wrapper``); under expert parallelism first the experts'
                   units over the ``efsdp`` ranks (``apply_expert_dp``), then the rest over ``dp_cp`` (the data-parallel and
                   context-parallel ranks hold the same parameters): ``apply_fsdp`` (ZeRO-3:
@@ -166,6 +167,22 @@ def apply_ac(model: nn.Module, recompute_per_layer: dict[str, str], *,
         else:
             apply_policy(layer, policy, attention_core=attention_core)
     return notes
+
+
+def apply_compile(units: Iterable[nn.Module]) -> None:
+    """Each data-parallel unit (meshplan's blocks; a user's layers) ``torch.compile``d in place
+    (``nn.Module.compile``: the module stays, its forward runs compiled), after activation checkpointing
+    and before the data-parallel wrappers, as torchtitan compiles each transformer block
+    (torchtitan/models/llama3/infra/parallelize.py ``apply_compile``): FSDP2's hooks stay outside the
+    graphs, and the graphs are compiled at the first step (inductor; on a CPU too). A unit whose forward
+    ``apply_ac`` replaced (``full`` and ``op``: the block's forward under ``torch.utils.checkpoint``, an
+    attribute of the instance) has that forward compiled: ``nn.Module.compile`` compiles the module's
+    call, which dynamo does not trace through such an attribute (it captured no graph)."""
+    for unit in units:
+        if "forward" in vars(unit):
+            unit.forward = torch.compile(unit.forward)
+        else:
+            unit.compile()
 
 
 def apply_expert_dp(model: nn.Module, expert_mesh: DeviceMesh, *, sharded: bool, reshard_after_forward: bool,
@@ -315,6 +332,8 @@ def shard_model(model: nn.Module, plan: Plan, dims: ParallelDims, mesh: DeviceMe
     notes = apply_ac(model, plan.recompute_per_layer, attention_core=sdpa if own else None)
     modules = dict(model.named_modules())
     units = [modules[path] for path in dp_units(model, plan)]
+    if plan.workload.compile:
+        apply_compile(units)
     mp_policy = mixed_precision(plan.workload.precision, device_type)
     wrapper = dp_wrapper(plan, dims)
     if expert_mesh is not None and wrapper in ("fsdp", "replicate"):

@@ -29,6 +29,7 @@ from .layers import LayerGraph, build_layer_graph
 from .model import ModelSpec, load_model
 from .plan import Plan
 from .recompute import expand_recompute
+from .runtimes import RUNTIMES
 from .search import Knobs, SearchResult, default_solver, evaluate, search
 from .search.finish import finish
 
@@ -73,6 +74,7 @@ class JobInputs:
     memory_headroom: float = DEFAULT_MEMORY_HEADROOM   # memory a plan leaves free (planner/config.py)
     expert_imbalance: float = 1.0       # the busiest expert rank's tokens over the balanced share (planner/config.py)
     expert_dispatcher: str = "alltoall"     # "alltoall" or Megatron-LM's "allgather" (planner/config.py)
+    compile: bool = False               # torch: each block torch.compile'd (planner/config.py Workload.compile)
 
     def load(self, warn: Callable[[str], None] | None = None) -> Job:
         """The Job: the model traced or built, the cluster loaded with its GPUs, the workload with its defaults.
@@ -98,7 +100,10 @@ class JobInputs:
                             seq_len=seq, precision=precision, framework=self.framework, attention=self.attention,
                             overlap_grad_reduce=self.overlap_grad_reduce, tp_comm_overlap=self.tp_comm_overlap,
                             memory_headroom=self.memory_headroom, expert_imbalance=self.expert_imbalance,
-                            expert_dispatcher=self.expert_dispatcher)
+                            expert_dispatcher=self.expert_dispatcher, compile=self.compile)
+        if self.compile and not RUNTIMES[self.framework].on(cluster.device_kind).compiles_blocks:
+            raise UserError(f"the {self.framework} runtime does not compile blocks with torch.compile; allowed with "
+                            "--compile: --framework torch or torchtitan", field="--compile")
         return Job(model_source=self.model, spec=spec, graph=graph, cluster=cluster, workload=workload)
 
 

@@ -464,7 +464,13 @@ def _torchtitan_sections(plan, python: bool = False) -> tuple[dict, list[str]]:
             notes.append("torchtitan's CPU offload (FSDP) moves parameters and gradients too, not only the optimizer")
     checkpoint, more = _torchtitan_checkpoint(plan)
     notes += more
-    return {"training": training, "parallelism": parallelism, "activation_checkpoint": checkpoint}, notes
+    sections = {"training": training, "parallelism": parallelism, "activation_checkpoint": checkpoint}
+    if w.compile:       # per-block torch.compile of the model, as meshplan run does; the loss stays eager
+        sections["compile"] = {"enable": True, "components": ["model"]}
+        if python:
+            notes.append("compile: the Python form's compile config is not written here; enable torch.compile of "
+                         "the model (components model) in your config, as torchtitan.toml's [compile] says")
+    return sections, notes
 
 
 def _torchtitan_model(plan) -> tuple[str, str] | None:

@@ -59,6 +59,8 @@ class Combinations:
     recomputes_with_ep: tuple[str, ...] | None = None   # the recompute policies that run with ep > 1 (None: all)
     grouped_experts: bool = False           # a rank's routed experts run as one grouped GEMM (one launch, their tiles
                                             # in the same waves) rather than one GEMM after another
+    compiles_blocks: bool = False           # --compile: each block torch.compile'd (torchtitan's per-block compile,
+                                            # torchtitan/models/llama3/infra/parallelize.py apply_compile)
     ep_needs_sp: bool = False               # ep > 1 with tp > 1 needs sequence parallelism (Megatron-LM's
                                             # arguments.py: "When using MoE and tensor parallelism, sequence
                                             # parallelism must be used")
@@ -178,6 +180,7 @@ class Runtime:
 # operator-level recompute ("op": the experts' data-parallel unit inside the checkpointed block runs other hook ops
 # in the recompute, which torch's selective checkpointing refuses)
 _TORCH_RUNS = Combinations(
+    compiles_blocks=True,       # executor/parallelize.py apply_compile (torch.compile on the CPU too: inductor)
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1, 2, 3), zero_stages_with_tp=(0, 1, 2, 3),
     schedules=tuple(SCHEDULES), recomputes=ALL_RECOMPUTES, sequence_parallel=True,
     context_parallel=True, offload_zero_stages=(1, 2, 3), replicates_kv_heads=False, stages_without_blocks=True,
@@ -305,7 +308,8 @@ _TORCHTITAN_RUNS = Combinations(
     schedules=tuple(name for name, s in SCHEDULES.items() if s.torch_name), recomputes=runs_in("torchtitan"),
     sequence_parallel=True, context_parallel=True, offload_zero_stages=(2, 3), replicates_kv_heads=False,
     stages_without_blocks=True, unequal_stages=True, recompute_per_layer=False, expert_parallel="folded",
-    grouped_experts=True)       # torchtitan's MoE: use_grouped_mm (torch._grouped_mm), its default
+    grouped_experts=True,       # torchtitan's MoE: use_grouped_mm (torch._grouped_mm), its default
+    compiles_blocks=True)       # [compile] enable, components = ["model"]: apply_compile per transformer block
 
 TORCHTITAN = replace(
     TORCH, name="torchtitan", priced_as="torch", runs={"cuda": _TORCHTITAN_RUNS, "cpu": _TORCHTITAN_RUNS},

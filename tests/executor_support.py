@@ -61,6 +61,9 @@ def write_plan(tmp_path, spec: ModelSpec, *, gpus: int, name: str = "plan", glob
                                     "recompute": "none"}
     for key, value in {**defaults, **knobs}.items():
         flag = "--" + key.replace("_", "-")
+        if key == "compile":            # a switch: --compile or nothing
+            argv += [flag] if value else []
+            continue
         argv += [flag, ("on" if value else "off") if isinstance(value, bool) else str(value)]
     with contextlib.redirect_stdout(io.StringIO()):
         assert planner_main(argv) == 0, argv

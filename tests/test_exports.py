@@ -400,3 +400,20 @@ def test_the_sbatch_export_starts_meshplan_run_on_every_node(tmp_path):
         assert args[0] == "run" and flags["--plan"] == "plan.json" and flags["--model"] == "llama3-70b"
         assert (flags["--nproc"], flags["--nnodes"], flags["--node-rank"]) == ("8", "2", str(rank))
         assert flags["--rdzv-endpoint"] == "node-a:29500"
+
+
+def test_torchtitan_compiles_the_model_where_the_plan_compiles_its_blocks(tmp_path):
+    """--compile: torchtitan.toml's [compile] (torchtitan's JobConfig Compile: enable, components) compiles the
+    model as meshplan run does; the loss stays eager. The reader says it prices compiled blocks as eager."""
+    from planner.exports import torchtitan_python
+    compiled = fixed_plan("llama3-8b", "h100-80g", 8, EIGHT, framework="torch", compile=True)
+    doc = tomllib.loads(torchtitan(compiled).text)
+    assert doc["compile"] == {"enable": True, "components": ["model"]}
+    assert "compile" not in tomllib.loads(torchtitan(torch_plan(EIGHT)).text)
+    assert any("compile" in note for note in torchtitan_python(compiled).notes)
+    path = tmp_path / "torchtitan.toml"
+    path.write_text(torchtitan(compiled).text)
+    from conftest import run_cli
+    proc = run_cli("compare", "--cluster", "h100-80g", "--gpus", "8", "--model", "llama3-8b", "--baseline", str(path))
+    assert proc.returncode == 0, proc.stderr
+    assert "priced as eager" in proc.stdout

@@ -143,6 +143,9 @@ def read(doc: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
     notes += more
     per_block, more = _recompute(doc.get("activation_checkpoint"), source, graph.num_blocks, pp)
     notes += more
+    if doc.get("compile", {}).get("enable"):
+        notes.append("compile enable: torch.compile'd blocks are priced as eager (what compiling saves is not "
+                     "modelled yet)")
     recompute, recompute_layers = recompute_of(graph, per_block)
     # enable_cpu_offload: FSDP2's CPUOffloadPolicy (torchtitan/distributed/fsdp.py), which keeps the sharded
     # parameters, gradients and optimizer states in host memory: meshplan's optimizer offload at ZeRO-2/3

@@ -157,6 +157,9 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
                    help="model a runtime that reduces gradients after backward instead of overlapping")
     p.add_argument("--tp-comm-overlap", action="store_true",
                    help="model TP collectives overlapped with GEMMs (TransformerEngine userbuffers)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch and torchtitan: compile each transformer block with torch.compile, as torchtitan "
+                        "does; `meshplan run` compiles them. The estimate prices the blocks as eager so far")
     p.add_argument("--memory-headroom", type=headroom, default=DEFAULT_MEMORY_HEADROOM, metavar="FRACTION",
                    help="memory a plan leaves free, over its predicted peak (0.21 or 21%%; 0: none). Default "
                         f"{DEFAULT_MEMORY_HEADROOM:g}: the largest gap between the predicted peak and the peak torch's "
@@ -208,7 +211,8 @@ def job_inputs(args: argparse.Namespace) -> JobInputs:
                      tp_comm_overlap=args.tp_comm_overlap, example_input=getattr(args, "example_input", None),
                      memory_headroom=args.memory_headroom,
                      expert_imbalance=getattr(args, "expert_imbalance", 1.0),
-                     expert_dispatcher=getattr(args, "expert_dispatcher", "alltoall"))
+                     expert_dispatcher=getattr(args, "expert_dispatcher", "alltoall"),
+                     compile=getattr(args, "compile", False))
 
 
 def knobs(args: argparse.Namespace) -> Knobs:

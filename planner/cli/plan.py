@@ -105,7 +105,8 @@ def format_plan(plan: Plan, tokens: float | None = None) -> str:
     mem, t = e.memory, e.time
     lines = [
         f"{plan.model_name} ({plan.model_params / 1e9:.2f}B params) on {plan.cluster_name} x {plan.world_size} "
-        f"GPUs: {w.global_batch} sequences x {w.seq_len} tokens per step, {w.precision}, {w.framework} runtime",
+        f"GPUs: {w.global_batch} sequences x {w.seq_len} tokens per step, {w.precision}, {w.framework} runtime"
+        + (", blocks compiled (priced as eager: what compiling saves is not modelled yet)" if w.compile else ""),
         "",
         f"plan      {describe_config(c)}",
         f"step      {e.step_time_s:.3f} s   {e.tokens_per_s:,.0f} tokens/s   "
