@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU truth, round 2's holdout (issue 28), as one job on the GPU that ran round 2, from the repository root:
+# GPU truth, round 2's holdout, as one job on the GPU that ran round 2, from the repository root:
 #
 #     OUT=/some/dir bash benchmarks/gpu_holdout2.sh
 #

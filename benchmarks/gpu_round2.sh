@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU truth, round 2 (issue 28), as one job on one lent GPU, from the repository root:
+# GPU truth, round 2, as one job on one lent GPU, from the repository root:
 #
 #     OUT=/some/dir bash benchmarks/gpu_round2.sh
 #

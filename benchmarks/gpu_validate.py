@@ -104,7 +104,7 @@ HOLDOUT = {
     "gpt3-760m mb6 s2k": ("gpt3-760m", 6, 1, 2048, "none", 0),
     "gpt3-760m mb2 s4k full": ("gpt3-760m", 2, 1, 4096, "full", 0),
 }
-# Round 2 (issue 28): what the planner now recommends and round 1 never timed: activation offload,
+# Round 2: what the planner now recommends and round 1 never timed: activation offload,
 # operator-level and every-2 recompute, FSDP with 2-4 micro-batches (host-bound), and mixtures of
 # experts with grouped expert GEMMs (torch._grouped_mm, executor/moe.py). Predicted before they ran
 # (benchmarks/results/gpu_round2_predicted*.json), then measured.

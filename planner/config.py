@@ -59,7 +59,7 @@ class Workload:
                                            # (--moe-token-dispatcher-type; Combinations.expert_dispatchers)
     compile: bool = False                  # torch: each transformer block torch.compile'd (torchtitan's per-block
                                            # compile; --compile). Priced as eager so far: the fused kernels' saved
-                                           # traffic is not yet modelled (issue 26)
+                                           # traffic is not yet modelled
     expert_imbalance: float = 1.0          # under expert parallelism, the tokens the busiest rank's experts receive
                                            # over the balanced share (>= 1): its expert GEMMs, activations and all-to-
                                            # all traffic grow by it and the step waits for it. 1: balanced, as the

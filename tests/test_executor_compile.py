@@ -1,4 +1,4 @@
-"""``--compile`` (issue 26): the executor compiles each block with torch.compile (inductor, on the CPU
+"""``--compile``: the executor compiles each block with torch.compile (inductor, on the CPU
 too), as torchtitan does; the losses equal the eager single-process reference within 1e-4, under
 FSDP2 ZeRO-3 over 2 gloo ranks with full recompute inside the compiled blocks."""
 from __future__ import annotations

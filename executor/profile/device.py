@@ -190,7 +190,7 @@ def kernel_detail(device: str, dtypes: list[str], *, quick: bool) -> dict:
             "copy": pk.bandwidth_sweep(device, list(GPU_COPY_BYTES if gpu else (2**16, 2**20))),
             "adam": pk.adam_variants(device, tensors=150 if gpu else 4, params_per_tensor=2**20 if gpu else 2**10),
             # FP8 (torch._scaled_mm) over the bf16 sweep's shapes, the casts around it, grouped expert
-            # GEMMs, host copies beside compute, host time per operator (issue 28)
+            # GEMMs, host copies beside compute, host time per operator
             "fp8_gemm": pk.fp8_gemm_sweep(device, list(tokens), list(widths), graph=gpu),
             "fp8_cast": pk.fp8_casts(device, tokens=8192 if gpu else 256, hidden=4096 if gpu else 64, compiled=gpu),
             "grouped_gemm": pk.grouped_gemm_sweep(device, [8, 32] if gpu else [4], list(GPU_EXPERT_TOKENS if gpu else (16,)),

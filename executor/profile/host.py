@@ -1,5 +1,5 @@
 """The host's time per block of meshplan's executor, by regime: what a step costs where the GPU waits
-for Python to issue its kernels (issue 28).
+for Python to issue its kernels.
 
 A step of a small model on a fast GPU is bound by the host: each eager operator costs the host
 microseconds (dispatch, autograd, the module's Python) while its kernel runs in fewer, and FSDP2's

@@ -321,7 +321,7 @@ def kernel_gap(device: str, kernels: int = 200, repeat: int = 5) -> dict:
     return {"kernels": kernels, "s_per_kernel": time_per_call(chain, device, repeat, graph=True) / kernels}
 
 
-# -- FP8, grouped expert GEMMs, host copies under load, host time per operator (issue 28) --------
+# -- FP8, grouped expert GEMMs, host copies under load, host time per operator ---------------------
 
 FP8_RECIPES = ("tensorwise", "rowwise")
 FP8_MAX = 448.0             # largest finite float8_e4m3fn (OCP 8-bit floating point spec, E4M3)
