@@ -37,6 +37,10 @@ TP_STYLES = ("colwise", "rowwise", "vocab", "colwise_loss", "sequence")
 DEFAULT_MEMORY_HEADROOM = 0.21
 
 
+# what the estimate of a plan with compiled blocks (Workload.compile) says of them, wherever it says it
+COMPILE_PRICED_AS = "compiled blocks are priced as eager (what compiling saves is not modelled yet)"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Workload:
     """What one optimizer step processes and with which runtime."""
@@ -58,8 +62,7 @@ class Workload:
                                            # alls, or Megatron-LM's all-gather and reduce-scatter
                                            # (--moe-token-dispatcher-type; Combinations.expert_dispatchers)
     compile: bool = False                  # torch: each transformer block torch.compile'd (torchtitan's per-block
-                                           # compile; --compile). Priced as eager so far: the fused kernels' saved
-                                           # traffic is not yet modelled
+                                           # compile; --compile). Priced as eager so far (COMPILE_PRICED_AS)
     expert_imbalance: float = 1.0          # under expert parallelism, the tokens the busiest rank's experts receive
                                            # over the balanced share (>= 1): its expert GEMMs, activations and all-to-
                                            # all traffic grow by it and the step waits for it. 1: balanced, as the

@@ -400,6 +400,22 @@ class _Fields:
         return value
 
 
+def config_json(spec: ModelSpec) -> dict:
+    """The Hugging Face config.json ``load_hf_config`` reads back as ``spec``, for the families written here:
+    GPT-2 (GELU MLP, learned positions, tied embeddings), Llama, and Mixtral where ``spec`` has routed experts."""
+    if spec.mlp == "gelu":
+        return {"model_type": "gpt2", "n_layer": spec.num_layers, "n_embd": spec.hidden, "n_head": spec.num_heads,
+                "n_inner": spec.ffn_hidden, "vocab_size": spec.vocab_size, "n_positions": spec.max_positions,
+                "resid_pdrop": 0.0, "attn_pdrop": 0.0, "embd_pdrop": 0.0, "tie_word_embeddings": True}
+    out = {"model_type": "mixtral" if spec.num_experts else "llama", "num_hidden_layers": spec.num_layers,
+           "hidden_size": spec.hidden, "num_attention_heads": spec.num_heads, "num_key_value_heads": spec.num_kv_heads,
+           "intermediate_size": spec.ffn_hidden, "vocab_size": spec.vocab_size,
+           "max_position_embeddings": spec.seq_len, "tie_word_embeddings": False}
+    if spec.num_experts:
+        out.update(num_local_experts=spec.num_experts, num_experts_per_tok=spec.experts_per_token)
+    return out
+
+
 def load_hf_config(path: Path) -> ModelSpec:
     """Read a Hugging Face config.json of a supported model_type into a ModelSpec."""
     source = str(path)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from executor.data import global_batch
 from executor.models import build_model, full_init, init_key
 from executor.train import exit_now
-from planner.model import ModelSpec
+from planner.model import ModelSpec, config_json
 
 SEQ = 16
 GLOBAL_BATCH = 8
@@ -34,18 +34,6 @@ TINY_LLAMA = ModelSpec(name="tiny-llama", num_layers=4, hidden=64, num_heads=4, 
                        linear_bias=False, qkv_bias=False, tied_embeddings=False, dropout=False)
 
 
-def hf_config(spec: ModelSpec) -> dict:
-    """The Hugging Face config.json that planner.model.load_hf_config reads back as ``spec``."""
-    if spec.mlp == "gelu":
-        return {"model_type": "gpt2", "n_layer": spec.num_layers, "n_embd": spec.hidden, "n_head": spec.num_heads,
-                "n_inner": spec.ffn_hidden, "vocab_size": spec.vocab_size, "n_positions": spec.max_positions,
-                "resid_pdrop": 0.0, "attn_pdrop": 0.0, "embd_pdrop": 0.0, "tie_word_embeddings": True}
-    return {"model_type": "llama", "num_hidden_layers": spec.num_layers, "hidden_size": spec.hidden,
-            "num_attention_heads": spec.num_heads, "num_key_value_heads": spec.num_kv_heads,
-            "intermediate_size": spec.ffn_hidden, "vocab_size": spec.vocab_size,
-            "max_position_embeddings": spec.seq_len, "tie_word_embeddings": False}
-
-
 def write_plan(tmp_path, spec: ModelSpec, *, gpus: int, name: str = "plan", global_batch: int = GLOBAL_BATCH,
                cluster: str = "cpu-gloo", searched: bool = False, **knobs) -> str:
     """plan.json from `meshplan plan` (the planner's CLI) for ``spec`` with fixed knobs: those given,
@@ -53,7 +41,7 @@ def write_plan(tmp_path, spec: ModelSpec, *, gpus: int, name: str = "plan", glob
     ``searched`` only those given (the planner searches the rest)."""
     from planner.cli import main as planner_main
     config = tmp_path / f"{spec.name}.json"
-    config.write_text(json.dumps(hf_config(spec)))
+    config.write_text(json.dumps(config_json(spec)))
     out = tmp_path / f"{name}.json"
     argv = ["plan", "--model", str(config), "--cluster", cluster, "--gpus", str(gpus), "--precision", "fp32" if cluster == "cpu-gloo" else "bf16",
             "--global-batch", str(global_batch), "--seq-len", str(spec.seq_len), "--out", str(out), "--json"]

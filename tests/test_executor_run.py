@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from executor_support import TINY_GPT, TINY_LLAMA, assert_losses, hf_config, reference_run, write_plan
+from planner.model import config_json
+from executor_support import TINY_GPT, TINY_LLAMA, assert_losses, reference_run, write_plan
 
 pytestmark = pytest.mark.distributed      # `meshplan run` launches torchrun
 
@@ -54,7 +55,7 @@ def test_run_prints_predicted_against_measured(tmp_path):
 def test_run_refuses_a_model_the_plan_was_not_made_for(tmp_path):
     plan = write_plan(tmp_path, TINY_GPT, gpus=2, dp=2)
     other = tmp_path / "llama.json"
-    other.write_text(json.dumps(hf_config(TINY_LLAMA)))
+    other.write_text(json.dumps(config_json(TINY_LLAMA)))
     done = run_cli("run", "--plan", plan, "--model", str(other), "--steps", "1", cwd=tmp_path, timeout=300)
     assert done.returncode == 2
     assert "model.spec: --model" in done.stderr and "mlp 'swiglu' != 'gelu'" in done.stderr

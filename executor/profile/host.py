@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from planner.cost.host import PROBE_EXPERTS, probe_spec
+from planner.model import config_json
 
 # (blocks, micro-batches) of the timed runs: three depths and two micro-batch counts, so that the four
 # host times are fitted with a residual that says how well one line holds (a GPU lease measured four
@@ -40,24 +41,13 @@ PROBES = {"eager": {"zero": 0, "recompute": "none"},
           "moe": {"zero": 0, "recompute": "none", "experts": PROBE_EXPERTS}}
 
 
-def probe_config(spec) -> dict:
-    """``spec`` (planner.cost.host.probe_spec) as the Hugging Face config.json ``meshplan plan`` reads."""
-    cfg = {"model_type": "mixtral" if spec.num_experts else "llama", "num_hidden_layers": spec.num_layers,
-           "hidden_size": spec.hidden, "num_attention_heads": spec.num_heads, "num_key_value_heads": spec.num_kv_heads,
-           "intermediate_size": spec.ffn_hidden, "vocab_size": spec.vocab_size, "tie_word_embeddings": False,
-           "max_position_embeddings": spec.seq_len}
-    if spec.num_experts:
-        cfg.update(num_local_experts=spec.num_experts, num_experts_per_tok=spec.experts_per_token)
-    return cfg
-
-
 def _plan_path(spec, *, zero: int, recompute: str, micro: int, device: str, tmp: Path) -> Path:
     """plan.json of ``spec`` on one GPU with every knob fixed, written by ``meshplan plan`` (the profiler
     plans through the command line, as a user does)."""
     import subprocess
     gpu = device.startswith("cuda")
     model = tmp / f"{spec.name}-{spec.num_experts}.json"
-    model.write_text(json.dumps(probe_config(spec)))
+    model.write_text(json.dumps(config_json(spec)))
     path = tmp / f"{spec.name}-{spec.num_experts}-{zero}-{recompute}-{micro}.plan.json"
     args = ["plan", "--model", str(model), "--cluster", "h100-80g" if gpu else "cpu-gloo", "--gpus", "1",
             "--dp", "1", "--tp", "1", "--pp", "1", "--cp", "1", "--zero", str(zero), "--micro-batch", "1",

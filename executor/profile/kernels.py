@@ -533,12 +533,10 @@ def host_per_op(device: str, ops: int = 100, repeat: int = 5, compiled: bool = F
 def _block_host(device: str, repeat: int, compiled: bool) -> dict:
     import torch
 
-    from planner.model import ModelSpec
+    from planner.cost.host import probe_spec
 
     from ..models import build_model
-    spec = ModelSpec(name="host-probe", num_layers=1, hidden=256, num_heads=4, num_kv_heads=2, head_dim=64,
-                     ffn_hidden=512, vocab_size=256, seq_len=64, max_positions=0, mlp="swiglu", norm="rmsnorm",
-                     linear_bias=False, qkv_bias=False, tied_embeddings=False, dropout=False)
+    spec = probe_spec(1)
     dt = torch.bfloat16 if device.startswith("cuda") else torch.float32
     block = build_model(spec, device=device).layers["0"].to(dt)
     for p in block.parameters():

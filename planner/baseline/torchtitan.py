@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import tomllib
 
-from ..config import ParallelConfig
+from ..config import COMPILE_PRICED_AS, ParallelConfig
 from ..errors import UserError
 from ..layers import LayerGraph
 from ..schedules import SCHEDULES as PIPELINE_SCHEDULES
@@ -144,8 +144,7 @@ def read(doc: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
     per_block, more = _recompute(doc.get("activation_checkpoint"), source, graph.num_blocks, pp)
     notes += more
     if doc.get("compile", {}).get("enable"):
-        notes.append("compile enable: torch.compile'd blocks are priced as eager (what compiling saves is not "
-                     "modelled yet)")
+        notes.append(f"compile enable: {COMPILE_PRICED_AS}")
     recompute, recompute_layers = recompute_of(graph, per_block)
     # enable_cpu_offload: FSDP2's CPUOffloadPolicy (torchtitan/distributed/fsdp.py), which keeps the sharded
     # parameters, gradients and optimizer states in host memory: meshplan's optimizer offload at ZeRO-2/3

@@ -9,7 +9,7 @@ import time
 
 from .. import schedules
 from ..api import DEFAULT_CLUSTER, DEFAULT_MODEL, JobInputs
-from ..config import DEFAULT_MEMORY_HEADROOM, FRAMEWORKS
+from ..config import COMPILE_PRICED_AS, DEFAULT_MEMORY_HEADROOM, FRAMEWORKS
 from ..errors import UserError
 from ..recompute import DESCRIPTIONS, EVERY_K_DESCRIPTION, parse_recompute
 from ..search import Knobs
@@ -159,7 +159,7 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
                    help="model TP collectives overlapped with GEMMs (TransformerEngine userbuffers)")
     p.add_argument("--compile", action="store_true",
                    help="torch and torchtitan: compile each transformer block with torch.compile, as torchtitan "
-                        "does; `meshplan run` compiles them. The estimate prices the blocks as eager so far")
+                        f"does; `meshplan run` compiles them. So far {COMPILE_PRICED_AS}")
     p.add_argument("--memory-headroom", type=headroom, default=DEFAULT_MEMORY_HEADROOM, metavar="FRACTION",
                    help="memory a plan leaves free, over its predicted peak (0.21 or 21%%; 0: none). Default "
                         f"{DEFAULT_MEMORY_HEADROOM:g}: the largest gap between the predicted peak and the peak torch's "

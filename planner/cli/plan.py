@@ -7,6 +7,7 @@ import sys
 
 from .. import api
 from ..accuracy import Accuracy
+from ..config import COMPILE_PRICED_AS
 from ..describe import describe_config, gib, runs
 from ..energy import Energy
 from ..explain import gain_sentences, headroom_words, ranking_sentence
@@ -106,7 +107,7 @@ def format_plan(plan: Plan, tokens: float | None = None) -> str:
     lines = [
         f"{plan.model_name} ({plan.model_params / 1e9:.2f}B params) on {plan.cluster_name} x {plan.world_size} "
         f"GPUs: {w.global_batch} sequences x {w.seq_len} tokens per step, {w.precision}, {w.framework} runtime"
-        + (", blocks compiled (priced as eager: what compiling saves is not modelled yet)" if w.compile else ""),
+        + (f"; {COMPILE_PRICED_AS}" if w.compile else ""),
         "",
         f"plan      {describe_config(c)}",
         f"step      {e.step_time_s:.3f} s   {e.tokens_per_s:,.0f} tokens/s   "
