@@ -103,9 +103,17 @@ PARAM_OFFLOAD_NOTE = ("{framework} has no parameter offload of its own (DeepSpee
                       "stay on the GPU, more memory than planned")
 
 
+def _compile_note(plan, framework: str) -> list[str]:
+    """What an export that has no torch.compile of the blocks says of a plan that compiles them."""
+    if not plan.workload.compile:
+        return []
+    return [f"the plan compiles each block with torch.compile (meshplan run, torchtitan); {framework} is given no "
+            "such setting here: its blocks run as it runs them"]
+
+
 def deepspeed(plan) -> Export:
     c, w = plan.best.config, plan.workload
-    notes = []
+    notes = _compile_note(plan, "DeepSpeed")
     cfg: dict = {"train_batch_size": w.global_batch, "train_micro_batch_size_per_gpu": c.micro_batch,
                  "gradient_accumulation_steps": c.num_microbatches, "gradient_clipping": 1.0}
     if w.precision == "bf16":
@@ -279,7 +287,7 @@ def megatron(plan) -> Export:
     args = [["--tensor-model-parallel-size", str(c.tp)], ["--pipeline-model-parallel-size", str(c.pp)],
             ["--context-parallel-size", str(c.cp)], ["--micro-batch-size", str(c.micro_batch)],
             ["--global-batch-size", str(w.global_batch)]]
-    notes = []
+    notes = _compile_note(plan, "Megatron-LM")
     model, more = _megatron_model(plan)
     args += model
     notes += more
@@ -327,7 +335,7 @@ def megatron(plan) -> Export:
 
 def colossalai(plan) -> Export:
     c, w = plan.best.config, plan.workload
-    notes = []
+    notes = _compile_note(plan, "Colossal-AI")
     kwargs: dict = {"tp_size": c.tp, "pp_size": c.pp, "precision": w.precision,
                     "zero_stage": min(c.zero, 1 if c.pp > 1 else 2),
                     "microbatch_size": c.micro_batch, "max_norm": 1.0,

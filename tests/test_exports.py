@@ -411,6 +411,9 @@ def test_torchtitan_compiles_the_model_where_the_plan_compiles_its_blocks(tmp_pa
     assert doc["compile"] == {"enable": True, "components": ["model"]}
     assert "compile" not in tomllib.loads(torchtitan(torch_plan(EIGHT)).text)
     assert any("compile" in note for note in torchtitan_python(compiled).notes)
+    for export in (megatron, deepspeed, colossalai):      # no such setting: said, not silently dropped
+        assert any("torch.compile" in note for note in export(compiled).notes)
+        assert not any("torch.compile" in note for note in export(torch_plan(EIGHT)).notes)
     path = tmp_path / "torchtitan.toml"
     path.write_text(torchtitan(compiled).text)
     from conftest import run_cli
