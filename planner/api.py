@@ -22,12 +22,13 @@ from typing import Callable
 from . import schedules
 from .cluster import Cluster, load_cluster
 from .config import DEFAULT_MEMORY_HEADROOM, ParallelConfig, Workload
-from .errors import NoFeasiblePlan, UserError
+from .errors import NoFeasiblePlan, UserError, one_of
 from .estimate import Candidate
 from .explain import no_fit
 from .layers import LayerGraph, build_layer_graph
 from .model import ModelSpec, load_model
 from .plan import Plan
+from .precision import DTYPES, RECIPES, library, split as split_precision
 from .recompute import expand_recompute
 from .runtimes import RUNTIMES
 from .search import Knobs, SearchResult, default_solver, evaluate, search
@@ -87,7 +88,7 @@ class JobInputs:
             spec = load_model(self.model, seq_len=self.seq_len)
             graph = build_layer_graph(spec)
         cluster = load_cluster(self.cluster, self.gpus)
-        precision = self.precision or default_precision(cluster)
+        precision, fp8 = split_precision(self.precision or default_precision(cluster))
         if precision not in cluster.device.dtypes:
             raise UserError(f"{cluster.name}'s {cluster.device.name} has no {precision} peak; "
                             f"allowed: {', '.join(cluster.device.dtypes)}", field="--precision")
@@ -100,10 +101,12 @@ class JobInputs:
                             seq_len=seq, precision=precision, framework=self.framework, attention=self.attention,
                             overlap_grad_reduce=self.overlap_grad_reduce, tp_comm_overlap=self.tp_comm_overlap,
                             memory_headroom=self.memory_headroom, expert_imbalance=self.expert_imbalance,
-                            expert_dispatcher=self.expert_dispatcher, compile=self.compile)
+                            expert_dispatcher=self.expert_dispatcher, compile=self.compile, fp8=fp8)
         if self.compile and not RUNTIMES[self.framework].on(cluster.device_kind).compiles_blocks:
             raise UserError(f"the {self.framework} runtime does not compile blocks with torch.compile; allowed with "
                             "--compile: --framework torch or torchtitan", field="--compile")
+        if fp8:
+            check_fp8(fp8, self.framework, cluster, self.compile)
         return Job(model_source=self.model, spec=spec, graph=graph, cluster=cluster, workload=workload)
 
 
@@ -116,6 +119,27 @@ def default_global_batch(seq_len: int, gpus: int) -> int:
     """About 2^20 tokens per step, rounded up to a multiple of the GPUs."""
     sequences = max(1, round(2**20 / seq_len))
     return max(gpus, math.ceil(sequences / gpus) * gpus)
+
+
+def check_fp8(recipe: str, framework: str, cluster: Cluster, compile: bool) -> None:
+    """Refuse an FP8 recipe the runtime does not run on this device (``Combinations.fp8_recipes``), one the GPU has
+    no tensor-core rate for, or torchao's recipes without compiled blocks (planner/precision.py)."""
+    allowed = RUNTIMES[framework].on(cluster.device_kind).fp8_recipes
+    if recipe not in allowed:
+        where = "on a CPU" if cluster.device_kind == "cpu" else f"on {cluster.name}"
+        raise UserError(f"the {framework} runtime does not run {recipe} {where}; allowed: "
+                        f"{one_of([*DTYPES, *allowed])}" + ("" if allowed or cluster.device_kind == "cpu" else
+                                                         " (FP8: --framework megatron or torchtitan)"),
+                        field="--precision")
+    dtype = RECIPES[recipe].gemm_dtype
+    if not cluster.device.gemm_peak(dtype):
+        have = [r for r in allowed if cluster.device.gemm_peak(RECIPES[r].gemm_dtype)]
+        raise UserError(f"{cluster.name}'s {cluster.device.name} has no {dtype} tensor-core rate (peak_tflops."
+                        f"{dtype} in its profile); allowed: {one_of([*DTYPES, *have])}", field="--precision")
+    if library(framework) == "torchao" and not compile:
+        raise UserError(f"torchao's {recipe} casts run as fused kernels only in compiled blocks (torchao: 'enable "
+                        "torch.compile for competitive performance'), and eager casts are not priced; allowed: "
+                        f"--precision {recipe} with --compile", field="--precision")
 
 
 def default_precision(cluster: Cluster) -> str:

@@ -34,6 +34,8 @@ class Device:
     peak_flops: tuple[tuple[str, float], ...]   # dense FLOP/s per dtype, e.g. (("bf16", 312e12),)
     fp8_peak_flops: float = 0.0           # dense FP8 (e4m3) tensor-core FLOP/s, 0 where the GPU has none; not a
                                           # training precision of its own (FP8 recipes keep bf16 around the GEMMs)
+    mxfp8_peak_flops: float = 0.0         # dense block-scaled FP8 (MXFP8: an e8m0 scale per 32 values) in the
+                                          # tensor cores, 0 where the GPU has none (before Blackwell)
     sm_count: int
     gemm_tiles: tuple[tuple[int, int], ...]   # output tile shapes (rows, cols) the GEMM library picks from
     gemm_efficiency: float                # achieved fraction of peak on large training GEMMs
@@ -76,6 +78,15 @@ class Device:
 
     def peak(self, precision: str) -> float:
         return self._peaks[precision]
+
+    def gemm_peak(self, dtype: str) -> float:
+        """The tensor-core rate of a GEMM whose operands are ``dtype``: a compute dtype, or "fp8" / "mxfp8"
+        (the operands of an FP8 recipe's GEMMs, planner/precision.py)."""
+        if dtype == "fp8":
+            return self.fp8_peak_flops
+        if dtype == "mxfp8":
+            return self.mxfp8_peak_flops
+        return self._peaks[dtype]
 
     @functools.cached_property
     def _peaks(self) -> dict[str, float]:
@@ -185,6 +196,7 @@ def _time_shared(device: Device, k: float) -> Device:
     from dataclasses import replace
     return replace(device, hbm_bytes_per_s=device.hbm_bytes_per_s * k,
                    peak_flops=tuple((d, f * k) for d, f in device.peak_flops), fp8_peak_flops=device.fp8_peak_flops * k,
+                   mxfp8_peak_flops=device.mxfp8_peak_flops * k,
                    eager_bytes_per_s=tuple((c, b * k) for c, b in device.eager_bytes_per_s),
                    gemm_latency_s=device.gemm_latency_s / k, gemm_wave_latency_s=device.gemm_wave_latency_s / k,
                    attention_latency_s=device.attention_latency_s / k, kernel_gap_s=device.kernel_gap_s / k,
@@ -414,10 +426,10 @@ def parse_cluster(data: dict, source: str) -> Cluster:
     peaks = gpu.table("peak_tflops")
     peak_flops = {}
     for dtype, value in peaks.data.items():
-        if dtype == "fp8":
+        if dtype in ("fp8", "mxfp8"):
             continue
         if dtype not in DTYPE_BYTES:
-            raise UserError(f"unknown dtype {dtype!r}; allowed: {one_of([*DTYPE_BYTES, 'fp8'])}", source=source,
+            raise UserError(f"unknown dtype {dtype!r}; allowed: {one_of([*DTYPE_BYTES, 'fp8', 'mxfp8'])}", source=source,
                             field=f"gpu.peak_tflops.{dtype}")
         peak_flops[dtype] = peaks.number(dtype) * 1e12
     if not peak_flops:
@@ -433,6 +445,7 @@ def parse_cluster(data: dict, source: str) -> Cluster:
         name=gpu.string("name"), memory_bytes=gpu.number("memory_GiB") * GiB,
         hbm_bytes_per_s=gpu.number("hbm_GBps") * 1e9, peak_flops=tuple(peak_flops.items()),
         fp8_peak_flops=peaks.number("fp8") * 1e12 if "fp8" in peaks.data else 0.0,
+        mxfp8_peak_flops=peaks.number("mxfp8") * 1e12 if "mxfp8" in peaks.data else 0.0,
         sm_count=gpu.integer("sm_count"), gemm_tiles=tuple((t[0], t[1]) for t in tiles),
         gemm_efficiency=kernels.fraction("gemm_efficiency"),
         hbm_efficiency=kernels.fraction("hbm_efficiency"),

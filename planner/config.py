@@ -63,6 +63,8 @@ class Workload:
                                            # (--moe-token-dispatcher-type; Combinations.expert_dispatchers)
     compile: bool = False                  # torch: each transformer block torch.compile'd (torchtitan's per-block
                                            # compile; --compile). Priced as eager so far (COMPILE_PRICED_AS)
+    fp8: str = ""                          # an FP8 training recipe for the linears on top of bf16 (planner/
+                                           # precision.py RECIPES; --precision fp8-...), "" for none
     expert_imbalance: float = 1.0          # under expert parallelism, the tokens the busiest rank's experts receive
                                            # over the balanced share (>= 1): its expert GEMMs, activations and all-to-
                                            # all traffic grow by it and the step waits for it. 1: balanced, as the
@@ -71,6 +73,11 @@ class Workload:
     @property
     def tokens(self) -> int:
         return self.global_batch * self.seq_len
+
+    @property
+    def precision_name(self) -> str:
+        """The --precision value: the compute dtype, or the FP8 recipe of the linears on top of bf16."""
+        return self.fp8 or self.precision
 
 
 @dataclass(frozen=True, kw_only=True)

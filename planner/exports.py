@@ -23,6 +23,7 @@ from pathlib import Path
 from .describe import runs
 from .recompute import POLICIES, RECOMPUTE_POLICIES, every_k
 from .placement import balanced_stage_layers, layer_policies
+from .precision import RECIPES
 from .schedules import SCHEDULES
 
 DOCS = {
@@ -111,9 +112,17 @@ def _compile_note(plan, framework: str) -> list[str]:
             "such setting here: its blocks run as it runs them"]
 
 
+def _fp8_note(plan, framework: str) -> list[str]:
+    """What an export whose runtime has no FP8 recipe says of a plan that runs one."""
+    if not plan.workload.fp8:
+        return []
+    return [f"the plan runs its linears in FP8 ({plan.workload.fp8}); {framework} is given no FP8 setting here "
+            "(none of its configuration keys selects an FP8 recipe): it trains in bf16, slower than planned"]
+
+
 def deepspeed(plan) -> Export:
     c, w = plan.best.config, plan.workload
-    notes = _compile_note(plan, "DeepSpeed")
+    notes = _compile_note(plan, "DeepSpeed") + _fp8_note(plan, "DeepSpeed")
     cfg: dict = {"train_batch_size": w.global_batch, "train_micro_batch_size_per_gpu": c.micro_batch,
                  "gradient_accumulation_steps": c.num_microbatches, "gradient_clipping": 1.0}
     if w.precision == "bf16":
@@ -306,6 +315,9 @@ def megatron(plan) -> Export:
                  ["--moe-token-dispatcher-type", w.expert_dispatcher], ["--moe-grouped-gemm"]]
     if w.precision in ("bf16", "fp16"):
         args.append([f"--{w.precision}"])
+    if w.fp8:           # TransformerEngine's recipe (megatron/core/transformer/transformer_config.py fp8_recipe)
+        flags = RECIPES[w.fp8].megatron_flags
+        args += [list(flags[i:i + 2]) for i in range(0, len(flags), 2)]
     args.append(["--attention-backend", "flash" if w.attention == "flash" else "unfused"])
     if c.zero == 1:
         args.append(["--use-distributed-optimizer"])
@@ -335,7 +347,7 @@ def megatron(plan) -> Export:
 
 def colossalai(plan) -> Export:
     c, w = plan.best.config, plan.workload
-    notes = _compile_note(plan, "Colossal-AI")
+    notes = _compile_note(plan, "Colossal-AI") + _fp8_note(plan, "Colossal-AI")
     kwargs: dict = {"tp_size": c.tp, "pp_size": c.pp, "precision": w.precision,
                     "zero_stage": min(c.zero, 1 if c.pp > 1 else 2),
                     "microbatch_size": c.micro_batch, "max_norm": 1.0,
@@ -478,7 +490,30 @@ def _torchtitan_sections(plan, python: bool = False) -> tuple[dict, list[str]]:
         if python:
             notes.append("compile: the Python form's compile config is not written here; enable torch.compile of "
                          "the model (components model) in your config, as torchtitan.toml's [compile] says")
+    if w.fp8:
+        sections.update(_torchtitan_fp8(plan, notes, python))
     return sections, notes
+
+
+def _torchtitan_fp8(plan, notes: list[str], python: bool) -> dict:
+    """torchtitan's float8 or MX converter for the plan's recipe (v0.2.2's TOML keys: torchtitan/config/
+    job_config.py Float8Linear, MXLinear): the output head left in bf16 and torchao's auto filter of small linears
+    (``auto_filter_small_kn``), as meshplan priced them (planner/cost/layer.py fp8_converts)."""
+    recipe, c = RECIPES[plan.workload.fp8], plan.best.config
+    if recipe.gemm_dtype == "mxfp8":
+        converter, body = "quantize.linear.mx", {"recipe_name": recipe.torchao_name, "filter_fqns": ["output"]}
+    else:
+        gather = recipe.fp8_all_gather and c.zero >= 2
+        converter = "quantize.linear.float8"
+        body = {"recipe_name": recipe.torchao_name, "enable_fsdp_float8_all_gather": gather,
+                "precompute_float8_dynamic_scale_for_fsdp": gather, "filter_fqns": ["output", "auto_filter_small_kn"]}
+        if recipe.name == "fp8-tensorwise":
+            notes.append("recipe_name tensorwise and its FP8 all-gather are keys of torchtitan v0.2.2's TOML form; "
+                         "the Python config of later torchtitan (6348d93, April 2026) offers rowwise recipes only")
+    if python:
+        notes.append(f"FP8: the Python form's converter is not written here; add {converter} with the settings "
+                     "torchtitan.toml gives")
+    return {"model": {"converters": [converter]}, converter: body}
 
 
 def _torchtitan_model(plan) -> tuple[str, str] | None:
@@ -494,6 +529,8 @@ def torchtitan(plan) -> Export:
     head = {"job": {"description": f"meshplan plan: {plan.model_name} on {plan.cluster.num_gpus} x {plan.cluster.name}"}}
     if model:
         head["model"] = {"name": model[0], "flavor": model[1]}
+    if "model" in sections:         # the converters of an FP8 recipe
+        head["model"] = {**head.get("model", {}), **sections.pop("model")}
     lines = [f"# torchtitan job config for {plan.model_name} (written by meshplan): the TOML form of torchtitan "
              "v0.2.2 and earlier; later torchtitan reads the Python config in torchtitan_config.py. Set [model] "
              "and [training] dataset/steps for your run"]

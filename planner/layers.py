@@ -84,6 +84,8 @@ class Op:
                                           # their activation): under expert parallelism, on the tokens its rank's
                                           # experts receive
     measured_bwd_s: float | None = None
+    reads_previous_input: bool = False    # a linear reading the same input as the linear before it (k and v after
+                                          # q, up after gate): an FP8 recipe casts that input once for both
 
     @property
     def routed(self) -> bool:
@@ -270,9 +272,9 @@ def _attention_ops(prefix: str, spec: ModelSpec, window: int) -> list[Op]:
     # q, k and v read the same normed input: it is saved once (on q_proj)
     ops = [_linear(f"{prefix}.q_proj", spec, h, q, "column", bias=bias, input_split="sp"),
            replace(_linear(f"{prefix}.k_proj", spec, h, kv, "column", bias=bias, saves_input=False),
-                   fused_with_previous=spec.fused_qkv),
+                   fused_with_previous=spec.fused_qkv, reads_previous_input=True),
            replace(_linear(f"{prefix}.v_proj", spec, h, kv, "column", bias=bias, saves_input=False),
-                   fused_with_previous=spec.fused_qkv)]
+                   fused_with_previous=spec.fused_qkv, reads_previous_input=True)]
     if spec.qk_norm:           # RMSNorm of each head's q and k (Qwen3): reads and writes them, keeps rstd
         ops.append(Op(name=f"{prefix}.qk_norm", kind="elementwise", params=2 * spec.head_dim, bytes_fwd=4 * (q + kv),
                       bytes_bwd=6 * (q + kv), split="tp", norm=True,
@@ -297,7 +299,8 @@ def _swiglu_ops(prefix: str, spec: ModelSpec, f: int, *, saves_input: bool = Tru
     return [
         _linear(f"{prefix}.gate_proj", spec, h, f, "column", bias=spec.linear_bias, saves_input=saves_input,
                 input_split="sp"),
-        _linear(f"{prefix}.up_proj", spec, h, f, "column", bias=spec.linear_bias, saves_input=False),
+        replace(_linear(f"{prefix}.up_proj", spec, h, f, "column", bias=spec.linear_bias, saves_input=False),
+                reads_previous_input=True),
         Op(name=f"{prefix}.act", kind="elementwise", bytes_fwd=10 * f, bytes_bwd=16 * f, split="tp",
            saved=(Saved(elems=3 * f, split="tp"),)),
         _linear(f"{prefix}.down_proj", spec, f, h, "row", bias=spec.linear_bias),
@@ -333,8 +336,8 @@ def _mlp_ops(prefix: str, spec: ModelSpec, moe: bool) -> list[Op]:
         # gate and up share their input: one saved copy (the permuted tokens, above)
         _linear(f"{prefix}.gate_proj", spec, h, f, "column", bias=spec.linear_bias, saves_input=False,
                 input_split="sp", tokens_factor=k, num_gemms=e),
-        _linear(f"{prefix}.up_proj", spec, h, f, "column", bias=spec.linear_bias, saves_input=False, tokens_factor=k,
-                num_gemms=e),
+        replace(_linear(f"{prefix}.up_proj", spec, h, f, "column", bias=spec.linear_bias, saves_input=False,
+                        tokens_factor=k, num_gemms=e), reads_previous_input=True),
         # silu saves the gate output; the product saves silu's output and up's output
         Op(name=f"{prefix}.act", kind="elementwise", bytes_fwd=10 * f * k, bytes_bwd=16 * f * k, split="tp",
            saved=(Saved(elems=3 * f * k, split="tp"),)),

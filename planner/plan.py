@@ -19,6 +19,7 @@ from .errors import UserError, one_of
 from .estimate import Candidate, Estimate
 from .layers import LayerGraph
 from .model import ModelSpec
+from .precision import RECIPES
 from .recompute import POLICIES, canonical
 
 MESHPLAN_VERSION = "0.1.0"
@@ -26,7 +27,8 @@ PLAN_SCHEMA_VERSION = 2     # 2: config.optimizer_offload (1 said "offload": "no
 READS_SCHEMA_VERSIONS = (1, 2)
 _HEX16 = re.compile(r"^[0-9a-f]{16}$")
 _WORKLOAD_CHOICES = {"precision": PRECISIONS, "framework": FRAMEWORKS, "attention": ("flash", "unfused"),
-                     "optimizer": ("adamw",), "expert_dispatcher": ("alltoall", "allgather")}
+                     "optimizer": ("adamw",), "expert_dispatcher": ("alltoall", "allgather"),
+                     "fp8": ("", *RECIPES)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,7 +113,7 @@ class Plan:
             "fingerprints": asdict(self.fingerprints),
             "workload": {k: v for k, v in asdict(self.workload).items()      # the expert settings said only
                          if (k, v) not in (("expert_imbalance", 1.0), ("expert_dispatcher", "alltoall"),
-                                           ("compile", False))},  # off default
+                                           ("compile", False), ("fp8", ""))},  # off default
             "config": self.config.to_json(),
             "estimate": self.estimate.to_json(),
             "closed_form_step_time_s": self.closed_form_step_time_s,

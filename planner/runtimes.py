@@ -61,6 +61,7 @@ class Combinations:
                                             # in the same waves) rather than one GEMM after another
     compiles_blocks: bool = False           # --compile: each block torch.compile'd (torchtitan's per-block compile,
                                             # torchtitan/models/llama3/infra/parallelize.py apply_compile)
+    fp8_recipes: tuple[str, ...] = ()       # FP8 training recipes it runs (planner/precision.py RECIPES; --precision)
     ep_needs_sp: bool = False               # ep > 1 with tp > 1 needs sequence parallelism (Megatron-LM's
                                             # arguments.py: "When using MoE and tensor parallelism, sequence
                                             # parallelism must be used")
@@ -189,6 +190,7 @@ _TORCH_RUNS = Combinations(
     # (executor/models.py LatentAttention); under SP the plan runs those on sequence shards, which it does not arrange
     sp_with_latent_attention=False)
 # the executor's routed experts: torch._grouped_mm on a GPU, a loop over the local experts on a CPU (executor/moe.py)
+# No FP8 recipe yet: the executor does not convert linears to torchao's float8 ones
 _TORCH_CUDA_RUNS = replace(_TORCH_RUNS, grouped_experts=True)
 
 TORCH = Runtime(
@@ -238,12 +240,15 @@ _MEGATRON_RUNS = Combinations(
     # --recompute-granularity for every layer (its --recompute-method block, the same count of blocks on every
     # stage, is not searched)
     unequal_stages=True, recompute_per_layer=False)
+# FP8 by TransformerEngine (--fp8-format, --fp8-recipe: Megatron-LM's arguments.py): per-tensor current scaling
+# ("tensorwise"), delayed scaling, blockwise (1x128 / 128x128, DeepSeek-V3's) and MXFP8 (Blackwell); on GPUs only
+_MEGATRON_CUDA_RUNS = replace(_MEGATRON_RUNS, fp8_recipes=("fp8-tensorwise", "fp8-delayed", "fp8-blockwise", "mxfp8"))
 
 MEGATRON = Runtime(
     name="megatron",
     description="Megatron-LM (Megatron-Core): its distributed optimizer is ZeRO-1",
     loss="vocab-parallel",
-    runs={"cuda": _MEGATRON_RUNS, "cpu": _MEGATRON_RUNS},
+    runs={"cuda": _MEGATRON_CUDA_RUNS, "cpu": _MEGATRON_RUNS},
     # bf16 parameters 2, fp32 main gradients 4, fp32 master + Adam 12 (18 bytes; Megatron-LM docs,
     # "distributed optimizer"), which shards the 12; gradients reduced in bf16 by default
     mixed=StateLayout(params_bytes=2.0, grads_bytes=4.0, optimizer_bytes=12.0, params_sharded_from=NEVER,
@@ -310,9 +315,15 @@ _TORCHTITAN_RUNS = Combinations(
     stages_without_blocks=True, unequal_stages=True, recompute_per_layer=False, expert_parallel="folded",
     grouped_experts=True,       # torchtitan's MoE: use_grouped_mm (torch._grouped_mm), its default
     compiles_blocks=True)       # [compile] enable, components = ["model"]: apply_compile per transformer block
+# torchao's float8 and MX linears ([quantize.linear.float8] recipe_name, [quantize.linear.mx]; torchtitan/components/
+# quantization/float8.py and mx.py), on GPUs with FP8 (SM89+, MI300): rowwise and rowwise_with_gw_hp at b5bcd76;
+# tensorwise with FP8 all-gather (enable_fsdp_float8_all_gather) through v0.2.2's TOML keys, which the export
+# writes (the Python config of 6348d93, April 2026, dropped it)
+_TORCHTITAN_CUDA_RUNS = replace(_TORCHTITAN_RUNS,
+                                fp8_recipes=("fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp", "mxfp8"))
 
 TORCHTITAN = replace(
-    TORCH, name="torchtitan", priced_as="torch", runs={"cuda": _TORCHTITAN_RUNS, "cpu": _TORCHTITAN_RUNS},
+    TORCH, name="torchtitan", priced_as="torch", runs={"cuda": _TORCHTITAN_CUDA_RUNS, "cpu": _TORCHTITAN_RUNS},
     description="torchtitan: FSDP2 (ZeRO-2/3) or replicated data parallelism, DTensor TP/SP, context parallelism, "
                 "torch.distributed.pipelining, one activation-checkpointing mode")
 

@@ -24,7 +24,9 @@ SWEEPS = {   # key -> (what it changes, unit)
     "gpu": ("GPU type (cluster profile)", ""),
     "global_batch": ("global batch", "sequences"),
     "seq_len": ("sequence length", "tokens"),
+    "precision": ("precision or FP8 recipe", ""),
 }
+_NAMED = ("gpu", "precision")      # sweeps over names, not numbers
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,7 +65,13 @@ def parse_sweep(text: str) -> tuple[str, list[str]]:
         items = _expand(items)
     if not items:
         raise UserError("no values to sweep", field="--sweep")
-    if key != "gpu":
+    if key == "precision":
+        from .precision import PRECISION_CHOICES
+        for v in items:
+            if v not in PRECISION_CHOICES:
+                raise UserError(f"precision value {v!r} is not allowed; allowed: {one_of(PRECISION_CHOICES)}",
+                                field="--sweep")
+    if key not in _NAMED:
         for v in items:
             if not v.isdigit() or int(v) <= 0:
                 raise UserError(f"{key} values must be positive integers, got {v!r}", field="--sweep")
@@ -97,6 +105,8 @@ def point_inputs(inputs, key: str, value: str):
         return replace(inputs, **{key: int(value)})
     if key == "gpu":
         return replace(inputs, cluster=value)
+    if key == "precision":
+        return replace(inputs, precision=value)
     return inputs
 
 

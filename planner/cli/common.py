@@ -11,6 +11,7 @@ from .. import schedules
 from ..api import DEFAULT_CLUSTER, DEFAULT_MODEL, JobInputs
 from ..config import COMPILE_PRICED_AS, DEFAULT_MEMORY_HEADROOM, FRAMEWORKS
 from ..errors import UserError
+from ..precision import PRECISION_CHOICES, RECIPES
 from ..recompute import DESCRIPTIONS, EVERY_K_DESCRIPTION, parse_recompute
 from ..search import Knobs
 
@@ -141,9 +142,14 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--global-batch", type=positive_int,
                    help="sequences per optimizer step (default: about 1M tokens, a multiple of the GPUs)")
     p.add_argument("--seq-len", type=positive_int, help="tokens per sequence (default: the model's)")
-    p.add_argument("--precision", choices=("bf16", "fp16", "fp32"),
-                   help="compute dtype, mixed precision with fp32 master weights (default: bf16, or what the "
-                        "device supports)")
+    p.add_argument("--precision", choices=PRECISION_CHOICES, metavar="PRECISION",
+                   help="compute dtype, mixed precision with fp32 master weights: bf16, fp16, fp32; or an FP8 "
+                        "recipe for the linear layers on top of bf16: " + "; ".join(
+                            f"{r.name} ({r.what})" for r in RECIPES.values())
+                        + ". FP8 runs on GPUs with an FP8 rate (MXFP8: Blackwell) under --framework megatron "
+                          "(TransformerEngine) or torchtitan (torchao, with --compile); docs/cost-model.md says how each is "
+                          "priced. "
+                          "Default: bf16, or what the device supports")
     p.add_argument("--framework", choices=FRAMEWORKS, default="torch",
                    help="the runtime that will train: the search stays inside what it expresses and its memory "
                         "layout is modelled. torch = meshplan's executor (FSDP2/DDP, everything meshplan plans), "

@@ -106,7 +106,7 @@ def format_plan(plan: Plan, tokens: float | None = None) -> str:
     mem, t = e.memory, e.time
     lines = [
         f"{plan.model_name} ({plan.model_params / 1e9:.2f}B params) on {plan.cluster_name} x {plan.world_size} "
-        f"GPUs: {w.global_batch} sequences x {w.seq_len} tokens per step, {w.precision}, {w.framework} runtime"
+        f"GPUs: {w.global_batch} sequences x {w.seq_len} tokens per step, {w.precision_name}, {w.framework} runtime"
         + (f"; {COMPILE_PRICED_AS}" if w.compile else ""),
         "",
         f"plan      {describe_config(c)}",

@@ -45,8 +45,9 @@ def gemm_s(m: float, n: float, k: float, device: Device, precision: str, batch: 
 
 
 def _gemm_s(m: float, n: float, k: float, device: Device, precision: str, batch: int) -> float:
+    """``precision``: the operands' dtype, a compute dtype or an FP8 recipe's "fp8" / "mxfp8" (``operand_bytes``)."""
     sms = device.sm_count
-    rate = device.peak(precision) * device.gemm_efficiency * device.shape_efficiency(m, n, k)
+    rate = device.gemm_peak(precision) * device.gemm_efficiency * device.shape_efficiency(m, n, k)
     if device.gemm_unaligned_efficiency < 1.0 and (n % GEMM_ALIGN_ELEMS or k % GEMM_ALIGN_ELEMS):
         rate *= device.gemm_unaligned_efficiency
     # tile and wave quantization: every wave runs sms full tiles, m n batch of them useful;
@@ -62,8 +63,20 @@ def _gemm_s(m: float, n: float, k: float, device: Device, precision: str, batch:
             if split > 1:       # fp32 partial sums written and read back by the reduction
                 t += 8.0 * m * n * batch * split / (device.hbm_bytes_per_s * device.hbm_efficiency)
             math_s = min(math_s, t)
-    memory_s = DTYPE_BYTES[precision] * (m * k + k * n + m * n) * batch / (device.hbm_bytes_per_s * device.hbm_efficiency)
+    a, out = operand_bytes(precision)
+    memory_s = (a * (m * k + k * n) + out * m * n) * batch / (device.hbm_bytes_per_s * device.hbm_efficiency)
     return (math_s if math_s > memory_s else memory_s) + device.gemm_latency_s
+
+
+def operand_bytes(precision: str) -> tuple[float, float]:
+    """(bytes per input element, per output element) of a GEMM. FP8 GEMMs read 1-byte operands and write
+    bf16; MXFP8 reads an e8m0 scale per 32 operand values besides (torchao/testing/training/roofline_utils.py
+    ``get_individual_gemm_time_sympy``)."""
+    if precision == "fp8":
+        return 1.0, 2.0
+    if precision == "mxfp8":
+        return 1.0 + 1.0 / 32, 2.0
+    return DTYPE_BYTES[precision], DTYPE_BYTES[precision]
 
 
 def memory_bound_s(nbytes: float, device: Device) -> float:

@@ -20,6 +20,7 @@ from typing import NamedTuple
 from ..cluster import DTYPE_BYTES, Cluster
 from ..layers import Layer, Op, Saved
 from .. import network
+from .. import precision as fp8_recipes
 from ..recompute import POLICY_RECORDS, BlockFacts, PolicyCost
 from ..runtimes import RUNTIMES, priced_as
 from .compute import flash_attention_s, gemm_s, memory_bound_s, unfused_attention_s
@@ -41,6 +42,7 @@ class Context(NamedTuple):
     ep: int = 1                 # expert parallelism: routed experts split over ep ranks, each whole on its rank
     expert_imbalance: float = 1.0   # under ep > 1, the busiest rank's routed tokens over the balanced share
     expert_dispatcher: str = "alltoall"     # how tokens reach their experts under ep > 1 (``_expert_exchange_s``)
+    fp8: str = ""               # the FP8 recipe of the linears (planner/precision.py), "" for none
 
     @property
     def tokens(self) -> float:
@@ -97,31 +99,87 @@ def _saved_bytes(saved: Saved, ctx: Context) -> float:
 
 
 def linear_s(op: Op, split: str, tp: int, tokens: float, cluster: Cluster, precision: str, *,
-             grouped: bool = False) -> tuple[float, float, float]:
+             grouped: bool = False, fp8: str = "", framework: str = "") -> tuple[float, float, float]:
     """(fwd_s, bwd_s, fwd matmul FLOPs) of a linear split ``split`` ("column", "row" or
     "replicate") over ``tp`` ranks, for ``tokens`` tokens; backward is dgrad + wgrad. Routed experts
-    (``num_gemms`` of them) are ``grouped_gemms_s``."""
+    (``num_gemms`` of them) are ``grouped_gemms_s``. ``fp8``: the workload's FP8 recipe, which converts the
+    linear where ``fp8_converts`` says so (``fp8_linear_s``)."""
     n = op.out_features / (tp if split == "column" else 1)
     k = op.in_features / (tp if split == "row" else 1)
     m = tokens * op.tokens_factor / op.num_gemms
-    fwd, bwd = grouped_gemms_s(op.num_gemms, m, n, k, cluster, precision, grouped)
+    if fp8 and fp8_converts(op, fp8, framework):
+        fwd, bwd = fp8_linear_s(op, op.num_gemms, m, n, k, cluster, fp8, framework, grouped)
+    else:
+        fwd, bwd = grouped_gemms_s(op.num_gemms, m, n, k, cluster, precision, grouped)
     return fwd, bwd, 2.0 * m * n * k * op.num_gemms
 
 
 def grouped_gemms_s(count: float, m: float, n: float, k: float, cluster: Cluster, precision: str,
-                    grouped: bool) -> tuple[float, float]:
+                    grouped: bool, dtypes: tuple[str, str, str] | None = None) -> tuple[float, float]:
     """(forward, backward: dgrad + wgrad) of ``count`` equal products (m x k) @ (k x n): routed experts at balanced
     routing. ``grouped`` (the runtime's ``Combinations.grouped_experts``): one grouped GEMM, whose tiles of every
     expert fill the same waves (``gemm_s`` with a batch: CUTLASS's grouped GEMM and TransformerEngine's
     GroupedLinear schedule the problems' tiles over the SMs together, NVIDIA CUTLASS docs 'Grouped GEMM'); else one
-    GEMM after another, each quantized on its own."""
+    GEMM after another, each quantized on its own. ``dtypes``: the operands of the forward, dgrad and wgrad GEMMs
+    where they differ from ``precision`` (an FP8 recipe's)."""
     dev = cluster.device
+    f, d, w = dtypes or (precision, precision, precision)
     if grouped and count > 1:
         b = int(round(count))
-        return (gemm_s(m, n, k, dev, precision, b),
-                gemm_s(m, k, n, dev, precision, b) + gemm_s(k, n, m, dev, precision, b))
-    return (count * gemm_s(m, n, k, dev, precision),
-            count * (gemm_s(m, k, n, dev, precision) + gemm_s(k, n, m, dev, precision)))
+        return (gemm_s(m, n, k, dev, f, b),
+                gemm_s(m, k, n, dev, d, b) + gemm_s(k, n, m, dev, w, b))
+    return (count * gemm_s(m, n, k, dev, f),
+            count * (gemm_s(m, k, n, dev, d) + gemm_s(k, n, m, dev, w)))
+
+
+def fp8_converts(op: Op, fp8: str, framework: str) -> bool:
+    """Whether the runtime runs this linear under the FP8 recipe. Never the LM head (torchtitan's float8 converter
+    skips "output" by default, and Megatron-LM's output layer is not a TransformerEngine module) nor a MoE router
+    (Megatron-Core's TopKRouter multiplies in its own dtype; torchao's filter skips its few columns). Under
+    TransformerEngine (Megatron-LM) every other linear of a block: its layers run in FP8 inside fp8_autocast; under
+    torchao (torch, torchtitan) those its auto filter converts (``precision.torchao_converts``: dims multiples of
+    16, not below the sizes where its H100 tables show FP8 slower), routed experts included (torchtitan converts
+    its grouped experts too)."""
+    if op.kind != "linear" or op.name == "lm_head" or op.name.endswith(".router"):
+        return False
+    recipe = fp8_recipes.RECIPES[fp8]
+    if fp8_recipes.library(framework) == "te":
+        return True
+    return fp8_recipes.torchao_converts(recipe, op.out_features, op.in_features)
+
+
+def fp8_linear_s(op: Op, count: float, m: float, n: float, k: float, cluster: Cluster, fp8: str, framework: str,
+                 grouped: bool) -> tuple[float, float]:
+    """(forward, backward) of ``count`` products (m x k) @ (k x n) under an FP8 recipe (planner/precision.py): the
+    GEMMs the recipe runs in FP8 at the device's FP8 (or MXFP8) rate with 1-byte operands (``gemm_s``), the others
+    in bf16, plus the recipe's cast kernels at HBM speed (``memory_bound_s``), per operand: the input (m x k; cast
+    once for linears that read the previous linear's input: ``Op.reads_previous_input``), the output gradient
+    (m x n), and the weight (k x n) where the runtime casts it every micro-batch (torchao; TransformerEngine casts
+    it once per step, not priced here), each operand's casts at least ``CAST_KERNEL_MIN_S`` per kernel."""
+    recipe = fp8_recipes.RECIPES[fp8]
+    dtypes = tuple(recipe.gemm_dtype if g in recipe.fp8_gemms else "bf16" for g in ("fwd", "dgrad", "wgrad"))
+    fwd, bwd = grouped_gemms_s(count, m, n, k, cluster, "bf16", grouped, dtypes)
+    roles, kernels = fp8_recipes.cast_roles(recipe, framework)
+    sizes = {"input": 0.0 if op.reads_previous_input else m * k, "grad_output": m * n,
+             "weight": 0.0 if fp8_recipes.weight_cast_per_step(framework) else k * n}
+    dev = cluster.device
+    out = []
+    for i, gemms in enumerate((fwd, bwd)):
+        casts = 0.0
+        for role, elems in sizes.items():
+            if not elems or not kernels[role][i]:
+                continue
+            total = roles[role][i] * elems * count
+            if fp8_recipes.library(framework) == "te":      # TransformerEngine's fused CUDA kernels: HBM speed
+                t = memory_bound_s(total, dev)
+            else:                                           # inductor's kernels: by class
+                amax = recipe.amax[role][i] * elems * count
+                t = amax / dev.eager_bandwidth("reduce") + (total - amax) / dev.eager_bandwidth("cast_down")
+            # each kernel at least the floor: one per expert where they are separate tensors (not grouped)
+            launches = kernels[role][i] * (1 if grouped else count)
+            casts += max(t, launches * fp8_recipes.CAST_KERNEL_MIN_S)
+        out.append(gemms + casts)
+    return out[0], out[1]
 
 
 def runs_grouped(op: Op, ctx: Context, cluster: Cluster) -> bool:
@@ -135,7 +193,8 @@ def runs_grouped(op: Op, ctx: Context, cluster: Cluster) -> bool:
 def _linear(op: Op, ctx: Context, cluster: Cluster) -> tuple[float, float, float]:
     if op.routed and ctx.ep > 1:
         return expert_linear_s(op, ctx, cluster)
-    return linear_s(op, op.tp, ctx.tp, ctx.tokens, cluster, ctx.precision, grouped=runs_grouped(op, ctx, cluster))
+    return linear_s(op, op.tp, ctx.tp, ctx.tokens, cluster, ctx.precision, grouped=runs_grouped(op, ctx, cluster),
+                    fp8=ctx.fp8, framework=ctx.framework)
 
 
 def expert_linear_s(op: Op, ctx: Context, cluster: Cluster) -> tuple[float, float, float]:
@@ -148,7 +207,11 @@ def expert_linear_s(op: Op, ctx: Context, cluster: Cluster) -> tuple[float, floa
     local = op.num_gemms / ctx.ep
     m = ctx.tokens / ctx.tp * op.tokens_factor * ctx.ep / op.num_gemms * ctx.expert_imbalance
     n, k = op.out_features, op.in_features
-    fwd, bwd = grouped_gemms_s(local, m, n, k, cluster, ctx.precision, runs_grouped(op, ctx, cluster))
+    grouped = runs_grouped(op, ctx, cluster)
+    if ctx.fp8 and fp8_converts(op, ctx.fp8, ctx.framework):
+        fwd, bwd = fp8_linear_s(op, local, m, n, k, cluster, ctx.fp8, ctx.framework, grouped)
+    else:
+        fwd, bwd = grouped_gemms_s(local, m, n, k, cluster, ctx.precision, grouped)
     return fwd, bwd, 2.0 * m * n * k * local
 
 
@@ -287,6 +350,8 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     fwd = bwd = flops = tp_gemm_fwd = tp_gemm_bwd = 0.0
     core_fwd = cp_fwd = cp_bwd = kept = floor = 0.0
     gemm_rate = dev.peak(ctx.precision) * dev.gemm_efficiency
+    if ctx.fp8:             # the floor holds at the fastest rate a GEMM of the layer runs at
+        gemm_rate = max(gemm_rate, dev.gemm_peak(fp8_recipes.RECIPES[ctx.fp8].gemm_dtype) * dev.gemm_efficiency)
     saved = workspace = 0.0
     routed = sum(op.params for op in layer.ops if op.routed) if ctx.ep > 1 else 0.0
     expert_params = routed / ctx.ep

@@ -75,7 +75,8 @@ class CostCache:
                        framework=w.framework, tp_comm_overlap=w.tp_comm_overlap,
                        eager_regime=layer_eager_regime(framework=w.framework, precision=w.precision,
                                                        dp=config.dp * config.cp, tp=config.tp, pp=config.pp),
-                       ep=config.ep, expert_imbalance=w.expert_imbalance, expert_dispatcher=w.expert_dispatcher)
+                       ep=config.ep, expert_imbalance=w.expert_imbalance, expert_dispatcher=w.expert_dispatcher,
+                       fp8=w.fp8)
 
     def signature_cost(self, signature: str, ctx: Context) -> LayerCost:
         costs = self._layer.get(ctx)

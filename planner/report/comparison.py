@@ -37,7 +37,7 @@ def section(cmp: Comparison) -> Section:
     b = cmp.baseline
     intro = (f"Your configuration, {b.source} ({FORMAT_NAMES[b.format]}), estimated as `meshplan plan` estimates a "
              f"fully fixed plan, against the best plan the search finds for the same job "
-             f"({cmp.workload.framework} runtime, {cmp.workload.precision}, {cmp.workload.global_batch} sequences of "
+             f"({cmp.workload.framework} runtime, {cmp.workload.precision_name}, {cmp.workload.global_batch} sequences of "
              f"{cmp.workload.seq_len} tokens). Verdict: {verdict_line(cmp)}.")
     bullets = [f"Changes: {c.knob} {word(c.baseline)} -> {word(c.recommended)}"
                for c in changes(cmp.graph, cmp.mine.config, cmp.recommended.config)]

@@ -1,0 +1,149 @@
+"""FP8 training recipes (planner/precision.py): which linears convert, what their GEMMs and casts cost, which
+runtimes run which recipe where, and what a plan with one writes and exports."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import run_cli
+from planner import api
+from planner.cluster import load_cluster
+from planner.cost.compute import gemm_s
+from planner.cost.layer import fp8_converts, fp8_linear_s, grouped_gemms_s
+from planner.errors import UserError
+from planner.layers import Op
+from planner.precision import RECIPES, torchao_converts
+
+
+def _linear(name: str, k: int, n: int, **kw) -> Op:
+    return Op(name=name, kind="linear", params=k * n, in_features=k, out_features=n, tp="column", **kw)
+
+
+def test_torchaos_auto_filter_keeps_small_linears_in_bf16():
+    # torchao/float8/float8_linear_utils.py: tensorwise skips K <= 4096 and N <= 1024; rowwise skips N <= 2048,
+    # K <= 1024, and N <= 4096 with K <= 2048; any dimension not a multiple of 16 always
+    tw, rw = RECIPES["fp8-tensorwise"], RECIPES["fp8-rowwise"]
+    assert not torchao_converts(tw, 1024, 4096) and torchao_converts(tw, 1040, 4096) and torchao_converts(tw, 1024, 4112)
+    assert not torchao_converts(rw, 2048, 8192) and not torchao_converts(rw, 4096, 2048)
+    assert torchao_converts(rw, 4096, 4096) and torchao_converts(rw, 14336, 4096)
+    assert not torchao_converts(tw, 14336, 4100)        # 4100 is not a multiple of 16
+    # the runtimes: the LM head and routers stay bf16 everywhere; TransformerEngine converts every other linear
+    small = _linear("layers.0.mlp.up_proj", 768, 768)
+    assert fp8_converts(small, "fp8-tensorwise", "megatron")
+    assert not fp8_converts(small, "fp8-tensorwise", "torchtitan")
+    assert not fp8_converts(_linear("lm_head", 4096, 128256), "fp8-tensorwise", "megatron")
+    assert not fp8_converts(_linear("layers.3.moe.router", 4096, 128), "fp8-tensorwise", "megatron")
+
+
+def test_an_fp8_linear_is_its_gemms_at_the_fp8_rate_plus_its_casts_at_memory_speed():
+    cluster = load_cluster("h100-80g", 8)
+    dev = cluster.device
+    m, n, k = 16384.0, 14336.0, 4096.0
+    op = _linear("layers.0.mlp.gate_proj", int(k), int(n))
+    hbm = dev.hbm_bytes_per_s * dev.hbm_efficiency
+    # TransformerEngine's current scaling: an amax pass (read 2 bytes) and a fused cast-transpose (read 2, write
+    # 1 + 1) of the input in forward and of the output gradient in backward; the weight once per step, not here
+    fwd, bwd = fp8_linear_s(op, 1, m, n, k, cluster, "fp8-tensorwise", "megatron", grouped=False)
+    assert fwd == pytest.approx(gemm_s(m, n, k, dev, "fp8") + 6 * m * k / hbm, rel=1e-9)
+    assert bwd == pytest.approx(gemm_s(m, k, n, dev, "fp8") + gemm_s(k, n, m, dev, "fp8") + 6 * m * n / hbm, rel=1e-9)
+    # the weight-gradient GEMM kept in bf16 (torchao's rowwise_with_gw_hp); casts of torchao's kernels by class:
+    # the input's one cast (read 2: its row amax, write 1), the weight's forward cast (2 + 1), every micro-batch
+    red, cast = dev.eager_bandwidth("reduce"), dev.eager_bandwidth("cast_down")
+    fwd, bwd = fp8_linear_s(op, 1, m, n, k, cluster, "fp8-rowwise-gw-hp", "torchtitan", grouped=False)
+    assert fwd == pytest.approx(gemm_s(m, n, k, dev, "fp8") + 2 * (m * k + k * n) / red + (m * k + k * n) / cast,
+                                rel=1e-9)
+    assert bwd == pytest.approx(gemm_s(m, k, n, dev, "fp8") + gemm_s(k, n, m, dev, "bf16")
+                                + 2 * (m * n + k * n) / red + (m * n + k * n) / cast, rel=1e-9)
+    # k and v read q's input: its cast is not paid twice
+    shared = _linear("layers.0.attn.k_proj", int(k), 1024, reads_previous_input=True)
+    f_shared, _ = fp8_linear_s(shared, 1, m, 1024, k, cluster, "fp8-tensorwise", "megatron", grouped=False)
+    assert f_shared == pytest.approx(gemm_s(m, 1024, k, dev, "fp8"), rel=1e-9)
+
+
+def test_fp8_gemms_of_a_large_linear_run_near_twice_the_bf16_rate():
+    # the FP8 peak is twice bf16's on H100 (datasheet), the operands half the bytes: a large GEMM is compute bound
+    cluster = load_cluster("h100-80g", 8)
+    bf16 = sum(grouped_gemms_s(1, 16384, 14336, 4096, cluster, "bf16", False))
+    fp8 = sum(grouped_gemms_s(1, 16384, 14336, 4096, cluster, "bf16", False, ("fp8", "fp8", "fp8")))
+    assert 1.8 < bf16 / fp8 <= 1978.9 / 989.4       # the two datasheet peaks
+    # MXFP8 on B200 runs at the FP8 rate, reading 1/32 more operand bytes for its scales
+    b200 = load_cluster("b200", 8).device
+    assert gemm_s(16384, 14336, 4096, b200, "mxfp8") == pytest.approx(gemm_s(16384, 14336, 4096, b200, "fp8"),
+                                                                     rel=0.02)
+
+
+def _step(model: str, precision: str, framework: str = "megatron", gpus: int = 8, seq_len: int | None = None,
+          **knobs) -> float:
+    job = api.load_job(model, cluster="h100-80g", gpus=gpus, global_batch=gpus * 4, precision=precision,
+                       framework=framework, compile=framework != "megatron", seq_len=seq_len)
+    return api.plan(job, api.Knobs(**knobs), top_k=1).best.estimate.step_time_s
+
+
+def test_fp8_speeds_up_a_large_model_and_slows_a_small_one(tmp_path):
+    small = tmp_path / "config.json"           # a Llama of hidden 256
+    small.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 8, "hidden_size": 256,
+                                 "intermediate_size": 768, "num_attention_heads": 8, "num_key_value_heads": 8,
+                                 "vocab_size": 32000, "max_position_embeddings": 2048}))
+    # Llama 3 8B: FP8 GEMMs outweigh the casts around them
+    fixed = dict(dp=8, tp=1, pp=1, cp=1, zero=1, micro_batch=1, recompute="full")
+    assert _step("llama3-8b", "fp8-tensorwise", **fixed) < 0.85 * _step("llama3-8b", "bf16", **fixed)
+    # hidden 256, 2048 tokens per micro-batch: each GEMM takes a few microseconds and the cast kernels around it at
+    # least theirs (CAST_KERNEL_MIN_S), every linear converted under TransformerEngine: FP8 is slower (pytorch/ao
+    # issues 572 and 1297 report such losses)
+    assert _step(str(small), "fp8-tensorwise", seq_len=2048, **fixed) > _step(str(small), "bf16", seq_len=2048,
+                                                                               **fixed)
+    # torchao's auto filter leaves its linears (K, N <= 768) in bf16 under torchtitan: no loss, no gain
+    fsdp = {**fixed, "zero": 3}
+    assert _step(str(small), "fp8-rowwise", "torchtitan", seq_len=2048, **fsdp) == pytest.approx(
+        _step(str(small), "bf16", "torchtitan", seq_len=2048, **fsdp), rel=1e-9)
+
+
+def test_recipes_are_refused_where_the_runtime_or_the_gpu_does_not_run_them():
+    def refused(**inputs) -> str:
+        with pytest.raises(UserError) as err:
+            api.load_job("llama3-8b", **inputs)
+        return str(err.value)
+    assert "allowed" in refused(cluster="a100-80g", gpus=8, framework="megatron", precision="fp8-tensorwise")
+    assert "mxfp8" in refused(cluster="h100-80g", gpus=8, framework="megatron", precision="mxfp8")
+    assert "torchtitan" in refused(cluster="h100-80g", gpus=8, framework="torch", precision="fp8-rowwise")
+    assert "--compile" in refused(cluster="h100-80g", gpus=8, framework="torchtitan", precision="fp8-rowwise")
+    assert "fp8-rowwise" in refused(cluster="h100-80g", gpus=8, framework="megatron", precision="fp8-rowwise")
+    assert "CPU" in refused(cluster="cpu-gloo", gpus=2, framework="megatron", precision="fp8-tensorwise")
+    # Blackwell runs MXFP8
+    assert api.load_job("llama3-8b", cluster="b200", gpus=8, framework="megatron", precision="mxfp8").workload.fp8 \
+        == "mxfp8"
+
+
+def test_cli_plan_json_and_exports_carry_the_recipe(tmp_path):
+    out = tmp_path / "r"
+    proc = run_cli("plan", "--model", "llama3-8b", "--cluster", "h100-80g", "--gpus", "8", "--framework",
+                   "megatron", "--precision", "fp8-tensorwise", "--report", str(out), "--top-k", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "fp8-tensorwise, megatron runtime" in proc.stdout
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["workload"]["fp8"] == "fp8-tensorwise" and plan["workload"]["precision"] == "bf16"
+    args = (out / "exports" / "megatron_args.txt").read_text()
+    assert "--fp8-format hybrid\n--fp8-recipe tensorwise" in args and "--bf16" in args
+    assert "FP8" in (out / "exports" / "NOTES.md").read_text()        # DeepSpeed's config cannot say it
+    proc = run_cli("plan", "--model", "llama3-8b", "--cluster", "h100-80g", "--gpus", "8", "--framework",
+                   "torchtitan", "--compile", "--precision", "fp8-rowwise", "--report", str(tmp_path / "t"),
+                   "--top-k", "1")
+    assert proc.returncode == 0, proc.stderr
+    toml = (tmp_path / "t" / "exports" / "torchtitan.toml").read_text()
+    assert 'converters = ["quantize.linear.float8"]' in toml and 'recipe_name = "rowwise"' in toml
+    assert 'filter_fqns = ["output", "auto_filter_small_kn"]' in toml
+    # a bad value: exit 2, the allowed ones named, no traceback
+    proc = run_cli("plan", "--model", "llama3-8b", "--precision", "fp4")
+    assert proc.returncode == 2 and "fp8-tensorwise" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_whatif_sweeps_the_recipes(tmp_path):
+    proc = run_cli("whatif", "--model", "llama3-8b", "--cluster", "h100-80g", "--gpus", "8", "--framework",
+                   "megatron", "--sweep", "precision=bf16,fp8-tensorwise", "--out", str(tmp_path), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = {p["value"]: p for p in json.loads((tmp_path / "whatif.json").read_text())["points"]}
+    assert rows["fp8-tensorwise"]["tokens_per_s"] > rows["bf16"]["tokens_per_s"]
+    assert (tmp_path / "whatif.png").exists()
+    proc = run_cli("whatif", "--model", "llama3-8b", "--sweep", "precision=bf16,int4", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "int4" in proc.stderr and "Traceback" not in proc.stderr
