@@ -29,6 +29,7 @@ OUT = ROOT / "profiles" / "validation" / "accuracy.toml"
 sys.path.insert(0, str(ROOT))
 from planner.accuracy import written_by  # noqa: E402
 from planner.cluster import load_cluster  # noqa: E402
+from planner.runtimes import priced_as  # noqa: E402
 
 
 def _band(errors: list[float]) -> dict:
@@ -87,7 +88,7 @@ def evidence(results: Path = RESULTS) -> list[dict]:
         # the Megatron-LM runs, and apart from them the DeepSpeed ZeRO-3 runs of Narayanan et al. 2021 Table 2,
         # which DeepSpeed of 2021 ran (runtime deepspeed-2021)
         all_rows = json.loads(fidelity.read_text())["rows"]
-        rows = [r for r in all_rows if r.get("runtime", "megatron") == "megatron"]
+        rows = [r for r in all_rows if priced_as(r.get("runtime", "megatron")) == "megatron"]   # megatron-2021 too
         zero3 = [r for r in all_rows if r.get("runtime") == "deepspeed-2021"]
         out.append({"name": "published", "device_kind": "cuda", "frameworks": ["megatron", "deepspeed", "torch"],
                     "what": f"{len(rows)} published Megatron-LM runs (Narayanan et al. 2021 Tables 1 and 2, "

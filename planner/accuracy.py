@@ -112,7 +112,7 @@ def accuracy(cluster: Cluster, workload: Workload, evidence: tuple[dict, ...] | 
             caveats.append(f"it ran {entry['processes']} processes, this plan {cluster.num_gpus}")
         if entry.get("single_device") and cluster.num_gpus > 1:
             caveats.append("it ran on one GPU: this plan's communication is not covered by it")
-        if entry["name"] == "published" and workload.framework != "megatron":
+        if entry["name"] == "published" and priced_as(workload.framework) != "megatron":
             caveats.append(f"it ran Megatron-LM, not the {workload.framework} runtime")
         return Accuracy(basis=entry["name"], what=entry["what"], command=entry["command"],
                         step_time=_band(entry, "step_time"), memory=_band(entry, "memory"), caveats=tuple(caveats))

@@ -10,7 +10,7 @@ from .recompute import POLICIES, canonical, every_k
 from .runtimes import RUNTIMES, config_refusals
 
 Precision = Literal["bf16", "fp16", "fp32"]
-Framework = Literal["torch", "megatron", "deepspeed", "torchtitan"]
+Framework = Literal["torch", "megatron", "deepspeed", "torchtitan", "deepspeed-2021", "megatron-2021"]
 Schedule = str      # a name of planner/schedules.py's records
 Recompute = str     # one of RECOMPUTES, or "every-K" (planner/recompute.py says what each is)
 

@@ -65,6 +65,8 @@ class Combinations:
     ep_needs_sp: bool = False               # ep > 1 with tp > 1 needs sequence parallelism (Megatron-LM's
                                             # arguments.py: "When using MoE and tensor parallelism, sequence
                                             # parallelism must be used")
+    virtual_stages_min_pp: int = 2          # the least pp a schedule with virtual stages runs at (Megatron-LM
+                                            # refused pp 2 from March 2021 to May 2024: ``megatron-2021``)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,6 +146,10 @@ class Timing:
     #   al. 2023, Ring Attention), or one all-gather before attention and a reduce-scatter of their
     #   gradients after it, with the whole sequence's keys and values kept for backward (Dubey et al.
     #   2024, Llama 3, Sec 3.3.2)
+    pp_sends_block: bool = False
+    # ^ every stage-boundary exchange is waited on before the next pass, whatever the schedule: no schedule
+    #   overlaps its sends (Megatron-LM of 2021, p2p_communication.py ``_communicate``: batch_isend_irecv,
+    #   req.wait() on each request, then torch.cuda.synchronize())
     zero3_per_tensor: PerTensorFetch | None = None
     # ^ ZeRO-3 gathers and reduces one parameter tensor at a time, serialised with compute
     #   (planner/cost/fetch.py); None: a layer's parameters at once, prefetched beside compute
@@ -345,7 +351,20 @@ DEEPSPEED_2021 = replace(
         source="DeepSpeed v0.3.16 stage3.py (stage3_max_reuse_distance default 1e9) and partition_parameters.py; "
                "loops: python benchmarks/deepspeed_host_loop.py (2026-11-26)")))
 
-RUNTIMES: dict[str, Runtime] = {r.name: r for r in (TORCH, MEGATRON, DEEPSPEED, TORCHTITAN, DEEPSPEED_2021)}
+# Megatron-LM as it was in 2021 (commit 1c3a1e6a09, August 2021; the runs of Narayanan et al. SC'21): the same
+# memory layout and flags, but (1) every stage-boundary exchange blocks: megatron/p2p_communication.py
+# ``_communicate`` batches the isend/irecv, waits on each request and then calls torch.cuda.synchronize(), so the
+# interleaved schedule overlaps no send with compute (``--overlap-p2p-comm`` came in commit f9283c5a8a, May 2023);
+# (2) the interleaved schedule needs pp > 2 (megatron/arguments.py: "pipeline-model-parallel size should be
+# greater than 2 with interleaved schedule", from commit 182841f7df, 2021-03-20, until 3ee489d9ea, 2024-05-31)
+MEGATRON_2021 = replace(
+    MEGATRON, name="megatron-2021", priced_as="megatron",
+    description="Megatron-LM of 2021 (Narayanan et al. SC'21): blocking pipeline sends, interleaving at pp > 2 only",
+    runs={kind: replace(can, virtual_stages_min_pp=3) for kind, can in MEGATRON.runs.items()},
+    timing=replace(MEGATRON.timing, pp_sends_block=True))
+
+RUNTIMES: dict[str, Runtime] = {r.name: r for r in (TORCH, MEGATRON, DEEPSPEED, TORCHTITAN, DEEPSPEED_2021,
+                                                    MEGATRON_2021)}
 EXECUTOR_RUNTIME = "torch"      # the runtime `meshplan run` is
 
 
@@ -399,6 +418,10 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
                             f"cp > 1: {one_of(can.zero_stages_with_cp)}"))
     if schedule is not None and schedule not in can.schedules:
         out.append(("schedule", f"{schedule!r} does not run on {who}; allowed: {one_of(can.schedules)}"))
+    elif (schedule is not None and pp is not None and 1 < pp < can.virtual_stages_min_pp
+          and SCHEDULES[schedule].virtual_stages):
+        out.append(("schedule", f"{schedule!r} with pp {pp} does not run on {who}; allowed with virtual stages: "
+                                f"pp >= {can.virtual_stages_min_pp}"))
     if recompute is not None and recompute not in can.recomputes:
         out.append(("recompute", f"{recompute!r} does not run on {who}; allowed: {one_of(can.recomputes)}"))
     if sequence_parallel and not can.sequence_parallel:

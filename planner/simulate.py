@@ -23,7 +23,9 @@ What it models, each as the runtimes do it:
 - Pipeline sends run on their own stream; the receiver waits for the data. In
   GPipe and 1F1B the sender also waits for its send to finish before its next
   pass (Megatron's ``send_forward_recv_backward`` waits on its requests);
-  interleaved 1F1B posts them and carries on (Megatron's ``overlap_p2p_comm``).
+  interleaved 1F1B posts them and carries on (Megatron's ``overlap_p2p_comm``),
+  except on a runtime that waits on every exchange (Megatron-LM of 2021:
+  ``planner.cost.step.sends_overlap``).
   Matching receives are assumed posted ahead (no rendezvous wait).
 - Data-parallel / ZeRO collectives run layer by layer on their own stream,
   at each layer's size (Rajbhandari et al. 2020, Sec 5 and 7): gradient
@@ -52,7 +54,8 @@ from dataclasses import dataclass, fields, replace
 from .cluster import Cluster
 from .config import ParallelConfig, Workload
 from .cost.step import (CostCache, dp_overlaps, dp_phases, estimate, fetches_per_tensor, gathers_every_microbatch,
-                        optimizer_time_s, per_tensor_phases, rank_costs, reduces_every_microbatch, tied_embedding_sync_s)
+                        optimizer_time_s, per_tensor_phases, rank_costs, reduces_every_microbatch, sends_overlap,
+                        tied_embedding_sync_s)
 from .cost.host import host_bound, host_s
 from .estimate import Estimate, StepTime
 from .layers import LayerGraph
@@ -509,7 +512,7 @@ def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
     ranks = rank_costs(cache, config)
     return StepWork(schedule=config.schedule if config.pp > 1 else DEFAULT_SCHEDULE,
                     num_microbatches=config.num_microbatches, chunks=tuple(chunks), hop_s=cache.hop_s(config),
-                    blocking_sends=not SCHEDULES[config.schedule].overlaps_sends,
+                    blocking_sends=not sends_overlap(config.schedule, w.framework),
                     gather_every_microbatch=gathers_every_microbatch(config, w.framework),
                     reduce_every_microbatch=reduces_every_microbatch(config, w.framework),
                     # torch pipelining runs the deferred ZeRO-2/3 sync after the last backward, the torch

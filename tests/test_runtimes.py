@@ -279,3 +279,23 @@ def test_no_plan_for_meshplans_runtime_puts_sequence_parallelism_on_latent_atten
     megatron = search(graph, cluster, replace(work, framework="megatron"), Knobs(tp=2, sequence_parallel=True),
                       top_k=1, simulate=False)
     assert megatron.best.config.sequence_parallel
+
+
+def test_megatron_2021_interleaves_only_past_two_stages():
+    """Megatron-LM's arguments.py asserted pp > 2 with the interleaved schedule from March 2021 (commit 182841f7df)
+    until May 2024 (3ee489d9ea, with overlap_p2p_comm): the 2021 runtime refuses it at pp 2, today's does not, and
+    neither refuses 1F1B there."""
+    assert [k for k, _ in refusals("megatron-2021", "cuda", pp=2, schedule="interleaved-1f1b")] == ["schedule"]
+    assert refusals("megatron-2021", "cuda", pp=3, schedule="interleaved-1f1b") == []
+    assert refusals("megatron-2021", "cuda", pp=2, schedule="1f1b") == []
+    assert refusals("megatron", "cuda", pp=2, schedule="interleaved-1f1b") == []
+
+
+def test_megatron_2021_search_offers_no_virtual_stages_at_pp_2():
+    from planner import api
+    job = api.load_job("gpt-1.7b", "a100-80g", gpus=16, global_batch=64, framework="megatron-2021",
+                       precision="fp16")
+    plan = api.plan(job, api.Knobs(tp=8, pp=2, dp=1), top_k=3)
+    assert {c.config.vpp for c in (plan.best, *plan.alternatives)} == {1}
+    plan3 = api.plan(job, api.Knobs(tp=4, pp=4, dp=1), top_k=3)
+    assert any(c.config.vpp > 1 for c in (plan3.best, *plan3.alternatives))

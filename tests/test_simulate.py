@@ -207,8 +207,8 @@ CASES = [  # id, layers, hidden, heads, vocab, seq, tp, pp, dp, global batch, mi
     ("NAR21-T1-3.6B", 30, 3072, 32, 51200, 2048, 2, 1, 32, 512, 16, 1),
     ("NAR21-T1-7.5B", 36, 4096, 32, 51200, 2048, 4, 1, 32, 512, 16, 1),
     ("NAR21-T1-18.4B", 40, 6144, 48, 51200, 2048, 8, 1, 32, 1024, 16, 1),
-    ("NAR21-T1-39.1B", 48, 8192, 64, 51200, 2048, 8, 2, 32, 1536, 4, 24),
-    ("NAR21-T1-76.1B", 60, 10240, 80, 51200, 2048, 8, 4, 32, 1792, 2, 15),
+    ("NAR21-T1-39.1B", 48, 8192, 64, 51200, 2048, 8, 2, 32, 1536, 4, 1),
+    ("NAR21-T1-76.1B", 60, 10240, 80, 51200, 2048, 8, 4, 32, 1792, 2, 5),
     ("NAR21-T1-145.6B", 80, 12288, 96, 51200, 2048, 8, 8, 24, 2304, 2, 10),
     ("NAR21-T1-310.1B", 96, 16384, 128, 51200, 2048, 8, 16, 15, 2160, 1, 6),
     ("NAR21-T1-529.6B", 105, 20480, 128, 51200, 2048, 8, 35, 9, 2520, 1, 3),
@@ -232,8 +232,8 @@ def public_case(row):
     spec = ModelSpec(name=name, num_layers=layers, hidden=h, num_heads=heads, num_kv_heads=heads, head_dim=h // heads,
                      ffn_hidden=4 * h, vocab_size=vocab, seq_len=seq, max_positions=seq, mlp="gelu", norm="layernorm",
                      linear_bias=True, qkv_bias=False, tied_embeddings=nar, dropout=nar)
-    if nar:   # Megatron-LM of 2021: fp16, full recompute, unfused attention, all-reduce after backward
-        work = Workload(global_batch=batch, seq_len=seq, precision="fp16", framework="megatron", attention="unfused",
+    if nar:   # Megatron-LM of 2021: fp16, full recompute, unfused attention, all-reduce after backward, blocking sends
+        work = Workload(global_batch=batch, seq_len=seq, precision="fp16", framework="megatron-2021", attention="unfused",
                         overlap_grad_reduce=False)
         knobs = dict(zero=0, recompute="full", sequence_parallel=False)
     else:     # Megatron-Core r0.8: distributed optimizer, overlapped reductions, TP comm overlap

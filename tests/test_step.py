@@ -150,3 +150,29 @@ def test_torch_offload_copies_every_microbatch_under_fsdp_and_once_under_zero1()
         extra[zero] = (seconds[True, 16] - seconds[True, 8]) - (seconds[False, 16] - seconds[False, 8])
     assert extra[3] == pytest.approx(host_transfer_s(CLUSTER, params / 8 * 12 * 8))
     assert extra[1] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_megatron_2021_waits_for_every_interleaved_send():
+    """Megatron-LM of 2021 waits on each stage-boundary exchange (p2p_communication.py ``_communicate``: wait on
+    every request, then torch.cuda.synchronize()), so an interleaved rank pays all 2 v sends per micro-batch, and the
+    fill and drain add no hop beyond them; today's Megatron-LM posts them beside compute (overlap_p2p_comm)."""
+    from planner import network
+    from planner.cost.step import CostCache, fill_hop_s, rank_costs, sends_overlap
+    from planner.network import fabric
+    graph = build_layer_graph(ZOO["gpt-1.7b"])          # hidden 2304, 24 blocks
+    cluster = load_cluster("a100-80g", 32)
+    c = ParallelConfig(dp=1, tp=8, pp=4, micro_batch=2, num_microbatches=8, schedule="interleaved-1f1b", vpp=2,
+                       recompute="full")
+    work = Workload(global_batch=16, seq_len=2048, precision="fp16", framework="megatron-2021", attention="unfused")
+    # one hop: micro-batch 2 x 2048 tokens x 2304 x 2 bytes, 1/8 of it per TP rank (scatter/gather, Narayanan et
+    # al. 2021 Sec 4.1), across nodes (tp 8 fills a node)
+    f = fabric(cluster)
+    hop = 2 * 2048 * 2304 * 2 / 8 / f.net_bytes_per_s + f.net_latency_s
+    old = CostCache(graph, cluster, work)
+    assert old.hop_s(c) == pytest.approx(hop) == network.p2p_s(cluster, 2 * 2048 * 2304 * 2 / 8, same_node=False)
+    assert not sends_overlap("interleaved-1f1b", "megatron-2021") and sends_overlap("interleaved-1f1b", "megatron")
+    assert [r.p2p_s for r in rank_costs(old, c)] == pytest.approx([2 * 2 * hop] * 4)
+    assert fill_hop_s(old, c) == 0.0
+    new = CostCache(graph, cluster, replace(work, framework="megatron"))
+    assert [r.p2p_s for r in rank_costs(new, c)] == [0.0] * 4      # a chunk's compute hides its send
+    assert fill_hop_s(new, c) == pytest.approx(hop)

@@ -199,9 +199,10 @@ def _rank_costs(cache: CostCache, config: ParallelConfig, ctx: Context) -> list[
         # per micro-batch each chunk receives/sends once forward and once backward. 1F1B and
         # GPipe wait for them; the interleaved schedule posts them asynchronously and runs
         # another chunk meanwhile (Megatron-LM overlap_p2p_comm; torch's interleaved
-        # schedule likewise), so only what exceeds a chunk's compute is exposed
+        # schedule likewise), so only what exceeds a chunk's compute is exposed, unless the
+        # runtime waits on every exchange (``sends_overlap``)
         p2p = 2 * chunks * one_p2p
-        if SCHEDULES[config.schedule].overlaps_sends:
+        if sends_overlap(config.schedule, cache.workload.framework):
             p2p = 2 * chunks * max(0.0, one_p2p - (fwd + bwd) / (2 * chunks))
         out.append(RankCost(fwd_s=fwd, bwd_s=bwd, recompute_s=rec, tp_comm_s=tp, cp_comm_s=cp,
                             p2p_s=p2p, act_bytes=act, peak_extra_bytes=extra, params=params,
@@ -265,6 +266,21 @@ def expert_shard(config: ParallelConfig, framework: str) -> int:
     if config.ep == 1:
         return config.dp * config.cp
     return expert_data_parallel(framework, ep=config.ep, dp=config.dp, cp=config.cp, tp=config.tp)
+
+
+def sends_overlap(schedule: str, framework: str) -> bool:
+    """Whether a rank's stage-boundary sends run beside its compute: the schedule posts them and goes on
+    (``PipelineSchedule.overlaps_sends``) and the runtime does not wait on every exchange (``Timing.pp_sends_block``:
+    Megatron-LM of 2021)."""
+    rt = RUNTIMES.get(framework)
+    return SCHEDULES[schedule].overlaps_sends and not (rt is not None and rt.timing.pp_sends_block)
+
+
+def fill_hop_s(cache: CostCache, config: ParallelConfig) -> float:
+    """The stage-boundary transfer the interleaved schedule's fill and drain wait for on top of its slowest rank
+    (``PipelineSchedule.pipeline_s``'s ``hop_s``) where sends overlap compute; where they block, each rank's
+    sends are already in its time per micro-batch (``RankCost.p2p_s``), the fill's and drain's with them."""
+    return cache.hop_s(config) if sends_overlap(config.schedule, cache.workload.framework) else 0.0
 
 
 def pipeline_s(per_rank_s: list[float], config: ParallelConfig, hop_s: float = 0.0) -> float:
@@ -568,7 +584,7 @@ def tied_embedding_sync_s(cache: CostCache, config: ParallelConfig) -> float:
 def rank_pipeline_s(cache: CostCache, config: ParallelConfig) -> float:
     """The pipeline of ``config``'s ranks (forward, backward and sends): a part of its step."""
     return pipeline_s([r.fwd_s + r.bwd_s + r.p2p_s for r in rank_costs(cache, config)], config,
-                      hop_s=cache.hop_s(config))
+                      hop_s=fill_hop_s(cache, config))
 
 
 def other_bytes(cache: CostCache, config: ParallelConfig) -> float:
@@ -681,7 +697,7 @@ def estimate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: Pa
     ranks = rank_costs(cache, config)
     m = config.num_microbatches
     per_rank = [r.fwd_s + r.bwd_s + r.p2p_s for r in ranks]
-    pipe = pipeline_s(per_rank, config, hop_s=cache.hop_s(config))
+    pipe = pipeline_s(per_rank, config, hop_s=fill_hop_s(cache, config))
     slow = ranks[per_rank.index(max(per_rank))]
     # data-parallel sync starts when a rank's last backward ends; in 1F1B rank r finishes
     # about r backward passes before rank 0, which hides that much of its sync

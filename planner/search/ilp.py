@@ -104,7 +104,7 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
         F = block.fwd_s * nb + fixed.fwd_s
         B = pulp.lpSum((block.bwd_s + rc[c]) * n[r, c] for c in pr.policies) + fixed.bwd_s
         sends = 2 * v * pr.hop_s if p > 1 else 0.0
-        if pr.schedule.overlaps_sends:
+        if pr.sends_overlap:
             y = pulp.LpVariable(f"y_{r}", 0)
             prob += y >= sends - (F + B), f"e_rank_{r}_sends"
             sends = y
@@ -152,7 +152,8 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
     if least == math.inf:
         return None                                     # no split fits even with the most frugal policies
     prob += t_max >= least, "m_least_slowest_rank"
-    pipeline = pr.schedule.pipeline_s(slowest=t_max, total=pulp.lpSum(rank_time), m=m, p=p, v=v, hop_s=pr.hop_s)
+    pipeline = pr.schedule.pipeline_s(slowest=t_max, total=pulp.lpSum(rank_time), m=m, p=p, v=v,
+                                      hop_s=pr.hop_s if pr.sends_overlap else 0.0)
     # tie-break (a millionth of the work of every rank): among plans the closed form prices
     # the same (only the slowest rank counts in the interleaved schedule), no useless recompute
     objective = pipeline + D + O + pr.tied_s + 1e-6 * pulp.lpSum(rank_time)

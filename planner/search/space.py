@@ -221,6 +221,8 @@ class Space:
         out = []
         for name in self._options("schedule", list(self.can.schedules)):
             record = SCHEDULES[name]
+            if record.virtual_stages and layout.pp < self.can.virtual_stages_min_pp:
+                continue        # the runtime interleaves no pipeline this short (Megatron-LM of 2021: pp > 2)
             vpps = self._virtual_stages(layout.pp) if record.virtual_stages else [1]
             for vpp in self._options("vpp", vpps):
                 if layout.pp * vpp <= self.max_stages and not record.refusal(pp=layout.pp, vpp=vpp, m=m):

@@ -24,7 +24,7 @@ from ..config import ParallelConfig
 from ..cost.layer import LayerCost
 from ..cost.memory import resident_bytes_per_param, state_bytes_per_param
 from ..cost.step import (CostCache, other_bytes, dp_collectives, dp_overlaps, expert_shard, inflight_microbatches,
-                         optimizer_time_s, resident_rates, tied_embedding_sync_s, state_rates)
+                         optimizer_time_s, resident_rates, sends_overlap, tied_embedding_sync_s, state_rates)
 from ..runtimes import RUNTIMES
 from ..recompute import POLICIES, summary_policy
 from ..schedules import SCHEDULES
@@ -101,6 +101,7 @@ class GroupProblem:
         self.policies = policies or self._useful_policies(space)
         self.hop_s = cache.hop_s(self.base)
         self.schedule = SCHEDULES[schedule]
+        self.sends_overlap = sends_overlap(schedule, space.w.framework)     # else each send is in its rank's time
         self.inflight = [inflight_microbatches(self.base, r) for r in range(self.p)]
         self.fixed = [self._fixed(r, ctx) for r in range(self.p)]
         self.options = [self._option(z, o) for z in space.zeros(layout, schedule) for o in space.optimizer_offloads(z)]
@@ -393,7 +394,8 @@ def _pipeline(pr: GroupProblem, slowest: float, total: float) -> float:
     sum over ranks, both without the stage-boundary sends: each rank's 2 v sends per micro-batch are
     added to the sum (and so bound the sends from below where the schedule waits for them)."""
     sends = pr.p * 2 * pr.v * pr.hop_s if pr.p > 1 else 0.0
-    return pr.schedule.pipeline_s(slowest=slowest, total=total + sends, m=pr.m, p=pr.p, v=pr.v, hop_s=pr.hop_s)
+    return pr.schedule.pipeline_s(slowest=slowest, total=total + sends, m=pr.m, p=pr.p, v=pr.v,
+                                  hop_s=pr.hop_s if pr.sends_overlap else 0.0)
 
 
 def _rank0_scan(pr: GroupProblem, opt: Option, recompute: float) -> float:
