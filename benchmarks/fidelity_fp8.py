@@ -3,7 +3,8 @@
 and MXFP8), each with its published degrees, tokens per second per GPU predicted against the published.
 
 FP8-CS is TransformerEngine's per-tensor current scaling (``--precision fp8-tensorwise``), FP8-MX its MXFP8
-(``--precision mxfp8``), both under ``--framework megatron``. Every published degree, virtual stages and the
+(``--precision mxfp8``), both under ``--framework megatron`` with ``--fp8-param-gather`` as Megatron-Bridge's FP8
+presets set it. Every published degree, virtual stages and the
 micro-batch are fixed, the distributed optimizer (ZeRO-1) assumed as for the BF16 rows (benchmarks/fidelity.py
 ``moe_case_settings``), recompute and offload searched as the source does not publish them.
 
@@ -52,7 +53,9 @@ def run(case: dict) -> dict:
     model = case_model(case)
     job, knobs = fidelity.moe_case_settings(case)
     recipe = next(r for p, r in RECIPE.items() if case["config"]["precision"].startswith(p))
-    job = {**job, "precision": recipe}
+    # Megatron-Bridge's FP8 presets (src/megatron/bridge/training/mixed_precision.py @5776a6d9:
+    # bf16_with_fp8_current_scaling_mixed, bf16_with_mxfp8_mixed) set fp8_param_gather = True
+    job = {**job, "precision": recipe, "fp8_param_gather": True}
     if case["config"]["ep"] == 1:
         knobs.pop("ep")
     if case["config"]["pp"] > 1 and not case["config"].get("virtual_stages"):

@@ -76,6 +76,7 @@ class JobInputs:
     expert_imbalance: float = 1.0       # the busiest expert rank's tokens over the balanced share (planner/config.py)
     expert_dispatcher: str = "alltoall"     # "alltoall" or Megatron-LM's "allgather" (planner/config.py)
     compile: bool = False               # torch: each block torch.compile'd (planner/config.py Workload.compile)
+    fp8_param_gather: bool = False      # Megatron-LM's --fp8-param-gather (planner/config.py)
 
     def load(self, warn: Callable[[str], None] | None = None) -> Job:
         """The Job: the model traced or built, the cluster loaded with its GPUs, the workload with its defaults.
@@ -101,12 +102,17 @@ class JobInputs:
                             seq_len=seq, precision=precision, framework=self.framework, attention=self.attention,
                             overlap_grad_reduce=self.overlap_grad_reduce, tp_comm_overlap=self.tp_comm_overlap,
                             memory_headroom=self.memory_headroom, expert_imbalance=self.expert_imbalance,
-                            expert_dispatcher=self.expert_dispatcher, compile=self.compile, fp8=fp8)
+                            expert_dispatcher=self.expert_dispatcher, compile=self.compile, fp8=fp8,
+                            fp8_param_gather=self.fp8_param_gather)
         if self.compile and not RUNTIMES[self.framework].on(cluster.device_kind).compiles_blocks:
             raise UserError(f"the {self.framework} runtime does not compile blocks with torch.compile; allowed with "
                             "--compile: --framework torch or torchtitan", field="--compile")
         if fp8:
             check_fp8(fp8, self.framework, cluster, self.compile)
+        if self.fp8_param_gather and (not fp8 or library(self.framework) != "te"):
+            raise UserError("keeps FP8 parameters of TransformerEngine's linears; allowed: with --framework megatron "
+                            "and an FP8 --precision (" + ", ".join(r for r in RECIPES if RECIPES[r].te) + ")",
+                            field="--fp8-param-gather")
         return Job(model_source=self.model, spec=spec, graph=graph, cluster=cluster, workload=workload)
 
 

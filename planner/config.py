@@ -65,6 +65,8 @@ class Workload:
                                            # compile; --compile). Priced as eager so far (COMPILE_PRICED_AS)
     fp8: str = ""                          # an FP8 training recipe for the linears on top of bf16 (planner/
                                            # precision.py RECIPES; --precision fp8-...), "" for none
+    fp8_param_gather: bool = False         # Megatron-LM's --fp8-param-gather: the converted linears' parameters
+                                           # kept and all-gathered in FP8 (the distributed optimizer's gather)
     expert_imbalance: float = 1.0          # under expert parallelism, the tokens the busiest rank's experts receive
                                            # over the balanced share (>= 1): its expert GEMMs, activations and all-to-
                                            # all traffic grow by it and the step waits for it. 1: balanced, as the

@@ -318,6 +318,8 @@ def megatron(plan) -> Export:
     if w.fp8:           # TransformerEngine's recipe (megatron/core/transformer/transformer_config.py fp8_recipe)
         flags = RECIPES[w.fp8].megatron_flags
         args += [list(flags[i:i + 2]) for i in range(0, len(flags), 2)]
+        if w.fp8_param_gather:
+            args.append(["--fp8-param-gather"])
     args.append(["--attention-backend", "flash" if w.attention == "flash" else "unfused"])
     if c.zero == 1:
         args.append(["--use-distributed-optimizer"])

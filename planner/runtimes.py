@@ -360,7 +360,8 @@ DEEPSPEED_2021 = replace(
 MEGATRON_2021 = replace(
     MEGATRON, name="megatron-2021", priced_as="megatron",
     description="Megatron-LM of 2021 (Narayanan et al. SC'21): blocking pipeline sends, interleaving at pp > 2 only",
-    runs={kind: replace(can, virtual_stages_min_pp=3) for kind, can in MEGATRON.runs.items()},
+    runs={kind: replace(can, virtual_stages_min_pp=3, fp8_recipes=()) for kind, can in MEGATRON.runs.items()},
+    # ^ no FP8 (TransformerEngine came to Megatron-LM in 2022)
     timing=replace(MEGATRON.timing, pp_sends_block=True))
 
 RUNTIMES: dict[str, Runtime] = {r.name: r for r in (TORCH, MEGATRON, DEEPSPEED, TORCHTITAN, DEEPSPEED_2021,

@@ -147,3 +147,45 @@ def test_whatif_sweeps_the_recipes(tmp_path):
     assert (tmp_path / "whatif.png").exists()
     proc = run_cli("whatif", "--model", "llama3-8b", "--sweep", "precision=bf16,int4", "--out", str(tmp_path))
     assert proc.returncode == 2 and "int4" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_transformer_engine_keeps_the_fp8_copy_of_a_linears_input():
+    from planner.cost.layer import Context, layer_cost
+    from planner.layers import build_layer_graph
+    from planner.model import load_model
+    spec = load_model("llama3-8b")
+    block = next(layer for layer in build_layer_graph(spec).layers if layer.kind == "block")
+    cluster = load_cluster("h100-80g", 8)
+
+    def kept(fp8: str, framework: str = "megatron", cluster=cluster) -> float:
+        ctx = Context(micro_batch=1, seq_len=8192, tp=1, cp=1, sequence_parallel=False, precision="bf16",
+                      attention="flash", framework=framework, tp_comm_overlap=False, fp8=fp8)
+        return layer_cost(block, ctx, cluster).policy("none").act_bytes
+    # the inputs the block's linears keep for their weight gradients: q's (k and v share it), gate's (up shares
+    # it) and down's: 2 h + f elements per token, 2 bytes each in bf16, 1 as TE's FP8 copies
+    h, f, tokens = spec.hidden, spec.ffn_hidden, 8192
+    assert kept("") - kept("fp8-tensorwise") == pytest.approx((2 * h + f) * tokens, rel=1e-9)
+    # MXFP8 adds an e8m0 scale per 32 values; torchao keeps the bf16 inputs
+    b200 = load_cluster("b200", 8)
+    assert kept("", cluster=b200) - kept("mxfp8", cluster=b200) == pytest.approx((2 * h + f) * tokens * (1 - 1 / 32),
+                                                                                 rel=1e-9)
+    assert kept("", "torchtitan") == kept("fp8-rowwise", "torchtitan")
+
+
+def test_fp8_param_gather_gathers_the_converted_parameters_in_one_byte():
+    from planner.cost.step import CostCache
+    from planner.layers import build_layer_graph
+    from planner.model import load_model
+    spec = load_model("llama3-8b")
+    graph = build_layer_graph(spec)
+    cluster = load_cluster("h100-80g", 8)
+    h, f, kv = spec.hidden, spec.ffn_hidden, spec.num_kv_heads * spec.head_dim
+    linears = spec.num_layers * (2 * h * h + 2 * h * kv + 3 * h * f)     # q, o; k, v; gate, up, down
+    total = sum(layer.params for layer in graph.layers)
+    job = api.load_job("llama3-8b", cluster="h100-80g", gpus=8, framework="megatron", precision="fp8-tensorwise",
+                       fp8_param_gather=True)
+    assert CostCache(graph, cluster, job.workload).gather_bytes_per_param == pytest.approx(2 - linears / total)
+    plain = api.load_job("llama3-8b", cluster="h100-80g", gpus=8, framework="megatron", precision="fp8-tensorwise")
+    assert CostCache(graph, cluster, plain.workload).gather_bytes_per_param == 2
+    with pytest.raises(UserError, match="megatron"):
+        api.load_job("llama3-8b", cluster="h100-80g", gpus=8, framework="megatron", fp8_param_gather=True)

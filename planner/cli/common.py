@@ -167,6 +167,10 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true",
                    help="torch and torchtitan: compile each transformer block with torch.compile, as torchtitan "
                         f"does; `meshplan run` compiles them. So far {COMPILE_PRICED_AS}")
+    p.add_argument("--fp8-param-gather", action="store_true",
+                   help="with an FP8 recipe under --framework megatron: keep and all-gather the converted linears' "
+                        "parameters in FP8 (Megatron-LM's --fp8-param-gather, which Megatron-Bridge's FP8 presets "
+                        "set): half the bytes of the distributed optimizer's parameter all-gather for them")
     p.add_argument("--memory-headroom", type=headroom, default=DEFAULT_MEMORY_HEADROOM, metavar="FRACTION",
                    help="memory a plan leaves free, over its predicted peak (0.21 or 21%%; 0: none). Default "
                         f"{DEFAULT_MEMORY_HEADROOM:g}: the largest gap between the predicted peak and the peak torch's "
@@ -219,7 +223,8 @@ def job_inputs(args: argparse.Namespace) -> JobInputs:
                      memory_headroom=args.memory_headroom,
                      expert_imbalance=getattr(args, "expert_imbalance", 1.0),
                      expert_dispatcher=getattr(args, "expert_dispatcher", "alltoall"),
-                     compile=getattr(args, "compile", False))
+                     compile=getattr(args, "compile", False),
+                     fp8_param_gather=getattr(args, "fp8_param_gather", False))
 
 
 def knobs(args: argparse.Namespace) -> Knobs:

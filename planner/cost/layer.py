@@ -90,6 +90,18 @@ def _routed_share(op: Op, ctx: Context) -> float:
     return ctx.expert_imbalance if op.expert and ctx.ep > 1 else 1.0
 
 
+def _fp8_saved_share(op: Op, ctx: Context) -> float:
+    """What a linear keeps of its input for the weight gradient, over the compute dtype's bytes: TransformerEngine's
+    FP8 linears keep the FP8 (column-wise) copy their cast made, one byte per element (and MXFP8 an e8m0 scale per
+    32; TE's Linear saves its quantized input under fp8_autocast), where torchao keeps the bf16 input and casts it
+    again (its rowwise and MX casts of the input in backward); 1 elsewhere."""
+    if not ctx.fp8 or op.kind != "linear" or not op.saved or fp8_recipes.library(ctx.framework) != "te" \
+            or not fp8_converts(op, ctx.fp8, ctx.framework):
+        return 1.0
+    fp8 = 1.0 + (1.0 / 32 if fp8_recipes.RECIPES[ctx.fp8].gemm_dtype == "mxfp8" else 0.0)
+    return fp8 / DTYPE_BYTES[ctx.precision]
+
+
 def _saved_bytes(saved: Saved, ctx: Context) -> float:
     divide = _split(saved.split, ctx)
     if saved.gathered_input and ctx.sequence_parallel and RUNTIMES[ctx.framework].timing.sp_keeps_gathered_input:
@@ -388,7 +400,7 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
             sac.linear(op, ctx, f, fl)
         elif op.kind == "attention":
             sac.attention(op, ctx, f)
-        saved += sum(_saved_bytes(s, ctx) for s in op.saved) * _routed_share(op, ctx)
+        saved += sum(_saved_bytes(s, ctx) for s in op.saved) * _routed_share(op, ctx) * _fp8_saved_share(op, ctx)
         if op.unfused and op.unfused not in dev.fused_kernels:
             saved += sum(_saved_bytes(s, ctx) for s in op.unfused_saved)
         transient = op.eager_workspace if op.eager_workspace is not None and eager_loss else op.workspace

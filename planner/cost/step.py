@@ -21,7 +21,7 @@ from ..schedules import SCHEDULES
 from . import fetch
 from .host import host_bound, host_s
 from .eager import eager_regime, eager_s, layer_eager_regime, step_param_bytes, wraps_in_fsdp
-from .layer import Context, LayerCost, layer_cost
+from .layer import Context, LayerCost, fp8_converts, layer_cost
 from .memory import (grad_comm_bytes_per_param, resident_bytes_per_param, state_bytes_per_param,
                      working_copy_bytes_per_param)
 
@@ -32,6 +32,16 @@ ADAM_BYTES_PER_PARAM = 28.0
 
 
 # -- the estimate -------------------------------------------------------------------------------
+
+def fp8_param_share(graph: LayerGraph, workload: Workload) -> float:
+    """The share of the model's parameters in linears its FP8 recipe converts (planner/cost/layer.py fp8_converts):
+    what --fp8-param-gather gathers in FP8. One share for every layer: the embedding's and head's ranks gather a
+    little more in bf16 than this charges them."""
+    total = sum(layer.params for layer in graph.layers)
+    converted = sum(op.params for layer in graph.layers for op in layer.ops
+                    if op.kind == "linear" and fp8_converts(op, workload.fp8, workload.framework))
+    return converted / total if total else 0.0
+
 
 class CostCache:
     """Memo of costs for one (graph, cluster, workload): pure results only, so it never
@@ -47,6 +57,10 @@ class CostCache:
             self.representative.setdefault(sig, i)
             self.signature_counts[sig] = self.signature_counts.get(sig, 0) + 1
         self.model_flops_per_token = graph.model_flops_per_token(workload.seq_len)
+        # bytes per parameter of the distributed optimizer's parameter all-gather: the compute dtype's, or with
+        # Megatron-LM's --fp8-param-gather one byte for the parameters of the linears its FP8 recipe converts
+        self.gather_bytes_per_param = DTYPE_BYTES[workload.precision] if not workload.fp8_param_gather else \
+            DTYPE_BYTES[workload.precision] - (DTYPE_BYTES[workload.precision] - 1) * fp8_param_share(graph, workload)
         # the recompute policies the runtime runs here: the least activations any of them leaves bound memory
         self.policies = RUNTIMES[workload.framework].on(cluster.device_kind).recomputes \
             if workload.framework in RUNTIMES else RECOMPUTES
@@ -375,7 +389,7 @@ def _dp_phases_uncached(cache: CostCache, zero: int, size: int, stride: int, par
         return 0.0, 0.0, 0.0
     grp = network.group(cluster, size, stride)
     grads = params * grad_comm_bytes_per_param(w.framework, w.precision)
-    weights = params * DTYPE_BYTES[w.precision]
+    weights = params * cache.gather_bytes_per_param
     if zero == 0:
         return 0.0, 0.0, network.all_reduce_s(cluster, grads, grp)
     rs = network.reduce_scatter_s(cluster, grads, grp)
