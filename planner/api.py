@@ -181,6 +181,62 @@ def plan(job: Job, knobs: Knobs = Knobs(), *, top_k: int = 5, solver: str | None
                   seconds=time.perf_counter() - t0)
 
 
+def precision_candidates(inputs: JobInputs) -> tuple[str, ...]:
+    """The --precision values the search tries: the one given; left out, the device's default dtype and, where that
+    is bf16, every FP8 recipe the runtime runs on the cluster's GPU (``Combinations.fp8_recipes``, the GPU's FP8 or
+    MXFP8 rate; torchao's recipes only with --compile: planner/precision.py)."""
+    if inputs.precision:
+        return (inputs.precision,)
+    cluster = load_cluster(inputs.cluster, inputs.gpus)
+    base = default_precision(cluster)
+    if base != "bf16" or inputs.framework not in RUNTIMES:
+        return (base,)
+    recipes = [r for r in RUNTIMES[inputs.framework].on(cluster.device_kind).fp8_recipes
+               if cluster.device.gemm_peak(RECIPES[r].gemm_dtype) and (library(inputs.framework) == "te"
+                                                                       or inputs.compile)]
+    return (base, *recipes)
+
+
+def plan_precisions(inputs: JobInputs, knobs: Knobs = Knobs(), *, warn: Callable[[str], None] | None = None,
+                    prefer: str = "headroom", **options) -> Plan:
+    """``plan`` of the job at each of its ``precision_candidates``: with one, that plan; with several (--precision
+    left out), the fastest that fits, an FP8 recipe only where it beats the default dtype by more than the model's
+    step-time error (the validation's median, as ``prefer="headroom"`` treats near-ties; "fastest": by any margin),
+    since FP8 changes the numerics. The Plan's ``precisions`` says what each one gave."""
+    from dataclasses import replace as _replace
+    from .search.result import error_bands
+    names = precision_candidates(inputs)
+    if len(names) == 1:
+        return plan(_replace(inputs, precision=names[0]).load(warn=warn), knobs, prefer=prefer, **options)
+    plans: dict[str, Plan | None] = {}
+    for i, name in enumerate(names):
+        try:
+            plans[name] = plan(_replace(inputs, precision=name).load(warn=warn if i == 0 else None), knobs,
+                               prefer=prefer, **options)
+        except NoFeasiblePlan:
+            plans[name] = None
+    fits = {n: p for n, p in plans.items() if p is not None and p.best.estimate.fits}
+    if not fits:
+        first = next((p for p in plans.values() if p is not None), None)
+        if first is None:
+            return plan(_replace(inputs, precision=names[0]).load(), knobs, prefer=prefer, **options)  # raises
+        return first
+    base = names[0]
+    step = {n: p.best.estimate.step_time_s for n, p in fits.items()}
+    fastest = min(step, key=step.get)
+    band = error_bands(fits[fastest].cluster, fits[fastest].workload)[0] if prefer == "headroom" else 0.0
+    chosen = fastest
+    why = f"{fastest} is the fastest that fits"
+    if fastest != base and base in step and step[base] <= step[fastest] * (1 + band):
+        chosen = base
+        why = (f"{fastest} is {100 * (step[base] / step[fastest] - 1):.1f}% faster than {base}, within the model's "
+               f"{100 * band:.1f}% median step-time error: {base} keeps its numerics")
+    out = fits[chosen]
+    tried = {n: (round(p.best.estimate.step_time_s, 6) if p is not None and p.best.estimate.fits else None)
+             for n, p in plans.items()}
+    return _replace(out, precisions={"tried": tried, "chosen": out.workload.precision_name, "why": why})
+
+
 def plan_graph(graph: LayerGraph, cluster: Cluster | str, workload: Workload, *, gpus: int | None = None,
                knobs: Knobs = Knobs(), solver: str | None = None, model_source: str = "module") -> Plan:
     """``plan`` for a layer graph traced from a live module (``executor.auto_parallelize``): ``cluster`` a

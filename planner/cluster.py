@@ -270,15 +270,47 @@ def load_cluster(source: str, num_gpus: int | None = None) -> Cluster:
                 raise UserError("no such file", source=source)
             raise UserError(f"unknown cluster {source!r}; known: {one_of(sorted(profiles))}, "
                             "or a path to a profile TOML", field="--cluster")
+    cluster = parse_cluster(_profile_data(path, ()), str(path))
+    gpus = cluster.gpus_per_node if num_gpus is None else num_gpus
+    return _check_gpus(cluster.with_gpus(gpus), gpus)
+
+
+def _profile_data(path: Path, seen: tuple[str, ...]) -> dict:
+    """A profile's TOML, merged over the profile its ``base`` names (a built-in profile or a TOML path relative to
+    it): a variant card or cluster says only what differs (tables merge key by key; a value replaces the base's;
+    ``drop`` lists the base's tables it does not take, such as a price that is not its own)."""
     try:
         data = tomllib.loads(path.read_text())
     except OSError as e:
         raise UserError(f"cannot read: {e.strerror}", source=str(path)) from None
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"not valid TOML: {e}", source=str(path)) from None
-    cluster = parse_cluster(data, str(path))
-    gpus = cluster.gpus_per_node if num_gpus is None else num_gpus
-    return _check_gpus(cluster.with_gpus(gpus), gpus)
+    base, drop = data.pop("base", None), data.pop("drop", [])
+    if base is None:
+        return data
+    if not isinstance(drop, list) or not all(isinstance(t, str) for t in drop):
+        raise UserError(f"must be a list of the base's table names, got {drop!r}", source=str(path), field="drop")
+    profiles = builtin_profiles()
+    if not isinstance(base, str) or not (base in profiles or (path.parent / base).exists()):
+        raise UserError(f"names no profile: {base!r}; allowed: {one_of(sorted(profiles))}, or a TOML path relative "
+                        "to this file", source=str(path), field="base")
+    base_path = profiles[base] if base in profiles else path.parent / base
+    if str(base_path) in seen:
+        raise UserError(f"profiles name each other as base: {' -> '.join((*seen, str(base_path)))}",
+                        source=str(path), field="base")
+    inherited = _profile_data(base_path, (*seen, str(path)))
+    unknown = [t for t in drop if t not in inherited]
+    if unknown:
+        raise UserError(f"the base has no table {unknown[0]!r}; allowed: {one_of(sorted(inherited))}",
+                        source=str(path), field="drop")
+    return _merged({k: v for k, v in inherited.items() if k not in drop}, data)
+
+
+def _merged(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def _check_gpus(cluster: Cluster, gpus) -> Cluster:

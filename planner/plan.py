@@ -83,6 +83,8 @@ class Plan:
     limits: str = ""                  # what binds the winner (planner/explain.py)
     accuracy: dict = field(default_factory=dict)    # the validation that covers it (planner/accuracy.py)
     gains: dict = field(default_factory=dict)       # what the per-stage choices bought (planner/explain.py)
+    precisions: dict = field(default_factory=dict)  # --precision left out: each precision tried, its best step in
+                                                    # seconds (None: nothing fits) and why the winner won (api.py)
     search: SearchStats
     meshplan_version: str = MESHPLAN_VERSION
     source: str = ""                  # the file it was read from ("" when the search made it)
@@ -128,6 +130,7 @@ class Plan:
             "limits": self.limits,
             "accuracy": self.accuracy,
             "gains": self.gains,
+            **({"precisions": self.precisions} if self.precisions else {}),
             "search": {"seconds": self.search.seconds, "candidates": self.search.candidates,
                        "evaluated": self.search.evaluated, "solver": self.search.solver,
                        "global_choices": self.search.global_choices, "ilp_solves": self.search.ilp_solves},
@@ -172,6 +175,7 @@ class Plan:
             accuracy=data.get("accuracy") if isinstance(data.get("accuracy"), dict) else {},
             gains=data.get("gains") if isinstance(data.get("gains"), dict) else {},
             choice=data.get("choice") if isinstance(data.get("choice"), dict) else {},
+            precisions=data.get("precisions") if isinstance(data.get("precisions"), dict) else {},
             energy=data.get("energy") if isinstance(data.get("energy"), dict) else {},
             search=SearchStats(seconds=float(search.get("seconds", 0.0)), candidates=_int(search.get("candidates", 0)),
                                evaluated=_int(search.get("evaluated", 0)), solver=str(search.get("solver", "")),

@@ -189,3 +189,33 @@ def test_fp8_param_gather_gathers_the_converted_parameters_in_one_byte():
     assert CostCache(graph, cluster, plain.workload).gather_bytes_per_param == 2
     with pytest.raises(UserError, match="megatron"):
         api.load_job("llama3-8b", cluster="h100-80g", gpus=8, framework="megatron", fp8_param_gather=True)
+
+
+def test_left_out_the_search_picks_a_recipe_where_it_pays(tmp_path):
+    # Llama 3 8B under Megatron-LM on H100: an FP8 recipe, and the plan says what each precision gave
+    p = api.plan_precisions(api.JobInputs(model="llama3-8b", cluster="h100-80g", gpus=8, framework="megatron"),
+                            top_k=1)
+    assert p.workload.fp8 and set(p.precisions["tried"]) == {"bf16", "fp8-tensorwise", "fp8-delayed",
+                                                             "fp8-blockwise"}
+    tried = p.precisions["tried"]
+    assert tried[p.workload.fp8] == min(tried.values()) < tried["bf16"]
+    assert json.loads(json.dumps(p.to_json()))["precisions"]["chosen"] == p.workload.fp8
+    # a model whose layers are too small to gain stays in bf16, the recipes tried and slower
+    small = tmp_path / "config.json"
+    small.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 8, "hidden_size": 256,
+                                 "intermediate_size": 768, "num_attention_heads": 8, "num_key_value_heads": 8,
+                                 "vocab_size": 32000, "max_position_embeddings": 2048}))
+    p = api.plan_precisions(api.JobInputs(model=str(small), cluster="h100-80g", gpus=8, framework="megatron",
+                                          seq_len=2048, global_batch=32), api.Knobs(dp=8, tp=1, pp=1, cp=1),
+                            top_k=1)
+    assert p.workload.precision_name == "bf16" and all(
+        s > p.precisions["tried"]["bf16"] for n, s in p.precisions["tried"].items() if n != "bf16")
+    # where the runtime runs no FP8 (meshplan's executor; any runtime on A100) nothing else is tried
+    assert api.precision_candidates(api.JobInputs(model="llama3-8b", cluster="h100-80g", gpus=8)) == ("bf16",)
+    assert api.precision_candidates(api.JobInputs(model="llama3-8b", cluster="a100-80g", gpus=8,
+                                                  framework="megatron")) == ("bf16",)
+    # torchao's recipes only with compiled blocks; MXFP8 on Blackwell
+    assert "fp8-rowwise" not in api.precision_candidates(api.JobInputs(cluster="h100-80g", framework="torchtitan"))
+    assert "fp8-rowwise" in api.precision_candidates(api.JobInputs(cluster="h100-80g", framework="torchtitan",
+                                                                   compile=True))
+    assert "mxfp8" in api.precision_candidates(api.JobInputs(cluster="b200", framework="megatron"))

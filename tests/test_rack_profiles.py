@@ -69,3 +69,27 @@ def test_the_measured_h200_profile_carries_its_best_fp8_gemm(cli):
     assert load_cluster("profiles/measured/h200.toml").device.fp8_peak_flops == pytest.approx(best * 1e12, rel=1e-3)
     listed = {c["name"]: c for c in json.loads(cli("clusters", "--json").stdout)}
     assert listed["b200"]["peak_tflops"]["fp8"] == 4500 and "fp8" not in listed["a100-80g"]["peak_tflops"]
+
+
+def test_a_variant_profile_says_only_what_differs_from_its_base(tmp_path):
+    from planner.errors import UserError
+    capped, base = load_cluster("h100-96g-500w", 8), load_cluster("h100-80g", 8)
+    # torchtitan's H100s: 96 GB HBM2e at 2.4 TB/s, 500 W; the GH100 peaks and the NVLink node of h100-80g
+    assert capped.device.hbm_bytes_per_s == 2.4e12 and capped.device.memory_bytes > base.device.memory_bytes
+    assert capped.device.peak("bf16") == base.device.peak("bf16") and capped.intra == base.intra
+    assert capped.device.gemm_efficiency == pytest.approx(0.54 * (500 / 700) ** (1 / 3), abs=5e-4)
+    assert capped.gpu_hour_usd == 0 and base.gpu_hour_usd > 0          # the base's price is dropped
+    # a user's variant of a variant, relative to its own folder; a table merges key by key
+    (tmp_path / "mine.toml").write_text('base = "h100-96g-500w"\nname = "mine"\n[gpu]\nmemory_GiB = 64\n')
+    mine = load_cluster(str(tmp_path / "mine.toml"), 8)
+    assert mine.device.memory_bytes == 64 * 2**30 and mine.device.hbm_bytes_per_s == 2.4e12
+    (tmp_path / "a.toml").write_text('base = "b.toml"\n')
+    (tmp_path / "b.toml").write_text('base = "a.toml"\n')
+    with pytest.raises(UserError, match="as base"):
+        load_cluster(str(tmp_path / "a.toml"))
+    (tmp_path / "c.toml").write_text('base = "h100-90g"\n')
+    with pytest.raises(UserError, match="h100-80g"):
+        load_cluster(str(tmp_path / "c.toml"))
+    (tmp_path / "d.toml").write_text('base = "h100-80g"\ndrop = ["prices"]\n')
+    with pytest.raises(UserError, match="pricing"):
+        load_cluster(str(tmp_path / "d.toml"))

@@ -148,8 +148,9 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
                             f"{r.name} ({r.what})" for r in RECIPES.values())
                         + ". FP8 runs on GPUs with an FP8 rate (MXFP8: Blackwell) under --framework megatron "
                           "(TransformerEngine) or torchtitan (torchao, with --compile); docs/cost-model.md says how each is "
-                          "priced. "
-                          "Default: bf16, or what the device supports")
+                          "priced. Left out: bf16 (or what the device supports), and `meshplan plan` also "
+                          "tries each FP8 recipe the runtime runs on that GPU, keeping one only where it beats "
+                          "bf16 by more than the model's median error")
     p.add_argument("--framework", choices=FRAMEWORKS, default="torch",
                    help="the runtime that will train: the search stays inside what it expresses and its memory "
                         "layout is modelled. torch = meshplan's executor (FSDP2/DDP, everything meshplan plans), "

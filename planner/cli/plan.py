@@ -71,14 +71,15 @@ def run(args) -> int:
     if args.exhaustive and args.uniform_stages:
         raise UserError("choose --exhaustive or --uniform-stages, not both", field="--exhaustive")
     solver = "exhaustive" if args.exhaustive else "uniform" if args.uniform_stages else args.solver
-    job = job_inputs(args).load(warn=warn)
-    parts = unbuilt(job.spec) if job.spec is not None and job.workload.framework == EXECUTOR_RUNTIME else []
+    inputs = job_inputs(args)
+    plan = api.plan_precisions(inputs, knobs(args), warn=warn, top_k=args.top_k, solver=solver,
+                               time_limit_s=args.time_limit, progress=None if args.json else search_progress(),
+                               prefer=args.prefer)
+    parts = unbuilt(plan.spec) if plan.spec is not None and plan.workload.framework == EXECUTOR_RUNTIME else []
     if parts:
-        warn(f"`meshplan run` cannot train {job.spec.name} yet ({', '.join(what for _, what in parts)} are not in "
+        warn(f"`meshplan run` cannot train {plan.spec.name} yet ({', '.join(what for _, what in parts)} are not in "
              "its reference models): this plan prices meshplan's runtime; --framework megatron plans it for "
              "Megatron-LM")
-    plan = api.plan(job, knobs(args), top_k=args.top_k, solver=solver, time_limit_s=args.time_limit,
-                    progress=None if args.json else search_progress(), prefer=args.prefer)
     if args.out:
         try:
             plan.write(args.out)
@@ -123,6 +124,11 @@ def format_plan(plan: Plan, tokens: float | None = None) -> str:
         f"PP comm {t.pp_comm:.3f}, bubble {t.bubble:.3f}, DP comm {t.dp_comm:.3f}, "
         f"optimizer {t.optimizer:.3f}" + (f", waiting for the host {t.host_wait:.3f}" if t.host_wait else ""),
     ]
+    if plan.precisions:         # --precision left out and the runtime runs FP8 here: what each precision gave
+        tried = ", ".join(f"{n} {s:.3f} s" if s is not None else f"{n} does not fit"
+                          for n, s in plan.precisions["tried"].items())
+        lines.append(f"precision {plan.precisions['chosen']}: {plan.precisions['why']} (searched: {tried}; "
+                     "--precision fixes one)")
     if c.stage_layers and c.pp > 1:
         lines.append(f"stages    layers per virtual stage {runs(c.stage_layers)} (embedding first, head last)")
     lines += [f"gains     {sentence}" for sentence in gain_sentences(plan.gains)]
