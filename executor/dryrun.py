@@ -266,7 +266,7 @@ def dry_run(plan: Plan, device_kind: str = "cuda") -> tuple[list[RankReport], fl
     if dist.is_initialized():
         raise UserError("a dry run starts its own fake process group; run it outside a torch.distributed job",
                         field="--dry-run")
-    check_supported(plan.config, plan.spec, device_kind, plan.source)
+    check_supported(plan.config, plan.spec, device_kind, plan.source, plan.workload.fp8)
     check_stages(plan.stages, plan.spec, plan.source)
     t0 = time.perf_counter()
     dims = ParallelDims.from_config(plan.config, plan.world_size)

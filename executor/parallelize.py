@@ -51,6 +51,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
                                                RowwiseParallel, SequenceParallel, parallelize_module)
 
+from planner.errors import UserError
 from planner.plan import Plan
 
 from .context import apply_cp
@@ -311,6 +312,43 @@ def autocast_for(precision: str, device_type: str, *, fsdp_managed: bool) -> tor
     return torch.bfloat16 if precision == "bf16" else torch.float16
 
 
+def fp8_module_filter(recipe: str) -> Callable[[nn.Module, str], bool]:
+    """torchao's module filter for ``recipe``: the linears the planner prices in FP8 (planner/cost/layer.py
+    ``fp8_converts``): an nn.Linear that is not the LM head nor a router, with dims torchao's auto filter converts
+    (planner/precision.py ``torchao_converts``). Routed experts are grouped weights, not nn.Linear: left alone."""
+    from planner.precision import RECIPES, torchao_converts
+    r = RECIPES[recipe]
+
+    def keep(module: nn.Module, fqn: str) -> bool:
+        if not isinstance(module, nn.Linear) or fqn.rsplit(".", 1)[-1] in ("lm_head", "router"):
+            return False
+        return torchao_converts(r, module.out_features, module.in_features)
+    return keep
+
+
+def apply_fp8(model: nn.Module, recipe: str, *, emulate: bool = False) -> list[str]:
+    """Convert ``model``'s linears in place to torchao's float8 training linears for ``recipe``
+    (torchao.float8 ``convert_to_float8_training`` with ``Float8LinearConfig.from_recipe_name``, as torchtitan's
+    float8 converter does), before tensor parallelism, compile and FSDP2 wrap them; the filter is the planner's
+    (``fp8_module_filter``). ``emulate``: torchao's emulation of the FP8 GEMMs in higher precision, for a device
+    without FP8 (tests on a CPU). Returns the converted modules' paths."""
+    from dataclasses import replace
+
+    from planner.precision import RECIPES
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError:
+        raise UserError(f"{recipe} needs torchao's float8 training: pip install 'meshplan[fp8]' (torchao)",
+                        field="workload.fp8") from None
+    config = Float8LinearConfig.from_recipe_name(RECIPES[recipe].torchao_name)
+    if emulate:
+        config = replace(config, emulate=True)
+    keep = fp8_module_filter(recipe)
+    chosen = [fqn for fqn, module in model.named_modules() if keep(module, fqn)]
+    convert_to_float8_training(model, config=config, module_filter_fn=keep)
+    return chosen
+
+
 def shard_model(model: nn.Module, plan: Plan, dims: ParallelDims, mesh: DeviceMesh, dp_cp_mesh: DeviceMesh,
                 device_type: str, expert_mesh: DeviceMesh | None = None) -> list[str]:
     """Steps 1-3 on ``model`` in place: what a dry run builds (executor/dryrun.py). ``model``: meshplan's
@@ -319,6 +357,8 @@ def shard_model(model: nn.Module, plan: Plan, dims: ParallelDims, mesh: DeviceMe
     ``expert_mesh``: under expert parallelism, the same ranks as (efsdp, ep) (``build_expert_mesh``).
     Returns the notes of where the run differs from the plan (``apply_ac``'s)."""
     c, own = plan.config, plan.spec is not None      # meshplan's own model, else a user's traced module
+    if plan.workload.fp8:       # torchao's float8 linears (tp 1: Combinations.fp8_with_tp)
+        apply_fp8(model, plan.workload.fp8)
     if dims.tp > 1:
         # meshplan's loss is vocabulary-parallel (executor/train.py), a user's takes whole logits
         apply_tp(model, mesh["tp"], plan.tp_plan, sequence_parallel=c.sequence_parallel, loss_parallel=own,

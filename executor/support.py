@@ -2,10 +2,10 @@
 plan before it launches anything (every rank checks again when it builds the job)."""
 from __future__ import annotations
 
-from planner.errors import UserError
+from planner.errors import UserError, one_of
 from planner.model import ModelSpec
 from planner.config import ParallelConfig
-from planner.runtimes import EXECUTOR_RUNTIME, config_refusals, unbuilt
+from planner.runtimes import EXECUTOR_RUNTIME, RUNTIMES, config_refusals, unbuilt
 from planner.schedules import SCHEDULES
 
 
@@ -45,7 +45,8 @@ def check_model(spec: ModelSpec, source: str = "plan.json") -> None:
                         field=f"model.spec.{field}")
 
 
-def check_supported(config: ParallelConfig, spec: ModelSpec | None, device_kind: str, source: str = "plan.json") -> None:
+def check_supported(config: ParallelConfig, spec: ModelSpec | None, device_kind: str, source: str = "plan.json",
+                    fp8: str = "") -> None:
     """Refuse what this executor cannot run on ``device_kind`` ("cuda" or "cpu"): the model's parts it does
     not build (``check_model``), and the torch runtime's refusals in planner/runtimes.py, the table the
     planner's search space is built from, named as plan.json fields (of the file ``source``)."""
@@ -54,5 +55,10 @@ def check_supported(config: ParallelConfig, spec: ModelSpec | None, device_kind:
     kv_heads = spec.num_kv_heads if spec is not None else None
     experts = spec.num_experts if spec is not None else None
     latent = spec.is_mla if spec is not None else None
-    for knob, why in config_refusals(config, EXECUTOR_RUNTIME, device_kind, kv_heads, experts, latent):
+    allowed = RUNTIMES[EXECUTOR_RUNTIME].on(device_kind).fp8_recipes
+    if fp8 and fp8 not in allowed:
+        raise UserError(f"{fp8} does not run on {device_kind} in this executor; allowed: bf16, fp16, fp32"
+                        + (f" or {one_of(allowed)}" if allowed else "") + " (plan again with that --precision)",
+                        source=source, field="workload.fp8")
+    for knob, why in config_refusals(config, EXECUTOR_RUNTIME, device_kind, kv_heads, experts, latent, fp8):
         raise UserError(why, source=source, field=f"config.{knob}")

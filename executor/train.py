@@ -69,7 +69,7 @@ class Job:
 
     def __init__(self, plan: Plan, options: RunOptions, device: torch.device):
         spec, c = plan.spec, plan.config
-        check_supported(plan.config, plan.spec, device.type, plan.source)
+        check_supported(plan.config, plan.spec, device.type, plan.source, plan.workload.fp8)
         check_stages(plan.stages, spec, plan.source)
         self.plan, self.options, self.device = plan, options, device
         self.dims = ParallelDims.from_config(c, dist.get_world_size())

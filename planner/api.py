@@ -135,7 +135,7 @@ def check_fp8(recipe: str, framework: str, cluster: Cluster, compile: bool) -> N
         where = "on a CPU" if cluster.device_kind == "cpu" else f"on {cluster.name}"
         raise UserError(f"the {framework} runtime does not run {recipe} {where}; allowed: "
                         f"{one_of([*DTYPES, *allowed])}" + ("" if allowed or cluster.device_kind == "cpu" else
-                                                         " (FP8: --framework megatron or torchtitan)"),
+                                                         " (FP8: --framework megatron, torchtitan or torch)"),
                         field="--precision")
     dtype = RECIPES[recipe].gemm_dtype
     if not cluster.device.gemm_peak(dtype):

@@ -248,10 +248,11 @@ class NoFit:
     usable_bytes: float                 # the capacity less the workload's memory headroom
     headroom: float
     fixes: tuple[Fix, ...] = ()
+    refused: str = ""                   # with no legal configuration: what the runtime refuses of the fixed knobs
 
     def message(self) -> str:
         if self.least is None:
-            return "no legal configuration exists for these knobs"
+            return "no legal configuration exists for these knobs" + (f": {self.refused}" if self.refused else "")
         c, e = self.least.config, self.least.estimate
         host = (f" and {e.host_bytes_per_node / GiB:.1f} GiB of host memory per node against "
                 f"{e.host_capacity_bytes / GiB:.1f} GiB" if e.host_bytes_per_node > e.host_capacity_bytes else "")
@@ -278,7 +279,23 @@ def no_fit(result, graph, cluster, workload, knobs) -> NoFit:
                                                               need_bytes=least.estimate.memory.total))
     from .cost.step import usable_bytes
     return NoFit(least=least, capacity_bytes=cluster.device.memory_bytes, usable_bytes=usable_bytes(cluster, workload),
-                 headroom=workload.memory_headroom, fixes=fixes)
+                 headroom=workload.memory_headroom, fixes=fixes,
+                 refused=_refused(graph, cluster, workload, knobs) if least is None else "")
+
+
+def _refused(graph, cluster, workload, knobs) -> str:
+    """What the runtime table refuses of the knobs given (planner/runtimes.py ``refusals``), in its words, with
+    the flag: why no configuration is legal where the knobs alone say it."""
+    from .config import knob_flag
+    from .runtimes import RUNTIMES, refusals
+    if workload.framework not in RUNTIMES:
+        return ""
+    given = {name: getattr(knobs, name) for name in ("zero", "tp", "pp", "cp", "schedule", "optimizer_offload",
+                                                      "param_offload", "sequence_parallel", "recompute", "ep", "dp")
+             if getattr(knobs, name, None) is not None}
+    found = refusals(workload.framework, cluster.device_kind, num_kv_heads=graph.num_kv_heads,
+                     num_experts=graph.num_experts or None, fp8=workload.fp8, **given)
+    return "; ".join(f"{why} ({knob_flag(knob)})" for knob, why in found[:2])
 
 
 def usable_line(capacity_bytes: float, usable_bytes: float, headroom: float) -> str:

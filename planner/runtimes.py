@@ -62,6 +62,7 @@ class Combinations:
     compiles_blocks: bool = False           # --compile: each block torch.compile'd (torchtitan's per-block compile,
                                             # torchtitan/models/llama3/infra/parallelize.py apply_compile)
     fp8_recipes: tuple[str, ...] = ()       # FP8 training recipes it runs (planner/precision.py RECIPES; --precision)
+    fp8_with_tp: bool = True                # an FP8 recipe runs with tp > 1
     ep_needs_sp: bool = False               # ep > 1 with tp > 1 needs sequence parallelism (Megatron-LM's
                                             # arguments.py: "When using MoE and tensor parallelism, sequence
                                             # parallelism must be used")
@@ -196,8 +197,12 @@ _TORCH_RUNS = Combinations(
     # (executor/models.py LatentAttention); under SP the plan runs those on sequence shards, which it does not arrange
     sp_with_latent_attention=False)
 # the executor's routed experts: torch._grouped_mm on a GPU, a loop over the local experts on a CPU (executor/moe.py)
-# No FP8 recipe yet: the executor does not convert linears to torchao's float8 ones
-_TORCH_CUDA_RUNS = replace(_TORCH_RUNS, grouped_experts=True)
+# FP8: torchao's float8 linears of the tensorwise, rowwise and rowwise_with_gw_hp recipes (executor/parallelize.py
+# apply_fp8, torchao.float8.convert_to_float8_training), converted before any other wrapping; not with tensor
+# parallelism (torchao's Float8ColwiseParallel / Float8RowwiseParallel styles are not applied), not MXFP8 (torchao's
+# MX linears are another API); on GPUs with an FP8 rate, with --compile (planner/api.py check_fp8)
+_TORCH_CUDA_RUNS = replace(_TORCH_RUNS, grouped_experts=True,
+                           fp8_recipes=("fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp"), fp8_with_tp=False)
 
 TORCH = Runtime(
     name="torch",
@@ -398,9 +403,11 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
              sequence_parallel: bool | None = None,
              recompute: str | None = None,
              num_kv_heads: int | None = None, ep: int | None = None, dp: int | None = None,
-             num_experts: int | None = None, latent_attention: bool | None = None) -> list[tuple[str, str]]:
+             num_experts: int | None = None, latent_attention: bool | None = None,
+             fp8: str = "") -> list[tuple[str, str]]:
     """(knob, why) for every knob value, or pair of them, that ``runtime`` does not run on
-    ``device_kind``; None means the knob is not known yet (nothing is said about it)."""
+    ``device_kind``; None means the knob is not known yet (nothing is said about it). ``fp8``: the workload's
+    FP8 recipe (planner/precision.py)."""
     rt = RUNTIMES[runtime]
     can = rt.on(device_kind)
     who = f"the {runtime} runtime on {device_kind}"
@@ -453,6 +460,8 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
         if recompute is not None and can.recomputes_with_ep is not None and recompute not in can.recomputes_with_ep:
             out.append(("recompute", f"{recompute!r} with expert parallelism does not run on {who}; allowed with "
                                      f"ep > 1: {one_of(can.recomputes_with_ep)}"))
+    if fp8 and tp is not None and tp > 1 and not can.fp8_with_tp:
+        out.append(("tp", f"{fp8} with tp {tp} does not run on {who}; allowed: tp 1"))
     if num_experts and tp is not None and tp > 1 and not can.experts_with_tp:
         out.append(("tp", f"a mixture of experts with tp {tp} does not run on {who}; allowed: tp 1"))
     if tp is not None and num_kv_heads is not None and num_kv_heads % tp and not can.replicates_kv_heads:
@@ -501,7 +510,8 @@ def _ep_refusals(can: Combinations, who: str, *, ep: int, dp, tp, cp, sequence_p
 
 
 def config_refusals(config, runtime: str, device_kind: str, num_kv_heads: int | None = None,
-                    num_experts: int | None = None, latent_attention: bool | None = None) -> list[tuple[str, str]]:
+                    num_experts: int | None = None, latent_attention: bool | None = None,
+                    fp8: str = "") -> list[tuple[str, str]]:
     """``refusals`` for every knob of a ParallelConfig (planner/config.py), the recompute policy of each
     layer included (an every-K pattern is its layers' policies)."""
     c = config
@@ -509,7 +519,7 @@ def config_refusals(config, runtime: str, device_kind: str, num_kv_heads: int | 
                    optimizer_offload=c.optimizer_offload, param_offload=c.param_offload,
                    sequence_parallel=c.sequence_parallel,
                    num_kv_heads=num_kv_heads, ep=c.ep, dp=c.dp, num_experts=num_experts,
-                   latent_attention=latent_attention)
+                   latent_attention=latent_attention, fp8=fp8)
     for policy in dict.fromkeys(c.recompute_layers or (c.recompute,)):
         out += [(k, why) for k, why in refusals(runtime, device_kind, recompute=policy, ep=c.ep) if k == "recompute"]
     return out

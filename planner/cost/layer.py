@@ -149,14 +149,17 @@ def fp8_converts(op: Op, fp8: str, framework: str) -> bool:
     skips "output" by default, and Megatron-LM's output layer is not a TransformerEngine module) nor a MoE router
     (Megatron-Core's TopKRouter multiplies in its own dtype; torchao's filter skips its few columns). Under
     TransformerEngine (Megatron-LM) every other linear of a block: its layers run in FP8 inside fp8_autocast; under
-    torchao (torch, torchtitan) those its auto filter converts (``precision.torchao_converts``: dims multiples of
-    16, not below the sizes where its H100 tables show FP8 slower), routed experts included (torchtitan converts
-    its grouped experts too)."""
+    torchao (torch, torchtitan) those nn.Linear its auto filter converts (``precision.torchao_converts``: dims
+    multiples of 16, not below the sizes where its H100 tables show FP8 slower), not routed experts, which are
+    grouped GEMMs its linear converter leaves alone (torchtitan's quantize.grouped_mm converter, which meshplan
+    neither prices nor exports, converts them). TransformerEngine's grouped linears run the recipe."""
     if op.kind != "linear" or op.name == "lm_head" or op.name.endswith(".router"):
         return False
     recipe = fp8_recipes.RECIPES[fp8]
     if fp8_recipes.library(framework) == "te":
         return True
+    if op.routed:
+        return False
     return fp8_recipes.torchao_converts(recipe, op.out_features, op.in_features)
 
 

@@ -183,6 +183,8 @@ class Space:
                 continue
             if tp > 1 and g.num_experts and not self.can.experts_with_tp:
                 continue
+            if tp > 1 and w.fp8 and not self.can.fp8_with_tp:
+                continue
             for pp in self._options("pp", divisors(n // tp)):
                 if pp > self.max_stages or (n // tp) % pp or (pp > 1 and not g.pipelines):
                     continue
@@ -306,4 +308,4 @@ class Space:
                      num_heads=self.graph.num_heads, num_kv_heads=self.graph.num_kv_heads, num_blocks=self.blocks,
                      framework=self.w.framework, precision=self.w.precision, device_kind=self.device_kind,
                      max_stages=self.max_stages, num_experts=self.graph.num_experts,
-                     latent_attention=self.graph.latent_attention)
+                     latent_attention=self.graph.latent_attention, fp8=self.w.fp8)
