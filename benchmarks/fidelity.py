@@ -211,7 +211,10 @@ def moe_case_settings(case: dict) -> tuple[dict, dict]:
     for meshplan's own torch runtime, not Megatron-LM's)."""
     cfg, m, hw = case["config"], case["model"], case["hardware"]
     job = {"gpus": hw["num_gpus"], "global_batch": cfg["global_batch"], "seq_len": m["seq_len"], "framework": "megatron",
-           "cluster": MOE_CLUSTERS[hw["system"]], "precision": "bf16", "attention": "flash", "memory_headroom": 0.0}
+           "cluster": MOE_CLUSTERS[hw["system"]], "precision": "bf16", "attention": "flash", "memory_headroom": 0.0,
+           # its performance scripts keep and reduce gradients in bf16 (scripts/performance/configs/*/
+           # *_llm_pretrain.py @5776a6d9: ddp.grad_reduce_in_fp32 = False)
+           "grad_reduce_in_bf16": True}
     knobs = {"tp": cfg["tp"], "pp": cfg["pp"], "cp": cfg["cp"], "dp": cfg["dp"], "ep": cfg["ep"],
              "micro_batch": cfg["micro_batch"], "zero": 1}
     if cfg["pp"] > 1:
@@ -232,7 +235,8 @@ def run_moe_case(case: dict) -> dict:
     c, t = plan.best.config, plan.best.estimate.time
     flags = []
     for key, value in {**job, **knobs}.items():
-        flags += [f"--{key.replace('_', '-')}", str(value)]
+        if value is not False:      # a switch is its flag alone
+            flags += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
     return {"id": case["id"], "published": published, "predicted": predicted, "error": predicted / published - 1,
             "config": f"rc {c.recompute} offload {'on' if c.optimizer_offload else 'off'}", "seconds": seconds,
             "step_s": plan.best.estimate.step_time_s, "mem_gib": plan.best.estimate.memory.total / 2**30,

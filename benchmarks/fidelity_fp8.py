@@ -55,7 +55,13 @@ def run(case: dict) -> dict:
     recipe = next(r for p, r in RECIPE.items() if case["config"]["precision"].startswith(p))
     # Megatron-Bridge's FP8 presets (src/megatron/bridge/training/mixed_precision.py @5776a6d9:
     # bf16_with_fp8_current_scaling_mixed, bf16_with_mxfp8_mixed) set fp8_param_gather = True
+    # (the bf16 gradients of the performance scripts: fidelity.moe_case_settings)
     job = {**job, "precision": recipe, "fp8_param_gather": True}
+    # the Llama recipes overlap TP communication with the GEMMs by TransformerEngine's userbuffers wherever tp > 1
+    # (scripts/performance/configs/llama/llama3_llm_pretrain.py and llama31_llm_pretrain.py @5776a6d9: a
+    # tp_comm_overlap_cfg of userbuffers per GPU and shape)
+    if case["model"]["name_in_source"] in DENSE_ZOO and case["config"]["tp"] > 1:
+        job["tp_comm_overlap"] = True
     if case["config"]["ep"] == 1:
         knobs.pop("ep")
     if case["config"]["pp"] > 1 and not case["config"].get("virtual_stages"):
@@ -68,7 +74,8 @@ def run(case: dict) -> dict:
     c = plan.best.config
     flags = []
     for key, value in {**job, **knobs}.items():
-        flags += [f"--{key.replace('_', '-')}", str(value)]
+        if value is not False:      # a switch is its flag alone
+            flags += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
     return {"id": case["id"], "published": published, "predicted": predicted, "error": predicted / published - 1,
             "moe": case["config"]["ep"] > 1 or "MoE" in case["case_type"], "seconds": seconds,
             "step_s": plan.best.estimate.step_time_s, "mem_gib": plan.best.estimate.memory.total / 2**30,

@@ -77,6 +77,7 @@ class JobInputs:
     expert_dispatcher: str = "alltoall"     # "alltoall" or Megatron-LM's "allgather" (planner/config.py)
     compile: bool = False               # torch: each block torch.compile'd (planner/config.py Workload.compile)
     fp8_param_gather: bool = False      # Megatron-LM's --fp8-param-gather (planner/config.py)
+    grad_reduce_in_bf16: bool = False   # Megatron-LM's --grad-reduce-in-bf16 (planner/config.py)
 
     def load(self, warn: Callable[[str], None] | None = None) -> Job:
         """The Job: the model traced or built, the cluster loaded with its GPUs, the workload with its defaults.
@@ -103,12 +104,15 @@ class JobInputs:
                             overlap_grad_reduce=self.overlap_grad_reduce, tp_comm_overlap=self.tp_comm_overlap,
                             memory_headroom=self.memory_headroom, expert_imbalance=self.expert_imbalance,
                             expert_dispatcher=self.expert_dispatcher, compile=self.compile, fp8=fp8,
-                            fp8_param_gather=self.fp8_param_gather)
+                            fp8_param_gather=self.fp8_param_gather, grad_reduce_in_bf16=self.grad_reduce_in_bf16)
         if self.compile and not RUNTIMES[self.framework].on(cluster.device_kind).compiles_blocks:
             raise UserError(f"the {self.framework} runtime does not compile blocks with torch.compile; allowed with "
                             "--compile: --framework torch or torchtitan", field="--compile")
         if fp8:
             check_fp8(fp8, self.framework, cluster, self.compile)
+        if self.grad_reduce_in_bf16 and (self.framework != "megatron" or precision != "bf16"):
+            raise UserError("accumulates Megatron-LM's bf16 gradients in bf16; allowed: with --framework megatron "
+                            "and --precision bf16 or an FP8 recipe", field="--grad-reduce-in-bf16")
         if self.fp8_param_gather and (not fp8 or library(self.framework) != "te"):
             raise UserError("keeps FP8 parameters of TransformerEngine's linears; allowed: with --framework megatron "
                             "and an FP8 --precision (" + ", ".join(r for r in RECIPES if RECIPES[r].te) + ")",

@@ -67,6 +67,8 @@ class Workload:
                                            # precision.py RECIPES; --precision fp8-...), "" for none
     fp8_param_gather: bool = False         # Megatron-LM's --fp8-param-gather: the converted linears' parameters
                                            # kept and all-gathered in FP8 (the distributed optimizer's gather)
+    grad_reduce_in_bf16: bool = False      # Megatron-LM's --grad-reduce-in-bf16: gradients accumulated and
+                                           # reduced in bf16 (2 bytes) instead of its fp32 main gradients
     expert_imbalance: float = 1.0          # under expert parallelism, the tokens the busiest rank's experts receive
                                            # over the balanced share (>= 1): its expert GEMMs, activations and all-to-
                                            # all traffic grow by it and the step waits for it. 1: balanced, as the

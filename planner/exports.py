@@ -315,6 +315,8 @@ def megatron(plan) -> Export:
                  ["--moe-token-dispatcher-type", w.expert_dispatcher], ["--moe-grouped-gemm"]]
     if w.precision in ("bf16", "fp16"):
         args.append([f"--{w.precision}"])
+    if w.grad_reduce_in_bf16:
+        args.append(["--grad-reduce-in-bf16"])
     if w.fp8:           # TransformerEngine's recipe (megatron/core/transformer/transformer_config.py fp8_recipe)
         flags = RECIPES[w.fp8].megatron_flags
         args += [list(flags[i:i + 2]) for i in range(0, len(flags), 2)]

@@ -173,8 +173,11 @@ class Runtime:
     # ^ the runtime whose mechanisms (eager kernels, host time, FSDP2's collectives) price this one's steps,
     #   where it runs the same code as another and only expresses less of it; empty: its own
 
-    def layout(self, precision: str) -> StateLayout:
-        return self.fp32 if precision == "fp32" else self.mixed
+    def layout(self, precision: str, grads_16bit: bool = False) -> StateLayout:
+        """The state layout at ``precision``; ``grads_16bit``: gradients accumulated and reduced in the 16-bit
+        dtype (Megatron-LM's --grad-reduce-in-bf16, ``Workload.grad_reduce_in_bf16``), 2 bytes each."""
+        out = self.fp32 if precision == "fp32" else self.mixed
+        return replace(out, grads_bytes=2.0, grad_reduce_bytes=2.0) if grads_16bit else out
 
     def on(self, device_kind: str) -> Combinations:
         return self.runs[device_kind]

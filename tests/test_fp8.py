@@ -222,3 +222,22 @@ def test_left_out_the_search_picks_a_recipe_where_it_pays(tmp_path):
     assert "fp8-rowwise" in api.precision_candidates(api.JobInputs(cluster="h100-80g", framework="torchtitan",
                                                                    compile=True))
     assert "mxfp8" in api.precision_candidates(api.JobInputs(cluster="b200", framework="megatron"))
+
+
+def test_megatron_gradients_in_bf16_take_two_bytes_and_reduce_in_two():
+    from planner.cost.memory import grad_comm_bytes_per_param, state_bytes_per_param
+    # Megatron-LM accumulates and all-reduces bf16 training's gradients in fp32 main gradients unless
+    # --grad-reduce-in-bf16 (its arguments.py); the state bytes of the gradients go from 4 to 2
+    fp32 = state_bytes_per_param(framework="megatron", precision="bf16", zero=1, shard=8, optimizer_offload=False)
+    bf16 = state_bytes_per_param(framework="megatron", precision="bf16", zero=1, shard=8, optimizer_offload=False,
+                                 grads_16bit=True)
+    assert (fp32.grads, bf16.grads) == (4.0, 2.0) and (fp32.params, fp32.optimizer) == (bf16.params, bf16.optimizer)
+    assert grad_comm_bytes_per_param("megatron", "bf16", True) == 2.0
+
+    def grads_gib(**flags) -> float:
+        job = api.load_job("llama3-8b", cluster="h100-80g", gpus=8, framework="megatron", **flags)
+        config = api.ParallelConfig(dp=8, tp=1, pp=1, zero=1, micro_batch=1, num_microbatches=16, recompute="full")
+        return api.fixed_plan(job, config).best.estimate.memory.grads
+    assert grads_gib(grad_reduce_in_bf16=True) == pytest.approx(grads_gib() / 2)
+    with pytest.raises(UserError, match="megatron"):
+        api.load_job("llama3-8b", cluster="h100-80g", gpus=8, grad_reduce_in_bf16=True)

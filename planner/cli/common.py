@@ -172,6 +172,10 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
                    help="with an FP8 recipe under --framework megatron: keep and all-gather the converted linears' "
                         "parameters in FP8 (Megatron-LM's --fp8-param-gather, which Megatron-Bridge's FP8 presets "
                         "set): half the bytes of the distributed optimizer's parameter all-gather for them")
+    p.add_argument("--grad-reduce-in-bf16", action="store_true",
+                   help="--framework megatron in bf16 (or FP8): accumulate and reduce gradients in bf16, 2 bytes a "
+                        "parameter, instead of Megatron-LM's fp32 main gradients (its --grad-reduce-in-bf16; "
+                        "Megatron-Bridge's performance runs set grad_reduce_in_fp32 = False)")
     p.add_argument("--memory-headroom", type=headroom, default=DEFAULT_MEMORY_HEADROOM, metavar="FRACTION",
                    help="memory a plan leaves free, over its predicted peak (0.21 or 21%%; 0: none). Default "
                         f"{DEFAULT_MEMORY_HEADROOM:g}: the largest gap between the predicted peak and the peak torch's "
@@ -225,7 +229,8 @@ def job_inputs(args: argparse.Namespace) -> JobInputs:
                      expert_imbalance=getattr(args, "expert_imbalance", 1.0),
                      expert_dispatcher=getattr(args, "expert_dispatcher", "alltoall"),
                      compile=getattr(args, "compile", False),
-                     fp8_param_gather=getattr(args, "fp8_param_gather", False))
+                     fp8_param_gather=getattr(args, "fp8_param_gather", False),
+                     grad_reduce_in_bf16=getattr(args, "grad_reduce_in_bf16", False))
 
 
 def knobs(args: argparse.Namespace) -> Knobs:

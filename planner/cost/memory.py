@@ -29,7 +29,7 @@ class StateBytes:
 
 @functools.lru_cache(maxsize=4096)       # pure: a memo of the search's most frequent call
 def state_bytes_per_param(*, framework: str, precision: str, zero: int, shard: int, optimizer_offload: bool,
-                          pp: int = 1, param_offload: bool = False) -> StateBytes:
+                          pp: int = 1, param_offload: bool = False, grads_16bit: bool = False) -> StateBytes:
     """Bytes per parameter of each model-state category on one GPU, from the runtime's layout
     (planner/runtimes.py ``StateLayout``, where each runtime's numbers name their source).
 
@@ -44,9 +44,9 @@ def state_bytes_per_param(*, framework: str, precision: str, zero: int, shard: i
     on the device until the step's one reduce-scatter, and ZeRO-3's parameters stay gathered after
     each backward as ZeRO-2's do. ``param_offload`` (a runtime's parameter offload of its own, at the ZeRO
     stages it allows: DeepSpeed's offload_param at ZeRO-3) moves the parameter shards to the host (the
-    gathered working copy stays a transient of the layer that runs).
+    gathered working copy stays a transient of the layer that runs). ``grads_16bit``: Runtime.layout's.
     """
-    layout = RUNTIMES[framework].layout(precision)
+    layout = RUNTIMES[framework].layout(precision, grads_16bit)
     d = max(1, shard)
     deferred = pp > 1 and zero >= 2 and RUNTIMES[framework].timing.pp_defers_sharded_dp_sync
 
@@ -83,17 +83,18 @@ def working_copy_bytes_per_param(*, framework: str, precision: str, zero: int, t
 
 @functools.lru_cache(maxsize=4096)
 def resident_bytes_per_param(*, framework: str, precision: str, zero: int, shard: int, optimizer_offload: bool, tp: int,
-                             pp: int, param_offload: bool = False) -> float:
+                             pp: int, param_offload: bool = False, grads_16bit: bool = False) -> float:
     """Device bytes per parameter that scale with the parameters: the model states on the
     GPU plus the executor's working copy (``working_copy_bytes_per_param``)."""
     s = state_bytes_per_param(framework=framework, precision=precision, zero=zero, shard=shard,
-                              optimizer_offload=optimizer_offload, pp=pp, param_offload=param_offload)
+                              optimizer_offload=optimizer_offload, pp=pp, param_offload=param_offload,
+                              grads_16bit=grads_16bit)
     return s.params + s.grads + s.optimizer + working_copy_bytes_per_param(
         framework=framework, precision=precision, zero=zero, tp=tp, pp=pp)
 
 
-def grad_comm_bytes_per_param(framework: str, precision: str) -> float:
+def grad_comm_bytes_per_param(framework: str, precision: str, grads_16bit: bool = False) -> float:
     """Bytes per parameter of the gradient reduction: the runtime layout's ``grad_reduce_bytes``
     (torch reduces in fp32: torchtitan's MixedPrecisionPolicy(reduce_dtype=float32), DDP on fp32
     parameters; DeepSpeed and Megatron reduce 16-bit gradients by default)."""
-    return RUNTIMES[framework].layout(precision).grad_reduce_bytes
+    return RUNTIMES[framework].layout(precision, grads_16bit).grad_reduce_bytes

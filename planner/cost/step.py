@@ -388,7 +388,7 @@ def _dp_phases_uncached(cache: CostCache, zero: int, size: int, stride: int, par
     if size == 1 or params <= 0:
         return 0.0, 0.0, 0.0
     grp = network.group(cluster, size, stride)
-    grads = params * grad_comm_bytes_per_param(w.framework, w.precision)
+    grads = params * grad_comm_bytes_per_param(w.framework, w.precision, w.grad_reduce_in_bf16)
     weights = params * cache.gather_bytes_per_param
     if zero == 0:
         return 0.0, 0.0, network.all_reduce_s(cluster, grads, grp)
@@ -488,7 +488,8 @@ def per_tensor_phases(cache: CostCache, config: ParallelConfig, signature: str, 
     if out is None:
         ctx = cache.context(config)
         grp = network.group(cache.cluster, config.dp * config.cp, config.tp)
-        grad_bytes = grad_comm_bytes_per_param(cache.workload.framework, cache.workload.precision)
+        grad_bytes = grad_comm_bytes_per_param(cache.workload.framework, cache.workload.precision,
+                                                cache.workload.grad_reduce_in_bf16)
         out = cache._phases[key] = fetch.layer_phases(
             cache, cache.graph.layers[cache.representative[signature]], policy, config.tp, grp,
             cache.signature_cost(signature, ctx).bwd_s, RUNTIMES[cache.workload.framework].timing.zero3_per_tensor,
@@ -589,7 +590,7 @@ def tied_embedding_sync_s(cache: CostCache, config: ParallelConfig) -> float:
     key = (config.tp, config.cp, config.dp, config.pp)
     memo = cache.__dict__.setdefault("_tied_sync", {})
     if key not in memo:
-        nbytes = graph.tied_params / config.tp * grad_comm_bytes_per_param(w.framework, w.precision)
+        nbytes = graph.tied_params / config.tp * grad_comm_bytes_per_param(w.framework, w.precision, w.grad_reduce_in_bf16)
         memo[key] = network.all_reduce_s(cache.cluster, nbytes, network.group(
             cache.cluster, 2, config.tp * config.cp * config.dp * (config.pp - 1)))
     return memo[key]
@@ -613,7 +614,7 @@ def other_bytes(cache: CostCache, config: ParallelConfig) -> float:
         # FSDP/ZeRO-3 gathers a layer's parameters (and prefetches the next); backward
         # also holds the layer's unsharded gradient before the reduce-scatter
         largest = cache.largest_layer_params(cache.context(config))
-        other += largest * (2 * dt + grad_comm_bytes_per_param(w.framework, w.precision))
+        other += largest * (2 * dt + grad_comm_bytes_per_param(w.framework, w.precision, w.grad_reduce_in_bf16))
     return other
 
 
@@ -643,7 +644,7 @@ def state_rates(cache: CostCache, config: ParallelConfig):
     def at(shard: int):
         return state_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero, shard=shard,
                                      optimizer_offload=config.optimizer_offload, pp=config.pp,
-                                     param_offload=config.param_offload)
+                                     param_offload=config.param_offload, grads_16bit=w.grad_reduce_in_bf16)
     return at(config.dp * config.cp), at(expert_shard(config, w.framework))
 
 
@@ -655,7 +656,7 @@ def resident_rates(cache: CostCache, config: ParallelConfig) -> tuple[float, flo
     def at(shard: int) -> float:
         return resident_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero, shard=shard,
                                         optimizer_offload=config.optimizer_offload, tp=config.tp, pp=config.pp,
-                                        param_offload=config.param_offload)
+                                        param_offload=config.param_offload, grads_16bit=w.grad_reduce_in_bf16)
     return at(config.dp * config.cp), at(expert_shard(config, w.framework))
 
 

@@ -180,12 +180,14 @@ def least_state_and_activation_bytes(space: Space, layout: Layout, base: Paralle
             for offload in space.optimizer_offloads(zero):
                 per_param = resident_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
                                                      shard=shard, optimizer_offload=offload, tp=layout.tp,
-                                                     pp=layout.pp, param_offload=space.param_offload)
+                                                     pp=layout.pp, param_offload=space.param_offload,
+                                                     grads_16bit=w.grad_reduce_in_bf16)
                 grads = 0.0
                 if follows:
                     grads = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
                                                   shard=shard, optimizer_offload=offload, pp=layout.pp,
-                                                  param_offload=space.param_offload).grads
+                                                  param_offload=space.param_offload,
+                                                  grads_16bit=w.grad_reduce_in_bf16).grads
                 rates.append((per_param, grads))
     return min((max(p * (per_param - grads) + max(p * grads, act) for p, act in ranks)
                 for per_param, grads in rates), default=math.inf)

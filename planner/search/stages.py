@@ -158,10 +158,11 @@ class GroupProblem:
         cache, w, lay = self.cache, self.cache.workload, self.layout
         po = self.base.param_offload
         states = state_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
-                                       shard=lay.dp * lay.cp, optimizer_offload=offload, pp=lay.pp, param_offload=po)
+                                       shard=lay.dp * lay.cp, optimizer_offload=offload, pp=lay.pp, param_offload=po,
+                                       grads_16bit=w.grad_reduce_in_bf16)
         resident = resident_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
                                             shard=lay.dp * lay.cp, optimizer_offload=offload, tp=lay.tp, pp=lay.pp,
-                                            param_offload=po)
+                                            param_offload=po, grads_16bit=w.grad_reduce_in_bf16)
         config = self.base.but(zero=zero, optimizer_offload=offload)
         block = self.block
         dense, expert_resident = resident_rates(cache, config)
