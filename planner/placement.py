@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .config import ParallelConfig
 from .layers import LayerGraph
+from .schedules import SCHEDULES, rank_chunk
 
 
 def balanced_stage_layers(graph: LayerGraph, stages: int) -> tuple[int, ...]:
@@ -32,13 +33,16 @@ def stage_layers_of_blocks(graph: LayerGraph, blocks: list[int]) -> tuple[int, .
 
 
 def assign_layers(graph: LayerGraph, config: ParallelConfig) -> list[list[list[int]]]:
-    """[rank][chunk] -> layer indices. Virtual stage j runs on rank j % pp as its chunk j // pp."""
+    """[rank][chunk] -> layer indices. Virtual stage j runs on rank j % pp as its chunk j // pp, or in a V
+    (``PipelineSchedule.placement`` "v": rank r holds stages r and 2 pp - 1 - r; ``schedules.rank_chunk``)."""
     stages = config.pp * config.vpp
     counts = config.stage_layers or balanced_stage_layers(graph, stages)
-    out: list[list[list[int]]] = [[] for _ in range(config.pp)]
+    placement = SCHEDULES[config.schedule].placement if config.pp > 1 else "loop"
+    out: list[list[list[int]]] = [[[] for _ in range(config.vpp)] for _ in range(config.pp)]
     start = 0
     for j, count in enumerate(counts):
-        out[j % config.pp].append(list(range(start, start + count)))
+        rank, chunk = rank_chunk(placement, j, config.pp)
+        out[rank][chunk] = list(range(start, start + count))
         start += count
     return out
 
@@ -53,8 +57,9 @@ def layer_policies(graph: LayerGraph, config: ParallelConfig) -> tuple[str, ...]
 def stage_modules(graph: LayerGraph, config: ParallelConfig) -> list[list[str]]:
     """Module paths of each virtual stage, in order (what the executor splits on)."""
     placement = assign_layers(graph, config)
+    where = SCHEDULES[config.schedule].placement if config.pp > 1 else "loop"
     return [[graph.layers[i].name for i in placement[rank][chunk]]
-            for chunk in range(config.vpp) for rank in range(config.pp)]
+            for rank, chunk in (rank_chunk(where, j, config.pp) for j in range(config.pp * config.vpp))]
 
 
 def recompute_per_layer(graph: LayerGraph, config: ParallelConfig) -> dict[str, str]:

@@ -6,11 +6,11 @@ sit, how many micro-batches each rank holds in flight, the pipeline's time, what
 backward pass, its constraints, and whether another schedule dominates it. The cost model, the
 search (its bounds and the stage ILP), the simulation, the CLI's choices, plan.json, the
 executor and the exports all read these records. What a record cannot hold is each schedule's
-event order, which the simulation keeps beside it (``planner.simulate.SCHEDULE_ORDERS``, one
+event order, which the simulation keeps beside it (``planner.pipeline_orders.SCHEDULE_ORDERS``, one
 function per record, checked by a test), and the executor's construction of torch's class
 (``executor/pipeline.py``, by ``torch_name``).
 
-Adding a schedule: a record here, its event order in ``planner/simulate.py``, and (where torch's
+Adding a schedule: a record here, its event order in ``planner/pipeline_orders.py``, and (where torch's
 class takes other arguments) its construction in ``executor/pipeline.py``.
 """
 from __future__ import annotations
@@ -38,10 +38,18 @@ class PipelineSchedule:
     nearest: str | None = None  # the schedule a framework that lacks this one runs instead
     # -- shape
     virtual_stages: bool        # several (virtual) stages per rank (--vpp >= 2); else exactly one
-    placement: Literal["loop"] = "loop"   # virtual stage j on pipeline rank j % pp (Narayanan et al. 2021,
-                                          # Sec 2.2.2)
-    backward: Literal["whole"] = "whole"  # what it needs of the backward pass: one pass per stage and
-                                          # micro-batch (input and weight gradients together)
+    placement: Literal["loop", "v"] = "loop"
+    # ^ "loop": virtual stage j on pipeline rank j % pp (Narayanan et al. 2021, Sec 2.2.2); "v": two stages per
+    #   rank, rank r holds stages r and 2 pp - 1 - r (torch.distributed.pipelining._utils.
+    #   generate_stage_to_rank_mapping style "v"; Qi et al., ICLR 2024, Sec 6: the first and the last stage on
+    #   rank 0)
+    backward: Literal["whole", "split"] = "whole"
+    # ^ what it needs of the backward pass: "whole", one pass per stage and micro-batch (input and weight
+    #   gradients together); "split", the input gradient (I) and the weight gradient (W) as separate passes
+    #   (Qi et al., ICLR 2024, Sec 2.1; torch's stage_backward_input / stage_backward_weight)
+    stages_per_rank: int | None = None    # virtual stages per rank it needs exactly (None: any --vpp >= 2)
+    compiled_stages: bool = True          # runs stages that are torch.compile'd; torch's split-backward schedules
+                                          # refuse them (schedules.py _check_torch_compile_compatibility)
     overlaps_sends: bool        # sends are posted and compute goes on (Megatron-LM overlap_p2p_comm); else
                                 # the sender waits for its send before its next pass
     microbatches_multiple_of_pp: bool     # the micro-batches per step must be a multiple of pp
@@ -50,7 +58,7 @@ class PipelineSchedule:
     # ^ the schedule torch runs instead when a step has fewer micro-batches than stages (the same order)
 
     # -- time and memory ------------------------------------------------------------------------
-    def pipeline_s(self, *, slowest, total, m: int, p: int, v: int, hop_s: float = 0.0):
+    def pipeline_s(self, *, slowest, total, m: int, p: int, v: int, hop_s: float = 0.0, wgrad_s=0.0):
         """The pipeline's time for ``m`` micro-batches from the slowest rank's forward + backward time
         per micro-batch and their sum over the ranks (each with its own sends). Linear in both, so it
         serves plain numbers and the stage ILP's expressions alike.
@@ -59,7 +67,16 @@ class PipelineSchedule:
         linear pipeline (Narayanan et al. 2021, Sec 2.2: bubble (p - 1) t for equal stages); without a
         pipeline that is m times the one rank. Interleaved with v chunks: (m + (p - 1)/v) slowest (bubble
         fraction (p - 1)/(v m), ibid. Sec 2.2.2), plus one stage-boundary transfer (``hop_s``) per hop
-        of the fill and of the drain, 2 (p v - 1) hops that wait for their data and cannot overlap."""
+        of the fill and of the drain, 2 (p v - 1) hops that wait for their data and cannot overlap.
+
+        Split backward (``wgrad_s``: the slowest rank's weight-gradient time per micro-batch, of ``slowest``):
+        ZB-H1's bubble (p - 1)(T_F + T_I - T_W) on each chunk (Qi et al., ICLR 2024, Sec 3.1; the DualPipe README's
+        ZB1P row (PP - 1)(F + B - 2W), B = I + W), (p - 1)/v (slowest - 2 W) per rank. The simulation plays each
+        schedule's own order (planner/simulate.py) and ranks the finalists; this closed form is its check (equal to
+        it on equal stages for interleaved-zb and zbv; DualPipeV's paired order differs where T_I > T_F).
+        ``wgrad_s`` 0 gives the interleaved 1F1B bound."""
+        if self.backward == "split" and p > 1:
+            return (m + (p - 1) / v) * slowest - 2 * (p - 1) / v * wgrad_s + 2 * (p * v - 1) * hop_s
         if self.virtual_stages and p > 1:
             return (m + (p - 1) / v) * slowest + 2 * (p * v - 1) * hop_s
         return (m - 1) * slowest + total
@@ -83,12 +100,26 @@ class PipelineSchedule:
                 return "--schedule", f"{self.title} needs pp >= 2"
             if vpp < 2:
                 return "--vpp", f"{self.title} needs --vpp >= 2 virtual stages per rank"
+            if self.stages_per_rank is not None and vpp != self.stages_per_rank:
+                return "--vpp", f"{self.title} needs exactly --vpp {self.stages_per_rank} stages per rank"
         elif vpp != 1:
             return "--vpp", f"--vpp {vpp} needs a schedule with virtual stages ({one_of(virtual_names())})"
         if self.microbatches_multiple_of_pp and m is not None and pp > 1 and m % pp:
             return "--micro-batch", (f"{self.title} needs the micro-batches per step ({m}) to be a multiple of "
                                      f"pp ({pp})")
+        return self._more_refusal(pp=pp, vpp=vpp, m=m)
+
+    def _more_refusal(self, *, pp: int, vpp: int, m: int | None) -> tuple[str, str] | None:
         return None
+
+    def compile_refusal(self, compile: bool) -> tuple[str, str] | None:
+        """(flag, why) when the schedule cannot run compiled blocks (``Workload.compile``); None when it can."""
+        if compile and not self.compiled_stages:
+            return "--compile", (f"{self.title} splits the backward into input and weight gradients, which torch "
+                                 "refuses for torch.compile'd stages (torch.distributed.pipelining "
+                                 "_check_torch_compile_compatibility)")
+        return None
+
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,6 +144,31 @@ class _Interleaved(PipelineSchedule):
         return chunks / vpp
 
 
+@dataclass(frozen=True, kw_only=True)
+class _SplitBackward(PipelineSchedule):
+    """A schedule that runs the input gradient (I) and the weight gradient (W) as passes of their own."""
+
+    min_microbatches_per_stage: int = 0   # the micro-batches per step it needs, per global stage (DualPipeV: 1)
+
+    def _inflight(self, rank, pp, vpp, m):
+        # read off the rank's own order (planner.pipeline_orders.SCHEDULE_ORDERS): a chunk-micro-batch is held from its
+        # forward until its weight gradient (W, or a whole backward B) has run; torch keeps the autograd graph of
+        # the input gradient (stage_backward_input: retain_graph=True) until stage_backward_weight, so until W the
+        # whole saved set counts (an upper bound: what its detach of the stage output frees is not counted)
+        from .pipeline_orders import schedule_order
+        held = peak = 0
+        for kind, _, _ in schedule_order(self.name, pp=pp, vpp=vpp, num_microbatches=m, rank=rank):
+            held += 1 if kind == "F" else -1 if kind in "BW" else 0
+            peak = max(peak, held)
+        return peak / vpp
+
+    def _more_refusal(self, *, pp, vpp, m):
+        if self.min_microbatches_per_stage and m is not None and pp > 1 and m < pp * vpp:
+            return "--micro-batch", (f"{self.title} needs at least as many micro-batches per step ({m}) as stages "
+                                     f"({pp * vpp}) (torch.distributed.pipelining ScheduleDualPipeV)")
+        return None
+
+
 GPIPE = _AllForwardsFirst(
     name="gpipe", title="GPipe", source="Huang et al. 2019",
     description="every forward, then every backward: all micro-batches in flight",
@@ -133,9 +189,55 @@ INTERLEAVED_1F1B = _Interleaved(
     deepspeed=None, colossalai="interleaved", nearest="1f1b",
     virtual_stages=True, overlaps_sends=True, microbatches_multiple_of_pp=True)
 
-SCHEDULES: dict[str, PipelineSchedule] = {s.name: s for s in (GPIPE, ONE_F_ONE_B, INTERLEAVED_1F1B)}
+# Split-backward schedules of torch.distributed.pipelining (torch 2.13), which torchtitan runs by their class names
+# ([parallelism] pipeline_parallel_schedule). Megatron-LM's mainline, DeepSpeed and Colossal-AI's export have none of
+# them here: they run the ``nearest`` instead.
+INTERLEAVED_ZB = _SplitBackward(
+    name="interleaved-zb", title="interleaved zero bubble (ZB1P)",
+    source="Qi et al., ICLR 2024, Sec 3 (ZB-H1); torch.distributed.pipelining ScheduleInterleavedZeroBubble",
+    description="interleaved 1F1B with the weight gradients deferred into the bubble: same memory, less bubble",
+    torch_name="InterleavedZeroBubble", megatron=None, deepspeed=None, colossalai=None, nearest="interleaved-1f1b",
+    virtual_stages=True, overlaps_sends=True, microbatches_multiple_of_pp=True,   # torch: m a multiple of its
+    backward="split", compiled_stages=False)                                     # rounds (max(1, m // pp))
+ZBV = _SplitBackward(
+    name="zbv", title="ZB-V",
+    source="Qi et al., ICLR 2024, Sec 6 (ZB-V); torch.distributed.pipelining ScheduleZBVZeroBubble",
+    description="zero bubble in a V: two stages per rank (r and 2pp-1-r), weight gradients fill the bubble",
+    torch_name="ZBVZeroBubble", megatron=None, deepspeed=None, colossalai=None, nearest="interleaved-1f1b",
+    virtual_stages=True, overlaps_sends=True, microbatches_multiple_of_pp=False, placement="v", stages_per_rank=2,
+    backward="split", compiled_stages=False)
+# The DualPipe README's table (github.com/deepseek-ai/DualPipe): DualPipeV's bubble (PP/2 - 1)(F&B + B - 3W),
+# 2x parameters and PP + 1 activations per device are over PP stages on PP/2 devices, F, B, W per stage: here
+# 2 pp stages on pp ranks, so two stages' parameters (the rank's share, as in any schedule: the V fold of torch's
+# DualPipeV keeps no second copy) and 2 pp + 1 stage-micro-batches of activations at most
+DUALPIPEV = _SplitBackward(
+    name="dualpipev", title="DualPipeV",
+    source="DeepSeek-V3 report (arXiv 2412.19437) Sec 3.2.1 and github.com/deepseek-ai/DualPipe; "
+           "torch.distributed.pipelining ScheduleDualPipeV",
+    description="DeepSeek's DualPipe folded into a V: forward and backward of two micro-batches paired",
+    torch_name="DualPipeV", megatron=None, deepspeed=None, colossalai=None, nearest="interleaved-1f1b",
+    virtual_stages=True, overlaps_sends=True, microbatches_multiple_of_pp=False, placement="v", stages_per_rank=2,
+    backward="split", compiled_stages=False, min_microbatches_per_stage=1)
+
+SCHEDULES: dict[str, PipelineSchedule] = {s.name: s for s in (GPIPE, ONE_F_ONE_B, INTERLEAVED_1F1B, INTERLEAVED_ZB,
+                                                               ZBV, DUALPIPEV)}
 NAMES: tuple[str, ...] = tuple(SCHEDULES)
 DEFAULT = ONE_F_ONE_B.name          # the schedule of a plan without a pipeline, and of one without --vpp
+
+
+def stage_of(placement: str, rank: int, chunk: int, pp: int) -> int:
+    """The (global) stage that pipeline rank ``rank`` runs as its ``chunk``-th chunk under ``placement``
+    (``PipelineSchedule.placement``)."""
+    if placement == "v":
+        return rank if chunk == 0 else 2 * pp - 1 - rank
+    return chunk * pp + rank
+
+
+def rank_chunk(placement: str, stage: int, pp: int) -> tuple[int, int]:
+    """(pipeline rank, chunk on that rank) of global stage ``stage``; the inverse of ``stage_of``."""
+    if placement == "v":
+        return (stage, 0) if stage < pp else (2 * pp - 1 - stage, 1)
+    return stage % pp, stage // pp
 
 
 def schedule(name: str, field: str = "--schedule") -> PipelineSchedule:

@@ -61,7 +61,8 @@ from .estimate import Estimate, StepTime
 from .layers import LayerGraph
 from .placement import assign_layers, layer_policies
 from .runtimes import RUNTIMES
-from .schedules import DEFAULT as DEFAULT_SCHEDULE, SCHEDULES
+from .pipeline_orders import SCHEDULE_ORDERS, schedule_order  # noqa: F401  (re-exported)
+from .schedules import DEFAULT as DEFAULT_SCHEDULE, SCHEDULES, rank_chunk, stage_of
 
 COMPUTE, SEND_NEXT, SEND_PREV, DP = "compute", "send-next", "send-prev", "dp"     # the streams of a rank
 STEP_PARTS = tuple(f.name for f in fields(StepTime))
@@ -76,7 +77,8 @@ class Event:
 
     device: int              # pipeline rank
     stream: str              # COMPUTE, SEND_NEXT, SEND_PREV or DP
-    kind: str                # forward, recompute, backward, send, dp_comm, embedding_allreduce or optimizer
+    kind: str                # forward, recompute, backward (whole or input gradient), weight (weight gradient),
+                             # send, dp_comm, embedding_allreduce or optimizer
     start_s: float
     end_s: float
     microbatch: int = -1     # -1: not tied to a micro-batch
@@ -107,6 +109,8 @@ class LayerWork:
     fwd_s: float
     bwd_s: float                 # recompute included
     recompute_s: float = 0.0     # of bwd_s, the forward redone first
+    wgrad_s: float = 0.0         # of bwd_s, the weight gradient (W): a pass of its own in split-backward
+                                 # schedules, the rest (I) is the input gradient with the recompute
     tp_comm_s: float = 0.0       # of fwd_s + bwd_s, exposed tensor-parallel collectives
     cp_comm_s: float = 0.0       # of fwd_s + bwd_s, exposed context-parallel exchange
     ep_comm_s: float = 0.0       # of fwd_s + bwd_s, expert parallelism's all-to-alls
@@ -141,55 +145,7 @@ class StepWork:
         return len(self.chunks[0])
 
 
-# -- the schedules --------------------------------------------------------------------------------
-
-def _all_forwards_first(*, pp: int, vpp: int, num_microbatches: int, rank: int) -> list[tuple[str, int, int]]:
-    """GPipe: every forward, then every backward (Huang et al. 2019; torch.distributed.pipelining's GPipe)."""
-    m = num_microbatches
-    return [("F", i, 0) for i in range(m)] + [("B", i, 0) for i in range(m)]
-
-
-def _one_forward_one_backward(*, pp: int, vpp: int, num_microbatches: int, rank: int) -> list[tuple[str, int, int]]:
-    """1F1B: ``pp - rank - 1`` warm-up forwards, then one forward one backward, then the cool-down
-    backwards (Narayanan et al. 2021, Sec 2.2.1; Megatron-LM forward_backward_pipelining_without_interleaving).
-    Without a pipeline: gradient accumulation, F B F B ..."""
-    m = num_microbatches
-    warmup = min(pp - rank - 1, m)
-    out = [("F", i, 0) for i in range(warmup)]
-    for i in range(m - warmup):
-        out += [("F", warmup + i, 0), ("B", i, 0)]
-    return out + [("B", i, 0) for i in range(m - warmup, m)]
-
-
-def _interleaved(*, pp: int, vpp: int, num_microbatches: int, rank: int) -> list[tuple[str, int, int]]:
-    """Interleaved 1F1B as Megatron-LM's forward_backward_pipelining_with_interleaving runs it: a warm-up of
-    ``2 (p - rank - 1) + (v - 1) p`` chunk passes (all of them when m == p), chunk of the k-th pass
-    ``(k mod pv) // p`` (reversed for backward), micro-batch ``(k // pv) p + k mod p``."""
-    m = num_microbatches
-    total, group = m * vpp, pp * vpp
-
-    def op(kind: str, k: int) -> tuple[str, int, int]:
-        chunk = (k % group) // pp
-        return kind, (k // group) * pp + k % pp, chunk if kind == "F" else vpp - 1 - chunk
-
-    warmup = total if m == pp else min(2 * (pp - rank - 1) + (vpp - 1) * pp, total)
-    out = [op("F", k) for k in range(warmup)]
-    for k in range(total - warmup):
-        out += [op("F", warmup + k), op("B", k)]
-    return out + [op("B", k) for k in range(total - warmup, total)]
-
-
-# The event order of each schedule of planner/schedules.py (a test checks that every record has one).
-SCHEDULE_ORDERS = {"gpipe": _all_forwards_first, "1f1b": _one_forward_one_backward,
-                   "interleaved-1f1b": _interleaved}
-
-
-def schedule_order(schedule: str, *, pp: int, vpp: int, num_microbatches: int, rank: int) -> list[tuple[str, int, int]]:
-    """The passes one rank runs, in order: ("F" or "B", micro-batch, chunk). Without a pipeline every
-    schedule is gradient accumulation (1F1B's order with one rank)."""
-    order = SCHEDULE_ORDERS[schedule] if pp > 1 else _one_forward_one_backward
-    return order(pp=pp, vpp=vpp, num_microbatches=num_microbatches, rank=rank)
-
+# the schedules' event orders (planner/pipeline_orders.py)
 
 # -- the simulation -------------------------------------------------------------------------------
 
@@ -256,6 +212,8 @@ def _gather_plan(work: StepWork, st: _Rank, op: tuple[str, int, int], start: flo
     (their readiness None until then)."""
     kind, mb, chunk = op
     layers = work.chunks[st.rank][chunk]
+    if kind == "W":                 # the weight gradient reads saved inputs and output gradients, not the weights
+        return None
     if not work.gather_every_microbatch:
         if kind != "F" or mb != 0 or not _step_gather_overlaps(work) or not any(lw.gather_fwd_s for lw in layers):
             return None
@@ -263,6 +221,19 @@ def _gather_plan(work: StepWork, st: _Rank, op: tuple[str, int, int], start: flo
         return [lw.gather_fwd_s for lw in layers], list(st.param_ready[chunk])
     sizes = [lw.gather_fwd_s for lw in layers] if kind == "F" else [lw.gather_bwd_s for lw in layers][::-1]
     return (sizes, [None] * len(sizes)) if any(sizes) else None
+
+
+_EVENT_KIND = {"F": "forward", "B": "backward", "I": "backward", "W": "weight"}
+
+
+def _pass_s(kind: str, lw: LayerWork) -> float:
+    """One layer's time in a pass: F forward, B whole backward, I its input gradient (the recompute with it),
+    W its weight gradient (Qi et al., ICLR 2024, Sec 2.1)."""
+    if kind == "F":
+        return lw.fwd_s
+    if kind == "B":
+        return lw.bwd_s
+    return lw.bwd_s - lw.wgrad_s if kind == "I" else lw.wgrad_s
 
 
 def _run_pass(work: StepWork, st: _Rank, op: tuple[str, int, int], ready_s: float) -> None:
@@ -285,10 +256,11 @@ def _run_pass(work: StepWork, st: _Rank, op: tuple[str, int, int], ready_s: floa
     def issue(j: int, at: float) -> None:
         ready[j] = st.collective(at, sizes[j], mb, chunk) if sizes[j] else at
 
-    reduce = not forward and (work.reduce_every_microbatch or mb == work.num_microbatches - 1)
+    # a layer's gradient is whole after its weight gradient: W, or B that includes it
+    reduce = kind in "BW" and (work.reduce_every_microbatch or mb == work.num_microbatches - 1)
     if not plan and not reduce and (not st.dp_busy or st.dp_busy[-1][1] <= t):
         for lw in order:                    # no collective beside it: the layers add up
-            t += lw.fwd_s if forward else lw.bwd_s
+            t += _pass_s(kind, lw)
         order = ()
     for j, lw in enumerate(order):
         if plan:
@@ -299,7 +271,7 @@ def _run_pass(work: StepWork, st: _Rank, op: tuple[str, int, int], ready_s: floa
             if ready[j] > t:
                 st.waits["dp_comm"] += ready[j] - t
                 t = ready[j]
-        base = lw.fwd_s if forward else lw.bwd_s
+        base = _pass_s(kind, lw)
         if st.dp_busy and st.dp_busy[-1][1] > t:          # a collective runs beside: it slows compute
             stretch = work.contention * st.overlap_s(t, t + base)
             st.waits["contention"] += stretch
@@ -315,23 +287,30 @@ def _run_pass(work: StepWork, st: _Rank, op: tuple[str, int, int], ready_s: floa
             else:
                 st.deferred_reduce_s.append(lw.reduce_s)
     if st.events is not None:            # the events are kept for the timeline plot only
-        rec = 0.0 if forward else sum(lw.recompute_s for lw in layers)
+        rec = sum(lw.recompute_s for lw in layers) if kind in "BI" else 0.0
         if rec:
             st.record(stream=COMPUTE, kind="recompute", start_s=start, end_s=start + rec, microbatch=mb, chunk=chunk)
-        st.record(stream=COMPUTE, kind="forward" if forward else "backward", start_s=start + rec, end_s=t,
+        st.record(stream=COMPUTE, kind=_EVENT_KIND[kind], start_s=start + rec, end_s=t,
                   microbatch=mb, chunk=chunk)
     st.compute_free = t
 
 
-def _send_target(work: StepWork | _Shape, rank: int, op: tuple[str, int, int]) -> tuple | None:
+def _send_target(work: _Shape, rank: int, op: tuple[str, int, int]) -> tuple | None:
     """(stream, arrival key) of a pass's output: the next virtual stage (forward) or the previous
-    (backward); None at the ends."""
+    (backward: whole or input gradient); None at the ends and for the weight gradient, which sends
+    nothing. The stream is None where the target stage is on the same rank (the turn of a V): the
+    output is there when the pass ends."""
     kind, mb, chunk = op
-    stage = chunk * work.pp + rank
+    if kind == "W":
+        return None
+    stage = work.stage_of(rank, chunk)
     target = stage + 1 if kind == "F" else stage - 1
     if not 0 <= target < work.pp * work.vpp:
         return None
-    return SEND_NEXT if kind == "F" else SEND_PREV, (kind, mb, target)
+    key = ("F" if kind == "F" else "B", mb, target)
+    if work.rank_of(target) == rank:
+        return None, key
+    return SEND_NEXT if kind == "F" else SEND_PREV, key
 
 
 def _send(work: StepWork, st: _Rank, op: tuple[str, int, int], target: tuple | None, arrivals: dict) -> None:
@@ -340,6 +319,9 @@ def _send(work: StepWork, st: _Rank, op: tuple[str, int, int], target: tuple | N
         return
     stream, key = target
     _, mb, chunk = op
+    if stream is None:              # the next stage is on this rank
+        arrivals[key] = st.compute_free
+        return
     free = st.send_free[stream]
     start = st.compute_free if st.compute_free > free else free
     end = start + work.hop_s
@@ -361,10 +343,13 @@ def _sync_ahead(work: StepWork, st: _Rank, k: int, ready_s: float) -> None:
         _param_sync(work, st, vid // p + 1, max(st.compute_free, ready_s, st.block_until))
 
 
-def _needs(work: StepWork | _Shape, rank: int, op: tuple[str, int, int]) -> tuple | None:
-    """The arrival a pass waits for (None: its input is local)."""
+def _needs(work: _Shape, rank: int, op: tuple[str, int, int]) -> tuple | None:
+    """The arrival a pass waits for (None: its input is local; the weight gradient's always is, after its
+    input gradient, which every order runs first)."""
     kind, mb, chunk = op
-    stage = chunk * work.pp + rank
+    if kind == "W":
+        return None
+    stage = work.stage_of(rank, chunk)
     if kind == "F":
         return ("F", mb, stage) if stage > 0 else None
     return ("B", mb, stage) if stage < work.pp * work.vpp - 1 else None
@@ -375,7 +360,7 @@ def _programs(schedule: str, pp: int, vpp: int, num_microbatches: int) -> tuple[
     """Per rank: its passes in order (``schedule_order``), the arrival each waits for (``_needs``) and where
     its output goes (``_send_target``). They depend on the schedule's shape only, so the finalists of a
     search, which mostly share it, build them once (read-only tuples)."""
-    shape = _Shape(pp, vpp)
+    shape = _Shape(pp, vpp, SCHEDULES[schedule].placement if pp > 1 else "loop")
     programs = tuple(tuple(schedule_order(schedule, pp=pp, vpp=vpp, num_microbatches=num_microbatches, rank=r))
                      for r in range(pp))
     needs = tuple(tuple(_needs(shape, r, op) for op in prog) for r, prog in enumerate(programs))
@@ -385,9 +370,17 @@ def _programs(schedule: str, pp: int, vpp: int, num_microbatches: int) -> tuple[
 
 @dataclass(frozen=True)
 class _Shape:
-    """What ``_needs`` and ``_send_target`` read of a StepWork."""
+    """What ``_needs`` and ``_send_target`` read of a StepWork: its stages and where they sit
+    (``PipelineSchedule.placement``)."""
     pp: int
     vpp: int
+    placement: str = "loop"
+
+    def stage_of(self, rank: int, chunk: int) -> int:
+        return stage_of(self.placement, rank, chunk, self.pp)
+
+    def rank_of(self, stage: int) -> int:
+        return rank_chunk(self.placement, stage, self.pp)[0]
 
 
 def simulate_work(work: StepWork, *, record: bool = True) -> Timeline:
@@ -504,7 +497,7 @@ def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
                     extra = dp_phases(cache, config, tied_extra)   # the head's copy of the shared embedding
                     g_f, g_b, red = g_f + extra[0], g_b + extra[1], red + extra[2]
                 layers.append(LayerWork(fwd_s=cost.fwd_s, bwd_s=cost.bwd_s + p.recompute_s,
-                                        recompute_s=p.recompute_s, tp_comm_s=cost.tp_comm_s,
+                                        recompute_s=p.recompute_s, wgrad_s=cost.wgrad_s, tp_comm_s=cost.tp_comm_s,
                                         cp_comm_s=cost.cp_comm_s, ep_comm_s=cost.ep_comm_s, gather_fwd_s=g_f, gather_bwd_s=g_b,
                                         reduce_s=red))
             out.append(tuple(layers))

@@ -65,6 +65,9 @@ class LayerCost:
     work_floor_s: float = 0.0             # a lower bound on fwd_s + bwd_s that is linear in the tokens
                                           # (GEMMs at their ideal rate, no quantization, no communication):
                                           # k times it at micro-batch 1 bounds the time at micro-batch k
+    wgrad_s: float = 0.0                  # of ``bwd_s``, the weight-gradient (W) GEMMs of its linears
+                                          # (``linear_wgrad_s``); the rest is the input gradient (I), which
+                                          # split-backward schedules run apart (Qi et al., ICLR 2024, Sec 2.1)
 
     def policy(self, name: str) -> PolicyCost:
         return self.by_policy[name]
@@ -362,7 +365,7 @@ def _sync_waits(layer: Layer, fwd_s: float, bwd_s: float, cluster: Cluster) -> t
 def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     """Time, recompute and saved activations of one layer for one micro-batch on one rank."""
     dev, dt = cluster.device, DTYPE_BYTES[ctx.precision]
-    fwd = bwd = flops = tp_gemm_fwd = tp_gemm_bwd = 0.0
+    fwd = bwd = flops = tp_gemm_fwd = tp_gemm_bwd = wgrad = 0.0
     core_fwd = cp_fwd = cp_bwd = kept = floor = 0.0
     gemm_rate = dev.peak(ctx.precision) * dev.gemm_efficiency
     if ctx.fp8:             # the floor holds at the fastest rate a GEMM of the layer runs at
@@ -380,10 +383,13 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
             f = op.measured_fwd_s * share
             b = (op.measured_bwd_s if op.measured_bwd_s is not None else 2 * op.measured_fwd_s) * share
             fwd, bwd, floor = fwd + f, bwd + b, floor + f + b
+            if op.kind == "linear":                      # dgrad and wgrad: 2 m n k FLOPs each
+                wgrad += b / 2
             fl = 2.0 * op.in_features * op.out_features * op.tokens_factor * ctx.tokens / _op_divisor(op, ctx)
         elif op.kind == "linear":
             f, b, fl = _linear(op, ctx, cluster)
             fwd, bwd, flops = fwd + f, bwd + b, flops + fl
+            wgrad += linear_wgrad_s(op, ctx, cluster)
             floor += 3 * fl / gemm_rate                  # gemm_s >= 2 m n k / rate: padding only adds
             if op.tp != "replicate" and not (op.routed and ctx.ep > 1):
                 tp_gemm_fwd, tp_gemm_bwd = tp_gemm_fwd + f, tp_gemm_bwd + b
@@ -441,7 +447,30 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
         fwd_s=fwd_total, bwd_s=bwd_total, by_policy={p.name: p.cost(facts) for p in POLICY_RECORDS},
         tp_comm_s=tp_fwd + tp_bwd, cp_comm_s=cp_fwd + cp_bwd + (0.0 if tp_fwd_all else wait_fwd + wait_bwd),
         params=params, matmul_flops_fwd=flops, expert_params=expert_params, ep_comm_s=exchange_fwd + exchange_bwd,
-        work_floor_s=floor)
+        work_floor_s=floor, wgrad_s=wgrad)
+
+
+def linear_wgrad_s(op: Op, ctx: Context, cluster: Cluster) -> float:
+    """Of a linear's backward (dgrad + wgrad, ``grouped_gemms_s``), the weight-gradient GEMM alone: (k x m) @ (m x n)
+    on the shapes ``linear_s`` and ``expert_linear_s`` use, in the dtype the FP8 recipe runs wgrad in. What a
+    split-backward schedule defers as W (Qi et al., ICLR 2024, Sec 2.1: W is the weight gradient, B the input
+    gradient, F the forward). FP8 cast kernels and TP collectives of the backward stay with the input gradient."""
+    if op.routed and ctx.ep > 1:
+        count = op.num_gemms / ctx.ep
+        m = ctx.tokens / ctx.tp * op.tokens_factor * ctx.ep / op.num_gemms * ctx.expert_imbalance
+        n, k = op.out_features, op.in_features
+    else:
+        count = op.num_gemms
+        n = op.out_features / (ctx.tp if op.tp == "column" else 1)
+        k = op.in_features / (ctx.tp if op.tp == "row" else 1)
+        m = ctx.tokens * op.tokens_factor / op.num_gemms
+    dtype = ctx.precision
+    if ctx.fp8 and fp8_converts(op, ctx.fp8, ctx.framework):
+        recipe = fp8_recipes.RECIPES[ctx.fp8]
+        dtype = recipe.gemm_dtype if "wgrad" in recipe.fp8_gemms else "bf16"
+    if runs_grouped(op, ctx, cluster) and count > 1:
+        return gemm_s(k, n, m, cluster.device, dtype, int(round(count)))
+    return count * gemm_s(k, n, m, cluster.device, dtype)
 
 
 class _SacOutputs:

@@ -185,6 +185,8 @@ class RankCost:
                                  # group: ``expert_shard``)
     expert_buckets: tuple[tuple[float, int], ...] = ()      # (a layer's expert parameters, layers like it)
     ep_comm_s: float = 0.0       # expert all-to-alls per micro-batch (in fwd_s + bwd_s)
+    wgrad_s: float = 0.0         # of ``bwd_s``, the weight-gradient GEMMs (W; ``LayerCost.wgrad_s``) that
+                                 # split-backward schedules run apart from the input gradient
 
 
 def rank_costs(cache: CostCache, config: ParallelConfig) -> list[RankCost]:
@@ -209,7 +211,7 @@ def _rank_costs(cache: CostCache, config: ParallelConfig, ctx: Context) -> list[
             continue
         counts, chunks, layers, first = group
         (fwd, bwd, rec, tp, cp, act, extra, params, flops, buckets, host, experts, expert_buckets,
-         ep_comm) = _rank_sums(cache, ctx, counts, tied, config.tp)
+         ep_comm, wgrad) = _rank_sums(cache, ctx, counts, tied, config.tp)
         # per micro-batch each chunk receives/sends once forward and once backward. 1F1B and
         # GPipe wait for them; the interleaved schedule posts them asynchronously and runs
         # another chunk meanwhile (Megatron-LM overlap_p2p_comm; torch's interleaved
@@ -223,7 +225,7 @@ def _rank_costs(cache: CostCache, config: ParallelConfig, ctx: Context) -> list[
                             matmul_flops=flops, num_layers=max(1, layers), buckets=buckets,
                             first_bucket=_dense(cache.signature_cost(first, ctx)) if first else 0.0,
                             host_act_bytes=host, layers=counts, expert_params=experts,
-                            expert_buckets=expert_buckets, ep_comm_s=ep_comm))
+                            expert_buckets=expert_buckets, ep_comm_s=ep_comm, wgrad_s=wgrad))
         if not tied:
             same[group] = out[-1]
     return out
@@ -238,7 +240,7 @@ def _rank_sums(cache: CostCache, ctx: Context, counts: tuple, tied: bool, tp_deg
     out = cache._rank_sums.get(key)
     if out is not None:
         return out
-    fwd = bwd = rec = tp = cp = act = extra = params = flops = host = experts = ep_comm = 0.0
+    fwd = bwd = rec = tp = cp = act = extra = params = flops = host = experts = ep_comm = wgrad = 0.0
     buckets: dict[float, int] = {}
     expert_buckets: dict[float, int] = {}
     for (sig, policy), n in counts:
@@ -251,6 +253,7 @@ def _rank_sums(cache: CostCache, ctx: Context, counts: tuple, tied: bool, tp_deg
         p = cost.policy(policy)
         fwd += n * cost.fwd_s
         bwd += n * (cost.bwd_s + p.recompute_s)
+        wgrad += n * cost.wgrad_s
         rec += n * p.recompute_s
         tp += n * cost.tp_comm_s
         cp += n * cost.cp_comm_s
@@ -264,7 +267,7 @@ def _rank_sums(cache: CostCache, ctx: Context, counts: tuple, tied: bool, tp_deg
         params += shared
         buckets[shared] = buckets.get(shared, 0) + 1
     out = cache._rank_sums[key] = (fwd, bwd, rec, tp, cp, act, extra, params, flops, tuple(sorted(buckets.items())),
-                                   host, experts, tuple(sorted(expert_buckets.items())), ep_comm)
+                                   host, experts, tuple(sorted(expert_buckets.items())), ep_comm, wgrad)
     return out
 
 
@@ -297,11 +300,16 @@ def fill_hop_s(cache: CostCache, config: ParallelConfig) -> float:
     return cache.hop_s(config) if sends_overlap(config.schedule, cache.workload.framework) else 0.0
 
 
-def pipeline_s(per_rank_s: list[float], config: ParallelConfig, hop_s: float = 0.0) -> float:
+def pipeline_s(per_rank_s: list[float], config: ParallelConfig, hop_s: float = 0.0,
+               wgrad_s: list[float] | None = None) -> float:
     """Time of the pipeline for m micro-batches given each rank's forward + backward time (its sends
-    included): the schedule's formula (``PipelineSchedule.pipeline_s``)."""
-    return SCHEDULES[config.schedule].pipeline_s(slowest=max(per_rank_s), total=sum(per_rank_s),
-                                                 m=config.num_microbatches, p=config.pp, v=config.vpp, hop_s=hop_s)
+    included): the schedule's formula (``PipelineSchedule.pipeline_s``); ``wgrad_s``, each rank's
+    weight-gradient share, for the split-backward schedules (that of the slowest rank)."""
+    slowest = max(per_rank_s)
+    w = wgrad_s[per_rank_s.index(slowest)] if wgrad_s else 0.0
+    return SCHEDULES[config.schedule].pipeline_s(slowest=slowest, total=sum(per_rank_s),
+                                                 m=config.num_microbatches, p=config.pp, v=config.vpp, hop_s=hop_s,
+                                                 wgrad_s=w)
 
 
 def inflight_microbatches(config: ParallelConfig, rank: int) -> float:
@@ -598,8 +606,9 @@ def tied_embedding_sync_s(cache: CostCache, config: ParallelConfig) -> float:
 
 def rank_pipeline_s(cache: CostCache, config: ParallelConfig) -> float:
     """The pipeline of ``config``'s ranks (forward, backward and sends): a part of its step."""
-    return pipeline_s([r.fwd_s + r.bwd_s + r.p2p_s for r in rank_costs(cache, config)], config,
-                      hop_s=fill_hop_s(cache, config))
+    ranks = rank_costs(cache, config)
+    return pipeline_s([r.fwd_s + r.bwd_s + r.p2p_s for r in ranks], config, hop_s=fill_hop_s(cache, config),
+                      wgrad_s=[r.wgrad_s for r in ranks])
 
 
 def other_bytes(cache: CostCache, config: ParallelConfig) -> float:
@@ -712,7 +721,7 @@ def estimate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: Pa
     ranks = rank_costs(cache, config)
     m = config.num_microbatches
     per_rank = [r.fwd_s + r.bwd_s + r.p2p_s for r in ranks]
-    pipe = pipeline_s(per_rank, config, hop_s=fill_hop_s(cache, config))
+    pipe = pipeline_s(per_rank, config, hop_s=fill_hop_s(cache, config), wgrad_s=[r.wgrad_s for r in ranks])
     slow = ranks[per_rank.index(max(per_rank))]
     # data-parallel sync starts when a rank's last backward ends; in 1F1B rank r finishes
     # about r backward passes before rank 0, which hides that much of its sync

@@ -18,9 +18,11 @@ MEMORY_PARTS = (("params", "parameters"), ("grads", "gradients"), ("optimizer", 
 TIME_COLORS = {"compute": "#4878d0", "recompute": "#82c6e2", "tp_comm": "#ee854a", "cp_comm": "#d5bb67", "ep_comm": "#dc7ec0",
                "pp_comm": "#956cb4", "bubble": "#bbbbbb", "dp_comm": "#d65f5f", "optimizer": "#6acc64",
                "host_wait": "#797979"}
-EVENT_COLORS = {"forward": "#4878d0", "recompute": "#82c6e2", "backward": "#ee854a", "optimizer": "#6acc64",
+EVENT_COLORS = {"forward": "#4878d0", "recompute": "#82c6e2", "backward": "#ee854a", "weight": "#d5bb67",
+                "optimizer": "#6acc64",
                 "dp_comm": "#d65f5f", "embedding_allreduce": "#8c613c", "send": "#956cb4"}
-EVENT_LABELS = {"forward": "forward", "recompute": "recompute", "backward": "backward", "optimizer": "optimizer step",
+EVENT_LABELS = {"forward": "forward", "recompute": "recompute", "backward": "backward", "weight": "weight gradient",
+                "optimizer": "optimizer step",
                 "dp_comm": "data-parallel collective", "embedding_allreduce": "tied-embedding all-reduce",
                 "send": "pipeline send"}
 

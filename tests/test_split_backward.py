@@ -1,0 +1,193 @@
+"""Split backward (input gradient I and weight gradient W) and the zero-bubble / DualPipe schedules."""
+import pytest
+
+from planner.cluster import load_cluster
+from planner.config import ParallelConfig, Workload
+from planner.cost.compute import gemm_s
+from planner.cost.layer import linear_s
+from planner.cost.step import CostCache, rank_costs
+from planner.layers import build_layer_graph
+from planner.model import ZOO
+
+GRAPH = build_layer_graph(ZOO["llama3-8b"])
+CLUSTER = load_cluster("h100-80g", 8)
+WORK = Workload(global_batch=64, seq_len=4096)
+
+
+# -- the cost model: W is a share of the backward --------------------------------------------------
+
+def test_linear_wgrad_is_the_wgrad_gemm_of_its_backward():
+    cache = CostCache(GRAPH, CLUSTER, WORK)
+    config = ParallelConfig(dp=8, tp=1, pp=1, micro_batch=1, num_microbatches=8)
+    ctx = cache.context(config)
+    block = next(i for i, layer in enumerate(GRAPH.layers) if layer.is_block)
+    cost = cache.layer(block, ctx)
+    linears = [op for op in GRAPH.layers[block].ops if op.kind == "linear"]
+    # by hand: each linear's wgrad is (k x m) @ (m x n), m = 4096 tokens, n, k its features, bf16
+    expect = sum(gemm_s(op.in_features, op.out_features, 4096 * op.tokens_factor, CLUSTER.device, "bf16")
+                 for op in linears)
+    assert cost.wgrad_s == pytest.approx(expect)
+    # the linears' backward is dgrad + wgrad, two GEMMs of 2 m n k FLOPs each: W is their wgrad half
+    bwd_linears = sum(linear_s(op, op.tp, 1, 4096, CLUSTER, "bf16")[1] for op in linears)
+    dgrad = sum(gemm_s(4096 * op.tokens_factor, op.in_features, op.out_features, CLUSTER.device, "bf16")
+                for op in linears)
+    assert bwd_linears == pytest.approx(dgrad + expect)
+    assert 0 < cost.wgrad_s < cost.bwd_s          # attention and pointwise work have no W
+
+
+def test_rank_wgrad_sums_its_layers():
+    cache = CostCache(GRAPH, CLUSTER, WORK)
+    config = ParallelConfig(dp=2, tp=1, pp=4, micro_batch=1, num_microbatches=8)
+    ctx = cache.context(config)
+    ranks = rank_costs(cache, config)
+    per_layer = [cache.layer(i, ctx).wgrad_s for i in range(len(GRAPH.layers))]
+    assert sum(r.wgrad_s for r in ranks) == pytest.approx(sum(per_layer))
+    for r in ranks:
+        assert 0 < r.wgrad_s < r.bwd_s
+
+
+# -- the schedules' orders (torch.distributed.pipelining, torch 2.13) -------------------------------
+
+from planner.schedules import SCHEDULES, rank_chunk, stage_of   # noqa: E402
+from planner.simulate import LayerWork, StepWork, schedule_order, simulate_work   # noqa: E402
+
+SPLIT = [("interleaved-zb", 1), ("interleaved-zb", 2), ("zbv", 2), ("dualpipev", 2)]
+
+
+def orders(schedule, pp, vpp, m):
+    return [" ".join(f"{k}{mb}.{c}" for k, mb, c in schedule_order(schedule, pp=pp, vpp=vpp, num_microbatches=m,
+                                                                     rank=r)) for r in range(pp)]
+
+
+def test_zb1p_order_is_torchs():
+    # ScheduleInterleavedZeroBubble, p = 2, one stage per rank (ZB-H1), m = 4, worked out by hand from
+    # _get_1f1b_rank_ops: rank 0 warms up p - 1 - 0 = 1 forward and runs W after each I from the start;
+    # rank 1 (the last) defers its W by rank = 1 backward
+    assert orders("interleaved-zb", 2, 1, 4) == [
+        "F0.0 F1.0 I0.0 W0.0 F2.0 I1.0 W1.0 F3.0 I2.0 W2.0 I3.0 W3.0",
+        "F0.0 I0.0 F1.0 I1.0 W0.0 F2.0 I2.0 W1.0 F3.0 I3.0 W2.0 W3.0"]
+
+
+def test_zbv_order_is_torchs():
+    # ScheduleZBVZeroBubble, p = 2, m = 4: rank 0 warms up 2 (p - 0) - 1 = 3 chunk-0 forwards, then
+    # p - 0 = 2 (F1 I1 W1), then (F0 I0 W0 F1 I1 W1), then p - 0 = 2 (I0 W0)
+    assert orders("zbv", 2, 2, 4)[0] == ("F0.0 F1.0 F2.0 F0.1 I0.1 W0.1 F1.1 I1.1 W1.1 F3.0 I0.0 W0.0 F2.1 I2.1 W2.1 "
+                                         "I1.0 W1.0 F3.1 I3.1 W3.1 I2.0 W2.0 I3.0 W3.0")
+
+
+def test_dualpipev_order_is_torchs():
+    # ScheduleDualPipeV, p = 2, m = 4, rank 1: step 1 none, step 2 two (F0 F1), step 3 none, step 4
+    # m - 2p + 2 = 2 rounds of the pairs (the first F0 B1 not overlapped on the last rank), step 6 two
+    # (B1 B0) with the second split into I, step 8 the two W
+    assert orders("dualpipev", 2, 2, 4)[1] == ("F0.0 F0.1 F1.0 F1.1 F2.0 B0.1 F2.1 B0.0 F3.0 B1.1 F3.1 B1.0 "
+                                               "B2.1 B2.0 I3.1 I3.0 W3.1 W3.0")
+
+
+@pytest.mark.parametrize("schedule,vpp", SPLIT)
+@pytest.mark.parametrize("pp,m", [(2, 4), (4, 8), (4, 12)])
+def test_every_split_pass_runs_once_w_after_i(schedule, vpp, pp, m):
+    for r in range(pp):
+        order = schedule_order(schedule, pp=pp, vpp=vpp, num_microbatches=m, rank=r)
+        done = set()
+        for kind, mb, c in order:
+            if kind == "W":
+                assert ("I", mb, c) in done
+            done.add((kind, mb, c))
+        forwards = sorted((mb, c) for k, mb, c in order if k == "F")
+        weights = sorted((mb, c) for k, mb, c in order if k in "BW")
+        assert forwards == weights == sorted((mb, c) for mb in range(m) for c in range(vpp))
+
+
+def test_v_placement():
+    # rank r holds stages r and 2 pp - 1 - r (torch's generate_stage_to_rank_mapping style "v")
+    assert [stage_of("v", r, c, 4) for r in range(4) for c in (0, 1)] == [0, 7, 1, 6, 2, 5, 3, 4]
+    assert [rank_chunk("v", j, 4) for j in range(8)] == [(0, 0), (1, 0), (2, 0), (3, 0), (3, 1), (2, 1), (1, 1), (0, 1)]
+
+
+# -- the simulation against the published bubbles -----------------------------------------------------
+
+def uniform(schedule, pp, vpp, m, f=1.0, i=1.0, w=1.0):
+    """Every stage one layer of forward f, input gradient i, weight gradient w; no sends. Returns the bubble:
+    the step less the rank's work m v (f + i + w)."""
+    chunks = tuple(tuple((LayerWork(fwd_s=f, bwd_s=i + w, wgrad_s=w),) for _ in range(vpp)) for _ in range(pp))
+    t = simulate_work(StepWork(schedule=schedule, num_microbatches=m, chunks=chunks, blocking_sends=False))
+    return t.step_time_s - m * vpp * (f + i + w)
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+@pytest.mark.parametrize("m", [8, 16])
+def test_1f1b_bubble_is_p_minus_1_f_plus_b(pp, m):
+    # the DualPipe README's 1F1B row: (PP - 1)(F + B), B = I + W = 2: 3 (p - 1)
+    assert uniform("1f1b", pp, 1, m) == pytest.approx(3 * (pp - 1))
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+@pytest.mark.parametrize("m", [8, 16])
+@pytest.mark.parametrize("f,i,w", [(1, 1, 1), (2, 1, 1), (1, 2, 1)])
+def test_zb1p_bubble_is_zb_h1s(pp, m, f, i, w):
+    # Qi et al. ZB-H1 (p - 1)(T_F + T_B - T_W), T_B the input gradient; the DualPipe README's ZB1P row
+    # (PP - 1)(F + B - 2W) with B = I + W: at T_F = T_I = T_W = 1, p - 1
+    assert uniform("interleaved-zb", pp, 1, m, f, i, w) == pytest.approx((pp - 1) * (f + i - w))
+    # on v = 2 chunks the same bubble per chunk: the rank's is (p - 1)/v of its per-micro-batch time less 2 W
+    assert uniform("interleaved-zb", pp, 2, m, f, i, w) == pytest.approx((pp - 1) * (f + i - w))
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+@pytest.mark.parametrize("m", [8, 16])
+def test_zbv_bubble_is_the_first_forwards(pp, m):
+    # at T_F = T_I = T_W (per chunk) ZB-V is zero bubble in its steady state (Qi et al. Sec 6; torch's
+    # ScheduleZBVZeroBubble docstring): what is left is the last rank's wait for its first input, (p - 1) T_F,
+    # which no schedule avoids (stage p - 1 cannot start before p - 1 forwards have run)
+    assert uniform("zbv", pp, 2, m) == pytest.approx(pp - 1)
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_dualpipev_bubble_at_equal_times(pp):
+    # torch's DualPipeV runs each overlapped pair as F then B (no overlap): at T_F = T_I = T_W its order too
+    # leaves only the first forwards' wait, (p - 1) T_F; the README's (PP/2 - 1)(F&B + B - 3W) with F&B = F + B
+    # would say 2 (p - 1): the README's F&B is a pair overlapped on two streams, which torch does not do
+    assert uniform("dualpipev", pp, 2, 2 * pp * 2) == pytest.approx(pp - 1)
+
+
+@pytest.mark.parametrize("schedule,vpp", [("interleaved-zb", 1), ("interleaved-zb", 2), ("zbv", 2)])
+def test_closed_form_matches_the_simulation_on_equal_stages(schedule, vpp):
+    pp, m = 4, 8
+    rank_s, w = vpp * 3.0, vpp * 1.0
+    t = SCHEDULES[schedule].pipeline_s(slowest=rank_s, total=pp * rank_s, m=m, p=pp, v=vpp, wgrad_s=w)
+    assert t == pytest.approx(m * rank_s + uniform(schedule, pp, vpp, m))
+
+
+# -- memory in flight and constraints ----------------------------------------------------------------
+
+def test_inflight_of_the_split_schedules():
+    # a chunk-micro-batch is held from its F to its W. ZB-H1 (p = 4, m = 8), by hand from the orders: rank r
+    # warms up p - 1 - r forwards, then holds one more (F) before its first I; its first W comes after r more
+    # (F, I) pairs, each adding one: p - 1 - r + 1 + r = p = 4 on every rank: Qi et al.'s p M_B (Table 2),
+    # which 1F1B reaches on its first rank only
+    zb = SCHEDULES["interleaved-zb"]
+    assert [zb.inflight(rank=r, pp=4, vpp=1, m=8) for r in range(4)] == [4.0, 4.0, 4.0, 4.0]
+    # ZB-V rank 0: 2 p - 1 = 7 chunk-0 forwards, then F1: 8 chunk passes of half its layers = p (Qi et al. Sec 6:
+    # ZB-V's peak p M_B)
+    zbv = SCHEDULES["zbv"]
+    assert zbv.inflight(rank=0, pp=4, vpp=2, m=8) == pytest.approx(4.0)
+
+
+def test_split_refusals():
+    assert SCHEDULES["zbv"].refusal(pp=4, vpp=3)[0] == "--vpp"
+    assert SCHEDULES["dualpipev"].refusal(pp=4, vpp=2, m=6)[0] == "--micro-batch"      # m < 2 pp stages
+    assert SCHEDULES["dualpipev"].refusal(pp=4, vpp=2, m=8) is None
+    assert SCHEDULES["zbv"].compile_refusal(True)[0] == "--compile"
+    assert SCHEDULES["interleaved-1f1b"].compile_refusal(True) is None
+
+
+def test_split_schedules_are_not_searched_yet():
+    from planner.runtimes import RUNTIMES
+    for runtime in ("torch", "torchtitan", "megatron", "deepspeed"):
+        for kind, can in RUNTIMES[runtime].runs.items():
+            assert not {"interleaved-zb", "zbv", "dualpipev"} & set(can.schedules), (runtime, kind)
+
+
+def test_torchtitan_names_read_back():
+    from planner.baseline import torchtitan as reader
+    assert {reader.SCHEDULES[n]: n for n in ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")} == {
+        "interleaved-zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
