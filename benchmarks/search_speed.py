@@ -28,9 +28,15 @@ SCENARIOS = [
       "--global-batch", "2048"]),
     ("Mixtral 8x7B on 64 H100 (ep searched)",
      ["--model", "mixtral-8x7b", "--cluster", "h100-80g", "--gpus", "64"]),
+    # bf16 fixed: one search. Left out, Megatron-LM on H100 also searches its fastest FP8 recipe (planner/api.py
+    # plan_precisions): two searches, the last scenario
     ("DeepSeek-V3 on 256 H100, Megatron-LM",
-     ["--model", "deepseek-v3", "--cluster", "h100-80g", "--gpus", "256", "--framework", "megatron"]),
+     ["--model", "deepseek-v3", "--cluster", "h100-80g", "--gpus", "256", "--framework", "megatron",
+      "--precision", "bf16"]),
     ("DeepSeek-V3 on 1024 H100, Megatron-LM",
+     ["--model", "deepseek-v3", "--cluster", "h100-80g", "--gpus", "1024", "--framework", "megatron",
+      "--precision", "bf16"]),
+    ("DeepSeek-V3 on 1024 H100, Megatron-LM, precision searched",
      ["--model", "deepseek-v3", "--cluster", "h100-80g", "--gpus", "1024", "--framework", "megatron"]),
 ]
 

@@ -161,22 +161,30 @@ def default_precision(cluster: Cluster) -> str:
 
 # -- planning --------------------------------------------------------------------------------------
 
+class NotFaster(Exception):
+    """``plan`` with a ``bound_s``: no plan that fits is faster than it."""
+
+
 def plan(job: Job, knobs: Knobs = Knobs(), *, top_k: int = 5, solver: str | None = None, time_limit_s: float = 20.0,
-         progress: Callable[[int, int], None] | None = None, prefer: str = "headroom") -> Plan:
+         progress: Callable[[int, int], None] | None = None, prefer: str = "headroom",
+         bound_s: float = math.inf, seeds: tuple[ParallelConfig, ...] = ()) -> Plan:
     """The fastest plan that fits, whole (planner/search/finish.py), with the best plan of each of the next
     ``top_k`` layouts. When ``knobs`` fix every knob that matters the config is estimated, not searched (it
     may not fit: the Plan says so). ``solver``: "cbc" or "highs" for the stage ILPs (None: HiGHS where it
     is installed), "exhaustive" to enumerate instead (small models), "uniform" for balanced stages and one
     recompute policy only. ``prefer``: "headroom" (a safer plan among those within the model's error of
     the fastest, where there is one: planner/search/result.py ``choose``) or "fastest". Raises
-    NoFeasiblePlan when nothing fits."""
+    NoFeasiblePlan when nothing fits. ``bound_s``: only plans faster than it (``search``'s), NotFaster when
+    there is none; ``seeds``: configs to start from (``search``'s)."""
     t0 = time.perf_counter()
     ilp = solver if solver in ("cbc", "highs") else default_solver()
     fixed = fully_fixed(knobs, job.workload, job.cluster.num_gpus, job.graph)
     if fixed is not None:
         return fixed_plan(job, fixed)
     result = search(job.graph, job.cluster, job.workload, knobs, top_k=top_k, solver=solver or ilp,
-                    time_limit_s=time_limit_s, progress=progress, prefer=prefer)
+                    time_limit_s=time_limit_s, progress=progress, prefer=prefer, bound_s=bound_s, seeds=seeds)
+    if result.best is None and bound_s < math.inf:
+        raise NotFaster(bound_s)
     if result.best is None:
         answer = no_fit(result, job.graph, job.cluster, job.workload, knobs)
         raise NoFeasiblePlan(answer.message(), answer=answer.to_json())
@@ -206,19 +214,46 @@ def plan_precisions(inputs: JobInputs, knobs: Knobs = Knobs(), *, warn: Callable
     """``plan`` of the job at each of its ``precision_candidates``: with one, that plan; with several (--precision
     left out), the fastest that fits, an FP8 recipe only where it beats the default dtype by more than the model's
     step-time error (the validation's median, as ``prefer="headroom"`` treats near-ties; "fastest": by any margin),
-    since FP8 changes the numerics. The Plan's ``precisions`` says what each one gave."""
+    since FP8 changes the numerics. The Plan's ``precisions`` says what each one gave.
+
+    Searching costs the same for each precision, so not every recipe is searched: the default dtype is, then each
+    recipe is estimated on the default dtype's plan (``on_base_plan``) and the one fastest there is searched; a
+    recipe the runtime refuses on that plan (torch's FP8 at tp > 1) is searched as well."""
     from dataclasses import replace as _replace
     from .search.result import error_bands
     names = precision_candidates(inputs)
     if len(names) == 1:
         return plan(_replace(inputs, precision=names[0]).load(warn=warn), knobs, prefer=prefer, **options)
-    plans: dict[str, Plan | None] = {}
-    for i, name in enumerate(names):
+    jobs = {name: _replace(inputs, precision=name).load(warn=warn if i == 0 else None) for i, name in enumerate(names)}
+
+    slower: list[str] = []      # searched for a plan fast enough to be chosen over the default dtype's: none
+
+    def searched(name: str, bound_s: float = math.inf, seeds: tuple = ()) -> Plan | None:
         try:
-            plans[name] = plan(_replace(inputs, precision=name).load(warn=warn if i == 0 else None), knobs,
-                               prefer=prefer, **options)
+            return plan(jobs[name], knobs, prefer=prefer, bound_s=bound_s, seeds=seeds, **options)
         except NoFeasiblePlan:
-            plans[name] = None
+            return None
+        except NotFaster:
+            slower.append(name)
+            return None
+    plans: dict[str, Plan | None] = {names[0]: searched(names[0])}
+    base_plan = plans[names[0]]
+    # a recipe is chosen only where it beats the default dtype's plan by more than the band: a bound on its search
+    band = error_bands(jobs[names[0]].cluster, jobs[names[0]].workload)[0] if prefer == "headroom" else 0.0
+    bound = base_plan.best.estimate.step_time_s / (1 + band) if base_plan and base_plan.best.estimate.fits \
+        else math.inf
+    on_base: dict[str, float] = {}
+    if plans[names[0]] is not None:
+        for name in names[1:]:
+            try:
+                on_base[name] = estimate(jobs[name], plans[names[0]].best.config).estimate.step_time_s
+            except UserError:
+                plans[name] = searched(name, bound)
+    to_search = [min(on_base, key=on_base.get)] if on_base else [n for n in names[1:] if n not in plans]
+    # the default dtype's plan and runners-up start the recipe's search: its pruning bites from the first layout
+    seeds = (base_plan.best.config, *(a.config for a in base_plan.alternatives)) if base_plan else ()
+    for name in to_search:
+        plans[name] = searched(name, bound, seeds)
     fits = {n: p for n, p in plans.items() if p is not None and p.best.estimate.fits}
     if not fits:
         first = next((p for p in plans.values() if p is not None), None)
@@ -235,10 +270,16 @@ def plan_precisions(inputs: JobInputs, knobs: Knobs = Knobs(), *, warn: Callable
         chosen = base
         why = (f"{fastest} is {100 * (step[base] / step[fastest] - 1):.1f}% faster than {base}, within the model's "
                f"{100 * band:.1f}% median step-time error: {base} keeps its numerics")
+    if chosen == base and slower:
+        why = (f"no plan of {', '.join(slower)} is faster than {base}'s by more than the model's {100 * band:.1f}% "
+               f"median step-time error: {base} keeps its numerics")
     out = fits[chosen]
     tried = {n: (round(p.best.estimate.step_time_s, 6) if p is not None and p.best.estimate.fits else None)
-             for n, p in plans.items()}
-    return _replace(out, precisions={"tried": tried, "chosen": out.workload.precision_name, "why": why})
+             for n, p in plans.items() if n not in slower}
+    return _replace(out, precisions={"tried": tried, "chosen": out.workload.precision_name, "why": why,
+                                     **({"on_base_plan": {n: round(s, 6) for n, s in on_base.items()}}
+                                        if on_base else {}),
+                                     **({"not_faster": slower, "bound_s": round(bound, 6)} if slower else {})})
 
 
 def plan_graph(graph: LayerGraph, cluster: Cluster | str, workload: Workload, *, gpus: int | None = None,

@@ -127,7 +127,10 @@ def format_plan(plan: Plan, tokens: float | None = None) -> str:
     if plan.precisions:         # --precision left out and the runtime runs FP8 here: what each precision gave
         tried = ", ".join(f"{n} {s:.3f} s" if s is not None else f"{n} does not fit"
                           for n, s in plan.precisions["tried"].items())
-        lines.append(f"precision {plan.precisions['chosen']}: {plan.precisions['why']} (searched: {tried}; "
+        on_base = plan.precisions.get("on_base_plan") or {}
+        base = next(iter(plan.precisions["tried"]))
+        also = ("; on " + base + "'s plan: " + ", ".join(f"{n} {s:.3f} s" for n, s in on_base.items())) if on_base else ""
+        lines.append(f"precision {plan.precisions['chosen']}: {plan.precisions['why']} (searched: {tried}{also}; "
                      "--precision fixes one)")
     if c.stage_layers and c.pp > 1:
         lines.append(f"stages    layers per virtual stage {runs(c.stage_layers)} (embedding first, head last)")

@@ -174,6 +174,25 @@ def fp8_linear_s(op: Op, count: float, m: float, n: float, k: float, cluster: Cl
     once for linears that read the previous linear's input: ``Op.reads_previous_input``), the output gradient
     (m x n), and the weight (k x n) where the runtime casts it every micro-batch (torchao; TransformerEngine casts
     it once per step, not priced here), each operand's casts at least ``CAST_KERNEL_MIN_S`` per kernel."""
+    key = (count, m, n, k, fp8, framework, grouped, op.reads_previous_input)
+    held = _FP8_MEMO.get(id(cluster.device))
+    if held is None or held[0] is not cluster.device:
+        if len(_FP8_MEMO) > 64:
+            _FP8_MEMO.clear()
+        held = _FP8_MEMO[id(cluster.device)] = (cluster.device, {})
+    out = held[1].get(key)
+    if out is None:
+        out = held[1][key] = _fp8_linear_s(op, count, m, n, k, cluster, fp8, framework, grouped)
+    return out
+
+
+# fp8_linear_s is pure and the search prices the same shapes in many contexts: results per device (the device
+# object kept with them, so its id cannot be reused while they live), as compute.gemm_s memoises
+_FP8_MEMO: dict[int, tuple] = {}
+
+
+def _fp8_linear_s(op: Op, count: float, m: float, n: float, k: float, cluster: Cluster, fp8: str, framework: str,
+                  grouped: bool) -> tuple[float, float]:
     recipe = fp8_recipes.RECIPES[fp8]
     dtypes = tuple(recipe.gemm_dtype if g in recipe.fp8_gemms else "bf16" for g in ("fwd", "dgrad", "wgrad"))
     fwd, bwd = grouped_gemms_s(count, m, n, k, cluster, "bf16", grouped, dtypes)

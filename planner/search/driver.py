@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from ..cluster import Cluster
 from ..config import ParallelConfig, Workload
 from ..cost.step import CostCache, estimate, peak_memory
+from ..errors import UserError
 from ..estimate import Candidate
 from ..layers import LayerGraph
 from ..recompute import POLICIES, every_k, summary_policy
@@ -61,7 +62,8 @@ class StageStats:
 
 def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs = Knobs(), *, top_k: int = 5,
            solver: str | None = None, prune: bool = True, time_limit_s: float = 20.0, progress=None,
-           simulate: bool = True, prefer: str = "headroom") -> SearchResult:
+           simulate: bool = True, prefer: str = "headroom", bound_s: float = float("inf"),
+           seeds: tuple[ParallelConfig, ...] = ()) -> SearchResult:
     """The fastest plan that fits, the best plan of each of the next ``top_k`` layouts,
     and how much of the space was covered.
 
@@ -71,12 +73,25 @@ def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs
     the few finalists by their simulated step (``planner/simulate.py``), whose times
     replace the closed form's in their estimates. ``prefer``: "headroom" (the default) recommends, among
     the plans within the validation's median step-time error of the fastest, a safer one where there is
-    one (``result.choose``: no more mechanisms, more memory left); "fastest" keeps the fastest."""
+    one (``result.choose``: no more mechanisms, more memory left); "fastest" keeps the fastest. ``bound_s``: only
+    plans faster than it are sought (``TopK``'s cap); none found, ``best`` is None as when nothing fits.
+    ``seeds``: configs known to be good (another precision's plans), estimated and held before the search starts,
+    so its pruning bites from the first layout; the knobs still decide what is legal."""
     t0 = time.perf_counter()
     solver = solver or default_solver()
     space = Space(graph, cluster.num_gpus, workload, knobs, cluster.device.dtypes, cluster.device_kind)
     cache = CostCache(graph, cluster, workload)
-    top = TopK(top_k + 1)
+    top = TopK(top_k + 1, cap=bound_s)
+    for config in seeds:
+        try:
+            space.check(config)
+        except UserError:
+            continue
+        if all(getattr(knobs, k) in (None, getattr(config, k)) for k in ("dp", "tp", "pp", "cp", "ep", "zero",
+                                                                          "micro_batch", "vpp", "schedule")):
+            seed = Candidate(config=config, estimate=estimate(graph, cluster, workload, config, cache))
+            if seed.estimate.fits:
+                top.add(seed)
     order, bounds = layout_order(space, cache)
     stats = uniform_phase(space, cache, top, order, bounds, prune, progress)
     stage = StageStats()

@@ -67,10 +67,14 @@ class TopK:
     layout, a plan with more offload or recompute must be faster by more than the optimality gap
     to displace a simpler one (a 0.02% gain is not worth moving the optimizer to the host)."""
 
-    def __init__(self, k: int):
-        self.k, self.items = k, []
+    def __init__(self, k: int, cap: float = float("inf")):
+        """``cap``: a step time no plan worth keeping reaches (a bound from outside the search: another precision's
+        plan to beat); what is slower is pruned as if k faster ones were held."""
+        self.k, self.items, self.cap = k, [], cap
 
     def add(self, c: Candidate) -> None:
+        if c.estimate.step_time_s >= self.cap:
+            return
         key = layout_key(c.config)
         same = [x for x in self.items if layout_key(x.config) == key]
         if same and not _better(c, same[0]):
@@ -81,7 +85,7 @@ class TopK:
 
     @property
     def threshold(self) -> float:
-        return self.items[-1].estimate.step_time_s if len(self.items) >= self.k else float("inf")
+        return min(self.cap, self.items[-1].estimate.step_time_s if len(self.items) >= self.k else float("inf"))
 
 
 def error_bands(cluster, workload) -> tuple[float, float]:
