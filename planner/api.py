@@ -355,6 +355,8 @@ def compare(baseline: str, *, cluster: str = DEFAULT_CLUSTER, gpus: int | None =
     read, spec, graph = read_baseline(baseline, ctx, model)
     check_baseline(read, graph, machines)
     workload = read.workload()
+    if workload.fp8:
+        check_fp8(workload.fp8, workload.framework, machines, workload.compile)
     source = model or spec.name
     mine = estimate(Job(model_source=source, spec=spec, graph=graph, cluster=machines, workload=workload), read.config)
     result = search(graph, machines, workload, Knobs(), top_k=top_k)

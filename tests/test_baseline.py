@@ -263,8 +263,10 @@ def test_torchtitan_llama3_70b_preset(tmp_path):
     # global batch: torchtitan's default local 8 x dp 32 = 256, one micro-batch of 8 per replica
     assert (c.micro_batch, c.num_microbatches, b.global_batch, c.recompute) == (8, 1, 256, "full")
     assert (spec.name, b.seq_len, b.precision, b.runtime) == ("llama3-70b", 8192, "bf16", "torchtitan")
-    assert {"[job]", "[profiling]", "[optimizer]", "[checkpoint]", "[compile]", "training.max_norm", "training.steps",
+    assert {"[job]", "[profiling]", "[optimizer]", "[checkpoint]", "training.max_norm", "training.steps",
             "training.dataset", "model.hf_assets_path"} <= set(b.ignored)
+    # [compile] is read: enable = false, and no FP8 converter
+    assert not b.compile and not b.fp8 and "[compile]" not in b.ignored
 
 
 def test_torchtitan_interleaved_default_split(tmp_path):

@@ -245,3 +245,25 @@ def test_megatron_gradients_in_bf16_take_two_bytes_and_reduce_in_two():
     assert grads_gib(grad_reduce_in_bf16=True) == pytest.approx(grads_gib() / 2)
     with pytest.raises(UserError, match="megatron"):
         api.load_job("llama3-8b", cluster="h100-80g", gpus=8, grad_reduce_in_bf16=True)
+
+
+def test_the_exports_read_back_with_their_recipe(tmp_path):
+    """`meshplan compare` reads an FP8 plan's Megatron-LM arguments and torchtitan TOML back as the same recipe."""
+    for framework, flags, export, recipe in (
+            ("megatron", ["--precision", "fp8-tensorwise", "--fp8-param-gather"], "megatron_args.txt",
+             "fp8-tensorwise"),
+            ("torchtitan", ["--precision", "fp8-rowwise", "--compile"], "torchtitan.toml", "fp8-rowwise")):
+        out = tmp_path / framework
+        proc = run_cli("plan", "--model", "llama3-8b", "--cluster", "h100-80g", "--gpus", "8", "--framework", framework,
+                       *flags, "--report", str(out), "--top-k", "1")
+        assert proc.returncode == 0, proc.stderr
+        plan = json.loads((out / "plan.json").read_text())
+        proc = run_cli("compare", "--baseline", str(out / "exports" / export), "--model", "llama3-8b", "--cluster",
+                       "h100-80g", "--gpus", "8", "--top-k", "1", "--json")
+        assert proc.returncode == 0, proc.stderr
+        doc = json.loads(proc.stdout)
+        assert f"{recipe}, {framework} runtime" in run_cli(
+            "compare", "--baseline", str(out / "exports" / export), "--model", "llama3-8b", "--cluster", "h100-80g",
+            "--gpus", "8", "--top-k", "1").stdout
+        # the baseline estimated as the plan itself: the same step
+        assert doc["baseline"]["estimate"]["step_time_s"] == pytest.approx(plan["estimate"]["step_time_s"], rel=1e-6)

@@ -31,7 +31,7 @@ PARALLEL = {   # flags that set the knobs (the values they take are checked wher
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--pipeline-model-parallel-layout",
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--data-parallel-sharding-strategy",
     "--optimizer-offload-fraction", "--attention-backend", "--expert-model-parallel-size",
-    "--expert-tensor-parallel-size", "--moe-token-dispatcher-type",
+    "--expert-tensor-parallel-size", "--moe-token-dispatcher-type", "--fp8-format", "--fp8-recipe",
 }
 SWITCHES = {   # store_true flags this reader models
     "--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--use-torch-fsdp2",
@@ -39,7 +39,7 @@ SWITCHES = {   # store_true flags this reader models
     "--overlap-grad-reduce", "--tp-comm-overlap", "--use-flash-attn", "--account-for-embedding-in-pipeline-split",
     "--account-for-loss-in-pipeline-split", "--swiglu", "--untie-embeddings-and-output-weights",
     "--disable-bias-linear", "--add-qkv-bias", "--group-query-attention", "--moe-shared-expert-gate",
-    "--multi-latent-attention", "--qk-layernorm", "--moe-grouped-gemm",
+    "--multi-latent-attention", "--qk-layernorm", "--moe-grouped-gemm", "--fp8-param-gather", "--grad-reduce-in-bf16",
 }
 MODEL = {      # architecture flags (read when no --model is given, checked against it otherwise)
     "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
@@ -306,7 +306,9 @@ def read(args: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
                     seq_len=graph.seq_len, precision=_precision(args, source), attention=_attention(args, source),
                     overlap_grad_reduce=bool(args.get("--overlap-grad-reduce")),
                     tp_comm_overlap=bool(args.get("--tp-comm-overlap")), flags=FLAGS,
-                    expert_dispatcher=_dispatcher(args, source),
+                    expert_dispatcher=_dispatcher(args, source), fp8=_fp8(args, source),
+                    fp8_param_gather=bool(args.get("--fp8-param-gather")),
+                    grad_reduce_in_bf16=bool(args.get("--grad-reduce-in-bf16")),
                     ignored=tuple(sorted(f for f in args if f not in PARALLEL | SWITCHES | MODEL)), notes=tuple(notes))
 
 
@@ -354,6 +356,24 @@ def _precision(args: dict, source: str) -> str:
         raise UserError("--bf16 and --fp16 together; allowed: one of them (or neither, for fp32)", source=source,
                         field="--bf16/--fp16")
     return "bf16" if args.get("--bf16") else "fp16" if args.get("--fp16") else "fp32"
+
+
+# --fp8-recipe (megatron/core/transformer/transformer_config.py fp8_recipe, default "delayed") -> --precision
+FP8_RECIPES = {"tensorwise": "fp8-tensorwise", "delayed": "fp8-delayed", "blockwise": "fp8-blockwise",
+               "mxfp8": "mxfp8"}
+
+
+def _fp8(args: dict, source: str) -> str:
+    """The FP8 recipe --fp8-format turns on (e4m3 or hybrid), by --fp8-recipe; "" without --fp8-format."""
+    fmt, recipe = _value(args, "--fp8-format", source), _value(args, "--fp8-recipe", source) or "delayed"
+    if fmt is None:
+        return ""
+    if fmt not in ("e4m3", "hybrid"):
+        raise UserError(f"{fmt!r} is not allowed; allowed: e4m3 or hybrid", source=source, field="--fp8-format")
+    if recipe not in FP8_RECIPES:
+        raise UserError(f"{recipe!r} is not modelled; allowed: {', '.join(FP8_RECIPES)}", source=source,
+                        field="--fp8-recipe")
+    return FP8_RECIPES[recipe]
 
 
 def _attention(args: dict, source: str) -> str:

@@ -24,7 +24,7 @@ from .values import (Baseline, Context, FileModel, choice, data_parallel, global
                      pipeline_layers, positive_int, recompute_of, schedule_of)
 
 MODELLED = {
-    "model": {"name", "flavor"},
+    "model": {"name", "flavor", "converters"},
     "training": {"local_batch_size", "batch_size", "global_batch_size", "seq_len", "mixed_precision_param"},
     "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
                     "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
@@ -34,7 +34,10 @@ MODELLED = {
                     "enable_async_tensor_parallel", "enable_sequence_parallel", "expert_parallel_degree",
                     "expert_tensor_parallel_degree"},
     "activation_checkpoint": {"mode", "selective_ac_option"},
+    "compile": {"enable", "components"},
 }
+# torchao's recipe names (quantize.linear.float8 recipe_name, quantize.linear.mx recipe_name) -> --precision
+FP8_RECIPES = {"tensorwise": "fp8-tensorwise", "rowwise": "fp8-rowwise", "rowwise_with_gw_hp": "fp8-rowwise-gw-hp"}
 ZOO = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3-405b",
        ("llama2", "7B"): "llama2-7b", ("llama2", "13B"): "llama2-13b", ("llama2", "70B"): "llama2-70b"}
 # torchtitan's pipeline_parallel_schedule names the torch.distributed.pipelining class (planner/schedules.py
@@ -164,16 +167,46 @@ def read(doc: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
                             recompute_layers=recompute_layers,
                             stage_layers=pipeline_layers(source, "parallelism.pipeline_parallel_split_points", graph,
                                                          blocks))
+    fp8, more = _fp8(doc, source)
+    notes += more
     return Baseline(source=source, format="torchtitan", runtime="torchtitan", config=config, global_batch=batch,
                     seq_len=graph.seq_len, precision=_precision(doc, source),
-                    tp_comm_overlap=bool(par.get("enable_async_tensor_parallel")), flags=FLAGS,
+                    tp_comm_overlap=bool(par.get("enable_async_tensor_parallel")), flags=FLAGS, fp8=fp8,
+                    compile=bool(doc.get("compile", {}).get("enable")),
                     ignored=_ignored(doc), notes=tuple(notes))
+
+
+def _fp8(doc: dict, source: str) -> tuple[str, list[str]]:
+    """The recipe of the float8 or MX linear converter model.converters names (v0.2.2's keys: recipe_name of
+    [quantize.linear.float8], unset meaning tensorwise; [quantize.linear.mx]); "" with neither."""
+    converters = doc.get("model", {}).get("converters", [])
+    if isinstance(converters, str):
+        converters = [c.strip() for c in converters.split(",")]
+    quantize = doc.get("quantize", {}).get("linear", {})
+    if "quantize.linear.mx" in converters or "mx" in converters:
+        return "mxfp8", []
+    if "quantize.linear.float8" not in converters and "float8" not in converters:
+        return "", []
+    name = quantize.get("float8", {}).get("recipe_name") or "tensorwise"
+    if name not in FP8_RECIPES:
+        raise UserError(f"{name!r} is not modelled; allowed: {', '.join(FP8_RECIPES)}", source=source,
+                        field="quantize.linear.float8.recipe_name")
+    notes = []
+    filters = quantize.get("float8", {}).get("filter_fqns", [])
+    if "auto_filter_small_kn" not in filters:
+        notes.append("quantize.linear.float8 without auto_filter_small_kn converts small linears too; meshplan "
+                     "prices torchao's auto filter (the small ones in bf16)")
+    return FP8_RECIPES[name], notes
 
 
 def _ignored(doc: dict) -> tuple[str, ...]:
     out = []
     for section, body in doc.items():
         if section.startswith("_"):
+            continue
+        if section == "quantize" and isinstance(body, dict):     # the linear converters' recipes are read (_fp8)
+            out += [f"quantize.{k}" for k in body if k != "linear"]
+            out += [f"quantize.linear.{k}" for k in body.get("linear", {}) if k not in ("float8", "mx")]
             continue
         if section not in MODELLED or not isinstance(body, dict):
             out.append(f"[{section}]")

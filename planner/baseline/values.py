@@ -62,6 +62,10 @@ class Baseline:
     tp_comm_overlap: bool = False
     expert_dispatcher: str = "alltoall"
     expert_imbalance: float = 1.0
+    fp8: str = ""                      # the FP8 recipe of its linears (planner/precision.py), "" for none
+    fp8_param_gather: bool = False
+    grad_reduce_in_bf16: bool = False
+    compile: bool = False
     flags: dict[str, str] = field(default_factory=dict)     # meshplan flag -> the file's flag or key
     ignored: tuple[str, ...] = ()      # flags read and not modelled
     notes: tuple[str, ...] = ()        # where the mapping is an approximation
@@ -70,7 +74,9 @@ class Baseline:
         return Workload(global_batch=self.global_batch, seq_len=self.seq_len, precision=self.precision,
                         framework=self.runtime, attention=self.attention,
                         overlap_grad_reduce=self.overlap_grad_reduce, tp_comm_overlap=self.tp_comm_overlap,
-                        expert_dispatcher=self.expert_dispatcher, expert_imbalance=self.expert_imbalance)
+                        expert_dispatcher=self.expert_dispatcher, expert_imbalance=self.expert_imbalance,
+                        fp8=self.fp8, fp8_param_gather=self.fp8_param_gather,
+                        grad_reduce_in_bf16=self.grad_reduce_in_bf16, compile=self.compile)
 
 
 def positive_int(source: str, flag: str, value, minimum: int = 1) -> int:

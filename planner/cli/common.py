@@ -147,8 +147,8 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
                         "recipe for the linear layers on top of bf16: " + "; ".join(
                             f"{r.name} ({r.what})" for r in RECIPES.values())
                         + ". FP8 runs on GPUs with an FP8 rate (MXFP8: Blackwell) under --framework megatron "
-                          "(TransformerEngine), torchtitan or torch (torchao, with --compile); docs/cost-model.md says how each is "
-                          "priced. Left out: bf16 (or what the device supports), and `meshplan plan` also "
+                          "(TransformerEngine), torchtitan or torch (torchao, with --compile); docs/cost-model.md "
+                          "says how each is priced. Left out: bf16 (or what the device supports), and `meshplan plan` also "
                           "tries each FP8 recipe the runtime runs on that GPU, keeping one only where it beats "
                           "bf16 by more than the model's median error")
     p.add_argument("--framework", choices=FRAMEWORKS, default="torch",
