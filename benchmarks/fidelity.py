@@ -233,15 +233,21 @@ def run_moe_case(case: dict) -> dict:
     published = case["published"]["tokens_per_s_per_gpu"]
     predicted = plan.best.estimate.tokens_per_s / job["gpus"]
     c, t = plan.best.config, plan.best.estimate.time
-    flags = []
-    for key, value in {**job, **knobs}.items():
-        if value is not False:      # a switch is its flag alone
-            flags += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
     return {"id": case["id"], "published": published, "predicted": predicted, "error": predicted / published - 1,
             "config": f"rc {c.recompute} offload {'on' if c.optimizer_offload else 'off'}", "seconds": seconds,
             "step_s": plan.best.estimate.step_time_s, "mem_gib": plan.best.estimate.memory.total / 2**30,
             "ep_comm_s": t.ep_comm, "bubble_s": t.bubble,
-            "command": "meshplan plan " + " ".join(["--model", model, *flags, "--uniform-stages", "--top-k", "1"])}
+            "command": plan_command(model, job, knobs)}
+
+
+def plan_command(model: str, job: dict, knobs: dict) -> str:
+    """The `meshplan plan` line of a case planned with ``job`` settings and fixed ``knobs`` (a switch is its flag
+    alone), on balanced stages as the published runtimes split them."""
+    flags = []
+    for key, value in {**job, **knobs}.items():
+        if value is not False:
+            flags += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    return "meshplan plan " + " ".join(["--model", model, *flags, "--uniform-stages", "--top-k", "1"])
 
 
 def throughput_cases(path: Path) -> list[dict]:

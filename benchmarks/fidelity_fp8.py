@@ -72,15 +72,11 @@ def run(case: dict) -> dict:
     published = case["published"]["tokens_per_s_per_gpu"]
     predicted = plan.best.estimate.tokens_per_s / job["gpus"]
     c = plan.best.config
-    flags = []
-    for key, value in {**job, **knobs}.items():
-        if value is not False:      # a switch is its flag alone
-            flags += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
     return {"id": case["id"], "published": published, "predicted": predicted, "error": predicted / published - 1,
             "moe": case["config"]["ep"] > 1 or "MoE" in case["case_type"], "seconds": seconds,
             "step_s": plan.best.estimate.step_time_s, "mem_gib": plan.best.estimate.memory.total / 2**30,
             "config": f"rc {c.recompute} offload {'on' if c.optimizer_offload else 'off'}",
-            "command": "meshplan plan " + " ".join(["--model", model, *flags, "--uniform-stages", "--top-k", "1"])}
+            "command": fidelity.plan_command(model, job, knobs)}
 
 
 def main() -> int:

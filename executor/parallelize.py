@@ -313,16 +313,14 @@ def autocast_for(precision: str, device_type: str, *, fsdp_managed: bool) -> tor
 
 
 def fp8_module_filter(recipe: str) -> Callable[[nn.Module, str], bool]:
-    """torchao's module filter for ``recipe``: the linears the planner prices in FP8 (planner/cost/layer.py
-    ``fp8_converts``): an nn.Linear that is not the LM head nor a router, with dims torchao's auto filter converts
-    (planner/precision.py ``torchao_converts``). Routed experts are grouped weights, not nn.Linear: left alone."""
-    from planner.precision import RECIPES, torchao_converts
-    r = RECIPES[recipe]
+    """torchao's module filter for ``recipe``: the nn.Linear the planner prices in FP8 (planner/precision.py
+    ``converts_linear`` for meshplan's runtime). Routed experts are grouped weights, not nn.Linear: left alone."""
+    from planner.precision import converts_linear
+    from planner.runtimes import EXECUTOR_RUNTIME
 
     def keep(module: nn.Module, fqn: str) -> bool:
-        if not isinstance(module, nn.Linear) or fqn.rsplit(".", 1)[-1] in ("lm_head", "router"):
-            return False
-        return torchao_converts(r, module.out_features, module.in_features)
+        return isinstance(module, nn.Linear) and converts_linear(fqn, module.out_features, module.in_features,
+                                                                 recipe, EXECUTOR_RUNTIME)
     return keep
 
 

@@ -263,7 +263,6 @@ def plan_precisions(inputs: JobInputs, knobs: Knobs = Knobs(), *, warn: Callable
     base = names[0]
     step = {n: p.best.estimate.step_time_s for n, p in fits.items()}
     fastest = min(step, key=step.get)
-    band = error_bands(fits[fastest].cluster, fits[fastest].workload)[0] if prefer == "headroom" else 0.0
     chosen = fastest
     why = f"{fastest} is the fastest that fits"
     if fastest != base and base in step and step[base] <= step[fastest] * (1 + band):

@@ -128,11 +128,6 @@ def split(name: str) -> tuple[str, str]:
     return ("bf16", name) if name in RECIPES else (name, "")
 
 
-def joined(precision: str, fp8: str) -> str:
-    """The --precision value of a workload's compute dtype and recipe."""
-    return fp8 or precision
-
-
 def library(framework: str) -> str:
     """Whose FP8 kernels a runtime runs: TransformerEngine under Megatron-LM, else torchao."""
     return "te" if framework == "megatron" else "torchao"
@@ -152,10 +147,22 @@ def weight_cast_per_step(framework: str) -> bool:
     return library(framework) == "te"
 
 
-def fp8_weight_copy_bytes(framework: str) -> float:
-    """Bytes per converted parameter of FP8 weight copies held through the step (TE: the weight and its
-    transpose in FP8); torchao casts them anew for each GEMM and frees them."""
-    return 2.0 if library(framework) == "te" else 0.0
+def converts_linear(name: str, out_features: int, in_features: int, recipe: str, framework: str,
+                    routed: bool = False) -> bool:
+    """Whether ``framework`` runs the linear ``name`` (a path: its last part is what decides) under ``recipe``.
+    Never the LM head (torchtitan's float8 converter skips "output" by default, and Megatron-LM's output layer is
+    not a TransformerEngine module) nor a MoE router (Megatron-Core's TopKRouter multiplies in its own dtype;
+    torchao's filter skips its few columns). Under TransformerEngine (Megatron-LM) every other linear of a block,
+    routed experts included (its grouped linears run the recipe); under torchao (torch, torchtitan) the nn.Linear
+    its auto filter converts (``torchao_converts``), not routed experts, which are grouped GEMMs its linear converter
+    leaves alone (torchtitan's quantize.grouped_mm converter, which meshplan neither prices nor exports, converts
+    them). The planner (planner/cost/layer.py fp8_converts) and the executor (executor/parallelize.py
+    fp8_module_filter) both ask here."""
+    if name.rsplit(".", 1)[-1] in ("lm_head", "router"):
+        return False
+    if library(framework) == "te":
+        return True
+    return not routed and torchao_converts(RECIPES[recipe], out_features, in_features)
 
 
 # torchao's auto filter (torchao/float8/float8_linear_utils.py ``_auto_filter_for_recipe``, @36027d82d), which the

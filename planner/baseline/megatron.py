@@ -21,6 +21,7 @@ from ..config import ParallelConfig
 from ..errors import UserError
 from ..layers import LayerGraph
 from ..model import ModelSpec
+from ..precision import RECIPES
 from .values import (Baseline, Context, FileModel, choice, data_parallel, global_batch, microbatches,
                      pipeline_layers, positive_int, recompute_of, schedule_of)
 
@@ -358,9 +359,10 @@ def _precision(args: dict, source: str) -> str:
     return "bf16" if args.get("--bf16") else "fp16" if args.get("--fp16") else "fp32"
 
 
-# --fp8-recipe (megatron/core/transformer/transformer_config.py fp8_recipe, default "delayed") -> --precision
-FP8_RECIPES = {"tensorwise": "fp8-tensorwise", "delayed": "fp8-delayed", "blockwise": "fp8-blockwise",
-               "mxfp8": "mxfp8"}
+# --fp8-recipe (megatron/core/transformer/transformer_config.py fp8_recipe, default "delayed") -> --precision: the
+# recipes' own Megatron-LM flags (planner/precision.py Recipe.megatron_flags)
+FP8_RECIPES = {r.megatron_flags[r.megatron_flags.index("--fp8-recipe") + 1]: name
+               for name, r in RECIPES.items() if r.megatron_flags}
 
 
 def _fp8(args: dict, source: str) -> str:

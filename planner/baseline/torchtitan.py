@@ -19,6 +19,7 @@ import tomllib
 from ..config import COMPILE_PRICED_AS, ParallelConfig
 from ..errors import UserError
 from ..layers import LayerGraph
+from ..precision import RECIPES
 from ..schedules import SCHEDULES as PIPELINE_SCHEDULES
 from .values import (Baseline, Context, FileModel, choice, data_parallel, global_batch, microbatches,
                      pipeline_layers, positive_int, recompute_of, schedule_of)
@@ -36,8 +37,9 @@ MODELLED = {
     "activation_checkpoint": {"mode", "selective_ac_option"},
     "compile": {"enable", "components"},
 }
-# torchao's recipe names (quantize.linear.float8 recipe_name, quantize.linear.mx recipe_name) -> --precision
-FP8_RECIPES = {"tensorwise": "fp8-tensorwise", "rowwise": "fp8-rowwise", "rowwise_with_gw_hp": "fp8-rowwise-gw-hp"}
+# torchao's float8 recipe names (quantize.linear.float8 recipe_name) -> --precision (planner/precision.py
+# Recipe.torchao_name; MX linears are their own converter)
+FP8_RECIPES = {r.torchao_name: name for name, r in RECIPES.items() if r.torchao_name and r.gemm_dtype == "fp8"}
 ZOO = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3-405b",
        ("llama2", "7B"): "llama2-7b", ("llama2", "13B"): "llama2-13b", ("llama2", "70B"): "llama2-70b"}
 # torchtitan's pipeline_parallel_schedule names the torch.distributed.pipelining class (planner/schedules.py

@@ -23,24 +23,29 @@ SPLIT_K_MIN_K = 256
 GEMM_ALIGN_ELEMS = 8          # 16-byte rows in 16-bit types: the alignment tensor-core kernels need
 
 
-# gemm_s is pure and the search asks for the same shapes in many contexts: results per device
-# (the device object itself is kept with them, so its id cannot be reused while they live)
-_GEMM_MEMO: dict[int, tuple[Device, dict]] = {}
+# the kernel-time functions are pure and the search asks for the same shapes in many contexts: results per
+# device and function (the device object itself is kept with them, so its id cannot be reused while they live)
+_MEMO: dict[tuple[int, str], tuple[Device, dict]] = {}
+
+
+def device_memo(device: Device, name: str) -> dict:
+    """The memo of function ``name``'s results on ``device``."""
+    held = _MEMO.get((id(device), name))
+    if held is None or held[0] is not device:
+        if len(_MEMO) > 128:
+            _MEMO.clear()
+        held = _MEMO[(id(device), name)] = (device, {})
+    return held[1]
 
 
 def gemm_s(m: float, n: float, k: float, device: Device, precision: str, batch: int = 1) -> float:
     """Time of ``batch`` products (m x k) @ (k x n)."""
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
-    held = _GEMM_MEMO.get(id(device))
-    if held is None or held[0] is not device:
-        if len(_GEMM_MEMO) > 64:
-            _GEMM_MEMO.clear()
-        held = _GEMM_MEMO[id(device)] = (device, {})
-    key = (m, n, k, precision, batch)
-    out = held[1].get(key)
+    memo, key = device_memo(device, "gemm_s"), (m, n, k, precision, batch)
+    out = memo.get(key)
     if out is None:
-        out = held[1][key] = _gemm_s(m, n, k, device, precision, batch)
+        out = memo[key] = _gemm_s(m, n, k, device, precision, batch)
     return out
 
 

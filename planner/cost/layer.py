@@ -23,7 +23,7 @@ from .. import network
 from .. import precision as fp8_recipes
 from ..recompute import POLICY_RECORDS, BlockFacts, PolicyCost
 from ..runtimes import RUNTIMES, priced_as
-from .compute import flash_attention_s, gemm_s, memory_bound_s, unfused_attention_s
+from .compute import device_memo, flash_attention_s, gemm_s, memory_bound_s, unfused_attention_s
 from .eager import CAST_UP_BYTES, eager_s
 
 class Context(NamedTuple):
@@ -148,22 +148,9 @@ def grouped_gemms_s(count: float, m: float, n: float, k: float, cluster: Cluster
 
 
 def fp8_converts(op: Op, fp8: str, framework: str) -> bool:
-    """Whether the runtime runs this linear under the FP8 recipe. Never the LM head (torchtitan's float8 converter
-    skips "output" by default, and Megatron-LM's output layer is not a TransformerEngine module) nor a MoE router
-    (Megatron-Core's TopKRouter multiplies in its own dtype; torchao's filter skips its few columns). Under
-    TransformerEngine (Megatron-LM) every other linear of a block: its layers run in FP8 inside fp8_autocast; under
-    torchao (torch, torchtitan) those nn.Linear its auto filter converts (``precision.torchao_converts``: dims
-    multiples of 16, not below the sizes where its H100 tables show FP8 slower), not routed experts, which are
-    grouped GEMMs its linear converter leaves alone (torchtitan's quantize.grouped_mm converter, which meshplan
-    neither prices nor exports, converts them). TransformerEngine's grouped linears run the recipe."""
-    if op.kind != "linear" or op.name == "lm_head" or op.name.endswith(".router"):
-        return False
-    recipe = fp8_recipes.RECIPES[fp8]
-    if fp8_recipes.library(framework) == "te":
-        return True
-    if op.routed:
-        return False
-    return fp8_recipes.torchao_converts(recipe, op.out_features, op.in_features)
+    """Whether the runtime runs this linear under the FP8 recipe (``precision.converts_linear``)."""
+    return op.kind == "linear" and fp8_recipes.converts_linear(op.name, op.out_features, op.in_features, fp8,
+                                                               framework, routed=op.routed)
 
 
 def fp8_linear_s(op: Op, count: float, m: float, n: float, k: float, cluster: Cluster, fp8: str, framework: str,
@@ -174,21 +161,12 @@ def fp8_linear_s(op: Op, count: float, m: float, n: float, k: float, cluster: Cl
     once for linears that read the previous linear's input: ``Op.reads_previous_input``), the output gradient
     (m x n), and the weight (k x n) where the runtime casts it every micro-batch (torchao; TransformerEngine casts
     it once per step, not priced here), each operand's casts at least ``CAST_KERNEL_MIN_S`` per kernel."""
-    key = (count, m, n, k, fp8, framework, grouped, op.reads_previous_input)
-    held = _FP8_MEMO.get(id(cluster.device))
-    if held is None or held[0] is not cluster.device:
-        if len(_FP8_MEMO) > 64:
-            _FP8_MEMO.clear()
-        held = _FP8_MEMO[id(cluster.device)] = (cluster.device, {})
-    out = held[1].get(key)
+    memo, key = device_memo(cluster.device, "fp8_linear_s"), (count, m, n, k, fp8, framework, grouped,
+                                                                 op.reads_previous_input)
+    out = memo.get(key)
     if out is None:
-        out = held[1][key] = _fp8_linear_s(op, count, m, n, k, cluster, fp8, framework, grouped)
+        out = memo[key] = _fp8_linear_s(op, count, m, n, k, cluster, fp8, framework, grouped)
     return out
-
-
-# fp8_linear_s is pure and the search prices the same shapes in many contexts: results per device (the device
-# object kept with them, so its id cannot be reused while they live), as compute.gemm_s memoises
-_FP8_MEMO: dict[int, tuple] = {}
 
 
 def _fp8_linear_s(op: Op, count: float, m: float, n: float, k: float, cluster: Cluster, fp8: str, framework: str,
