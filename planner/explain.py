@@ -110,6 +110,96 @@ def gains(graph, cluster, workload, config: ParallelConfig, est: Estimate) -> di
             "full_recompute_step_time_s": everything.step_time_s,
             "saved_s": everything.step_time_s - est.step_time_s,
             "saved_pct": 100 * (everything.step_time_s / est.step_time_s - 1)}
+    others = _other_schedules(graph, cluster, workload, config, est)
+    if others:
+        out["schedules"] = others
+    return out
+
+
+def _other_schedules(graph, cluster, workload, config: ParallelConfig, est: Estimate) -> dict | None:
+    """The winner's layout under each other schedule its runtime runs (planner/schedules.py; a dominated one
+    left out), on balanced stages with the same recompute per block, and the chosen schedule on balanced stages
+    too, so that the schedule alone differs: which is faster and which holds more memory (the closed form)."""
+    from .schedules import SCHEDULES
+    if config.pp < 2:
+        return None
+    can = RUNTIMES[workload.framework].on(cluster.device_kind)
+    policies = _rebalanced(graph, config)
+    base = estimate(graph, cluster, workload, replace(config, stage_layers=None, recompute_layers=policies))
+    tried = []
+    for name in can.schedules:
+        record = SCHEDULES[name]
+        if name == config.schedule or record.dominated_by or record.compile_refusal(workload.compile):
+            continue
+        if record.virtual_stages and config.pp < can.virtual_stages_min_pp:
+            continue
+        # virtual stages: the record's, else every count the stages allow (one layer each at most), the fastest
+        most = len(graph.layers) if can.stages_without_blocks else graph.num_blocks
+        vpps = ([record.stages_per_rank] if record.stages_per_rank else range(2, most // config.pp + 1)) \
+            if record.virtual_stages else [1]
+        found = None
+        for vpp in vpps:
+            if config.pp * vpp > most or record.refusal(pp=config.pp, vpp=vpp, m=config.num_microbatches):
+                continue
+            other = estimate(graph, cluster, workload, replace(config, schedule=name, vpp=vpp, stage_layers=None,
+                                                              recompute_layers=policies))
+            if found is None or (other.fits, -other.step_time_s) > (found[1].fits, -found[1].step_time_s):
+                found = (vpp, other)
+        if found:
+            vpp, other = found
+            tried.append({"schedule": name, "vpp": vpp, "step_time_s": other.step_time_s, "fits": other.fits,
+                          "memory_bytes": other.memory.total, "bubble_s": other.time.bubble})
+    if not tried:
+        return None
+    return {"schedule": config.schedule, "vpp": config.vpp, "step_time_s": base.step_time_s,
+            "memory_bytes": base.memory.total, "bubble_s": base.time.bubble, "usable_bytes": base.usable_bytes,
+            "microbatches": config.num_microbatches, "pp": config.pp, "others": tried}
+
+
+def schedule_sentence(found: dict) -> str:
+    """``gains["schedules"]`` in words: each other schedule's step and memory against the chosen one's on the
+    same balanced stages, why the split-backward schedules gain little where interleaved 1F1B's bubble is
+    already small, and which faster schedule the memory rules out."""
+    from .schedules import SCHEDULES
+    t0, m0 = found["step_time_s"], found["memory_bytes"]
+
+    def name(item) -> str:
+        return item["schedule"] + (f" (vpp {item['vpp']})" if SCHEDULES[item["schedule"]].virtual_stages else "")
+
+    parts = []
+    for o in sorted(found["others"], key=lambda o: o["step_time_s"]):
+        dm = (o["memory_bytes"] - m0) / GiB
+        parts.append(f"{name(o)} {100 * (o['step_time_s'] / t0 - 1):+.1f}% ({dm:+.1f} GiB"
+                     + ("" if o["fits"] else ", does not fit") + ")")
+    out = f"{name(found)} against the other schedules, all on balanced stages: " + ", ".join(parts)
+    chosen = SCHEDULES[found["schedule"]]
+    p, m = found["pp"], found["microbatches"]
+    interleaved = [o for o in found["others"] if SCHEDULES[o["schedule"]].virtual_stages
+                   and SCHEDULES[o["schedule"]].backward == "whole"]
+    split = [o for o in found["others"] if SCHEDULES[o["schedule"]].backward == "split"]
+    if chosen.virtual_stages and chosen.backward == "whole" and split:
+        best = min(split, key=lambda o: o["step_time_s"])
+        v = found["vpp"]
+        out += (f"; splitting the backward would save at most {100 * max(0.0, 1 - best['step_time_s'] / t0):.1f}%: "
+                f"interleaved 1F1B's bubble is already (p - 1)/(v m) = {p - 1}/({v} x {m}) = "
+                f"{100 * (p - 1) / (v * m):.1f}% of the pipeline's passes")
+    elif chosen.backward == "split" and interleaved:
+        best = min(interleaved, key=lambda o: o["step_time_s"])
+        gain = best["step_time_s"] / t0 - 1
+        bubble = (f"(p - 1)/(v m) = {p - 1}/({best['vpp']} x {m}) = {100 * (p - 1) / (best['vpp'] * m):.1f}% of the "
+                  "pipeline's passes")
+        if gain > 0:
+            out += (f"; it gains {100 * gain:.1f}% over {name(best)}, whose bubble {bubble} is all the weight "
+                    "gradients can fill")
+        else:
+            out += (f"; {name(best)} is as fast ({100 * gain:+.1f}%): its bubble is already {bubble}, so deferring "
+                    "the weight gradients has little to fill")
+    faster_too_big = [o for o in found["others"] if o["step_time_s"] < t0 and not o["fits"]]
+    if faster_too_big:
+        o = min(faster_too_big, key=lambda o: o["step_time_s"])
+        out += (f"; {name(o)} would be {100 * (1 - o['step_time_s'] / t0):.1f}% faster but needs "
+                f"{(o['memory_bytes'] - found['usable_bytes']) / GiB:.1f} GiB more than is usable: its extra memory "
+                "does not pay")
     return out
 
 
@@ -133,6 +223,8 @@ def gain_sentences(won: dict) -> list[str]:
         else:
             out.append(f"{subject} take{s} {-g['saved_s']:.3g} s per step ({-g['saved_pct']:.1f}%) more than "
                        f"{against} in the closed form; the simulated step ranked them first")
+    if "schedules" in won:
+        out.append(schedule_sentence(won["schedules"]))
     return out
 
 

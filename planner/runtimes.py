@@ -193,8 +193,8 @@ class Runtime:
 _TORCH_RUNS = Combinations(
     compiles_blocks=True,       # executor/parallelize.py apply_compile (torch.compile on the CPU too: inductor)
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1, 2, 3), zero_stages_with_tp=(0, 1, 2, 3),
-    # not the split-backward schedules (planner/schedules.py backward "split") until the executor builds them
-    schedules=tuple(name for name, s in SCHEDULES.items() if s.backward == "whole"), recomputes=ALL_RECOMPUTES,
+    # every schedule of torch.distributed.pipelining, the split-backward ones (executor/pipeline.py: V placement)
+    schedules=tuple(name for name, s in SCHEDULES.items() if s.torch_name), recomputes=ALL_RECOMPUTES,
     sequence_parallel=True,
     context_parallel=True, offload_zero_stages=(1, 2, 3), replicates_kv_heads=False, stages_without_blocks=True,
     expert_parallel="folded", experts_with_tp=False, recomputes_with_ep=tuple(p for p in ALL_RECOMPUTES if p != "op"),
@@ -327,9 +327,8 @@ DEEPSPEED = Runtime(
 _TORCHTITAN_RUNS = Combinations(
     zero_stages=(0, 2, 3), zero_stages_with_pp=(0, 2, 3), zero_stages_with_tp=(0, 2, 3), zero_stages_with_cp=(2, 3),
     # torchtitan runs every torch.distributed.pipelining schedule, the split-backward ones (interleaved-zb, zbv,
-    # dualpipev) included, but the search does not offer those yet: its stage ILP places stages in a loop and prices
-    # no weight-gradient pass (planner/search/stages.py); they are priced and simulated for a fixed config only
-    schedules=tuple(name for name, s in SCHEDULES.items() if s.torch_name and s.backward == "whole"),
+    # dualpipev) included
+    schedules=tuple(name for name, s in SCHEDULES.items() if s.torch_name),
     recomputes=runs_in("torchtitan"),
     sequence_parallel=True, context_parallel=True, offload_zero_stages=(2, 3), replicates_kv_heads=False,
     stages_without_blocks=True, unequal_stages=True, recompute_per_layer=False, expert_parallel="folded",
@@ -413,10 +412,10 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
              recompute: str | None = None,
              num_kv_heads: int | None = None, ep: int | None = None, dp: int | None = None,
              num_experts: int | None = None, latent_attention: bool | None = None,
-             fp8: str = "") -> list[tuple[str, str]]:
+             fp8: str = "", compile: bool = False) -> list[tuple[str, str]]:
     """(knob, why) for every knob value, or pair of them, that ``runtime`` does not run on
     ``device_kind``; None means the knob is not known yet (nothing is said about it). ``fp8``: the workload's
-    FP8 recipe (planner/precision.py)."""
+    FP8 recipe (planner/precision.py); ``compile``: its blocks torch.compile'd (``Workload.compile``)."""
     rt = RUNTIMES[runtime]
     can = rt.on(device_kind)
     who = f"the {runtime} runtime on {device_kind}"
@@ -439,6 +438,8 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
           and SCHEDULES[schedule].virtual_stages):
         out.append(("schedule", f"{schedule!r} with pp {pp} does not run on {who}; allowed with virtual stages: "
                                 f"pp >= {can.virtual_stages_min_pp}"))
+    if schedule is not None and (found := SCHEDULES[schedule].compile_refusal(compile)):
+        out.append(("schedule", found[1]))
     if recompute is not None and recompute not in can.recomputes:
         out.append(("recompute", f"{recompute!r} does not run on {who}; allowed: {one_of(can.recomputes)}"))
     if sequence_parallel and not can.sequence_parallel:
@@ -520,7 +521,7 @@ def _ep_refusals(can: Combinations, who: str, *, ep: int, dp, tp, cp, sequence_p
 
 def config_refusals(config, runtime: str, device_kind: str, num_kv_heads: int | None = None,
                     num_experts: int | None = None, latent_attention: bool | None = None,
-                    fp8: str = "") -> list[tuple[str, str]]:
+                    fp8: str = "", compile: bool = False) -> list[tuple[str, str]]:
     """``refusals`` for every knob of a ParallelConfig (planner/config.py), the recompute policy of each
     layer included (an every-K pattern is its layers' policies)."""
     c = config
@@ -528,7 +529,7 @@ def config_refusals(config, runtime: str, device_kind: str, num_kv_heads: int | 
                    optimizer_offload=c.optimizer_offload, param_offload=c.param_offload,
                    sequence_parallel=c.sequence_parallel,
                    num_kv_heads=num_kv_heads, ep=c.ep, dp=c.dp, num_experts=num_experts,
-                   latent_attention=latent_attention, fp8=fp8)
+                   latent_attention=latent_attention, fp8=fp8, compile=compile)
     for policy in dict.fromkeys(c.recompute_layers or (c.recompute,)):
         out += [(k, why) for k, why in refusals(runtime, device_kind, recompute=policy, ep=c.ep) if k == "recompute"]
     return out

@@ -15,6 +15,7 @@ class takes other arguments) its construction in ``executor/pipeline.py``.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -155,18 +156,28 @@ class _SplitBackward(PipelineSchedule):
         # forward until its weight gradient (W, or a whole backward B) has run; torch keeps the autograd graph of
         # the input gradient (stage_backward_input: retain_graph=True) until stage_backward_weight, so until W the
         # whole saved set counts (an upper bound: what its detach of the stage output frees is not counted)
-        from .pipeline_orders import schedule_order
-        held = peak = 0
-        for kind, _, _ in schedule_order(self.name, pp=pp, vpp=vpp, num_microbatches=m, rank=rank):
-            held += 1 if kind == "F" else -1 if kind in "BW" else 0
-            peak = max(peak, held)
-        return peak / vpp
+        # the peak comes in the first rounds: from 2 pp micro-batches on it no longer grows (each schedule's warm-up
+        # is at most 2 pp chunk-micro-batches deep; tests/test_split_backward.py plays every m up to 8 pp against it),
+        # so at most 2 pp are played, a multiple of pp as interleaved-zb needs and as many as DualPipeV's 2 pp stages
+        return _peak_held(self.name, rank, pp, vpp, min(m, 2 * pp)) / vpp
 
     def _more_refusal(self, *, pp, vpp, m):
         if self.min_microbatches_per_stage and m is not None and pp > 1 and m < pp * vpp:
             return "--micro-batch", (f"{self.title} needs at least as many micro-batches per step ({m}) as stages "
                                      f"({pp * vpp}) (torch.distributed.pipelining ScheduleDualPipeV)")
         return None
+
+
+@functools.lru_cache(maxsize=None)
+def _peak_held(name: str, rank: int, pp: int, vpp: int, m: int) -> int:
+    """The most chunk-micro-batches pipeline rank ``rank`` holds at once in schedule ``name``'s own order: each
+    from its forward until its weight gradient (W) or whole backward (B) has run."""
+    from .pipeline_orders import schedule_order
+    held = peak = 0
+    for kind, _, _ in schedule_order(name, pp=pp, vpp=vpp, num_microbatches=m, rank=rank):
+        held += 1 if kind == "F" else -1 if kind in "BW" else 0
+        peak = max(peak, held)
+    return peak
 
 
 GPIPE = _AllForwardsFirst(

@@ -212,15 +212,37 @@ def plan_experts_deepspeed():
         framework="deepspeed")
 
 
-PLANS = {f.__name__[5:]: f for f in (plan_zero3_no_pipeline, plan_tp_pp_distributed_optimizer,
+def plan_zbv_unequal():
+    # ZB-V: 2 ranks x 2 stages in a V (rank 0 holds the first and the last), 9, 7, 7 and 9 blocks (the embedding
+    # first, the norm and the head last)
+    return fixed_plan("llama3-8b", "h100-80g", 4, ParallelConfig(
+        dp=2, tp=1, pp=2, zero=0, micro_batch=1, num_microbatches=8, vpp=2, schedule="zbv", recompute="full",
+        stage_layers=(10, 7, 7, 11)), framework="torchtitan")
+
+
+def plan_interleaved_zb():
+    return fixed_plan("llama3-8b", "h100-80g", 8, ParallelConfig(
+        dp=2, tp=1, pp=4, zero=2, micro_batch=1, num_microbatches=8, vpp=2, schedule="interleaved-zb",
+        recompute="full"), framework="torchtitan")
+
+
+def plan_dualpipev():
+    return fixed_plan("llama3-8b", "h100-80g", 8, ParallelConfig(
+        dp=2, tp=1, pp=4, zero=3, micro_batch=1, num_microbatches=8, vpp=2, schedule="dualpipev",
+        recompute="full"), framework="torchtitan")
+
+
+PLANS = {f.__name__[5:]: f for f in (plan_zbv_unequal, plan_interleaved_zb, plan_dualpipev, plan_zero3_no_pipeline, plan_tp_pp_distributed_optimizer,
                                      plan_interleaved_unequal, plan_context_parallel_zero3, plan_pipeline_offload,
                                      plan_block_recompute, plan_stages_that_cannot_be_equal, plan_experts_folded,
                                      plan_experts_fsdp, plan_experts_deepspeed)}
 # (plan, format, knobs the format cannot hold: the export's notes say so)
 ROUND_TRIP = [
     *[(name, "plan.json", ()) for name in PLANS],
-    # Megatron-LM has no per-op recompute: full stands in for the op plan's (a note says so)
-    *[(name, "megatron", ("recompute",) if name == "context_parallel_zero3" else ()) for name in PLANS],
+    # Megatron-LM has no per-op recompute: full stands in for the op plan's (a note says so); nor a split-backward
+    # schedule: interleaved 1F1B stands in (the record's ``nearest``; a note says so)
+    *[(name, "megatron", ("recompute",) if name == "context_parallel_zero3" else
+       ("schedule",) if name in ("zbv_unequal", "interleaved_zb", "dualpipev") else ()) for name in PLANS],
     ("zero3_no_pipeline", "deepspeed", ()),
     ("tp_pp_distributed_optimizer", "deepspeed", ("sequence_parallel",)),   # no key for Megatron-style SP
     ("pipeline_offload", "deepspeed", ()),
@@ -234,6 +256,10 @@ ROUND_TRIP = [
     ("pipeline_offload", "torchtitan", ("zero", "optimizer_offload")),   # nor optimizer offload
     ("experts_fsdp", "torchtitan", ()),
     ("experts_deepspeed", "deepspeed", ()),     # ep_size is a code argument: given as --ep, as tp and pp are
+    # torch.distributed.pipelining's split-backward schedules by their class names (pipeline_parallel_schedule)
+    ("zbv_unequal", "torchtitan", ()),
+    ("interleaved_zb", "torchtitan", ()),
+    ("dualpipev", "torchtitan", ()),
 ]
 EXPORTS = {"megatron": megatron, "deepspeed": deepspeed, "torchtitan": torchtitan}
 

@@ -74,12 +74,50 @@ def test_ilp_search_equals_exhaustive_optimum(i):
     assert ilp.best.estimate.step_time_s == pytest.approx(reference.best.estimate.step_time_s, rel=1e-3)
 
 
+def split_backward_scenario(i: int):
+    """A small model on 4 GPUs of the torch runtime with a pipeline and the search free to pick any schedule,
+    the split-backward ones (interleaved-zb, zbv, dualpipev) included, or one of them fixed; about half squeeze
+    the memory."""
+    rng = random.Random(5000 + i)
+    spec = replace(tiny(rng, i), num_layers=rng.choice([4, 6, 8]))
+    graph = build_layer_graph(spec)
+    cluster = load_cluster(rng.choice(["a100-40g", "h100-80g"]), 4)
+    workload = Workload(global_batch=rng.choice([8, 16]), seq_len=spec.seq_len, precision="bf16", framework="torch",
+                        attention=rng.choice(["flash", "unfused"]))
+    knobs = Knobs(pp=rng.choice([2, 4]) if spec.num_layers >= 8 else 2, tp=1,
+                  schedule=rng.choice([None, "interleaved-zb", "zbv", "dualpipev"]))
+    if rng.random() < 0.5:
+        uniform = search(graph, cluster, workload, knobs, top_k=1, solver="uniform")
+        if uniform.best is not None:
+            squeeze = uniform.best.estimate.memory.total * rng.uniform(0.8, 1.0)
+            cluster = replace(cluster, device=replace(cluster.device, memory_bytes=squeeze))
+    return graph, cluster, workload, knobs
+
+
+@pytest.mark.parametrize("i", range(8))
+def test_ilp_search_equals_exhaustive_with_split_backward_schedules(i):
+    graph, cluster, workload, knobs = split_backward_scenario(i)
+    ilp = search(graph, cluster, workload, knobs, top_k=1, solver="cbc", simulate=False)
+    reference = search(graph, cluster, workload, knobs, top_k=1, solver="exhaustive", prune=False, simulate=False)
+    if reference.best is None:
+        assert ilp.best is None
+        return
+    assert ilp.best is not None
+    assert ilp.best.estimate.step_time_s == pytest.approx(reference.best.estimate.step_time_s, rel=1e-3)
+
+
 GROUPS = [  # (model, cluster, gpus, layout, schedule, vpp, memory squeeze)
     ("gpt", "a100-40g", 4, Layout(tp=1, pp=4, cp=1, dp=1, micro_batch=1), "1f1b", 1, 0.9),
     ("llama", "h100-80g", 4, Layout(tp=1, pp=2, cp=1, dp=2, micro_batch=2), "interleaved-1f1b", 2, 0.85),
     ("llama", "l40s", 4, Layout(tp=1, pp=4, cp=1, dp=1, micro_batch=1), "gpipe", 1, 0.95),
     ("gpt", "v100-32g", 4, Layout(tp=2, pp=2, cp=1, dp=1, micro_batch=1), "1f1b", 1, 0.8),
     ("llama", "a100-40g", 8, Layout(tp=1, pp=4, cp=1, dp=2, micro_batch=1), "1f1b", 1, 1.0),
+    # split-backward schedules (planner/schedules.py backward "split"): the weight gradients' term, and in a V the
+    # embedding and the head (with a tied embedding, both its copies) on rank 0
+    ("gpt", "h100-80g", 4, Layout(tp=1, pp=2, cp=1, dp=2, micro_batch=1), "zbv", 2, 0.9),
+    ("llama", "a100-40g", 4, Layout(tp=1, pp=2, cp=1, dp=2, micro_batch=1), "dualpipev", 2, 0.85),
+    ("gpt", "a100-40g", 4, Layout(tp=1, pp=2, cp=1, dp=2, micro_batch=1), "interleaved-zb", 2, 0.9),
+    ("llama", "h100-80g", 2, Layout(tp=1, pp=2, cp=1, dp=1, micro_batch=2), "interleaved-zb", 2, 1.0),
 ]
 
 

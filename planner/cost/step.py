@@ -14,7 +14,7 @@ from ..cluster import DTYPE_BYTES, Cluster
 from ..config import RECOMPUTES, ParallelConfig, Workload
 from ..estimate import Estimate, Memory, StepTime
 from ..layers import LayerGraph
-from ..placement import assign_layers, layer_policies
+from ..placement import assign_layers, holds_head_copy, last_stage_rank, layer_policies, placement_of
 from .. import network
 from ..runtimes import RUNTIMES, expert_data_parallel, priced_as
 from ..schedules import SCHEDULES
@@ -118,6 +118,14 @@ class CostCache:
             out = self._totals[ctx] = (work, act, params, floor)
         return out
 
+    def wgrad_total(self, ctx: Context) -> float:
+        """Summed over every layer: the weight-gradient seconds of one micro-batch (``LayerCost.wgrad_s``), which
+        the split-backward schedules take out of the bubble (planner/search bounds them with it)."""
+        memo = self.__dict__.setdefault("_wgrad_totals", {})
+        if ctx not in memo:
+            memo[ctx] = sum(n * self.signature_cost(sig, ctx).wgrad_s for sig, n in self.signature_counts.items())
+        return memo[ctx]
+
     def layer(self, index: int, ctx: Context) -> LayerCost:
         return self.signature_cost(self.signatures[index], ctx)
 
@@ -143,7 +151,7 @@ class CostCache:
     def groups(self, config: ParallelConfig) -> list:
         """Per rank: {(signature, policy): count}, chunks, layers (placement and policies only)."""
         policies_key = config.recompute_layers if config.recompute_layers is not None else config.recompute
-        key = (config.pp, config.vpp, config.stage_layers, policies_key)
+        key = (config.pp, config.vpp, placement_of(config), config.stage_layers, policies_key)
         out = self._groups.get(key)
         if out is None:
             policies = layer_policies(self.graph, config)
@@ -192,7 +200,9 @@ class RankCost:
 def rank_costs(cache: CostCache, config: ParallelConfig) -> list[RankCost]:
     ctx = cache.context(config)
     policies_key = config.recompute_layers if config.recompute_layers is not None else config.recompute
-    key = (ctx, config.dp, config.pp, config.vpp, config.stage_layers, policies_key)
+    # the schedule matters through where stages sit and whether sends overlap compute (``_rank_costs``)
+    key = (ctx, config.dp, config.pp, config.vpp, placement_of(config), SCHEDULES[config.schedule].overlaps_sends,
+           config.stage_layers, policies_key)
     out = cache._ranks.get(key)
     if out is None:
         out = cache._ranks[key] = _rank_costs(cache, config, ctx)
@@ -204,8 +214,9 @@ def _rank_costs(cache: CostCache, config: ParallelConfig, ctx: Context) -> list[
     one_p2p = cache.hop_s(config)
     out = []
     same: dict[tuple, RankCost] = {}     # ranks with the same layers cost the same (the middle stages)
+    head_copy = [holds_head_copy(graph, config, rank) for rank in range(config.pp)] if graph.tied_embeddings else None
     for rank, group in enumerate(cache.groups(config)):
-        tied = graph.tied_embeddings and config.pp > 1 and rank == config.pp - 1 and rank != 0
+        tied = head_copy is not None and head_copy[rank]
         if not tied and group in same:
             out.append(same[group])
             continue
@@ -304,9 +315,12 @@ def pipeline_s(per_rank_s: list[float], config: ParallelConfig, hop_s: float = 0
                wgrad_s: list[float] | None = None) -> float:
     """Time of the pipeline for m micro-batches given each rank's forward + backward time (its sends
     included): the schedule's formula (``PipelineSchedule.pipeline_s``); ``wgrad_s``, each rank's
-    weight-gradient share, for the split-backward schedules (that of the slowest rank)."""
+    weight-gradient share, for the split-backward schedules: the least of any rank's, since the fill and the
+    drain pass every rank and each fills its bubble with its own W only (equal to the slowest rank's on
+    uniform stages, which the formula assumes; the simulation plays unequal ones). The least keeps the closed
+    form linear for the stage ILP (planner/search/ilp.py) and never optimistic."""
     slowest = max(per_rank_s)
-    w = wgrad_s[per_rank_s.index(slowest)] if wgrad_s else 0.0
+    w = min(wgrad_s) if wgrad_s else 0.0
     return SCHEDULES[config.schedule].pipeline_s(slowest=slowest, total=sum(per_rank_s),
                                                  m=config.num_microbatches, p=config.pp, v=config.vpp, hop_s=hop_s,
                                                  wgrad_s=w)
@@ -591,9 +605,10 @@ def _host_bytes_per_node(cache: CostCache, config: ParallelConfig, ranks: list[R
 
 def tied_embedding_sync_s(cache: CostCache, config: ParallelConfig) -> float:
     """The all-reduce of a tied embedding's gradients between the first and the last stage
-    (each holds a copy), once per step; zero without tied embeddings or a pipeline."""
+    (each holds a copy), once per step; zero without tied embeddings or a pipeline, and where one rank holds both
+    stages (a V: the two copies' gradients are summed in place, a kernel as long as the optimizer's on that table)."""
     graph, w = cache.graph, cache.workload
-    if not graph.tied_embeddings or config.pp == 1:
+    if not graph.tied_embeddings or config.pp == 1 or last_stage_rank(config) == 0:
         return 0.0
     key = (config.tp, config.cp, config.dp, config.pp)
     memo = cache.__dict__.setdefault("_tied_sync", {})

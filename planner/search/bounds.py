@@ -61,45 +61,59 @@ class LayoutBounds:
             self._time[layout] = self._time_bound(layout)
         return self._time[layout]
 
-    def _pipeline_factor(self, layout: Layout, m: int) -> float:
-        """The least pipeline time over the layout's schedules when every rank takes one second per
-        micro-batch and no send waits (``PipelineSchedule.pipeline_s`` with equal ranks): the factor
-        that turns the mean rank's work into a bound. Memoised on what the schedules depend on."""
-        memo = self.__dict__.setdefault("_pipeline_factor_memo", {})
-        key = (layout.pp, m, m % layout.pp == 0)
+    def _pipeline_bound(self, layout: Layout, m: int, work: float, wgrad: float) -> float:
+        """The least pipeline time over the layout's schedules (``PipelineSchedule.pipeline_s``) with every rank
+        at the mean rank's ``work`` seconds per micro-batch, no send waiting, and the split-backward schedules
+        taking ``wgrad`` seconds of weight gradients out of the bubble (they take the least rank's: at most the
+        mean rank's, which ``wgrad`` must bound)."""
+        p = layout.pp
+        memo = self.__dict__.setdefault("_schedules_memo", {})
+        key = (p, m)                # what the schedules offered depend on besides the pipeline depth
         if key not in memo:
-            memo[key] = min((SCHEDULES[s].pipeline_s(slowest=1.0, total=float(layout.pp), m=m, p=layout.pp, v=v)
-                             for s, v in self.space.schedules(layout)), default=float(m + layout.pp - 1))
-        return memo[key]
+            memo[key] = [(SCHEDULES[s], v) for s, v in self.space.schedules(layout)]
+        return min((record.pipeline_s(slowest=work, total=work * p, m=m, p=p, v=v,
+                                      wgrad_s=wgrad if record.backward == "split" else 0.0)
+                    for record, v in memo[key]), default=(m + p - 1) * work)
 
     def _order_bound(self, layout: Layout) -> float:
         """The pipeline of the mean rank's linear work floor: the floor of one micro-batch depends on
-        (tp, pp, cp, dp) only (memoised on those), the least over sequence parallelism."""
+        (tp, pp, cp, dp) only (memoised on those), the least over sequence parallelism. The weight gradients
+        the split-backward schedules subtract are bounded by those of micro-batch 1 times the micro-batch
+        (per token they only fall as the micro-batch grows: GEMMs run no slower)."""
         space, pp = self.space, layout.pp
         m = layout.num_microbatches(space.w.global_batch)
         memo = self.__dict__.setdefault("_order_memo", {})
         key = (layout.tp, pp, layout.cp, layout.dp)
-        work = memo.get(key)
-        if work is None:
-            work = memo[key] = min(
-                self.cache.totals(self.cache.context(ParallelConfig(
-                    dp=layout.dp, tp=layout.tp, pp=pp, cp=layout.cp, ep=layout.ep, micro_batch=1, num_microbatches=m,
-                    sequence_parallel=sp)))[3] for sp in space.sequence_parallel(layout)) / pp
-        return self._pipeline_factor(layout, m) * work * layout.micro_batch
+        found = memo.get(key)
+        if found is None:
+            found = memo[key] = []
+            for sp in space.sequence_parallel(layout):
+                ctx = self.cache.context(ParallelConfig(dp=layout.dp, tp=layout.tp, pp=pp, cp=layout.cp, ep=layout.ep,
+                                                        micro_batch=1, num_microbatches=m, sequence_parallel=sp))
+                found.append((self.cache.totals(ctx)[3] / pp, self._wgrad(ctx) / pp))
+        return min(self._pipeline_bound(layout, m, floor * layout.micro_batch, wgrad * layout.micro_batch)
+                   for floor, wgrad in found)
+
+    def _wgrad(self, ctx) -> float:
+        """The weight-gradient seconds of ``ctx``'s layers (zero where no searched schedule splits the backward)."""
+        return self.cache.wgrad_total(ctx) if self._splits_backward else 0.0
+
+    @property
+    def _splits_backward(self) -> bool:
+        return any(SCHEDULES[s].backward == "split" for s in self.space.can.schedules)
 
     def _time_bound(self, layout: Layout) -> float:
         space, cache = self.space, self.cache
         if self.memory(layout) > cache.usable_bytes:
             return float("inf")
         m = layout.num_microbatches(space.w.global_batch)
-        factor = self._pipeline_factor(layout, m)
         best = float("inf")
         for sp in space.sequence_parallel(layout):
             cfg = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep,
                                  micro_batch=layout.micro_batch, num_microbatches=m, sequence_parallel=sp)
-            work, _, params, _ = cache.totals(cache.context(cfg))
-            work /= layout.pp                                       # mean rank, no recompute
-            pipe = factor * work
+            ctx = cache.context(cfg)
+            work, _, params, _ = cache.totals(ctx)
+            pipe = self._pipeline_bound(layout, m, work / layout.pp, self._wgrad(ctx) / layout.pp)   # the mean rank
             # the step adds the slowest rank's optimizer to the pipeline
             best = min(best, pipe + optimizer_floor(space, layout, cache, cfg, params / layout.pp))
         return best

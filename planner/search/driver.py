@@ -138,10 +138,13 @@ def _group_cheap_bound(space: Space, cache: CostCache, layout: Layout, schedule:
     m = layout.num_microbatches(space.w.global_batch)
     config = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep, micro_batch=layout.micro_batch,
                             num_microbatches=m, sequence_parallel=sp)
-    work, _, params, _ = cache.totals(cache.context(config))
+    ctx = cache.context(config)
+    work, _, params, _ = cache.totals(ctx)
     p = layout.pp
     optimizer = optimizer_floor(space, layout, cache, config, params / p, schedule)
-    return SCHEDULES[schedule].pipeline_s(slowest=work / p, total=work, m=m, p=p, v=vpp) + optimizer
+    # split-backward schedules subtract the least rank's weight gradients, at most the mean rank's
+    return SCHEDULES[schedule].pipeline_s(slowest=work / p, total=work, m=m, p=p, v=vpp,
+                                          wgrad_s=cache.wgrad_total(ctx) / p) + optimizer
 
 
 def _stage_phase(space: Space, cache: CostCache, top: TopK, order: list[Layout], bounds: LayoutBounds, shape,

@@ -11,18 +11,7 @@ from __future__ import annotations
 import itertools
 
 from ..cost.step import estimate
-from .stages import GroupProblem
-
-
-def compositions(total: int, parts: int, minimum: int):
-    """Every tuple of ``parts`` integers >= ``minimum`` that adds up to ``total``."""
-    if parts == 1:
-        if total >= minimum:
-            yield (total,)
-        return
-    for first in range(minimum, total - minimum * (parts - 1) + 1):
-        for rest in compositions(total - first, parts - 1, minimum):
-            yield (first,) + rest
+from .stages import GroupProblem, compositions
 
 
 def solve_group_exhaustively(pr: GroupProblem):

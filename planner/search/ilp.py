@@ -33,12 +33,15 @@ Constraints
     (k) O >= optimizer_k(P[r]) - M (1 - z[k])              optimizer step
     (l) objective <= the best step time found so far       (optional cutoff)
     (m) T_max >= the least slowest rank of any integer split that fits    (a cut: implied by the rest)
+    (n) W <= W_fixed[r] + w sum_c n[r,c]                   split-backward schedules: W, the least weight-
+                                                           gradient time of any rank (cost.step.pipeline_s)
 
 Objective: pipeline(T_max, sum of rank times) + D + O + tied-embedding sync (+ a
 millionth of the summed rank times to break ties toward less work), where pipeline
 is the schedule's own formula (planner/schedules.py ``PipelineSchedule.pipeline_s``:
 (m - 1) T_max + sum_r (F + B + sends) for 1F1B and GPipe, (m + (p - 1)/v) T_max +
-2 (p v - 1) hop for interleaved 1F1B), linear in both. Every term is the cost model's
+2 (p v - 1) hop for interleaved 1F1B, less 2 (p - 1)/v W for the split-backward ones, which the
+objective's negative coefficient drives up to the least rank's), linear in all three. Every term is the cost model's
 own (planner/cost/step.py), linear in the decisions, so the optimum here is the cost
 model's optimum over this space.
 """
@@ -51,8 +54,7 @@ import numpy as np
 import pulp
 
 from ..errors import UserError
-from .exhaustive import compositions
-from .stages import GroupProblem, Option
+from .stages import GroupProblem, Option, least_slowest_rank
 
 SOLVERS = ("cbc", "highs")
 
@@ -145,15 +147,21 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
                 - most_opt * (1 - z[k]), f"k_rank_{r}_optimizer_{k}"
 
     # (m) a cut implied by (a)-(h): the slowest rank is at least as slow as in the best integer split when
-    # each rank recomputes as little as its memory allows (``_least_slowest_rank``). The LP relaxation
+    # each rank recomputes as little as its memory allows (``stages.least_slowest_rank``). The LP relaxation
     # spreads fractions of blocks and of recompute evenly over the ranks; this lifts its bound to the
     # integer balance, which the branch and bound otherwise proves rank by rank
-    least = min(_least_slowest_rank(pr, opt) for opt in pr.options)
+    least = min(least_slowest_rank(pr, opt) for opt in pr.options)
     if least == math.inf:
         return None                                     # no split fits even with the most frugal policies
     prob += t_max >= least, "m_least_slowest_rank"
+    wgrad = 0.0
+    if pr.split_backward:
+        wgrad = pulp.LpVariable("W", 0)
+        for r in range(p):
+            prob += wgrad <= pr.fixed[r].wgrad_s + block.wgrad_s * pulp.lpSum(n[r, c] for c in pr.policies), \
+                f"n_rank_{r}_weight_gradients"
     pipeline = pr.schedule.pipeline_s(slowest=t_max, total=pulp.lpSum(rank_time), m=m, p=p, v=v,
-                                      hop_s=pr.hop_s if pr.sends_overlap else 0.0)
+                                      hop_s=pr.hop_s if pr.sends_overlap else 0.0, wgrad_s=wgrad)
     # tie-break (a millionth of the work of every rank): among plans the closed form prices
     # the same (only the slowest rank counts in the interleaved schedule), no useless recompute
     objective = pipeline + D + O + pr.tied_s + 1e-6 * pulp.lpSum(rank_time)
@@ -169,67 +177,6 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
     per_rank = [{c: int(round(n[r, c].value() or 0)) for c in pr.policies} for r in range(p)]
     chosen = max(z, key=lambda k: z[k].value() or 0)
     return pr.spread_counts(per_rank), pr.options[chosen], pulp.value(prob.objective) * unit
-
-
-def _least_slowest_rank(pr: GroupProblem, opt: Option) -> float:
-    """A lower bound on T_max of every integer split under option ``opt`` by rows (a), (b), (f) and (h):
-    rank r holding b blocks takes at least g_r(b) = its fixed layers, b blocks and the least recompute
-    that fits its device memory with fractions of blocks per policy allowed (``_least_recompute_s``); g_r
-    grows with b, so giving each next block to the rank whose g grows least minimises the largest
-    (greedy is exact for nondecreasing per-rank costs under a max). Infinite where a rank cannot fit."""
-    t_block = pr.block.fwd_s + pr.block.bwd_s
-    memo: dict[tuple[int, int], float] = {}
-
-    def g(r: int, b: int) -> float:
-        if (r, b) not in memo:
-            fixed = pr.fixed[r]
-            memo[r, b] = fixed.fwd_s + fixed.bwd_s + b * t_block + _least_recompute_s(pr, opt, r, b)
-        return memo[r, b]
-
-    held = [pr.v] * pr.p
-    for _ in range(pr.num_blocks - pr.p * pr.v):
-        r = min(range(pr.p), key=lambda r: g(r, held[r] + 1))
-        held[r] += 1
-    return max(g(r, held[r]) for r in range(pr.p))
-
-
-def _least_recompute_s(pr: GroupProblem, opt: Option, r: int, b: int) -> float:
-    """The least recompute seconds of b blocks on rank r within its device memory (row (f) under ``opt``):
-    every assignment of the policies to the blocks where they are few (exact), else blocks split
-    fractionally between policies (a lower bound): for each transient the rank may reach (h), the
-    policies whose transient is at most it, two at a time (an LP with two rows mixes at most two)."""
-    block, fixed, inflight = pr.block, pr.fixed[r], pr.inflight[r]
-    cap = pr.cache.usable_bytes
-    base = opt.other_bytes + fixed.params * opt.state_bytes + b * opt.block_state_bytes + inflight * fixed.act_bytes
-    cost = {c: (block.policy(c).recompute_s, inflight * block.policy(c).act_bytes, block.policy(c).peak_extra_bytes)
-            for c in pr.policies}
-    if math.comb(b + len(cost) - 1, len(cost) - 1) <= 1000:
-        counts = _compositions_array(b, len(cost))          # every assignment, one row each
-        rc, act, extra = (np.array([v[i] for v in cost.values()], dtype=float) for i in range(3))
-        transient = np.where(counts > 0, extra, -np.inf).max(axis=1)
-        memory = base + counts @ act + np.maximum(transient, fixed.extra_bytes)
-        fits = memory <= cap
-        return float((counts @ rc)[fits].min()) if fits.any() else math.inf
-    best = math.inf
-    for level in {fixed.extra_bytes} | {e for _, _, e in cost.values()}:
-        room = cap - base - max(level, fixed.extra_bytes)           # for the blocks' activations
-        allowed = [(rc, a) for rc, a, e in cost.values() if e <= level]
-        for rc1, a1 in allowed:
-            for rc2, a2 in allowed:             # x blocks of the second, b - x of the first
-                if b * a1 <= room:
-                    best = min(best, b * rc1)
-                elif a2 < a1 and b * a2 <= room:
-                    x = (b * a1 - room) / (a1 - a2)
-                    best = min(best, (b - x) * rc1 + x * rc2)
-    return best
-
-
-@lru_cache(maxsize=256)
-def _compositions_array(total: int, parts: int) -> np.ndarray:
-    """Every way to split ``total`` blocks over ``parts`` policies, one row each (read-only)."""
-    rows = np.array(list(compositions(total, parts, 0)), dtype=float).reshape(-1, parts)
-    rows.setflags(write=False)
-    return rows
 
 
 def _most_blocks(pr: GroupProblem, r: int, cap_gib: float, act_gib: dict[str, float]) -> int:

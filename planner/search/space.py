@@ -160,7 +160,7 @@ class Space:
                                   param_offload=k.param_offload, sequence_parallel=k.sequence_parallel,
                                   recompute="full" if every_k(k.recompute) else k.recompute,
                                   num_kv_heads=g.num_kv_heads, num_experts=g.num_experts,
-                                  ep=k.ep, dp=k.dp, latent_attention=g.latent_attention):
+                                  ep=k.ep, dp=k.dp, latent_attention=g.latent_attention, compile=w.compile):
             raise UserError(why, field=knob_flag(knob))
 
     # -- enumeration ----------------------------------------------------------------------------
@@ -213,7 +213,15 @@ class Space:
 
     def schedules(self, layout: Layout) -> list[tuple[str, int]]:
         """(schedule, vpp) pairs legal for a layout: the runtime's schedules (or the fixed one), each
-        with the virtual stages per rank its record allows (``PipelineSchedule.refusal``)."""
+        with the virtual stages per rank its record allows (``PipelineSchedule.refusal``). They depend on
+        the pipeline depth and the micro-batches only (memoised on those)."""
+        key = (layout.pp, layout.num_microbatches(self.w.global_batch))
+        memo = self.__dict__.setdefault("_schedules", {})
+        if key not in memo:
+            memo[key] = self._schedules_of(layout)
+        return memo[key]
+
+    def _schedules_of(self, layout: Layout) -> list[tuple[str, int]]:
         if layout.pp == 1:          # no pipeline: the step is one rank's gradient accumulation
             fixed = self.k.schedule and SCHEDULES[self.k.schedule]
             if (fixed and fixed.virtual_stages) or (self.k.vpp or 1) != 1:
@@ -225,7 +233,10 @@ class Space:
             record = SCHEDULES[name]
             if record.virtual_stages and layout.pp < self.can.virtual_stages_min_pp:
                 continue        # the runtime interleaves no pipeline this short (Megatron-LM of 2021: pp > 2)
-            vpps = self._virtual_stages(layout.pp) if record.virtual_stages else [1]
+            if record.compile_refusal(self.w.compile):
+                continue        # split backward: torch refuses compiled stages
+            vpps = ([record.stages_per_rank] if record.stages_per_rank else self._virtual_stages(layout.pp)) \
+                if record.virtual_stages else [1]
             for vpp in self._options("vpp", vpps):
                 if layout.pp * vpp <= self.max_stages and not record.refusal(pp=layout.pp, vpp=vpp, m=m):
                     out.append((name, vpp))
@@ -308,4 +319,4 @@ class Space:
                      num_heads=self.graph.num_heads, num_kv_heads=self.graph.num_kv_heads, num_blocks=self.blocks,
                      framework=self.w.framework, precision=self.w.precision, device_kind=self.device_kind,
                      max_stages=self.max_stages, num_experts=self.graph.num_experts,
-                     latent_attention=self.graph.latent_attention, fp8=self.w.fp8)
+                     latent_attention=self.graph.latent_attention, fp8=self.w.fp8, compile=self.w.compile)

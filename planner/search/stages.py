@@ -19,6 +19,9 @@ import copy
 import heapq
 import math
 from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
 
 from ..config import ParallelConfig
 from ..cost.layer import LayerCost
@@ -26,10 +29,22 @@ from ..cost.memory import resident_bytes_per_param, state_bytes_per_param
 from ..cost.step import (CostCache, other_bytes, dp_collectives, dp_overlaps, expert_shard, inflight_microbatches,
                          optimizer_time_s, resident_rates, sends_overlap, tied_embedding_sync_s, state_rates)
 from ..runtimes import RUNTIMES
+from ..placement import holds_head_copy, last_stage_rank, placement_of, rank_stages
 from ..recompute import POLICIES, summary_policy
 from ..schedules import SCHEDULES
 from .policies import distinct_policies
 from .space import Layout, Space
+
+
+def compositions(total: int, parts: int, minimum: int):
+    """Every tuple of ``parts`` integers >= ``minimum`` that adds up to ``total``."""
+    if parts == 1:
+        if total >= minimum:
+            yield (total,)
+        return
+    for first in range(minimum, total - minimum * (parts - 1) + 1):
+        for rest in compositions(total - first, parts - 1, minimum):
+            yield (first,) + rest
 
 
 @dataclass(frozen=True)
@@ -62,6 +77,7 @@ class Fixed:
     extra_bytes: float = 0.0
     params: float = 0.0
     buckets: tuple[float, ...] = ()      # parameters of each non-block layer (one collective each)
+    wgrad_s: float = 0.0                 # of bwd_s, the weight gradients (a pass of their own in split backward)
 
 
 _EMPTY = Fixed()
@@ -95,6 +111,8 @@ class GroupProblem:
         self.base = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep,
                                    micro_batch=layout.micro_batch, num_microbatches=self.m, vpp=vpp,
                                    schedule=schedule, sequence_parallel=sp, param_offload=space.param_offload)
+        # each rank's virtual stages, chunk by chunk (a loop, or a V: planner/placement.py)
+        self.rank_stages = [rank_stages(placement_of(self.base), r, self.p, self.v) for r in range(self.p)]
         ctx = cache.context(self.base)
         self.block: LayerCost = cache.layer(shape.blocks[0], ctx)
         self.num_blocks = len(shape.blocks)
@@ -106,7 +124,13 @@ class GroupProblem:
         self.fixed = [self._fixed(r, ctx) for r in range(self.p)]
         self.options = [self._option(z, o) for z in space.zeros(layout, schedule) for o in space.optimizer_offloads(z)]
         self.tied_s = tied_embedding_sync_s(cache, self.base)
+        # split-backward schedules: the pipeline's closed form takes the least weight-gradient time of any rank
+        # (cost.step.pipeline_s); ``wgrad_bound`` is at least it for every split (their mean), for the bounds
+        self.split_backward = self.schedule.backward == "split" and self.p > 1
+        self.wgrad_bound = ((self.num_blocks * self.block.wgrad_s + sum(f.wgrad_s for f in self.fixed)) / self.p
+                            if self.split_backward else 0.0)
         self.param_gather_overlaps = RUNTIMES[space.w.framework].timing.overlaps_param_gather
+        self.least_slowest: dict[Option, float] = {}     # least_slowest_rank per option (shared by the copies)
 
     def dp_overlaps(self, opt: Option) -> tuple[bool, bool]:
         """``cost.step.dp_overlaps`` of this group under option ``opt``."""
@@ -123,26 +147,27 @@ class GroupProblem:
         return distinct_policies(self.cache, self.cache.context(self.base), space.recomputes(self.layout))
 
     def _fixed(self, rank: int, ctx) -> Fixed:
-        """Prefix layers sit on virtual stage 0 (rank 0), suffix layers on the last stage."""
-        if rank != 0 and rank != (self.stages - 1) % self.p and not (
-                self.cache.graph.tied_embeddings and rank == self.p - 1):
+        """Prefix layers sit on virtual stage 0 (rank 0), suffix layers on the last stage (rank p - 1 in a
+        loop, rank 0 in a V)."""
+        last = last_stage_rank(self.base)
+        if rank not in (0, last):
             return _EMPTY
         layers = []
         if rank == 0:
             layers += self.shape.prefix
-        if (self.stages - 1) % self.p == rank:
+        if rank == last:
             layers += self.shape.suffix
         costs = [self.cache.layer(i, ctx) for i in layers]
         params = sum(c.params for c in costs)
         buckets = tuple(c.params for c in costs)
         graph = self.cache.graph
-        if graph.tied_embeddings and self.p > 1 and rank == self.p - 1 and rank != 0:
+        if holds_head_copy(graph, self.base, rank):
             params += graph.tied_params / self.layout.tp
             buckets += (graph.tied_params / self.layout.tp,)
         return Fixed(fwd_s=sum(c.fwd_s for c in costs), bwd_s=sum(c.bwd_s for c in costs),
                      act_bytes=sum(c.policy("none").act_bytes for c in costs),
                      extra_bytes=max([c.policy("none").peak_extra_bytes for c in costs] or [0.0]), params=params,
-                     buckets=buckets)
+                     buckets=buckets, wgrad_s=sum(c.wgrad_s for c in costs))
 
     def _option(self, zero: int, offload: bool) -> Option:
         """Memoised on the cache: an option depends on the layout, sequence parallelism and the
@@ -285,7 +310,7 @@ class GroupProblem:
         for r, counts in enumerate(per_rank):
             sizes = self._spread_one(sum(counts.values()))
             left = dict(counts)
-            for size, j in zip(sizes, range(r, self.stages, self.p)):
+            for size, j in zip(sizes, self.rank_stages[r]):
                 for c in sorted(self.policies, key=lambda c: c != "full"):
                     take = min(left[c], size)
                     stages[j][c] += take
@@ -301,7 +326,7 @@ class GroupProblem:
         """Per-rank block counts to per-virtual-stage counts (a rank's blocks across its chunks)."""
         stages = [0] * self.stages
         for r, total in enumerate(per_rank):
-            for size, j in zip(self._spread_one(total), range(r, self.stages, self.p)):
+            for size, j in zip(self._spread_one(total), self.rank_stages[r]):
                 stages[j] = size
         return stages
 
@@ -330,7 +355,7 @@ def option_lower_bounds(pr: GroupProblem, stop_at: float = math.inf) -> tuple[li
     split = pr.memory_free_split()
     t_block = block.fwd_s + block.bwd_s
     fixed_t = [f.fwd_s + f.bwd_s for f in pr.fixed]
-    per_rank = [sum(split[j] for j in range(pr.stages) if j % p == r) for r in range(p)]
+    per_rank = [sum(split[j] for j in pr.rank_stages[r]) for r in range(p)]
     times = [per_rank[r] * t_block + fixed_t[r] for r in range(p)]
     work = sum(times)
     floor = _pipeline(pr, max(times), work)
@@ -378,6 +403,17 @@ def option_lower_bounds(pr: GroupProblem, stop_at: float = math.inf) -> tuple[li
         if pipe + optimizer + pr.tied_s >= stop_at:
             out.append(pipe + optimizer + pr.tied_s)  # the scan only adds to it: not needed to rule it out
             continue
+        # the slowest rank at least as in the best integer split with each rank's least recompute that fits
+        # (``least_slowest_rank``, the ILP's cut (m)): the relaxation above lets the cheapest policy per byte
+        # free any number of bytes, this one frees at most what each block's policies can
+        least = least_slowest_rank(pr, opt)
+        if least == math.inf:
+            out.append(math.inf)
+            continue
+        pipe = max(pipe, _pipeline(pr, least, max(total, least)))
+        if pipe + optimizer + pr.tied_s >= stop_at:
+            out.append(pipe + optimizer + pr.tied_s)
+            continue
         out.append(max(pipe, _rank0_scan(pr, opt, recompute)) + optimizer + pr.tied_s)
     return out, split
 
@@ -393,10 +429,11 @@ def _blocks_that_fit(room: float, per_block: float) -> float:
 def _pipeline(pr: GroupProblem, slowest: float, total: float) -> float:
     """The schedule's pipeline (``PipelineSchedule.pipeline_s``) from the slowest rank's time and the
     sum over ranks, both without the stage-boundary sends: each rank's 2 v sends per micro-batch are
-    added to the sum (and so bound the sends from below where the schedule waits for them)."""
+    added to the sum (and so bound the sends from below where the schedule waits for them). Split-backward
+    schedules take ``GroupProblem.wgrad_bound``, at least the weight-gradient time they subtract."""
     sends = pr.p * 2 * pr.v * pr.hop_s if pr.p > 1 else 0.0
     return pr.schedule.pipeline_s(slowest=slowest, total=total + sends, m=pr.m, p=pr.p, v=pr.v,
-                                  hop_s=pr.hop_s if pr.sends_overlap else 0.0)
+                                  hop_s=pr.hop_s if pr.sends_overlap else 0.0, wgrad_s=pr.wgrad_bound)
 
 
 def _rank0_scan(pr: GroupProblem, opt: Option, recompute: float) -> float:
@@ -487,3 +524,77 @@ class _Rank0Collectives:
             elif totals[i]:
                 out += weight * (max(totals[i] - windows[i], self.first[i]) + self.kappa * totals[i])
         return out
+
+
+def least_slowest_rank(pr: GroupProblem, opt: Option) -> float:
+    """A lower bound on T_max of every integer split under option ``opt`` by rows (a), (b), (f) and (h):
+    rank r holding b blocks takes at least g_r(b) = its fixed layers, b blocks and the least recompute
+    that fits its device memory with fractions of blocks per policy allowed (``_least_recompute_s``); g_r
+    grows with b, so giving each next block to the rank whose g grows least minimises the largest
+    (greedy is exact for nondecreasing per-rank costs under a max). Infinite where a rank cannot fit. Memoised per
+    option on the group (``with_options`` copies share it): the search's bounds and the ILP's cut (m) both ask."""
+    found = pr.least_slowest.get(opt)
+    if found is None:
+        found = pr.least_slowest[opt] = _least_slowest_rank(pr, opt)
+    return found
+
+
+def _least_slowest_rank(pr: GroupProblem, opt: Option) -> float:
+    t_block = pr.block.fwd_s + pr.block.bwd_s
+    memo: dict[tuple, float] = {}
+    kind = [(pr.fixed[r], pr.inflight[r]) for r in range(pr.p)]    # ranks alike in these have the same g
+
+    def g(r: int, b: int) -> float:
+        key = (kind[r], b)
+        if key not in memo:
+            fixed = pr.fixed[r]
+            memo[key] = fixed.fwd_s + fixed.bwd_s + b * t_block + _least_recompute_s(pr, opt, r, b)
+        return memo[key]
+
+    held = [pr.v] * pr.p
+    heap = [(g(r, pr.v + 1), r) for r in range(pr.p)]        # each rank's cost with one block more
+    heapq.heapify(heap)
+    for _ in range(pr.num_blocks - pr.p * pr.v):
+        _, r = heapq.heappop(heap)
+        held[r] += 1
+        heapq.heappush(heap, (g(r, held[r] + 1), r))
+    return max(g(r, held[r]) for r in range(pr.p))
+
+
+def _least_recompute_s(pr: GroupProblem, opt: Option, r: int, b: int) -> float:
+    """The least recompute seconds of b blocks on rank r within its device memory (row (f) under ``opt``):
+    every assignment of the policies to the blocks where they are few (exact), else blocks split
+    fractionally between policies (a lower bound): for each transient the rank may reach (h), the
+    policies whose transient is at most it, two at a time (an LP with two rows mixes at most two)."""
+    block, fixed, inflight = pr.block, pr.fixed[r], pr.inflight[r]
+    cap = pr.cache.usable_bytes
+    base = opt.other_bytes + fixed.params * opt.state_bytes + b * opt.block_state_bytes + inflight * fixed.act_bytes
+    cost = {c: (block.policy(c).recompute_s, inflight * block.policy(c).act_bytes, block.policy(c).peak_extra_bytes)
+            for c in pr.policies}
+    if math.comb(b + len(cost) - 1, len(cost) - 1) <= 1000:
+        counts = _compositions_array(b, len(cost))          # every assignment, one row each
+        rc, act, extra = (np.array([v[i] for v in cost.values()], dtype=float) for i in range(3))
+        transient = np.where(counts > 0, extra, -np.inf).max(axis=1)
+        memory = base + counts @ act + np.maximum(transient, fixed.extra_bytes)
+        fits = memory <= cap
+        return float((counts @ rc)[fits].min()) if fits.any() else math.inf
+    best = math.inf
+    for level in {fixed.extra_bytes} | {e for _, _, e in cost.values()}:
+        room = cap - base - max(level, fixed.extra_bytes)           # for the blocks' activations
+        allowed = [(rc, a) for rc, a, e in cost.values() if e <= level]
+        for rc1, a1 in allowed:
+            for rc2, a2 in allowed:             # x blocks of the second, b - x of the first
+                if b * a1 <= room:
+                    best = min(best, b * rc1)
+                elif a2 < a1 and b * a2 <= room:
+                    x = (b * a1 - room) / (a1 - a2)
+                    best = min(best, (b - x) * rc1 + x * rc2)
+    return best
+
+
+@lru_cache(maxsize=256)
+def _compositions_array(total: int, parts: int) -> np.ndarray:
+    """Every way to split ``total`` blocks over ``parts`` policies, one row each (read-only)."""
+    rows = np.array(list(compositions(total, parts, 0)), dtype=float).reshape(-1, parts)
+    rows.setflags(write=False)
+    return rows
