@@ -38,12 +38,13 @@ from torch import nn
 from planner.config import PRECISIONS
 from planner.errors import UserError, one_of
 from planner.plan import Plan
+from planner.schedules import SCHEDULES, rank_chunk
 
 from .integrity import check_world_size
 from .mesh import ParallelDims, init_process_group, local_device
 from .parallelize import autocast_dtype, dp_units, parallelize
-from .pipeline import (build_schedule, split_pipeline, stage_indices, sync_shared_grads,
-                       tied_across_stages, tied_groups)
+from .pipeline import (build_schedule, placement, split_pipeline, stage_indices, sync_shared_grads,
+                       tied_across_stages, tied_pairs)
 from .support import DEFAULT_TIMEOUT_S, runnable_schedule
 from .train import accumulate, global_loss, make_optimizer, optimizer_step, schedule_step
 
@@ -179,13 +180,13 @@ def apply_plan(module: nn.Module, plan: Plan, doc: dict, *, device: torch.device
     mesh, dp_mesh, dp_cp_mesh = dims.build_mesh(device.type)     # no context parallelism here: dp x cp is dp
     tied, tied_group = {}, None
     if c.pp > 1:
-        indices = stage_indices(len(plan.stages), c.pp, mesh["pp"].get_local_rank())
+        indices = stage_indices(len(plan.stages), c.pp, mesh["pp"].get_local_rank(), c.schedule)
         parts, how = split_pipeline(module, plan.stages, indices, plan.source)
         if how == "paths":
             notes += ("the module's forward is cut into stages by the transformers model's module paths (torch.fx "
                       "cannot follow it): each stage rebuilds the positions and causal masks",)
         tied = tied_across_stages(module, plan.stages)
-        tied_group = _tied_group(tied, mesh, c.pp, len(plan.stages), plan.source)
+        tied_group = _tied_group(tied, mesh, len(plan.stages), c.schedule, plan.source)
     else:
         indices, parts = [0], [module]
     trained, optimizers, units = [], [], []
@@ -217,17 +218,29 @@ def apply_plan(module: nn.Module, plan: Plan, doc: dict, *, device: torch.device
     return training
 
 
-def _tied_group(tied: dict[tuple[str, ...], tuple[int, ...]], mesh, pp: int, num_stages: int, source: str):
+def _tied_group(tied: dict[tuple[str, ...], tuple[int, ...]], mesh, num_stages: int, schedule: str, source: str):
     """The group summing the gradients of parameters two stages share: the first and last pipeline
-    ranks (``tied_groups``); a share between other stages is refused."""
+    ranks (``tied_pairs``); a share between other stages is refused, and so is one where a V placement puts
+    the first and the last stage on one rank (its two stages would hold one parameter object, which FSDP2 and
+    DDP cannot each wrap)."""
     if not tied:
         return None
+    pp = mesh["pp"].size()
+    where = placement(schedule, pp)
+    ends = {rank_chunk(where, 0, pp)[0], rank_chunk(where, num_stages - 1, pp)[0]}
     for names, held in tied.items():
-        if {j % pp for j in held} != {0, pp - 1} or len(held) != 2:
+        if {rank_chunk(where, j, pp)[0] for j in held} != ends or len(held) != 2:
             raise UserError(f"parameter {names[0]!r} is shared by stages {', '.join(map(str, held))} of {num_stages}; a "
                             "pipeline shares parameters between its first and last stage only (a tied embedding and "
                             "head)", source=source, field="stages")
-    return tied_groups(mesh).get(dist.get_rank())
+    if len(ends) == 1:
+        raise UserError(f"the {schedule} schedule runs the first and the last stage on one rank, which share "
+                        f"{next(iter(tied))[0]!r}; auto_parallelize pipelines a module with parameters shared by "
+                        "those stages under a schedule that places them on two ranks (knobs schedule "
+                        f"{one_of([s.name for s in SCHEDULES.values() if s.placement == 'loop'])})", source=source,
+                        field="config.schedule")
+    pair = tied_pairs(mesh, num_stages, schedule).get(dist.get_rank())
+    return pair.group if pair is not None else None
 
 
 def auto_parallelize(module: nn.Module, example_inputs, *, global_batch: int, cluster: str | None = None,

@@ -223,7 +223,7 @@ def _build_rank(plan: Plan, dims: ParallelDims, meshes, pp_rank: int, own: bool)
     where[0] = pp_rank                           # the same place in another pipeline stage
     report = RankReport(rank=int(mesh.mesh[tuple(where)]), pp_rank=pp_rank, coordinates=coords,
                         predicted=plan.estimate.memory_per_stage[pp_rank].to_json())
-    mine = stage_indices(len(plan.stages), c.pp, pp_rank)
+    mine = stage_indices(len(plan.stages), c.pp, pp_rank, c.schedule)
     parts = []
     for j in mine:
         part = build_stage_model(spec, plan.stages[j])
@@ -266,7 +266,7 @@ def dry_run(plan: Plan, device_kind: str = "cuda") -> tuple[list[RankReport], fl
     if dist.is_initialized():
         raise UserError("a dry run starts its own fake process group; run it outside a torch.distributed job",
                         field="--dry-run")
-    check_supported(plan.config, plan.spec, device_kind, plan.source, plan.workload.fp8)
+    check_supported(plan.config, plan.spec, device_kind, plan.source, plan.workload.fp8, plan.workload.compile)
     check_stages(plan.stages, plan.spec, plan.source)
     t0 = time.perf_counter()
     dims = ParallelDims.from_config(plan.config, plan.world_size)

@@ -1,7 +1,9 @@
 """Pipeline parallelism from plan.json's stage boundaries (``torch.distributed.pipelining``).
 
-plan.json lists the module paths of each virtual stage; virtual stage j runs on
-pipeline rank j % pp (Narayanan et al. 2021, Sec 2.2.2: interleaved stages).
+plan.json lists the module paths of each virtual stage, in model order; which pipeline rank runs
+virtual stage j is the schedule's placement (``PipelineSchedule.placement``, ``planner.schedules.rank_chunk``):
+rank j % pp in a loop (Narayanan et al. 2021, Sec 2.2.2: interleaved stages), or in a V (ZB-V, DualPipeV:
+rank r holds stages r and 2 pp - 1 - r, so the first and the last stage share rank 0).
 Each stage is the reference model with the modules it does not run removed, so
 its parameters keep the whole model's paths (torchtitan's
 ``pipeline_module_split`` does the same with plain lists of names). A module the
@@ -15,6 +17,7 @@ with ``scale_grads=False``: the loss function already divides by the tokens of t
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -25,7 +28,7 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import get_schedule_class
 
 from planner.model import ModelSpec
-from planner.schedules import SCHEDULES
+from planner.schedules import SCHEDULES, rank_chunk, stage_of
 from planner.trace.cut import fx_cut, how_to_cut
 
 from .hf_stages import decoder_stages
@@ -33,9 +36,19 @@ from .models import Transformer, build_model
 from .support import runnable_schedule
 
 
-def stage_indices(num_stages: int, pp: int, pp_rank: int) -> list[int]:
-    """The virtual stages that pipeline rank ``pp_rank`` runs, in order."""
-    return [j for j in range(num_stages) if j % pp == pp_rank]
+def placement(schedule: str, pp: int) -> str:
+    """Where ``schedule`` puts its virtual stages (``PipelineSchedule.placement``); a loop without a pipeline,
+    as the planner places them (planner/placement.py)."""
+    return SCHEDULES[schedule].placement if pp > 1 else "loop"
+
+
+def stage_indices(num_stages: int, pp: int, pp_rank: int, schedule: str) -> list[int]:
+    """The virtual stages that pipeline rank ``pp_rank`` runs under ``schedule``'s placement, by chunk
+    (``planner.schedules.stage_of``), which is ascending stage order in a loop and in a V alike."""
+    if num_stages % pp:
+        raise ValueError(f"{num_stages} virtual stages do not divide over {pp} pipeline ranks")
+    where = placement(schedule, pp)
+    return [stage_of(where, pp_rank, chunk, pp) for chunk in range(num_stages // pp)]
 
 
 def build_stage_model(spec: ModelSpec, paths: tuple[str, ...]) -> Transformer:
@@ -80,8 +93,15 @@ def tied_across_stages(module: nn.Module, stages: tuple[tuple[str, ...], ...]) -
 def build_schedule(stage_models: list[tuple[int, torch.nn.Module]], *, num_stages: int, pp_mesh: DeviceMesh,
                    schedule: str, num_microbatches: int, loss_fn: Callable, device: torch.device):
     """torch's schedule over this rank's stages (one, or vpp of them for a schedule with virtual stages): the
-    class the schedule's record names (``PipelineSchedule.torch_name``, torch's ``get_schedule_class``)."""
+    class the schedule's record names (``PipelineSchedule.torch_name``, torch's ``get_schedule_class``).
+
+    Every multi-stage class takes the same arguments; the V classes (ZBVZeroBubble, DualPipeV) map stages to
+    ranks in a V themselves (``generate_stage_to_rank_mapping(style="v")``), the placement ``stage_indices``
+    chose. torch infers the stages' shapes by running the rank's stages in the order of the list, each
+    waiting for its predecessor's (torch/distributed/pipelining/schedules.py ``_initialize_pp_stages``), so the
+    list is in ascending stage order: in a V, rank 0's last stage after its first, or both ranks wait."""
     group = pp_mesh.get_group()
+    stage_models = sorted(stage_models, key=lambda indexed: indexed[0])
     stages = [PipelineStage(module, index, num_stages, device, group=group) for index, module in stage_models]
     record = SCHEDULES[runnable_schedule(schedule, num_microbatches, pp_mesh.size())]
     cls = get_schedule_class(record.torch_name)
@@ -89,31 +109,53 @@ def build_schedule(stage_models: list[tuple[int, torch.nn.Module]], *, num_stage
                scale_grads=False)
 
 
-def tied_groups(mesh: DeviceMesh) -> dict[int, dist.ProcessGroup]:
-    """For GPT's tied embedding under PP: a group pairing each first-stage rank with the last-stage
-    rank of the same (dp, cp, tp) coordinates. Every rank creates every group (c10d requires it);
-    returns {rank: its pair's group} for the ranks in a pair."""
+@dataclass(frozen=True)
+class TiedPair:
+    """How a rank holding a copy of a tied embedding (the first stage's embedding, the last stage's head) sums
+    the two copies' gradients: over ``group``, the first-stage rank and the last-stage rank of the same (dp, cp,
+    tp) coordinates; or, where ``group`` is None, here: the rank holds both stages (a V placement)."""
+
+    group: dist.ProcessGroup | None
+
+
+def tied_pairs(mesh: DeviceMesh, num_stages: int, schedule: str) -> dict[int, TiedPair]:
+    """For GPT's tied embedding under PP: {rank: its TiedPair} for the ranks holding the first or the last
+    stage under ``schedule``'s placement (``planner.schedules.rank_chunk``). Every rank creates every group
+    (c10d requires it); where one pipeline rank holds both stages no group is made."""
+    pp = mesh["pp"].size()
+    where = placement(schedule, pp)
+    first_pp, last_pp = rank_chunk(where, 0, pp)[0], rank_chunk(where, num_stages - 1, pp)[0]
     ranks = mesh.mesh                              # (pp, dp_replicate, dp_shard, cp, tp) rank ids
-    first, last = ranks[0].flatten().tolist(), ranks[-1].flatten().tolist()
+    first, last = ranks[first_pp].flatten().tolist(), ranks[last_pp].flatten().tolist()
+    if first_pp == last_pp:
+        return {a: TiedPair(None) for a in first}
     out = {}
     for a, b in zip(first, last):
-        group = dist.new_group([a, b])
-        out[a] = out[b] = group
+        out[a] = out[b] = TiedPair(dist.new_group([a, b]))
     return out
 
 
-def sync_tied_grads(stage_models: list[torch.nn.Module], group: dist.ProcessGroup | None) -> None:
+def sync_tied_grads(stage_models: list[torch.nn.Module], pair: TiedPair | None) -> None:
     """Sum the gradient of the embedding's two copies (first stage, last stage's head): each holds
-    the part of the shared weight's gradient its use produced (Shoeybi et al. 2019, Sec 3)."""
-    if group is None:
+    the part of the shared weight's gradient its use produced (Shoeybi et al. 2019, Sec 3). Over the
+    pair's group, or, where this rank holds both copies, here, into both (so they stay equal)."""
+    if pair is None:
         return
+    grads = []
     for model in stage_models:
         owner = model.embed.tokens if model.embed is not None else model.lm_head if model.lm_head is not None else None
         if owner is None or owner.weight.grad is None:
             continue
         grad = owner.weight.grad
-        local = grad.to_local() if hasattr(grad, "to_local") else grad
-        dist.all_reduce(local, group=group)
+        grads.append(grad.to_local() if hasattr(grad, "to_local") else grad)
+    if pair.group is not None:
+        for local in grads:
+            dist.all_reduce(local, group=pair.group)
+        return
+    if len(grads) != 2:
+        raise RuntimeError(f"this rank holds both copies of the tied embedding but {len(grads)} gradient(s) of them")
+    grads[0].add_(grads[1])
+    grads[1].copy_(grads[0])
 
 
 def sync_shared_grads(parts: list[torch.nn.Module], shared: list[tuple[str, ...]],

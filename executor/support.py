@@ -46,10 +46,12 @@ def check_model(spec: ModelSpec, source: str = "plan.json") -> None:
 
 
 def check_supported(config: ParallelConfig, spec: ModelSpec | None, device_kind: str, source: str = "plan.json",
-                    fp8: str = "") -> None:
+                    fp8: str = "", compile: bool = False) -> None:
     """Refuse what this executor cannot run on ``device_kind`` ("cuda" or "cpu"): the model's parts it does
-    not build (``check_model``), and the torch runtime's refusals in planner/runtimes.py, the table the
-    planner's search space is built from, named as plan.json fields (of the file ``source``)."""
+    not build (``check_model``), the torch runtime's refusals in planner/runtimes.py, the table the
+    planner's search space is built from, and compiled blocks (``compile``: plan.json's workload.compile)
+    under a schedule that cannot run them (``PipelineSchedule.compile_refusal``), named as plan.json fields
+    (of the file ``source``)."""
     if spec is not None:
         check_model(spec, source)
     kv_heads = spec.num_kv_heads if spec is not None else None
@@ -62,3 +64,7 @@ def check_supported(config: ParallelConfig, spec: ModelSpec | None, device_kind:
                         source=source, field="workload.fp8")
     for knob, why in config_refusals(config, EXECUTOR_RUNTIME, device_kind, kv_heads, experts, latent, fp8):
         raise UserError(why, source=source, field=f"config.{knob}")
+    refused = SCHEDULES[config.schedule].compile_refusal(compile) if config.pp > 1 else None
+    if refused:
+        raise UserError(f"{refused[1]} (plan again without {refused[0]}, or with another --schedule)", source=source,
+                        field="workload.compile")

@@ -43,7 +43,7 @@ from .context import shard_sequence
 from .models import SequenceLayout, build_model, canonical_name
 from .moe import expert_parallel_params
 from .parallelize import autocast_dtype, grads_are_bucket_views, parallelize
-from .pipeline import build_schedule, build_stage_model, stage_indices, sync_tied_grads, tied_groups
+from .pipeline import build_schedule, build_stage_model, stage_indices, sync_tied_grads, tied_pairs
 from .plan_file import load_plan
 from .support import DEFAULT_CHECKPOINT_EVERY, DEFAULT_TIMEOUT_S, check_stages, check_supported
 from .zero1 import ShardedAdamW
@@ -69,7 +69,7 @@ class Job:
 
     def __init__(self, plan: Plan, options: RunOptions, device: torch.device):
         spec, c = plan.spec, plan.config
-        check_supported(plan.config, plan.spec, device.type, plan.source, plan.workload.fp8)
+        check_supported(plan.config, plan.spec, device.type, plan.source, plan.workload.fp8, plan.workload.compile)
         check_stages(plan.stages, spec, plan.source)
         self.plan, self.options, self.device = plan, options, device
         self.dims = ParallelDims.from_config(c, dist.get_world_size())
@@ -77,8 +77,9 @@ class Job:
         self.expert_mesh = self.dims.build_expert_mesh(self.grad_mesh)                # (efsdp, ep) or None
         self.pp_rank = self.mesh["pp"].get_local_rank()
         self.dp_rank = self.dp_mesh.get_local_rank()
-        mine = stage_indices(len(plan.stages), c.pp, self.pp_rank)
-        self.tied_group = tied_groups(self.mesh).get(dist.get_rank()) if c.pp > 1 and spec.tied_embeddings else None
+        mine = stage_indices(len(plan.stages), c.pp, self.pp_rank, c.schedule)
+        self.tied_pair = (tied_pairs(self.mesh, len(plan.stages), c.schedule).get(dist.get_rank())
+                          if c.pp > 1 and spec.tied_embeddings else None)
         self.loss_parallel = plan.tp_plan.get("lm_head") == "colwise_loss" and c.tp > 1
         self.autocast = autocast_dtype(plan, self.dims, device)
         self.sequence = SequenceLayout(cp=c.cp, rank=self.mesh["cp"].get_local_rank())
@@ -215,7 +216,7 @@ def train_step(job: Job, step: int, meter: SavedTensorMeter | None = None, dump_
         if job.schedule is not None:
             local = schedule_step(job.schedule, (inputs,), targets, first_stage=job.first_stage,
                                   last_stage=job.last_stage, device=job.device)
-            sync_tied_grads(job.parts, job.tied_group)
+            sync_tied_grads(job.parts, job.tied_pair)
         else:
             local = accumulate(job.trained[0], (inputs,), targets, num_microbatches=c.num_microbatches, zero=c.zero,
                                loss_fn=job.loss_fn, device=job.device)

@@ -73,7 +73,7 @@ class Plan:
     workload: Workload
     best: Candidate
     closed_form_step_time_s: float    # the closed form's step (``best.estimate`` holds the simulated one)
-    stages: tuple[tuple[str, ...], ...]     # module paths per virtual stage; stage j runs on pp rank j % pp
+    stages: tuple[tuple[str, ...], ...]     # module paths per virtual stage, in order (placement.rank_stages: where)
     tp_plan: dict[str, str]           # module path -> TP style (planner/config.py TP_STYLES)
     tp_sharding: dict[str, dict]      # block signature's layer -> the TP sharding ILP's choice
     recompute_per_layer: dict[str, str]     # layer path -> recompute policy

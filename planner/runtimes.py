@@ -47,6 +47,9 @@ class Combinations:
                                             # every-K pattern, for every block)
     zero_stages_with_cp: tuple[int, ...] | None = None
     # ^ of the ZeRO stages, the ones that run with context parallelism (None: all of them)
+    zero_stages_with_split_backward: tuple[int, ...] | None = None
+    # ^ of the ZeRO stages, the ones that run with a split-backward schedule (planner/schedules.py backward "split")
+    #   over pp > 1 (None: all of them)
     expert_parallel: Literal["folded", "data", "none"] = "none"
     # ^ how routed experts split over ranks (ParallelConfig.ep): "folded" over the same ranks as the dense layers'
     #   data x context x tensor parallelism, each expert whole on its rank (Megatron-Core's MoE parallel folding with
@@ -193,8 +196,13 @@ class Runtime:
 _TORCH_RUNS = Combinations(
     compiles_blocks=True,       # executor/parallelize.py apply_compile (torch.compile on the CPU too: inductor)
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1, 2, 3), zero_stages_with_tp=(0, 1, 2, 3),
-    # every schedule of torch.distributed.pipelining, the split-backward ones (executor/pipeline.py: V placement)
-    schedules=tuple(name for name, s in SCHEDULES.items() if s.torch_name), recomputes=ALL_RECOMPUTES,
+    # the split-backward schedules (planner/schedules.py backward "split") without ZeRO-3: torch 2.13's input-gradient
+    # pass (torch/distributed/pipelining/_backward.py stage_backward_input) collects the stage's parameters when it
+    # starts, and FSDP2 resharding after forward has put the sharded ones back by then, so the weight-gradient pass
+    # finds none of the graph's and the stage's gradients stay None (seen on the last stage under gloo; measured
+    # with tests/test_executor_zb.py's harness)
+    schedules=tuple(name for name, s in SCHEDULES.items() if s.torch_name),
+    zero_stages_with_split_backward=(0, 1, 2), recomputes=ALL_RECOMPUTES,
     sequence_parallel=True,
     context_parallel=True, offload_zero_stages=(1, 2, 3), replicates_kv_heads=False, stages_without_blocks=True,
     expert_parallel="folded", experts_with_tp=False, recomputes_with_ep=tuple(p for p in ALL_RECOMPUTES if p != "op"),
@@ -432,6 +440,12 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
           and zero not in can.zero_stages_with_cp):
         out.append(("zero", f"ZeRO-{zero} with context parallelism does not run on {who}; allowed with "
                             f"cp > 1: {one_of(can.zero_stages_with_cp)}"))
+    elif (zero is not None and schedule is not None and pp is not None and pp > 1
+          and can.zero_stages_with_split_backward is not None and SCHEDULES[schedule].backward == "split"
+          and zero not in can.zero_stages_with_split_backward):
+        out.append(("zero", f"ZeRO-{zero} with the {schedule} schedule (input and weight gradients as separate "
+                            f"passes) does not run on {who}; allowed with it: "
+                            f"{one_of(can.zero_stages_with_split_backward)}"))
     if schedule is not None and schedule not in can.schedules:
         out.append(("schedule", f"{schedule!r} does not run on {who}; allowed: {one_of(can.schedules)}"))
     elif (schedule is not None and pp is not None and 1 < pp < can.virtual_stages_min_pp

@@ -180,15 +180,19 @@ def test_split_refusals():
     assert SCHEDULES["interleaved-1f1b"].compile_refusal(True) is None
 
 
-def test_split_schedules_are_searched_where_the_runtime_runs_them():
-    """torch.distributed.pipelining runs them (meshplan's executor, torchtitan); Megatron-LM's mainline and
-    DeepSpeed have none of them."""
-    from planner.runtimes import RUNTIMES
+def test_split_schedules_run_on_torch_and_torchtitan_only():
+    """meshplan's executor and torchtitan run torch's split-backward classes; Megatron-LM and DeepSpeed have none
+    of them (they run the ``nearest``). The torch runtime refuses ZeRO-3 with them (planner/runtimes.py
+    ``zero_stages_with_split_backward``: FSDP2's reshard after forward loses the weight gradients)."""
+    from planner.runtimes import RUNTIMES, refusals
     split = {"interleaved-zb", "zbv", "dualpipev"}
-    for runtime, runs in (("torch", True), ("torchtitan", True), ("megatron", False), ("deepspeed", False)):
+    for runtime in ("torch", "torchtitan", "megatron", "deepspeed"):
         for kind, can in RUNTIMES[runtime].runs.items():
-            assert (split <= set(can.schedules)) == runs and (not runs) == (not split & set(can.schedules)), \
-                (runtime, kind)
+            assert (split <= set(can.schedules)) == (runtime in ("torch", "torchtitan")), (runtime, kind)
+    for schedule in sorted(split):
+        assert [k for k, _ in refusals("torch", "cpu", zero=3, pp=2, schedule=schedule)] == ["zero"]
+        assert refusals("torch", "cpu", zero=2, pp=2, schedule=schedule) == []
+    assert refusals("torch", "cpu", zero=3, pp=2, schedule="interleaved-1f1b") == []
 
 
 def test_torchtitan_names_read_back():

@@ -8,6 +8,8 @@ from ..accuracy import Accuracy
 from ..describe import cost_per_million_tokens, describe_config, gib, runs, short_config
 from ..estimate import StepTime
 from ..energy import Energy
+from ..placement import placement_of
+from ..schedules import rank_chunk
 from ..explain import PARTS, gain_sentences, headroom_words, ranking_sentence
 from ..exports import DOCS, Export, recompute_per_stage
 from ..recompute import DESCRIPTIONS, EVERY_K_DESCRIPTION, POLICIES, every_k
@@ -119,7 +121,7 @@ def _stages(plan) -> Section:
     rows = []
     for j, (modules, rec) in enumerate(zip(stages, recompute_per_stage(plan))):
         span = f"{modules[0]} ... {modules[-1]}" if len(modules) > 2 else ", ".join(modules)
-        rows.append((str(j), str(j % c.pp), str(len(modules)), span,
+        rows.append((str(j), str(rank_chunk(placement_of(c), j, c.pp)[0]), str(len(modules)), span,
                      ", ".join(f"{p} {n}" for p, n in rec.items() if n and p != "none") or "none"))
     text = f"{len(stages)} virtual stage(s) on {c.pp} rank(s); layers per stage {runs([len(s) for s in stages])}."
     used = {p for rec in recompute_per_stage(plan) for p, n in rec.items() if n and p != "none"}
