@@ -156,7 +156,12 @@ def _other_schedules(graph, cluster, workload, config: ParallelConfig, est: Esti
             "microbatches": config.num_microbatches, "pp": config.pp, "others": tried}
 
 
-def schedule_sentence(found: dict) -> str:
+def schedule_sentence(won: dict) -> str | None:
+    """``gains["schedules"]`` in words (``_schedule_sentence``); None where the plan has no such comparison."""
+    return _schedule_sentence(won["schedules"]) if "schedules" in won else None
+
+
+def _schedule_sentence(found: dict) -> str:
     """``gains["schedules"]`` in words: each other schedule's step and memory against the chosen one's on the
     same balanced stages, why the split-backward schedules gain little where interleaved 1F1B's bubble is
     already small, and which faster schedule the memory rules out."""
@@ -223,8 +228,6 @@ def gain_sentences(won: dict) -> list[str]:
         else:
             out.append(f"{subject} take{s} {-g['saved_s']:.3g} s per step ({-g['saved_pct']:.1f}%) more than "
                        f"{against} in the closed form; the simulated step ranked them first")
-    if "schedules" in won:
-        out.append(schedule_sentence(won["schedules"]))
     return out
 
 

@@ -225,7 +225,7 @@ def test_the_plan_says_when_interleaved_1f1b_is_as_good():
     """The plan's gains compare the chosen schedule with the others on the same layout: at 24 micro-batches of the
     sail-sg run, ZB-V gains nothing over interleaved 1F1B with 4 virtual stages, whose bubble is 7/(4 x 24)."""
     from planner import api
-    from planner.explain import gain_sentences
+    from planner.explain import schedule_sentence
     from pathlib import Path
     model = Path(__file__).resolve().parent.parent / "benchmarks" / "configs" / "zb-6.2b.json"
     job = api.load_job(str(model), cluster="h800", gpus=8, global_batch=72, seq_len=1024, framework="torchtitan",
@@ -236,7 +236,7 @@ def test_the_plan_says_when_interleaved_1f1b_is_as_good():
     others = {o["schedule"]: o for o in found["others"]}
     assert set(others) >= {"1f1b", "interleaved-1f1b", "interleaved-zb", "dualpipev"}
     assert others["interleaved-1f1b"]["vpp"] == 4          # 32 stages: 30 blocks, the embedding and the head alone
-    sentence = gain_sentences(plan.gains)[-1]
+    sentence = schedule_sentence(plan.gains)
     assert "7/(4 x 24) = 7.3%" in sentence and "interleaved-1f1b (vpp 4) is as fast" in sentence
 
 

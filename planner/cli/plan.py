@@ -10,7 +10,7 @@ from ..accuracy import Accuracy
 from ..config import COMPILE_PRICED_AS
 from ..describe import describe_config, gib, runs
 from ..energy import Energy
-from ..explain import gain_sentences, headroom_words, ranking_sentence
+from ..explain import gain_sentences, headroom_words, ranking_sentence, schedule_sentence
 from ..errors import UserError
 from ..runtimes import EXECUTOR_RUNTIME, unbuilt
 from ..plan import Plan
@@ -135,6 +135,9 @@ def format_plan(plan: Plan, tokens: float | None = None) -> str:
     if c.stage_layers and c.pp > 1:
         lines.append(f"stages    layers per virtual stage {runs(c.stage_layers)} (embedding first, head last)")
     lines += [f"gains     {sentence}" for sentence in gain_sentences(plan.gains)]
+    schedules = schedule_sentence(plan.gains)
+    if schedules:
+        lines.append(f"schedule  {schedules}")
     lines.append(f"limits    {plan.limits}")
     lines.append(f"energy    {Energy.from_json(plan.energy).line(tokens)}" if plan.energy else
                  f"energy    not estimated: the {plan.cluster_name} profile has no [power] table")

@@ -10,7 +10,7 @@ from ..estimate import StepTime
 from ..energy import Energy
 from ..placement import placement_of
 from ..schedules import rank_chunk
-from ..explain import PARTS, gain_sentences, headroom_words, ranking_sentence
+from ..explain import PARTS, gain_sentences, headroom_words, ranking_sentence, schedule_sentence
 from ..exports import DOCS, Export, recompute_per_stage
 from ..recompute import DESCRIPTIONS, EVERY_K_DESCRIPTION, POLICIES, every_k
 from ..simulate import Timeline
@@ -102,6 +102,9 @@ def _why(plan, knobs: list[Knob]) -> Section:
     if ranking:
         bullets.append(f"How it was chosen: {ranking}.")
     bullets += [f"Per-stage choice (closed form): {sentence}." for sentence in gain_sentences(plan.gains)]
+    schedules = schedule_sentence(plan.gains)
+    if schedules:
+        bullets.append(f"Schedule (closed form): {schedules}.")
     fitting = [k for k in knobs if k.fits and k.gain_pct > 0.05]
     if fitting:
         bullets.append(f"Next knob to turn: {fitting[0].describe(e.capacity_bytes)}.")
