@@ -15,9 +15,8 @@ class takes other arguments) its construction in ``executor/pipeline.py``.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 from .errors import UserError, one_of
 
@@ -150,16 +149,16 @@ class _SplitBackward(PipelineSchedule):
     """A schedule that runs the input gradient (I) and the weight gradient (W) as passes of their own."""
 
     min_microbatches_per_stage: int = 0   # the micro-batches per step it needs, per global stage (DualPipeV: 1)
+    held: Callable[[int, int, int, int], int]
+    # ^ (rank, pp, vpp, m) -> the most chunk-micro-batches the rank holds at once, read off the schedule's own order
+    #   (planner.pipeline_orders.SCHEDULE_ORDERS): a chunk-micro-batch is held from its forward until its weight
+    #   gradient (W, or a whole backward B) has run, since torch keeps the autograd graph of the input gradient
+    #   (stage_backward_input: retain_graph=True) until stage_backward_weight, so until W the whole saved set counts
+    #   (an upper bound: what its detach of the stage output frees is not counted). Closed forms of the orders,
+    #   which tests/test_split_backward.py plays against them (``peak_held``)
 
     def _inflight(self, rank, pp, vpp, m):
-        # read off the rank's own order (planner.pipeline_orders.SCHEDULE_ORDERS): a chunk-micro-batch is held from its
-        # forward until its weight gradient (W, or a whole backward B) has run; torch keeps the autograd graph of
-        # the input gradient (stage_backward_input: retain_graph=True) until stage_backward_weight, so until W the
-        # whole saved set counts (an upper bound: what its detach of the stage output frees is not counted)
-        # the peak comes in the first rounds: from 2 pp micro-batches on it no longer grows (each schedule's warm-up
-        # is at most 2 pp chunk-micro-batches deep; tests/test_split_backward.py plays every m up to 8 pp against it),
-        # so at most 2 pp are played, a multiple of pp as interleaved-zb needs and as many as DualPipeV's 2 pp stages
-        return _peak_held(self.name, rank, pp, vpp, min(m, 2 * pp)) / vpp
+        return self.held(rank, pp, vpp, m) / vpp
 
     def _more_refusal(self, *, pp, vpp, m):
         if self.min_microbatches_per_stage and m is not None and pp > 1 and m < pp * vpp:
@@ -168,10 +167,10 @@ class _SplitBackward(PipelineSchedule):
         return None
 
 
-@functools.lru_cache(maxsize=None)
-def _peak_held(name: str, rank: int, pp: int, vpp: int, m: int) -> int:
-    """The most chunk-micro-batches pipeline rank ``rank`` holds at once in schedule ``name``'s own order: each
-    from its forward until its weight gradient (W) or whole backward (B) has run."""
+def peak_held(name: str, rank: int, pp: int, vpp: int, m: int) -> int:
+    """The most chunk-micro-batches pipeline rank ``rank`` holds at once in schedule ``name``'s own order, played:
+    each from its forward until its weight gradient (W) or whole backward (B) has run (what ``_SplitBackward.held``
+    gives in closed form)."""
     from .pipeline_orders import schedule_order
     held = peak = 0
     for kind, _, _ in schedule_order(name, pp=pp, vpp=vpp, num_microbatches=m, rank=rank):
@@ -209,14 +208,17 @@ INTERLEAVED_ZB = _SplitBackward(
     description="interleaved 1F1B with the weight gradients deferred into the bubble: same memory, less bubble",
     torch_name="InterleavedZeroBubble", megatron=None, deepspeed=None, colossalai=None, nearest="interleaved-1f1b",
     virtual_stages=True, overlaps_sends=True, microbatches_multiple_of_pp=True,   # torch: m a multiple of its
-    backward="split", compiled_stages=False)                                     # rounds (max(1, m // pp))
+    backward="split", compiled_stages=False,                                     # rounds (max(1, m // pp))
+    held=lambda rank, pp, vpp, m: pp * vpp)     # every chunk of the first round until its deferred W
 ZBV = _SplitBackward(
     name="zbv", title="ZB-V",
     source="Qi et al., ICLR 2024, Sec 6 (ZB-V); torch.distributed.pipelining ScheduleZBVZeroBubble",
     description="zero bubble in a V: two stages per rank (r and 2pp-1-r), weight gradients fill the bubble",
     torch_name="ZBVZeroBubble", megatron=None, deepspeed=None, colossalai=None, nearest="interleaved-1f1b",
     virtual_stages=True, overlaps_sends=True, microbatches_multiple_of_pp=False, placement="v", stages_per_rank=2,
-    backward="split", compiled_stages=False)
+    backward="split", compiled_stages=False,
+    # the V's warm-up: rank r holds m + 1 + r chunk-micro-batches, at most two per micro-batch and 2 pp in all
+    held=lambda rank, pp, vpp, m: min(2 * m, m + 1 + rank, 2 * pp))
 # The DualPipe README's table (github.com/deepseek-ai/DualPipe): DualPipeV's bubble (PP/2 - 1)(F&B + B - 3W),
 # 2x parameters and PP + 1 activations per device are over PP stages on PP/2 devices, F, B, W per stage: here
 # 2 pp stages on pp ranks, so two stages' parameters (the rank's share, as in any schedule: the V fold of torch's
@@ -228,7 +230,8 @@ DUALPIPEV = _SplitBackward(
     description="DeepSeek's DualPipe folded into a V: forward and backward of two micro-batches paired",
     torch_name="DualPipeV", megatron=None, deepspeed=None, colossalai=None, nearest="interleaved-1f1b",
     virtual_stages=True, overlaps_sends=True, microbatches_multiple_of_pp=False, placement="v", stages_per_rank=2,
-    backward="split", compiled_stages=False, min_microbatches_per_stage=1)
+    backward="split", compiled_stages=False, min_microbatches_per_stage=1,
+    held=lambda rank, pp, vpp, m: 2 * pp + 1)   # the README's PP + 1 over its PP stages: 2 pp + 1 here
 
 SCHEDULES: dict[str, PipelineSchedule] = {s.name: s for s in (GPIPE, ONE_F_ONE_B, INTERLEAVED_1F1B, INTERLEAVED_ZB,
                                                                ZBV, DUALPIPEV)}

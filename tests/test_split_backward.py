@@ -240,26 +240,18 @@ def test_the_plan_says_when_interleaved_1f1b_is_as_good():
     assert "7/(4 x 24) = 7.3%" in sentence and "interleaved-1f1b (vpp 4) is as fast" in sentence
 
 
-def test_inflight_peak_is_reached_within_two_pp_microbatches():
-    """``_SplitBackward._inflight`` plays at most 2 pp micro-batches: the peak of every longer step is the same
-    (played here in full, every m the schedule allows up to 8 pp)."""
-    from planner.pipeline_orders import schedule_order
-    from planner.schedules import SCHEDULES
-
-    def played(name, pp, vpp, m, rank):
-        held = peak = 0
-        for kind, _, _ in schedule_order(name, pp=pp, vpp=vpp, num_microbatches=m, rank=rank):
-            held += 1 if kind == "F" else -1 if kind in "BW" else 0
-            peak = max(peak, held)
-        return peak / vpp
+def test_inflight_closed_forms_are_the_orders_peaks():
+    """The closed forms of ``_SplitBackward.held`` against each schedule's own order played in full
+    (``schedules.peak_held``), every m the schedule allows up to 6 pp, every rank."""
+    from planner.schedules import SCHEDULES, peak_held
 
     for name in ("interleaved-zb", "zbv", "dualpipev"):
         record = SCHEDULES[name]
-        for pp in (2, 3, 4, 6):
-            for vpp in (2,) if record.stages_per_rank else (2, 3):
-                for m in range(1, 8 * pp + 1):
+        for pp in (2, 3, 4, 5, 8):
+            for vpp in (2,) if record.stages_per_rank else (2, 3, 4):
+                for m in range(1, 6 * pp + 1):
                     if record.refusal(pp=pp, vpp=vpp, m=m):
                         continue
                     for rank in range(pp):
-                        assert record.inflight(rank=rank, pp=pp, vpp=vpp, m=m) == played(name, pp, vpp, m, rank), \
+                        assert record.held(rank, pp, vpp, m) == peak_held(name, rank, pp, vpp, m), \
                             (name, pp, vpp, m, rank)

@@ -403,18 +403,15 @@ def option_lower_bounds(pr: GroupProblem, stop_at: float = math.inf) -> tuple[li
         if pipe + optimizer + pr.tied_s >= stop_at:
             out.append(pipe + optimizer + pr.tied_s)  # the scan only adds to it: not needed to rule it out
             continue
-        # the slowest rank at least as in the best integer split with each rank's least recompute that fits
-        # (``least_slowest_rank``, the ILP's cut (m)): the relaxation above lets the cheapest policy per byte
-        # free any number of bytes, this one frees at most what each block's policies can
-        least = least_slowest_rank(pr, opt)
-        if least == math.inf:
-            out.append(math.inf)
-            continue
-        pipe = max(pipe, _pipeline(pr, least, max(total, least)))
-        if pipe + optimizer + pr.tied_s >= stop_at:
-            out.append(pipe + optimizer + pr.tied_s)
-            continue
-        out.append(max(pipe, _rank0_scan(pr, opt, recompute)) + optimizer + pr.tied_s)
+        bound = max(pipe, _rank0_scan(pr, opt, recompute)) + optimizer + pr.tied_s
+        if bound < stop_at:
+            # the slowest rank at least as in the best integer split with each rank's least recompute that fits
+            # (``least_slowest_rank``, the ILP's cut (m)): the relaxation above lets the cheapest policy per byte
+            # free any number of bytes, this one frees at most what each block's policies can
+            least = least_slowest_rank(pr, opt)
+            bound = math.inf if least == math.inf else max(
+                bound, _pipeline(pr, least, max(total, least)) + optimizer + pr.tied_s)
+        out.append(bound)
     return out, split
 
 
