@@ -112,7 +112,9 @@ class Job:
         under loss parallelism; targets: (b, S); S is this rank's share under cp."""
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1), reduction="sum")
         loss = loss / self.tokens_per_rank
-        return loss.to_local() if isinstance(loss, DTensor) else loss
+        # a scalar of its own: DTensor's to_local is a view, and torch's split-backward input pass detaches each
+        # stage output in place, which a view refuses (torch/distributed/pipelining/_backward.py)
+        return loss.to_local().clone() if isinstance(loss, DTensor) else loss
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         w, spec = self.plan.workload, self.plan.spec

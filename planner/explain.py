@@ -5,13 +5,13 @@ import math
 from dataclasses import dataclass, fields, replace
 
 from .cluster import GiB, Cluster, builtin_profiles, load_cluster
-from .config import ParallelConfig
+from .config import ParallelConfig, knob_flag
 from .cost.step import estimate
 from .placement import balanced_stage_layers, layer_policies
 from .estimate import Estimate, StepTime
 from . import network
 from .recompute import POLICIES, policy_rank
-from .runtimes import RUNTIMES
+from .runtimes import RUNTIMES, config_refusals
 
 PARTS = {
     "compute": "compute", "recompute": "recompute", "tp_comm": "exposed TP communication",
@@ -116,6 +116,10 @@ def gains(graph, cluster, workload, config: ParallelConfig, est: Estimate) -> di
     return out
 
 
+def _flag_value(value) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
+
+
 def _other_schedules(graph, cluster, workload, config: ParallelConfig, est: Estimate) -> dict | None:
     """The winner's layout under each other schedule its runtime runs (planner/schedules.py; a dominated one
     left out), on balanced stages with the same recompute per block, and the chosen schedule on balanced stages
@@ -126,7 +130,7 @@ def _other_schedules(graph, cluster, workload, config: ParallelConfig, est: Esti
     can = RUNTIMES[workload.framework].on(cluster.device_kind)
     policies = _rebalanced(graph, config)
     base = estimate(graph, cluster, workload, replace(config, stage_layers=None, recompute_layers=policies))
-    tried = []
+    tried, refused = [], {}
     for name in can.schedules:
         record = SCHEDULES[name]
         if name == config.schedule or record.dominated_by or record.compile_refusal(workload.compile):
@@ -141,19 +145,26 @@ def _other_schedules(graph, cluster, workload, config: ParallelConfig, est: Esti
         for vpp in vpps:
             if config.pp * vpp > most or record.refusal(pp=config.pp, vpp=vpp, m=config.num_microbatches):
                 continue
-            other = estimate(graph, cluster, workload, replace(config, schedule=name, vpp=vpp, stage_layers=None,
-                                                              recompute_layers=policies))
+            trial = replace(config, schedule=name, vpp=vpp, stage_layers=None, recompute_layers=policies)
+            why = config_refusals(trial, workload.framework, cluster.device_kind, fp8=workload.fp8,
+                                  compile=workload.compile)
+            if why:             # the runtime does not run this schedule with the plan's other knobs
+                knob = why[0][0]
+                refused.setdefault(name, f"{knob_flag(knob)} {_flag_value(getattr(trial, knob))}")
+                continue
+            other = estimate(graph, cluster, workload, trial)
             if found is None or (other.fits, -other.step_time_s) > (found[1].fits, -found[1].step_time_s):
                 found = (vpp, other)
         if found:
+            refused.pop(name, None)
             vpp, other = found
             tried.append({"schedule": name, "vpp": vpp, "step_time_s": other.step_time_s, "fits": other.fits,
                           "memory_bytes": other.memory.total, "bubble_s": other.time.bubble})
-    if not tried:
+    if not tried and not refused:
         return None
     return {"schedule": config.schedule, "vpp": config.vpp, "step_time_s": base.step_time_s,
             "memory_bytes": base.memory.total, "bubble_s": base.time.bubble, "usable_bytes": base.usable_bytes,
-            "microbatches": config.num_microbatches, "pp": config.pp, "others": tried}
+            "microbatches": config.num_microbatches, "pp": config.pp, "others": tried, "refused": refused}
 
 
 def schedule_sentence(won: dict) -> str | None:
@@ -176,7 +187,13 @@ def _schedule_sentence(found: dict) -> str:
         dm = (o["memory_bytes"] - m0) / GiB
         parts.append(f"{name(o)} {100 * (o['step_time_s'] / t0 - 1):+.1f}% ({dm:+.1f} GiB"
                      + ("" if o["fits"] else ", does not fit") + ")")
-    out = f"{name(found)} against the other schedules, all on balanced stages: " + ", ".join(parts)
+    out = (f"{name(found)} against the other schedules, all on balanced stages: " + ", ".join(parts)
+           if parts else f"{name(found)}: no other schedule runs with these knobs")
+    by_knob: dict[str, list[str]] = {}
+    for n, knob in (found.get("refused") or {}).items():
+        by_knob.setdefault(knob, []).append(n)
+    for knob, names in by_knob.items():
+        out += f"; {', '.join(names)}: not on this runtime with {knob}"
     chosen = SCHEDULES[found["schedule"]]
     p, m = found["pp"], found["microbatches"]
     interleaved = [o for o in found["others"] if SCHEDULES[o["schedule"]].virtual_stages

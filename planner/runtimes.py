@@ -48,6 +48,7 @@ class Combinations:
     zero_stages_with_cp: tuple[int, ...] | None = None
     # ^ of the ZeRO stages, the ones that run with context parallelism (None: all of them)
     zero_stages_with_split_backward: tuple[int, ...] | None = None
+    sp_with_split_backward: bool = True     # sequence parallelism with a split-backward schedule over pp > 1
     # ^ of the ZeRO stages, the ones that run with a split-backward schedule (planner/schedules.py backward "split")
     #   over pp > 1 (None: all of them)
     expert_parallel: Literal["folded", "data", "none"] = "none"
@@ -203,6 +204,10 @@ _TORCH_RUNS = Combinations(
     # with tests/test_executor_zb.py's harness)
     schedules=tuple(name for name, s in SCHEDULES.items() if s.torch_name),
     zero_stages_with_split_backward=(0, 1, 2), recomputes=ALL_RECOMPUTES,
+    # nor with sequence parallelism: the weight-gradient pass (stage_backward_weight: autograd.grad from the input
+    # gradient's intermediates) leaves each TP rank's share of a replicated norm weight's gradient unsummed (seen on
+    # gloo, pp 2 x tp 2: every norm weight's gradient off by the other rank's share; without SP they match)
+    sp_with_split_backward=False,
     sequence_parallel=True,
     context_parallel=True, offload_zero_stages=(1, 2, 3), replicates_kv_heads=False, stages_without_blocks=True,
     expert_parallel="folded", experts_with_tp=False, recomputes_with_ep=tuple(p for p in ALL_RECOMPUTES if p != "op"),
@@ -454,6 +459,10 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
                                 f"pp >= {can.virtual_stages_min_pp}"))
     if schedule is not None and (found := SCHEDULES[schedule].compile_refusal(compile)):
         out.append(("schedule", found[1]))
+    if (sequence_parallel and schedule is not None and pp is not None and pp > 1 and not can.sp_with_split_backward
+            and SCHEDULES[schedule].backward == "split"):
+        out.append(("sequence_parallel", f"sequence parallelism with the {schedule} schedule (input and weight "
+                                         f"gradients as separate passes) does not run on {who}; allowed with it: off"))
     if recompute is not None and recompute not in can.recomputes:
         out.append(("recompute", f"{recompute!r} does not run on {who}; allowed: {one_of(can.recomputes)}"))
     if sequence_parallel and not can.sequence_parallel:

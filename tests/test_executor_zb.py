@@ -1,7 +1,8 @@
 """The split-backward schedules (interleaved-zb, zbv, dualpipev: torch's ScheduleInterleavedZeroBubble,
 ScheduleZBVZeroBubble, ScheduleDualPipeV) are the same training: losses of three AdamW steps and the first
-step's gradients equal a single-process run within 1e-4, alone, over 8 stages and composed with data
-parallelism (ZeRO-0, 1 and 2; ZeRO-3 is refused: planner/runtimes.py ``zero_stages_with_split_backward``).
+step's gradients equal a single-process run within 1e-4, alone, over 8 stages, composed with data
+parallelism (ZeRO-0, 1 and 2; ZeRO-3 is refused: planner/runtimes.py ``zero_stages_with_split_backward``) and
+with tensor parallelism (sequence parallelism is refused: ``sp_with_split_backward``).
 
 zbv and dualpipev place stages in a V (rank r holds stages r and 2 pp - 1 - r): GPT's tied embedding and
 head are then both on pipeline rank 0 and their gradients are summed there (executor/pipeline.py
@@ -33,6 +34,9 @@ LAYOUTS = {
     "pp2": (2, ("gpt", "llama"), {"pp": 2, "vpp": 2, "micro_batch": 2}),
     "pp4": (4, ("gpt6", "llama6"), {"pp": 4, "vpp": 2, "micro_batch": 1}),
     "pp2-dp2": (4, ("gpt", "llama"), {"pp": 2, "dp": 2, "vpp": 2, "micro_batch": 1}),
+    # DTensor tensor parallelism inside each stage (without sequence parallelism: planner/runtimes.py
+    # ``sp_with_split_backward``)
+    "pp2-tp2": (4, ("gpt", "llama"), {"pp": 2, "tp": 2, "vpp": 2, "micro_batch": 2, "sequence_parallel": False}),
 }
 # the data-parallel wrapper each schedule runs under pp 2 x dp 2: replicate, ZeRO-1's sharded AdamW, FSDP2
 DP_ZERO = {"interleaved-zb": 0, "zbv": 1, "dualpipev": 2}

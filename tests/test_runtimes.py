@@ -55,7 +55,7 @@ def emitted(space: Space) -> set[ParallelConfig]:
     out = set()
     for layout in space.layouts():
         for schedule, vpp in space.schedules(layout):
-            for sp in space.sequence_parallel(layout):
+            for sp in space.sequence_parallel(layout, schedule):
                 for zero in space.zeros(layout, schedule):
                     out.update(space.configs(layout, schedule, vpp, sp, zero))
     return out

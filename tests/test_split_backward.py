@@ -193,6 +193,11 @@ def test_split_schedules_run_on_torch_and_torchtitan_only():
         assert [k for k, _ in refusals("torch", "cpu", zero=3, pp=2, schedule=schedule)] == ["zero"]
         assert refusals("torch", "cpu", zero=2, pp=2, schedule=schedule) == []
     assert refusals("torch", "cpu", zero=3, pp=2, schedule="interleaved-1f1b") == []
+    # nor sequence parallelism (planner/runtimes.py ``sp_with_split_backward``: the norm weights' gradients)
+    for schedule in sorted(split):
+        assert [k for k, _ in refusals("torch", "cuda", pp=2, tp=2, sequence_parallel=True,
+                                       schedule=schedule)] == ["sequence_parallel"]
+    assert refusals("torch", "cuda", pp=2, tp=2, sequence_parallel=True, schedule="interleaved-1f1b") == []
 
 
 def test_torchtitan_names_read_back():
@@ -255,3 +260,27 @@ def test_inflight_closed_forms_are_the_orders_peaks():
                     for rank in range(pp):
                         assert record.held(rank, pp, vpp, m) == peak_held(name, rank, pp, vpp, m), \
                             (name, pp, vpp, m, rank)
+
+
+def test_the_plan_says_when_a_faster_schedules_memory_does_not_fit():
+    """The sail-sg run with ZB-V fixed on a device whose usable memory lies between ZB-V's need and interleaved
+    1F1B's: interleaved 1F1B would be faster (4 virtual stages) but does not fit, and the plan says so."""
+    from dataclasses import replace
+    from pathlib import Path
+    from planner import api
+    from planner.explain import schedule_sentence
+    model = Path(__file__).resolve().parent.parent / "benchmarks" / "configs" / "zb-6.2b.json"
+    job = api.load_job(str(model), cluster="h800", gpus=8, global_batch=72, seq_len=1024, framework="torchtitan",
+                       precision="bf16", memory_headroom=0.0)
+    knobs = api.Knobs(pp=8, tp=1, dp=1, cp=1, micro_batch=3, schedule="zbv")
+    roomy = api.plan(job, knobs, top_k=1).gains["schedules"]
+    inter = next(o for o in roomy["others"] if o["schedule"] == "interleaved-1f1b")
+    assert inter["step_time_s"] < roomy["step_time_s"] and inter["memory_bytes"] > roomy["memory_bytes"]
+    # a device that holds ZB-V's balanced stages and not interleaved 1F1B's
+    between = (roomy["memory_bytes"] + inter["memory_bytes"]) / 2
+    cluster = replace(job.cluster, device=replace(job.cluster.device, memory_bytes=between))
+    tight = api.plan(replace(job, cluster=cluster), knobs, top_k=1)
+    found = tight.gains["schedules"]
+    assert not next(o for o in found["others"] if o["schedule"] == "interleaved-1f1b")["fits"]
+    sentence = schedule_sentence(tight.gains)
+    assert "interleaved-1f1b (vpp 4) would be" in sentence and "its extra memory does not pay" in sentence, sentence

@@ -161,7 +161,7 @@ def _stage_phase(space: Space, cache: CostCache, top: TopK, order: list[Layout],
         for schedule, vpp in space.schedules(layout):
             if SCHEDULES[schedule].dominated_by and space.k.schedule is None:
                 continue      # no faster than another schedule, with no less in flight: never better
-            for sp in space.sequence_parallel(layout):
+            for sp in space.sequence_parallel(layout, schedule):
                 stats.groups += 1
                 if layout.pp * vpp > len(shape.blocks):
                     continue

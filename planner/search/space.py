@@ -268,7 +268,11 @@ class Space:
             return [0] if fixed is None else [fixed] if fixed in allowed else []
         return self._allowed("zero", allowed)
 
-    def sequence_parallel(self, layout: Layout) -> list[bool]:
+    def sequence_parallel(self, layout: Layout, schedule: str | None = None) -> list[bool]:
+        """Sequence parallelism off and on where the layout and the runtime allow it (with ``schedule``: under it)."""
+        if (schedule is not None and layout.pp > 1 and not self.can.sp_with_split_backward
+                and SCHEDULES[schedule].backward == "split"):
+            return self._allowed("sequence_parallel", [False])
         if self.graph.latent_attention and not self.can.sp_with_latent_attention:
             return self._allowed("sequence_parallel", [False])
         if layout.ep > 1 and layout.tp > 1 and self.can.ep_needs_sp:

@@ -117,7 +117,7 @@ def _layout_size(space: Space, layout: Layout) -> int:
 def _count_layout(space: Space, layout: Layout) -> int:
     n = 0
     for schedule, _ in space.schedules(layout):
-        for _ in space.sequence_parallel(layout):
+        for _ in space.sequence_parallel(layout, schedule):
             for zero in space.zeros(layout, schedule):
                 n += len(space.optimizer_offloads(zero)) * len(space.recomputes(layout))
     return n
@@ -166,7 +166,7 @@ def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bo
     for schedule, vpp in space.schedules(layout):
         if prune and SCHEDULES[schedule].dominated_by and space.k.schedule is None:
             continue      # no faster than another schedule, more activations in flight: never better
-        for sp in space.sequence_parallel(layout):
+        for sp in space.sequence_parallel(layout, schedule):
             base = _group_config(space, layout, schedule, vpp, sp)
             ctx = cache.context(base)
             policies = distinct_policies(cache, ctx, space.recomputes(layout))     # fastest first
@@ -243,7 +243,7 @@ def _frugal_candidates(space: Space, cache: CostCache, layout: Layout):
     for schedule, vpp in space.schedules(layout):
         if SCHEDULES[schedule].dominated_by and space.k.schedule is None:
             continue
-        for sp in space.sequence_parallel(layout):
+        for sp in space.sequence_parallel(layout, schedule):
             for zero in space.zeros(layout, schedule):
                 configs = list(space.configs(layout, schedule, vpp, sp, zero))
                 frugal = min(configs, key=lambda c: (peak_memory(cache, c)[0], -int(c.optimizer_offload)))
