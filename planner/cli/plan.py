@@ -25,6 +25,8 @@ examples:
   meshplan plan --model path/to/config.json --cluster my-cluster.toml --gpus 16 --json
   meshplan plan --model gpt-1.7b --cluster a100-80g --gpus 32 --dp 32 --tp 1 --pp 1 \\
                 --micro-batch 4 --recompute full --zero 0      # fully fixed: just estimate it
+  meshplan plan --model llama2-70b --cluster a100-80g --global-batch 64 --seq-len 4096 --fit-min
+                                                  # the fewest GPUs (and host memory) the job fits on
 
 Knobs you leave out are searched: dp, tp, pp, cp (data, tensor, pipeline, context
 parallel degrees), --zero, --micro-batch, --vpp, --schedule, --recompute,
@@ -60,6 +62,13 @@ def add_parser(sub) -> None:
                         "(headroom, the default), or always the fastest by the model")
     p.add_argument("--tokens", type=token_count, metavar="N",
                    help="a training run's tokens (300B, 1.5T, 2e12): the energy line adds the run's total")
+    p.add_argument("--fit-min", action="store_true",
+                   help="find the fewest GPUs of the cluster the job fits on instead of planning a given count: one "
+                        "node's 1, 2, 4, ... GPUs, then whole nodes (doubling, then every count in between); prints "
+                        "the plan there and the host memory per node it needs. The global batch stays the given one "
+                        "(default: one node's). Leave --gpus out")
+    p.add_argument("--fit-limit", type=positive_int, default=65536, metavar="GPUS",
+                   help="with --fit-min: the most GPUs to try (default 65536)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--out", metavar="PLAN.json", help="also write plan.json (the executor's input)")
     p.add_argument("--report", metavar="DIR", help="also write a strategy report into DIR: plan.json, report.md, "
@@ -72,6 +81,8 @@ def run(args) -> int:
         raise UserError("choose --exhaustive or --uniform-stages, not both", field="--exhaustive")
     solver = "exhaustive" if args.exhaustive else "uniform" if args.uniform_stages else args.solver
     inputs = job_inputs(args)
+    if args.fit_min:
+        return _fit_min(args, inputs)
     plan = api.plan_precisions(inputs, knobs(args), warn=warn, top_k=args.top_k, solver=solver,
                                time_limit_s=args.time_limit, progress=None if args.json else search_progress(),
                                prefer=args.prefer)
@@ -100,6 +111,51 @@ def run(args) -> int:
     else:
         sys.stdout.write(format_plan(plan, tokens=args.tokens))
     return 0
+
+
+def _fit_min(args, inputs) -> int:
+    """`--fit-min`: the fewest GPUs that fit (planner/fitmin.py), exit 3 where none up to --fit-limit does."""
+    from ..fitmin import fit_min
+    if args.gpus is not None:
+        raise UserError("--fit-min searches the number of GPUs; allowed: leave --gpus out (--fit-limit caps it)",
+                        field="--gpus")
+    for flag in ("out", "report"):
+        if getattr(args, flag):
+            raise UserError(f"--{flag} writes one plan; allowed with --fit-min: none (plan again with --gpus N)",
+                            field=f"--{flag}")
+
+    def progress(n: int, result: str) -> None:
+        if not args.json:
+            sys.stderr.write(f"meshplan: {n} GPUs: {result}\n")
+    found = fit_min(inputs, knobs(args), limit=args.fit_limit, progress=progress)
+    if args.json:
+        json.dump(found.to_json(), sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(format_fit_min(found))
+    return 0 if found.plan is not None else 3
+
+
+def format_fit_min(found) -> str:
+    tried = ", ".join(f"{n} {r}" for n, r in found.tried)
+    if found.plan is None:
+        return f"nothing fits on up to {found.limit} GPUs (tried: {tried})\n"
+    plan = found.plan
+    e, w = plan.best.estimate, plan.workload
+    nodes = -(-plan.world_size // found.gpus_per_node)
+    host = (f"{gib(e.host_bytes_per_node)} of {gib(e.host_capacity_bytes)} GiB of host memory per node"
+            if e.host_bytes_per_node else "no host memory beyond the runtime's")
+    return "\n".join([
+        f"{plan.model_name} ({plan.model_params / 1e9:.2f}B params) on {plan.cluster_name}: {w.global_batch} sequences "
+        f"x {w.seq_len} tokens per step, {w.precision_name}, {w.framework} runtime",
+        "",
+        f"fewest    {plan.world_size} GPUs ({nodes} node(s) of {found.gpus_per_node})",
+        f"plan      {describe_config(plan.best.config)}",
+        f"step      {e.step_time_s:.3f} s   {e.tokens_per_s:,.0f} tokens/s",
+        f"memory    {gib(e.memory.total)} of {gib(e.capacity_bytes)} GiB on the most loaded GPU; {host}",
+        f"tried     {tried}",
+        "",
+    ])
 
 
 def format_plan(plan: Plan, tokens: float | None = None) -> str:
