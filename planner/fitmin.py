@@ -59,8 +59,8 @@ def fit_min(inputs, knobs, *, limit: int = 65536, plan_one: Callable | None = No
     from . import api
     from .cluster import load_cluster
     if plan_one is None:
-        def plan_one(job_inputs, job_knobs):
-            return api.plan(job_inputs.load(), job_knobs, top_k=1)
+        def plan_one(at, fixed):
+            return api.plan(at.load(), fixed, top_k=1)
     node = load_cluster(inputs.cluster, None).gpus_per_node
     if inputs.global_batch is None:         # the job's batch must not change with the count: one node's default
         job = replace(inputs, gpus=None).load()
