@@ -32,6 +32,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate
 from torch.nn.attention.bias import causal_lower_right
 
 from planner.model import ModelSpec
+from .lora import ADAPTER_LEAVES, adapter_init
 from .moe import MoE
 from .support import check_model
 
@@ -318,10 +319,13 @@ def full_init(name: str, shape: torch.Size, spec: ModelSpec, seed: int) -> torch
     """The full (unsharded) initial value of a parameter, a function of its name and the seed only.
 
     GPT-2's scheme (Radford et al. 2019, Sec 2.3): normal(0, 0.02) weights, the
-    residual projections scaled by 1/sqrt(2 L); zero biases, unit norm weights.
+    residual projections scaled by 1/sqrt(2 L); zero biases, unit norm weights. LoRA adapters
+    (executor/lora.py): theirs (``adapter_init``).
     """
     key = init_key(name, spec)
     leaf = key.rsplit(".", 1)[-1]
+    if leaf in ADAPTER_LEAVES:
+        return adapter_init(key, shape, seed)
     if leaf == "bias":
         return torch.zeros(shape)
     if key.endswith("norm.weight") or key == "norm.weight":

@@ -15,6 +15,9 @@ The dispatcher ``parallelize`` composes them in this order (torchtitan's
 
 1. ``apply_tp``   tensor and sequence parallelism (DTensor ``parallelize_module``) first,
                   so the data-parallel wrappers see DTensor parameters on the tp mesh;
+   ``apply_finetune`` LoRA fine-tuning (executor/lora.py), where asked: adapters on the target
+                  linears, laid out as their tensor-parallel base is, every other parameter frozen
+                  before the data-parallel wrappers record what is trainable;
    ``apply_cp``   context parallelism (executor/context.py): attention gathers keys and values
                   over the cp ranks; no parameter changes;
    ``apply_ep``   expert parallelism (executor/moe.py): routed experts sharded over the ``ep``
@@ -55,6 +58,7 @@ from planner.errors import UserError
 from planner.plan import Plan
 
 from .context import apply_cp
+from .lora import LoraConfig, apply_lora
 from .mesh import ParallelDims
 from .models import LatentAttention, materialize, sdpa
 from .moe import apply_ep, expert_modules, moe_blocks
@@ -136,7 +140,7 @@ def shard_embedding_grads(model: nn.Module, tp_plan: dict[str, str]) -> None:
     Hooks the materialised parameters (``to_empty`` makes new ones)."""
     modules = dict(model.named_modules())
     for path, style in tp_plan.items():
-        if style == "vocab" and path in modules:
+        if style == "vocab" and path in modules and modules[path].weight.requires_grad:     # not frozen (LoRA)
             param = modules[path].weight
             # clone: the shard of a replicated tensor is a view that would keep all V x h alive
             param.register_hook(lambda grad, p=param: grad.redistribute(placements=p.placements).clone())
@@ -347,12 +351,29 @@ def apply_fp8(model: nn.Module, recipe: str, *, emulate: bool = False) -> list[s
     return chosen
 
 
+def apply_finetune(model: nn.Module, plan: Plan, lora: LoraConfig) -> list[str]:
+    """LoRA adapters on ``lora``'s targets, every other parameter frozen (executor/lora.py), after tensor
+    parallelism (the adapters take their base linear's layout) and before the data-parallel wrappers (which
+    record what is trainable). Refused where it is not built yet: a user's module, float8 linears, pipelines."""
+    if plan.spec is None:
+        raise UserError("LoRA adapters apply to meshplan's own models (plan.json with model.spec), not to a "
+                        "traced module", source=plan.source, field="lora")
+    if plan.workload.fp8:
+        raise UserError(f"LoRA with float8 linears ({plan.workload.fp8}) is not built; plan with --precision "
+                        "bf16 or fp32", source=plan.source, field="workload.fp8")
+    if plan.config.pp > 1:
+        raise UserError(f"LoRA under pipeline parallelism (pp {plan.config.pp}) is not built or tested yet; "
+                        "plan with --pp 1", source=plan.source, field="config.pp")
+    return apply_lora(model, rank=lora.rank, alpha=lora.alpha, targets=lora.targets)
+
+
 def shard_model(model: nn.Module, plan: Plan, dims: ParallelDims, mesh: DeviceMesh, dp_cp_mesh: DeviceMesh,
-                device_type: str, expert_mesh: DeviceMesh | None = None) -> list[str]:
+                device_type: str, expert_mesh: DeviceMesh | None = None, lora: LoraConfig | None = None) -> list[str]:
     """Steps 1-3 on ``model`` in place: what a dry run builds (executor/dryrun.py). ``model``: meshplan's
     own model (or a stage of it) where the plan has a spec, else the user's traced module (or a stage of
     it). ``dp_cp_mesh``: the data-parallel and context-parallel ranks flattened (``ParallelDims.build_mesh``);
-    ``expert_mesh``: under expert parallelism, the same ranks as (efsdp, ep) (``build_expert_mesh``).
+    ``expert_mesh``: under expert parallelism, the same ranks as (efsdp, ep) (``build_expert_mesh``);
+    ``lora``: LoRA fine-tuning (``apply_finetune``, after step 1), None to train every parameter.
     Returns the notes of where the run differs from the plan (``apply_ac``'s)."""
     c, own = plan.config, plan.spec is not None      # meshplan's own model, else a user's traced module
     if plan.workload.fp8:       # torchao's float8 linears (tp 1: Combinations.fp8_with_tp)
@@ -363,6 +384,8 @@ def shard_model(model: nn.Module, plan: Plan, dims: ParallelDims, mesh: DeviceMe
                  layers=None if own else [path for stage in plan.stages for path in stage])
         if own:
             model.tie_weights()     # TP replaced the shared weight in embed and head by two DTensors: share again
+    if lora is not None:
+        apply_finetune(model, plan, lora)
     if dims.cp > 1:
         apply_cp(model, mesh["cp"])
     if expert_mesh is not None:
@@ -387,13 +410,13 @@ def shard_model(model: nn.Module, plan: Plan, dims: ParallelDims, mesh: DeviceMe
 
 
 def parallelize(model: nn.Module, plan: Plan, dims: ParallelDims, mesh: DeviceMesh, dp_cp_mesh: DeviceMesh,
-                device: torch.device, seed: int = 0, expert_mesh: DeviceMesh | None = None
-                ) -> tuple[nn.Module, list[str]]:
+                device: torch.device, seed: int = 0, expert_mesh: DeviceMesh | None = None,
+                lora: LoraConfig | None = None) -> tuple[nn.Module, list[str]]:
     """Apply the plan to ``model`` in place (``shard_model``'s), materialising meshplan's own model (built on
-    the meta device; a user's module is real already) from ``seed``. Returns the module to train (a DDP
-    wrapper where ``apply_ddp`` applies, else ``model`` itself) and the notes of where the run differs
-    from the plan."""
-    notes = shard_model(model, plan, dims, mesh, dp_cp_mesh, device.type, expert_mesh)
+    the meta device; a user's module is real already) from ``seed``; ``lora``: LoRA fine-tuning (adapters,
+    the rest frozen), None to train every parameter. Returns the module to train (a DDP wrapper where
+    ``apply_ddp`` applies, else ``model`` itself) and the notes of where the run differs from the plan."""
+    notes = shard_model(model, plan, dims, mesh, dp_cp_mesh, device.type, expert_mesh, lora)
     if plan.spec is not None:
         materialize(model, seed=seed, device=device)
     if dims.tp > 1 and not uses_fsdp(plan, dims):       # FSDP reduces (and shards) gradients itself

@@ -36,6 +36,7 @@ from . import faults
 from .checkpoint_dir import check_resumable
 from .data import local_batch
 from .integrity import check_model, check_world_size
+from .lora import LoraConfig, finetune_of
 from .measure import (AllocationPeak, SavedTensorMeter, gathered_param_bytes, grad_bytes, optimizer_bytes, param_bytes,
                       state_bytes, unsharded_grad_bytes)
 from .mesh import ParallelDims, init_process_group, local_device
@@ -62,6 +63,8 @@ class RunOptions:
     checkpoint_dir: str | None = None   # restartable run: resume from, and checkpoint atomically into, this
                                         # folder; ``steps`` is then the run's total, resumed steps included
     checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY   # steps between checkpoints (and one after the last step)
+    lora: LoraConfig | None = None      # LoRA fine-tuning (executor/lora.py): adapters trained, the rest frozen;
+                                        # None: plan.json's (``finetune_of``), today a full training
 
 
 class Job:
@@ -85,12 +88,13 @@ class Job:
         self.sequence = SequenceLayout(cp=c.cp, rank=self.mesh["cp"].get_local_rank())
         # the tokens this rank sees per step: its replica's, of which its cp share
         self.tokens_per_rank = plan.workload.global_batch // c.dp * plan.workload.seq_len // c.cp
+        self.lora = options.lora or finetune_of(plan)      # None: every parameter trained
         self.parts: list[nn.Module] = []
         trained = []
         for j in mine:
             part = build_stage_model(spec, plan.stages[j]) if c.pp > 1 else build_model(spec)
             model, _ = parallelize(part, plan, self.dims, self.mesh, self.grad_mesh, device, options.seed,
-                                   expert_mesh=self.expert_mesh)
+                                   expert_mesh=self.expert_mesh, lora=self.lora)
             trained.append(model)
             self.parts.append(part)
         self.trained = trained
@@ -133,14 +137,15 @@ def make_optimizer(model: nn.Module, *, lr: float, zero: int, dp_mesh, optimizer
     replica (``dp_mesh``), or with optimizer offload, its states sharded over them (executor/zero1.py,
     which keeps them in host memory with ``optimizer_offload``), those of the experts that expert parallelism
     splits over ``expert_mesh``'s efsdp ranks. Under ZeRO-2/3 with offload FSDP2 holds the
-    parameters in host memory, so this AdamW and its states are there too (executor/parallelize.py)."""
+    parameters in host memory, so this AdamW and its states are there too (executor/parallelize.py).
+    Only the trainable parameters get states (all but a LoRA run's frozen ones: executor/lora.py)."""
     if zero == 1 and (dp_mesh.size() > 1 or optimizer_offload):
         experts = expert_parallel_params(model)
-        named = [(canonical_name(name), p) for name, p in model.named_parameters()]
+        named = [(canonical_name(name), p) for name, p in model.named_parameters() if p.requires_grad]
         return ShardedAdamW([(n, p) for n, p in named if id(p) not in experts], lr=lr, dp_mesh=dp_mesh,
                             offload=optimizer_offload, expert_params=[(n, p) for n, p in named if id(p) in experts],
                             expert_mesh=expert_mesh["efsdp"] if experts else None)
-    params = list(model.parameters())
+    params = [p for p in model.parameters() if p.requires_grad]
     # on CUDA one fused kernel per step (torchtitan's default implementation): it streams 28 bytes per
     # parameter where the multi-tensor (foreach) path runs eight passes and keeps a temporary copy of
     # the second moments (measured on H100: benchmarks/results/gpu_runs_foreach_adam.json against gpu_runs.json); the CPU runs the loop
@@ -229,11 +234,13 @@ def train_step(job: Job, step: int, meter: SavedTensorMeter | None = None, dump_
 
 
 def write_grads(job: Job, path: str) -> None:
-    """{parameter path: full gradient} of this rank's parameters (collective over TP/FSDP meshes).
+    """{parameter path: full gradient} of this rank's trainable parameters (collective over TP/FSDP meshes).
     ZeRO-1 reduces the gradients inside its optimizer step: its replicas' are averaged here."""
     grads = {}
     for model, optimizer in zip(job.trained, job.optimizers):
         for name, p in model.named_parameters():
+            if not p.requires_grad:         # frozen (LoRA): no gradient
+                continue
             g = p.grad
             g = (g.full_tensor() if isinstance(g, DTensor) else g).detach().clone()
             if isinstance(optimizer, ShardedAdamW):
