@@ -181,4 +181,12 @@ def model_flops_per_token(graph, seq_len: int, adapters: Adapters) -> float:
     return out
 
 
+def describe(finetune: str, lora_rank: int, lora_targets: tuple[str, ...]) -> str:
+    """", LoRA rank 8 on q,v" for a plan's first line; "" under full training."""
+    if finetune == "full":
+        return ""
+    name = {"lora": "LoRA", "qlora": "QLoRA (NF4 base)"}[finetune]
+    return f", {name} rank {lora_rank} on {','.join(lora_targets)}"
+
+
 # Which runtimes fine-tune with which modes is planner/runtimes.py's ``Combinations.finetune_modes``.
