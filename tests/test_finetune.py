@@ -169,7 +169,7 @@ def test_qlora_dequantizes_each_use():
 
 def test_runtime_table_says_who_runs_which_mode():
     with pytest.raises(UserError, match="torchtitan runtime does not run lora") as e:
-        api.load_job(SPEC.name if False else "llama3-8b", "h100-80g", gpus=8, framework="torchtitan", finetune="lora")
+        api.load_job("llama3-8b", "h100-80g", gpus=8, framework="torchtitan", finetune="lora")
     assert e.value.field == "--finetune"
     with pytest.raises(UserError, match="megatron runtime does not run qlora"):
         api.load_job("llama3-8b", "h100-80g", gpus=8, framework="megatron", finetune="qlora")
