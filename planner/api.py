@@ -22,6 +22,7 @@ from typing import Callable
 from . import schedules
 from .cluster import Cluster, load_cluster
 from .config import DEFAULT_MEMORY_HEADROOM, ParallelConfig, Workload
+from . import finetune as finetune_modes
 from .errors import NoFeasiblePlan, UserError, one_of
 from .estimate import Candidate
 from .explain import no_fit
@@ -78,6 +79,9 @@ class JobInputs:
     compile: bool = False               # torch: each block torch.compile'd (planner/config.py Workload.compile)
     fp8_param_gather: bool = False      # Megatron-LM's --fp8-param-gather (planner/config.py)
     grad_reduce_in_bf16: bool = False   # Megatron-LM's --grad-reduce-in-bf16 (planner/config.py)
+    finetune: str = "full"              # training mode: "full", "lora" or "qlora" (planner/finetune.py)
+    lora_rank: int | None = None        # the adapters' rank (None: planner/finetune.py DEFAULT_RANK)
+    lora_targets: tuple[str, ...] | None = None     # their projections (None: planner/finetune.py DEFAULT_TARGETS)
 
     def load(self, warn: Callable[[str], None] | None = None) -> Job:
         """The Job: the model traced or built, the cluster loaded with its GPUs, the workload with its defaults.
@@ -104,7 +108,9 @@ class JobInputs:
                             overlap_grad_reduce=self.overlap_grad_reduce, tp_comm_overlap=self.tp_comm_overlap,
                             memory_headroom=self.memory_headroom, expert_imbalance=self.expert_imbalance,
                             expert_dispatcher=self.expert_dispatcher, compile=self.compile, fp8=fp8,
-                            fp8_param_gather=self.fp8_param_gather, grad_reduce_in_bf16=self.grad_reduce_in_bf16)
+                            fp8_param_gather=self.fp8_param_gather, grad_reduce_in_bf16=self.grad_reduce_in_bf16,
+                            **finetune_fields(self.finetune, self.lora_rank, self.lora_targets))
+        check_finetune(workload, cluster, spec)
         if self.compile and not RUNTIMES[self.framework].on(cluster.device_kind).compiles_blocks:
             raise UserError(f"the {self.framework} runtime does not compile blocks with torch.compile; allowed with "
                             "--compile: --framework torch or torchtitan", field="--compile")
@@ -118,6 +124,42 @@ class JobInputs:
                             "and an FP8 --precision (" + ", ".join(r for r in RECIPES if RECIPES[r].te) + ")",
                             field="--fp8-param-gather")
         return Job(model_source=self.model, spec=spec, graph=graph, cluster=cluster, workload=workload)
+
+
+def finetune_fields(finetune: str, lora_rank: int | None, lora_targets: tuple[str, ...] | None) -> dict:
+    """The Workload's training-mode fields, the adapters' defaults filled in (planner/finetune.py), or UserError
+    naming the flag."""
+    mode = finetune_modes.mode(finetune)
+    if not mode.adapters:
+        finetune_modes.check(finetune, lora_rank or 0, tuple(lora_targets or ()))
+        return {"finetune": finetune, "lora_rank": 0, "lora_targets": ()}
+    rank = finetune_modes.DEFAULT_RANK if lora_rank is None else lora_rank
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise UserError(f"must be a positive integer, got {rank!r}", field="--lora-rank")
+    targets = finetune_modes.DEFAULT_TARGETS if lora_targets is None else tuple(lora_targets)
+    finetune_modes.check(finetune, rank, targets)
+    if not targets:
+        raise UserError(f"no LoRA target; allowed: a comma-separated list of {one_of(finetune_modes.TARGETS)}",
+                        field="--lora-targets")
+    return {"finetune": finetune, "lora_rank": rank, "lora_targets": tuple(t for t in finetune_modes.TARGETS
+                                                                        if t in targets)}
+
+
+def check_finetune(workload: Workload, cluster: Cluster, spec: ModelSpec | None) -> None:
+    """Refuse a training mode the runtime does not run on this device (``Combinations.finetune_modes``), and LoRA on a
+    mixture of experts (routed experts' frozen storage is not modelled over expert parallelism yet)."""
+    if workload.finetune == "full":
+        return
+    allowed = RUNTIMES[workload.framework].on(cluster.device_kind).finetune_modes
+    if workload.finetune not in allowed:
+        where = "on a CPU" if cluster.device_kind == "cpu" else f"on {cluster.name}"
+        who = [n for n, r in RUNTIMES.items() if workload.finetune in r.on(cluster.device_kind).finetune_modes]
+        raise UserError(f"the {workload.framework} runtime does not run {workload.finetune} {where}; allowed: "
+                        f"{one_of(allowed)}" + (f" (--finetune {workload.finetune}: --framework {one_of(who)})"
+                                                if who else ""), field="--finetune")
+    if spec is not None and spec.num_experts:
+        raise UserError(f"{workload.finetune} of a mixture of experts is not modelled yet; allowed: full",
+                        field="--finetune")
 
 
 def load_job(model: str = DEFAULT_MODEL, cluster: str = DEFAULT_CLUSTER, **inputs) -> Job:

@@ -73,6 +73,11 @@ class Workload:
                                            # over the balanced share (>= 1): its expert GEMMs, activations and all-to-
                                            # all traffic grow by it and the step waits for it. 1: balanced, as the
                                            # published MoE benchmarks force it (Megatron-Bridge's performance summary)
+    finetune: str = "full"                 # training mode (planner/finetune.py MODES; --finetune): "full", "lora"
+                                           # (base frozen, low-rank adapters train) or "qlora" (LoRA over NF4 base
+                                           # linears)
+    lora_rank: int = 0                     # the adapters' rank r under lora/qlora (0 under full; --lora-rank)
+    lora_targets: tuple[str, ...] = ()     # the projections with adapters (planner/finetune.py TARGETS; --lora-targets)
 
     @property
     def tokens(self) -> int:

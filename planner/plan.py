@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .cluster import Cluster
 from .config import FRAMEWORKS, PRECISIONS, TP_STYLES, ZERO_STAGES, ParallelConfig, Workload
+from . import finetune as finetune_modes
 from .errors import UserError, one_of
 from .estimate import Candidate, Estimate
 from .layers import LayerGraph
@@ -116,7 +117,8 @@ class Plan:
             "workload": {k: v for k, v in asdict(self.workload).items()      # the expert settings said only
                          if (k, v) not in (("expert_imbalance", 1.0), ("expert_dispatcher", "alltoall"),
                                            ("compile", False), ("fp8", ""), ("fp8_param_gather", False),
-                                           ("grad_reduce_in_bf16", False))},  # off default
+                                           ("grad_reduce_in_bf16", False), ("finetune", "full"),
+                                           ("lora_rank", 0), ("lora_targets", ()))},  # off default
             "config": self.config.to_json(),
             "estimate": self.estimate.to_json(),
             "closed_form_step_time_s": self.closed_form_step_time_s,
@@ -258,6 +260,14 @@ def _workload(raw: dict, source: str) -> Workload:
                             field="workload.memory_headroom")
     else:       # written before the headroom existed: the plan was made without one
         raw = {**raw, "memory_headroom": 0.0}
+    if "lora_targets" in raw:       # a JSON list
+        targets = raw["lora_targets"]
+        if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+            raise UserError(f"must be a list of LoRA targets, got {targets!r}", source=source,
+                            field="workload.lora_targets")
+        raw = {**raw, "lora_targets": tuple(targets)}
+    finetune_modes.check(raw.get("finetune", "full"), raw.get("lora_rank", 0), raw.get("lora_targets", ()),
+                         source=source, prefix="workload.")
     if "expert_imbalance" in raw:
         value = raw["expert_imbalance"]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1:

@@ -72,6 +72,7 @@ class Combinations:
                                             # parallelism must be used")
     virtual_stages_min_pp: int = 2          # the least pp a schedule with virtual stages runs at (Megatron-LM
                                             # refused pp 2 from March 2021 to May 2024: ``megatron-2021``)
+    finetune_modes: tuple[str, ...] = ("full",)     # training modes it runs (planner/finetune.py; --finetune)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -194,7 +195,18 @@ class Runtime:
 # torchtitan folds them), no tensor parallelism in a MoE model (executor/moe.py splits no expert); under ep > 1 no
 # operator-level recompute ("op": the experts' data-parallel unit inside the checkpointed block runs other hook ops
 # in the recompute, which torch's selective checkpointing refuses)
+# Training modes (planner/finetune.py). LoRA: PEFT's adapters on a torch model (peft/tuners/lora), which meshplan's
+# executor is to apply (the planner prices what PEFT runs: the base frozen, adapters sharded as their linear);
+# Hugging Face Trainer + PEFT under DeepSpeed; Megatron-Bridge's PEFT LoRA (megatron/bridge/peft/lora.py) for
+# Megatron-Core models. QLoRA: bitsandbytes' Linear4bit (NF4, double quantization), whose kernels are CUDA's
+# (bitsandbytes' 4-bit kernels: CUDA; its multi-backend CPU path is not what QLoRA's paper or PEFT's QLoRA recipes
+# run); PEFT + bitsandbytes under torch and DeepSpeed (transformers' BitsAndBytesConfig). Not Megatron (Megatron-
+# Bridge quantizes no base weights to NF4), not torchtitan (no LoRA in torchtitan)
+_LORA = ("full", "lora")
+_LORA_AND_QLORA = ("full", "lora", "qlora")
+
 _TORCH_RUNS = Combinations(
+    finetune_modes=_LORA,
     compiles_blocks=True,       # executor/parallelize.py apply_compile (torch.compile on the CPU too: inductor)
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1, 2, 3), zero_stages_with_tp=(0, 1, 2, 3),
     # the split-backward schedules (planner/schedules.py backward "split") without ZeRO-3: torch 2.13's input-gradient
@@ -220,7 +232,8 @@ _TORCH_RUNS = Combinations(
 # parallelism (torchao's Float8ColwiseParallel / Float8RowwiseParallel styles are not applied), not MXFP8 (torchao's
 # MX linears are another API); on GPUs with an FP8 rate, with --compile (planner/api.py check_fp8)
 _TORCH_CUDA_RUNS = replace(_TORCH_RUNS, grouped_experts=True,
-                           fp8_recipes=("fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp"), fp8_with_tp=False)
+                           fp8_recipes=("fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp"), fp8_with_tp=False,
+                           finetune_modes=_LORA_AND_QLORA)
 
 TORCH = Runtime(
     name="torch",
@@ -268,7 +281,7 @@ _MEGATRON_RUNS = Combinations(
     # any blocks per stage (--pipeline-model-parallel-layout; --decoder-first/last-pipeline-num-layers); one
     # --recompute-granularity for every layer (its --recompute-method block, the same count of blocks on every
     # stage, is not searched)
-    unequal_stages=True, recompute_per_layer=False)
+    unequal_stages=True, recompute_per_layer=False, finetune_modes=_LORA)
 # FP8 by TransformerEngine (--fp8-format, --fp8-recipe: Megatron-LM's arguments.py): per-tensor current scaling
 # ("tensorwise"), delayed scaling, blockwise (1x128 / 128x128, DeepSeek-V3's) and MXFP8 (Blackwell); on GPUs only
 _MEGATRON_CUDA_RUNS = replace(_MEGATRON_RUNS, fp8_recipes=("fp8-tensorwise", "fp8-delayed", "fp8-blockwise", "mxfp8"))
@@ -302,12 +315,13 @@ _DEEPSPEED_RUNS = Combinations(
     sequence_parallel=False, context_parallel=False,
     offload_zero_stages=(1, 2, 3), replicates_kv_heads=True, stages_without_blocks=False,
     unequal_stages=False, recompute_per_layer=False, expert_parallel="data",
-    param_offload_zero_stages=(3,))     # zero_optimization.offload_param: stage 3 only (ZeRO-Infinity)
+    param_offload_zero_stages=(3,),     # zero_optimization.offload_param: stage 3 only (ZeRO-Infinity)
+    finetune_modes=_LORA)
 
 DEEPSPEED = Runtime(
     name="deepspeed",
     description="DeepSpeed ZeRO (Rajbhandari et al. 2020) and ZeRO-Offload (Ren et al. 2021)",
-    runs={"cuda": _DEEPSPEED_RUNS, "cpu": _DEEPSPEED_RUNS},
+    runs={"cuda": replace(_DEEPSPEED_RUNS, finetune_modes=_LORA_AND_QLORA), "cpu": _DEEPSPEED_RUNS},
     # the ZeRO paper's layout (Sec 5.1, Table 1): fp16 parameters 2, gradients 2, K = 12; stage 1
     # shards the optimizer, 2 also the gradients, 3 also the parameters
     mixed=StateLayout(params_bytes=2.0, grads_bytes=2.0, optimizer_bytes=12.0, params_sharded_from=3,
@@ -372,6 +386,8 @@ DEEPSPEED_2021 = replace(
     DEEPSPEED, name="deepspeed-2021",
     description="DeepSpeed v0.3.13-v0.5.4 (2021): ZeRO-3 gathers and reduce-scatters one tensor at a time, "
                 "each behind a device-wide synchronize",
+    # no LoRA: the versions predate PEFT (2022-) and bitsandbytes' 4-bit (2023)
+    runs={kind: replace(can, finetune_modes=("full",)) for kind, can in DEEPSPEED.runs.items()},
     timing=replace(DEEPSPEED.timing, zero3_per_tensor=PerTensorFetch(
         gather_loop_s=2.7e-6, reduce_loop_s=2.6e-6, max_reuse_distance=1e9,
         source="DeepSpeed v0.3.16 stage3.py (stage3_max_reuse_distance default 1e9) and partition_parameters.py; "
@@ -386,8 +402,9 @@ DEEPSPEED_2021 = replace(
 MEGATRON_2021 = replace(
     MEGATRON, name="megatron-2021", priced_as="megatron",
     description="Megatron-LM of 2021 (Narayanan et al. SC'21): blocking pipeline sends, interleaving at pp > 2 only",
-    runs={kind: replace(can, virtual_stages_min_pp=3, fp8_recipes=()) for kind, can in MEGATRON.runs.items()},
-    # ^ no FP8 (TransformerEngine came to Megatron-LM in 2022)
+    runs={kind: replace(can, virtual_stages_min_pp=3, fp8_recipes=(), finetune_modes=("full",))
+          for kind, can in MEGATRON.runs.items()},
+    # ^ no FP8 (TransformerEngine came to Megatron-LM in 2022), no LoRA (Megatron-Bridge's PEFT is of 2025)
     timing=replace(MEGATRON.timing, pp_sends_block=True))
 
 RUNTIMES: dict[str, Runtime] = {r.name: r for r in (TORCH, MEGATRON, DEEPSPEED, TORCHTITAN, DEEPSPEED_2021,

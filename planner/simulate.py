@@ -54,7 +54,7 @@ from dataclasses import dataclass, fields, replace
 from .cluster import Cluster
 from .config import ParallelConfig, Workload
 from .cost.step import (CostCache, dp_overlaps, dp_phases, estimate, fetches_per_tensor, gathers_every_microbatch,
-                        optimizer_time_s, per_tensor_phases, rank_costs, reduces_every_microbatch, sends_overlap,
+                        optimizer_time_s, per_tensor_phases, rank_costs, reduces_every_microbatch, sends_overlap, tied_bucket,
                         tied_embedding_sync_s)
 from .cost.host import host_bound, host_s
 from .estimate import Estimate, StepTime
@@ -487,14 +487,16 @@ def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
             for i in chunk:
                 cost = cache.layer(i, ctx)
                 p = cost.policy(policies[i])
-                g_f, g_b, red = dp_phases(cache, config, cost.params - cost.expert_params)
+                g_f, g_b, red = dp_phases(cache, config, cost.params - cost.expert_params,
+                                           frozen_bytes=cost.frozen_bytes)
                 if cost.expert_params:      # routed experts: over their expert data-parallel group
                     e_f, e_b, e_r = dp_phases(cache, config, cost.expert_params, expert=True)
                     g_f, g_b, red = g_f + e_f, g_b + e_b, red + e_r
                 if per_tensor:
                     g_f, g_b, red = per_tensor_phases(cache, config, cache.signatures[i], policies[i])
                 if tied_extra and rank == config.pp - 1 and i == len(graph.layers) - 1:
-                    extra = dp_phases(cache, config, tied_extra)   # the head's copy of the shared embedding
+                    bucket = tied_bucket(cache, tied_extra)    # the head's copy of the shared embedding
+                    extra = dp_phases(cache, config, bucket[0], frozen_bytes=bucket[1])
                     g_f, g_b, red = g_f + extra[0], g_b + extra[1], red + extra[2]
                 layers.append(LayerWork(fwd_s=cost.fwd_s, bwd_s=cost.bwd_s + p.recompute_s,
                                         recompute_s=p.recompute_s, wgrad_s=cost.wgrad_s, tp_comm_s=cost.tp_comm_s,

@@ -80,7 +80,7 @@ def fake_rank(params=1e9, layers=10):
     """A rank of ten identical layers, one data-parallel collective each."""
     return RankCost(fwd_s=1.0, bwd_s=2.0, recompute_s=0.0, tp_comm_s=0.0, cp_comm_s=0.0, p2p_s=0.0, act_bytes=0.0,
                     peak_extra_bytes=0.0, params=params, matmul_flops=0.0, num_layers=layers,
-                    buckets=((params / layers, layers),), first_bucket=params / layers)
+                    buckets=(((params / layers, 0.0), layers),), first_bucket=(params / layers, 0.0))
 
 
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])

@@ -106,6 +106,42 @@ def test_ilp_search_equals_exhaustive_with_split_backward_schedules(i):
     assert ilp.best.estimate.step_time_s == pytest.approx(reference.best.estimate.step_time_s, rel=1e-3)
 
 
+def finetune_scenario(i: int):
+    """A small model on 2 or 4 GPUs trained with LoRA or QLoRA (planner/finetune.py): frozen base weights (16-bit
+    or NF4), adapters of rank 4 or 8 on some projections; ZeRO, stage sizes and recompute searched, about half with
+    the memory squeezed so that they bind."""
+    rng = random.Random(7000 + i)
+    spec = replace(tiny(rng, i), mlp="swiglu", norm="rmsnorm", linear_bias=False, max_positions=0, dropout=False,
+                   tied_embeddings=rng.random() < 0.3)
+    graph = build_layer_graph(spec)
+    cluster = load_cluster(rng.choice(["a100-40g", "h100-80g"]), rng.choice([2, 4]))
+    mode = rng.choice(["lora", "qlora"])
+    workload = Workload(global_batch=cluster.num_gpus * rng.choice([2, 4]), seq_len=spec.seq_len, precision="bf16",
+                        framework=rng.choice(["torch", "deepspeed"]), attention=rng.choice(["flash", "unfused"]),
+                        finetune=mode, lora_rank=rng.choice([4, 8]),
+                        lora_targets=rng.choice([("q", "v"), ("q", "k", "v", "o", "gate", "up", "down"), ("down",)]))
+    pp = rng.choice([None, 2, cluster.num_gpus])
+    knobs = Knobs(pp=pp, tp=1 if pp else None)
+    if rng.random() < 0.5:
+        uniform = search(graph, cluster, workload, knobs, top_k=1, solver="uniform")
+        if uniform.best is not None:
+            squeeze = uniform.best.estimate.memory.total * rng.uniform(0.8, 1.0)
+            cluster = replace(cluster, device=replace(cluster.device, memory_bytes=squeeze))
+    return graph, cluster, workload, knobs
+
+
+@pytest.mark.parametrize("i", range(8))
+def test_ilp_search_equals_exhaustive_with_finetune_modes(i):
+    graph, cluster, workload, knobs = finetune_scenario(i)
+    ilp = search(graph, cluster, workload, knobs, top_k=1, solver="cbc", simulate=False)
+    reference = search(graph, cluster, workload, knobs, top_k=1, solver="exhaustive", prune=False, simulate=False)
+    if reference.best is None:
+        assert ilp.best is None
+        return
+    assert ilp.best is not None
+    assert ilp.best.estimate.step_time_s == pytest.approx(reference.best.estimate.step_time_s, rel=1e-3)
+
+
 GROUPS = [  # (model, cluster, gpus, layout, schedule, vpp, memory squeeze)
     ("gpt", "a100-40g", 4, Layout(tp=1, pp=4, cp=1, dp=1, micro_batch=1), "1f1b", 1, 0.9),
     ("llama", "h100-80g", 4, Layout(tp=1, pp=2, cp=1, dp=2, micro_batch=2), "interleaved-1f1b", 2, 0.85),

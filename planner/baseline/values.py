@@ -66,6 +66,9 @@ class Baseline:
     fp8_param_gather: bool = False
     grad_reduce_in_bf16: bool = False
     compile: bool = False
+    finetune: str = "full"             # the training mode (planner/finetune.py) and its adapters
+    lora_rank: int = 0
+    lora_targets: tuple[str, ...] = ()
     flags: dict[str, str] = field(default_factory=dict)     # meshplan flag -> the file's flag or key
     ignored: tuple[str, ...] = ()      # flags read and not modelled
     notes: tuple[str, ...] = ()        # where the mapping is an approximation
@@ -76,7 +79,8 @@ class Baseline:
                         overlap_grad_reduce=self.overlap_grad_reduce, tp_comm_overlap=self.tp_comm_overlap,
                         expert_dispatcher=self.expert_dispatcher, expert_imbalance=self.expert_imbalance,
                         fp8=self.fp8, fp8_param_gather=self.fp8_param_gather,
-                        grad_reduce_in_bf16=self.grad_reduce_in_bf16, compile=self.compile)
+                        grad_reduce_in_bf16=self.grad_reduce_in_bf16, compile=self.compile, finetune=self.finetune,
+                        lora_rank=self.lora_rank, lora_targets=self.lora_targets)
 
 
 def positive_int(source: str, flag: str, value, minimum: int = 1) -> int:

@@ -7,6 +7,7 @@ import re
 import sys
 import time
 
+from .. import finetune as finetune_modes
 from .. import schedules
 from ..api import DEFAULT_CLUSTER, DEFAULT_MODEL, JobInputs
 from ..config import COMPILE_PRICED_AS, DEFAULT_MEMORY_HEADROOM, FRAMEWORKS
@@ -189,7 +190,26 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
                    help="how tokens reach their experts under expert parallelism: all-to-alls (every runtime; the "
                         "default), or all-gather and reduce-scatter over the expert-parallel ranks (Megatron-LM's "
                         "--moe-token-dispatcher-type allgather)")
+    p.add_argument("--finetune", choices=finetune_modes.NAMES, default="full",
+                   help="training mode: " + "; ".join(f"{m.name}: {m.what}" for m in finetune_modes.MODES.values())
+                        + ". Frozen parameters get no gradient, no optimizer state, no data-parallel reduction and "
+                        "no weight-gradient GEMM (default: full)")
+    p.add_argument("--lora-rank", type=positive_int, metavar="R",
+                   help=f"--finetune lora|qlora: the adapters' rank r (default {finetune_modes.DEFAULT_RANK}, PEFT's "
+                        "LoraConfig)")
+    p.add_argument("--lora-targets", type=lora_targets, metavar="LIST",
+                   help="--finetune lora|qlora: the projections with adapters, comma separated, of "
+                        f"{','.join(finetune_modes.TARGETS)} (default {','.join(finetune_modes.DEFAULT_TARGETS)}, "
+                        "PEFT's for Llama; every linear: q,k,v,o,gate,up,down)")
     add_example_input_arg(p)
+
+
+def lora_targets(text: str) -> tuple[str, ...]:
+    """``q,k,v`` -> ("q", "k", "v") (planner/finetune.py TARGETS)."""
+    try:
+        return finetune_modes.parse_targets(text)
+    except UserError as e:
+        raise argparse.ArgumentTypeError(e.detail) from None
 
 
 def add_knob_args(p: argparse.ArgumentParser) -> None:
@@ -230,7 +250,9 @@ def job_inputs(args: argparse.Namespace) -> JobInputs:
                      expert_dispatcher=getattr(args, "expert_dispatcher", "alltoall"),
                      compile=getattr(args, "compile", False),
                      fp8_param_gather=getattr(args, "fp8_param_gather", False),
-                     grad_reduce_in_bf16=getattr(args, "grad_reduce_in_bf16", False))
+                     grad_reduce_in_bf16=getattr(args, "grad_reduce_in_bf16", False),
+                     finetune=getattr(args, "finetune", "full"), lora_rank=getattr(args, "lora_rank", None),
+                     lora_targets=getattr(args, "lora_targets", None))
 
 
 def knobs(args: argparse.Namespace) -> Knobs:

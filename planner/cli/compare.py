@@ -11,6 +11,7 @@ import sys
 import time
 from dataclasses import asdict
 
+from ..finetune import describe as describe_mode
 from .. import api
 from ..api import DEFAULT_CLUSTER
 from ..baseline import FORMAT_NAMES
@@ -123,7 +124,8 @@ def format_comparison(cmp: Comparison) -> str:
     widths = [max(len(r[i]) for r in table + [("", "your plan", label, "")]) for i in range(3)]
     lines = [f"{cmp.spec.name} ({cmp.graph.num_params / 1e9:.2f}B params) on {cmp.cluster.name} x "
              f"{cmp.cluster.num_gpus} GPUs: {w.global_batch} sequences x {w.seq_len} tokens per step, "
-             f"{w.precision_name}, {w.framework} runtime",
+             f"{w.precision_name}, {w.framework} runtime"
+        f"{describe_mode(w.finetune, w.lora_rank, w.lora_targets)}",
              f"baseline  {b.source} ({FORMAT_NAMES[b.format]})", "",
              f"{'':<{widths[0]}}  {'your plan':<{widths[1]}}  {label:<{widths[2]}}"]
     lines += [f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip() for r in table]

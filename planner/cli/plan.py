@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 
+from ..finetune import describe as describe_mode
 from .. import api
 from ..accuracy import Accuracy
 from ..config import COMPILE_PRICED_AS
@@ -164,6 +165,7 @@ def format_plan(plan: Plan, tokens: float | None = None) -> str:
     lines = [
         f"{plan.model_name} ({plan.model_params / 1e9:.2f}B params) on {plan.cluster_name} x {plan.world_size} "
         f"GPUs: {w.global_batch} sequences x {w.seq_len} tokens per step, {w.precision_name}, {w.framework} runtime"
+        f"{describe_mode(w.finetune, w.lora_rank, w.lora_targets)}"
         + (f"; {COMPILE_PRICED_AS}" if w.compile else ""),
         "",
         f"plan      {describe_config(c)}",

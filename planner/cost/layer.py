@@ -20,6 +20,7 @@ from typing import NamedTuple
 from ..cluster import DTYPE_BYTES, Cluster
 from ..layers import Layer, Op, Saved
 from .. import network
+from .. import finetune as modes
 from .. import precision as fp8_recipes
 from ..recompute import POLICY_RECORDS, BlockFacts, PolicyCost
 from ..runtimes import RUNTIMES, priced_as
@@ -43,6 +44,9 @@ class Context(NamedTuple):
     expert_imbalance: float = 1.0   # under ep > 1, the busiest rank's routed tokens over the balanced share
     expert_dispatcher: str = "alltoall"     # how tokens reach their experts under ep > 1 (``_expert_exchange_s``)
     fp8: str = ""               # the FP8 recipe of the linears (planner/precision.py), "" for none
+    finetune: str = "full"      # the training mode (planner/finetune.py): which parameters train
+    lora_rank: int = 0          # its adapters' rank and targets (0, (): the mode's defaults)
+    lora_targets: tuple[str, ...] = ()
 
     @property
     def tokens(self) -> float:
@@ -68,6 +72,12 @@ class LayerCost:
     wgrad_s: float = 0.0                  # of ``bwd_s``, the weight-gradient (W) GEMMs of its linears
                                           # (``linear_wgrad_s``); the rest is the input gradient (I), which
                                           # split-backward schedules run apart (Qi et al., ICLR 2024, Sec 2.1)
+    frozen_bytes: float = 0.0             # bytes of the frozen parameters one rank stores (TP shards; planner/
+                                          # finetune.py): no gradient, no optimizer state; ``params`` are the
+                                          # trainable ones (all of them under full training)
+    frozen_params: float = 0.0            # how many parameters those bytes hold
+    matmul_flops_bwd: float | None = None  # matmul FLOPs of one backward on one rank (None: twice the forward's;
+                                          # a frozen linear runs its input gradient only)
 
     def policy(self, name: str) -> PolicyCost:
         return self.by_policy[name]
@@ -371,23 +381,44 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     routed = sum(op.params for op in layer.ops if op.routed) if ctx.ep > 1 else 0.0
     expert_params = routed / ctx.ep
     params = layer.params_replicated + (layer.params - layer.params_replicated - routed) / ctx.tp + expert_params
+    ft = modes.of(ctx.finetune, ctx.lora_rank, ctx.lora_targets)
+    keeps_input = _kept_linear_inputs(layer, ft)
+    bwd_flops = 0.0
     eager = dict(layer.eager).get(ctx.eager_regime) if ctx.eager_regime else None
     sac = _SacOutputs()         # what operator-level selective checkpointing keeps (policy "op")
     eager_loss = RUNTIMES[ctx.framework].loss == "eager" if ctx.framework in RUNTIMES else True
-    for op in layer.ops:
+    for i, op in enumerate(layer.ops):
         if op.measured_fwd_s is not None:        # measured by `meshplan profile --ops`, per token, alone
             share = ctx.tokens / _op_divisor(op, ctx) / cluster.time_share     # processes sharing cores
             f = op.measured_fwd_s * share
             b = (op.measured_bwd_s if op.measured_bwd_s is not None else 2 * op.measured_fwd_s) * share
-            fwd, bwd, floor = fwd + f, bwd + b, floor + f + b
-            if op.kind == "linear":                      # dgrad and wgrad: 2 m n k FLOPs each
+            if op.kind == "linear" and not ft.full:      # frozen: the input gradient alone (half of it)
+                b /= 2
+            elif op.kind == "linear":                    # dgrad and wgrad: 2 m n k FLOPs each
                 wgrad += b / 2
+            fwd, bwd, floor = fwd + f, bwd + b, floor + f + b
             fl = 2.0 * op.in_features * op.out_features * op.tokens_factor * ctx.tokens / _op_divisor(op, ctx)
+            bwd_flops += (2 if ft.full or op.kind != "linear" else 1) * fl
         elif op.kind == "linear":
             f, b, fl = _linear(op, ctx, cluster)
+            w = linear_wgrad_s(op, ctx, cluster)
+            if ft.full:
+                wgrad += w
+                floor += 3 * fl / gemm_rate              # gemm_s >= 2 m n k / rate: padding only adds
+                bwd_flops += 2 * fl
+            else:                                        # frozen: its input gradient (dgrad) alone
+                b -= w
+                floor += 2 * fl / gemm_rate
+                bwd_flops += fl
+                if ft.quantized(op.kind, op.name):      # QLoRA: the NF4 weight dequantized for each GEMM that
+                    dq = nf4_dequantize_s(op, ctx, cluster)     # reads it (forward, input gradient); not in the
+                    f, b = f + dq, b + dq                # floor: it does not grow with the tokens
+                if ft.target(op.name):
+                    af, ab, aw, afl = lora_adapter_s(op, ctx, cluster, ft.rank)
+                    f, b, wgrad, fl = f + af, b + ab, wgrad + aw, fl + afl
+                    floor += 3 * afl / gemm_rate
+                    bwd_flops += 2 * afl
             fwd, bwd, flops = fwd + f, bwd + b, flops + fl
-            wgrad += linear_wgrad_s(op, ctx, cluster)
-            floor += 3 * fl / gemm_rate                  # gemm_s >= 2 m n k / rate: padding only adds
             if op.tp != "replicate" and not (op.routed and ctx.ep > 1):
                 tp_gemm_fwd, tp_gemm_bwd = tp_gemm_fwd + f, tp_gemm_bwd + b
         elif op.kind == "attention":
@@ -401,16 +432,28 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
         else:   # elementwise and embedding: memory-bound; byte counts are given for 2-byte activations
             scale = ctx.tokens * dt / 2 / _split(op.split, ctx) * _routed_share(op, ctx)
             f, b = memory_bound_s(op.bytes_fwd * scale, dev), memory_bound_s(op.bytes_bwd * scale, dev)
+            if op.kind == "embedding" and not ft.full:   # a frozen table: no backward (token ids need none)
+                b = 0.0
             fwd, bwd, floor = fwd + f, bwd + b, floor + f + b
         if op.kind == "linear":
             sac.linear(op, ctx, f, fl)
         elif op.kind == "attention":
             sac.attention(op, ctx, f)
-        saved += sum(_saved_bytes(s, ctx) for s in op.saved) * _routed_share(op, ctx) * _fp8_saved_share(op, ctx)
+        if op.kind != "linear" or i in keeps_input:
+            saved += sum(_saved_bytes(s, ctx) for s in op.saved) * _routed_share(op, ctx) * _fp8_saved_share(op, ctx)
+        if op.kind == "linear" and ft.target(op.name):  # LoRA's B keeps its r-wide input, whole on every TP rank
+            saved += ft.rank * op.tokens_factor * ctx.tokens * dt
         if op.unfused and op.unfused not in dev.fused_kernels:
             saved += sum(_saved_bytes(s, ctx) for s in op.unfused_saved)
         transient = op.eager_workspace if op.eager_workspace is not None and eager_loss else op.workspace
         workspace = max(workspace, sum(_saved_bytes(s, ctx) for s in transient))
+    frozen_params = frozen_bytes = 0.0
+    if not ft.full:             # the base frozen: its parameters stored (planner/finetune.py), the adapters train
+        quantized = sum(op.params / (ctx.tp if op.tp != "replicate" else 1) for op in layer.ops
+                        if ft.quantized(op.kind, op.name))
+        frozen_params, frozen_bytes = params, (params - quantized) * dt + quantized * modes.NF4_BYTES_PER_WEIGHT
+        params = sum(modes.adapter_params(op.in_features, op.out_features, ft.rank, op.tp, ctx.tp)
+                     for op in layer.ops if op.kind == "linear" and ft.target(op.name))
     if eager is not None:
         f, b = _eager_s(eager, params, ctx, cluster)
         fwd, bwd, floor = fwd + f, bwd + b, floor + f + b
@@ -444,7 +487,54 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
         fwd_s=fwd_total, bwd_s=bwd_total, by_policy={p.name: p.cost(facts) for p in POLICY_RECORDS},
         tp_comm_s=tp_fwd + tp_bwd, cp_comm_s=cp_fwd + cp_bwd + (0.0 if tp_fwd_all else wait_fwd + wait_bwd),
         params=params, matmul_flops_fwd=flops, expert_params=expert_params, ep_comm_s=exchange_fwd + exchange_bwd,
-        work_floor_s=floor, wgrad_s=wgrad)
+        work_floor_s=floor, wgrad_s=wgrad, frozen_bytes=frozen_bytes, frozen_params=frozen_params,
+        matmul_flops_bwd=None if ft.full else bwd_flops)
+
+
+def _kept_linear_inputs(layer: Layer, ft: modes.Adapters) -> frozenset[int]:
+    """The linears (indices in ``layer.ops``) whose saved input (``Op.saved``) is kept: all of them under full
+    training; else those whose input some LoRA target reads for its A's weight gradient: the linear itself or a
+    linear after it reading the same input (``Op.reads_previous_input``: k and v after q). A frozen linear saves
+    nothing for itself (planner/finetune.py)."""
+    if ft.full:
+        return frozenset(i for i, op in enumerate(layer.ops) if op.kind == "linear")
+    kept, owner = set(), None
+    for i, op in enumerate(layer.ops):
+        if op.kind != "linear":
+            continue
+        if not op.reads_previous_input:
+            owner = i
+        if ft.target(op.name) and owner is not None:
+            kept.add(owner)
+    return frozenset(kept)
+
+
+def lora_adapter_s(op: Op, ctx: Context, cluster: Cluster, rank: int) -> tuple[float, float, float, float]:
+    """(forward, backward, of which weight gradients, forward matmul FLOPs) of a LoRA adapter on linear ``op`` for
+    one micro-batch on one rank (Hu et al. 2021, Sec 4.1: h = x W + s (x A) B), as PEFT's lora.Linear runs it
+    (peft/tuners/lora/layer.py ``Linear.forward``: ``result + lora_B(lora_A(dropout(x))) * scaling``). A is
+    (in x r) and B (r x out), B's output split by a column-parallel base and A's input by a row-parallel one
+    (planner/finetune.py). Two thin GEMMs each way (``gemm_s``, whose memory floor prices them): forward x A and
+    (x A) B; input gradient dy B^T and (dy B^T) A^T; weight gradients x^T (dy B^T) and (x A)^T dy. Elementwise, at
+    HBM speed: forward, the scaling (read and write the output) and the add into the base output (read two, write
+    one), 5 passes over the output; backward, the scaling's gradient (2 passes over the output) and the sum of the
+    input's two gradients, base and adapter (read two, write one over the input)."""
+    dev, dt, p = cluster.device, DTYPE_BYTES[ctx.precision], ctx.precision
+    m = ctx.tokens * op.tokens_factor
+    a_in = op.in_features / (ctx.tp if op.tp == "row" else 1)
+    b_out = op.out_features / (ctx.tp if op.tp == "column" else 1)
+    fwd = gemm_s(m, rank, a_in, dev, p) + gemm_s(m, b_out, rank, dev, p) + memory_bound_s(5 * m * b_out * dt, dev)
+    dgrad = gemm_s(m, rank, b_out, dev, p) + gemm_s(m, a_in, rank, dev, p) \
+        + memory_bound_s((2 * b_out + 3 * a_in) * m * dt, dev)
+    wgrad = gemm_s(a_in, rank, m, dev, p) + gemm_s(rank, b_out, m, dev, p)
+    return fwd, dgrad + wgrad, wgrad, 2.0 * m * rank * (a_in + b_out)
+
+
+def nf4_dequantize_s(op: Op, ctx: Context, cluster: Cluster) -> float:
+    """One dequantization of a QLoRA base linear's NF4 weight (its TP shard) to the compute dtype: a memory-bound
+    kernel reading the packed weight and writing the bf16 one (planner/finetune.py ``dequantize_bytes_per_weight``)."""
+    weights = op.params / (ctx.tp if op.tp != "replicate" else 1)
+    return memory_bound_s(weights * modes.dequantize_bytes_per_weight(DTYPE_BYTES[ctx.precision]), cluster.device)
 
 
 def linear_wgrad_s(op: Op, ctx: Context, cluster: Cluster) -> float:

@@ -98,3 +98,27 @@ def grad_comm_bytes_per_param(framework: str, precision: str, grads_16bit: bool 
     (torch reduces in fp32: torchtitan's MixedPrecisionPolicy(reduce_dtype=float32), DDP on fp32
     parameters; DeepSpeed and Megatron reduce 16-bit gradients by default)."""
     return RUNTIMES[framework].layout(precision, grads_16bit).grad_reduce_bytes
+
+
+@functools.lru_cache(maxsize=4096)
+def frozen_share(*, framework: str, precision: str, zero: int, shard: int, pp: int = 1, optimizer_offload: bool = False,
+                 param_offload: bool = False) -> tuple[float, float]:
+    """(device, host) bytes per byte of frozen parameters (planner/finetune.py: stored at the compute dtype or as
+    NF4, no gradient, no optimizer state) on one rank. Sharded over ``shard`` ranks where the runtime shards
+    parameters at this ZeRO stage (its layout's ``params_sharded_from``: FSDP2's ZeRO-2/3, DeepSpeed's ZeRO-3);
+    where the runtime then holds the gathered parameters from forward to backward (ZeRO-2's
+    reshard_after_forward=False, and ZeRO-3's under a pipeline that defers the sync: ``state_bytes_per_param``),
+    the gathered copy of the frozen ones too (1 more). Below that stage replicated: 1 (a frozen parameter needs no
+    fp32 master and no autocast copy: it is stored in the compute dtype already). Moved to the host with the
+    trainable parameters' shards (parameter offload; optimizer offload from the layout's
+    ``offload_params_grads_from``)."""
+    runtime = RUNTIMES[framework]
+    layout = runtime.layout(precision)
+    if zero < layout.params_sharded_from:
+        return 1.0, 0.0
+    deferred = pp > 1 and zero >= 2 and runtime.timing.pp_defers_sharded_dp_sync
+    held = 1.0 if layout.held_copy_bytes[2 if deferred else zero] > 0 else 0.0
+    at_rest = 1.0 / max(1, shard)
+    if param_offload or (optimizer_offload and zero >= layout.offload_params_grads_from):
+        return held, at_rest
+    return at_rest + held, 0.0

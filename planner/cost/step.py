@@ -15,14 +15,14 @@ from ..config import RECOMPUTES, ParallelConfig, Workload
 from ..estimate import Estimate, Memory, StepTime
 from ..layers import LayerGraph
 from ..placement import assign_layers, holds_head_copy, last_stage_rank, layer_policies, placement_of
-from .. import network
+from .. import finetune, network
 from ..runtimes import RUNTIMES, expert_data_parallel, priced_as
 from ..schedules import SCHEDULES
 from . import fetch
 from .host import host_bound, host_s
 from .eager import eager_regime, eager_s, layer_eager_regime, step_param_bytes, wraps_in_fsdp
 from .layer import Context, LayerCost, fp8_converts, layer_cost
-from .memory import (grad_comm_bytes_per_param, resident_bytes_per_param, state_bytes_per_param,
+from .memory import (frozen_share, grad_comm_bytes_per_param, resident_bytes_per_param, state_bytes_per_param,
                      working_copy_bytes_per_param)
 
 # Adam(W) step, per parameter it updates: reads fp32 param, grad, two moments (16 B),
@@ -56,7 +56,8 @@ class CostCache:
         for i, sig in enumerate(self.signatures):
             self.representative.setdefault(sig, i)
             self.signature_counts[sig] = self.signature_counts.get(sig, 0) + 1
-        self.model_flops_per_token = graph.model_flops_per_token(workload.seq_len)
+        self.model_flops_per_token = finetune.model_flops_per_token(
+            graph, workload.seq_len, finetune.of(workload.finetune, workload.lora_rank, workload.lora_targets))
         # bytes per parameter of the distributed optimizer's parameter all-gather: the compute dtype's, or with
         # Megatron-LM's --fp8-param-gather one byte for the parameters of the linears its FP8 recipe converts
         self.gather_bytes_per_param = DTYPE_BYTES[workload.precision] if not workload.fp8_param_gather else \
@@ -90,7 +91,7 @@ class CostCache:
                        eager_regime=layer_eager_regime(framework=w.framework, precision=w.precision,
                                                        dp=config.dp * config.cp, tp=config.tp, pp=config.pp),
                        ep=config.ep, expert_imbalance=w.expert_imbalance, expert_dispatcher=w.expert_dispatcher,
-                       fp8=w.fp8)
+                       fp8=w.fp8, finetune=w.finetune, lora_rank=w.lora_rank, lora_targets=w.lora_targets)
 
     def signature_cost(self, signature: str, ctx: Context) -> LayerCost:
         costs = self._layer.get(ctx)
@@ -148,6 +149,13 @@ class CostCache:
             self._largest[ctx] = max(self.signature_cost(sig, ctx).params for sig in self.representative)
         return self._largest[ctx]
 
+    def largest_layer_frozen_bytes(self, ctx: Context) -> float:
+        """The most frozen-parameter bytes of one layer on one rank (planner/finetune.py; 0 under full training)."""
+        memo = self.__dict__.setdefault("_largest_frozen", {})
+        if ctx not in memo:
+            memo[ctx] = max(self.signature_cost(sig, ctx).frozen_bytes for sig in self.representative)
+        return memo[ctx]
+
     def groups(self, config: ParallelConfig) -> list:
         """Per rank: {(signature, policy): count}, chunks, layers (placement and policies only)."""
         policies_key = config.recompute_layers if config.recompute_layers is not None else config.recompute
@@ -183,10 +191,10 @@ class RankCost:
     params: float
     matmul_flops: float          # per micro-batch, forward + backward + recompute
     num_layers: int
-    buckets: tuple[tuple[float, int], ...] = ()   # (parameters of one layer, layers like it): one
-                                                  # data-parallel collective per layer
-    first_bucket: float = 0.0    # parameters of the rank's first layer: its gather opens the forward,
-                                 # its reduction closes the backward
+    buckets: tuple[tuple[tuple[float, float], int], ...] = ()   # ((trainable parameters of one layer, its frozen
+                                                  # bytes), layers like it): one data-parallel collective per layer
+    first_bucket: tuple[float, float] = (0.0, 0.0)    # that of the rank's first layer: its gather opens the
+                                 # forward, its reduction closes the backward
     host_act_bytes: float = 0.0  # activations offloaded to host memory per micro-batch (recompute "activation-offload")
     layers: tuple[tuple[tuple[str, str], int], ...] = ()    # ((signature, recompute policy), how many) it holds
     expert_params: float = 0.0   # of ``params``, routed experts' under expert parallelism (their own data-parallel
@@ -195,6 +203,7 @@ class RankCost:
     ep_comm_s: float = 0.0       # expert all-to-alls per micro-batch (in fwd_s + bwd_s)
     wgrad_s: float = 0.0         # of ``bwd_s``, the weight-gradient GEMMs (W; ``LayerCost.wgrad_s``) that
                                  # split-backward schedules run apart from the input gradient
+    frozen_bytes: float = 0.0    # frozen parameters' bytes it stores before ZeRO sharding (``LayerCost.frozen_bytes``)
 
 
 def rank_costs(cache: CostCache, config: ParallelConfig) -> list[RankCost]:
@@ -222,7 +231,7 @@ def _rank_costs(cache: CostCache, config: ParallelConfig, ctx: Context) -> list[
             continue
         counts, chunks, layers, first = group
         (fwd, bwd, rec, tp, cp, act, extra, params, flops, buckets, host, experts, expert_buckets,
-         ep_comm, wgrad) = _rank_sums(cache, ctx, counts, tied, config.tp)
+         ep_comm, wgrad, frozen) = _rank_sums(cache, ctx, counts, tied, config.tp)
         # per micro-batch each chunk receives/sends once forward and once backward. 1F1B and
         # GPipe wait for them; the interleaved schedule posts them asynchronously and runs
         # another chunk meanwhile (Megatron-LM overlap_p2p_comm; torch's interleaved
@@ -234,9 +243,9 @@ def _rank_costs(cache: CostCache, config: ParallelConfig, ctx: Context) -> list[
         out.append(RankCost(fwd_s=fwd, bwd_s=bwd, recompute_s=rec, tp_comm_s=tp, cp_comm_s=cp,
                             p2p_s=p2p, act_bytes=act, peak_extra_bytes=extra, params=params,
                             matmul_flops=flops, num_layers=max(1, layers), buckets=buckets,
-                            first_bucket=_dense(cache.signature_cost(first, ctx)) if first else 0.0,
+                            first_bucket=_dense(cache.signature_cost(first, ctx)) if first else (0.0, 0.0),
                             host_act_bytes=host, layers=counts, expert_params=experts,
-                            expert_buckets=expert_buckets, ep_comm_s=ep_comm, wgrad_s=wgrad))
+                            expert_buckets=expert_buckets, ep_comm_s=ep_comm, wgrad_s=wgrad, frozen_bytes=frozen))
         if not tied:
             same[group] = out[-1]
     return out
@@ -251,8 +260,8 @@ def _rank_sums(cache: CostCache, ctx: Context, counts: tuple, tied: bool, tp_deg
     out = cache._rank_sums.get(key)
     if out is not None:
         return out
-    fwd = bwd = rec = tp = cp = act = extra = params = flops = host = experts = ep_comm = wgrad = 0.0
-    buckets: dict[float, int] = {}
+    fwd = bwd = rec = tp = cp = act = extra = params = flops = host = experts = ep_comm = wgrad = frozen = 0.0
+    buckets: dict[tuple[float, float], int] = {}
     expert_buckets: dict[float, int] = {}
     for (sig, policy), n in counts:
         cost = cache.signature_cost(sig, ctx)
@@ -271,21 +280,33 @@ def _rank_sums(cache: CostCache, ctx: Context, counts: tuple, tied: bool, tp_deg
         act += n * p.act_bytes
         extra = max(extra, p.peak_extra_bytes)
         params += n * cost.params
-        flops += n * (3 * cost.matmul_flops_fwd + p.recompute_flops)
+        frozen += n * cost.frozen_bytes
+        bwd_flops = 2 * cost.matmul_flops_fwd if cost.matmul_flops_bwd is None else cost.matmul_flops_bwd
+        flops += n * (cost.matmul_flops_fwd + bwd_flops + p.recompute_flops)
         host += n * p.host_bytes
     if tied:
         shared = cache.graph.tied_params / tp_degree     # the head's copy of the shared embedding
-        params += shared
-        buckets[shared] = buckets.get(shared, 0) + 1
+        bucket = tied_bucket(cache, shared)
+        params, frozen = params + bucket[0], frozen + bucket[1]
+        buckets[bucket] = buckets.get(bucket, 0) + 1
     out = cache._rank_sums[key] = (fwd, bwd, rec, tp, cp, act, extra, params, flops, tuple(sorted(buckets.items())),
-                                   host, experts, tuple(sorted(expert_buckets.items())), ep_comm, wgrad)
+                                   host, experts, tuple(sorted(expert_buckets.items())), ep_comm, wgrad, frozen)
     return out
 
 
-def _dense(cost: LayerCost) -> float:
-    """A layer's parameters on one rank that the dense data-parallel group reduces (all but its routed experts
-    under expert parallelism)."""
-    return cost.params - cost.expert_params
+def _dense(cost: LayerCost) -> tuple[float, float]:
+    """(A layer's trainable parameters on one rank that the dense data-parallel group reduces: all but its routed
+    experts under expert parallelism; its frozen parameters' bytes, which ZeRO-3 gathers too)."""
+    return cost.params - cost.expert_params, cost.frozen_bytes
+
+
+def tied_bucket(cache: CostCache, params: float) -> tuple[float, float]:
+    """(trainable parameters, frozen bytes) of the head's copy of a tied embedding of ``params`` parameters per rank:
+    frozen, at the compute dtype's bytes, where the training mode freezes the base (planner/finetune.py)."""
+    w = cache.workload
+    if w.finetune == "full":
+        return params, 0.0
+    return 0.0, params * DTYPE_BYTES[w.precision]
 
 
 def expert_shard(config: ParallelConfig, framework: str) -> int:
@@ -385,44 +406,49 @@ def deferred_sharded_sync(config: ParallelConfig, framework: str) -> bool:
     return config.pp > 1 and config.zero >= 2 and RUNTIMES[framework].timing.pp_defers_sharded_dp_sync
 
 
-def dp_phases(cache: CostCache, config: ParallelConfig, params: float, expert: bool = False
+def dp_phases(cache: CostCache, config: ParallelConfig, params: float, expert: bool = False, frozen_bytes: float = 0.0
               ) -> tuple[float, float, float]:
     """(gather before forward, gather before backward, reduction after backward) seconds of one
     layer's data-parallel collectives, for one layer of ``params`` parameters (per TP rank):
     ZeRO-0 all-reduces gradients; ZeRO-1 and 2 reduce-scatter them and all-gather the
     parameters; ZeRO-3 gathers the parameters for forward and again for backward
-    (Rajbhandari et al. 2020, Sec 5 and 7). How often each runs: ``gathers_every_microbatch``
+    (Rajbhandari et al. 2020, Sec 5 and 7). ``params`` are the trainable ones (their gradients reduced,
+    their updated values gathered); ``frozen_bytes``, the layer's frozen parameters (planner/finetune.py), are
+    gathered with them where the runtime shards parameters at this stage (its ``params_sharded_from``: ZeRO-3,
+    FSDP2's ZeRO-2), never reduced. How often each runs: ``gathers_every_microbatch``
     and ``reduces_every_microbatch``. ``expert``: routed experts' parameters under expert parallelism, over
     their expert data-parallel group (``expert_shard`` ranks spaced ep apart: Megatron's expert rank order
     tp-ep-dp-pp with expert tensor parallelism 1) instead of the dense dp x cp ranks spaced tp apart."""
     size, stride = (expert_shard(config, cache.workload.framework), config.ep) if expert else \
         (config.dp * config.cp, config.tp)
-    key = (size, stride, config.zero, params)
+    key = (size, stride, config.zero, params, frozen_bytes)
     out = cache._phases.get(key)
     if out is None:
-        out = cache._phases[key] = _dp_phases_uncached(cache, config.zero, size, stride, params)
+        out = cache._phases[key] = _dp_phases_uncached(cache, config.zero, size, stride, params, frozen_bytes)
     return out
 
 
-def _dp_phases_uncached(cache: CostCache, zero: int, size: int, stride: int, params: float
+def _dp_phases_uncached(cache: CostCache, zero: int, size: int, stride: int, params: float, frozen_bytes: float = 0.0
                         ) -> tuple[float, float, float]:
     cluster, w = cache.cluster, cache.workload
-    if size == 1 or params <= 0:
+    if zero < RUNTIMES[w.framework].layout(w.precision).params_sharded_from:
+        frozen_bytes = 0.0          # replicated: nothing to gather
+    if size == 1 or (params <= 0 and frozen_bytes <= 0):
         return 0.0, 0.0, 0.0
     grp = network.group(cluster, size, stride)
     grads = params * grad_comm_bytes_per_param(w.framework, w.precision, w.grad_reduce_in_bf16)
-    weights = params * cache.gather_bytes_per_param
+    weights = params * cache.gather_bytes_per_param + frozen_bytes
     if zero == 0:
-        return 0.0, 0.0, network.all_reduce_s(cluster, grads, grp)
-    rs = network.reduce_scatter_s(cluster, grads, grp)
+        return 0.0, 0.0, network.all_reduce_s(cluster, grads, grp) if params > 0 else 0.0
+    rs = network.reduce_scatter_s(cluster, grads, grp) if params > 0 else 0.0
     ag = network.all_gather_s(cluster, weights, grp)
     if zero == 3:
         return ag, ag, rs
     return ag, 0.0, rs
 
 
-def dp_collectives(cache: CostCache, config: ParallelConfig, params: float, expert: bool = False
-                  ) -> tuple[float, float, float]:
+def dp_collectives(cache: CostCache, config: ParallelConfig, params: float, expert: bool = False,
+                  frozen_bytes: float = 0.0) -> tuple[float, float, float]:
     """(per micro-batch, once after backward, once after the optimizer) seconds of the
     data-parallel collectives for one layer of ``params`` parameters (per TP rank): those of
     ``dp_phases`` (memoised there), by when they run.
@@ -433,7 +459,7 @@ def dp_collectives(cache: CostCache, config: ParallelConfig, params: float, expe
     backward and reduce-scatters every micro-batch. Which stage does what every micro-batch
     is the runtime's ``Timing`` (planner/runtimes.py).
     """
-    gather_fwd, gather_bwd, reduce = dp_phases(cache, config, params, expert)
+    gather_fwd, gather_bwd, reduce = dp_phases(cache, config, params, expert, frozen_bytes)
     framework = cache.workload.framework
     every_gather = gathers_every_microbatch(config, framework)
     every_reduce = reduces_every_microbatch(config, framework)
@@ -458,8 +484,9 @@ def _dp_comm_uncached(cache: CostCache, config: ParallelConfig, rank: RankCost) 
         return out, out             # every fetch and reduction waits for the GPU: nothing hides (cost/fetch.py)
     per_micro = once = after = 0.0
     for expert, buckets in ((False, rank.buckets), (True, rank.expert_buckets)):
-        for params, count in buckets:
-            a, b, c = dp_collectives(cache, config, params, expert)
+        for bucket, count in buckets:
+            params, frozen = (bucket, 0.0) if expert else bucket
+            a, b, c = dp_collectives(cache, config, params, expert, frozen)
             per_micro, once, after = per_micro + count * a, once + count * b, after + count * c
     total = m * per_micro + once + after
     w = cache.workload
@@ -468,7 +495,7 @@ def _dp_comm_uncached(cache: CostCache, config: ParallelConfig, rank: RankCost) 
                                          dp=config.dp * config.cp, tp=config.tp, pp=config.pp)
     if not overlap:
         return total, total
-    first = dp_collectives(cache, config, rank.first_bucket)
+    first = dp_collectives(cache, config, rank.first_bucket[0], frozen_bytes=rank.first_bucket[1])
     contention = cache.cluster.comm_sm_fraction
 
     def exposed(comm: float, window: float, last: float) -> float:
@@ -586,7 +613,8 @@ def _host_bytes(cache: CostCache, config: ParallelConfig, rank: RankCost) -> flo
         return 0.0
     states, experts = state_rates(cache, config)
     per_node = min(cache.cluster.gpus_per_node, cache.cluster.num_gpus)
-    return per_node * ((rank.params - rank.expert_params) * states.host + rank.expert_params * experts.host)
+    return per_node * ((rank.params - rank.expert_params) * states.host + rank.expert_params * experts.host
+                       + rank.frozen_bytes * frozen_rates(cache, config)[1])
 
 
 def _host_bytes_per_node(cache: CostCache, config: ParallelConfig, ranks: list[RankCost]) -> float:
@@ -608,8 +636,8 @@ def tied_embedding_sync_s(cache: CostCache, config: ParallelConfig) -> float:
     (each holds a copy), once per step; zero without tied embeddings or a pipeline, and where one rank holds both
     stages (a V: the two copies' gradients are summed in place, a kernel as long as the optimizer's on that table)."""
     graph, w = cache.graph, cache.workload
-    if not graph.tied_embeddings or config.pp == 1 or last_stage_rank(config) == 0:
-        return 0.0
+    if not graph.tied_embeddings or config.pp == 1 or last_stage_rank(config) == 0 or w.finetune != "full":
+        return 0.0      # (a frozen embedding has no gradient to sum)
     key = (config.tp, config.cp, config.dp, config.pp)
     memo = cache.__dict__.setdefault("_tied_sync", {})
     if key not in memo:
@@ -637,8 +665,10 @@ def other_bytes(cache: CostCache, config: ParallelConfig) -> float:
     if config.zero == 3 and config.dp * config.cp > 1:
         # FSDP/ZeRO-3 gathers a layer's parameters (and prefetches the next); backward
         # also holds the layer's unsharded gradient before the reduce-scatter
-        largest = cache.largest_layer_params(cache.context(config))
+        ctx = cache.context(config)
+        largest = cache.largest_layer_params(ctx)
         other += largest * (2 * dt + grad_comm_bytes_per_param(w.framework, w.precision, w.grad_reduce_in_bf16))
+        other += 2 * cache.largest_layer_frozen_bytes(ctx)      # its frozen parameters gathered (and prefetched)
     return other
 
 
@@ -672,6 +702,13 @@ def state_rates(cache: CostCache, config: ParallelConfig):
     return at(config.dp * config.cp), at(expert_shard(config, w.framework))
 
 
+def frozen_rates(cache: CostCache, config: ParallelConfig) -> tuple[float, float]:
+    """(device, host) bytes per byte of frozen parameters (``memory.frozen_share`` at dp x cp)."""
+    w = cache.workload
+    return frozen_share(framework=w.framework, precision=w.precision, zero=config.zero, shard=config.dp * config.cp,
+                        pp=config.pp, optimizer_offload=config.optimizer_offload, param_offload=config.param_offload)
+
+
 def resident_rates(cache: CostCache, config: ParallelConfig) -> tuple[float, float]:
     """(device bytes per dense parameter, per routed-expert parameter under expert parallelism) that scale with the
     parameters (``resident_bytes_per_param`` at dp x cp and at the expert data-parallel size)."""
@@ -690,11 +727,12 @@ def _memories(cache: CostCache, config: ParallelConfig, ranks: list[RankCost]) -
     other = other_bytes(cache, config)
     copy = working_copy_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero,
                                         tp=config.tp, pp=config.pp)
+    frozen = frozen_rates(cache, config)[0]
     out = []
     for r, rank in enumerate(ranks):
         inflight = inflight_microbatches(config, r)
         dense, routed = rank.params - rank.expert_params, rank.expert_params
-        out.append(Memory(params=dense * states.params + routed * experts.params,
+        out.append(Memory(params=dense * states.params + routed * experts.params + rank.frozen_bytes * frozen,
                           grads=dense * states.grads + routed * experts.grads,
                           optimizer=dense * states.optimizer + routed * experts.optimizer,
                           activations=rank.act_bytes * inflight + rank.peak_extra_bytes,
@@ -708,11 +746,13 @@ def peak_memory(cache: CostCache, config: ParallelConfig) -> tuple[float, float]
     ranks = rank_costs(cache, config)
     w = cache.workload
     per_param, per_expert = resident_rates(cache, config)
+    frozen = frozen_rates(cache, config)[0]
     if grads_follow_activations(w.framework, config):
         device = max(m.total for m in _memories(cache, config, ranks))
     else:
         device = other_bytes(cache, config) + max(
             rank.params * per_param + rank.expert_params * (per_expert - per_param) + rank.peak_extra_bytes
+            + rank.frozen_bytes * frozen
             + rank.act_bytes * inflight_microbatches(config, r) for r, rank in enumerate(ranks))
     return device, _host_bytes_per_node(cache, config, ranks)
 

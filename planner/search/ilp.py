@@ -127,8 +127,8 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
         for k, opt in enumerate(pr.options):
             # big-M: the row's left-hand side at its largest (every block on this rank, the
             # largest activations and transient), so the row is slack when option k is not chosen
-            states = (opt.block_state_bytes * nb + opt.state_bytes * fixed.params) / gib
-            most = ((opt.block_state_bytes * L + opt.state_bytes * fixed.params) / gib
+            states = (opt.block_state_bytes * nb + opt.fixed_state_bytes(fixed)) / gib
+            most = ((opt.block_state_bytes * L + opt.fixed_state_bytes(fixed)) / gib
                     + pr.inflight[r] * (L * max(act.values()) + fixed.act_bytes / gib)
                     + max([fixed.extra_bytes / gib] + list(transient.values())) + opt.other_bytes / gib)
             prob += (states + pr.inflight[r] * A + E + opt.other_bytes / gib
@@ -136,9 +136,9 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
             if opt.host_bytes or any(host_act.values()):
                 # the node's GPUs alike: offloaded optimizer states and offloaded activations in flight
                 per_node = min(cache.cluster.gpus_per_node, cache.cluster.num_gpus)
-                H = per_node * ((opt.block_host_bytes * nb + opt.host_bytes * fixed.params) / gib
+                H = per_node * ((opt.block_host_bytes * nb + opt.fixed_host_bytes(fixed)) / gib
                                 + pr.inflight[r] * pulp.lpSum(host_act[c] * n[r, c] for c in pr.policies if host_act[c]))
-                total_host = opt.block_host_bytes * L + opt.host_bytes * sum(f.params for f in pr.fixed)
+                total_host = opt.block_host_bytes * L + sum(opt.fixed_host_bytes(f) for f in pr.fixed)
                 most = per_node * (total_host / gib + pr.inflight[r] * L * max(host_act.values()))
                 prob += H <= host_cap + max(0.0, most - host_cap) * (1 - z[k]), f"g_rank_{r}_host_{k}"
             _data_parallel(prob, pr, opt, k, r, nb, F, B, D, z[k])
@@ -186,7 +186,7 @@ def _most_blocks(pr: GroupProblem, r: int, cap_gib: float, act_gib: dict[str, fl
     fixed, inflight = pr.fixed[r], pr.inflight[r]
     fit = 0.0
     for opt in pr.options:
-        base = (opt.other_bytes + fixed.params * opt.state_bytes + fixed.extra_bytes) / gib + inflight * fixed.act_bytes / gib
+        base = (opt.other_bytes + opt.fixed_state_bytes(fixed) + fixed.extra_bytes) / gib + inflight * fixed.act_bytes / gib
         per_block = opt.block_state_bytes / gib + inflight * min(act_gib.values())
         fit = max(fit, (cap_gib - base) / per_block if per_block > 0 else math.inf)
     most = pr.num_blocks - (pr.p - 1) * pr.v
@@ -199,7 +199,7 @@ def _data_parallel(prob, pr: GroupProblem, opt: Option, k: int, r: int, nb, F, B
     if not pr.has_dp:
         return
     blk = pr.block_collectives(opt)
-    fixed = [pr.collectives(opt, params) for params in pr.fixed[r].buckets]
+    fixed = [pr.collectives(opt, bucket) for bucket in pr.fixed[r].buckets]
     totals = [blk[i] * nb + sum(f[i] for f in fixed) for i in range(3)]    # per micro, once, after
     m = pr.m
     cache = pr.cache

@@ -26,8 +26,9 @@ import numpy as np
 from ..config import ParallelConfig
 from ..cost.layer import LayerCost
 from ..cost.memory import resident_bytes_per_param, state_bytes_per_param
-from ..cost.step import (CostCache, other_bytes, dp_collectives, dp_overlaps, expert_shard, inflight_microbatches,
-                         optimizer_time_s, resident_rates, sends_overlap, tied_embedding_sync_s, state_rates)
+from ..cost.step import (CostCache, other_bytes, dp_collectives, dp_overlaps, expert_shard, frozen_rates,
+                         inflight_microbatches, optimizer_time_s, resident_rates, sends_overlap, tied_bucket,
+                         tied_embedding_sync_s, state_rates)
 from ..runtimes import RUNTIMES
 from ..placement import holds_head_copy, last_stage_rank, placement_of, rank_stages
 from ..recompute import POLICIES, summary_policy
@@ -75,9 +76,11 @@ class Fixed:
     bwd_s: float = 0.0
     act_bytes: float = 0.0
     extra_bytes: float = 0.0
-    params: float = 0.0
-    buckets: tuple[float, ...] = ()      # parameters of each non-block layer (one collective each)
+    params: float = 0.0                  # trainable parameters (all of them under full training)
+    buckets: tuple[tuple[float, float], ...] = ()   # (trainable parameters, frozen bytes) of each non-block layer
+                                                    # (one collective each)
     wgrad_s: float = 0.0                 # of bwd_s, the weight gradients (a pass of their own in split backward)
+    frozen_bytes: float = 0.0            # frozen parameters' bytes (planner/finetune.py) before ZeRO sharding
 
 
 _EMPTY = Fixed()
@@ -97,6 +100,16 @@ class Option:
                                      # shard under expert parallelism: cost.step.resident_rates)
     block_host_bytes: float = 0.0    # of one block: host bytes of its states
     block_optimizer_s: float = 0.0   # of one block: optimizer step seconds
+    frozen_share: float = 1.0        # device bytes per byte of frozen parameters (cost.memory.frozen_share)
+    frozen_host_share: float = 0.0   # host bytes per byte of them
+
+    def fixed_state_bytes(self, fixed: "Fixed") -> float:
+        """Device bytes of the model states of a rank's non-block layers."""
+        return fixed.params * self.state_bytes + fixed.frozen_bytes * self.frozen_share
+
+    def fixed_host_bytes(self, fixed: "Fixed") -> float:
+        """Host bytes of them (optimizer or parameter offload)."""
+        return fixed.params * self.host_bytes + fixed.frozen_bytes * self.frozen_host_share
 
 
 class GroupProblem:
@@ -159,15 +172,17 @@ class GroupProblem:
             layers += self.shape.suffix
         costs = [self.cache.layer(i, ctx) for i in layers]
         params = sum(c.params for c in costs)
-        buckets = tuple(c.params for c in costs)
+        frozen = sum(c.frozen_bytes for c in costs)
+        buckets = tuple((c.params, c.frozen_bytes) for c in costs)
         graph = self.cache.graph
         if holds_head_copy(graph, self.base, rank):
-            params += graph.tied_params / self.layout.tp
-            buckets += (graph.tied_params / self.layout.tp,)
+            bucket = tied_bucket(self.cache, graph.tied_params / self.layout.tp)
+            params, frozen = params + bucket[0], frozen + bucket[1]
+            buckets += (bucket,)
         return Fixed(fwd_s=sum(c.fwd_s for c in costs), bwd_s=sum(c.bwd_s for c in costs),
                      act_bytes=sum(c.policy("none").act_bytes for c in costs),
                      extra_bytes=max([c.policy("none").peak_extra_bytes for c in costs] or [0.0]), params=params,
-                     buckets=buckets, wgrad_s=sum(c.wgrad_s for c in costs))
+                     buckets=buckets, wgrad_s=sum(c.wgrad_s for c in costs), frozen_bytes=frozen)
 
     def _option(self, zero: int, offload: bool) -> Option:
         """Memoised on the cache: an option depends on the layout, sequence parallelism and the
@@ -193,12 +208,16 @@ class GroupProblem:
         dense, expert_resident = resident_rates(cache, config)
         expert_host = state_rates(cache, config)[1].host
         routed = block.expert_params
+        frozen, frozen_host = frozen_rates(cache, config)
         return Option(zero=zero, optimizer_offload=offload, state_bytes=resident, host_bytes=states.host,
                       other_bytes=other_bytes(cache, config),
                       optimizer_s_per_param=optimizer_time_s(cache, config, 1.0),
-                      block_state_bytes=(block.params - routed) * dense + routed * expert_resident,
-                      block_host_bytes=(block.params - routed) * states.host + routed * expert_host,
-                      block_optimizer_s=optimizer_time_s(cache, config, block.params, routed))
+                      block_state_bytes=(block.params - routed) * dense + routed * expert_resident
+                      + block.frozen_bytes * frozen,
+                      block_host_bytes=(block.params - routed) * states.host + routed * expert_host
+                      + block.frozen_bytes * frozen_host,
+                      block_optimizer_s=optimizer_time_s(cache, config, block.params, routed),
+                      frozen_share=frozen, frozen_host_share=frozen_host)
 
     def with_options(self, options: list[Option]) -> "GroupProblem":
         """The same group restricted to some of its ZeRO/optimizer-offload options."""
@@ -212,16 +231,17 @@ class GroupProblem:
         out.policies = tuple(policies)
         return out
 
-    def collectives(self, option: Option, params: float) -> tuple[float, float, float]:
+    def collectives(self, option: Option, bucket: tuple[float, float]) -> tuple[float, float, float]:
+        """One layer's data-parallel collectives for its (trainable parameters, frozen bytes)."""
         config = self.base.but(zero=option.zero, optimizer_offload=option.optimizer_offload)
-        return dp_collectives(self.cache, config, params)
+        return dp_collectives(self.cache, config, bucket[0], frozen_bytes=bucket[1])
 
     def block_collectives(self, option: Option) -> tuple[float, float, float]:
         """One block's data-parallel collectives: its dense parameters over dp x cp, its routed experts (under
         expert parallelism) over their expert data-parallel ranks."""
         config = self.base.but(zero=option.zero, optimizer_offload=option.optimizer_offload)
         routed = self.block.expert_params
-        dense = dp_collectives(self.cache, config, self.block.params - routed)
+        dense = dp_collectives(self.cache, config, self.block.params - routed, frozen_bytes=self.block.frozen_bytes)
         if not routed:
             return dense
         experts = dp_collectives(self.cache, config, routed, expert=True)
@@ -233,11 +253,13 @@ class GroupProblem:
         lay = self.layout
         return lay.dp * lay.cp > 1 or (self.block.expert_params > 0 and expert_shard(self.base, self.space.w.framework) > 1)
 
-    def first_layer_params(self, rank: int) -> float:
-        """The rank's first layer: the prefix's first on rank 0, else a block."""
+    def first_layer_params(self, rank: int) -> tuple[float, float]:
+        """(Trainable parameters, frozen bytes) of the rank's first layer: the prefix's first on rank 0, else a
+        block."""
         if rank == 0 and self.shape.prefix:
-            return self.cache.layer(self.shape.prefix[0], self.cache.context(self.base)).params
-        return self.block.params - self.block.expert_params
+            first = self.cache.layer(self.shape.prefix[0], self.cache.context(self.base))
+            return first.params, first.frozen_bytes
+        return self.block.params - self.block.expert_params, self.block.frozen_bytes
 
     # -- solutions ----------------------------------------------------------------------------
     def config(self, counts: list[dict[str, int]], option: Option) -> ParallelConfig:
@@ -373,7 +395,7 @@ def option_lower_bounds(pr: GroupProblem, stop_at: float = math.inf) -> tuple[li
         feasible = True
         for r in range(p):
             inf_r = pr.inflight[r]
-            base = opt.other_bytes + pr.fixed[r].params * opt.state_bytes + pr.fixed[r].act_bytes * inf_r
+            base = opt.other_bytes + opt.fixed_state_bytes(pr.fixed[r]) + pr.fixed[r].act_bytes * inf_r
             per_block_none = opt.block_state_bytes + a_none * inf_r
             per_block_min = opt.block_state_bytes + a_min * inf_r
             if pr.fixed[r].extra_bytes:
@@ -499,7 +521,7 @@ class _Rank0Collectives:
             return
         self.m = pr.m
         self.blk = pr.block_collectives(opt)
-        fixed = [pr.collectives(opt, params) for params in pr.fixed[0].buckets]
+        fixed = [pr.collectives(opt, bucket) for bucket in pr.fixed[0].buckets]
         self.fixed = [sum(f[i] for f in fixed) for i in range(3)]
         self.overlap, self.once_overlaps = pr.dp_overlaps(opt)
         self.param_gather_overlaps = pr.param_gather_overlaps
@@ -565,7 +587,7 @@ def _least_recompute_s(pr: GroupProblem, opt: Option, r: int, b: int) -> float:
     policies whose transient is at most it, two at a time (an LP with two rows mixes at most two)."""
     block, fixed, inflight = pr.block, pr.fixed[r], pr.inflight[r]
     cap = pr.cache.usable_bytes
-    base = opt.other_bytes + fixed.params * opt.state_bytes + b * opt.block_state_bytes + inflight * fixed.act_bytes
+    base = opt.other_bytes + opt.fixed_state_bytes(fixed) + b * opt.block_state_bytes + inflight * fixed.act_bytes
     cost = {c: (block.policy(c).recompute_s, inflight * block.policy(c).act_bytes, block.policy(c).peak_extra_bytes)
             for c in pr.policies}
     if math.comb(b + len(cost) - 1, len(cost) - 1) <= 1000:
