@@ -90,9 +90,23 @@ def load(directory: str | Path, parts: list[nn.Module], optimizers: list[torch.o
     states = _states(parts, optimizers)
     state = {**_merged(states, tied), "step": torch.tensor(0)}
     dcp.load(state, checkpoint_id=str(directory))
-    for (msd, osd), m, o in zip(states, parts, optimizers):
-        set_model_state_dict(m, {k: state["model"][_key(k, tied)] for k in msd}, options=OPTIONS)
-        _set_optimizer_state(m, o, {k: state["optimizer"][_key(k, tied)] for k in osd})
+    # a key two parts of this rank share (a tied embedding's two copies, both stages on one rank in a V): DCP
+    # loaded it into one part's tensors, which may be that part's live optimizer state; the other part gets
+    # its own copy, or both optimizers would step one moment tensor twice
+    owners: dict[str, int] = {}
+    for msd, osd in states:
+        for k in list(msd) + list(osd):
+            owners[_key(k, tied)] = owners.get(_key(k, tied), 0) + 1
+
+    def own(k: str, section: str, holder: bool):
+        value = state[section][_key(k, tied)]
+        shared = owners[_key(k, tied)] > 1 and not holder
+        return value.detach().clone() if shared and isinstance(value, torch.Tensor) else value
+
+    for i, ((msd, osd), m, o) in enumerate(zip(states, parts, optimizers)):
+        holder = i == len(states) - 1           # the part whose tensors the merged state holds (``_merged``: the last)
+        set_model_state_dict(m, {k: own(k, "model", holder) for k in msd}, options=OPTIONS)
+        _set_optimizer_state(m, o, {k: own(k, "optimizer", holder) for k in osd})
     return int(state["step"])
 
 

@@ -36,7 +36,9 @@ def plan(tmp_path_factory):
 
 # the restart test for every ZeRO stage over 2 replicas, and for the plan the planner chooses itself
 RESTART_PLANS = {"zero0": {"dp": 2, "zero": 0}, "zero1": {"dp": 2, "zero": 1}, "zero2": {"dp": 2, "zero": 2},
-                 "zero3": {"dp": 2, "zero": 3}, "planner's choice": {"searched": True}}
+                 "zero3": {"dp": 2, "zero": 3}, "planner's choice": {"searched": True},
+                 # ZB-V puts the first and the last stage on rank 0: the tied embedding's two copies, one checkpoint key
+                 "zbv": {"pp": 2, "vpp": 2, "schedule": "zbv", "micro_batch": 8}}
 
 
 @pytest.fixture(scope="module", params=list(RESTART_PLANS))
