@@ -38,6 +38,7 @@ from planner.plan import Plan
 from .measure import offloaded_params
 from .mesh import ParallelDims
 from .models import canonical_name
+from .lora import finetune_of
 from .parallelize import shard_model
 from .pipeline import build_schedule, build_stage_model, stage_indices
 from .support import check_stages, check_supported
@@ -228,7 +229,7 @@ def _build_rank(plan: Plan, dims: ParallelDims, meshes, pp_rank: int, own: bool)
     for j in mine:
         part = build_stage_model(spec, plan.stages[j])
         full_shapes = {canonical_name(n): p.shape for n, p in part.named_parameters()}
-        shard_model(part, plan, dims, mesh, dp_cp_mesh, "meta", expert_mesh)
+        shard_model(part, plan, dims, mesh, dp_cp_mesh, "meta", expert_mesh, finetune_of(plan))
         report.problems += _check_params(part, plan, dims, coords, full_shapes)
         optimizer = make_optimizer(part, lr=1e-3, zero=c.zero, dp_mesh=dp_cp_mesh, optimizer_offload=c.optimizer_offload,
                                    expert_mesh=expert_mesh)
@@ -266,7 +267,8 @@ def dry_run(plan: Plan, device_kind: str = "cuda") -> tuple[list[RankReport], fl
     if dist.is_initialized():
         raise UserError("a dry run starts its own fake process group; run it outside a torch.distributed job",
                         field="--dry-run")
-    check_supported(plan.config, plan.spec, device_kind, plan.source, plan.workload.fp8, plan.workload.compile)
+    check_supported(plan.config, plan.spec, device_kind, plan.source, plan.workload.fp8, plan.workload.compile,
+                    finetune=plan.workload.finetune)
     check_stages(plan.stages, plan.spec, plan.source)
     t0 = time.perf_counter()
     dims = ParallelDims.from_config(plan.config, plan.world_size)

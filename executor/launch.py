@@ -127,7 +127,8 @@ def run_plan(plan: Plan, plan_path: str, request: RunRequest, *, debug: bool = F
     """Train ``plan`` (read from ``plan_path``) with torchrun: (the job's exit code, measured.json's document,
     None on a node other than node 0 or when the job failed). The plan is checked against this executor
     (runtime table, stages) and the request before anything launches."""
-    check_supported(plan.config, plan.spec, local_device_kind(), plan.source, plan.workload.fp8, plan.workload.compile)
+    check_supported(plan.config, plan.spec, local_device_kind(), plan.source, plan.workload.fp8, plan.workload.compile,
+                    finetune=plan.workload.finetune)
     check_stages(plan.stages, plan.spec, plan.source)
     check_request(request)
     nproc, nnodes = request.launch.nproc, request.launch.nnodes

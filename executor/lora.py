@@ -76,11 +76,20 @@ class LoraConfig:
         return cls(rank=doc["rank"], alpha=float(doc["alpha"]), targets=tuple(doc["targets"]))
 
 
+# the update's scale alpha / r: PEFT's LoraConfig default lora_alpha = 8 (peft/tuners/lora/config.py), which the
+# planner's default rank 8 (planner/finetune.py DEFAULT_RANK, PEFT's) makes 1; the plan does not carry alpha (it
+# changes no cost)
+DEFAULT_ALPHA = 8.0
+
+
 def finetune_of(plan) -> LoraConfig | None:
-    """The LoRA settings of ``plan`` (a ``Plan``): None, a full training, until plan.json's workload
-    carries the fine-tuning mode (issue 31: the planner's ``--finetune lora``); then this is where they
-    are read (``LoraConfig.from_json``), and executor/train.py's ``Job`` needs no change."""
-    return None
+    """The LoRA settings of ``plan`` (a ``Plan``): plan.json's workload ``finetune`` "lora" with its
+    ``lora_rank`` and ``lora_targets`` (planner/finetune.py); None for full training. QLoRA is refused
+    (``check_finetune``) before this is asked."""
+    w = plan.workload
+    if w.finetune == "full":
+        return None
+    return LoraConfig(rank=w.lora_rank, alpha=DEFAULT_ALPHA, targets=tuple(w.lora_targets))
 
 
 def target_paths(targets: tuple[str, ...]) -> tuple[str, ...]:

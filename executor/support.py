@@ -46,7 +46,7 @@ def check_model(spec: ModelSpec, source: str = "plan.json") -> None:
 
 
 def check_supported(config: ParallelConfig, spec: ModelSpec | None, device_kind: str, source: str = "plan.json",
-                    fp8: str = "", compile: bool = False) -> None:
+                    fp8: str = "", compile: bool = False, finetune: str = "full") -> None:
     """Refuse what this executor cannot run on ``device_kind`` ("cuda" or "cpu"): the model's parts it does
     not build (``check_model``), the torch runtime's refusals in planner/runtimes.py, the table the
     planner's search space is built from, and compiled blocks (``compile``: plan.json's workload.compile)
@@ -62,7 +62,12 @@ def check_supported(config: ParallelConfig, spec: ModelSpec | None, device_kind:
         raise UserError(f"{fp8} does not run on {device_kind} in this executor; allowed: bf16, fp16, fp32"
                         + (f" or {one_of(allowed)}" if allowed else "") + " (plan again with that --precision)",
                         source=source, field="workload.fp8")
-    for knob, why in config_refusals(config, EXECUTOR_RUNTIME, device_kind, kv_heads, experts, latent, fp8):
+    if finetune == "qlora":
+        raise UserError("QLoRA's NF4 base weights (bitsandbytes' Linear4bit) are not in this executor yet: "
+                        "`meshplan plan` prices them, `meshplan run` trains full and lora; allowed: full, lora",
+                        source=source, field="workload.finetune")
+    for knob, why in config_refusals(config, EXECUTOR_RUNTIME, device_kind, kv_heads, experts, latent, fp8,
+                                     finetune=finetune):
         raise UserError(why, source=source, field=f"config.{knob}")
     refused = SCHEDULES[config.schedule].compile_refusal(compile) if config.pp > 1 else None
     if refused:

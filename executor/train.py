@@ -72,7 +72,8 @@ class Job:
 
     def __init__(self, plan: Plan, options: RunOptions, device: torch.device):
         spec, c = plan.spec, plan.config
-        check_supported(plan.config, plan.spec, device.type, plan.source, plan.workload.fp8, plan.workload.compile)
+        check_supported(plan.config, plan.spec, device.type, plan.source, plan.workload.fp8, plan.workload.compile,
+                    finetune=plan.workload.finetune)
         check_stages(plan.stages, spec, plan.source)
         self.plan, self.options, self.device = plan, options, device
         self.dims = ParallelDims.from_config(c, dist.get_world_size())

@@ -230,7 +230,8 @@ def _divisors(n: int) -> list[int]:
 def check_config(config: ParallelConfig, *, num_gpus: int, global_batch: int, seq_len: int, num_heads: int,
                  num_kv_heads: int, num_blocks: int, framework: str, dtypes: tuple[str, ...] = (),
                  precision: str = "bf16", device_kind: str = "cuda", max_stages: int | None = None,
-                 num_experts: int = 0, latent_attention: bool = False, fp8: str = "", compile: bool = False) -> None:
+                 num_experts: int = 0, latent_attention: bool = False, fp8: str = "", compile: bool = False,
+                 finetune: str = "full") -> None:
     """Raise UserError (naming the flag) when the knobs cannot work together, or when the
     runtime ``framework`` does not run them on ``device_kind`` (planner/runtimes.py). ``max_stages``:
     the most (virtual) pipeline stages the model splits into (default one block each)."""
@@ -284,7 +285,7 @@ def check_config(config: ParallelConfig, *, num_gpus: int, global_batch: int, se
         raise UserError(f"the cluster's devices have no {precision} peak; allowed: {one_of(dtypes)}",
                         field="--precision")
     for knob, why in config_refusals(c, framework, device_kind, num_kv_heads, num_experts, latent_attention, fp8,
-                                     compile):
+                                     compile, finetune):
         raise UserError(why, field=knob_flag(knob))
 
 

@@ -73,6 +73,8 @@ class Combinations:
     virtual_stages_min_pp: int = 2          # the least pp a schedule with virtual stages runs at (Megatron-LM
                                             # refused pp 2 from March 2021 to May 2024: ``megatron-2021``)
     finetune_modes: tuple[str, ...] = ("full",)     # training modes it runs (planner/finetune.py; --finetune)
+    adapters_with_pp: bool = True           # LoRA/QLoRA under pipeline parallelism (pp > 1)
+    adapters_with_fp8: bool = True          # LoRA/QLoRA with an FP8 recipe
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -207,6 +209,9 @@ _LORA_AND_QLORA = ("full", "lora", "qlora")
 
 _TORCH_RUNS = Combinations(
     finetune_modes=_LORA,
+    # the executor's adapters (executor/parallelize.py apply_finetune) are not built under a pipeline (a stage
+    # holding only the frozen embedding sends an output that needs no gradient) nor on float8 linears
+    adapters_with_pp=False, adapters_with_fp8=False,
     compiles_blocks=True,       # executor/parallelize.py apply_compile (torch.compile on the CPU too: inductor)
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1, 2, 3), zero_stages_with_tp=(0, 1, 2, 3),
     # the split-backward schedules (planner/schedules.py backward "split") without ZeRO-3: torch 2.13's input-gradient
@@ -442,7 +447,7 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
              recompute: str | None = None,
              num_kv_heads: int | None = None, ep: int | None = None, dp: int | None = None,
              num_experts: int | None = None, latent_attention: bool | None = None,
-             fp8: str = "", compile: bool = False) -> list[tuple[str, str]]:
+             fp8: str = "", compile: bool = False, finetune: str = "full") -> list[tuple[str, str]]:
     """(knob, why) for every knob value, or pair of them, that ``runtime`` does not run on
     ``device_kind``; None means the knob is not known yet (nothing is said about it). ``fp8``: the workload's
     FP8 recipe (planner/precision.py); ``compile``: its blocks torch.compile'd (``Workload.compile``)."""
@@ -476,6 +481,12 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
                                 f"pp >= {can.virtual_stages_min_pp}"))
     if schedule is not None and (found := SCHEDULES[schedule].compile_refusal(compile)):
         out.append(("schedule", found[1]))
+    if finetune != "full" and pp is not None and pp > 1 and not can.adapters_with_pp:
+        out.append(("pp", f"--finetune {finetune} with pipeline parallelism (pp {pp}) does not run on {who}; "
+                          "allowed with it: pp 1"))
+    if finetune != "full" and fp8 and not can.adapters_with_fp8:
+        out.append(("precision", f"--finetune {finetune} with {fp8} does not run on {who}; allowed with it: bf16, "
+                                 "fp16 or fp32"))
     if (sequence_parallel and schedule is not None and pp is not None and pp > 1 and not can.sp_with_split_backward
             and SCHEDULES[schedule].backward == "split"):
         out.append(("sequence_parallel", f"sequence parallelism with the {schedule} schedule (input and weight "
@@ -561,7 +572,7 @@ def _ep_refusals(can: Combinations, who: str, *, ep: int, dp, tp, cp, sequence_p
 
 def config_refusals(config, runtime: str, device_kind: str, num_kv_heads: int | None = None,
                     num_experts: int | None = None, latent_attention: bool | None = None,
-                    fp8: str = "", compile: bool = False) -> list[tuple[str, str]]:
+                    fp8: str = "", compile: bool = False, finetune: str = "full") -> list[tuple[str, str]]:
     """``refusals`` for every knob of a ParallelConfig (planner/config.py), the recompute policy of each
     layer included (an every-K pattern is its layers' policies)."""
     c = config
@@ -569,7 +580,7 @@ def config_refusals(config, runtime: str, device_kind: str, num_kv_heads: int | 
                    optimizer_offload=c.optimizer_offload, param_offload=c.param_offload,
                    sequence_parallel=c.sequence_parallel,
                    num_kv_heads=num_kv_heads, ep=c.ep, dp=c.dp, num_experts=num_experts,
-                   latent_attention=latent_attention, fp8=fp8, compile=compile)
+                   latent_attention=latent_attention, fp8=fp8, compile=compile, finetune=finetune)
     for policy in dict.fromkeys(c.recompute_layers or (c.recompute,)):
         out += [(k, why) for k, why in refusals(runtime, device_kind, recompute=policy, ep=c.ep) if k == "recompute"]
     return out

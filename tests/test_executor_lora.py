@@ -113,8 +113,9 @@ def _train(jobs: list[tuple[str, str, tuple[str, ...]]], out_dir: str) -> None:
     for name, plan_path, targets in jobs:
         start_s = time.perf_counter()
         plan = load_plan(plan_path)
-        job = Job(plan, RunOptions(steps=STEPS, lora=LoraConfig(rank=RANK, alpha=ALPHA, targets=targets)),
-                  torch.device("cpu"))
+        # the adapters come from plan.json's workload (`meshplan plan --finetune lora`: executor/lora.py finetune_of)
+        job = Job(plan, RunOptions(steps=STEPS), torch.device("cpu"))
+        assert job.lora == LoraConfig(rank=RANK, alpha=ALPHA, targets=targets), job.lora
         named = [(canonical_name(n), p) for m in job.trained for n, p in m.named_parameters()]
         record = {"frozen_with_grad": [], "trainable_without_grad": [], "grads_bytes": 0}
 
@@ -161,8 +162,9 @@ def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lora")
     by_world: dict[int, list] = {}
     for layout, (world, knobs) in LAYOUTS.items():
-        path = write_plan(tmp, TINY_LLAMA, gpus=world, name=layout, **knobs)
         for targets, names in TARGET_SETS.items():
+            path = write_plan(tmp, TINY_LLAMA, gpus=world, name=f"{layout}-{targets}", finetune="lora",
+                              lora_rank=RANK, lora_targets=",".join(names), **knobs)
             by_world.setdefault(world, []).append((f"{layout}-{targets}", path, names))
     for world, jobs in sorted(by_world.items()):
         spawn(_train, world, jobs, str(tmp))
@@ -337,3 +339,25 @@ def test_pipelines_are_refused_with_lora(tmp_path):
     plan = load_plan(write_plan(tmp_path, TINY_LLAMA, gpus=2, pp=2, micro_batch=2, schedule="1f1b"))
     with pytest.raises(UserError, match=r"config\.pp: LoRA under pipeline parallelism"):
         apply_finetune(build_model(TINY_LLAMA), plan, LoraConfig(rank=4, alpha=8))
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("layout", ["dp2-zero3", "dp2-zero0", "dp2-zero1", "tp2"])
+def test_bytes_per_rank_match_the_cost_model(results, tmp_path, layout):
+    """The planner's memory of the same plan (`meshplan plan --finetune lora`: frozen base, adapters with their
+    gradients and AdamW moments) against what every rank holds, each within 5%."""
+    from executor.plan_file import load_plan
+    from planner import api
+    world, knobs = LAYOUTS[layout]
+    path = write_plan(tmp_path, TINY_LLAMA, gpus=world, name=layout, finetune="lora", lora_rank=RANK,
+                      lora_targets="q,v", **knobs)
+    plan = load_plan(path)
+    memory = api.estimate(api.load_job(str(tmp_path / "tiny-llama.json"), cluster="cpu-gloo", gpus=world,
+                                       global_batch=plan.workload.global_batch, seq_len=plan.workload.seq_len,
+                                       precision="fp32", finetune="lora", lora_rank=RANK, lora_targets=("q", "v")),
+                          plan.config).estimate.memory
+    ranks, _ = results[layout, "qv"]
+    for r in ranks:
+        assert r["params_bytes"] == pytest.approx(memory.params, rel=0.05), (r["params_bytes"], memory.params)
+        assert r["grads_bytes"] == pytest.approx(memory.grads, rel=0.05), (r["grads_bytes"], memory.grads)
+        assert r["moments_bytes"] == pytest.approx(memory.optimizer, rel=0.05), (r["moments_bytes"], memory.optimizer)

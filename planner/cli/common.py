@@ -190,10 +190,10 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
                    help="how tokens reach their experts under expert parallelism: all-to-alls (every runtime; the "
                         "default), or all-gather and reduce-scatter over the expert-parallel ranks (Megatron-LM's "
                         "--moe-token-dispatcher-type allgather)")
-    p.add_argument("--finetune", choices=finetune_modes.NAMES, default="full",
+    p.add_argument("--finetune", choices=finetune_modes.NAMES, default=None,
                    help="training mode: " + "; ".join(f"{m.name}: {m.what}" for m in finetune_modes.MODES.values())
                         + ". Frozen parameters get no gradient, no optimizer state, no data-parallel reduction and "
-                        "no weight-gradient GEMM (default: full)")
+                        "no weight-gradient GEMM (default: full; with plan --fit-min, each mode the runtime runs)")
     p.add_argument("--lora-rank", type=positive_int, metavar="R",
                    help=f"--finetune lora|qlora: the adapters' rank r (default {finetune_modes.DEFAULT_RANK}, PEFT's "
                         "LoraConfig)")
@@ -251,7 +251,7 @@ def job_inputs(args: argparse.Namespace) -> JobInputs:
                      compile=getattr(args, "compile", False),
                      fp8_param_gather=getattr(args, "fp8_param_gather", False),
                      grad_reduce_in_bf16=getattr(args, "grad_reduce_in_bf16", False),
-                     finetune=getattr(args, "finetune", "full"), lora_rank=getattr(args, "lora_rank", None),
+                     finetune=getattr(args, "finetune", None) or "full", lora_rank=getattr(args, "lora_rank", None),
                      lora_targets=getattr(args, "lora_targets", None))
 
 

@@ -92,6 +92,9 @@ def run(args) -> int:
         warn(f"`meshplan run` cannot train {plan.spec.name} yet ({', '.join(what for _, what in parts)} are not in "
              "its reference models): this plan prices meshplan's runtime; --framework megatron plans it for "
              "Megatron-LM")
+    if plan.workload.finetune == "qlora" and plan.workload.framework == EXECUTOR_RUNTIME:
+        warn("`meshplan run` cannot train QLoRA yet (bitsandbytes' NF4 linears are not in the executor): this plan "
+             "prices meshplan's runtime; --framework deepspeed plans it for Hugging Face's Trainer with DeepSpeed")
     if args.out:
         try:
             plan.write(args.out)
@@ -128,16 +131,30 @@ def _fit_min(args, inputs) -> int:
     def progress(n: int, result: str) -> None:
         if not args.json:
             sys.stderr.write(f"meshplan: {n} GPUs: {result}\n")
-    found = fit_min(inputs, knobs(args), limit=args.fit_limit, progress=progress)
+    from dataclasses import replace
+    from ..cluster import load_cluster
+    from ..runtimes import RUNTIMES
+    if args.finetune:
+        modes = [args.finetune]
+    else:               # each training mode the runtime runs on the cluster's devices (planner/runtimes.py)
+        modes = list(RUNTIMES[inputs.framework].on(load_cluster(inputs.cluster, None).device_kind).finetune_modes)
+    results = {}
+    for mode in modes:
+        if not args.json and len(modes) > 1:
+            sys.stderr.write(f"meshplan: --finetune {mode}\n")
+        results[mode] = fit_min(replace(inputs, finetune=mode), knobs(args), limit=args.fit_limit,
+                                progress=progress)
     if args.json:
-        json.dump(found.to_json(), sys.stdout)
+        doc = results[modes[0]].to_json() if len(modes) == 1 else {m: r.to_json() for m, r in results.items()}
+        json.dump(doc, sys.stdout)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(format_fit_min(found))
-    return 0 if found.plan is not None else 3
+        sys.stdout.write("\n".join(format_fit_min(r) for r in results.values()))
+    return 0 if any(r.plan is not None for r in results.values()) else 3
 
 
 def format_fit_min(found) -> str:
+    from ..finetune import describe as describe_finetune
     tried = ", ".join(f"{n} {r}" for n, r in found.tried)
     if found.plan is None:
         return f"nothing fits on up to {found.limit} GPUs (tried: {tried})\n"
@@ -148,7 +165,8 @@ def format_fit_min(found) -> str:
             if e.host_bytes_per_node else "no host memory beyond the runtime's")
     return "\n".join([
         f"{plan.model_name} ({plan.model_params / 1e9:.2f}B params) on {plan.cluster_name}: {w.global_batch} sequences "
-        f"x {w.seq_len} tokens per step, {w.precision_name}, {w.framework} runtime",
+        f"x {w.seq_len} tokens per step, {w.precision_name}, {w.framework} runtime"
+        + (describe_finetune(w.finetune, w.lora_rank, w.lora_targets) or ", full training"),
         "",
         f"fewest    {plan.world_size} GPUs ({nodes} node(s) of {found.gpus_per_node})",
         f"plan      {describe_config(plan.best.config)}",

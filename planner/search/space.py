@@ -160,7 +160,8 @@ class Space:
                                   param_offload=k.param_offload, sequence_parallel=k.sequence_parallel,
                                   recompute="full" if every_k(k.recompute) else k.recompute,
                                   num_kv_heads=g.num_kv_heads, num_experts=g.num_experts,
-                                  ep=k.ep, dp=k.dp, latent_attention=g.latent_attention, compile=w.compile):
+                                  ep=k.ep, dp=k.dp, latent_attention=g.latent_attention, compile=w.compile,
+                                  finetune=w.finetune):
             raise UserError(why, field=knob_flag(knob))
 
     # -- enumeration ----------------------------------------------------------------------------
@@ -187,6 +188,8 @@ class Space:
                 continue
             for pp in self._options("pp", divisors(n // tp)):
                 if pp > self.max_stages or (n // tp) % pp or (pp > 1 and not g.pipelines):
+                    continue
+                if pp > 1 and w.finetune != "full" and not self.can.adapters_with_pp:
                     continue
                 for cp in self._options("cp", divisors(n // (tp * pp)) if self.can.context_parallel else [1]):
                     if (n // (tp * pp)) % cp or (cp > 1 and w.seq_len % (2 * cp)):
@@ -323,4 +326,5 @@ class Space:
                      num_heads=self.graph.num_heads, num_kv_heads=self.graph.num_kv_heads, num_blocks=self.blocks,
                      framework=self.w.framework, precision=self.w.precision, device_kind=self.device_kind,
                      max_stages=self.max_stages, num_experts=self.graph.num_experts,
-                     latent_attention=self.graph.latent_attention, fp8=self.w.fp8, compile=self.w.compile)
+                     latent_attention=self.graph.latent_attention, fp8=self.w.fp8, compile=self.w.compile,
+                     finetune=self.w.finetune)
