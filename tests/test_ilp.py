@@ -121,6 +121,8 @@ def finetune_scenario(i: int):
                         finetune=mode, lora_rank=rng.choice([4, 8]),
                         lora_targets=rng.choice([("q", "v"), ("q", "k", "v", "o", "gate", "up", "down"), ("down",)]))
     pp = rng.choice([None, 2, cluster.num_gpus])
+    if workload.framework == "torch":
+        pp = None           # the executor's adapters run without a pipeline (planner/runtimes.py adapters_with_pp)
     knobs = Knobs(pp=pp, tp=1 if pp else None)
     if rng.random() < 0.5:
         uniform = search(graph, cluster, workload, knobs, top_k=1, solver="uniform")
