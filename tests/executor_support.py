@@ -166,3 +166,30 @@ def load_rank_grads(prefix: str, world_size: int, spec: ModelSpec) -> dict[str, 
             for name, g in torch.load(path, weights_only=True).items():
                 merged.setdefault(init_key(name, spec), g)
     return merged
+
+
+def run_plans(jobs: list[tuple[str, str]], out_dir: str, steps: int) -> None:
+    """On every rank of a spawned world: each (name, plan.json) trained ``steps`` steps by executor/train.py's
+    ``run``; rank 0 writes what it measured to OUT_DIR/NAME.json, every rank its gradients to NAME.grads."""
+    from pathlib import Path
+    from executor.plan_file import load_plan
+    from executor.train import RunOptions, run
+    for name, plan_path in jobs:
+        measured = run(load_plan(plan_path), RunOptions(steps=steps, grads_path=f"{out_dir}/{name}.grads"))
+        if dist.get_rank() == 0:
+            Path(f"{out_dir}/{name}.json").write_text(json.dumps(measured))
+
+
+def assert_equal_single_process(result, reference, steps: int) -> None:
+    """``result`` (measured, gradients by name) against the single-process ``reference`` (losses, gradients):
+    ``steps`` losses within 1e-4, every gradient within 1e-4 relative with an absolute floor at 1e-5 of the
+    largest (some gradients are zero analytically, a key bias shifts every score of a query equally, which
+    softmax ignores, and are float noise in both runs)."""
+    measured, grads = result
+    ref_losses, ref_grads = reference
+    assert len(measured["losses"]) == steps
+    assert_losses(measured["losses"], ref_losses, against="single process")
+    assert set(grads) == set(ref_grads)
+    floor = 1e-5 * max(g.abs().max().item() for g in ref_grads.values())
+    for name, want in ref_grads.items():
+        torch.testing.assert_close(grads[name], want, rtol=1e-4, atol=floor, msg=lambda m: f"{name}: {m}")

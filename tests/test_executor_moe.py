@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from executor_support import assert_losses, load_rank_grads, reference_run, spawn
+from executor_support import run_plans, assert_losses, load_rank_grads, reference_run, spawn
 from moe_support import (GLOBAL_BATCH, TINY_DEEPSEEK, TINY_MIXTRAL, TINY_TWO_EXPERTS, built_as_planned, train_cases,
                          write_moe_plan)
 from planner.errors import UserError
@@ -175,12 +175,7 @@ SPECS = {**MODELS, "two-experts": TINY_TWO_EXPERTS}
 
 
 def _run_plans(jobs: list[tuple[str, str]], out_dir: str) -> None:
-    from executor.plan_file import load_plan
-    from executor.train import RunOptions, run
-    for name, plan_path in jobs:
-        measured = run(load_plan(plan_path), RunOptions(steps=STEPS, grads_path=f"{out_dir}/{name}.grads"))
-        if dist.get_rank() == 0:
-            Path(f"{out_dir}/{name}.json").write_text(json.dumps(measured))
+    run_plans(jobs, out_dir, STEPS)
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import torch.distributed as dist
 
-from executor_support import (TINY_GPT, TINY_LLAMA, assert_losses, load_rank_grads, plan_cluster, reference_run,
+from executor_support import (assert_equal_single_process, run_plans, TINY_GPT, TINY_LLAMA, load_rank_grads, plan_cluster, reference_run,
                               spawn, write_plan)
 
 STEPS = 3
@@ -51,12 +50,7 @@ def _knobs(layout: str, schedule: str) -> dict:
 
 
 def _run_plans(jobs: list[tuple[str, str]], out_dir: str) -> None:
-    from executor.plan_file import load_plan
-    from executor.train import RunOptions, run
-    for name, plan_path in jobs:
-        measured = run(load_plan(plan_path), RunOptions(steps=STEPS, grads_path=f"{out_dir}/{name}.grads"))
-        if dist.get_rank() == 0:
-            Path(f"{out_dir}/{name}.json").write_text(json.dumps(measured))
+    run_plans(jobs, out_dir, STEPS)
 
 
 @pytest.fixture(scope="module")
@@ -87,15 +81,7 @@ def references():
 @pytest.mark.distributed
 @pytest.mark.parametrize("model,layout,schedule", CASES)
 def test_losses_and_gradients_equal_single_process(results, references, model, layout, schedule):
-    import torch
-    measured, grads = results[model, layout, schedule]
-    ref_losses, ref_grads = references[model]
-    assert len(measured["losses"]) == STEPS
-    assert_losses(measured["losses"], ref_losses, against="single process")
-    assert set(grads) == set(ref_grads)
-    floor = 1e-5 * max(g.abs().max().item() for g in ref_grads.values())
-    for name, want in ref_grads.items():
-        torch.testing.assert_close(grads[name], want, rtol=1e-4, atol=floor, msg=lambda m: f"{name}: {m}")
+    assert_equal_single_process(results[model, layout, schedule], references[model], STEPS)
 
 
 # -- where the stages go ------------------------------------------------------------------------------------
