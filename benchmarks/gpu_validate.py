@@ -151,6 +151,16 @@ HOLDOUT2 = {
     "moe-8e mb1 s2k x4": ("moe-8e", 1, 4, 2048, "none", 0),
     "moe-32e mb4 s2k x2 fsdp": ("moe-32e", 4, 2, 2048, "none", 3),
 }
+# FP8 on the torch runtime (torchao's float8 linears, compiled blocks as torchao and torchtitan run them):
+# the same plan in bf16 and in two recipes, so that the measured ratios test the FP8 pricing
+# (planner/precision.py) whatever the profile's absolute error. A seventh field: extra plan flags.
+FP8 = {
+    "llama-3b mb1 s4k compiled": ("llama3.2-3b", 1, 1, 4096, "none", 0, ("--compile",)),
+    "llama-3b mb1 s4k compiled fp8-tensorwise": ("llama3.2-3b", 1, 1, 4096, "none", 0,
+                                                 ("--compile", "--precision", "fp8-tensorwise")),
+    "llama-3b mb1 s4k compiled fp8-rowwise": ("llama3.2-3b", 1, 1, 4096, "none", 0,
+                                              ("--compile", "--precision", "fp8-rowwise")),
+}
 QUICK_CASES = {
     "tiny-gpt mb2 s64": ("tiny-gpt", 2, 1, 64, "none", 0),
     "tiny-llama mb1x2 s64 full": ("tiny-llama", 1, 2, 64, "full", 3),
@@ -158,10 +168,10 @@ QUICK_CASES = {
 
 
 def plan_args(model_path: str, case: tuple, cluster: str) -> list[str]:
-    _, mb, m, seq, recompute, zero = case
+    _, mb, m, seq, recompute, zero, *flags = case
     return ["plan", "--model", model_path, "--cluster", cluster, "--gpus", "1", "--dp", "1", "--tp", "1", "--pp", "1",
             "--cp", "1", "--zero", str(zero), "--micro-batch", str(mb), "--global-batch", str(mb * m), "--seq-len",
-            str(seq), "--recompute", recompute, "--optimizer-offload", "off"]
+            str(seq), "--recompute", recompute, "--optimizer-offload", "off", *(flags[0] if flags else ())]
 
 
 def meshplan(args: list[str]) -> str:
@@ -351,7 +361,8 @@ def measure(args) -> None:
         model_path.write_text(json.dumps(models[case[0]]))
         plan_path = tmp / "plan.json"
         row = {"name": name, "model": case[0], "model_config": models[case[0]], "micro_batch": case[1],
-               "num_microbatches": case[2], "seq_len": case[3], "recompute": case[4], "zero": case[5]}
+               "num_microbatches": case[2], "seq_len": case[3], "recompute": case[4], "zero": case[5],
+               "plan_flags": list(case[6]) if len(case) > 6 else []}
         t0 = time.perf_counter()
         try:
             meshplan(plan_args(str(model_path), case, cluster) + (["--precision", "fp32"] if not cuda else [])
@@ -411,7 +422,8 @@ def predict(args) -> None:
         if "measured_step_s" not in r or "measured_peak_bytes" not in r:
             print(f"{r['name']:<26} not measured: {r.get('error', 'no peak memory (not a GPU run)')}")
             continue
-        case = (r["model"], r["micro_batch"], r["num_microbatches"], r["seq_len"], r["recompute"], r["zero"])
+        case = (r["model"], r["micro_batch"], r["num_microbatches"], r["seq_len"], r["recompute"], r["zero"],
+                tuple(r.get("plan_flags", ())))
         est, pred_b = predictor.estimate(r["model"], r["model_config"], case)
         pred_s = est["step_time_s"]
         row = {"name": r["name"], "predicted_step_s": pred_s, "measured_step_s": r["measured_step_s"],
@@ -434,7 +446,7 @@ def predict(args) -> None:
 
 def case_set(name: str) -> tuple[dict, dict]:
     return {"holdout": (HOLDOUT_MODELS, HOLDOUT), "round2": (ROUND2_MODELS, ROUND2),
-            "holdout2": ({**MODELS, **ROUND2_MODELS}, HOLDOUT2)}.get(name, (MODELS, CASES))
+            "holdout2": ({**MODELS, **ROUND2_MODELS}, HOLDOUT2), "fp8": (MODELS, FP8)}.get(name, (MODELS, CASES))
 
 
 def predict_only(args) -> None:
@@ -467,9 +479,10 @@ def main() -> None:
     parser.add_argument("--raw", default=str(RESULTS / "gpu_runs.json"), help="the measured runs")
     parser.add_argument("--cluster", help="the profile to predict with (default: the measured H100/H200 one)")
     parser.add_argument("--out", default=str(RESULTS / "gpu_validate.json"))
-    parser.add_argument("--set", choices=("main", "holdout", "round2", "holdout2"), default="main",
+    parser.add_argument("--set", choices=("main", "holdout", "round2", "holdout2", "fp8"), default="main",
                         help="the cases: the main set, the holdout predicted before it ran, round 2 "
-                             "(offload, op and every-2 recompute, FSDP micro-batches, experts), or its holdout")
+                             "(offload, op and every-2 recompute, FSDP micro-batches, experts), its holdout, or FP8 "
+                             "against bf16 (compiled; needs torchao)")
     parser.add_argument("--predict-only", action="store_true", help="predict the set without any measurement")
     args = parser.parse_args()
     if args.measure:

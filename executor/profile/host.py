@@ -34,10 +34,11 @@ from planner.model import config_json
 # host times are fitted with a residual that says how well one line holds (a GPU lease measured four
 # runs at 2 and 6 blocks in round 2: exactly determined, and off by milliseconds from run to run)
 DEPTHS = ((2, 1), (4, 1), (6, 1), (2, 2), (4, 2), (6, 2))
+# the regimes most plans need first: a probe stopped at its time limit keeps those it finished
 PROBES = {"eager": {"zero": 0, "recompute": "none"},
+          "fsdp": {"zero": 3, "recompute": "none"},
           "op": {"zero": 0, "recompute": "op"},
           "full": {"zero": 0, "recompute": "full"},
-          "fsdp": {"zero": 3, "recompute": "none"},
           "moe": {"zero": 0, "recompute": "none", "experts": PROBE_EXPERTS}}
 
 
@@ -109,9 +110,11 @@ def _process_group(device: str) -> bool:
     return True
 
 
-def executor_host(device: str, *, probes: dict | None = None, steps: int = 8, warmup: int = 4) -> dict:
+def executor_host(device: str, *, probes: dict | None = None, steps: int = 8, warmup: int = 4,
+                  done=None) -> dict:
     """Per regime: every timed step of each run, the least of each run's, and the host seconds ``solve``
-    fits to them. A probe that fails is recorded with its error, not raised."""
+    fits to them. A probe that fails is recorded with its error, not raised. ``done(result)`` is called
+    after each regime with the regimes so far."""
     import torch.distributed as dist
     started = _process_group(device)
     out: dict = {"model": "probe_spec (executor/profile/host.py): hidden 256, 64 tokens, batch 1",
@@ -134,6 +137,8 @@ def executor_host(device: str, *, probes: dict | None = None, steps: int = 8, wa
                 except Exception as err:           # a regime the device cannot run is a result
                     row["error"] = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:300]}"
                 out["regimes"][name] = row
+                if done is not None:
+                    done(out)
     finally:
         if started:
             dist.destroy_process_group()
@@ -151,20 +156,25 @@ def main() -> None:
     args = parser.parse_args()
     import torch
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    result = executor_host(device)
-    result["command"] = "python -m executor.profile.host " + " ".join(sys.argv[1:])
-    for name, row in result["regimes"].items():
+    command = "python -m executor.profile.host " + " ".join(sys.argv[1:])
+
+    def write(result: dict) -> None:
+        """The regimes so far, written at once: a probe stopped at its time limit keeps them."""
+        name, row = list(result["regimes"].items())[-1]
         print(f"{name:6} " + (f"per block: {row['block_microbatch_s'] * 1e6:8.1f} us a micro-batch, "
                               f"{row['block_step_s'] * 1e6:8.1f} us a step; the rest: "
                               f"{row['rest_microbatch_s'] * 1e6:8.1f} us a micro-batch, "
                               f"{row['rest_step_s'] * 1e6:8.1f} us a step (fit off by "
                               f"{row['rms_residual_s'] * 1e6:.0f} us rms)"
                               if "error" not in row else row["error"]), flush=True)
-    if args.merge:
-        raw = json.loads(Path(args.merge).read_text())
-        raw["device"]["kernels"]["executor_host"] = result
-        result = raw
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        result = {**result, "command": command}
+        if args.merge:
+            raw = json.loads(Path(args.merge).read_text())
+            raw["device"]["kernels"]["executor_host"] = result
+            result = raw
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+
+    executor_host(device, done=write)
     print(f"wrote {args.out}")
 
 
