@@ -12,6 +12,7 @@ It reads only committed results, so the file can be checked against them anywher
 - benchmarks/results/gpu_validate.json and gpu_holdout_validate.json: meshplan's executor
   on one H100, step time and peak memory (python benchmarks/gpu_validate.py [--set holdout]);
   gpu_round2_validate_host_insample.json and gpu_holdout2_validate.json: on one H200 (round 2);
+  gpu_round3_validate.json: round 2's holdout plans again on one H100 (round 3);
 - benchmarks/results/closed_loop.json, when it exists: meshplan's executor on this kind of
   CPU machine (python benchmarks/closed_loop.py).
 """
@@ -61,9 +62,10 @@ def evidence(results: Path = RESULTS) -> list[dict]:
                     "memory": _band([r["peak_error"] for r in rows])})
     gpu_rows, gpus, profiles = [], set(), set()
     # round 1 (H100) and round 2 (H200: offload, op and every-K recompute, FSDP with micro-batches, MoE), round 2
-    # compared with the cost model as it now is (host bound included: in-sample) and its holdout (out of sample)
+    # compared with the cost model as it now is (host bound included: in-sample) and its holdout (out of sample),
+    # round 3 (H100: round 2's host-bound holdout plans)
     for name in ("gpu_validate.json", "gpu_holdout_validate.json", "gpu_round2_validate_host_insample.json",
-                 "gpu_holdout2_validate.json"):
+                 "gpu_holdout2_validate.json", "gpu_round3_validate.json"):
         path = results / name
         if path.exists():
             doc = json.loads(path.read_text())
@@ -73,11 +75,14 @@ def evidence(results: Path = RESULTS) -> list[dict]:
     if gpu_rows:
         out.append({"name": "one-gpu", "device_kind": "cuda", "frameworks": ["torch"],
                     "what": f"{len(gpu_rows)} single-GPU plans run by meshplan's executor on an H100 SXM "
-                            "(12 calibration runs and 6 predicted before they ran) and an H200 (13 with offload, "
-                            "op and every-K recompute, FSDP micro-batches and experts, and 9 predicted before they ran)",
+                            "(12 calibration runs, 6 predicted before they ran, and 6 host-bound plans of round 3) "
+                            "and an H200 (13 with offload, op and every-K recompute, FSDP micro-batches and experts, "
+                            "and 9 predicted before they ran)",
                     "command": "python benchmarks/gpu_validate.py; python benchmarks/gpu_validate.py --set holdout; "
                                "python benchmarks/gpu_validate.py --raw benchmarks/results/gpu_round2_runs.json "
-                               "--cluster profiles/measured/h200.toml; same with gpu_holdout2_runs.json",
+                               "--cluster profiles/measured/h200.toml; same with gpu_holdout2_runs.json; "
+                               "python benchmarks/gpu_validate.py --set holdout2 --raw "
+                               "benchmarks/results/gpu_round3_h100_runs.json",
                     "step_time": _band([r["step_error"] for r in gpu_rows]),
                     "memory": _band([r["peak_error"] for r in gpu_rows]),
                     "single_device": True, "gpu": "/".join(sorted(gpus)),

@@ -155,7 +155,7 @@ HOLDOUT2 = {
 # the same plan in bf16 and in two recipes, so that the measured ratios test the FP8 pricing
 # (planner/precision.py) whatever the profile's absolute error. A seventh field: extra plan flags.
 FP8 = {
-    "llama-3b mb1 s4k compiled": ("llama3.2-3b", 1, 1, 4096, "none", 0, ("--compile",)),
+    "llama-3b mb1 s4k compiled bf16": ("llama3.2-3b", 1, 1, 4096, "none", 0, ("--compile", "--precision", "bf16")),
     "llama-3b mb1 s4k compiled fp8-tensorwise": ("llama3.2-3b", 1, 1, 4096, "none", 0,
                                                  ("--compile", "--precision", "fp8-tensorwise")),
     "llama-3b mb1 s4k compiled fp8-rowwise": ("llama3.2-3b", 1, 1, 4096, "none", 0,

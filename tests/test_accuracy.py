@@ -47,9 +47,9 @@ def test_megatron_plans_carry_the_published_runs_band():
 def test_torch_plans_carry_the_single_gpu_band_and_say_what_it_misses():
     rows = []
     for name in ("gpu_validate.json", "gpu_holdout_validate.json", "gpu_round2_validate_host_insample.json",
-                 "gpu_holdout2_validate.json"):
+                 "gpu_holdout2_validate.json", "gpu_round3_validate.json"):
         rows += json.loads((RESULTS / name).read_text())["rows"]
-    assert len(rows) == 40          # H100: 12 + 6; H200 round 2: 13 + 9 measured of 11 held out
+    assert len(rows) == 46          # H100: 12 + 6; H200 round 2: 13 + 9 measured of 11 held out; H100 round 3: 6
     work = Workload(global_batch=512, seq_len=4096, framework="torch")
     # the profile the runs were predicted from, and the datasheet one
     one = accuracy(load_cluster(str(ROOT / "profiles" / "measured" / "h100-sxm5.toml"), 1), work)

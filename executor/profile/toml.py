@@ -284,15 +284,21 @@ def _fitted(m: dict, peaks: dict[str, float], measured: str) -> tuple[dict[str, 
 
 def host_lines(probe: dict | None, measured: str) -> list[str]:
     """[gpu.kernels] host_us from the executor's host probe (executor/profile/host.py), the regimes that ran."""
-    rows = {name: r for name, r in (probe or {}).get("regimes", {}).items() if "error" not in r}
+    from .host import fit
+    # a probe that kept its steps is fitted here (its medians), one written before that as it stored it
+    rows = {name: {**r, **fit(r)} if "step_times_s" in r else r
+            for name, r in (probe or {}).get("regimes", {}).items() if "error" not in r}
     if "eager" not in rows:
         return []
     keys = ("block_microbatch_s", "block_step_s", "rest_microbatch_s", "rest_step_s")
     table = ", ".join(f"{name} = [" + ", ".join(_num(r[k] * 1e6) for k in keys) + "]" for name, r in rows.items())
     if probe.get("command"):            # measured by its own command, added to an earlier profile's raw file
         measured = f"measured: `{probe['command']}`"
+    depths = [str(blocks) for blocks in sorted({blocks for blocks, _ in probe.get("depths", [(2, 1), (6, 1)])})]
+    statistic = " (the median of each run's steps)" if any("step_times_s" in r for r in rows.values()) else ""
     src = (f"{measured}: the executor's step of a tiny model (executor/profile/host.py: hidden 256, 64 tokens, "
-           f"the GPU idle) at 2 and 6 blocks with 1 and 2 micro-batches, solved per block and for the rest")
+           f"the GPU idle) at {', '.join(depths[:-1])} and {depths[-1]} blocks with 1 and 2 micro-batches, solved per block "
+           f"and for the rest{statistic}")
     return [f"host_us = {{ {table} }}   # per block per micro-batch, per block per step, rest per micro-batch, "
             "rest per step", f"host_source = {_q(src)}"]
 
