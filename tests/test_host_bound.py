@@ -56,6 +56,23 @@ def test_fsdp_prices_its_rest_and_adds_its_difference_per_block():
     assert _estimate(_cluster(), blocks=blocks, m=m, zero=3).step_time_s == pytest.approx(host, rel=1e-9)
 
 
+def test_fsdp_host_work_scales_with_a_blocks_parameter_tensors_not_its_kernels():
+    """A LayerNorm block with biases (a GPT-2 block: 12 parameter tensors, fused q, k and v one weight and one
+    bias) against the probe's (9): FSDP2's part of the host time grows by 12/9, the eager part by the kernels."""
+    from planner.cost.host import block_host_s, launches, parameter_tensors, probe_launches, probe_tensors
+    spec = replace(probe_spec(1), norm="layernorm", mlp="gelu", linear_bias=True, qkv_bias=True, fused_qkv=True)
+    block = next(layer for layer in build_layer_graph(spec).layers if layer.is_block)
+    assert (parameter_tensors(block), probe_tensors()) == (12, 9)
+    table = {"eager": tuple(x * US for x in EAGER), "fsdp": tuple(x * US for x in FSDP)}
+    m = 2
+    eager = (m * EAGER[0] + EAGER[1]) * US
+    fsdp = (m * FSDP[0] + FSDP[1]) * US - eager
+    assert block_host_s(block, "none", m=m, fsdp=True, table=table) == pytest.approx(
+        eager * launches(block) / probe_launches() + fsdp * 12 / 9, rel=1e-12)
+    assert block_host_s(block, "none", m=m, fsdp=False, table=table) == pytest.approx(
+        eager * launches(block) / probe_launches(), rel=1e-12)
+
+
 def test_operator_level_recompute_adds_its_probes_difference():
     blocks, m = 6, 1
     host = (m * (blocks * OP[0] + OP[2]) + blocks * OP[1] + OP[3]) * US

@@ -13,7 +13,10 @@ their own.
 (executor/profile/host.py, ``[gpu.kernels] host_us``): per block per micro-batch and per step, and
 the rest of the step (embedding, head, loss, optimizer) per micro-batch and per step. A block of
 another model is priced by its kernel launches over the probe block's of its kind, dense or MoE
-(``launches``: the same operators run more or fewer times). The step is then the
+(``launches``: the same operators run more or fewer times), except FSDP2's part, which is priced by
+its parameter tensors over the probe block's (``parameter_tensors``: FSDP2's hooks walk each
+parameter; on one H100 this took round 3's GPT-2 FSDP plans from 34% and 62% too fast to -8% and
++14%, docs/validation.md). The step is then the
 larger of the GPU's time and the host's (``host_s``): where they are close, the host also stalls
 the GPU at its synchronisations, which this bound leaves out. Only the torch runtime is measured
 (other runtimes: no bound), and only profiles written by ``meshplan profile`` on a GPU carry it.
@@ -50,28 +53,57 @@ def launches(layer) -> float:
     return elementwise + 3 * kinds.count("linear") + 2 * kinds.count("attention")
 
 
+def parameter_tensors(layer) -> int:
+    """The parameter tensors of a block as the executor builds it: a weight per linear (fused q, k and v
+    one), its bias where it has one, and a norm's weight (and bias: a LayerNorm's parameters are twice
+    the width)."""
+    width = next((op.in_features for op in layer.ops if op.kind == "linear"), 0)
+    count = 0
+    for op in layer.ops:
+        if op.params <= 0 or op.fused_with_previous:
+            continue
+        if op.kind == "linear":
+            count += 1 + (op.params > op.in_features * op.out_features * op.num_gemms)
+        else:
+            count += max(round(op.params / width), 1) if width else 1
+    return count
+
+
+def _probe_block(experts: int = 0):
+    from ..layers import build_layer_graph
+    return next(layer for layer in build_layer_graph(probe_spec(1, experts)).layers if layer.is_block)
+
+
 @functools.lru_cache(maxsize=2)
 def probe_launches(experts: int = 0) -> float:
     """``launches`` of the probe's block, dense or a mixture of ``experts``."""
-    from ..layers import build_layer_graph
-    return launches(next(layer for layer in build_layer_graph(probe_spec(1, experts)).layers if layer.is_block))
+    return launches(_probe_block(experts))
+
+
+@functools.lru_cache(maxsize=1)
+def probe_tensors() -> int:
+    """``parameter_tensors`` of the dense probe's block."""
+    return parameter_tensors(_probe_block())
 
 
 def block_host_s(layer, policy: str, *, m: int, fsdp: bool, table: dict) -> float:
     """Host seconds of one block over a step of ``m`` micro-batches: the probe block's of its kind (the
     dense probe, or the MoE probe for a block with routed experts), plus what the policy (``op``,
-    ``full``) and FSDP add over the dense probe, scaled by the block's launches over its probe
-    block's. Each regime's time is ``m`` times its per-micro-batch part plus its per-step part
-    (``table``: seconds)."""
+    ``full``) adds over the dense probe, scaled by the block's launches over its probe block's, plus
+    what FSDP adds over the dense probe, scaled by the block's parameter tensors over the probe's.
+    Each regime's time is ``m`` times its per-micro-batch part plus its per-step part (``table``:
+    seconds)."""
     def at(regime: str) -> float:
         per_microbatch, per_step = table[regime][:2]
         return m * per_microbatch + per_step
     routed = any(op.routed for op in layer.ops) and "moe" in table
     eager = at("eager")
     total = at("moe" if routed else "eager") + sum(
-        at(regime) - eager for regime, on in (("op", policy == "op"), ("full", policy == "full"), ("fsdp", fsdp))
-        if on and regime in table)
-    return max(total, 0.0) * launches(layer) / probe_launches(PROBE_EXPERTS if routed else 0)
+        at(regime) - eager for regime, on in (("op", policy == "op"), ("full", policy == "full")) if on and regime in table)
+    # FSDP2's host work is per parameter (its unshard, reshard and gradient hooks walk each FSDPParam)
+    per_parameter = at("fsdp") - eager if fsdp and "fsdp" in table else 0.0
+    return (max(total, 0.0) * launches(layer) / probe_launches(PROBE_EXPERTS if routed else 0)
+            + max(per_parameter, 0.0) * parameter_tensors(layer) / probe_tensors())
 
 
 def host_s(cache, config) -> float:
