@@ -38,7 +38,8 @@ DEFAULT_MEMORY_HEADROOM = 0.21
 
 
 # what the estimate of a plan with compiled blocks (Workload.compile) says of them, wherever it says it
-COMPILE_PRICED_AS = "compiled blocks are priced as eager (what compiling saves is not modelled yet)"
+COMPILE_PRICED_AS = ("compiled blocks: their pointwise ops fused (priced at their bytes) and recomputed in "
+                     "backward rather than saved")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,7 +63,7 @@ class Workload:
                                            # alls, or Megatron-LM's all-gather and reduce-scatter
                                            # (--moe-token-dispatcher-type; Combinations.expert_dispatchers)
     compile: bool = False                  # torch: each transformer block torch.compile'd (torchtitan's per-block
-                                           # compile; --compile). Priced as eager so far (COMPILE_PRICED_AS)
+                                           # compile; --compile): COMPILE_PRICED_AS, planner/cost/layer.py
     fp8: str = ""                          # an FP8 training recipe for the linears on top of bf16 (planner/
                                            # precision.py RECIPES; --precision fp8-...), "" for none
     fp8_param_gather: bool = False         # Megatron-LM's --fp8-param-gather: the converted linears' parameters

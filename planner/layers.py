@@ -86,6 +86,12 @@ class Op:
     measured_bwd_s: float | None = None
     reads_previous_input: bool = False    # a linear reading the same input as the linear before it (k and v after
                                           # q, up after gate): an FP8 recipe casts that input once for both
+    compiled_saved: tuple[Saved, ...] | None = None    # what it keeps where its block is torch.compile'd, when
+                                          # that differs from ``saved``: AOTAutograd's min-cut partitioner
+                                          # (torch/_functorch/partitioners.py min_cut_rematerialization_partition)
+                                          # recomputes pointwise ops and norms in backward from what is saved
+                                          # anyway instead of saving their outputs: a norm's output (the next
+                                          # linear's input) and an activation's output (the down projection's)
 
     @property
     def routed(self) -> bool:
@@ -216,11 +222,15 @@ def _norm(name: str, spec: ModelSpec, width: int = 0, split: Split = "sp") -> Op
 
 
 def _linear(name: str, spec: ModelSpec, k: int, n: int, tp: str, *, bias: bool, saves_input: bool = True,
-            input_split: Split = "tp", tokens_factor: float = 1.0, num_gemms: int = 1) -> Op:
+            input_split: Split = "tp", tokens_factor: float = 1.0, num_gemms: int = 1,
+            pointwise_input: bool = False) -> Op:
+    """``pointwise_input``: its input is a norm's or an activation's output, which a compiled block recomputes
+    rather than saves (``Op.compiled_saved``)."""
     saved = (Saved(elems=k * tokens_factor, split=input_split, gathered_input=(tp == "column")),) \
         if saves_input else ()
     return Op(name=name, kind="linear", params=num_gemms * (k * n + (n if bias else 0)), in_features=k,
-              out_features=n, tp=tp, tokens_factor=tokens_factor, num_gemms=num_gemms, saved=saved)
+              out_features=n, tp=tp, tokens_factor=tokens_factor, num_gemms=num_gemms, saved=saved,
+              compiled_saved=() if pointwise_input and saved else None)
 
 
 def _dropout_add(name: str, spec: ModelSpec) -> Op:
@@ -270,7 +280,7 @@ def _attention_ops(prefix: str, spec: ModelSpec, window: int) -> list[Op]:
     h, q, kv = spec.hidden, spec.q_dim, spec.kv_dim
     bias = spec.linear_bias or spec.qkv_bias
     # q, k and v read the same normed input: it is saved once (on q_proj)
-    ops = [_linear(f"{prefix}.q_proj", spec, h, q, "column", bias=bias, input_split="sp"),
+    ops = [_linear(f"{prefix}.q_proj", spec, h, q, "column", bias=bias, input_split="sp", pointwise_input=True),
            replace(_linear(f"{prefix}.k_proj", spec, h, kv, "column", bias=bias, saves_input=False),
                    fused_with_previous=spec.fused_qkv, reads_previous_input=True),
            replace(_linear(f"{prefix}.v_proj", spec, h, kv, "column", bias=bias, saves_input=False),
@@ -298,12 +308,13 @@ def _swiglu_ops(prefix: str, spec: ModelSpec, f: int, *, saves_input: bool = Tru
     h = spec.hidden
     return [
         _linear(f"{prefix}.gate_proj", spec, h, f, "column", bias=spec.linear_bias, saves_input=saves_input,
-                input_split="sp"),
+                input_split="sp", pointwise_input=True),
         replace(_linear(f"{prefix}.up_proj", spec, h, f, "column", bias=spec.linear_bias, saves_input=False),
                 reads_previous_input=True),
+        # eager: silu keeps the gate's output, the product silu's output and up's; compiled: gate's and up's
         Op(name=f"{prefix}.act", kind="elementwise", bytes_fwd=10 * f, bytes_bwd=16 * f, split="tp",
-           saved=(Saved(elems=3 * f, split="tp"),)),
-        _linear(f"{prefix}.down_proj", spec, f, h, "row", bias=spec.linear_bias),
+           saved=(Saved(elems=3 * f, split="tp"),), compiled_saved=(Saved(elems=2 * f, split="tp"),)),
+        _linear(f"{prefix}.down_proj", spec, f, h, "row", bias=spec.linear_bias, pointwise_input=True),
     ]
 
 
@@ -315,10 +326,11 @@ def _mlp_ops(prefix: str, spec: ModelSpec, moe: bool) -> list[Op]:
         return _swiglu_ops(prefix, spec, f)
     if spec.mlp == "gelu":
         return [
-            _linear(f"{prefix}.fc1", spec, h, f, "column", bias=spec.linear_bias, input_split="sp"),
+            _linear(f"{prefix}.fc1", spec, h, f, "column", bias=spec.linear_bias, input_split="sp",
+                    pointwise_input=True),
             Op(name=f"{prefix}.gelu", kind="elementwise", bytes_fwd=4 * f, bytes_bwd=6 * f, split="tp",
                saved=(Saved(elems=f, split="tp"),)),
-            _linear(f"{prefix}.fc2", spec, f, h, "row", bias=spec.linear_bias),
+            _linear(f"{prefix}.fc2", spec, f, h, "row", bias=spec.linear_bias, pointwise_input=True),
         ]
     k, e, f = spec.experts_per_token, spec.num_experts, spec.expert_ffn
     # router: a replicated h x E linear, then a softmax in fp32 over the experts (its output kept), top-k (the

@@ -168,7 +168,7 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
                    help="model TP collectives overlapped with GEMMs (TransformerEngine userbuffers)")
     p.add_argument("--compile", action="store_true",
                    help="torch and torchtitan: compile each transformer block with torch.compile, as torchtitan "
-                        f"does; `meshplan run` compiles them. So far {COMPILE_PRICED_AS}")
+                        f"does; `meshplan run` compiles them. Priced as {COMPILE_PRICED_AS}")
     p.add_argument("--fp8-param-gather", action="store_true",
                    help="with an FP8 recipe under --framework megatron: keep and all-gather the converted linears' "
                         "parameters in FP8 (Megatron-LM's --fp8-param-gather, which Megatron-Bridge's FP8 presets "

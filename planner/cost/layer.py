@@ -47,6 +47,9 @@ class Context(NamedTuple):
     finetune: str = "full"      # the training mode (planner/finetune.py): which parameters train
     lora_rank: int = 0          # its adapters' rank and targets (0, (): the mode's defaults)
     lora_targets: tuple[str, ...] = ()
+    compiled: bool = False      # torch runtimes: each block torch.compile'd (Workload.compile): its pointwise ops
+                                # fused (priced at their bytes, not as eager kernels) and recomputed in backward
+                                # rather than saved (``Op.compiled_saved``)
 
     @property
     def tokens(self) -> float:
@@ -384,7 +387,8 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     ft = modes.of(ctx.finetune, ctx.lora_rank, ctx.lora_targets)
     keeps_input = _kept_linear_inputs(layer, ft)
     bwd_flops = 0.0
-    eager = dict(layer.eager).get(ctx.eager_regime) if ctx.eager_regime else None
+    compiled = ctx.compiled and layer.kind == "block"
+    eager = dict(layer.eager).get(ctx.eager_regime) if ctx.eager_regime and not compiled else None
     sac = _SacOutputs()         # what operator-level selective checkpointing keeps (policy "op")
     eager_loss = RUNTIMES[ctx.framework].loss == "eager" if ctx.framework in RUNTIMES else True
     for i, op in enumerate(layer.ops):
@@ -431,7 +435,11 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
             pass
         else:   # elementwise and embedding: memory-bound; byte counts are given for 2-byte activations
             scale = ctx.tokens * dt / 2 / _split(op.split, ctx) * _routed_share(op, ctx)
-            f, b = memory_bound_s(op.bytes_fwd * scale, dev), memory_bound_s(op.bytes_bwd * scale, dev)
+            if compiled:    # inductor's fused kernels, at the rate the profile measured for their class
+                kind = "norm" if op.norm else "stream"
+                f, b = (eager_s({kind: op.bytes_fwd * scale}, 0, dev), eager_s({kind: op.bytes_bwd * scale}, 0, dev))
+            else:
+                f, b = memory_bound_s(op.bytes_fwd * scale, dev), memory_bound_s(op.bytes_bwd * scale, dev)
             if op.kind == "embedding" and not ft.full:   # a frozen table: no backward (token ids need none)
                 b = 0.0
             fwd, bwd, floor = fwd + f, bwd + b, floor + f + b
@@ -440,10 +448,12 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
         elif op.kind == "attention":
             sac.attention(op, ctx, f)
         if op.kind != "linear" or i in keeps_input:
-            saved += sum(_saved_bytes(s, ctx) for s in op.saved) * _routed_share(op, ctx) * _fp8_saved_share(op, ctx)
+            kept_by_op = op.saved if not compiled or op.compiled_saved is None or _gathered(op, ctx) \
+                else op.compiled_saved
+            saved += sum(_saved_bytes(s, ctx) for s in kept_by_op) * _routed_share(op, ctx) * _fp8_saved_share(op, ctx)
         if op.kind == "linear" and ft.target(op.name):  # LoRA's B keeps its r-wide input, whole on every TP rank
             saved += ft.rank * op.tokens_factor * ctx.tokens * dt
-        if op.unfused and op.unfused not in dev.fused_kernels:
+        if op.unfused and op.unfused not in dev.fused_kernels and not compiled:
             saved += sum(_saved_bytes(s, ctx) for s in op.unfused_saved)
         transient = op.eager_workspace if op.eager_workspace is not None and eager_loss else op.workspace
         workspace = max(workspace, sum(_saved_bytes(s, ctx) for s in transient))
@@ -457,6 +467,10 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     if eager is not None:
         f, b = _eager_s(eager, params, ctx, cluster)
         fwd, bwd, floor = fwd + f, bwd + b, floor + f + b
+    elif compiled and ctx.eager_regime not in ("", "fp32"):
+        # outside the compiled graph: autograd casts the bf16 weight gradients to the fp32 .grad, as eager
+        b = eager_s({"cast_up": params * CAST_UP_BYTES}, 0, cluster.device)
+        bwd, floor = bwd + b, floor + b
     by_experts = layer.tp_allreduce_expert_elems if routed else 0.0     # exchanged instead (``_expert_exchange_s``)
     tp_fwd_all, tp_fwd_rs = _tp_comm(layer, ctx, cluster, layer.tp_allreduce_fwd_elems - by_experts)
     tp_fwd = _exposed(tp_fwd_all, tp_gemm_fwd, ctx)
@@ -489,6 +503,12 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
         params=params, matmul_flops_fwd=flops, expert_params=expert_params, ep_comm_s=exchange_fwd + exchange_bwd,
         work_floor_s=floor, wgrad_s=wgrad, frozen_bytes=frozen_bytes, frozen_params=frozen_params,
         matmul_flops_bwd=None if ft.full else bwd_flops)
+
+
+def _gathered(op: Op, ctx: Context) -> bool:
+    """Whether ``op`` saves an input all-gathered by sequence parallelism: a collective's output, which the
+    partitioner does not recompute."""
+    return ctx.sequence_parallel and ctx.tp > 1 and any(s.gathered_input for s in op.saved)
 
 
 def _kept_linear_inputs(layer: Layer, ft: modes.Adapters) -> frozenset[int]:

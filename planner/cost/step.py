@@ -91,7 +91,8 @@ class CostCache:
                        eager_regime=layer_eager_regime(framework=w.framework, precision=w.precision,
                                                        dp=config.dp * config.cp, tp=config.tp, pp=config.pp),
                        ep=config.ep, expert_imbalance=w.expert_imbalance, expert_dispatcher=w.expert_dispatcher,
-                       fp8=w.fp8, finetune=w.finetune, lora_rank=w.lora_rank, lora_targets=w.lora_targets)
+                       fp8=w.fp8, finetune=w.finetune, lora_rank=w.lora_rank, lora_targets=w.lora_targets,
+                       compiled=w.compile)
 
     def signature_cost(self, signature: str, ctx: Context) -> LayerCost:
         costs = self._layer.get(ctx)
