@@ -70,6 +70,15 @@ def test_defaults_just_work(cli):
     assert "llama3-8b" in out.stdout and "h100-80g" in out.stdout
 
 
+def test_sequence_parallelism_fixed_alone_searches_the_layouts_with_a_tp_group(cli):
+    """--sequence-parallel on without --tp: the search keeps to tp >= 2 (it crashed on the tp 1 layouts)."""
+    out = cli("plan", "--model", "llama3-8b", "--cluster", "h100-80g", "--gpus", "8", "--sequence-parallel", "on",
+              "--top-k", "1", "--json")
+    assert out.returncode == 0, out.stderr
+    config = json.loads(out.stdout)["config"]
+    assert config["sequence_parallel"] is True and config["tp"] >= 2
+
+
 def test_models_and_clusters_lists(cli):
     out = cli("models")
     assert out.returncode == 0

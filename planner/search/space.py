@@ -186,6 +186,8 @@ class Space:
                 continue
             if tp > 1 and w.fp8 and not self.can.fp8_with_tp:
                 continue
+            if tp == 1 and self.k.sequence_parallel:    # --sequence-parallel on: only layouts with a TP group to shard
+                continue
             for pp in self._options("pp", divisors(n // tp)):
                 if pp > self.max_stages or (n // tp) % pp or (pp > 1 and not g.pipelines):
                     continue
