@@ -385,17 +385,20 @@ def whatif(inputs: JobInputs, key: str, values: list[str], knobs: Knobs = Knobs(
 
 def compare(baseline: str, *, cluster: str = DEFAULT_CLUSTER, gpus: int | None = None, model: str | None = None,
             global_batch: int | None = None, seq_len: int | None = None, tp: int | None = None,
-            pp: int | None = None, ep: int | None = None, tokens: float | None = None, top_k: int = 5):
+            pp: int | None = None, ep: int | None = None, tokens: float | None = None, top_k: int = 5,
+            adapter: str | None = None):
     """Your configuration (a Megatron-LM arguments file or launch script, a DeepSpeed JSON, a torchtitan
     TOML or a plan.json) estimated, the best plan for the same job searched, both side by side: a
-    ``compare.Comparison``. Raises NoFeasiblePlan when neither fits."""
+    ``compare.Comparison``. ``adapter``: a PEFT adapter_config.json (else the one beside ``baseline``, if
+    any): the job fine-tunes with LoRA. Raises NoFeasiblePlan when neither fits."""
     from .baseline import Context, check_baseline, read_baseline
     from .compare import CHINCHILLA_TOKENS_PER_PARAM, Comparison, does_not_fit_by
     machines = load_cluster(cluster, gpus)
     ctx = Context(gpus=machines.num_gpus, global_batch=global_batch, seq_len=seq_len, tp=tp, pp=pp, ep=ep)
-    read, spec, graph = read_baseline(baseline, ctx, model)
+    read, spec, graph = read_baseline(baseline, ctx, model, adapter)
     check_baseline(read, graph, machines)
     workload = read.workload()
+    check_finetune(workload, machines, spec)
     if workload.fp8:
         check_fp8(workload.fp8, workload.framework, machines, workload.compile)
     source = model or spec.name

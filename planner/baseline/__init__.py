@@ -20,7 +20,7 @@ from ..errors import UserError
 from ..layers import LayerGraph, build_layer_graph
 from ..model import ModelSpec, load_model
 from ..search.space import Knobs, Space
-from . import deepspeed, megatron, planjson, torchtitan, torchtitan_py
+from . import deepspeed, megatron, peft, planjson, torchtitan, torchtitan_py
 from .values import Baseline, Context, FileModel
 
 READERS = {"megatron": megatron, "deepspeed": deepspeed, "torchtitan": torchtitan, "torchtitan-python": torchtitan_py,
@@ -47,9 +47,16 @@ def detect(path: str, text: str) -> str:
     return "megatron"
 
 
-def read_baseline(path: str, ctx: Context, model: str | None = None) -> tuple[Baseline, ModelSpec, LayerGraph]:
+# the formats a PEFT adapter_config.json is read beside (planner/baseline/peft.py): the runtimes whose jobs wrap a
+# Hugging Face model in PEFT; Megatron-LM's and meshplan's plan.json say their training mode themselves
+ADAPTER_FORMATS = ("deepspeed", "torchtitan", "torchtitan-python")
+
+
+def read_baseline(path: str, ctx: Context, model: str | None = None,
+                  adapter: str | None = None) -> tuple[Baseline, ModelSpec, LayerGraph]:
     """The baseline in ``path``, the model it trains (``model``, else the one the file
-    describes) and its layer graph."""
+    describes) and its layer graph. ``adapter``: a PEFT adapter_config.json the job trains with (else
+    the one beside ``path``, if any, for the formats of ``ADAPTER_FORMATS``)."""
     try:
         text = Path(file_of(path)).read_text()
     except (OSError, UnicodeDecodeError) as e:
@@ -66,7 +73,17 @@ def read_baseline(path: str, ctx: Context, model: str | None = None) -> tuple[Ba
     graph = build_layer_graph(spec)
     baseline = reader.read(doc, path, ctx, graph)
     from_file = told.notes if model is None and told.spec is not None else ()    # how the file's model was read
-    return replace(baseline, notes=from_file + baseline.notes), spec, graph
+    baseline = replace(baseline, notes=from_file + baseline.notes)
+    if adapter is not None and fmt not in ADAPTER_FORMATS:
+        raise UserError(f"a PEFT adapter config is read beside a DeepSpeed or torchtitan config; {path} is "
+                        f"{FORMAT_NAMES[fmt]}, which says its training mode itself", field="--adapter-config")
+    found = Path(adapter) if adapter is not None else peft.beside(file_of(path)) if fmt in ADAPTER_FORMATS else None
+    if found is not None:
+        lora = peft.read(found)
+        baseline = replace(baseline, finetune=lora["finetune"], lora_rank=lora["lora_rank"],
+                           lora_targets=lora["lora_targets"], flags={**baseline.flags, **lora["flags"]},
+                           ignored=baseline.ignored + lora["ignored"], notes=baseline.notes + lora["notes"])
+    return baseline, spec, graph
 
 
 def file_of(path: str) -> str:

@@ -63,6 +63,9 @@ def add_parser(sub) -> None:
     p.add_argument("--pp", type=positive_int, help="pipeline stages of a Megatron-DeepSpeed job (DeepSpeed only)")
     p.add_argument("--ep", type=positive_int, help="expert-parallel degree of a DeepSpeed-MoE job: the ep_size its "
                                                    "MoE layers are built with (DeepSpeed only)")
+    p.add_argument("--adapter-config", metavar="FILE",
+                   help="a PEFT adapter_config.json the job trains with (LoRA: its r and target_modules); "
+                        "default: the one beside a DeepSpeed or torchtitan baseline, if there is one")
     p.add_argument("--tokens", type=token_count, metavar="N",
                    help="token budget the gain in days and cost is priced for, e.g. 300B or 15T (default 20 per "
                         "parameter, Hoffmann et al. 2022)")
@@ -78,8 +81,7 @@ def run(args) -> int:
     t0 = time.perf_counter()
     cmp = api.compare(args.baseline, cluster=args.cluster, gpus=args.gpus, model=args.model,
                       global_batch=args.global_batch, seq_len=args.seq_len, tp=args.tp, pp=args.pp, ep=args.ep,
-                      tokens=args.tokens,
-                      top_k=args.top_k)
+                      tokens=args.tokens, top_k=args.top_k, adapter=args.adapter_config)
     if args.report:
         from ..compare import plan_of
         from ..report import write_report
