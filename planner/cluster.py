@@ -137,6 +137,9 @@ class Cluster:
     gpus_per_host_uplink: int = 1         # GPUs behind one PCIe switch that share its one link to the CPU
     host_memory_bytes: float              # per node
     host_dram: Link                       # host DRAM bandwidth per node (CPU optimizer step)
+    nvme_bytes: float = 0.0               # local NVMe capacity per node (ZeRO-Infinity's offload; 0: none described)
+    nvme_read_bytes_per_s: float = 0.0    # its sequential read and write rates per node, all drives together
+    nvme_write_bytes_per_s: float = 0.0
     oversubscription: float               # leaf-to-spine oversubscription of the fat tree
     max_nodes: int = 0                    # 0: unlimited
     comm_sm_fraction: float = 0.0         # share of the device's SMs a running collective occupies
@@ -514,6 +517,7 @@ def parse_cluster(data: dict, source: str) -> Cluster:
         host_memory_bytes=host.number("memory_GiB") * GiB,
         host_dram=Link(bytes_per_s=host.number("memory_GBps") * 1e9, efficiency=host.fraction("memory_efficiency"),
                        latency_s=0.0),
+        **_nvme(host),
         oversubscription=net.number("oversubscription", default=1.0),
         max_nodes=root.integer("max_nodes", allow_zero=True, default=0),
         comm_sm_fraction=min(1.0, root.table("runtime").number("comm_sms", allow_zero=True, default=0.0)
@@ -523,6 +527,21 @@ def parse_cluster(data: dict, source: str) -> Cluster:
         cores_per_node=host.integer("cores", default=0, allow_zero=True),
         threads_per_process=gpu.integer("threads", default=1),
         source=source, measured_by=root.string("source", default=""), **_pricing(root), **_power(root))
+
+
+def _nvme(host: _Table) -> dict:
+    """[host] nvme_GiB, nvme_read_GBps and nvme_write_GBps: the node's local NVMe drives together (RAID-0), all three
+    or none (nvme_GiB 0: none)."""
+    if "nvme_GiB" not in host.data:
+        for key in ("nvme_read_GBps", "nvme_write_GBps"):
+            if key in host.data:
+                raise UserError(f"given without nvme_GiB; allowed: nvme_GiB, nvme_read_GBps and nvme_write_GBps "
+                                "together, or none of them", source=host.source, field=host._name(key))
+        return {}
+    if not host.number("nvme_GiB", allow_zero=True):     # 0: a variant of a base with drives that it does not have
+        return {}
+    return {"nvme_bytes": host.number("nvme_GiB") * GiB, "nvme_read_bytes_per_s": host.number("nvme_read_GBps") * 1e9,
+            "nvme_write_bytes_per_s": host.number("nvme_write_GBps") * 1e9}
 
 
 def _power(root: _Table) -> dict:

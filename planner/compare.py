@@ -88,7 +88,7 @@ def effective_knobs(graph: LayerGraph, c: ParallelConfig) -> dict[str, object]:
     return {"dp": c.dp, "tp": c.tp, "pp": c.pp, "cp": c.cp, "zero": c.zero, "micro_batch": c.micro_batch,
             "num_microbatches": c.num_microbatches, "schedule": c.schedule if c.pp > 1 else "no pipeline",
             "vpp": c.vpp, "sequence_parallel": c.sequence_parallel, "optimizer_offload": c.optimizer_offload,
-            "param_offload": c.param_offload,
+            "param_offload": c.param_offload, "nvme_offload": c.nvme_offload,
             "stage_layers": list(c.stage_layers or balanced_stage_layers(graph, c.pp * c.vpp)) if c.pp > 1 else None,
             "recompute": blocks}
 
@@ -225,6 +225,8 @@ def comparison_rows(a: Candidate, b: Candidate) -> list[tuple[str, str, str, str
                 "on" if cb.optimizer_offload else "off"),
            *([knob("parameter offload", "on" if ca.param_offload else "off", "on" if cb.param_offload else "off")]
              if ca.param_offload or cb.param_offload else []),
+           *([knob("offload to NVMe", "on" if ca.nvme_offload else "off", "on" if cb.nvme_offload else "off")]
+             if ca.nvme_offload or cb.nvme_offload else []),
            seconds("step time (s)", ea.step_time_s, eb.step_time_s)]
     out += [seconds(f"  {PARTS[f.name]}", getattr(ea.time, f.name), getattr(eb.time, f.name)) for f in fields(StepTime)]
     faster = eb.tokens_per_s / ea.tokens_per_s - 1

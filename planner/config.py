@@ -119,6 +119,10 @@ class ParallelConfig:
                                            # each gather (DeepSpeed's zero_optimization.offload_param: ZeRO-Infinity,
                                            # Rajbhandari et al. 2021); where the runtime's optimizer offload keeps
                                            # them there already (FSDP2's CPUOffloadPolicy) it is not a knob of its own
+    nvme_offload: bool = False             # what optimizer and parameter offload move off the GPU kept on the node's
+                                           # NVMe rather than in host memory (ZeRO-Infinity, Rajbhandari et al. 2021;
+                                           # DeepSpeed's offload_optimizer/offload_param device "nvme"), read and
+                                           # written through host buffers
     # Per-layer choices made by the ILP planner; None means uniform.
     recompute_layers: tuple[str, ...] | None = None    # one Recompute per layer of the layer graph
     stage_layers: tuple[int, ...] | None = None        # layers per (virtual) stage, in order
@@ -146,8 +150,9 @@ class ParallelConfig:
                 del out[key]
             else:
                 out[key] = list(out[key])
-        if not out["param_offload"]:        # said only where on: plan.json files of before it read the same
-            del out["param_offload"]
+        for key in ("param_offload", "nvme_offload"):   # said only where on: earlier plan.json files read the same
+            if not out[key]:
+                del out[key]
         if out["ep"] == 1:                  # likewise: said only where experts are split
             del out["ep"]
         return out
@@ -183,7 +188,7 @@ class ParallelConfig:
                 if value not in allowed:
                     raise UserError(f"{value!r} is not allowed; allowed: {one_of(allowed)}", source=source,
                                     field=where)
-            elif name in ("sequence_parallel", "optimizer_offload", "param_offload"):
+            elif name in ("sequence_parallel", "optimizer_offload", "param_offload", "nvme_offload"):
                 if not isinstance(value, bool):
                     raise UserError(f"must be true or false, got {value!r}", source=source, field=where)
             elif name == "stage_layers" and value is not None:

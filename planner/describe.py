@@ -45,7 +45,8 @@ def describe_config(c: ParallelConfig) -> str:
             f"x {c.num_microbatches}, {sched}, recompute {describe_recompute(c)}, "
             f"sequence parallel {'on' if c.sequence_parallel else 'off'}, "
             f"optimizer offload {'on' if c.optimizer_offload else 'off'}"
-            + (", parameter offload on" if c.param_offload else ""))
+            + (", parameter offload on" if c.param_offload else "")
+            + (", offloaded to NVMe" if c.nvme_offload else ""))
 
 
 def cost_per_million_tokens(gpu_hour_usd: float, gpus: int, tokens_per_s: float) -> float:

@@ -102,6 +102,8 @@ class Estimate:
     host_bytes_per_node: float     # offloaded model states and activations per node
     host_capacity_bytes: float
     fits: bool
+    nvme_bytes_per_node: float = 0.0   # offloaded model states on the node's NVMe (ParallelConfig.nvme_offload)
+    nvme_capacity_bytes: float = 0.0
 
     @property
     def peak_stage(self) -> int:
@@ -119,6 +121,9 @@ class Estimate:
             "host_capacity_bytes": int(self.host_capacity_bytes),
             "time_breakdown_s": asdict(self.time),
             "memory_per_stage_bytes": [m.to_json() for m in self.memory_per_stage],
+            # said only where states are on NVMe: earlier plan.json files read the same
+            **({"nvme_bytes_per_node": int(round(self.nvme_bytes_per_node)),
+                "nvme_capacity_bytes": int(self.nvme_capacity_bytes)} if self.nvme_bytes_per_node else {}),
         }
 
     @classmethod
@@ -135,7 +140,7 @@ class Estimate:
         numbers = {k: _number(raw, k, source, where) for k in ("step_time_s", "tokens_per_s", "model_tflops_per_gpu",
                                                                "mfu", "hardware_tflops_per_gpu", "capacity_bytes")}
         host = {k: _number(raw, k, source, where) if k in raw else 0.0
-                for k in ("host_bytes_per_node", "host_capacity_bytes")}
+                for k in ("host_bytes_per_node", "host_capacity_bytes", "nvme_bytes_per_node", "nvme_capacity_bytes")}
         # files written before the headroom existed: the whole capacity was usable
         usable = _number(raw, "usable_bytes", source, where) if "usable_bytes" in raw else numbers["capacity_bytes"]
         return cls(**numbers, **host, usable_bytes=usable, fits=raw["fits"],

@@ -100,8 +100,11 @@ def _runs_instead(framework: str, joiner: str = " or ") -> str:
 
 # -- DeepSpeed ---------------------------------------------------------------------------------
 
+NVME_PATH = "/local_nvme"
 PARAM_OFFLOAD_NOTE = ("{framework} has no parameter offload of its own (DeepSpeed's offload_param): the parameters "
                       "stay on the GPU, more memory than planned")
+NVME_NOTE = ("{framework} has no offload to NVMe (DeepSpeed's ZeRO-Infinity): what this file offloads goes to host "
+             "memory, more of it than planned")
 
 
 def _compile_note(plan, framework: str) -> list[str]:
@@ -130,10 +133,15 @@ def deepspeed(plan) -> Export:
     elif w.precision == "fp16":
         cfg["fp16"] = {"enabled": True}
     zero: dict = {"stage": c.zero, "overlap_comm": w.overlap_grad_reduce, "contiguous_gradients": True}
+    # ZeRO-Infinity: device nvme with the path of the node's local NVMe volume (DeepSpeed's nvme_path)
+    device = {"device": "nvme", "nvme_path": NVME_PATH} if c.nvme_offload else {"device": "cpu"}
     if c.optimizer_offload:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        zero["offload_optimizer"] = {**device, "pin_memory": True}
     if c.param_offload:
-        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+        zero["offload_param"] = {**device, "pin_memory": True}
+    if c.nvme_offload:
+        notes.append(f"offload to NVMe: nvme_path {NVME_PATH} stands for the node's local NVMe volume (the cluster "
+                     "profile's [host] nvme_GiB, one RAID-0 of its drives): set it to its mount point")
     cfg["zero_optimization"] = zero
     if c.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": c.tp}
@@ -334,6 +342,8 @@ def megatron(plan) -> Export:
         args += [["--optimizer-cpu-offload"], ["--optimizer-offload-fraction", "1.0"]]
     if c.param_offload:
         notes.append(PARAM_OFFLOAD_NOTE.format(framework="Megatron-LM"))
+    if c.nvme_offload:
+        notes.append(NVME_NOTE.format(framework="Megatron-LM"))
     if w.overlap_grad_reduce and c.dp * c.cp > 1:
         args.append(["--overlap-grad-reduce"])
         if c.zero >= 1:
@@ -366,6 +376,8 @@ def colossalai(plan) -> Export:
         kwargs["cpu_offload"] = True
     if c.param_offload:
         notes.append(PARAM_OFFLOAD_NOTE.format(framework="Colossal-AI's HybridParallelPlugin"))
+    if c.nvme_offload:
+        notes.append(NVME_NOTE.format(framework="Colossal-AI's HybridParallelPlugin"))
     if c.ep > 1:
         notes.append(f"expert parallelism {c.ep}: HybridParallelPlugin has none; Colossal-AI's MoeHybridParallelPlugin "
                      f"(ep_size={c.ep}) is not written here, so this file keeps every expert on every rank")
@@ -479,6 +491,8 @@ def _torchtitan_sections(plan, python: bool = False) -> tuple[dict, list[str]]:
         notes.append(f"gradient accumulation over {c.num_microbatches} micro-batches: global_batch_size / "
                      "(local_batch_size x data-parallel degree); torchtitan versions without gradient "
                      "accumulation need local_batch_size = global_batch_size / dp instead (more memory)")
+    if c.nvme_offload:
+        notes.append(NVME_NOTE.format(framework="torchtitan"))
     if c.param_offload and not c.optimizer_offload:
         notes.append("torchtitan offloads parameters only with everything else (enable_cpu_offload, FSDP2's "
                      "CPUOffloadPolicy): parameter offload alone is not offered")

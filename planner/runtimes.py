@@ -39,6 +39,7 @@ class Combinations:
     context_parallel: bool                  # cp > 1: the sequence split over ranks
     offload_zero_stages: tuple[int, ...]    # ZeRO stages optimizer offload runs with (empty: no offload)
     param_offload_zero_stages: tuple[int, ...] = ()     # ZeRO stages parameter offload (``param_offload``) runs with
+    nvme_offload_zero_stages: tuple[int, ...] = ()      # ZeRO stages whose offload can go to NVMe (``nvme_offload``)
     replicates_kv_heads: bool               # tp may exceed the key/value heads (a multiple of them)
     stages_without_blocks: bool             # the embedding alone, or the final norm and head alone, can be a
                                             # (virtual) pipeline stage (Dubey et al. 2024, Llama 3, Sec 3.3.2)
@@ -322,11 +323,15 @@ _DEEPSPEED_RUNS = Combinations(
     unequal_stages=False, recompute_per_layer=False, expert_parallel="data",
     param_offload_zero_stages=(3,),     # zero_optimization.offload_param: stage 3 only (ZeRO-Infinity)
     finetune_modes=_LORA)
+# ZeRO-Infinity's NVMe offload (device "nvme" of offload_optimizer and offload_param): stage 3 only (DeepSpeed's
+# config docs: "nvme ... only applicable to ZeRO-3"; deepspeed/runtime/zero/stage3.py builds the optimizer and
+# parameter swappers, stage_1_and_2.py has none), on GPUs (its async I/O moves pinned host buffers to the device)
+_DEEPSPEED_CUDA = replace(_DEEPSPEED_RUNS, finetune_modes=_LORA_AND_QLORA, nvme_offload_zero_stages=(3,))
 
 DEEPSPEED = Runtime(
     name="deepspeed",
     description="DeepSpeed ZeRO (Rajbhandari et al. 2020) and ZeRO-Offload (Ren et al. 2021)",
-    runs={"cuda": replace(_DEEPSPEED_RUNS, finetune_modes=_LORA_AND_QLORA), "cpu": _DEEPSPEED_RUNS},
+    runs={"cuda": _DEEPSPEED_CUDA, "cpu": _DEEPSPEED_RUNS},
     # the ZeRO paper's layout (Sec 5.1, Table 1): fp16 parameters 2, gradients 2, K = 12; stage 1
     # shards the optimizer, 2 also the gradients, 3 also the parameters
     mixed=StateLayout(params_bytes=2.0, grads_bytes=2.0, optimizer_bytes=12.0, params_sharded_from=3,
@@ -392,7 +397,8 @@ DEEPSPEED_2021 = replace(
     description="DeepSpeed v0.3.13-v0.5.4 (2021): ZeRO-3 gathers and reduce-scatters one tensor at a time, "
                 "each behind a device-wide synchronize",
     # no LoRA: the versions predate PEFT (2022-) and bitsandbytes' 4-bit (2023)
-    runs={kind: replace(can, finetune_modes=("full",)) for kind, can in DEEPSPEED.runs.items()},
+    # nor NVMe offload: ZeRO-Infinity came with v0.3.15 (April 2021) and the 2021 runs of the public set used none
+    runs={kind: replace(can, finetune_modes=("full",), nvme_offload_zero_stages=()) for kind, can in DEEPSPEED.runs.items()},
     timing=replace(DEEPSPEED.timing, zero3_per_tensor=PerTensorFetch(
         gather_loop_s=2.7e-6, reduce_loop_s=2.6e-6, max_reuse_distance=1e9,
         source="DeepSpeed v0.3.16 stage3.py (stage3_max_reuse_distance default 1e9) and partition_parameters.py; "
@@ -443,7 +449,7 @@ def unbuilt(spec) -> list[tuple[str, str]]:
 def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int | None = None,
              pp: int | None = None, cp: int | None = None, schedule: str | None = None,
              optimizer_offload: bool | None = None, param_offload: bool | None = None,
-             sequence_parallel: bool | None = None,
+             nvme_offload: bool | None = None, sequence_parallel: bool | None = None,
              recompute: str | None = None,
              num_kv_heads: int | None = None, ep: int | None = None, dp: int | None = None,
              num_experts: int | None = None, latent_attention: bool | None = None,
@@ -501,20 +507,19 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
     if cp is not None and cp > 1 and not can.context_parallel:
         out.append(("cp", f"context parallelism (cp {cp}) does not run on {who}; allowed: 1"))
     if optimizer_offload:
-        if not can.offload_zero_stages:
-            out.append(("optimizer_offload", f"optimizer offload does not run on {who}; allowed: off"))
-        elif zero is not None and zero not in can.offload_zero_stages:
-            out.append(("optimizer_offload", f"optimizer offload with ZeRO-{zero} does not run on {who}; allowed with "
-                                   f"ZeRO {one_of(can.offload_zero_stages)}"))
-    if param_offload:
-        if not can.param_offload_zero_stages:
-            with_params = tuple(z for z in can.offload_zero_stages if z >= rt.layout("bf16").offload_params_grads_from)
-            why = (f" (its optimizer offload at ZeRO {one_of(with_params)} keeps the parameter shards in host memory)"
-                   if with_params else "")
-            out.append(("param_offload", f"parameter offload is not a knob of its own on {who}; allowed: off{why}"))
-        elif zero is not None and zero not in can.param_offload_zero_stages:
-            out.append(("param_offload", f"parameter offload with ZeRO-{zero} does not run on {who}; allowed with "
-                                         f"ZeRO {one_of(can.param_offload_zero_stages)}"))
+        out += _offload_refusals("optimizer_offload", "optimizer offload", can.offload_zero_stages, zero, who)
+    if param_offload and not can.param_offload_zero_stages:
+        with_params = tuple(z for z in can.offload_zero_stages if z >= rt.layout("bf16").offload_params_grads_from)
+        why = (f" (its optimizer offload at ZeRO {one_of(with_params)} keeps the parameter shards in host memory)"
+               if with_params else "")
+        out.append(("param_offload", f"parameter offload is not a knob of its own on {who}; allowed: off{why}"))
+    elif param_offload:
+        out += _offload_refusals("param_offload", "parameter offload", can.param_offload_zero_stages, zero, who)
+    if nvme_offload:
+        out += _offload_refusals("nvme_offload", "offload to NVMe", can.nvme_offload_zero_stages, zero, who)
+        if optimizer_offload is False and param_offload is False:
+            out.append(("nvme_offload", "offload to NVMe moves what optimizer or parameter offload offloads; "
+                                        "neither is on"))
     if ep is not None and ep > 1:
         out += _ep_refusals(can, who, ep=ep, dp=dp, tp=tp, cp=cp, sequence_parallel=sequence_parallel,
                             num_experts=num_experts)
@@ -529,6 +534,15 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
         out.append(("tp", f"tp {tp} must divide the {num_kv_heads} key/value heads on {who} (it does not "
                           "replicate key/value heads)"))
     return out
+
+
+def _offload_refusals(knob: str, what: str, stages: tuple[int, ...], zero: int | None, who: str) -> list[tuple[str, str]]:
+    """An offload knob the runtime does not run at all, or not at ``zero``."""
+    if not stages:
+        return [(knob, f"{what} does not run on {who}; allowed: off")]
+    if zero is not None and zero not in stages:
+        return [(knob, f"{what} with ZeRO-{zero} does not run on {who}; allowed with ZeRO {one_of(stages)}")]
+    return []
 
 
 def expert_ranks(runtime: str, *, dp: int, cp: int, tp: int) -> int:
@@ -578,7 +592,7 @@ def config_refusals(config, runtime: str, device_kind: str, num_kv_heads: int | 
     c = config
     out = refusals(runtime, device_kind, zero=c.zero, tp=c.tp, pp=c.pp, cp=c.cp, schedule=c.schedule,
                    optimizer_offload=c.optimizer_offload, param_offload=c.param_offload,
-                   sequence_parallel=c.sequence_parallel,
+                   nvme_offload=c.nvme_offload, sequence_parallel=c.sequence_parallel,
                    num_kv_heads=num_kv_heads, ep=c.ep, dp=c.dp, num_experts=num_experts,
                    latent_attention=latent_attention, fp8=fp8, compile=compile, finetune=finetune)
     for policy in dict.fromkeys(c.recompute_layers or (c.recompute,)):

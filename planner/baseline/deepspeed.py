@@ -23,13 +23,14 @@ MODELLED = {   # dotted keys this reader models; every other key is listed as ig
     "zero_optimization", "zero_optimization.stage", "zero_optimization.overlap_comm",
     "zero_optimization.offload_optimizer", "zero_optimization.offload_optimizer.device",
     "zero_optimization.offload_param", "zero_optimization.offload_param.device",
+    "zero_optimization.offload_optimizer.nvme_path", "zero_optimization.offload_param.nvme_path",
     "tensor_parallel", "tensor_parallel.autotp_size", "activation_checkpointing",
 }
 FLAGS = {   # meshplan's flag (as config.check_config names it) -> this format's
     "--dp/--tp/--pp/--cp": "--tp x --pp", "--tp": "--tp", "--pp": "--pp", "--ep": "--ep", "--micro-batch":
     "train_micro_batch_size_per_gpu", "num_microbatches": "gradient_accumulation_steps",
     "--zero": "zero_optimization.stage", "--optimizer-offload": "zero_optimization.offload_optimizer",
-    "--param-offload": "zero_optimization.offload_param",
+    "--param-offload": "zero_optimization.offload_param", "--nvme-offload": "zero_optimization.offload_*.device",
     "--recompute": "activation_checkpointing", "--precision": "bf16.enabled/fp16.enabled"}
 
 
@@ -86,8 +87,6 @@ def read(doc: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
     zero = _get(doc, "zero_optimization.stage")
     zero = 0 if zero is None else int(choice(source, "zero_optimization.stage", zero, (0, 1, 2, 3)))
     device = _offload_device(doc, source, "offload_optimizer")
-    if device == "nvme":
-        notes.append(NVME_NOTE.format(what="offload_optimizer"))
     # offload_param (ZeRO-Infinity): the parameter shards in host memory, stage 3 only (DeepSpeed's
     # DeepSpeedZeroOffloadParamConfig; below stage 3 the engine ignores it: deepspeed/runtime/engine.py
     # zero_offload_param() is read by the stage-3 optimizer alone)
@@ -96,8 +95,15 @@ def read(doc: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
     if param_device != "none" and zero != 3:
         notes.append(f"zero_optimization.offload_param applies to ZeRO stage 3 only: at stage {zero} DeepSpeed keeps "
                      "the parameters on the GPU, and so does the estimate")
-    elif param_device == "nvme":
-        notes.append(NVME_NOTE.format(what="offload_param"))
+    # device nvme (ZeRO-Infinity): what is offloaded kept on the node's NVMe, stage 3 only (deepspeed/runtime/zero/
+    # stage3.py builds the optimizer and parameter swappers; stage_1_and_2.py has none)
+    offloaded = [d for d in (device, param_device if zero == 3 else "none") if d != "none"]
+    nvme = zero == 3 and "nvme" in offloaded
+    if "nvme" in offloaded and len(set(offloaded)) > 1:
+        notes.append("one offload to NVMe and the other to the CPU: both are priced on NVMe")
+    if zero != 3 and device == "nvme":
+        notes.append(f"zero_optimization.offload_optimizer.device nvme needs ZeRO stage 3 (ZeRO-Infinity): at stage "
+                     f"{zero} it is priced as offload to the CPU")
     overlap = _get(doc, "zero_optimization.overlap_comm")
     # deepspeed/runtime/zero/config.py (overlap_comm_valid): unset means on for stage 3, off otherwise
     overlap = zero == 3 if overlap is None else _enabled(doc, source, "zero_optimization.overlap_comm")
@@ -111,13 +117,10 @@ def read(doc: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
     notes += _auto_notes(doc, micro, batch, m, dp, ctx)
     config = ParallelConfig(dp=dp, tp=tp, pp=pp, ep=ctx.ep or 1, zero=zero, micro_batch=micro, num_microbatches=m,
                             schedule=schedule_of(pp, 1), recompute=recompute,
-                            optimizer_offload=device != "none", param_offload=param_offload)
+                            optimizer_offload=device != "none", param_offload=param_offload, nvme_offload=nvme)
     return Baseline(source=source, format="deepspeed", runtime="deepspeed", config=config, global_batch=batch,
                     seq_len=graph.seq_len, precision=precision, overlap_grad_reduce=overlap,
                     flags=FLAGS, ignored=tuple(k for k in _keys(doc) if k not in MODELLED), notes=tuple(notes))
-
-
-NVME_NOTE = "{what} to NVMe (ZeRO-Infinity) is modelled as host memory"
 
 
 def _offload_device(doc: dict, source: str, what: str) -> str:

@@ -17,7 +17,7 @@ from ..recompute import DESCRIPTIONS, EVERY_K_DESCRIPTION, parse_recompute
 from ..search import Knobs
 
 KNOB_NAMES = ("dp", "tp", "pp", "cp", "ep", "zero", "micro_batch", "vpp", "schedule", "recompute", "sequence_parallel",
-              "optimizer_offload", "param_offload")
+              "optimizer_offload", "param_offload", "nvme_offload")
 
 RECOMPUTE_HELP = ("recompute policies (--recompute; the search chooses one per block among those the runtime "
                   "runs):\n" + "".join(f"  {name:<18} {text}\n" for name, text in DESCRIPTIONS.items())
@@ -236,6 +236,10 @@ def add_knob_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--param-offload", type=on_off, metavar="on|off",
                    help="ZeRO-3's parameter shards in host memory, copied up for every gather (DeepSpeed's "
                         "offload_param, --framework deepspeed); never searched: off unless given")
+    g.add_argument("--nvme-offload", type=on_off, metavar="on|off",
+                   help="what optimizer and parameter offload offload kept on the node's local NVMe rather than in "
+                        "host memory (ZeRO-Infinity: DeepSpeed's offload device nvme, ZeRO-3; the cluster profile's "
+                        "[host] nvme_GiB and rates); never searched: off unless given")
     g.add_argument("--offload", choices=("none", "optimizer"), help=argparse.SUPPRESS)   # the earlier name
 
 

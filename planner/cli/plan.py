@@ -162,7 +162,9 @@ def format_fit_min(found) -> str:
     e, w = plan.best.estimate, plan.workload
     nodes = -(-plan.world_size // found.gpus_per_node)
     host = (f"{gib(e.host_bytes_per_node)} of {gib(e.host_capacity_bytes)} GiB of host memory per node"
-            if e.host_bytes_per_node else "no host memory beyond the runtime's")
+            if e.host_bytes_per_node else "no host memory beyond the runtime's") + (
+        f", {gib(e.nvme_bytes_per_node)} of {gib(e.nvme_capacity_bytes)} GiB of NVMe per node"
+        if e.nvme_bytes_per_node else "")
     return "\n".join([
         f"{plan.model_name} ({plan.model_params / 1e9:.2f}B params) on {plan.cluster_name}: {w.global_batch} sequences "
         f"x {w.seq_len} tokens per step, {w.precision_name}, {w.framework} runtime"
@@ -195,6 +197,10 @@ def format_plan(plan: Plan, tokens: float | None = None) -> str:
         f"activations {gib(mem.activations)}, other {gib(mem.other)}"
         + (" (backward frees activations as it writes gradients: the peak holds the larger)"
            if mem.grads_after_activations else "") + ("" if e.fits else "   DOES NOT FIT"),
+        *([f"offload   {gib(e.host_bytes_per_node)} of {gib(e.host_capacity_bytes)} GiB of host memory per node"
+           + (f" (swap buffers); {gib(e.nvme_bytes_per_node)} of {gib(e.nvme_capacity_bytes)} GiB of NVMe per node"
+              if c.nvme_offload else "")]
+          if c.nvme_offload else []),
         f"time      compute {t.compute:.3f} s, recompute {t.recompute:.3f}, TP comm {t.tp_comm:.3f}, "
         f"CP comm {t.cp_comm:.3f}, " + (f"EP all-to-all {t.ep_comm:.3f}, " if t.ep_comm else "") +
         f"PP comm {t.pp_comm:.3f}, bubble {t.bubble:.3f}, DP comm {t.dp_comm:.3f}, "

@@ -29,6 +29,15 @@ from .memory import (frozen_share, grad_comm_bytes_per_param, resident_bytes_per
 # writes param and moments (12 B); mixed precision also writes the 16-bit copy (2 B).
 # Streams through memory (fused/foreach kernels are bandwidth-bound).
 ADAM_BYTES_PER_PARAM = 28.0
+# ZeRO-Infinity's NVMe offload (ParallelConfig.nvme_offload), with DeepSpeed's config defaults (deepspeed.ai/docs/
+# config-json, "Parameter offloading" and "Optimizer offloading"; deepspeed/runtime/zero/offload_config.py):
+# the fp32 master weights and Adam's two moments stay on NVMe and are swapped in and out around each sub-group's CPU
+# step (12 bytes a parameter each way); the parameters are read for every gather and the updated ones written back
+# once a step; the host keeps the swap buffers: offload_param's buffer_count 5 x buffer_size 1e8 elements at the
+# training dtype, and the sub-group the CPU optimizer steps (sub_group_size 1e9 elements) with its fp32 gradient.
+NVME_OPTIMIZER_BYTES = 12.0
+NVME_PARAM_BUFFER_ELEMS = 5 * 100_000_000
+NVME_SUB_GROUP_ELEMS = 1_000_000_000
 
 
 # -- the estimate -------------------------------------------------------------------------------
@@ -584,6 +593,12 @@ def _optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float, s
     # param_offload_microbatch_copy_bytes), counted here with the other host copies, unhidden
     param_copies = config.num_microbatches * timing.param_offload_microbatch_copy_bytes if config.param_offload else 0.0
     casts_s += network.host_transfer_s(cluster, local * param_copies) if param_copies else 0.0
+    if config.nvme_offload:     # the node's drives serve its ranks: read before they reach the host, then written
+        per_node = min(cluster.gpus_per_node, cluster.num_gpus)
+        read = param_copies + (NVME_OPTIMIZER_BYTES if config.optimizer_offload else 0.0)
+        write = (DTYPE_BYTES[w.precision] if config.param_offload else 0.0) \
+            + (NVME_OPTIMIZER_BYTES if config.optimizer_offload else 0.0)
+        casts_s += per_node * local * (read / cluster.nvme_read_bytes_per_s + write / cluster.nvme_write_bytes_per_s)
     if not config.optimizer_offload:
         # at the rate measured for the executor's own AdamW on this device where the profile has one
         # ([gpu.kernels] optimizer_GBps: the CPU's per-parameter loop is far from a memory stream),
@@ -609,9 +624,28 @@ def _optimizer_s(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tu
 
 
 def _host_bytes(cache: CostCache, config: ParallelConfig, rank: RankCost) -> float:
-    """Bytes the node's host memory holds for this rank's offloaded states, times the node's ranks."""
+    """Bytes the node's host memory holds for this rank's offloaded states, times the node's ranks (with offload to
+    NVMe, the swap buffers: ``NVME_*``)."""
     if not config.optimizer_offload and not config.param_offload:
         return 0.0
+    if config.nvme_offload:
+        per_node = min(cache.cluster.gpus_per_node, cache.cluster.num_gpus)
+        local = rank.params / (config.dp * config.cp)
+        params = NVME_PARAM_BUFFER_ELEMS * DTYPE_BYTES[cache.workload.precision] if config.param_offload else 0.0
+        optimizer = min(local, NVME_SUB_GROUP_ELEMS) * (NVME_OPTIMIZER_BYTES + 4.0) if config.optimizer_offload else 0.0
+        return per_node * (params + optimizer)
+    return _offloaded_bytes(cache, config, rank)
+
+
+def nvme_bytes_per_node(cache: CostCache, config: ParallelConfig, ranks: list[RankCost]) -> float:
+    """What the node's NVMe holds with offload to NVMe: the states host memory would hold without it."""
+    if not config.nvme_offload:
+        return 0.0
+    return max(_offloaded_bytes(cache, config, rank) for rank in ranks)
+
+
+def _offloaded_bytes(cache: CostCache, config: ParallelConfig, rank: RankCost) -> float:
+    """The offloaded states of one rank, times the node's ranks."""
     states, experts = state_rates(cache, config)
     per_node = min(cache.cluster.gpus_per_node, cache.cluster.num_gpus)
     return per_node * ((rank.params - rank.expert_params) * states.host + rank.expert_params * experts.host
@@ -803,10 +837,12 @@ def estimate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: Pa
     hw_flops = sum(r.matmul_flops for r in ranks) * m * config.dp * config.cp * config.tp
     capacity, usable = cluster.device.memory_bytes, cache.usable_bytes
     host_capacity = cluster.host_memory_bytes
-    fits = peak.total <= usable and host_bytes <= host_capacity
+    nvme = nvme_bytes_per_node(cache, config, ranks)
+    fits = peak.total <= usable and host_bytes <= host_capacity and nvme <= cluster.nvme_bytes
     est = Estimate(step_time_s=step, tokens_per_s=tokens / step, model_tflops_per_gpu=model_flops / step / n / 1e12,
                    mfu=model_flops / step / n / cluster.peak_flops(workload.precision),
                    hardware_tflops_per_gpu=hw_flops / step / n / 1e12, memory=peak, memory_per_stage=memories,
                    time=time, capacity_bytes=capacity, usable_bytes=usable, host_bytes_per_node=host_bytes,
-                   host_capacity_bytes=host_capacity, fits=fits)
+                   host_capacity_bytes=host_capacity, nvme_bytes_per_node=nvme, nvme_capacity_bytes=cluster.nvme_bytes,
+                   fits=fits)
     return host_bound(est, host_s(cache, config))

@@ -80,6 +80,7 @@ def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs
     t0 = time.perf_counter()
     solver = solver or default_solver()
     space = Space(graph, cluster.num_gpus, workload, knobs, cluster.device.dtypes, cluster.device_kind)
+    check_nvme(bool(knobs.nvme_offload), cluster)
     cache = CostCache(graph, cluster, workload)
     top = TopK(top_k + 1, cap=bound_s)
     for config in seeds:
@@ -273,4 +274,12 @@ def evaluate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: Pa
     """A fully fixed config: check it and estimate it (it may not fit)."""
     space = Space(graph, cluster.num_gpus, workload, Knobs(), cluster.device.dtypes, cluster.device_kind)
     space.check(config)
+    check_nvme(config.nvme_offload, cluster)
     return Candidate(config=config, estimate=estimate(graph, cluster, workload, config))
+
+
+def check_nvme(nvme_offload: bool, cluster: Cluster) -> None:
+    """Offload to NVMe needs a profile that describes the nodes' drives, else UserError naming the flag."""
+    if nvme_offload and not cluster.nvme_bytes:
+        raise UserError(f"{cluster.name} describes no local NVMe ([host] nvme_GiB, nvme_read_GBps, nvme_write_GBps "
+                        "in its profile); allowed: off, or a profile that gives them", field="--nvme-offload")

@@ -29,6 +29,7 @@ class Knobs:
     sequence_parallel: bool | None = None
     optimizer_offload: bool | None = None
     param_offload: bool | None = None       # never searched: off unless fixed on
+    nvme_offload: bool | None = None        # likewise (ZeRO-Infinity's NVMe)
 
     def fixed(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
@@ -87,7 +88,7 @@ class Space:
             raise UserError(f"{k.zero!r} is not a ZeRO stage; allowed: 0, 1, 2 or 3", field="--zero")
         if k.schedule is not None and k.schedule not in SCHEDULE_NAMES:
             raise UserError(f"{k.schedule!r} is not allowed; allowed: {one_of(SCHEDULE_NAMES)}", field="--schedule")
-        for name in ("optimizer_offload", "param_offload"):
+        for name in ("optimizer_offload", "param_offload", "nvme_offload"):
             value = getattr(k, name)
             if value is not None and not isinstance(value, bool):
                 raise UserError(f"must be on or off, got {value!r}", field=knob_flag(name))
@@ -157,7 +158,8 @@ class Space:
                                 field="--ep")
         for knob, why in refusals(w.framework, self.device_kind, zero=k.zero, tp=k.tp, pp=k.pp, cp=k.cp,
                                   schedule=k.schedule, optimizer_offload=k.optimizer_offload,
-                                  param_offload=k.param_offload, sequence_parallel=k.sequence_parallel,
+                                  param_offload=k.param_offload, nvme_offload=k.nvme_offload,
+                                  sequence_parallel=k.sequence_parallel,
                                   recompute="full" if every_k(k.recompute) else k.recompute,
                                   num_kv_heads=g.num_kv_heads, num_experts=g.num_experts,
                                   ep=k.ep, dp=k.dp, latent_attention=g.latent_attention, compile=w.compile,
@@ -316,12 +318,18 @@ class Space:
         return self.with_recompute(ParallelConfig(
             dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep, zero=zero, micro_batch=layout.micro_batch,
             num_microbatches=m, vpp=vpp, schedule=schedule, sequence_parallel=sp,
-            optimizer_offload=optimizer_offload, param_offload=self.param_offload), recompute)
+            optimizer_offload=optimizer_offload, param_offload=self.param_offload, nvme_offload=self.nvme_offload),
+            recompute)
 
     @property
     def param_offload(self) -> bool:
         """Parameter offload, where fixed on (the search never turns it on by itself)."""
         return bool(self.k.param_offload)
+
+    @property
+    def nvme_offload(self) -> bool:
+        """Offload to NVMe, where fixed on (likewise)."""
+        return bool(self.k.nvme_offload)
 
     def check(self, config: ParallelConfig) -> None:
         check_config(config, num_gpus=self.n, global_batch=self.w.global_batch, seq_len=self.w.seq_len,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -123,7 +123,8 @@ class GroupProblem:
         self.stages = self.p * self.v
         self.base = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep,
                                    micro_batch=layout.micro_batch, num_microbatches=self.m, vpp=vpp,
-                                   schedule=schedule, sequence_parallel=sp, param_offload=space.param_offload)
+                                   schedule=schedule, sequence_parallel=sp, param_offload=space.param_offload,
+                                   nvme_offload=space.nvme_offload)
         # each rank's virtual stages, chunk by chunk (a loop, or a V: planner/placement.py)
         self.rank_stages = [rank_stages(placement_of(self.base), r, self.p, self.v) for r in range(self.p)]
         ctx = cache.context(self.base)
@@ -209,6 +210,9 @@ class GroupProblem:
         expert_host = state_rates(cache, config)[1].host
         routed = block.expert_params
         frozen, frozen_host = frozen_rates(cache, config)
+        if config.nvme_offload:     # the offloaded states on NVMe: the host holds swap buffers (the estimate's check)
+            states, expert_host, frozen_host = replace(states, host_optimizer=0.0, host_params=0.0, host_grads=0.0), \
+                0.0, 0.0
         return Option(zero=zero, optimizer_offload=offload, state_bytes=resident, host_bytes=states.host,
                       other_bytes=other_bytes(cache, config),
                       optimizer_s_per_param=optimizer_time_s(cache, config, 1.0),
