@@ -84,3 +84,14 @@ def test_a_profile_with_rates_but_no_capacity_is_refused(tmp_path):
     with pytest.raises(UserError) as err:
         load_cluster(str(path), 8)
     assert err.value.field == "host.nvme_read_GBps"
+
+
+def test_fixed_on_alone_the_search_keeps_to_stages_and_offloads_that_run_it():
+    """--nvme-offload on with everything else searched: ZeRO-3 plans (DeepSpeed's NVMe offload runs there only),
+    on NVMe wherever something is offloaded."""
+    job = api.load_job("llama3-70b", "a100-80g", gpus=8, global_batch=64, seq_len=4096, framework="deepspeed")
+    plan = api.plan(job, api.Knobs(nvme_offload=True), top_k=3)
+    for candidate in (plan.best, *plan.alternatives):
+        c = candidate.config
+        assert c.zero == 3 and c.nvme_offload == (c.optimizer_offload or c.param_offload)
+    assert plan.best.config.nvme_offload and plan.best.estimate.nvme_bytes_per_node > 0

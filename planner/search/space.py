@@ -268,8 +268,9 @@ class Space:
     def _zeros(self, layout: Layout, schedule: str | None) -> list[int]:
         allowed = [z for z in self.can.zero_stages
                    if not refusals(self.w.framework, self.device_kind, zero=z, tp=layout.tp, pp=layout.pp,
-                                   cp=layout.cp, ep=layout.ep, schedule=schedule, param_offload=self.param_offload)]
-        if layout.dp * layout.cp == 1 and not self.param_offload:
+                                   cp=layout.cp, ep=layout.ep, schedule=schedule, param_offload=self.param_offload,
+                                   nvme_offload=self.nvme_offload)]
+        if layout.dp * layout.cp == 1 and not self.param_offload and not self.nvme_offload:
             # nothing to shard over: the stages are all equal to ZeRO-0 (but where ZeRO-3's parameters go to the host)
             fixed = self.k.zero
             return [0] if fixed is None else [fixed] if fixed in allowed else []
@@ -318,7 +319,8 @@ class Space:
         return self.with_recompute(ParallelConfig(
             dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep, zero=zero, micro_batch=layout.micro_batch,
             num_microbatches=m, vpp=vpp, schedule=schedule, sequence_parallel=sp,
-            optimizer_offload=optimizer_offload, param_offload=self.param_offload, nvme_offload=self.nvme_offload),
+            optimizer_offload=optimizer_offload, param_offload=self.param_offload,
+            nvme_offload=self.nvme_offload and (optimizer_offload or self.param_offload)),
             recompute)
 
     @property

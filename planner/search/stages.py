@@ -204,7 +204,7 @@ class GroupProblem:
         resident = resident_bytes_per_param(framework=w.framework, precision=w.precision, zero=zero,
                                             shard=lay.dp * lay.cp, optimizer_offload=offload, tp=lay.tp, pp=lay.pp,
                                             param_offload=po, grads_16bit=w.grad_reduce_in_bf16)
-        config = self.base.but(zero=zero, optimizer_offload=offload)
+        config = self._with(zero, offload)
         block = self.block
         dense, expert_resident = resident_rates(cache, config)
         expert_host = state_rates(cache, config)[1].host
@@ -237,13 +237,13 @@ class GroupProblem:
 
     def collectives(self, option: Option, bucket: tuple[float, float]) -> tuple[float, float, float]:
         """One layer's data-parallel collectives for its (trainable parameters, frozen bytes)."""
-        config = self.base.but(zero=option.zero, optimizer_offload=option.optimizer_offload)
+        config = self._with(option.zero, option.optimizer_offload)
         return dp_collectives(self.cache, config, bucket[0], frozen_bytes=bucket[1])
 
     def block_collectives(self, option: Option) -> tuple[float, float, float]:
         """One block's data-parallel collectives: its dense parameters over dp x cp, its routed experts (under
         expert parallelism) over their expert data-parallel ranks."""
-        config = self.base.but(zero=option.zero, optimizer_offload=option.optimizer_offload)
+        config = self._with(option.zero, option.optimizer_offload)
         routed = self.block.expert_params
         dense = dp_collectives(self.cache, config, self.block.params - routed, frozen_bytes=self.block.frozen_bytes)
         if not routed:
@@ -277,9 +277,15 @@ class GroupProblem:
             for policy in POLICIES:
                 policies += [policy] * stage.get(policy, 0)
         policies += ["none"] * len(self.shape.suffix)
-        return self.base.but(zero=option.zero, optimizer_offload=option.optimizer_offload,
-                             recompute=summary_policy(policies), recompute_layers=tuple(policies),
-                             stage_layers=tuple(stage_layers))
+        return self._with(option.zero, option.optimizer_offload).but(
+            recompute=summary_policy(policies), recompute_layers=tuple(policies), stage_layers=tuple(stage_layers))
+
+    def _with(self, zero: int, optimizer_offload: bool) -> ParallelConfig:
+        """The group's config at one ZeRO/optimizer-offload option: offload to NVMe (fixed on) only where something
+        is offloaded."""
+        base = self.base
+        return base.but(zero=zero, optimizer_offload=optimizer_offload,
+                        nvme_offload=base.nvme_offload and (optimizer_offload or base.param_offload))
 
     def memory_free_split(self) -> list[int]:
         """Blocks per virtual stage minimising the slowest rank with no recompute and no
