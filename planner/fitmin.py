@@ -5,7 +5,7 @@ number doubling until a plan fits and then every count between the last two doub
 fewest GPUs among one node's powers of two and every whole number of nodes (a count of GPUs that the global
 batch cannot split, or that the fixed knobs do not divide, does not fit). Each count is planned in full
 (``api.plan``, the best plan only); the answer gives that plan, its step time and the host memory per node it
-needs (optimizer or parameter offload), against the profile's.
+needs (optimizer or parameter offload), and with ``--nvme-offload on`` the NVMe per node, against the profile's.
 """
 from __future__ import annotations
 
@@ -39,7 +39,9 @@ class FitMin:
             e = self.plan.best.estimate
             out.update(config=self.plan.best.config.to_json(), step_time_s=e.step_time_s,
                        memory_bytes=e.memory.total, capacity_bytes=e.capacity_bytes,
-                       host_bytes_per_node=e.host_bytes_per_node, host_capacity_bytes=e.host_capacity_bytes)
+                       host_bytes_per_node=e.host_bytes_per_node, host_capacity_bytes=e.host_capacity_bytes,
+                       **({"nvme_bytes_per_node": e.nvme_bytes_per_node, "nvme_capacity_bytes": e.nvme_capacity_bytes}
+                          if e.nvme_bytes_per_node else {}))
         return out
 
 
