@@ -95,3 +95,13 @@ def test_fixed_on_alone_the_search_keeps_to_stages_and_offloads_that_run_it():
         c = candidate.config
         assert c.zero == 3 and c.nvme_offload == (c.optimizer_offload or c.param_offload)
     assert plan.best.config.nvme_offload and plan.best.estimate.nvme_bytes_per_node > 0
+
+
+def test_fit_mins_answer_says_the_nvme_its_plan_needs():
+    from planner.fitmin import FitMin
+    job = api.load_job("llama3-8b", "a100-80g", gpus=8, global_batch=8 * M, seq_len=4096, framework="deepspeed")
+    plan = api.fixed_plan(job, CONFIG.but(nvme_offload=True))
+    doc = FitMin(gpus_per_node=8, plan=plan, tried=((8, "fits"),), limit=64).to_json()
+    e = plan.best.estimate
+    assert (doc["nvme_bytes_per_node"], doc["nvme_capacity_bytes"]) == (e.nvme_bytes_per_node, e.nvme_capacity_bytes)
+    assert doc["nvme_bytes_per_node"] > doc["host_bytes_per_node"] > 0
