@@ -162,6 +162,12 @@ class Cluster:
     def num_nodes(self) -> int:
         return max(1, math.ceil(self.num_gpus / self.gpus_per_node))
 
+    @property
+    def gpus_on_a_node(self) -> int:
+        """The job's GPUs that share one node's host (its memory, links and drives): a node's, or all of them
+        where the job is smaller than a node."""
+        return min(self.gpus_per_node, self.num_gpus)
+
     def peak_flops(self, precision: str) -> float:
         return self.device.peak(precision)
 

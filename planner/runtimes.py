@@ -398,7 +398,8 @@ DEEPSPEED_2021 = replace(
                 "each behind a device-wide synchronize",
     # no LoRA: the versions predate PEFT (2022-) and bitsandbytes' 4-bit (2023)
     # nor NVMe offload: ZeRO-Infinity came with v0.3.15 (April 2021) and the 2021 runs of the public set used none
-    runs={kind: replace(can, finetune_modes=("full",), nvme_offload_zero_stages=()) for kind, can in DEEPSPEED.runs.items()},
+    runs={kind: replace(can, finetune_modes=("full",), nvme_offload_zero_stages=())
+          for kind, can in DEEPSPEED.runs.items()},
     timing=replace(DEEPSPEED.timing, zero3_per_tensor=PerTensorFetch(
         gather_loop_s=2.7e-6, reduce_loop_s=2.6e-6, max_reuse_distance=1e9,
         source="DeepSpeed v0.3.16 stage3.py (stage3_max_reuse_distance default 1e9) and partition_parameters.py; "
@@ -536,7 +537,8 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
     return out
 
 
-def _offload_refusals(knob: str, what: str, stages: tuple[int, ...], zero: int | None, who: str) -> list[tuple[str, str]]:
+def _offload_refusals(knob: str, what: str, stages: tuple[int, ...], zero: int | None,
+                      who: str) -> list[tuple[str, str]]:
     """An offload knob the runtime does not run at all, or not at ``zero``."""
     if not stages:
         return [(knob, f"{what} does not run on {who}; allowed: off")]

@@ -123,9 +123,9 @@ def _process_group(device: str) -> bool:
 
 def executor_host(device: str, *, probes: dict | None = None, steps: int = 8, warmup: int = 4,
                   done=None) -> dict:
-    """Per regime: every timed step of each run, the least of each run's, and the host seconds ``solve``
-    fits to them. A probe that fails is recorded with its error, not raised. ``done(result)`` is called
-    after each regime with the regimes so far."""
+    """Per regime: every timed step of each run, and the host seconds ``fit`` takes from their medians. A probe
+    that fails is recorded with its error, not raised. ``done(result)`` is called after each regime with the
+    regimes so far."""
     import torch.distributed as dist
     started = _process_group(device)
     out: dict = {"model": "probe_spec (executor/profile/host.py): hidden 256, 64 tokens, batch 1",

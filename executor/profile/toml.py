@@ -297,8 +297,8 @@ def host_lines(probe: dict | None, measured: str) -> list[str]:
     depths = [str(blocks) for blocks in sorted({blocks for blocks, _ in probe.get("depths", [(2, 1), (6, 1)])})]
     statistic = " (the median of each run's steps)" if any("step_times_s" in r for r in rows.values()) else ""
     src = (f"{measured}: the executor's step of a tiny model (executor/profile/host.py: hidden 256, 64 tokens, "
-           f"the GPU idle) at {', '.join(depths[:-1])} and {depths[-1]} blocks with 1 and 2 micro-batches, solved per block "
-           f"and for the rest{statistic}")
+           f"the GPU idle) at {', '.join(depths[:-1])} and {depths[-1]} blocks with 1 and 2 micro-batches, solved "
+           f"per block and for the rest{statistic}")
     return [f"host_us = {{ {table} }}   # per block per micro-batch, per block per step, rest per micro-batch, "
             "rest per step", f"host_source = {_q(src)}"]
 

@@ -197,9 +197,8 @@ def format_plan(plan: Plan, tokens: float | None = None) -> str:
         f"activations {gib(mem.activations)}, other {gib(mem.other)}"
         + (" (backward frees activations as it writes gradients: the peak holds the larger)"
            if mem.grads_after_activations else "") + ("" if e.fits else "   DOES NOT FIT"),
-        *([f"offload   {gib(e.host_bytes_per_node)} of {gib(e.host_capacity_bytes)} GiB of host memory per node"
-           + (f" (swap buffers); {gib(e.nvme_bytes_per_node)} of {gib(e.nvme_capacity_bytes)} GiB of NVMe per node"
-              if c.nvme_offload else "")]
+        *([f"offload   {gib(e.host_bytes_per_node)} of {gib(e.host_capacity_bytes)} GiB of host memory per node "
+           f"(swap buffers); {gib(e.nvme_bytes_per_node)} of {gib(e.nvme_capacity_bytes)} GiB of NVMe per node"]
           if c.nvme_offload else []),
         f"time      compute {t.compute:.3f} s, recompute {t.recompute:.3f}, TP comm {t.tp_comm:.3f}, "
         f"CP comm {t.cp_comm:.3f}, " + (f"EP all-to-all {t.ep_comm:.3f}, " if t.ep_comm else "") +

@@ -99,7 +99,7 @@ def block_host_s(layer, policy: str, *, m: int, fsdp: bool, table: dict) -> floa
     routed = any(op.routed for op in layer.ops) and "moe" in table
     eager = at("eager")
     total = at("moe" if routed else "eager") + sum(
-        at(regime) - eager for regime, on in (("op", policy == "op"), ("full", policy == "full")) if on and regime in table)
+        at(regime) - eager for regime in ("op", "full") if policy == regime and regime in table)
     # FSDP2's host work is per parameter (its unshard, reshard and gradient hooks walk each FSDPParam)
     per_parameter = at("fsdp") - eager if fsdp and "fsdp" in table else 0.0
     return (max(total, 0.0) * launches(layer) / probe_launches(PROBE_EXPERTS if routed else 0)

@@ -640,6 +640,6 @@ def _host_copy_s(nbytes: float, cluster: Cluster) -> float:
         return 0.0
     if cluster.device_kind == "cpu":
         return 2 * nbytes / (cluster.device.hbm_bytes_per_s * cluster.device.hbm_efficiency)
-    per_node = min(cluster.gpus_per_node, cluster.num_gpus)
+    per_node = cluster.gpus_on_a_node
     rate = min(network.fabric(cluster).host_bytes_per_s, cluster.host_dram.effective_bytes_per_s / per_node)
     return nbytes / rate

@@ -594,11 +594,11 @@ def _optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float, s
     param_copies = config.num_microbatches * timing.param_offload_microbatch_copy_bytes if config.param_offload else 0.0
     casts_s += network.host_transfer_s(cluster, local * param_copies) if param_copies else 0.0
     if config.nvme_offload:     # the node's drives serve its ranks: read before they reach the host, then written
-        per_node = min(cluster.gpus_per_node, cluster.num_gpus)
         read = param_copies + (NVME_OPTIMIZER_BYTES if config.optimizer_offload else 0.0)
         write = (DTYPE_BYTES[w.precision] if config.param_offload else 0.0) \
             + (NVME_OPTIMIZER_BYTES if config.optimizer_offload else 0.0)
-        casts_s += per_node * local * (read / cluster.nvme_read_bytes_per_s + write / cluster.nvme_write_bytes_per_s)
+        casts_s += cluster.gpus_on_a_node * local * (read / cluster.nvme_read_bytes_per_s
+                                                      + write / cluster.nvme_write_bytes_per_s)
     if not config.optimizer_offload:
         # at the rate measured for the executor's own AdamW on this device where the profile has one
         # ([gpu.kernels] optimizer_GBps: the CPU's per-parameter loop is far from a memory stream),
@@ -608,8 +608,7 @@ def _optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float, s
     # ZeRO-Offload (Ren et al. 2021): gradients down, Adam on the CPU, parameters up, as the
     # runtime copies them (planner/runtimes.py Timing.offload_*_copy_bytes).
     # All GPUs of a node share the host's DRAM bandwidth.
-    per_node = min(cluster.gpus_per_node, cluster.num_gpus)
-    cpu_s = per_node * local * ADAM_BYTES_PER_PARAM / (cluster.host_dram.effective_bytes_per_s)
+    cpu_s = cluster.gpus_on_a_node * local * ADAM_BYTES_PER_PARAM / (cluster.host_dram.effective_bytes_per_s)
     once = timing.offload_step_copy_bytes
     # (the updated parameters stay on the host where they are offloaded: nothing goes up after the step)
     up = 0.0 if config.param_offload else DTYPE_BYTES[w.precision]
@@ -629,11 +628,10 @@ def _host_bytes(cache: CostCache, config: ParallelConfig, rank: RankCost) -> flo
     if not config.optimizer_offload and not config.param_offload:
         return 0.0
     if config.nvme_offload:
-        per_node = min(cache.cluster.gpus_per_node, cache.cluster.num_gpus)
         local = rank.params / (config.dp * config.cp)
         params = NVME_PARAM_BUFFER_ELEMS * DTYPE_BYTES[cache.workload.precision] if config.param_offload else 0.0
         optimizer = min(local, NVME_SUB_GROUP_ELEMS) * (NVME_OPTIMIZER_BYTES + 4.0) if config.optimizer_offload else 0.0
-        return per_node * (params + optimizer)
+        return cache.cluster.gpus_on_a_node * (params + optimizer)
     return _offloaded_bytes(cache, config, rank)
 
 
@@ -647,9 +645,9 @@ def nvme_bytes_per_node(cache: CostCache, config: ParallelConfig, ranks: list[Ra
 def _offloaded_bytes(cache: CostCache, config: ParallelConfig, rank: RankCost) -> float:
     """The offloaded states of one rank, times the node's ranks."""
     states, experts = state_rates(cache, config)
-    per_node = min(cache.cluster.gpus_per_node, cache.cluster.num_gpus)
-    return per_node * ((rank.params - rank.expert_params) * states.host + rank.expert_params * experts.host
-                       + rank.frozen_bytes * frozen_rates(cache, config)[1])
+    return cache.cluster.gpus_on_a_node * ((rank.params - rank.expert_params) * states.host
+                                           + rank.expert_params * experts.host
+                                           + rank.frozen_bytes * frozen_rates(cache, config)[1])
 
 
 def _host_bytes_per_node(cache: CostCache, config: ParallelConfig, ranks: list[RankCost]) -> float:
@@ -658,7 +656,7 @@ def _host_bytes_per_node(cache: CostCache, config: ParallelConfig, ranks: list[R
     rank's)."""
     if not config.optimizer_offload and not config.param_offload and not any(rank.host_act_bytes for rank in ranks):
         return 0.0                  # nothing in host memory
-    per_node = min(cache.cluster.gpus_per_node, cache.cluster.num_gpus)
+    per_node = cache.cluster.gpus_on_a_node
     most = 0.0
     for r, rank in enumerate(ranks):
         inflight = inflight_microbatches(config, r)

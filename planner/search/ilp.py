@@ -135,7 +135,7 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
                      <= cap + max(0.0, most - cap) * (1 - z[k])), f"f_rank_{r}_memory_{k}"
             if opt.host_bytes or any(host_act.values()):
                 # the node's GPUs alike: offloaded optimizer states and offloaded activations in flight
-                per_node = min(cache.cluster.gpus_per_node, cache.cluster.num_gpus)
+                per_node = cache.cluster.gpus_on_a_node
                 H = per_node * ((opt.block_host_bytes * nb + opt.fixed_host_bytes(fixed)) / gib
                                 + pr.inflight[r] * pulp.lpSum(host_act[c] * n[r, c] for c in pr.policies if host_act[c]))
                 total_host = opt.block_host_bytes * L + sum(opt.fixed_host_bytes(f) for f in pr.fixed)
