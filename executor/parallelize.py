@@ -354,16 +354,13 @@ def apply_fp8(model: nn.Module, recipe: str, *, emulate: bool = False) -> list[s
 def apply_finetune(model: nn.Module, plan: Plan, lora: LoraConfig) -> list[str]:
     """LoRA adapters on ``lora``'s targets, every other parameter frozen (executor/lora.py), after tensor
     parallelism (the adapters take their base linear's layout) and before the data-parallel wrappers (which
-    record what is trainable). Refused where it is not built yet: a user's module, float8 linears, pipelines."""
+    record what is trainable). Refused where it is not built yet: a user's module, float8 linears."""
     if plan.spec is None:
         raise UserError("LoRA adapters apply to meshplan's own models (plan.json with model.spec), not to a "
                         "traced module", source=plan.source, field="lora")
     if plan.workload.fp8:
         raise UserError(f"LoRA with float8 linears ({plan.workload.fp8}) is not built; plan with --precision "
                         "bf16 or fp32", source=plan.source, field="workload.fp8")
-    if plan.config.pp > 1:
-        raise UserError(f"LoRA under pipeline parallelism (pp {plan.config.pp}) is not built or tested yet; "
-                        "plan with --pp 1", source=plan.source, field="config.pp")
     return apply_lora(model, rank=lora.rank, alpha=lora.alpha, targets=lora.targets)
 
 

@@ -102,11 +102,25 @@ def build_schedule(stage_models: list[tuple[int, torch.nn.Module]], *, num_stage
     list is in ascending stage order: in a V, rank 0's last stage after its first, or both ranks wait."""
     group = pp_mesh.get_group()
     stage_models = sorted(stage_models, key=lambda indexed: indexed[0])
+    for index, module in stage_models:
+        if index < num_stages - 1 and not any(p.requires_grad for p in module.parameters()):
+            module.register_forward_hook(_output_needs_grad)
     stages = [PipelineStage(module, index, num_stages, device, group=group) for index, module in stage_models]
     record = SCHEDULES[runnable_schedule(schedule, num_microbatches, pp_mesh.size())]
     cls = get_schedule_class(record.torch_name)
     return cls(stages if record.virtual_stages else stages[0], n_microbatches=num_microbatches, loss_fn=loss_fn,
                scale_grads=False)
+
+
+def _output_needs_grad(module: nn.Module, args, output):
+    """Forward hook of a stage with nothing to train (a LoRA run's stage holding only the frozen embedding): its
+    output made a leaf that needs a gradient. torch infers the next stage's input from it, and a next stage whose
+    input needs no gradient gets none of its own parameters' gradients under the split-backward schedules (ZB-V,
+    DualPipeV: torch/distributed/pipelining/_backward.py stage_backward_input finds the weights through the graph
+    from the stage's inputs; seen on gloo, the adapters of the blocks after an embedding-only stage kept None)."""
+    if torch.is_grad_enabled() and isinstance(output, torch.Tensor) and not output.requires_grad:
+        output.requires_grad_()
+    return output
 
 
 @dataclass(frozen=True)

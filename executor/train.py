@@ -154,7 +154,10 @@ def make_optimizer(model: nn.Module, *, lr: float, zero: int, dp_mesh, optimizer
     # model's host step assumes (2.1 ns against 21 ns per parameter for the loop, 4M parameters, this
     # machine: ADAM_CPU_NOTE in executor/zero1.py)
     fused = bool(params) and (params[0].device.type == "cuda" or optimizer_offload)
-    return torch.optim.AdamW(params, lr=lr, fused=fused or None, foreach=False if not fused else None)
+    # a part with nothing to train (a LoRA run's pipeline stage holding only the frozen embedding) keeps an
+    # optimizer of one empty group, so that every part has one (the checkpoint saves them part by part)
+    return torch.optim.AdamW(params or [{"params": []}], lr=lr, fused=fused or None,
+                             foreach=False if not fused else None)
 
 
 def accumulate(model: nn.Module, inputs: tuple[torch.Tensor, ...], targets: torch.Tensor, *, num_microbatches: int,

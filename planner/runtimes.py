@@ -210,9 +210,10 @@ _LORA_AND_QLORA = ("full", "lora", "qlora")
 
 _TORCH_RUNS = Combinations(
     finetune_modes=_LORA,
-    # the executor's adapters (executor/parallelize.py apply_finetune) are not built under a pipeline (a stage
-    # holding only the frozen embedding sends an output that needs no gradient) nor on float8 linears
-    adapters_with_pp=False, adapters_with_fp8=False,
+    # the executor's adapters (executor/parallelize.py apply_finetune) run under every schedule (a stage holding
+    # only the frozen embedding: executor/pipeline.py _output_needs_grad; tests/test_executor_lora.py), not on
+    # float8 linears
+    adapters_with_pp=True, adapters_with_fp8=False,
     compiles_blocks=True,       # executor/parallelize.py apply_compile (torch.compile on the CPU too: inductor)
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1, 2, 3), zero_stages_with_tp=(0, 1, 2, 3),
     # the split-backward schedules (planner/schedules.py backward "split") without ZeRO-3: torch 2.13's input-gradient

@@ -1,8 +1,9 @@
 """LoRA fine-tuning in the executor (executor/lora.py): a tiny Llama with rank-4 adapters on q and v, and on
 all seven projections, trains three AdamW steps to the losses and the adapters' gradients of a single-process
 LoRA run (within 1e-4) under data parallelism (FSDP2 ZeRO-3, also with full recompute; DDP ZeRO-0; meshplan's
-ZeRO-1), tensor parallelism (with and without sequence parallelism) and dp 2 x tp 2 (FSDP2 ZeRO-3, replicate
-ZeRO-0); the frozen parameters hold no gradient on any rank, and each rank's bytes of parameters, gradients and
+ZeRO-1), tensor parallelism (with and without sequence parallelism), dp 2 x tp 2 (FSDP2 ZeRO-3, replicate
+ZeRO-0) and pipelines (1F1B; ZB-V, whose split backward meets a stage holding only the frozen embedding; pp 2 x
+tp 2); the frozen parameters hold no gradient on any rank, and each rank's bytes of parameters, gradients and
 AdamW moments are printed (pytest -rP shows them) and checked against a hand computation.
 
 The gradients compared are the last step's: B starts at zero, so A's first-step gradient is zero too
@@ -36,8 +37,17 @@ LAYOUTS = {
     "tp2-sp": (2, {"tp": 2, "sequence_parallel": True}),    # row-parallel partial sums reduce-scattered
     "dp2-tp2-zero3": (4, {"dp": 2, "tp": 2, "zero": 3}),
     "dp2-tp2-zero0": (4, {"dp": 2, "tp": 2}),               # torch's FSDP2-based replicate
+    "pp2": (2, {"pp": 2, "micro_batch": 2, "schedule": "1f1b"}),
+    # a split-backward schedule whose first stage holds only the frozen embedding (STAGES): it has nothing to
+    # train, and the next stage's adapters get their gradients through the graph from its input
+    "pp2-zbv": (2, {"pp": 2, "vpp": 2, "micro_batch": 2, "schedule": "zbv"}),
+    "pp2-tp2": (4, {"pp": 2, "tp": 2, "micro_batch": 2, "schedule": "1f1b"}),
 }
-CASES = [(layout, targets) for layout in LAYOUTS for targets in TARGET_SETS]
+# plan.json's stages cut by hand where the planner's cut would not reach the case
+STAGES = {"pp2-zbv": [["embed"], ["layers.0", "layers.1"], ["layers.2"], ["layers.3", "norm", "lm_head"]]}
+# the pipelines with one target set, all seven projections (the seven adapters of a block in every stage)
+CASES = [(layout, targets) for layout in LAYOUTS for targets in TARGET_SETS
+         if not layout.startswith("pp") or targets == "all"]
 
 
 # -- the single-process LoRA run -------------------------------------------------------------------------------
@@ -119,16 +129,20 @@ def _train(jobs: list[tuple[str, str, tuple[str, ...]]], out_dir: str) -> None:
         named = [(canonical_name(n), p) for m in job.trained for n, p in m.named_parameters()]
         record = {"frozen_with_grad": [], "trainable_without_grad": [], "grads_bytes": 0}
 
-        def check_then(step_fn):
-            def run(*args, **kwargs):       # after backward (and any reduction), before the update
-                record["frozen_with_grad"] += [n for n, p in named if not p.requires_grad and p.grad is not None]
-                record["trainable_without_grad"] += [n for n, p in named if p.requires_grad and p.grad is None]
+        def check_then(step_fn, part):
+            # after backward (and any reduction), before the update of this part's parameters (a pipeline rank's
+            # parts step one after another, each clearing its gradients)
+            own = [(canonical_name(n), p) for n, p in part.named_parameters()]
+
+            def run(*args, **kwargs):
+                record["frozen_with_grad"] += [n for n, p in own if not p.requires_grad and p.grad is not None]
+                record["trainable_without_grad"] += [n for n, p in own if p.requires_grad and p.grad is None]
                 record["grads_bytes"] = max(record["grads_bytes"], grad_bytes(job.trained))
                 return step_fn(*args, **kwargs)
             return run
 
-        for o in job.optimizers:
-            o.step = check_then(o.step)
+        for o, part in zip(job.optimizers, job.trained):
+            o.step = check_then(o.step, part)
         record["losses"] = [train_step(job, step, dump_grads=f"{out_dir}/{name}.grads" if step == STEPS - 1 else None)
                             for step in range(STEPS)]
         record["frozen_with_grad"] += [n for n, p in named if not p.requires_grad and p.grad is not None]
@@ -161,11 +175,15 @@ def _load_grads(prefix: str, world: int) -> dict[str, torch.Tensor]:
 def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lora")
     by_world: dict[int, list] = {}
-    for layout, (world, knobs) in LAYOUTS.items():
-        for targets, names in TARGET_SETS.items():
-            path = write_plan(tmp, TINY_LLAMA, gpus=world, name=f"{layout}-{targets}", finetune="lora",
-                              lora_rank=RANK, lora_targets=",".join(names), **knobs)
-            by_world.setdefault(world, []).append((f"{layout}-{targets}", path, names))
+    for layout, targets in CASES:
+        (world, knobs), names = LAYOUTS[layout], TARGET_SETS[targets]
+        path = write_plan(tmp, TINY_LLAMA, gpus=world, name=f"{layout}-{targets}", finetune="lora",
+                          lora_rank=RANK, lora_targets=",".join(names), **knobs)
+        if layout in STAGES:
+            plan = json.loads(Path(path).read_text())
+            plan["stages"] = STAGES[layout]
+            Path(path).write_text(json.dumps(plan))
+        by_world.setdefault(world, []).append((f"{layout}-{targets}", path, names))
     for world, jobs in sorted(by_world.items()):
         spawn(_train, world, jobs, str(tmp))
     out = {}
@@ -246,13 +264,18 @@ def test_bytes_per_rank(results, layout, targets):
               f"AdamW moments {record['moments_bytes']} B (+ step counters {record['step_counters_bytes']} B); "
               f"built and trained in {record['seconds']:.2f} s")
         trainable = record["trainable_local_bytes"]
-        if not layout.startswith(("tp2", "dp2-tp2")):
+        if not layout.startswith(("tp2", "dp2-tp2", "pp2")):
             want = hand_bytes(layout, targets)
             assert {k: record[k] for k in want} == want, f"rank {r}"
         else:
             assert record["grads_bytes"] == trainable and record["moments_bytes"] == 2 * trainable, f"rank {r}"
-        adapters = 2 * len(TARGET_SETS[targets]) * TINY_LLAMA.num_layers
-        assert record["optimizer_params"] == adapters        # AdamW sees the adapters and nothing else
+    # AdamW sees the adapters and nothing else: all of them on every rank, or under a pipeline each stage's on the
+    # ranks holding it
+    adapters = 2 * len(TARGET_SETS[targets]) * TINY_LLAMA.num_layers
+    world, knobs = LAYOUTS[layout]
+    assert sum(r["optimizer_params"] for r in ranks) == adapters * world // knobs.get("pp", 1)
+    if "pp" not in knobs:
+        assert all(r["optimizer_params"] == adapters for r in ranks)
 
 
 @pytest.mark.distributed
@@ -331,33 +354,36 @@ def test_plain_weights_get_plain_adapters():
     assert adapter_placements(torch.zeros(4, 4)) is None
 
 
-def test_pipelines_are_refused_with_lora(tmp_path):
-    from executor.parallelize import apply_finetune
-    from executor.plan_file import load_plan
-    from executor.models import build_model
-    from planner.errors import UserError
-    plan = load_plan(write_plan(tmp_path, TINY_LLAMA, gpus=2, pp=2, micro_batch=2, schedule="1f1b"))
-    with pytest.raises(UserError, match=r"config\.pp: LoRA under pipeline parallelism"):
-        apply_finetune(build_model(TINY_LLAMA), plan, LoraConfig(rank=4, alpha=8))
+@pytest.mark.distributed
+def test_a_stage_with_nothing_to_train_still_steps(results):
+    """The embedding-only stage of the ZB-V run (rank 0 holds it and the last stage): its optimizer has an
+    empty group, and the rank's optimizers see only the last stage's adapters."""
+    ranks, _ = results["pp2-zbv", "all"]
+    assert ranks[0]["optimizer_params"] == 2 * len(TARGET_SETS["all"])         # layers.3's adapters
+    assert ranks[1]["optimizer_params"] == 2 * len(TARGET_SETS["all"]) * 3     # layers.0, 1 and 2's
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("layout", ["dp2-zero3", "dp2-zero0", "dp2-zero1", "tp2"])
+@pytest.mark.parametrize("layout", ["dp2-zero3", "dp2-zero0", "dp2-zero1", "tp2", "pp2"])
 def test_bytes_per_rank_match_the_cost_model(results, tmp_path, layout):
     """The planner's memory of the same plan (`meshplan plan --finetune lora`: frozen base, adapters with their
-    gradients and AdamW moments) against what every rank holds, each within 5%."""
+    gradients and AdamW moments) against what every rank holds, each within 5%; under a pipeline each rank
+    against its stage's."""
     from executor.plan_file import load_plan
     from planner import api
     world, knobs = LAYOUTS[layout]
+    targets = "all" if layout.startswith("pp") else "qv"
     path = write_plan(tmp_path, TINY_LLAMA, gpus=world, name=layout, finetune="lora", lora_rank=RANK,
-                      lora_targets="q,v", **knobs)
+                      lora_targets=",".join(TARGET_SETS[targets]), **knobs)
     plan = load_plan(path)
-    memory = api.estimate(api.load_job(str(tmp_path / "tiny-llama.json"), cluster="cpu-gloo", gpus=world,
+    stages = api.estimate(api.load_job(str(tmp_path / "tiny-llama.json"), cluster="cpu-gloo", gpus=world,
                                        global_batch=plan.workload.global_batch, seq_len=plan.workload.seq_len,
-                                       precision="fp32", finetune="lora", lora_rank=RANK, lora_targets=("q", "v")),
-                          plan.config).estimate.memory
-    ranks, _ = results[layout, "qv"]
-    for r in ranks:
+                                       precision="fp32", finetune="lora", lora_rank=RANK,
+                                       lora_targets=TARGET_SETS[targets]),
+                          plan.config).estimate.memory_per_stage
+    ranks, _ = results[layout, targets]
+    for rank, r in enumerate(ranks):
+        memory = stages[rank if layout.startswith("pp") else 0]
         assert r["params_bytes"] == pytest.approx(memory.params, rel=0.05), (r["params_bytes"], memory.params)
         assert r["grads_bytes"] == pytest.approx(memory.grads, rel=0.05), (r["grads_bytes"], memory.grads)
         assert r["moments_bytes"] == pytest.approx(memory.optimizer, rel=0.05), (r["moments_bytes"], memory.optimizer)

@@ -118,8 +118,6 @@ def finetune_scenario(i: int):
                         finetune=mode, lora_rank=rng.choice([4, 8]),
                         lora_targets=rng.choice([("q", "v"), ("q", "k", "v", "o", "gate", "up", "down"), ("down",)]))
     pp = rng.choice([None, 2, cluster.num_gpus])
-    if workload.framework == "torch":
-        pp = None           # the executor's adapters run without a pipeline (planner/runtimes.py adapters_with_pp)
     knobs = Knobs(pp=pp, tp=1 if pp else None)
     return graph, squeezed(rng, graph, cluster, workload, knobs, 0.5), workload, knobs
 
