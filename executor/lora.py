@@ -55,6 +55,7 @@ class LoraConfig:
     rank: int                               # r, the adapter's inner dimension (Hu et al. Sec 4.1)
     alpha: float                            # the update is scaled by alpha / r (Hu et al. Sec 4.1)
     targets: tuple[str, ...] = ("q", "v")   # short names of ``TARGETS`` (Hu et al. Sec 7.1 adapt W_q and W_v)
+    nf4_base: bool = False                  # QLoRA: the blocks' base linears stored as NF4 (executor/qlora.py)
 
     def __post_init__(self):
         if not isinstance(self.rank, int) or self.rank < 1:
@@ -69,11 +70,12 @@ class LoraConfig:
         return self.alpha / self.rank
 
     def to_json(self) -> dict:
-        return {"rank": self.rank, "alpha": self.alpha, "targets": list(self.targets)}
+        return {"rank": self.rank, "alpha": self.alpha, "targets": list(self.targets), "nf4_base": self.nf4_base}
 
     @classmethod
     def from_json(cls, doc: dict) -> "LoraConfig":
-        return cls(rank=doc["rank"], alpha=float(doc["alpha"]), targets=tuple(doc["targets"]))
+        return cls(rank=doc["rank"], alpha=float(doc["alpha"]), targets=tuple(doc["targets"]),
+                   nf4_base=bool(doc.get("nf4_base", False)))
 
 
 # the update's scale alpha / r: PEFT's LoraConfig default lora_alpha = 8 (peft/tuners/lora/config.py), which the
@@ -83,13 +85,13 @@ DEFAULT_ALPHA = 8.0
 
 
 def finetune_of(plan) -> LoraConfig | None:
-    """The LoRA settings of ``plan`` (a ``Plan``): plan.json's workload ``finetune`` "lora" with its
-    ``lora_rank`` and ``lora_targets`` (planner/finetune.py); None for full training. QLoRA is refused
-    (``check_finetune``) before this is asked."""
+    """The LoRA settings of ``plan`` (a ``Plan``): plan.json's workload ``finetune`` "lora" or "qlora" (its base in
+    NF4) with its ``lora_rank`` and ``lora_targets`` (planner/finetune.py); None for full training."""
     w = plan.workload
     if w.finetune == "full":
         return None
-    return LoraConfig(rank=w.lora_rank, alpha=DEFAULT_ALPHA, targets=tuple(w.lora_targets))
+    return LoraConfig(rank=w.lora_rank, alpha=DEFAULT_ALPHA, targets=tuple(w.lora_targets),
+                      nf4_base=w.finetune == "qlora")
 
 
 def target_paths(targets: tuple[str, ...]) -> tuple[str, ...]:
@@ -120,9 +122,11 @@ class LoraLinear(nn.Linear):
     scaling: float
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        base = F.linear(x, self.weight, self.bias)                      # (..., out)
-        low = F.linear(x, self.lora_A)                                   # (..., r)
-        return base + self.scaling * F.linear(low, self.lora_B)          # (..., out)
+        return F.linear(x, self.weight, self.bias) + self.adapter(x)      # (..., out)
+
+    def adapter(self, x: torch.Tensor) -> torch.Tensor:
+        """s B (A x): (..., out), through the r-wide (..., r)."""
+        return self.scaling * F.linear(F.linear(x, self.lora_A), self.lora_B)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, lora_rank={self.lora_A.shape[0]}, scaling={self.scaling:g}"

@@ -61,9 +61,24 @@ def offloaded_params(modules: Iterable[nn.Module]) -> set[int]:
 
 
 def param_bytes(modules: Iterable[nn.Module], host: bool = False) -> int:
-    """Bytes of the parameters on the device (``host``: those optimizer offload keeps in host memory)."""
+    """Bytes of the parameters on the device (``host``: those optimizer offload keeps in host memory), with an NF4
+    weight's quantization constants (executor/qlora.py)."""
+    modules = list(modules)
     offloaded = offloaded_params(modules)
-    return storage_bytes(p for m in modules for p in m.parameters() if (id(p) in offloaded) == host)
+    return storage_bytes(p for m in modules for p in m.parameters() if (id(p) in offloaded) == host) + (
+        0 if host else storage_bytes(t for m in modules for t in quantization_constants(m)))
+
+
+def quantization_constants(module: nn.Module) -> list[torch.Tensor]:
+    """The tensors of the ``quant_state`` of ``module``'s NF4 weights (bitsandbytes' QuantState: the blocks' absmaxes,
+    their own absmaxes under double quantization, the two code tables)."""
+    out = []
+    for m in module.modules():
+        state = getattr(m, "quant_state", None)
+        while state is not None:
+            out += [t for t in (state.absmax, state.code) if isinstance(t, torch.Tensor)]
+            state = getattr(state, "state2", None)
+    return out
 
 
 def grad_bytes(modules: Iterable[nn.Module], host: bool = False) -> int:

@@ -62,6 +62,7 @@ from .lora import LoraConfig, apply_lora
 from .mesh import ParallelDims
 from .models import LatentAttention, materialize, sdpa
 from .moe import apply_ep, expert_modules, moe_blocks
+from .qlora import quantize_base
 from .activations import apply_policy
 from .selective import selective_forward
 
@@ -416,6 +417,8 @@ def parallelize(model: nn.Module, plan: Plan, dims: ParallelDims, mesh: DeviceMe
     notes = shard_model(model, plan, dims, mesh, dp_cp_mesh, device.type, expert_mesh, lora)
     if plan.spec is not None:
         materialize(model, seed=seed, device=device)
+    if lora is not None and lora.nf4_base:          # QLoRA: from the real, whole base weights (executor/qlora.py)
+        quantize_base(model)
     if dims.tp > 1 and not uses_fsdp(plan, dims):       # FSDP reduces (and shards) gradients itself
         shard_embedding_grads(model, plan.tp_plan)
     if dp_wrapper(plan, dims) == "ddp":

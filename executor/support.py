@@ -62,10 +62,6 @@ def check_supported(config: ParallelConfig, spec: ModelSpec | None, device_kind:
         raise UserError(f"{fp8} does not run on {device_kind} in this executor; allowed: bf16, fp16, fp32"
                         + (f" or {one_of(allowed)}" if allowed else "") + " (plan again with that --precision)",
                         source=source, field="workload.fp8")
-    if finetune == "qlora":
-        raise UserError("QLoRA's NF4 base weights (bitsandbytes' Linear4bit) are not in this executor yet: "
-                        "`meshplan plan` prices them, `meshplan run` trains full and lora; allowed: full, lora",
-                        source=source, field="workload.finetune")
     for knob, why in config_refusals(config, EXECUTOR_RUNTIME, device_kind, kv_heads, experts, latent, fp8,
                                      finetune=finetune):
         raise UserError(why, source=source, field=f"config.{knob}")

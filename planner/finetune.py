@@ -43,6 +43,10 @@ from .errors import UserError, one_of
 # 4 + 8/64 + 32/(64 x 256) = 4.127 bits per parameter (the paper's own arithmetic)
 NF4_BITS_PER_WEIGHT = 4 + 8 / 64 + 32 / (64 * 256)
 NF4_BYTES_PER_WEIGHT = NF4_BITS_PER_WEIGHT / 8
+# and per quantized tensor its two code tables in fp32, which bitsandbytes' QuantState holds with each weight
+# (bitsandbytes/functional.py quantize_4bit: the 16 NF4 values, ``get_4bit_type``; under double quantization the
+# 256-entry dynamic map of the absmaxes, ``create_dynamic_map``): a kilobyte, which only tiny models notice
+NF4_TABLE_BYTES_PER_TENSOR = (16 + 256) * 4
 
 # The projections a LoRA adapter may target, by their name in the layer graph (planner/layers.py: Llama's
 # q_proj ... down_proj, Hugging Face's module names) and in --lora-targets

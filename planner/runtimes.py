@@ -76,6 +76,10 @@ class Combinations:
     finetune_modes: tuple[str, ...] = ("full",)     # training modes it runs (planner/finetune.py; --finetune)
     adapters_with_pp: bool = True           # LoRA/QLoRA under pipeline parallelism (pp > 1)
     adapters_with_fp8: bool = True          # LoRA/QLoRA with an FP8 recipe
+    nf4_base_zero_stages: tuple[int, ...] = (0, 1, 2, 3)    # ZeRO stages QLoRA's NF4 base runs with
+    nf4_base_zero_stages_with_pp: tuple[int, ...] = (0, 1, 2, 3)    # of those, the ones under pp > 1 with more
+                                                                    # than one data-parallel replica
+    nf4_base_with_tp: bool = True           # QLoRA's NF4 base with tp > 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,15 +205,21 @@ class Runtime:
 # Training modes (planner/finetune.py). LoRA: PEFT's adapters on a torch model (peft/tuners/lora), which meshplan's
 # executor is to apply (the planner prices what PEFT runs: the base frozen, adapters sharded as their linear);
 # Hugging Face Trainer + PEFT under DeepSpeed; Megatron-Bridge's PEFT LoRA (megatron/bridge/peft/lora.py) for
-# Megatron-Core models. QLoRA: bitsandbytes' Linear4bit (NF4, double quantization), whose kernels are CUDA's
-# (bitsandbytes' 4-bit kernels: CUDA; its multi-backend CPU path is not what QLoRA's paper or PEFT's QLoRA recipes
-# run); PEFT + bitsandbytes under torch and DeepSpeed (transformers' BitsAndBytesConfig). Not Megatron (Megatron-
-# Bridge quantizes no base weights to NF4), not torchtitan (no LoRA in torchtitan)
+# Megatron-Core models. QLoRA: bitsandbytes' 4-bit NormalFloat (NF4, double quantization); PEFT + bitsandbytes
+# under DeepSpeed (transformers' BitsAndBytesConfig), on CUDA, where its recipes run; meshplan's executor quantizes
+# its base linears with bitsandbytes itself (executor/qlora.py), on CUDA and, since bitsandbytes 0.46's PyTorch
+# implementations of its 4-bit ops, on the CPU too. Not Megatron (Megatron-Bridge quantizes no base weights to
+# NF4), not torchtitan (no LoRA in torchtitan)
 _LORA = ("full", "lora")
 _LORA_AND_QLORA = ("full", "lora", "qlora")
 
 _TORCH_RUNS = Combinations(
-    finetune_modes=_LORA,
+    finetune_modes=_LORA_AND_QLORA,
+    # the NF4 base (executor/qlora.py) is quantized whole tensor by whole tensor once the weights are real, after
+    # the sharding wrappers: not under tensor parallelism (each rank would quantize its shard in blocks of its
+    # own), nor under FSDP2's ZeRO-2/3 or its replicate (ZeRO-0 with a pipeline over replicas), which hold the
+    # weights as DTensors
+    nf4_base_zero_stages=(0, 1), nf4_base_zero_stages_with_pp=(1,), nf4_base_with_tp=False,
     # the executor's adapters (executor/parallelize.py apply_finetune) run under every schedule (a stage holding
     # only the frozen embedding: executor/pipeline.py _output_needs_grad; tests/test_executor_lora.py), not on
     # float8 linears
@@ -239,8 +249,7 @@ _TORCH_RUNS = Combinations(
 # parallelism (torchao's Float8ColwiseParallel / Float8RowwiseParallel styles are not applied), not MXFP8 (torchao's
 # MX linears are another API); on GPUs with an FP8 rate, with --compile (planner/api.py check_fp8)
 _TORCH_CUDA_RUNS = replace(_TORCH_RUNS, grouped_experts=True,
-                           fp8_recipes=("fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp"), fp8_with_tp=False,
-                           finetune_modes=_LORA_AND_QLORA)
+                           fp8_recipes=("fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp"), fp8_with_tp=False)
 
 TORCH = Runtime(
     name="torch",
@@ -492,6 +501,8 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
     if finetune != "full" and pp is not None and pp > 1 and not can.adapters_with_pp:
         out.append(("pp", f"--finetune {finetune} with pipeline parallelism (pp {pp}) does not run on {who}; "
                           "allowed with it: pp 1"))
+    if finetune == "qlora":
+        out += _nf4_base_refusals(can, who, zero=zero, tp=tp, pp=pp, replicas=(dp or 1) * (cp or 1))
     if finetune != "full" and fp8 and not can.adapters_with_fp8:
         out.append(("precision", f"--finetune {finetune} with {fp8} does not run on {who}; allowed with it: bf16, "
                                  "fp16 or fp32"))
@@ -535,6 +546,24 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
     if tp is not None and num_kv_heads is not None and num_kv_heads % tp and not can.replicates_kv_heads:
         out.append(("tp", f"tp {tp} must divide the {num_kv_heads} key/value heads on {who} (it does not "
                           "replicate key/value heads)"))
+    return out
+
+
+def _nf4_base_refusals(can: Combinations, who: str, *, zero: int | None, tp: int | None, pp: int | None,
+                       replicas: int) -> list[tuple[str, str]]:
+    """QLoRA's NF4 base with a ZeRO stage, a pipeline over data-parallel replicas (``replicas``: dp x cp, 1 where
+    not known) or tensor parallelism the runtime does not run it with."""
+    out = []
+    if tp is not None and tp > 1 and not can.nf4_base_with_tp:
+        out.append(("tp", f"--finetune qlora with tp {tp} does not run on {who}; allowed with it: tp 1"))
+    if zero is not None and zero not in can.nf4_base_zero_stages:
+        out.append(("zero", f"--finetune qlora with ZeRO-{zero} does not run on {who}; allowed with it: ZeRO "
+                            f"{one_of(can.nf4_base_zero_stages)}"))
+    elif (zero is not None and pp is not None and pp > 1 and replicas > 1
+          and zero not in can.nf4_base_zero_stages_with_pp):
+        out.append(("zero", f"--finetune qlora with ZeRO-{zero} under pipeline parallelism over {replicas} data-"
+                            f"parallel replicas does not run on {who}; allowed with them: ZeRO "
+                            f"{one_of(can.nf4_base_zero_stages_with_pp)}"))
     return out
 
 

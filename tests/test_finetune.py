@@ -48,8 +48,9 @@ def test_block_parameters_trainable_and_frozen():
     for mode, trainable, frozen in (
             ("full", BLOCK, 0.0),
             ("lora", LORA_QV, BLOCK * 2.0),
-            # 655,360 linear weights at 0.515869140625 bytes (338,080) and the norms' 512 at 2 (1,024)
-            ("qlora", LORA_QV, 339_104.0)):
+            # 655,360 linear weights at 0.515869140625 bytes (338,080), the norms' 512 at 2 (1,024) and the 7 weights'
+            # code tables, (16 + 256) fp32 each (7,616)
+            ("qlora", LORA_QV, 346_720.0)):
         w = workload(mode)
         cost = CostCache(graph, cluster, w).layer(1, CostCache(graph, cluster, w).context(
             ParallelConfig(dp=2, tp=1, pp=1, num_microbatches=1)))
@@ -66,8 +67,8 @@ def test_block_parameters_trainable_and_frozen():
     ("full", MODEL * 4 / 2, MODEL * 4 / 2, MODEL * 8 / 2),
     # 2 x 8,192 adapters; the frozen 1,824,000 at 2 bytes, halved
     ("lora", 2 * LORA_QV * 4 / 2 + MODEL * 2 / 2, 2 * LORA_QV * 4 / 2, 2 * LORA_QV * 8 / 2),
-    # frozen: 2 blocks of 339,104 bytes, embedding + final norm + head 512,256 at 2 bytes, halved
-    ("qlora", 2 * LORA_QV * 4 / 2 + (2 * 339_104 + 512_256 * 2) / 2, 2 * LORA_QV * 4 / 2, 2 * LORA_QV * 8 / 2),
+    # frozen: 2 blocks of 346,720 bytes, embedding + final norm + head 512,256 at 2 bytes, halved
+    ("qlora", 2 * LORA_QV * 4 / 2 + (2 * 346_720 + 512_256 * 2) / 2, 2 * LORA_QV * 4 / 2, 2 * LORA_QV * 8 / 2),
 ])
 def test_state_bytes_per_rank(mode, params, grads, optimizer):
     graph = build_layer_graph(SPEC)

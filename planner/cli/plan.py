@@ -92,9 +92,6 @@ def run(args) -> int:
         warn(f"`meshplan run` cannot train {plan.spec.name} yet ({', '.join(what for _, what in parts)} are not in "
              "its reference models): this plan prices meshplan's runtime; --framework megatron plans it for "
              "Megatron-LM")
-    if plan.workload.finetune == "qlora" and plan.workload.framework == EXECUTOR_RUNTIME:
-        warn("`meshplan run` cannot train QLoRA yet (bitsandbytes' NF4 linears are not in the executor): this plan "
-             "prices meshplan's runtime; --framework deepspeed plans it for Hugging Face's Trainer with DeepSpeed")
     if args.out:
         try:
             plan.write(args.out)

@@ -459,9 +459,12 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
         workspace = max(workspace, sum(_saved_bytes(s, ctx) for s in transient))
     frozen_params = frozen_bytes = 0.0
     if not ft.full:             # the base frozen: its parameters stored (planner/finetune.py), the adapters train
-        quantized = sum(op.params / (ctx.tp if op.tp != "replicate" else 1) for op in layer.ops
-                        if ft.quantized(op.kind, op.name))
-        frozen_params, frozen_bytes = params, (params - quantized) * dt + quantized * modes.NF4_BYTES_PER_WEIGHT
+        nf4 = [op for op in layer.ops if ft.quantized(op.kind, op.name)]
+        quantized = sum(op.params / (ctx.tp if op.tp != "replicate" else 1) for op in nf4)
+        tensors = sum(op.num_gemms for op in nf4 if not op.fused_with_previous)       # one weight per GEMM
+        frozen_params = params
+        frozen_bytes = ((params - quantized) * dt + quantized * modes.NF4_BYTES_PER_WEIGHT
+                        + tensors * modes.NF4_TABLE_BYTES_PER_TENSOR)
         params = sum(modes.adapter_params(op.in_features, op.out_features, ft.rank, op.tp, ctx.tp)
                      for op in layer.ops if op.kind == "linear" and ft.target(op.name))
     if eager is not None:

@@ -188,6 +188,8 @@ class Space:
                 continue
             if tp > 1 and w.fp8 and not self.can.fp8_with_tp:
                 continue
+            if tp > 1 and w.finetune == "qlora" and not self.can.nf4_base_with_tp:
+                continue
             if tp == 1 and self.k.sequence_parallel:    # --sequence-parallel on: only layouts with a TP group to shard
                 continue
             for pp in self._options("pp", divisors(n // tp)):
@@ -268,8 +270,8 @@ class Space:
     def _zeros(self, layout: Layout, schedule: str | None) -> list[int]:
         allowed = [z for z in self.can.zero_stages
                    if not refusals(self.w.framework, self.device_kind, zero=z, tp=layout.tp, pp=layout.pp,
-                                   cp=layout.cp, ep=layout.ep, schedule=schedule, param_offload=self.param_offload,
-                                   nvme_offload=self.nvme_offload)]
+                                   cp=layout.cp, dp=layout.dp, ep=layout.ep, schedule=schedule, param_offload=self.param_offload,
+                                   nvme_offload=self.nvme_offload, finetune=self.w.finetune)]
         if layout.dp * layout.cp == 1 and not self.param_offload and not self.nvme_offload:
             # nothing to shard over: the stages are all equal to ZeRO-0 (but where ZeRO-3's parameters go to the host)
             fixed = self.k.zero
