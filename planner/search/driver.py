@@ -63,7 +63,7 @@ class StageStats:
 def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs = Knobs(), *, top_k: int = 5,
            solver: str | None = None, prune: bool = True, time_limit_s: float = 20.0, progress=None,
            simulate: bool = True, prefer: str = "headroom", bound_s: float = float("inf"),
-           seeds: tuple[ParallelConfig, ...] = ()) -> SearchResult:
+           seeds: tuple[ParallelConfig, ...] = (), least_memory: bool = True) -> SearchResult:
     """The fastest plan that fits, the best plan of each of the next ``top_k`` layouts,
     and how much of the space was covered.
 
@@ -76,7 +76,8 @@ def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs
     one (``result.choose``: no more mechanisms, more memory left); "fastest" keeps the fastest. ``bound_s``: only
     plans faster than it are sought (``TopK``'s cap); none found, ``best`` is None as when nothing fits.
     ``seeds``: configs known to be good (another precision's plans), estimated and held before the search starts,
-    so its pruning bites from the first layout; the knobs still decide what is legal."""
+    so its pruning bites from the first layout; the knobs still decide what is legal. ``least_memory``: when nothing
+    fits, also find the plan needing the least memory (``SearchResult.least_memory``, for the no-fit message)."""
     t0 = time.perf_counter()
     solver = solver or default_solver()
     space = Space(graph, cluster.num_gpus, workload, knobs, cluster.device.dtypes, cluster.device_kind)
@@ -103,7 +104,7 @@ def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs
     if simulate:
         top.items = _rank_by_simulation(top.items, cache)
     best = top.items[0] if top.items else None
-    least = None if best else least_memory_candidate(space, cache, stats)
+    least = None if best or not least_memory else least_memory_candidate(space, cache, stats)
     choice = None
     if best is not None:
         step_band, memory_band = error_bands(cluster, workload)
@@ -114,7 +115,7 @@ def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs
             and not any(c.config.ep == 1 for c in alternatives):
         # what expert parallelism gains: the best plan without it among the runners-up (its own search)
         dense = search(graph, cluster, workload, replace(knobs, ep=1), top_k=0, solver=solver, prune=prune,
-                       time_limit_s=time_limit_s, simulate=simulate, prefer="fastest")
+                       time_limit_s=time_limit_s, simulate=simulate, prefer="fastest", least_memory=False)
         if dense.best is not None:
             alternatives = tuple(sorted(alternatives[:top_k - 1] + (dense.best,), key=lambda c: c.estimate.step_time_s))
     return SearchResult(best=best, alternatives=alternatives, choice=choice,
