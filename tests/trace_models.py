@@ -186,3 +186,55 @@ def custom_moe():
 
 def not_a_module():
     return 42
+
+
+def frozen_transformer():
+    """TinyTransformer with its token and position embeddings and each block's qkv and fc linears frozen
+    (``requires_grad_(False)``), as a fine-tuning script leaves it."""
+    model, example = tiny_transformer()
+    model.tok.requires_grad_(False)
+    model.pos.requires_grad_(False)
+    for block in model.blocks:
+        block.attn.qkv.requires_grad_(False)
+        block.fc.requires_grad_(False)
+    return model, example
+
+
+class NamedAttention(nn.Module):
+    """Attention with Llama's projection names (q_proj ... o_proj), which LoRA targets (planner/finetune.py)."""
+
+    def __init__(self, width=WIDTH, heads=HEADS):
+        super().__init__()
+        self.heads = heads
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(width, width, bias=False) for _ in range(4))
+
+    def forward(self, x):                       # x: (B, T, C)
+        b, t, c = x.shape
+        q, k, v = (p(x).view(b, t, self.heads, c // self.heads).transpose(1, 2)         # (B, nh, T, hs)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class NamedBlock(nn.Module):
+    def __init__(self, width=WIDTH, heads=HEADS):
+        super().__init__()
+        self.ln = nn.LayerNorm(width)
+        self.attn = NamedAttention(width, heads)
+
+    def forward(self, x):
+        return x + self.attn(self.ln(x))
+
+
+def lora_named(frozen=False):
+    """A two-block TinyTransformer of attention-only blocks with Llama's projection names; ``frozen``: its
+    embedding and first block frozen."""
+    model = TinyTransformer(layers=2, block=NamedBlock)
+    if frozen:
+        model.tok.requires_grad_(False)
+        model.blocks[0].requires_grad_(False)
+    return model, ids()
+
+
+def lora_named_frozen():
+    return lora_named(frozen=True)
