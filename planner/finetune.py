@@ -78,7 +78,8 @@ class Mode:
 
 
 MODES: dict[str, Mode] = {m.name: m for m in (
-    Mode(name="full", what="every parameter trains (gradients, AdamW states, weight-gradient GEMMs)",
+    Mode(name="full", what="every parameter trains (gradients, AdamW states, weight-gradient GEMMs) but those a "
+                            "traced module froze (requires_grad=False)",
          source="", trains_base=True, adapters=False, quantized_base=False),
     Mode(name="lora", what="base frozen (16-bit), low-rank adapters A (in x r), B (r x out) on the target linears "
                            "train", source="Hu et al. 2021, arXiv:2106.09685",
