@@ -40,6 +40,11 @@ def test_trace_marks_an_op_frozen_where_none_of_its_parameters_trains():
     assert any(w.startswith("blocks.1.fc: some of the parameters have requires_grad=False") for w in graph.warnings)
 
 
+def test_meshplan_trace_counts_the_frozen_parameters(capsys):
+    assert main(["trace", f"{MODELS}:frozen_transformer"]) == 0
+    assert "TinyTransformer: 164.416K parameters (95.552K frozen: requires_grad=False)," in capsys.readouterr().out
+
+
 def plan_json(capsys, model: str, *flags: str) -> dict:
     assert main(["plan", "--model", f"{MODELS}:{model}", "--cluster", "cpu-gloo", "--gpus", "2", "--global-batch",
                  "4", "--tp", "1", "--pp", "1", "--micro-batch", "1", "--recompute", "none", "--json", *flags]) == 0
