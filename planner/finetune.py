@@ -7,7 +7,9 @@ model (LoRA's adapters), and how the frozen weights are stored (QLoRA's NF4). Th
 records; ``Workload.finetune`` names the mode, ``Workload.lora_rank`` and ``Workload.lora_targets`` its
 adapters (``meshplan plan --finetune``, ``--lora-rank``, ``--lora-targets``; plan.json's workload).
 
-- ``full``: every parameter trains (what meshplan priced before modes existed).
+- ``full``: every parameter trains (what meshplan priced before modes existed), except those a traced module
+  froze itself (``requires_grad=False``; planner/layers.py ``Op.frozen``): each such op is priced as LoRA's
+  frozen base is, per op instead of per model (``Adapters.trains``), with no flag.
 - ``lora`` (Hu et al. 2021, arXiv:2106.09685, Sec 4.1): every base parameter is frozen; each target
   projection W (in x out) gets A (in x r) and B (r x out), trainable, and computes x W + s (x A) B. As
   PEFT does by default, embeddings, norms and the LM head are frozen too (peft/tuners/lora/config.py:
@@ -35,8 +37,12 @@ whole). The row-parallel A's r-wide partial sums are all-reduced: r elements per
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .errors import UserError, one_of
+
+if TYPE_CHECKING:
+    from .layers import LayerGraph, Op
 
 # Dettmers et al. 2023, Sec 3 (Double Quantization): 4-bit weights in blocks of 64, whose fp32 absmax
 # constants are quantized to 8 bits in blocks of 256 with one fp32 second-level constant each:
@@ -76,7 +82,8 @@ class Mode:
 
 
 MODES: dict[str, Mode] = {m.name: m for m in (
-    Mode(name="full", what="every parameter trains (gradients, AdamW states, weight-gradient GEMMs)",
+    Mode(name="full", what="every parameter trains (gradients, AdamW states, weight-gradient GEMMs) but those a "
+                            "traced module froze (requires_grad=False)",
          source="", trains_base=True, adapters=False, quantized_base=False),
     Mode(name="lora", what="base frozen (16-bit), low-rank adapters A (in x r), B (r x out) on the target linears "
                            "train", source="Hu et al. 2021, arXiv:2106.09685",
@@ -131,7 +138,19 @@ class Adapters:
 
     @property
     def full(self) -> bool:
+        """The mode trains the base: every parameter but those the model itself froze (``trains``)."""
         return self.mode.trains_base
+
+    def trains(self, op: Op) -> bool:
+        """Whether ``op``'s own parameters train: they get a gradient, optimizer states, a data-parallel reduction
+        and (a linear) a weight-gradient GEMM. Under full training unless the traced module froze them
+        (``Op.frozen``); never where the mode freezes the base (LoRA's adapters are ``target``'s)."""
+        return self.mode.trains_base and not op.frozen
+
+    def trains_tied(self, graph: LayerGraph) -> bool:
+        """Whether a tied embedding's shared parameters train (``trains`` of the table, which the head's copy
+        shares: ``LayerGraph.tied_frozen``)."""
+        return self.mode.trains_base and not graph.tied_frozen
 
     def target(self, op_name: str) -> bool:
         """Whether the linear named ``op_name`` (a path; its last part decides) carries an adapter."""
@@ -165,18 +184,19 @@ def dequantize_bytes_per_weight(dtype_bytes: float = 2.0) -> float:
     return NF4_BYTES_PER_WEIGHT + dtype_bytes
 
 
-def model_flops_per_token(graph, seq_len: int, adapters: Adapters) -> float:
+def model_flops_per_token(graph: LayerGraph, seq_len: int, adapters: Adapters) -> float:
     """The model FLOPs of one token of a training step in this mode, without recompute (``LayerGraph.
-    model_flops_per_token``'s convention: matmuls, attention scores in full). Full training: 3x the forward. With the
-    base frozen, a base linear runs its forward and its input gradient (2x), attention its forward and backward (3x:
-    the gradient flows through it to the adapters below), each adapter its three passes (3 x 2 r (in + out))."""
-    if adapters.full:
+    model_flops_per_token``'s convention: matmuls, attention scores in full). Full training: 3x the forward. A
+    frozen linear (the base under LoRA, a traced module's ``Op.frozen``) runs its forward and its input gradient
+    (2x), attention its forward and backward (3x: the gradient flows through it to what trains below), each adapter
+    its three passes (3 x 2 r (in + out))."""
+    if adapters.full and not any(op.frozen for layer in graph.layers for op in layer.ops):
         return graph.model_flops_per_token(seq_len)
     out = 0.0
     for layer in graph.layers:
         for op in layer.ops:
             if op.kind == "linear":
-                out += 2.0 * op.fwd_flops_per_token
+                out += (3.0 if adapters.trains(op) else 2.0) * op.fwd_flops_per_token
                 if adapters.target(op.name):
                     out += 3.0 * 2.0 * adapters.rank * (op.in_features + op.out_features) * op.tokens_factor
             elif op.kind == "attention":

@@ -51,6 +51,12 @@ class Op:
                  2-byte activations (norms, activations, dropout, residual adds,
                  the loss), split as ``split`` says.
     embedding:   a table lookup of ``params`` parameters (vocab-parallel under tp).
+
+    ``frozen``: none of the parameters the op uses trains (a traced module's ``requires_grad=False``, set by
+    planner/trace/build.py). Under full training such an op is priced as LoRA prices the frozen base
+    (planner/finetune.py ``Adapters.trains``): no gradient, no optimizer state, no data-parallel reduction, a
+    linear without its weight-gradient GEMM, an embedding without backward. An op whose parameters are a mix
+    (a frozen weight with a bias that trains) is not frozen: all of it is priced as training.
     """
 
     name: str
@@ -92,6 +98,7 @@ class Op:
                                           # recomputes pointwise ops and norms in backward from what is saved
                                           # anyway instead of saving their outputs: a norm's output (the next
                                           # linear's input) and an activation's output (the down projection's)
+    frozen: bool = False                  # it uses parameters and none of them trains (see the class docstring)
 
     @property
     def routed(self) -> bool:
@@ -153,6 +160,8 @@ class LayerGraph:
     num_kv_heads: int
     tied_embeddings: bool           # first and last stage all-reduce the shared embedding's gradient
     tied_params: int = 0            # parameters shared between embedding and head
+    tied_frozen: bool = False       # those shared parameters do not train (a traced module's requires_grad=False):
+                                    # the head's copy has no gradient to sum with the embedding's
     num_experts: int = 0            # routed experts per MoE layer (0: a dense model); ep must divide it
     latent_attention: bool = False  # multi-head latent attention (ModelSpec.is_mla): some runtimes refuse SP with it
     # whether meshplan's executor can split the experts over ranks (its own reference models: executor/moe.py), and
@@ -195,13 +204,16 @@ def replicated_params(ops) -> int:
     """Parameters tensor parallelism cannot split (``Layer.params_replicated``): those of elementwise ops
     (norms) and replicated linears (routers), and what a row-parallel linear holds beyond its weight
     matrices (its bias)."""
-    replicated = 0
-    for op in ops:
-        if op.kind == "elementwise" or (op.kind == "linear" and op.tp == "replicate"):
-            replicated += op.params
-        elif op.kind == "linear" and op.tp == "row":
-            replicated += max(0, op.params - op.num_gemms * op.in_features * op.out_features)
-    return replicated
+    return sum(op_replicated_params(op) for op in ops)
+
+
+def op_replicated_params(op: Op) -> int:
+    """Of one op's parameters, those tensor parallelism cannot split (``replicated_params``)."""
+    if op.kind == "elementwise" or (op.kind == "linear" and op.tp == "replicate"):
+        return op.params
+    if op.kind == "linear" and op.tp == "row":
+        return max(0, op.params - op.num_gemms * op.in_features * op.out_features)
+    return 0
 
 
 # -- analytical layer graph of a config model ----------------------------------------------------

@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -114,6 +115,79 @@ def test_frozen_linear_backward_is_its_input_gradient_only():
     assert frozen.matmul_flops_bwd == 67_108_864                            # dgrad only, not 2x
     # its input is not kept for a weight gradient: 256 x 512 tokens x 2 bytes less
     assert full.policy("none").act_bytes - frozen.policy("none").act_bytes == 256 * 512 * 2
+
+
+def frozen(layer: Layer) -> Layer:
+    """``layer`` with every op's parameters frozen, as a traced module's ``requires_grad_(False)`` leaves them."""
+    return replace(layer, ops=tuple(replace(op, frozen=True) for op in layer.ops))
+
+
+def bwd_flops(cost) -> float:
+    """A LayerCost's backward matmul FLOPs (``matmul_flops_bwd``; None: twice the forward's)."""
+    return 2 * cost.matmul_flops_fwd if cost.matmul_flops_bwd is None else cost.matmul_flops_bwd
+
+
+def test_a_frozen_op_under_full_training_is_priced_as_the_frozen_base_of_lora():
+    cluster = load_cluster("h100-80g", 1)
+    full = layer_cost(one_linear_layer("layers.0.attn.q_proj"), context("full"), cluster)
+    cost = layer_cost(frozen(one_linear_layer("layers.0.attn.q_proj")), context("full"), cluster)
+    assert cost.bwd_s == pytest.approx(gemm_s(512, 256, 256, cluster.device, "bf16"))     # dgrad alone
+    assert cost.wgrad_s == 0.0 and cost.params == 0.0
+    assert (cost.frozen_params, cost.frozen_bytes) == (65_536, 65_536 * 2)                 # stored at bf16
+    assert cost.matmul_flops_bwd == 67_108_864                                              # not 2 x
+    assert full.policy("none").act_bytes - cost.policy("none").act_bytes == 256 * 512 * 2  # its input not kept
+    # the layers LoRA puts no adapter in (embedding, final norm, head): frozen by the module or by the mode alike
+    graph = build_layer_graph(SPEC)
+    for i in (0, 3, 4):
+        by_op = layer_cost(frozen(graph.layers[i]), context("full"), cluster)
+        by_mode = layer_cost(graph.layers[i], context("lora"), cluster)
+        for field in ("fwd_s", "bwd_s", "wgrad_s", "params", "frozen_params", "frozen_bytes", "matmul_flops_fwd"):
+            assert getattr(by_op, field) == getattr(by_mode, field), (graph.layers[i].name, field)
+        assert bwd_flops(by_op) == bwd_flops(by_mode)
+        assert by_op.policy("none").act_bytes == by_mode.policy("none").act_bytes
+    assert layer_cost(frozen(graph.layers[0]), context("full"), cluster).bwd_s == 0.0    # a frozen table: none
+
+
+def test_a_partly_frozen_layer_splits_its_parameters_op_by_op():
+    cluster = load_cluster("h100-80g", 2)
+    norm = Op(name="layers.0.mlp_norm", kind="elementwise", params=256, bytes_fwd=1024, bytes_bwd=1536, split="sp",
+              norm=True, frozen=True)
+    up = Op(name="layers.0.mlp.up_proj", kind="linear", params=256 * 512, in_features=256, out_features=512,
+            tp="column", frozen=True)
+    down = Op(name="layers.0.mlp.down_proj", kind="linear", params=512 * 256 + 256, in_features=512, out_features=256,
+              tp="row")
+    # replicated under tp: the norm's 256 and the row-parallel bias's 256
+    layer = Layer(name="layers.0", kind="block", signature="mixed", ops=(norm, up, down), output_elems=256,
+                  params_replicated=512)
+    ctx = context("full")._replace(tp=2)
+    cost = layer_cost(layer, ctx, cluster)
+    # trains: down's weight over 2 ranks (65,536) and its bias whole (256); frozen: up's weight over 2 (65,536)
+    # and the norm whole (256), 2 bytes each
+    assert cost.params == 65_536 + 256
+    assert cost.frozen_params == 65_536 + 256 and cost.frozen_bytes == (65_536 + 256) * 2
+    # one weight gradient: down's, (256 x 512 tokens) @ (512 x 256) on each rank
+    assert cost.wgrad_s == pytest.approx(gemm_s(256, 256, 512, cluster.device, "bf16"))
+    # forward 2 x 512 x (256 x 256 + 256 x 256) per rank; backward: up's dgrad, down's dgrad and wgrad
+    assert cost.matmul_flops_fwd == 2 * 512 * 2 * 65_536
+    assert cost.matmul_flops_bwd == 2 * 512 * 65_536 * 3
+
+
+def test_a_model_with_nothing_to_train_prices_no_gradient_optimizer_or_reduction():
+    graph = build_layer_graph(SPEC)
+    graph = replace(graph, layers=tuple(frozen(layer) for layer in graph.layers))
+    cluster = load_cluster("h100-80g", 4)
+    w = replace(workload("full"), global_batch=8)
+    for zero, pp in ((0, 1), (1, 1), (3, 1), (0, 2), (3, 2)):
+        config = ParallelConfig(dp=4 // pp, tp=1, pp=pp, zero=zero, micro_batch=1, num_microbatches=2 * pp)
+        est = estimate(graph, cluster, w, config)
+        assert est.memory.grads == 0.0 and est.memory.optimizer == 0.0 and est.time.optimizer == 0.0
+        if zero < 3:                 # nothing gathered, nothing reduced
+            assert est.time.dp_comm == 0.0
+        if (zero, pp) == (0, 1):     # every parameter stored at bf16 on every rank
+            assert est.memory.params == MODEL * 2
+    # linears 2x their forward (no weight gradient), attention 3x (test_model_flops_of_lora's numbers)
+    linears = 2 * 2 * (4 * 65_536 + 3 * 131_072) + 2 * 256 * 1000
+    assert finetune.model_flops_per_token(graph, 512, finetune.of("full")) == 2 * linears + 3 * 2 * 4 * 4 * 64 * 512
 
 
 def test_lora_adds_two_thin_gemms_each_way():

@@ -44,12 +44,17 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(width, 3 * width)
         self.proj = nn.Linear(width, width)
 
+    def project(self, x):                       # x: (B, T, C) -> q, k, v, each (B, T, C)
+        return self.qkv(x).split(x.shape[-1], dim=-1)
+
     def forward(self, x):                       # x: (B, T, C)
         b, t, c = x.shape
-        q, k, v = self.qkv(x).split(c, dim=-1)
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))   # (B, nh, T, hs)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in self.project(x))  # (B, nh, T, hs)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return self.out_proj(y.transpose(1, 2).reshape(b, t, c))
+
+    def out_proj(self, y):
+        return self.proj(y)
 
 
 class Block(nn.Module):
@@ -186,3 +191,57 @@ def custom_moe():
 
 def not_a_module():
     return 42
+
+
+def frozen_transformer():
+    """TinyTransformer with its token and position embeddings and each block's qkv and fc linears frozen
+    (``requires_grad_(False)``), as a fine-tuning script leaves it."""
+    model, example = tiny_transformer()
+    model.tok.requires_grad_(False)
+    model.pos.requires_grad_(False)
+    for block in model.blocks:
+        block.attn.qkv.requires_grad_(False)
+        block.fc.requires_grad_(False)
+    return model, example
+
+
+class NamedAttention(Attention):
+    """Attention with Llama's projection names (q_proj ... o_proj, no biases), which LoRA targets
+    (planner/finetune.py)."""
+
+    def __init__(self, width=WIDTH, heads=HEADS):
+        super().__init__(width, heads)
+        del self.qkv, self.proj
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(width, width, bias=False) for _ in range(4))
+
+    def project(self, x):
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+
+    def out_proj(self, y):
+        return self.o_proj(y)
+
+
+class NamedBlock(Block):
+    """An attention-only block whose attention has Llama's projection names."""
+
+    def __init__(self, width=WIDTH, heads=HEADS):
+        super().__init__(width, heads)
+        del self.ln2, self.fc, self.out
+        self.attn = NamedAttention(width, heads)
+
+    def forward(self, x):
+        return x + self.attn(self.ln1(x))
+
+
+def lora_named(frozen=False):
+    """A two-block TinyTransformer of attention-only blocks with Llama's projection names; ``frozen``: its
+    embedding and first block frozen."""
+    model = TinyTransformer(layers=2, block=NamedBlock)
+    if frozen:
+        model.tok.requires_grad_(False)
+        model.blocks[0].requires_grad_(False)
+    return model, ids()
+
+
+def lora_named_frozen():
+    return lora_named(frozen=True)

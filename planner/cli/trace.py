@@ -60,7 +60,9 @@ def _layer_rows(graph) -> list[dict]:
 def run(args) -> int:
     result, spec = trace_any(args.model, args.example_input, seq_len=args.seq_len, dtype=args.dtype)
     graph = result.graph
-    summary = {"model": graph.name, "source": graph.source, "params": graph.num_params, "tokens": result.tokens,
+    summary = {"model": graph.name, "source": graph.source, "params": graph.num_params,
+               "frozen_params": sum(op.params for layer in graph.layers for op in layer.ops if op.frozen),
+               "tokens": result.tokens,
                "seq_len": graph.seq_len, "blocks": graph.num_blocks,
                "distinct_layers": len({layer.signature for layer in graph.layers}),
                "fwd_flops": result.fwd_flops, "bwd_flops": result.bwd_flops,
@@ -94,7 +96,8 @@ def _count(n: float) -> str:
 
 
 def format_trace(s: dict, rows: list[dict]) -> str:
-    lines = [f"{s['model']}: {_count(s['params'])} parameters, {s['tokens']} tokens per example "
+    frozen = f" ({_count(s['frozen_params'])} frozen: requires_grad=False)" if s['frozen_params'] else ""
+    lines = [f"{s['model']}: {_count(s['params'])} parameters{frozen}, {s['tokens']} tokens per example "
              f"(sequence {s['seq_len']}), {s['operators']} forward operators",
              f"  forward {s['fwd_flops'] / 1e12:.3f} TFLOP, backward {s['bwd_flops'] / 1e12:.3f} TFLOP, "
              f"saved activations {s['saved_activation_bytes'] / 2**20:.1f} MiB (this runtime, trace dtype)",

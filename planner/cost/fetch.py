@@ -35,6 +35,8 @@ embedding.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..layers import Layer
 from .. import network
 from ..cluster import DTYPE_BYTES
@@ -87,8 +89,12 @@ def gather_s(cache, x: float, grp, fetch: PerTensorFetch) -> float:
 def layer_phases(cache, layer: Layer, policy: str, tp: int, grp, bwd_s: float, fetch: PerTensorFetch,
                  grad_bytes: float) -> tuple[float, float, float]:
     """(forward fetches, fetches before and during backward, gradient reductions beyond the backward's
-    compute) seconds of one micro-batch of ``layer``: nothing of them runs beside compute."""
+    compute) seconds of one micro-batch of ``layer``: nothing of them runs beside compute. Frozen parameters
+    (planner/finetune.py ``Adapters.trains``) are fetched like the others and have no gradient to reduce."""
     subs = submodules(layer, tp, cache.graph.hidden)
+    trains = cache.adapters.trains
+    trained = subs if all(trains(op) for op in layer.ops) else \
+        submodules(replace(layer, ops=tuple(op for op in layer.ops if trains(op))), tp, cache.graph.hidden)
     if not subs:
         return 0.0, 0.0, 0.0
     cluster = cache.cluster
@@ -100,7 +106,7 @@ def layer_phases(cache, layer: Layer, policy: str, tp: int, grp, bwd_s: float, f
                                                  for s, keep in zip(subs, kept) if not keep for x in s)
     reduce = 0.0
     total = sum(sum(s) for s in subs)
-    for s in subs:
+    for s in trained:
         host = len(s) * n * (fetch.reduce_loop_s + cluster.copy_launch_s)
         reduce += max(0.0, host - bwd_s * sum(s) / total)
         reduce += sum(memory_bound_s(2 * x * grad_bytes, cluster.device)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..cluster import DTYPE_BYTES, Cluster
-from ..layers import Layer, Op, Saved
+from ..layers import Layer, Op, Saved, op_replicated_params
 from .. import network
 from .. import finetune as modes
 from .. import precision as fp8_recipes
@@ -77,7 +77,7 @@ class LayerCost:
                                           # split-backward schedules run apart (Qi et al., ICLR 2024, Sec 2.1)
     frozen_bytes: float = 0.0             # bytes of the frozen parameters one rank stores (TP shards; planner/
                                           # finetune.py): no gradient, no optimizer state; ``params`` are the
-                                          # trainable ones (all of them under full training)
+                                          # trainable ones (under full training all but a traced module's frozen ones)
     frozen_params: float = 0.0            # how many parameters those bytes hold
     matmul_flops_bwd: float | None = None  # matmul FLOPs of one backward on one rank (None: twice the forward's;
                                           # a frozen linear runs its input gradient only)
@@ -387,6 +387,7 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     ft = modes.of(ctx.finetune, ctx.lora_rank, ctx.lora_targets)
     keeps_input = _kept_linear_inputs(layer, ft)
     bwd_flops = 0.0
+    dgrad_only = False          # some linear runs its input gradient alone (``matmul_flops_bwd``)
     compiled = ctx.compiled and layer.kind == "block"
     eager = dict(layer.eager).get(ctx.eager_regime) if ctx.eager_regime and not compiled else None
     sac = _SacOutputs()         # what operator-level selective checkpointing keeps (policy "op")
@@ -396,22 +397,24 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
             share = ctx.tokens / _op_divisor(op, ctx) / cluster.time_share     # processes sharing cores
             f = op.measured_fwd_s * share
             b = (op.measured_bwd_s if op.measured_bwd_s is not None else 2 * op.measured_fwd_s) * share
-            if op.kind == "linear" and not ft.full:      # frozen: the input gradient alone (half of it)
+            if op.kind == "linear" and not ft.trains(op):    # frozen: the input gradient alone (half of it)
                 b /= 2
+                dgrad_only = True
             elif op.kind == "linear":                    # dgrad and wgrad: 2 m n k FLOPs each
                 wgrad += b / 2
             fwd, bwd, floor = fwd + f, bwd + b, floor + f + b
             fl = 2.0 * op.in_features * op.out_features * op.tokens_factor * ctx.tokens / _op_divisor(op, ctx)
-            bwd_flops += (2 if ft.full or op.kind != "linear" else 1) * fl
+            bwd_flops += (2 if ft.trains(op) or op.kind != "linear" else 1) * fl
         elif op.kind == "linear":
             f, b, fl = _linear(op, ctx, cluster)
             w = linear_wgrad_s(op, ctx, cluster)
-            if ft.full:
+            if ft.trains(op):
                 wgrad += w
                 floor += 3 * fl / gemm_rate              # gemm_s >= 2 m n k / rate: padding only adds
                 bwd_flops += 2 * fl
             else:                                        # frozen: its input gradient (dgrad) alone
                 b -= w
+                dgrad_only = True
                 floor += 2 * fl / gemm_rate
                 bwd_flops += fl
                 if ft.quantized(op.kind, op.name):      # QLoRA: the NF4 weight dequantized for each GEMM that
@@ -440,7 +443,7 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
                 f, b = (eager_s({kind: op.bytes_fwd * scale}, 0, dev), eager_s({kind: op.bytes_bwd * scale}, 0, dev))
             else:
                 f, b = memory_bound_s(op.bytes_fwd * scale, dev), memory_bound_s(op.bytes_bwd * scale, dev)
-            if op.kind == "embedding" and not ft.full:   # a frozen table: no backward (token ids need none)
+            if op.kind == "embedding" and not ft.trains(op):     # a frozen table: no backward (ids need none)
                 b = 0.0
             fwd, bwd, floor = fwd + f, bwd + b, floor + f + b
         if op.kind == "linear":
@@ -458,15 +461,21 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
         transient = op.eager_workspace if op.eager_workspace is not None and eager_loss else op.workspace
         workspace = max(workspace, sum(_saved_bytes(s, ctx) for s in transient))
     frozen_params = frozen_bytes = 0.0
-    if not ft.full:             # the base frozen: its parameters stored (planner/finetune.py), the adapters train
-        nf4 = [op for op in layer.ops if ft.quantized(op.kind, op.name)]
+    frozen_ops = [op for op in layer.ops if op.params and not ft.trains(op)]
+    if frozen_ops:              # stored, not trained (planner/finetune.py): the base under LoRA, a traced module's own
+        if len(frozen_ops) == sum(1 for op in layer.ops if op.params):      # the whole layer: its share above
+            frozen_params, params, expert_params = params, 0.0, 0.0
+        else:
+            frozen_params = sum(_rank_params(op, ctx) for op in frozen_ops)
+            params -= frozen_params
+            expert_params -= sum(_rank_params(op, ctx) for op in frozen_ops if op.routed and ctx.ep > 1)
+        nf4 = [op for op in frozen_ops if ft.quantized(op.kind, op.name)]
         quantized = sum(op.params / (ctx.tp if op.tp != "replicate" else 1) for op in nf4)
         tensors = sum(op.num_gemms for op in nf4 if not op.fused_with_previous)       # one weight per GEMM
-        frozen_params = params
-        frozen_bytes = ((params - quantized) * dt + quantized * modes.NF4_BYTES_PER_WEIGHT
+        frozen_bytes = ((frozen_params - quantized) * dt + quantized * modes.NF4_BYTES_PER_WEIGHT
                         + tensors * modes.NF4_TABLE_BYTES_PER_TENSOR)
-        params = sum(modes.adapter_params(op.in_features, op.out_features, ft.rank, op.tp, ctx.tp)
-                     for op in layer.ops if op.kind == "linear" and ft.target(op.name))
+    params += sum(modes.adapter_params(op.in_features, op.out_features, ft.rank, op.tp, ctx.tp)
+                  for op in layer.ops if op.kind == "linear" and ft.target(op.name))
     if eager is not None:
         f, b = _eager_s(eager, params, ctx, cluster)
         fwd, bwd, floor = fwd + f, bwd + b, floor + f + b
@@ -505,7 +514,7 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
         tp_comm_s=tp_fwd + tp_bwd, cp_comm_s=cp_fwd + cp_bwd + (0.0 if tp_fwd_all else wait_fwd + wait_bwd),
         params=params, matmul_flops_fwd=flops, expert_params=expert_params, ep_comm_s=exchange_fwd + exchange_bwd,
         work_floor_s=floor, wgrad_s=wgrad, frozen_bytes=frozen_bytes, frozen_params=frozen_params,
-        matmul_flops_bwd=None if ft.full else bwd_flops)
+        matmul_flops_bwd=bwd_flops if dgrad_only or not ft.full else None)
 
 
 def _gathered(op: Op, ctx: Context) -> bool:
@@ -515,21 +524,30 @@ def _gathered(op: Op, ctx: Context) -> bool:
 
 
 def _kept_linear_inputs(layer: Layer, ft: modes.Adapters) -> frozenset[int]:
-    """The linears (indices in ``layer.ops``) whose saved input (``Op.saved``) is kept: all of them under full
-    training; else those whose input some LoRA target reads for its A's weight gradient: the linear itself or a
-    linear after it reading the same input (``Op.reads_previous_input``: k and v after q). A frozen linear saves
-    nothing for itself (planner/finetune.py)."""
-    if ft.full:
-        return frozenset(i for i, op in enumerate(layer.ops) if op.kind == "linear")
+    """The linears (indices in ``layer.ops``) whose saved input (``Op.saved``) is kept: those whose input some
+    weight gradient reads, a trained weight's (``Adapters.trains``: all of them under full training but a traced
+    module's frozen ones) or a LoRA target's A: the linear itself or a linear after it reading the same input
+    (``Op.reads_previous_input``: k and v after q). A frozen linear saves nothing for itself (planner/finetune.py)."""
     kept, owner = set(), None
     for i, op in enumerate(layer.ops):
         if op.kind != "linear":
             continue
         if not op.reads_previous_input:
             owner = i
-        if ft.target(op.name) and owner is not None:
+        if ft.trains(op):
+            kept.add(i)
+        if (ft.trains(op) or ft.target(op.name)) and owner is not None:
             kept.add(owner)
     return frozenset(kept)
+
+
+def _rank_params(op: Op, ctx: Context) -> float:
+    """One op's parameters on one rank, as ``layer_cost`` counts a layer's: what tensor parallelism cannot split
+    (``op_replicated_params``) whole, the rest over tp; routed experts over ep instead, under expert parallelism."""
+    if op.routed and ctx.ep > 1:
+        return op.params / ctx.ep
+    whole = op_replicated_params(op)
+    return whole + (op.params - whole) / ctx.tp
 
 
 def lora_adapter_s(op: Op, ctx: Context, cluster: Cluster, rank: int) -> tuple[float, float, float, float]:

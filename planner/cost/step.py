@@ -65,8 +65,9 @@ class CostCache:
         for i, sig in enumerate(self.signatures):
             self.representative.setdefault(sig, i)
             self.signature_counts[sig] = self.signature_counts.get(sig, 0) + 1
-        self.model_flops_per_token = finetune.model_flops_per_token(
-            graph, workload.seq_len, finetune.of(workload.finetune, workload.lora_rank, workload.lora_targets))
+        # which parameters train (planner/finetune.py: the mode, and a traced module's own frozen ones)
+        self.adapters = finetune.of(workload.finetune, workload.lora_rank, workload.lora_targets)
+        self.model_flops_per_token = finetune.model_flops_per_token(graph, workload.seq_len, self.adapters)
         # bytes per parameter of the distributed optimizer's parameter all-gather: the compute dtype's, or with
         # Megatron-LM's --fp8-param-gather one byte for the parameters of the linears its FP8 recipe converts
         self.gather_bytes_per_param = DTYPE_BYTES[workload.precision] if not workload.fp8_param_gather else \
@@ -160,7 +161,8 @@ class CostCache:
         return self._largest[ctx]
 
     def largest_layer_frozen_bytes(self, ctx: Context) -> float:
-        """The most frozen-parameter bytes of one layer on one rank (planner/finetune.py; 0 under full training)."""
+        """The most frozen-parameter bytes of one layer on one rank (planner/finetune.py; 0 where all of them
+        train)."""
         memo = self.__dict__.setdefault("_largest_frozen", {})
         if ctx not in memo:
             memo[ctx] = max(self.signature_cost(sig, ctx).frozen_bytes for sig in self.representative)
@@ -312,11 +314,11 @@ def _dense(cost: LayerCost) -> tuple[float, float]:
 
 def tied_bucket(cache: CostCache, params: float) -> tuple[float, float]:
     """(trainable parameters, frozen bytes) of the head's copy of a tied embedding of ``params`` parameters per rank:
-    frozen, at the compute dtype's bytes, where the training mode freezes the base (planner/finetune.py)."""
-    w = cache.workload
-    if w.finetune == "full":
+    frozen, at the compute dtype's bytes, where the training mode freezes the base or the traced module froze the
+    table (planner/finetune.py ``Adapters.trains_tied``)."""
+    if cache.adapters.trains_tied(cache.graph):
         return params, 0.0
-    return 0.0, params * DTYPE_BYTES[w.precision]
+    return 0.0, params * DTYPE_BYTES[cache.workload.precision]
 
 
 def expert_shard(config: ParallelConfig, framework: str) -> int:
@@ -669,7 +671,8 @@ def tied_embedding_sync_s(cache: CostCache, config: ParallelConfig) -> float:
     (each holds a copy), once per step; zero without tied embeddings or a pipeline, and where one rank holds both
     stages (a V: the two copies' gradients are summed in place, a kernel as long as the optimizer's on that table)."""
     graph, w = cache.graph, cache.workload
-    if not graph.tied_embeddings or config.pp == 1 or last_stage_rank(config) == 0 or w.finetune != "full":
+    if not graph.tied_embeddings or config.pp == 1 or last_stage_rank(config) == 0 \
+            or not cache.adapters.trains_tied(graph):
         return 0.0      # (a frozen embedding has no gradient to sum)
     key = (config.tp, config.cp, config.dp, config.pp)
     memo = cache.__dict__.setdefault("_tied_sync", {})

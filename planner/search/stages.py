@@ -76,7 +76,7 @@ class Fixed:
     bwd_s: float = 0.0
     act_bytes: float = 0.0
     extra_bytes: float = 0.0
-    params: float = 0.0                  # trainable parameters (all of them under full training)
+    params: float = 0.0                  # trainable parameters (planner/finetune.py ``Adapters.trains``)
     buckets: tuple[tuple[float, float], ...] = ()   # (trainable parameters, frozen bytes) of each non-block layer
                                                     # (one collective each)
     wgrad_s: float = 0.0                 # of bwd_s, the weight gradients (a pass of their own in split backward)

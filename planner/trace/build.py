@@ -17,6 +17,12 @@ executor shards by):
   tensor-parallel state (``split``); a normalisation module keeps its path as
   the name (the executor's sequence-parallel plan).
 
+An op is ``frozen`` where it uses parameters and the module gave every one of
+them ``requires_grad=False`` (those it owns, and the weight it multiplies by: a
+tied head's is the embedding's). One that mixes frozen and trainable
+parameters (a frozen weight beside a bias that trains, as BitFit does) is not
+frozen: it is planned as training all of them, and the graph warns.
+
 Quantities are per token: tokens = batch x the query length of the attention
 (x the sequence of integer inputs when there is no attention), or per sample
 for a model without either (an MLP, a CNN); ``seq_len`` is 1 then.
@@ -92,6 +98,8 @@ class Builder:
         self.tied_layers = False
         self.names: dict[tuple, str] = {}
         self._by_module: dict[str, tuple] = {}
+        self.owned: dict[tuple, list[str]] = {}      # group key -> the parameter paths it owns
+        self.tied_weights: set[str] = set()          # parameters used by a group other than their owner
 
     # -- grouping ------------------------------------------------------------------------------
     def split_of(self, state: str) -> str:
@@ -182,11 +190,28 @@ class Builder:
                     owner[m.param] = mine[0] if len(mine) == 1 else self.group_of[rec.index]
         for name, key in owner.items():
             self.groups[key].params += numel.get(name, 0)
+            self.owned.setdefault(key, []).append(name)
         for key, g in self.groups.items():          # a shared weight used again elsewhere: tied
             if key[0] == "w" and owner.get(g.weight) != key:
                 self.tied_params += numel.get(g.weight, 0)
                 self.tied_layers |= self.groups[owner[g.weight]].layer != g.layer
+                self.tied_weights.add(g.weight)
         return [(name, n) for name, n in numel.items() if name not in owner]
+
+    def frozen(self, g: _Group) -> bool:
+        """Whether ``g``'s op is ``frozen`` (module docstring): it uses parameters, none with requires_grad."""
+        used = self._used(g)
+        return bool(used) and all(name in self.cap.frozen_params for name in used)
+
+    def mixed(self, g: _Group) -> bool:
+        """Whether ``g``'s op uses both frozen parameters and ones that train (planned as training all)."""
+        frozen = sum(name in self.cap.frozen_params for name in self._used(g))
+        return 0 < frozen < len(self._used(g))
+
+    def _used(self, g: _Group) -> list[str]:
+        """The parameter paths ``g``'s op uses: those it owns and the weight it multiplies by."""
+        owned = self.owned.get(g.key, [])
+        return owned + [g.weight] if g.weight and g.weight not in owned else owned
 
     # -- saved activations ---------------------------------------------------------------------------
     def saved_by_group(self) -> dict[tuple, list[Saved]]:
@@ -234,7 +259,7 @@ def signature(layer: Layer) -> str:
 
 _OP_FIELDS = ("kind", "params", "in_features", "out_features", "tp", "tokens_factor", "num_gemms", "heads",
               "kv_heads", "head_dim", "causal", "window", "attn_dropout", "bytes_fwd", "bytes_bwd", "split",
-              "saved", "workspace", "norm")
+              "saved", "workspace", "norm", "frozen")
 
 
 def _label(module: str) -> str:
@@ -292,7 +317,7 @@ def _linear_op(b: Builder, g: _Group, name: str, saved: list[Saved]) -> tuple[Op
     style = next((b.tp.style[i] for i in g.records if i in b.tp.style), "replicate")
     tf = rows / b.t.tokens
     op = Op(name=name, kind="linear", params=g.params, in_features=k, out_features=n, tp=style,
-            tokens_factor=_round(tf), num_gemms=gemms, saved=tuple(saved), expert=gemms > 1)
+            tokens_factor=_round(tf), num_gemms=gemms, saved=tuple(saved), expert=gemms > 1, frozen=b.frozen(g))
     # Megatron (Shoeybi et al. 2019, Sec 3): a row-parallel linear all-reduces its output; grouped expert
     # GEMMs combine their top-k rows per token first (Megatron-Core MoE token unpermute): one width
     allreduce_fwd = n * (1.0 if gemms > 1 else tf) if style == "row" else 0.0
@@ -333,10 +358,10 @@ def _elementwise_op(b: Builder, g: _Group, name: str, saved: list[Saved], has_ba
         grads = sum(_scaled_bytes(b.records[i].outputs[0], b.cap.activation_dtype) for i in g.records
                     if b.records[i].outputs)
         return Op(name=name, kind="embedding", params=g.params, bytes_fwd=fwd, bytes_bwd=_round(2 * grads / b.t.tokens),
-                  split="sp", saved=tuple(saved))
+                  split="sp", saved=tuple(saved), frozen=b.frozen(g))
     return Op(name=name, kind="elementwise", params=g.params, bytes_fwd=fwd, bytes_bwd=bwd, split=g.split,
               saved=tuple(saved), workspace=_workspace(b, g),
-              norm=g.module in b.norm_modules and not g.key[3])
+              norm=g.module in b.norm_modules and not g.key[3], frozen=b.frozen(g))
 
 
 def _names(b: Builder) -> dict[tuple, str]:
@@ -371,7 +396,7 @@ def _names(b: Builder) -> dict[tuple, str]:
 
 
 def _layer(b: Builder, span: LayerSpan, groups: list[_Group], saved: dict, names: dict,
-           unused: list[tuple[str, int]], has_backward: bool) -> Layer:
+           unused: list[tuple[str, tuple[int, bool]]], has_backward: bool) -> Layer:
     ops, fwd_elems, column_inputs, expert_elems = [], 0.0, {}, 0.0
     for g in groups:
         mine = saved.get(g.key, [])
@@ -389,8 +414,8 @@ def _layer(b: Builder, span: LayerSpan, groups: list[_Group], saved: dict, names
                 fwd_elems += op_out_width(b, g)
         if op.params or op.bytes_fwd or op.bytes_bwd or op.saved or op.kind != "elementwise":
             ops.append(op)
-    for module, n in unused:
-        ops.append(Op(name=f"{module}:unused", kind="elementwise", params=n))
+    for module, (n, frozen) in unused:
+        ops.append(Op(name=f"{module}:unused", kind="elementwise", params=n, frozen=frozen))
     # Megatron's f operator: backward all-reduces the input gradient of each column-parallel region once
     bwd_elems = sum(column_inputs.values())
     call = b.cap.modules.get(span.path)
@@ -418,6 +443,16 @@ def _mark_routed(ops: list[Op]) -> list[Op]:
         return ops
     inside = tuple(m + sep for m in modules for sep in (".", ":"))
     return [replace(op, expert=True) if not op.expert and op.name.startswith(inside) else op for op in ops]
+
+
+def _mixed_warning(b: Builder) -> tuple[str, ...]:
+    """One warning naming the ops whose parameters are partly frozen (module docstring), or none."""
+    mixed = [b.names[key] for key, g in b.groups.items() if b.mixed(g)]
+    if not mixed:
+        return ()
+    named = ", ".join(mixed[:3]) + (f" and {len(mixed) - 3} more" if len(mixed) > 3 else "")
+    return (f"{named}: some of the parameters have requires_grad=False and others train; planned as training all "
+            "of them (an op is planned as frozen where none of its parameters trains)",)
 
 
 def op_out_width(b: Builder, g: _Group) -> float:
@@ -448,12 +483,12 @@ def build_graph(cap: Capture, cls: Classified, spans: list[LayerSpan], layer_of:
     by_layer: dict[int, list[_Group]] = {}
     for g in sorted(b.groups.values(), key=lambda g: g.first):
         by_layer.setdefault(g.layer, []).append(g)
-    unused_by_layer: dict[int, dict[str, int]] = {}
+    unused_by_layer: dict[int, dict[str, tuple[int, bool]]] = {}    # module -> (parameters, all of them frozen)
     for pname, n in unused:
         li = layer_of_module(parent(pname), spans)
         li = 0 if li is None else li
-        unused_by_layer.setdefault(li, {})
-        unused_by_layer[li][parent(pname)] = unused_by_layer[li].get(parent(pname), 0) + n
+        count, frozen = unused_by_layer.setdefault(li, {}).get(parent(pname), (0, True))
+        unused_by_layer[li][parent(pname)] = (count + n, frozen and pname in cap.frozen_params)
     layers = [_layer(b, span, by_layer.get(i, []), saved, names, sorted(unused_by_layer.get(i, {}).items()),
                      has_backward) for i, span in enumerate(spans)]
     all_ops = [op for layer in layers for op in layer.ops]
@@ -465,7 +500,8 @@ def build_graph(cap: Capture, cls: Classified, spans: list[LayerSpan], layer_of:
                        vocab_size=int(vocab), num_heads=heads, num_kv_heads=kv_heads,
                        tied_embeddings=b.tied_layers and b.tied_params > 0,
                        tied_params=b.tied_params if b.tied_layers else 0, source=source,
-                       warnings=tuple(cap.warnings),
+                       tied_frozen=bool(b.tied_weights) and b.tied_weights <= cap.frozen_params,
+                       warnings=tuple(cap.warnings) + _mixed_warning(b),
                        num_experts=max((op.num_gemms for op in all_ops if op.expert), default=0),
                        splits_experts=False, experts_why="meshplan's executor splits the experts of its own reference "
                        "models (executor/moe.py), not a traced module's")

@@ -533,7 +533,12 @@ def capture(module: torch.nn.Module, example_inputs, *, loss_fn=None, device: st
                 state.in_loss = False
             state.stamp([loss], "")
             try:
-                loss.backward()
+                if not loss.requires_grad:      # every parameter frozen: autograd has no backward to run
+                    state.warnings.append("no parameter has requires_grad=True: nothing trains (under --finetune "
+                                          "lora or qlora the adapters do) and backward could not be traced; backward "
+                                          "costs are estimated from the forward")
+                else:
+                    loss.backward()
             except UserError:
                 raise
             except Exception as e:     # forward is known; backward is then derived from it
@@ -547,6 +552,7 @@ def capture(module: torch.nn.Module, example_inputs, *, loss_fn=None, device: st
     first = _tensors((args, kwargs))
     return Capture(records=tuple(state.records), saved=tuple(state.saved), modules=dict(state.modules),
                    classes=dict(state.classes), params={n: tuple(p.shape) for n, p in state.original_params.items()},
+                   frozen_params=frozenset(n for n, p in state.original_params.items() if not p.requires_grad),
                    param_aliases=dict(state.aliases), batch=int(first[0].shape[0]) if first and first[0].dim() else 1,
                    input_shapes=tuple((tuple(int(s) for s in t.shape), str(t.dtype)) for t in first),
                    activation_dtype=_activation_dtype(tensors), device=device, opaque=tuple(state.opaque),

@@ -102,6 +102,8 @@ class Capture:
     modules: dict[str, ModuleCall]
     classes: dict[str, str]                  # module path -> class name, every module
     params: dict[str, tuple[int, ...]]       # parameter path -> shape (each shared parameter once)
+    frozen_params: frozenset[str] = frozenset()     # of those, the paths with requires_grad False (build.py:
+                                                    # ``Op.frozen``)
     param_aliases: dict[str, str]            # other path of a shared parameter -> its first path
     batch: int                               # first dimension of the first example input
     input_shapes: tuple[tuple[tuple[int, ...], str], ...]
