@@ -32,8 +32,8 @@ pytestmark = pytest.mark.distributed      # torchrun agents, one of them killed
 STEPS, EVERY = 8, 4
 # the rendezvous takes a node whose last keep-alive is older than 1 s x 4 for lost (sooner resumes sooner, but an
 # agent sends one every 1 to 2 s, later on a loaded machine: at 1 s x 2 a live node was once taken for lost); a
-# round waits 2 s for more nodes once one is there (torch's defaults: 5 s x 3, 30 s)
-RDZV = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=4,join_timeout=60"
+# round waits 1 s for more nodes once one is there (torch's defaults: 5 s x 3, 30 s)
+RDZV = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=4,join_timeout=60"
 
 
 def agent(plan: str, cwd: Path, ckpt: Path, port: int, *, nproc: int, host: bool, fault: str | None = None,
