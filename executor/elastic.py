@@ -125,9 +125,9 @@ def _stop(launched: Plan, model: str, root: Path, world: int, meta: dict | None,
     kept = (f"the checkpoint after step {meta['step']} is kept in {step_dir(root, meta['step'])}" if meta else
             "no checkpoint was written yet")
     if isinstance(error, NoFeasiblePlan):
-        least = fewest_gpus(launched, model=model)
-        fits = (f"it fits on {least} or more GPUs of {launched.cluster_name}" if least else
-                f"it fits on no number of GPUs of {launched.cluster_name}")
+        least = fewest_gpus(launched, above=world, model=model)
+        fits = (f"it needs at least {least} GPUs of {launched.cluster_name}" if least else
+                f"it fits on none of {world + 1} to {launched.world_size} GPUs of {launched.cluster_name}")
         why = f"{_processes(world)} cannot hold {launched.model_name}: {_first_sentence(str(error))}; {fits}"
         resume = "; run the same command again once there are enough" if least else ""
     else:

@@ -7,7 +7,7 @@ the rest of ``workload``) and the knobs the user fixed (``knobs``). ``replan`` p
 with the same knobs), so its answer is the search's. A fixed knob the new count cannot hold (a degree
 that does not divide it, a micro-batch its data-parallel degree cannot split the batch into: the
 search's own checks, planner/search/space.py, say which) is searched instead, with a note naming the
-knob and why. ``fewest_gpus`` is `meshplan plan --fit-min` for the same job and knobs (planner/fitmin.py).
+knob and why. ``fewest_gpus`` counts up from a number of GPUs to the fewest the same job and knobs fit on.
 """
 from __future__ import annotations
 
@@ -93,12 +93,22 @@ def replan(plan: Plan, gpus: int, *, model: str | None = None) -> Replanned:
     return plan_knobs(inputs_of(plan, gpus, model), knobs_of(plan), lambda at, fixed: api.plan(at.load(), fixed))
 
 
-def fewest_gpus(plan: Plan, *, model: str | None = None, limit: int = 65536) -> int | None:
-    """The fewest GPUs of ``plan``'s cluster profile its job fits on with its knobs (each count as ``replan``
-    plans it), None when none up to ``limit`` does."""
+def fewest_gpus(plan: Plan, *, above: int, model: str | None = None) -> int | None:
+    """The fewest GPUs of ``plan``'s cluster profile, more than ``above`` and at most the plan's own, on which its
+    job fits with its knobs (each count planned as ``replan`` plans it): one node's 1, 2, 4, ... GPUs, then whole
+    nodes (planner/fitmin.py ``counts``), in order; None when none does. Counting up from the GPUs there are keeps
+    it to the few searches between them and the plan's world, which rank 0 of a stopping job runs while the
+    others wait."""
     from . import api
-    from .fitmin import fit_min
-
-    def plan_one(at, fixed):
-        return plan_knobs(at, fixed, lambda inputs, knobs: api.plan(inputs.load(), knobs, top_k=1)).plan
-    return fit_min(inputs_of(plan, 1, model), knobs_of(plan), limit=limit, plan_one=plan_one).gpus
+    from .cluster import load_cluster
+    from .fitmin import counts
+    node = load_cluster(plan.cluster_source or plan.cluster_name, None).gpus_per_node
+    tried = sorted({*counts(node), *range(node, plan.world_size + 1, node)})
+    knobs = knobs_of(plan)
+    for gpus in (n for n in tried if above < n <= plan.world_size):
+        try:
+            plan_knobs(inputs_of(plan, gpus, model), knobs, lambda at, fixed: api.plan(at.load(), fixed, top_k=1))
+        except UserError:           # does not fit, or this count cannot run the job (NoFeasiblePlan among them)
+            continue
+        return gpus
+    return None

@@ -211,7 +211,7 @@ def test_a_world_too_small_for_the_model_stops_with_one_line_and_keeps_the_check
     err = (tmp_path / "first" / "err").read_text().strip().splitlines()
     assert first.returncode == 3, err[-20:]
     assert re.fullmatch(r"meshplan run: error: 1 process cannot hold tiny-gpt: its fixed knobs \(dp1 .*\) need "
-                        r"[0-9.e-]+ GiB per GPU against [0-9.e-]+ GiB usable; it fits on 2 or more GPUs of "
+                        r"[0-9.e-]+ GiB per GPU against [0-9.e-]+ GiB usable; it needs at least 2 GPUs of "
                         r"cpu-gloo-small; the checkpoint after step 4 is kept in \S+/step-00000004; run the same "
                         r"command again once there are enough", err[-1]), err[-1]
     printed = json.loads((tmp_path / "first" / "out").read_text())
