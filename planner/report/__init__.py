@@ -49,7 +49,8 @@ def write_report(plan, folder: str | Path, comparison=None, node_mtbf_h: float |
     ex = exports(plan)
     written += write_exports(plan, folder / "exports", ex)
     from ..resilience import LLAMA3_NODE_MTBF_H, LLAMA3_SOURCE, fewer_nodes
-    failures = document.resilience(plan, [fewer_nodes(plan, lost) for lost in (1, 2)],
+    fewer = [fewer_nodes(plan, lost) for lost in (1, 2) if lost <= plan.cluster.num_nodes]
+    failures = document.resilience(plan, fewer,
                                    node_mtbf_h=node_mtbf_h or LLAMA3_NODE_MTBF_H,
                                    mtbf_source="as given, --node-mtbf" if node_mtbf_h else LLAMA3_SOURCE)
     doc = document.build(plan, timeline=timeline, knobs=next_knobs(plan, cache), exports=ex,
