@@ -169,8 +169,8 @@ def test_a_node_that_joins_grows_the_job_to_4_processes_under_a_new_plan(tmp_pat
     for node, proc in (("first", first), ("second", second)):
         assert proc.returncode == 0, (tmp_path / node / "err").read_text()[-3000:]
         out = (tmp_path / node / "out").read_text()
-        assert re.search(r"^plan change at step 4: 2 -> 4 processes\n  before  dp 2 .*\n  after   .*\n  lost    [0-9.]+ s "
-                         r"from the checkpoint of step 4", out, re.MULTILINE), out
+        assert re.search(r"^plan change at step 4: 2 -> 4 processes\n  before  dp 2 .*\n  after   .*\n"
+                         r"  lost    [0-9.]+ s from the checkpoint of step 4", out, re.MULTILINE), out
     [change] = json.loads((ckpt / "plan-changes.json").read_text())
     new = Path(change["to"]["plan"])
     assert new.parent == ckpt / "plans" and json.loads(new.read_text())["fingerprints"]["world_size"] == 4

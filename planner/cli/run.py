@@ -113,9 +113,9 @@ def run(args) -> int:
     if code != 0:
         return code if code < 128 else 1
     if args.json:
-        if measured is not None or changes:
-            json.dump({**(summary(measured) if measured else {}), **({"plan_changes": changes} if args.elastic else {})},
-                      sys.stdout)
+        doc = {**(summary(measured) if measured else {}), **({"plan_changes": changes} if args.elastic else {})}
+        if doc:
+            json.dump(doc, sys.stdout)
             sys.stdout.write("\n")
         return 0
     sys.stdout.write("".join(format_change(c) for c in changes))
