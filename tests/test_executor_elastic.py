@@ -32,8 +32,11 @@ pytestmark = pytest.mark.distributed      # torchrun agents, one of them killed
 STEPS, EVERY = 8, 4
 # the rendezvous takes a node whose last keep-alive is older than 1 s x 4 for lost (sooner resumes sooner, but an
 # agent sends one every 1 to 2 s, later on a loaded machine: at 1 s x 2 a live node was once taken for lost); a
-# round waits 1 s for more nodes once one is there (torch's defaults: 5 s x 3, 30 s)
-RDZV = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=4,join_timeout=60"
+# round waits 2 s for more nodes once one is there (torch's defaults: 5 s x 3, 30 s)
+RDZV = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=4,join_timeout=60"
+# the agent that does not host the rendezvous starts first and waits for the store of the one that does, so that
+# both are in the first round (the round closes at once with both, 2 s after the first without the other)
+HEAD_START_S = 1.5
 
 
 def agent(plan: str, cwd: Path, ckpt: Path, port: int, *, nproc: int, host: bool, fault: str | None = None,
@@ -121,8 +124,9 @@ def test_a_node_lost_after_a_checkpoint_leaves_a_job_replanned_for_the_processes
     losses are those of an undisturbed 2-process run of another plan from a copy of that checkpoint."""
     four = write_plan(tmp_path, TINY_GPT, gpus=4, name="four", dp=4, zero=3)
     ckpt, port = tmp_path / "ckpt", free_port()
-    second = agent(four, tmp_path / "second", ckpt, port, nproc=2, host=False,      # waits for the store: both
-                   fault=",".join(f"hang:{rank}:{EVERY}:4" for rank in range(4)))  # join the first round
+    second = agent(four, tmp_path / "second", ckpt, port, nproc=2, host=False,
+                   fault=",".join(f"hang:{rank}:{EVERY}:4" for rank in range(4)))
+    time.sleep(HEAD_START_S)
     first = agent(four, tmp_path / "first", ckpt, port, nproc=2, host=True)
     try:
         wait_for("pause after the checkpoint", paused_after_checkpoint(tmp_path / "second", ckpt, EVERY), first)
@@ -202,6 +206,7 @@ def test_a_world_too_small_for_the_model_stops_with_one_line_and_keeps_the_check
     ckpt, port = tmp_path / "ckpt", free_port()
     second = agent(two, tmp_path / "second", ckpt, port, nproc=1, host=False,
                    fault=f"hang:0:{EVERY}:2,hang:1:{EVERY}:2")
+    time.sleep(HEAD_START_S)
     first = agent(two, tmp_path / "first", ckpt, port, nproc=1, host=True)
     try:
         wait_for("pause after the checkpoint", paused_after_checkpoint(tmp_path / "second", ckpt, EVERY), first)
