@@ -7,7 +7,8 @@ right after a checkpoint, that node's ranks stop answering at the start of the s
 the checkpoint and that line, then kills the node. The rendezvous's timeouts are shortened
 (--rdzv-conf), and the agent at the endpoint hosts the rendezvous (is_host=1), so it is the one
 that stays. Each run is compared with runs made apart from the code under test: a 2-process run of
-another plan from a copy of the checkpoint, and the single-process reference (executor_support).
+another plan from a copy of the checkpoint (spawned while the node left waits out the rendezvous), and
+the single-process reference (executor_support).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -123,17 +125,30 @@ def test_a_node_lost_after_a_checkpoint_leaves_a_job_replanned_for_the_processes
     processes left re-plan for 2 (dp 4 cannot hold: searched), reshard the checkpoint and finish; their
     losses are those of an undisturbed 2-process run of another plan from a copy of that checkpoint."""
     four = write_plan(tmp_path, TINY_GPT, gpus=4, name="four", dp=4, zero=3)
+    other = write_plan(tmp_path, TINY_GPT, gpus=2, name="two-zero1", dp=2, zero=1)
     ckpt, port = tmp_path / "ckpt", free_port()
     second = agent(four, tmp_path / "second", ckpt, port, nproc=2, host=False,
                    fault=",".join(f"hang:{rank}:{EVERY}:4" for rank in range(4)))
     time.sleep(HEAD_START_S)
     first = agent(four, tmp_path / "first", ckpt, port, nproc=2, host=True)
+    failed: list[BaseException] = []
+
+    def undisturbed_run():       # while the node left waits out the rendezvous
+        try:
+            spawn(_continue, 2, other, str(tmp_path / "at-4"), STEPS - EVERY, str(tmp_path / "undisturbed.json"))
+        except BaseException as e:
+            failed.append(e)
+    reference = threading.Thread(target=undisturbed_run)
     try:
         wait_for("pause after the checkpoint", paused_after_checkpoint(tmp_path / "second", ckpt, EVERY), first)
         shutil.copytree(ckpt / f"step-{EVERY:08d}", tmp_path / "at-4")
         kill_node(second)
+        reference.start()
     finally:
         finish(first, second)
+        if reference.is_alive():
+            reference.join()
+    assert not failed, failed
     err = (tmp_path / "first" / "err").read_text()
     assert first.returncode == 0, err[-3000:]
     summary = last_json(tmp_path / "first")
@@ -149,8 +164,6 @@ def test_a_node_lost_after_a_checkpoint_leaves_a_job_replanned_for_the_processes
     assert change["to"]["step_time_s"] > 0 and change["from"]["step_time_s"] > 0
     assert "plan of step 4 was made for 4: continuing under" in err
 
-    other = write_plan(tmp_path, TINY_GPT, gpus=2, name="two-zero1", dp=2, zero=1)
-    spawn(_continue, 2, other, str(tmp_path / "at-4"), STEPS - EVERY, str(tmp_path / "undisturbed.json"))
     undisturbed = json.loads((tmp_path / "undisturbed.json").read_text())["losses"]
     assert_losses(summary["losses"][EVERY:], undisturbed, against="undisturbed 2-process")
     assert_losses(summary["losses"], reference_run(TINY_GPT, steps=STEPS)[0], against="single-process")
