@@ -53,7 +53,8 @@ def add_parser(sub) -> None:
                         "one representative rank per pipeline stage, check every parameter's placement and shard "
                         "shape against the plan and print per-rank parameter, gradient and optimizer bytes against "
                         "the prediction; no training, no torchrun")
-    p.add_argument("--nproc", type=positive_int, help="processes on this machine (default: the plan's GPUs / nnodes)")
+    p.add_argument("--nproc", type=positive_int,
+                   help="processes on this machine (default: the plan's GPUs / --nnodes, or / MAX with --elastic)")
     p.add_argument("--nnodes", type=positive_int, default=1)
     p.add_argument("--node-rank", type=int, default=0)
     p.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
