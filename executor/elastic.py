@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from planner.errors import NoFeasiblePlan, UserError
@@ -111,12 +111,12 @@ def _decide(launched: Plan, model: str, root: Path, world: int) -> dict:
         path.parent.mkdir(parents=True, exist_ok=True)
         new.write(path)
         new = Plan.from_json(new.to_json(), str(path))
-    sys.stderr.write(f"meshplan run: the world has {world} processes, the plan of step {step} was made for "
+    sys.stderr.write(f"meshplan run: the world has {world} processes, the plan at step {step} was made for "
                      f"{plan.world_size}: continuing under {new.source}\n")
     change = Change(before=_summary(plan), after=_summary(new), searched_instead=searched_instead,
                     replan_s=time.perf_counter() - t0, checkpoint_time=meta.get("time") if meta else None,
                     progress=read_json(root / PROGRESS))
-    return {"plan": new.to_json(), "source": new.source, "change": change.__dict__}
+    return {"plan": new.to_json(), "source": new.source, "change": asdict(change)}
 
 
 def _stop(launched: Plan, model: str, root: Path, world: int, meta: dict | None, error: UserError) -> str:

@@ -162,7 +162,7 @@ def test_a_node_lost_after_a_checkpoint_leaves_a_job_replanned_for_the_processes
     assert change["searched_instead"][0].startswith("--dp 4 searched instead")
     assert change["steps_redone"] == 0 and change["lost_s"] >= change["idle_s"] > 0
     assert change["to"]["step_time_s"] > 0 and change["from"]["step_time_s"] > 0
-    assert "plan of step 4 was made for 4: continuing under" in err
+    assert "the world has 2 processes, the plan at step 4 was made for 4: continuing under" in err
 
     undisturbed = json.loads((tmp_path / "undisturbed.json").read_text())["losses"]
     assert_losses(summary["losses"][EVERY:], undisturbed, against="undisturbed 2-process")
