@@ -41,7 +41,7 @@ from planner.plan import Plan
 from planner.schedules import SCHEDULES, rank_chunk
 
 from .integrity import check_world_size
-from .mesh import ParallelDims, init_process_group, local_device
+from .mesh import ParallelDims, from_rank0, init_process_group, local_device
 from .parallelize import autocast_dtype, dp_units, parallelize
 from .pipeline import (build_schedule, placement, split_pipeline, stage_indices, sync_shared_grads,
                        tied_across_stages, tied_pairs)
@@ -94,31 +94,6 @@ def executable_knobs(knobs=None):
                             "sequence parallelism and optimizer offload need a model the executor builds); allowed: "
                             f"{off!r} or None", field=f"knobs.{name}")
     return replace(knobs, cp=1, sequence_parallel=False, optimizer_offload=False)
-
-
-def _broadcast_plan(plan_fn: Callable[[], dict]) -> dict:
-    """Rank 0 plans; every rank returns its document, or raises its error (no rank is left waiting)."""
-    box: list = [None]
-    failure = None
-    if dist.get_rank() == 0:
-        try:
-            box = [("plan", plan_fn())]
-        except UserError as e:
-            box = [("user-error", str(e), e.exit_code)]
-        except Exception as e:      # a bug or a module the tracer cannot follow: tell the others first
-            failure = e
-            box = [("crash", f"{type(e).__name__}: {e}", 1)]
-    dist.broadcast_object_list(box, src=0)
-    kind, *rest = box[0]
-    if failure is not None:
-        raise failure
-    if kind == "plan":
-        return rest[0]
-    if kind == "user-error":
-        error = UserError(rest[0])
-        error.exit_code = rest[1]
-        raise error
-    raise RuntimeError(f"rank 0 failed to plan the module: {rest[0]}")
 
 
 class ParallelTraining:
@@ -270,8 +245,8 @@ def auto_parallelize(module: nn.Module, example_inputs, *, global_batch: int, cl
     with torch.no_grad():                       # every rank starts from rank 0's weights
         for tensor in [*module.parameters(), *module.buffers()]:
             dist.broadcast(tensor, src=0)
-    doc = _broadcast_plan(lambda: plan_module(module, example_inputs, global_batch=global_batch, world=world,
-                                              cluster=cluster, knobs=knobs, precision=precision))
+    doc = from_rank0(lambda: plan_module(module, example_inputs, global_batch=global_batch, world=world,
+                                         cluster=cluster, knobs=knobs, precision=precision), what="plan the module")
     plan = Plan.from_json(doc, SOURCE)
     check_world_size(plan, world, "this torchrun job")
     return apply_plan(module, plan, doc, device=device, loss_fn=loss_fn or nn.functional.mse_loss, lr=lr)

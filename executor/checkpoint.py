@@ -23,7 +23,6 @@ shared file system).
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -38,7 +37,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 
 from planner.errors import UserError
 
-from .checkpoint_dir import COMPLETE, MARKER, PARTIAL, latest_complete, partial_dir, step_dir
+from .checkpoint_dir import COMPLETE, MARKER, PARTIAL, latest_complete, partial_dir, step_dir, write_json
 from .zero1 import ShardedAdamW
 
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -120,12 +119,7 @@ def _fsync(path: Path) -> None:
 
 def _write_marker(folder: Path, meta: dict) -> None:
     """Write, flush and fsync the marker under a temporary name, then rename it into place."""
-    part = folder / (MARKER + ".part")
-    with open(part, "w") as f:
-        json.dump(meta, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(part, folder / MARKER)
+    write_json(folder / MARKER, meta)
     _fsync(folder)
 
 
@@ -152,10 +146,11 @@ def set_rng_state(path: Path) -> None:
 
 
 def save_atomic(root: str | Path, step: int, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer], *,
-                tied: bool, meta: dict, before_marker=None) -> Path:
+                tied: bool, meta: dict, files: dict[str, dict] | None = None, before_marker=None) -> Path:
     """Collective: the checkpoint after ``step`` steps, complete or not there at all (see the module
-    docstring). ``meta`` goes into the marker; ``before_marker`` runs on every rank once all shards
-    are written (fault injection). Returns the complete folder."""
+    docstring). ``meta`` goes into the marker, ``files`` ({name: JSON document}) beside it, written by
+    rank 0 (the plan: executor/train.py); ``before_marker`` runs on every rank once all shards are
+    written (fault injection). Returns the complete folder."""
     root, rank = Path(root), dist.get_rank()
     partial, final = partial_dir(root, step), step_dir(root, step)
     if rank == 0:
@@ -168,6 +163,8 @@ def save_atomic(root: str | Path, step: int, parts: list[nn.Module], optimizers:
     if before_marker is not None:
         before_marker()
     if rank == 0:
+        for name, doc in (files or {}).items():
+            write_json(partial / name, doc)
         _write_marker(partial, {**meta, "step": step, "world_size": dist.get_world_size()})
         if final.exists():                                     # an unfinished copy: complete ones are older
             shutil.rmtree(final)

@@ -1,12 +1,21 @@
 """The layout of a ``--checkpoint-dir`` (executor/checkpoint.py writes it): which checkpoint in it
 is complete. Imports no torch, so `meshplan run` can check the folder before it launches.
 
-    DIR/step-00000008/            complete: DCP shards and .metadata, rng-rank*.pt, COMPLETE.json
+    DIR/step-00000008/            complete: DCP shards and .metadata, rng-rank*.pt, plan.json (the plan
+                                  that wrote it), COMPLETE.json
     DIR/.partial-step-00000012/   being written, or interrupted while written: never loaded
+
+and, written by an elastic run (``--elastic``, executor/elastic.py):
+
+    DIR/plan-changes.json         every change of plan: when, from which plan to which, the time it cost
+    DIR/plans/                    the plans made for the worlds the run met
+    DIR/progress.json             the steps done so far, and when (the time lost to a change is measured from it)
+    DIR/stopped.json              why the run stopped (no plan fits the world left), for `meshplan run` to say
 """
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -14,6 +23,11 @@ from planner.errors import UserError
 
 
 MARKER = "COMPLETE.json"
+PLAN = "plan.json"
+CHANGES = "plan-changes.json"
+PLANS = "plans"
+PROGRESS = "progress.json"
+STOPPED = "stopped.json"
 COMPLETE = re.compile(r"^step-(\d{8})$")
 PARTIAL = re.compile(r"^\.partial-step-\d{8}$")
 
@@ -26,11 +40,29 @@ def partial_dir(root: str | Path, step: int) -> Path:
     return Path(root) / f".partial-step-{step:08d}"
 
 
-def _read_marker(folder: Path) -> dict | None:
+def read_json(path: str | Path):
+    """The JSON document at ``path``; None where it is missing or unreadable."""
     try:
-        meta = json.loads((folder / MARKER).read_text())
+        return json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
+
+
+def write_json(path: str | Path, doc, *, sync: bool = True) -> None:
+    """Write ``doc`` under a temporary name, flush (and with ``sync`` fsync) it, then rename it into place: a
+    reader sees the old file or the new one, never a part."""
+    path = Path(path)
+    part = path.with_name(path.name + ".part")
+    with open(part, "w") as f:
+        json.dump(doc, f)
+        f.flush()
+        if sync:
+            os.fsync(f.fileno())
+    os.replace(part, path)
+
+
+def _read_marker(folder: Path) -> dict | None:
+    meta = read_json(folder / MARKER)
     return meta if isinstance(meta, dict) else None
 
 

@@ -1,8 +1,9 @@
 """Fault injection: make one rank fail on purpose, to drill what a failure does to a job.
 
-``MESHPLAN_FAULT=KIND:RANK:STEP`` (several separated by commas) in the environment of
+``MESHPLAN_FAULT=KIND:RANK:STEP[:WORLD]`` (several separated by commas) in the environment of
 ``meshplan run`` makes global rank RANK fail at step STEP, in the job's first attempt only
-(torchrun's ``TORCHELASTIC_RESTART_COUNT`` is 0), so a restarted job runs clean:
+(torchrun's ``TORCHELASTIC_RESTART_COUNT`` is 0), so a restarted job runs clean; with WORLD, only
+while the job has WORLD processes (an elastic run's world changes without a restart when nodes join):
 
   kill                 SIGKILL at the start of step STEP: a rank dies mid-training
   hang                 stop answering at the start of step STEP (sleep): a lost peer; the
@@ -32,18 +33,19 @@ class Fault:
     kind: str
     rank: int
     step: int
+    world: int | None = None        # only in a world of this many processes (None: any)
 
 
 def parse(text: str) -> tuple[Fault, ...]:
-    """'kill:1:6,hang:0:3' -> Faults; a UserError naming the variable otherwise."""
+    """'kill:1:6,hang:0:3:4' -> Faults; a UserError naming the variable otherwise."""
     faults = []
     for part in filter(None, (p.strip() for p in text.split(","))):
-        kind, _, rest = part.partition(":")
-        rank, _, step = rest.partition(":")
-        if kind not in KINDS or not rank.isdigit() or not step.isdigit():
-            raise UserError(f"{part!r} is not KIND:RANK:STEP with KIND {one_of(KINDS)} and RANK, STEP "
-                            "non-negative integers", field=ENV)
-        faults.append(Fault(kind=kind, rank=int(rank), step=int(step)))
+        kind, *numbers = part.split(":")
+        if kind not in KINDS or len(numbers) not in (2, 3) or not all(n.isdigit() for n in numbers):
+            raise UserError(f"{part!r} is not KIND:RANK:STEP with KIND {one_of(KINDS)} and RANK, STEP non-negative "
+                            "integers, or KIND:RANK:STEP:WORLD (only in a world of WORLD processes)", field=ENV)
+        faults.append(Fault(kind=kind, rank=int(numbers[0]), step=int(numbers[1]),
+                            world=int(numbers[2]) if len(numbers) == 3 else None))
     return tuple(faults)
 
 
@@ -51,11 +53,13 @@ def from_env() -> tuple[Fault, ...]:
     return parse(os.environ.get(ENV, ""))
 
 
-def inject(kind: str, *, rank: int, step: int) -> None:
-    """Fail here if the environment asks for ``kind`` on this rank at this step (first attempt only)."""
+def inject(kind: str, *, rank: int, step: int, world: int | None = None) -> None:
+    """Fail here if the environment asks for ``kind`` on this rank at this step (in a world of ``world``
+    processes), in the first attempt only."""
     if os.environ.get(ENV) is None or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         return
-    if not any(f.kind == kind and f.rank == rank and f.step == step for f in from_env()):
+    if not any(f.kind == kind and f.rank == rank and f.step == step and f.world in (None, world)
+               for f in from_env()):
         return
     sys.stderr.write(f"meshplan run: fault injection ({ENV}): {kind} on rank {rank} at step {step}\n")
     sys.stderr.flush()

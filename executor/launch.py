@@ -4,6 +4,9 @@ torchrun is torch's own launcher (``python -m torch.distributed.run``): standalo
 rendezvous on one machine, or ``--nnodes/--node-rank/--rdzv-endpoint`` passed
 through for several; ``--max-restarts N`` lets its elastic agent restart the
 whole job (every rank, a new rendezvous round) when a rank dies, up to N times.
+``--elastic MIN:MAX`` is torchrun's ``--nnodes MIN:MAX`` with the c10d rendezvous
+at ``--rdzv-endpoint``: the job goes on with between MIN and MAX nodes, and
+every rank re-plans for the world it finds (executor/elastic.py).
 Every rank runs ``python -m executor.train``. ``executor/torchrun.py`` runs
 torchrun's own launcher and turns a failed job into one line.
 
@@ -18,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,9 +29,31 @@ from planner.errors import UserError
 from planner.plan import Plan
 
 from . import faults
-from .checkpoint_dir import check_resumable, latest_complete
+from .checkpoint_dir import CHANGES, STOPPED, check_resumable, latest_complete, read_json
 from .mesh import local_device_kind
 from .support import DEFAULT_TIMEOUT_S, check_stages, check_supported
+
+
+# What torch's c10d rendezvous reads of --rdzv-conf (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py
+# ``create_handler``, c10d_rendezvous_backend.py ``_create_tcp_store``): seconds (join 600, last call 30, close 30,
+# heartbeat 5, keep-alive interval 5, read 60 by default), keep-alives a node may miss before it counts as dead
+# (3), and whether this node hosts the rendezvous's store (1 or 0; default: the node at the endpoint's address)
+RDZV_CONF = ("join_timeout", "last_call_timeout", "close_timeout", "heartbeat_timeout", "keep_alive_interval",
+             "keep_alive_max_attempt", "read_timeout", "is_host")
+
+
+def parse_rdzv_conf(text: str) -> str:
+    """'last_call_timeout=2,join_timeout=60' checked against ``RDZV_CONF``; the same text, or UserError."""
+    pairs = [p.strip() for p in text.split(",") if p.strip()]
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or key not in RDZV_CONF:
+            raise UserError(f"{pair!r} is not KEY=VALUE with KEY one of {', '.join(RDZV_CONF)}", field="--rdzv-conf")
+        allowed = ("0", "1") if key == "is_host" else None
+        if (allowed and value not in allowed) or (not allowed and (not value.isdigit() or int(value) < 1)):
+            raise UserError(f"{key}={value!r}: expected " + ("1 or 0" if allowed else "a positive integer"),
+                            field="--rdzv-conf")
+    return ",".join(pairs)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,16 +65,22 @@ class Launch:
     node_rank: int = 0
     rdzv_endpoint: str | None = None  # host:port of the rendezvous (several nodes)
     max_restarts: int = 0             # times torchrun restarts the job after a rank fails
+    elastic: tuple[int, int] | None = None    # (MIN, MAX) nodes: torchrun's --nnodes MIN:MAX (executor/elastic.py)
+    rdzv_conf: str = ""               # torchrun's --rdzv-conf (``parse_rdzv_conf``)
 
     def torchrun_args(self) -> list[str]:
         """torchrun's options (``python -m torch.distributed.run OPTIONS -m executor.train ...``)."""
         args = ["--max-restarts", str(self.max_restarts), "--nproc-per-node", str(self.nproc)]
+        conf = ["--rdzv-conf", self.rdzv_conf] if self.rdzv_conf else []
+        if self.elastic is not None:        # check_request: with an endpoint
+            return args + ["--nnodes", "{}:{}".format(*self.elastic), "--rdzv-backend", "c10d",
+                           "--rdzv-endpoint", self.rdzv_endpoint, *conf]
         if self.nnodes == 1 and self.rdzv_endpoint is None:
-            return args + ["--standalone"]       # c10d rendezvous on localhost, a free port
+            return args + ["--standalone", *conf]       # c10d rendezvous on localhost, a free port
         if self.rdzv_endpoint is None:
             raise UserError("several nodes need a rendezvous endpoint host:port", field="--rdzv-endpoint")
         return args + ["--nnodes", str(self.nnodes), "--node-rank", str(self.node_rank), "--rdzv-backend", "c10d",
-                       "--rdzv-endpoint", self.rdzv_endpoint]
+                       "--rdzv-endpoint", self.rdzv_endpoint, *conf]
 
 
 # torch's CPU allocator (c10 alloc_cpu) has no cache: glibc maps every allocation of 32 MiB or more
@@ -108,6 +140,17 @@ def check_request(request: RunRequest) -> None:
     """Flags that cannot work together, before anything is launched (UserError naming the flag)."""
     if request.checkpoint_every is not None and not request.checkpoint_dir:
         raise UserError("needs --checkpoint-dir DIR (where the checkpoints go)", field="--checkpoint-every")
+    if request.launch.elastic is not None:
+        if not request.checkpoint_dir:
+            raise UserError("needs --checkpoint-dir DIR, on a file system every node sees: a changed world "
+                            "continues from its latest checkpoint", field="--elastic")
+        if request.launch.rdzv_endpoint is None:
+            raise UserError("needs --rdzv-endpoint HOST:PORT, where the nodes' agents meet (the same on every "
+                            "node; the node at HOST hosts the rendezvous and must stay)", field="--elastic")
+        if request.launch.nnodes != 1 or request.launch.node_rank != 0:
+            flag = "--nnodes" if request.launch.nnodes != 1 else "--node-rank"
+            raise UserError("--elastic MIN:MAX says how many nodes, and the rendezvous numbers them; allowed: "
+                            f"--elastic without {flag}", field=flag)
     if request.checkpoint_dir:
         for flag, value in (("--load", request.load), ("--save", request.save)):
             if value:
@@ -123,27 +166,41 @@ def check_request(request: RunRequest) -> None:
     faults.from_env()       # a malformed MESHPLAN_FAULT fails here, not in every rank
 
 
-def run_plan(plan: Plan, plan_path: str, request: RunRequest, *, debug: bool = False) -> tuple[int, dict | None]:
+def run_plan(plan: Plan, plan_path: str, request: RunRequest, *,
+             debug: bool = False) -> tuple[int, dict | None, list[dict]]:
     """Train ``plan`` (read from ``plan_path``) with torchrun: (the job's exit code, measured.json's document,
-    None on a node other than node 0 or when the job failed). The plan is checked against this executor
-    (runtime table, stages) and the request before anything launches."""
+    None on a node without rank 0 or when the job failed, the changes of plan an elastic job made: entries
+    of DIR/plan-changes.json, executor/elastic.py). The plan is checked against this executor (runtime
+    table, stages) and the request before anything launches. An elastic job that stopped because no plan
+    fits the world left raises its one line (UserError, exit code 3)."""
     check_supported(plan.config, plan.spec, local_device_kind(), plan.source, plan.workload.fp8, plan.workload.compile,
                     finetune=plan.workload.finetune)
     check_stages(plan.stages, plan.spec, plan.source)
     check_request(request)
     nproc, nnodes = request.launch.nproc, request.launch.nnodes
-    if nproc * nnodes != plan.world_size:
+    elastic = request.launch.elastic is not None
+    if nproc * nnodes != plan.world_size and not elastic:     # an elastic job re-plans for the world it finds
         raise UserError(f"{nnodes} node(s) x {nproc} processes = {nproc * nnodes}, but the plan needs "
                         f"{plan.world_size} (dp x tp x pp x cp)", field="--nproc")
     out = Path(request.out)
     out.unlink(missing_ok=True)
     train_args = ["--plan", plan_path, "--model", request.model, "--steps", str(request.steps),
-                  "--seed", str(request.seed), "--out", str(out), "--timeout", repr(request.timeout_s)]
+                  "--seed", str(request.seed), "--out", str(out), "--timeout", repr(request.timeout_s),
+                  *(["--elastic"] if elastic else [])]
     for flag, value in (("--save", request.save), ("--load", request.load), ("--checkpoint-dir", request.checkpoint_dir),
                         ("--checkpoint-every", request.checkpoint_every)):
         if value:
             train_args += [flag, str(value)]
+    started = time.time()
     code = launch(request.launch, train_args, debug=debug)
-    if code != 0 or request.launch.node_rank != 0:        # rank 0 (on node 0) writes measured.json
-        return code, None
-    return 0, json.loads(out.read_text())
+    changes = [c for c in read_json(Path(request.checkpoint_dir) / CHANGES) or [] if c.get("time", 0) >= started
+               ] if elastic else []
+    stopped = read_json(Path(request.checkpoint_dir) / STOPPED) if elastic else None
+    if code == 0 and isinstance(stopped, dict) and stopped.get("time", 0) >= started:
+        error = UserError(str(stopped.get("message")))     # no plan fits the world left (executor/elastic.py)
+        error.exit_code = int(stopped.get("exit_code", 3))
+        raise error
+    # rank 0 writes measured.json: on node 0, or on whichever node the rendezvous gave rank 0 in an elastic job
+    if code != 0 or request.launch.node_rank != 0 or (elastic and not out.exists()):
+        return code, None, changes
+    return 0, json.loads(out.read_text()), changes

@@ -46,6 +46,34 @@ def init_process_group(timeout_s: float) -> None:
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=timedelta(seconds=timeout_s))
 
 
+def from_rank0(fn, *, what: str):
+    """Collective: rank 0 computes ``fn()`` (a value ``broadcast_object_list`` can send); every rank returns
+    it, or raises rank 0's error: a UserError with its exit code, anything else as a RuntimeError naming
+    ``what`` rank 0 failed to do (rank 0 re-raises its own). No rank is left waiting."""
+    import torch.distributed as dist
+    box: list = [None]
+    failure = None
+    if dist.get_rank() == 0:
+        try:
+            box = [("value", fn())]
+        except UserError as e:
+            box = [("user-error", str(e), e.exit_code)]
+        except Exception as e:      # a bug, or a module the tracer cannot follow: tell the others first
+            failure = e
+            box = [("crash", f"{type(e).__name__}: {e}", 1)]
+    dist.broadcast_object_list(box, src=0)
+    kind, *rest = box[0]
+    if failure is not None:
+        raise failure
+    if kind == "value":
+        return rest[0]
+    if kind == "user-error":
+        error = UserError(rest[0])
+        error.exit_code = rest[1]
+        raise error
+    raise RuntimeError(f"rank 0 failed to {what}: {rest[0]}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ParallelDims:
     """Degrees of each mesh dimension; their product is the world size."""

@@ -32,8 +32,8 @@ from planner.errors import UserError
 from planner.plan import Plan
 
 from . import checkpoint as ckpt
-from . import faults
-from .checkpoint_dir import check_resumable
+from . import elastic, faults
+from .checkpoint_dir import PLAN, check_resumable
 from .data import local_batch
 from .integrity import check_model, check_world_size
 from .lora import LoraConfig, finetune_of
@@ -65,6 +65,8 @@ class RunOptions:
     checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY   # steps between checkpoints (and one after the last step)
     lora: LoraConfig | None = None      # LoRA fine-tuning (executor/lora.py): adapters trained, the rest frozen;
                                         # None: plan.json's (``finetune_of``), today a full training
+    elastic: bool = False               # an elastic run (executor/elastic.py): each step's progress kept in
+                                        # checkpoint_dir, for the time a change of world loses
 
 
 class Job:
@@ -309,47 +311,57 @@ def measured_step(job: Job, step: int, dump_grads: str | None) -> tuple[float, d
                          None if peak is None else start + peak.peak_bytes), None if peak is None else peak.gemm
 
 
-def _resume(job: Job, options: RunOptions) -> tuple[int, list[float]]:
-    """(first step to run, losses of the steps before it) from --load or --checkpoint-dir."""
+def _resume(job: Job, options: RunOptions) -> tuple[int, list[float], list[int]]:
+    """(first step to run, losses of the steps before it, the world size each of them ran in) from --load or
+    --checkpoint-dir."""
     tied = job.plan.spec.tied_embeddings
     if options.checkpoint_dir:
         start, meta = ckpt.resume(options.checkpoint_dir, job.trained, job.optimizers, tied=tied)
         if meta is None:
-            return 0, []
+            return 0, [], []
         check_resumable(options.checkpoint_dir, meta, steps=options.steps, seed=options.seed)
         if dist.get_rank() == 0:
             sys.stderr.write(f"meshplan run: resuming from {ckpt.step_dir(options.checkpoint_dir, start)} "
                              f"(step {start} of {options.steps})\n")
-        return start, [float(x) for x in meta["losses"]]
+        worlds = meta.get("world_sizes") or [meta.get("world_size")] * start     # older markers: one world
+        return start, [float(x) for x in meta["losses"]], worlds
     if options.load_dir:
-        return ckpt.load(options.load_dir, job.trained, job.optimizers, tied=tied), []
-    return 0, []
+        return ckpt.load(options.load_dir, job.trained, job.optimizers, tied=tied), [], []
+    return 0, [], []
 
 
-def _checkpoint(job: Job, options: RunOptions, step: int, losses: list[float]) -> None:
-    """The atomic checkpoint after ``step`` steps, with the losses of all of them."""
+def _checkpoint(job: Job, options: RunOptions, step: int, losses: list[float], worlds: list[int]) -> None:
+    """The atomic checkpoint after ``step`` steps, with the losses of all of them, the world size each ran in,
+    when it was written and the plan it was written under (an elastic run continues it: executor/elastic.py)."""
     rank = dist.get_rank()
     ckpt.save_atomic(options.checkpoint_dir, step, job.trained, job.optimizers,
                      tied=job.plan.spec.tied_embeddings,
-                     meta={"seed": options.seed, "losses": losses, "plan": job.plan.source},
-                     before_marker=lambda: faults.inject("kill-in-checkpoint", rank=rank, step=step))
+                     meta={"seed": options.seed, "losses": losses, "world_sizes": worlds, "plan": job.plan.source,
+                           "time": time.time()},
+                     files={PLAN: job.plan.to_json()},
+                     before_marker=lambda: faults.inject("kill-in-checkpoint", rank=rank, step=step,
+                                                         world=dist.get_world_size()))
 
 
-def run(plan: Plan, options: RunOptions) -> dict:
+def run(plan: Plan, options: RunOptions, change: elastic.Change | None = None) -> dict:
     """Train ``plan`` in the current process group; returns measured.json's content (on every rank).
     With ``checkpoint_dir`` the run is restartable: it resumes from the folder's latest complete
     checkpoint, trains up to ``steps`` in all and checkpoints every ``checkpoint_every`` steps and
-    after the last; ``losses`` then holds every step's, whichever attempt computed them."""
+    after the last; ``losses`` then holds every step's, whichever attempt computed them, and
+    ``world_sizes`` the world each ran in. ``change``: the change of plan an elastic run made to get here
+    (recorded once the checkpoint is loaded: executor/elastic.py)."""
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     job = Job(plan, options, device)
-    start, done_losses = _resume(job, options)
+    start, done_losses, done_worlds = _resume(job, options)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if change is not None and rank == 0:
+        elastic.record(change, options.checkpoint_dir, start)
     end = options.steps if options.checkpoint_dir else start + options.steps
     measure_at = start + instrumented_step(end - start)
     losses, times, memory, gemm = [], [], None, None
-    rank = dist.get_rank()
     for step in range(start, end):
-        faults.inject("kill", rank=rank, step=step)
-        faults.inject("hang", rank=rank, step=step)
+        faults.inject("kill", rank=rank, step=step, world=world)
+        faults.inject("hang", rank=rank, step=step, world=world)
         dist.barrier()
         t0 = time.perf_counter()
         dump = options.grads_path if step == start else None
@@ -360,16 +372,20 @@ def run(plan: Plan, options: RunOptions) -> dict:
         dist.barrier()
         times.append(time.perf_counter() - t0)
         losses.append(loss)
+        worlds = done_worlds + [world] * len(losses)
         if options.checkpoint_dir and ((step + 1) % options.checkpoint_every == 0 or step + 1 == end):
-            _checkpoint(job, options, step + 1, done_losses + losses)
+            _checkpoint(job, options, step + 1, done_losses + losses, worlds)
+        if options.elastic and rank == 0:
+            elastic.write_progress(options.checkpoint_dir, step + 1, world)
     if options.save_dir:
         ckpt.save(options.save_dir, end, job.trained, job.optimizers, tied=plan.spec.tied_embeddings)
     per_rank = [None] * dist.get_world_size()
     dist.all_gather_object(per_rank, (memory, gemm))
     measured = measured_json(plan, options, device, start, losses, times, [m for m, _ in per_rank],
                              [g for _, g in per_rank], measure_at - start)
-    if options.checkpoint_dir:      # the whole run, whichever attempt computed each step
-        measured.update(first_step=0, steps=len(done_losses) + len(losses), losses=done_losses + losses)
+    if options.checkpoint_dir:      # the whole run, whichever attempt (and world) computed each step
+        measured.update(first_step=0, steps=len(done_losses) + len(losses), losses=done_losses + losses,
+                        world_sizes=done_worlds + [world] * len(losses))
     return measured
 
 
@@ -426,6 +442,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds a collective may wait")
     p.add_argument("--out", help="measured.json (written by rank 0)")
     p.add_argument("--model", help="the model plan.json describes (checked against its spec and fingerprint)")
+    p.add_argument("--elastic", action="store_true",
+                   help="a world other than the plan's re-plans for it (executor/elastic.py; needs --checkpoint-dir)")
     return p.parse_args(argv)
 
 
@@ -452,13 +470,21 @@ def main(argv: list[str] | None = None) -> int:
     local_device()          # this rank's GPU made current before NCCL starts
     init_process_group(args.timeout)
     try:
-        check_world_size(plan, dist.get_world_size(), "this job")
+        change = None
+        if args.elastic:
+            plan, change = elastic.plan_for_world(plan, model=args.model, checkpoint_dir=args.checkpoint_dir,
+                                                  world=dist.get_world_size())
+        else:
+            check_world_size(plan, dist.get_world_size(), "this job")
         options = RunOptions(steps=args.steps, seed=args.seed, lr=args.lr, load_dir=args.load, save_dir=args.save,
-                             checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every)
-        measured = run(plan, options)
+                             checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+                             elastic=args.elastic)
+        measured = run(plan, options, change)
         if dist.get_rank() == 0 and args.out:
             Path(args.out).write_text(json.dumps(measured, indent=2) + "\n")
         dist.barrier()      # no rank tears its connections down while another still uses them
+    except elastic.Stopped:
+        return 0            # no plan fits: a clean stop, not a failure to restart (stopped.json says why)
     except UserError as e:
         sys.stderr.write(f"meshplan run: error: {e}\n")
         return e.exit_code

@@ -222,7 +222,7 @@ def plan(job: Job, knobs: Knobs = Knobs(), *, top_k: int = 5, solver: str | None
     ilp = solver if solver in ("cbc", "highs") else default_solver()
     fixed = fully_fixed(knobs, job.workload, job.cluster.num_gpus, job.graph)
     if fixed is not None:
-        return fixed_plan(job, fixed)
+        return fixed_plan(job, fixed, knobs)
     result = search(job.graph, job.cluster, job.workload, knobs, top_k=top_k, solver=solver or ilp,
                     time_limit_s=time_limit_s, progress=progress, prefer=prefer, bound_s=bound_s, seeds=seeds)
     if result.best is None and bound_s < math.inf:
@@ -232,7 +232,7 @@ def plan(job: Job, knobs: Knobs = Knobs(), *, top_k: int = 5, solver: str | None
         raise NoFeasiblePlan(answer.message(), answer=answer.to_json())
     return finish(result, graph=job.graph, cluster=job.cluster, workload=job.workload, model_name=job.model_name,
                   model_source=job.model_source, spec=job.spec, solver="exhaustive" if solver == "exhaustive" else ilp,
-                  seconds=time.perf_counter() - t0)
+                  seconds=time.perf_counter() - t0, knobs=knobs.fixed())
 
 
 def precision_candidates(inputs: JobInputs) -> tuple[str, ...]:
@@ -335,15 +335,16 @@ def plan_graph(graph: LayerGraph, cluster: Cluster | str, workload: Workload, *,
     return plan(job, knobs, top_k=1, solver=solver)
 
 
-def fixed_plan(job: Job, config: ParallelConfig) -> Plan:
+def fixed_plan(job: Job, config: ParallelConfig, knobs: Knobs | None = None) -> Plan:
     """The whole Plan of one given config (its stage split and per-layer recompute as they are): checked,
-    estimated, explained; it may not fit (the Plan says so)."""
+    estimated, explained; it may not fit (the Plan says so). ``knobs``: those the user fixed to make it
+    (recorded in the Plan), None where the config was given whole."""
     t0 = time.perf_counter()
     result = SearchResult(best=estimate(job, config), alternatives=(), candidates=1, evaluated=1,
                           seconds=time.perf_counter() - t0)
     return finish(result, graph=job.graph, cluster=job.cluster, workload=job.workload, model_name=job.model_name,
                   model_source=job.model_source, spec=job.spec, solver=default_solver(),
-                  seconds=time.perf_counter() - t0)
+                  seconds=time.perf_counter() - t0, knobs=None if knobs is None else knobs.fixed())
 
 
 def estimate(job: Job, config: ParallelConfig) -> Candidate:

@@ -267,6 +267,15 @@ def builtin_profiles() -> dict[str, Path]:
     return {p.name[:-5]: Path(str(p)) for p in folder.iterdir() if p.name.endswith(".toml")}
 
 
+def profile_source(cluster: Cluster) -> str:
+    """What ``load_cluster`` reads ``cluster``'s profile from again: its built-in name, or its TOML's absolute path
+    (so a job re-planned from another working directory finds it: executor/elastic.py)."""
+    builtin = builtin_profiles().get(cluster.name)
+    if builtin is not None and cluster.source and Path(cluster.source).resolve() == builtin.resolve():
+        return cluster.name
+    return str(Path(cluster.source).resolve()) if cluster.source else cluster.name
+
+
 def load_cluster(source: str, num_gpus: int | None = None) -> Cluster:
     """A built-in profile name or a path to a profile TOML; ``num_gpus`` defaults to one node."""
     profiles = builtin_profiles()

@@ -87,6 +87,10 @@ class Plan:
     precisions: dict = field(default_factory=dict)  # --precision left out: each precision tried, its best step in
                                                     # seconds (None: nothing fits) and why the winner won (api.py)
     search: SearchStats
+    knobs: dict | None = None         # the knobs the user fixed ({flag's field: value}, planner.search.Knobs's
+                                      # fields; {}: none, all searched); None: not recorded (a plan.json written
+                                      # before they were). Re-planning the same job on other GPUs reads them
+    cluster_source: str = ""          # what --cluster was, to load it again: a built-in name or a TOML's path
     meshplan_version: str = MESHPLAN_VERSION
     source: str = ""                  # the file it was read from ("" when the search made it)
     graph: LayerGraph | None = None   # what it was planned from; a plan read from plan.json has neither
@@ -112,8 +116,10 @@ class Plan:
             "meshplan_version": self.meshplan_version,
             "model": {"name": self.model_name, "params": int(self.model_params), "source": self.model_source,
                       **({"spec": spec_json(self.spec)} if self.spec else {})},
-            "cluster": {"name": self.cluster_name, "gpus": self.world_size, "gpus_per_node": self.gpus_per_node},
+            "cluster": {"name": self.cluster_name, "gpus": self.world_size, "gpus_per_node": self.gpus_per_node,
+                        **({"source": self.cluster_source} if self.cluster_source else {})},
             "fingerprints": asdict(self.fingerprints),
+            **({"knobs": dict(self.knobs)} if self.knobs is not None else {}),
             "workload": {k: v for k, v in asdict(self.workload).items()      # the expert settings said only
                          if (k, v) not in (("expert_imbalance", 1.0), ("expert_dispatcher", "alltoall"),
                                            ("compile", False), ("fp8", ""), ("fp8_param_gather", False),
@@ -167,6 +173,7 @@ class Plan:
             model_name=str(model.get("name", "")), model_params=_int(model.get("params", 0)),
             model_source=str(model.get("source", "")), spec=_spec(model, source),
             cluster_name=str(cluster.get("name", "")), gpus_per_node=_int(cluster.get("gpus_per_node", 0)),
+            cluster_source=str(cluster.get("source", "")), knobs=_fixed_knobs(data, source),
             fingerprints=fingerprints, workload=workload, best=Candidate(config=config, estimate=estimate),
             closed_form_step_time_s=float(data.get("closed_form_step_time_s") or estimate.step_time_s),
             stages=_stages(data, config, source),
@@ -194,6 +201,19 @@ class Plan:
 
 
 # -- reading plan.json, field by field --------------------------------------------------------------
+
+def _fixed_knobs(data: dict, source: str) -> dict | None:
+    """The fixed knobs, {name: integer, string or boolean} (their names are checked where they are used:
+    ``planner.replan``); None where the file does not record them."""
+    raw = data.get("knobs")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, (int, str, bool))
+                                            for k, v in raw.items()):
+        raise UserError(f"must be a JSON object {{knob: integer, string or boolean}}, got {raw!r}", source=source,
+                        field="knobs")
+    return dict(raw)
+
 
 def _int(value) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0

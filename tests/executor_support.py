@@ -35,15 +35,17 @@ TINY_LLAMA = ModelSpec(name="tiny-llama", num_layers=4, hidden=64, num_heads=4, 
 
 
 def write_plan(tmp_path, spec: ModelSpec, *, gpus: int, name: str = "plan", global_batch: int = GLOBAL_BATCH,
-               cluster: str = "cpu-gloo", searched: bool = False, **knobs) -> str:
+               cluster: str = "cpu-gloo", searched: bool = False, precision: str | None = None, **knobs) -> str:
     """plan.json from `meshplan plan` (the planner's CLI) for ``spec`` with fixed knobs: those given,
     and tp 1, pp 1, ZeRO-0, one micro-batch per replica and no recompute unless given; with
-    ``searched`` only those given (the planner searches the rest)."""
+    ``searched`` only those given (the planner searches the rest). ``precision``: default fp32 on
+    cpu-gloo, bf16 elsewhere."""
     from planner.cli import main as planner_main
     config = tmp_path / f"{spec.name}.json"
     config.write_text(json.dumps(config_json(spec)))
     out = tmp_path / f"{name}.json"
-    argv = ["plan", "--model", str(config), "--cluster", cluster, "--gpus", str(gpus), "--precision", "fp32" if cluster == "cpu-gloo" else "bf16",
+    argv = ["plan", "--model", str(config), "--cluster", cluster, "--gpus", str(gpus),
+            "--precision", precision or ("fp32" if cluster == "cpu-gloo" else "bf16"),
             "--global-batch", str(global_batch), "--seq-len", str(spec.seq_len), "--out", str(out), "--json"]
     defaults = {} if searched else {"tp": 1, "pp": 1, "zero": 0, "micro_batch": global_batch // gpus,
                                     "recompute": "none"}
@@ -134,17 +136,34 @@ def reference_run(spec: ModelSpec, *, steps: int, seed: int = 0, lr: float = 1e-
         apply_ac(model, recompute_per_layer, attention_core=sdpa)
 
     def loss_of(step: int) -> torch.Tensor:
-        tokens = global_batch(step, seed=seed, batch=global_batch_size, seq_len=seq_len, vocab_size=spec.vocab_size)
-        logits = model(tokens[:, :-1])                                   # (B, S, V)
-        return F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+        return batch_loss(model, spec, step, seed=seed, global_batch_size=global_batch_size, seq_len=seq_len)
 
     return adamw_steps(model, loss_of, steps=steps, lr=lr)
 
 
-def adamw_steps(model, loss_of, *, steps: int, lr: float = 1e-3):
-    """``steps`` AdamW steps of ``model`` on ``loss_of(step)`` (the loss of step ``step``'s batch).
-    Returns (losses, first step's gradients by parameter path)."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, foreach=False)
+def batch_loss(model, spec: ModelSpec, step: int, *, seed: int = 0, global_batch_size: int = GLOBAL_BATCH,
+               seq_len: int = SEQ) -> torch.Tensor:
+    """The mean cross-entropy of ``model`` (whole, one process) over step ``step``'s global batch."""
+    tokens = global_batch(step, seed=seed, batch=global_batch_size, seq_len=seq_len, vocab_size=spec.vocab_size)
+    logits = model(tokens[:, :-1])                                   # (B, S, V)
+    return F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+
+
+def resumed_run(folder: str, spec: ModelSpec, *, steps: int, lr: float = 1e-3) -> list[float]:
+    """Single process, no parallelism, in this process: the model and AdamW loaded from the checkpoint in
+    ``folder`` (any plan's, executor/checkpoint.py ``load``), then ``steps`` more steps; their losses."""
+    from executor.checkpoint import load
+    model = build_model(spec, "cpu")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, foreach=False)
+    start = load(folder, [model], [optimizer], tied=spec.tied_embeddings)
+    return adamw_steps(model, lambda step: batch_loss(model, spec, start + step), steps=steps,
+                       optimizer=optimizer)[0]
+
+
+def adamw_steps(model, loss_of, *, steps: int, lr: float = 1e-3, optimizer=None):
+    """``steps`` AdamW steps of ``model`` on ``loss_of(step)`` (the loss of step ``step``'s batch), with
+    ``optimizer`` (default a new AdamW). Returns (losses, first step's gradients by parameter path)."""
+    opt = optimizer or torch.optim.AdamW(model.parameters(), lr=lr, foreach=False)
     losses, grads = [], None
     for step in range(steps):
         loss = loss_of(step)

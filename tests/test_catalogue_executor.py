@@ -144,6 +144,24 @@ CASES = {
     "checkpoint marker losses": ("gpt", None, "gpt", ["--checkpoint-dir", "{tmp}/broken"],
                                  ["broken/step-00000004/COMPLETE.json: losses: must be the 4 losses of the steps "
                                   "done, got [1.0]"]),
+    # elastic runs
+    "elastic not a range": ("gpt", None, "gpt", ["--elastic", "2:1"],
+                            ["argument --elastic: expected MIN:MAX nodes with 1 <= MIN <= MAX (e.g. 1:4), got '2:1'"]),
+    "elastic without checkpoint dir": ("gpt", None, "gpt", ["--elastic", "1:2", "--rdzv-endpoint", "h:1"],
+                                       ["--elastic: needs --checkpoint-dir DIR, on a file system every node sees"]),
+    "elastic without endpoint": ("gpt", None, "gpt", ["--elastic", "1:2", "--checkpoint-dir", "{tmp}/done"],
+                                 ["--elastic: needs --rdzv-endpoint HOST:PORT, where the nodes' agents meet"]),
+    "elastic and nnodes": ("gpt", None, "gpt", ["--elastic", "1:2", "--nnodes", "2", "--checkpoint-dir", "{tmp}/done",
+                                                "--rdzv-endpoint", "h:1"],
+                           ["--nnodes: --elastic MIN:MAX says how many nodes, and the rendezvous numbers them; "
+                            "allowed: --elastic without --nnodes"]),
+    "rdzv conf key": ("gpt", None, "gpt", ["--rdzv-conf", "last_call=2"],
+                      ["argument --rdzv-conf: 'last_call=2' is not KEY=VALUE with KEY one of join_timeout, "
+                       "last_call_timeout"]),
+    "rdzv conf value": ("gpt", None, "gpt", ["--rdzv-conf", "join_timeout=soon"],
+                        ["argument --rdzv-conf: join_timeout='soon': expected a positive integer"]),
+    "fixed knobs not an object": ("gpt", _set("knobs", [1]), "gpt", [],
+                                  ["plan.json: knobs: must be a JSON object {knob: integer, string or boolean}"]),
 }
 
 

@@ -135,13 +135,16 @@ def test_the_planner_never_imports_the_executor():
 
 def test_the_executor_reads_plans_and_never_the_search():
     """The executor imports no search and no command line; auto_parallelize plans the live module through
-    the library's front door (planner.api), the one executor module that calls it."""
+    the library's front door (planner.api), the one executor module that calls it, and an elastic run
+    plans its job again through planner.replan, which plans through the front door."""
     graph = import_graph()
     without_api = {name: deps - {"planner.api"} for name, deps in graph.items()}
     for name in (n for n in graph if _within(n, "executor")):
         searched = {m for m in reachable(without_api, name) if _within(m, "planner.search", "planner.api", "planner.cli")}
         assert not searched, (name, sorted(searched))
     assert {n for n in graph if _within(n, "executor") and "planner.api" in graph[n]} == {"executor.auto"}
+    assert {n for n in graph if _within(n, "executor") and "planner.replan" in graph[n]} == {"executor.elastic"}
+    assert "planner.api" in graph["planner.replan"]
 
 
 def test_the_profiler_is_a_room_of_its_own():

@@ -66,8 +66,12 @@ def test_report_explains_the_plan(quick_start_report):
     md = (quick_start_report / "report.md").read_text()
     plan = json.loads((quick_start_report / "plan.json").read_text())
     for heading in ("## Summary", "## Where the time goes", "## Where the memory goes", "## Why this plan",
-                    "## Exports"):
+                    "## When nodes fail", "## Exports"):
         assert heading in md
+    # 1,016 GPUs (127 nodes, a prime) split no global batch of 1,536; 1,008 do, under another layout
+    assert "| 127 | 1016 | no legal configuration exists for these knobs | - | - |" in md
+    assert re.search(r"\| 126 \| 1008 \| dp\d+ tp\d+ pp\d+ .* \| \+[0-9.]+% \|", md)
+    assert "see a failure every 49.5 hours" in md and "Daly 2006" in md and "Young 1974" in md
     assert "What limits it: memory" in md and "Next knob to turn:" in md
     assert md.count("| dp") >= len(plan["alternatives"])           # a row per runner-up, with what it lost on
     assert f"{plan['estimate']['step_time_s']:.3f} s" in md

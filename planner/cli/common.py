@@ -115,14 +115,21 @@ def recompute(text: str) -> str:
         raise argparse.ArgumentTypeError(e.detail) from None
 
 
-def seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
-    return value
+def positive_number(unit: str):
+    """An argparse type: a finite number > 0 of ``unit`` (seconds, hours)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number of {unit} > 0, got {text!r}") from None
+        if not value > 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"expected a number of {unit} > 0, got {text!r}")
+        return value
+    return parse
+
+
+seconds = positive_number("seconds")
+hours = positive_number("hours")
 
 
 # -- the job and its knobs --------------------------------------------------------------------------

@@ -15,8 +15,8 @@ from ..explain import gain_sentences, headroom_words, ranking_sentence, schedule
 from ..errors import UserError
 from ..runtimes import EXECUTOR_RUNTIME, unbuilt
 from ..plan import Plan
-from .common import (RECOMPUTE_HELP, SCHEDULE_HELP, add_debug, add_job_args, add_knob_args, job_inputs, knobs,
-                     positive_int, search_progress, token_count, warn)
+from .common import (RECOMPUTE_HELP, SCHEDULE_HELP, add_debug, add_job_args, add_knob_args, hours, job_inputs,
+                     knobs, positive_int, search_progress, token_count, warn)
 
 EPILOG = """\
 examples:
@@ -70,6 +70,10 @@ def add_parser(sub) -> None:
                         "(default: one node's). Leave --gpus out")
     p.add_argument("--fit-limit", type=positive_int, default=65536, metavar="GPUS",
                    help="with --fit-min: the most GPUs to try (default 65536)")
+    p.add_argument("--node-mtbf", type=hours, metavar="HOURS",
+                   help="with --report: a node's mean time between failures, for the checkpoint interval that loses "
+                        "least work (Young 1974, Daly 2006; default 6,335 h, Llama 3 405B's pre-training: 419 "
+                        "unexpected interruptions in 54 days on 2,048 nodes)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--out", metavar="PLAN.json", help="also write plan.json (the executor's input)")
     p.add_argument("--report", metavar="DIR", help="also write a strategy report into DIR: plan.json, report.md, "
@@ -100,7 +104,7 @@ def run(args) -> int:
     if args.report:
         from ..report import write_report
         try:
-            write_report(plan, args.report)
+            write_report(plan, args.report, node_mtbf_h=args.node_mtbf)
         except OSError as e:
             raise UserError(f"cannot write the report: {e.strerror}", source=args.report) from None
     if args.json:

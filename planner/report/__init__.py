@@ -15,10 +15,11 @@ from . import document, figures, html, markdown
 from .knobs import next_knobs
 
 
-def write_report(plan, folder: str | Path, comparison=None) -> list[Path]:
+def write_report(plan, folder: str | Path, comparison=None, node_mtbf_h: float | None = None) -> list[Path]:
     """Write the whole report of ``plan`` into ``folder``; the paths written. With a
     ``comparison`` (planner/compare.py) whose recommended plan is ``plan``, a section sets
-    the baseline against it."""
+    the baseline against it. ``node_mtbf_h``: a node's mean time between failures, for the
+    checkpoint interval (None: Llama 3's, planner/resilience.py)."""
     folder = Path(folder)
     plots = folder / "plots"
     folder.mkdir(parents=True, exist_ok=True)
@@ -47,8 +48,13 @@ def write_report(plan, folder: str | Path, comparison=None) -> list[Path]:
         extra = (versus.section(comparison),)
     ex = exports(plan)
     written += write_exports(plan, folder / "exports", ex)
+    from ..resilience import LLAMA3_NODE_MTBF_H, LLAMA3_SOURCE, fewer_nodes
+    fewer = [fewer_nodes(plan, lost) for lost in (1, 2) if lost <= plan.cluster.num_nodes]
+    failures = document.resilience(plan, fewer,
+                                   node_mtbf_h=node_mtbf_h or LLAMA3_NODE_MTBF_H,
+                                   mtbf_source="as given, --node-mtbf" if node_mtbf_h else LLAMA3_SOURCE)
     doc = document.build(plan, timeline=timeline, knobs=next_knobs(plan, cache), exports=ex,
-                         extra=extra)
+                         extra=extra, failures=failures)
     (folder / "report.md").write_text(markdown.render(doc))
     (folder / "report.html").write_text(html.render(doc, plots))
     return written + [folder / "report.md", folder / "report.html"]

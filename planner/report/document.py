@@ -136,6 +136,43 @@ def _stages(plan) -> Section:
                    table=Table(header=("stage", "rank", "layers", "modules", "recompute"), rows=tuple(rows)))
 
 
+def resilience(plan, fewer: list, *, node_mtbf_h: float, mtbf_source: str) -> Section:
+    """When nodes fail: the step with ``fewer`` nodes (planner/resilience.py ``FewerNodes``, as an elastic run
+    re-plans), and the checkpoint interval that loses least work at a node's mean time between failures."""
+    from ..resilience import CHECKPOINT_WRITE_S, daly_interval_s, job_mtbf_s, lost_share, young_interval_s
+    e, nodes = plan.best.estimate, plan.cluster.num_nodes
+    rows = [(str(nodes), str(plan.world_size), short_config(plan.best.config), f"{e.step_time_s:.3f}", "")]
+    for f in fewer:
+        if f.plan is None:
+            rows.append((str(nodes - f.lost), str(max(f.gpus, 0)), f.why_not, "-", "-"))
+            continue
+        step = f.plan.best.estimate.step_time_s
+        rows.append((str(nodes - f.lost), str(f.gpus), short_config(f.plan.best.config), f"{step:.3f}",
+                     f"{100 * (step / e.step_time_s - 1):+.1f}%"))
+    fewer_text = (f"With `meshplan run --elastic` a job that loses nodes is planned again for the GPUs left (the same "
+                  "job and fixed knobs, the search's answer: planner/replan.py) and resumes from its last checkpoint. "
+                  f"The step with one and two of its {nodes} node(s) of {plan.gpus_per_node} GPUs fewer:")
+    mtbf_s = job_mtbf_s(node_mtbf_h, nodes)
+    intervals = []
+    for write_s in CHECKPOINT_WRITE_S:
+        tau = daly_interval_s(write_s, mtbf_s)
+        intervals.append((f"{write_s:g} s", f"{tau / 60:,.1f} min", f"{max(1, round(tau / e.step_time_s)):,}",
+                          f"{young_interval_s(write_s, mtbf_s) / 60:,.1f} min",
+                          f"{100 * lost_share(tau, write_s, mtbf_s):.1f}%"))
+    interval_text = (f"A node fails every {node_mtbf_h:,.0f} hours on average ({mtbf_source}), so this job's {nodes} "
+                     f"node(s) see a failure every {mtbf_s / 3600:,.1f} hours. The checkpoint interval that loses "
+                     "least work for a checkpoint that takes the first column's time to write: Daly 2006 (\"A higher "
+                     "order estimate of the optimum checkpoint interval for restart dumps\", FGCS 22(3)), Young 1974 "
+                     "(\"A first order approximation to the optimum checkpoint interval\", CACM 17(9)) to first "
+                     "order; the steps are `meshplan run --checkpoint-every`'s, and the time lost is to first order "
+                     "the writes plus half an interval redone per failure (planner/resilience.py).")
+    return Section(title="When nodes fail", paragraphs=(fewer_text,),
+                   table=Table(header=("nodes", "GPUs", "plan", "step s", "against now"), rows=tuple(rows)),
+                   bullets=(interval_text,) + tuple(
+                       f"checkpoint written in {w}: every {t} ({n} steps; Young: {y}), {lost} of the time lost"
+                       for w, t, n, y, lost in intervals))
+
+
 def _exports(exports: tuple[Export, ...]) -> Section:
     bullets = []
     for ex in exports:
@@ -147,13 +184,15 @@ def _exports(exports: tuple[Export, ...]) -> Section:
 
 
 def build(plan, *, timeline: Timeline, knobs: list[Knob], exports: tuple[Export, ...],
-          extra: tuple[Section, ...] = ()) -> Document:
-    """The report's sections; ``extra`` ones (a comparison with the user's own plan) follow the summary."""
+          extra: tuple[Section, ...] = (), failures: Section | None = None) -> Document:
+    """The report's sections; ``extra`` ones (a comparison with the user's own plan) follow the summary,
+    ``failures`` (``resilience``) the stages."""
     s = plan.search
     search = (f"Searched {s.candidates:.3g} candidates ({s.global_choices:,} global choices, {s.ilp_solves} stage "
               f"ILPs, {s.evaluated:,} estimated in full) in {s.seconds:.2f} s; the finalists were "
               "ranked by their simulated step.")
     sections = (_summary(plan), *extra, _time(plan, timeline), _memory(plan), _why(plan, knobs),
-                _stages(plan), _exports(exports), Section(title="Search", paragraphs=(search,)))
+                _stages(plan), *([failures] if failures else []), _exports(exports),
+                Section(title="Search", paragraphs=(search,)))
     return Document(title=f"meshplan report: {plan.model_name} on {plan.cluster.num_gpus} x {plan.cluster.name}",
                     sections=sections)

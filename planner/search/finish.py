@@ -9,7 +9,7 @@ validation that covers its numbers (planner/accuracy.py). Serialising the Plan c
 from __future__ import annotations
 
 from ..accuracy import accuracy
-from ..cluster import Cluster
+from ..cluster import Cluster, profile_source
 from ..config import ParallelConfig, Workload
 from ..cost.step import estimate
 from ..energy import energy
@@ -25,8 +25,10 @@ from .tp_ilp import Context, solve_sharding
 
 
 def finish(result: SearchResult, *, graph: LayerGraph, cluster: Cluster, workload: Workload, model_name: str,
-           model_source: str, spec: ModelSpec | None, solver: str, seconds: float | None = None) -> Plan:
-    """The Plan of ``result``'s winner (which must exist), its runners-up and their explanations."""
+           model_source: str, spec: ModelSpec | None, solver: str, seconds: float | None = None,
+           knobs: dict | None = None) -> Plan:
+    """The Plan of ``result``'s winner (which must exist), its runners-up and their explanations; ``knobs``: those
+    the user fixed (``Knobs.fixed()``), kept in plan.json so the job can be planned again on other GPUs."""
     if result.best is None:
         raise ValueError("finish needs a result with a winner")
     checked = accuracy(cluster, workload)
@@ -36,8 +38,8 @@ def finish(result: SearchResult, *, graph: LayerGraph, cluster: Cluster, workloa
     closed_form = estimate(graph, cluster, workload, config)
     return Plan(
         model_name=model_name, model_params=graph.num_params, model_source=model_source, spec=spec,
-        cluster_name=cluster.name, gpus_per_node=cluster.gpus_per_node,
-        fingerprints=Fingerprints(model=model_fingerprint(graph), cluster=cluster_fingerprint(cluster),
+        cluster_name=cluster.name, gpus_per_node=cluster.gpus_per_node, cluster_source=profile_source(cluster),
+        knobs=knobs, fingerprints=Fingerprints(model=model_fingerprint(graph), cluster=cluster_fingerprint(cluster),
                                   world_size=cluster.num_gpus),
         workload=workload, best=best, closed_form_step_time_s=closed_form.step_time_s,
         stages=tuple(tuple(s) for s in stage_modules(graph, config)),
