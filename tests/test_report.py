@@ -103,8 +103,9 @@ def test_report_html_renders_in_chromium_without_console_errors(quick_start_repo
     assert self_contained(page.read_text()) == []
     dom, console = render_in_chromium(page)
     assert console == []
-    assert dom.count("<svg") >= len(PLOTS) and dom.count("<h2>") == 7
-    assert "Why this plan" in dom and "device capacity" in dom
+    # Summary, where the time and the memory go, why this plan, stages, when nodes fail, exports, search
+    assert dom.count("<svg") >= len(PLOTS) and dom.count("<h2>") == 8
+    assert "Why this plan" in dom and "device capacity" in dom and "When nodes fail" in dom
     # the same check does see a broken page
     broken = tmp_path / "broken.html"
     broken.write_text("<!DOCTYPE html><html><body><script>undefined_function()</script></body></html>")
