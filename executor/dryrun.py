@@ -38,7 +38,7 @@ from planner.plan import Plan
 from .measure import offloaded_params
 from .mesh import ParallelDims
 from .models import canonical_name
-from .lora import finetune_of
+from .lora import ADAPTER_LEAVES, finetune_of
 from .parallelize import shard_model
 from .pipeline import build_schedule, build_stage_model, stage_indices
 from .support import check_stages, check_supported
@@ -47,8 +47,11 @@ from .zero1 import ShardedAdamW, expert_shard_dim
 # The tensor dimension each TP style shards (torch.distributed.tensor.parallel: ColwiseParallel
 # splits a linear's output features, RowwiseParallel its input features, and an embedding's rows);
 # a rowwise linear's bias and SequenceParallel's norm parameters stay replicated.
+# A LoRA adapter follows its base (executor/lora.py adapter_placements): a colwise base's B split along its
+# output features, a rowwise base's A along its input features, the other factor whole.
 TP_SHARD_DIM = {("colwise", "weight"): 0, ("colwise", "bias"): 0, ("rowwise", "weight"): 1,
-                ("vocab", "weight"): 0, ("colwise_loss", "weight"): 0, ("colwise_loss", "bias"): 0}
+                ("vocab", "weight"): 0, ("colwise_loss", "weight"): 0, ("colwise_loss", "bias"): 0,
+                ("colwise", "lora_B"): 0, ("rowwise", "lora_A"): 1}
 ADAMW_STATE_BYTES_PER_ELEMENT = 8       # exp_avg and exp_avg_sq in fp32 (torch.optim.AdamW)
 ADAMW_STEP_BYTES = 4                    # one float32 step count per parameter tensor
 
@@ -133,12 +136,23 @@ def built_shards(param: torch.Tensor) -> tuple[dict[str, int], tuple[int, ...]]:
     return sharded, tuple(param.to_local().shape)
 
 
+def _full_shape(name: str, full_shapes: dict[str, torch.Size], plan: Plan) -> torch.Size:
+    """The whole shape of parameter ``name``: the reference model's, or for a LoRA adapter, which the reference
+    model has not, A (r, in) and B (out, r) of its base linear's weight (out, in) (executor/lora.py)."""
+    module, _, leaf = name.rpartition(".")
+    if name in full_shapes or leaf not in ADAPTER_LEAVES:
+        return full_shapes[name]
+    out, inp = full_shapes[f"{module}.weight"]
+    rank = finetune_of(plan).rank
+    return torch.Size((rank, inp) if leaf == "lora_A" else (out, rank))
+
+
 def _check_params(model: nn.Module, plan: Plan, dims: ParallelDims, coords: dict[str, int],
                   full_shapes: dict[str, torch.Size]) -> list[str]:
     problems = []
     for raw, param in model.named_parameters():
         name = canonical_name(raw)
-        want = expected_shards(name, full_shapes[name], plan, dims, coords)
+        want = expected_shards(name, _full_shape(name, full_shapes, plan), plan, dims, coords)
         got = built_shards(param)
         if got != want:
             problems.append(f"{name}: sharded {got[0]} to {list(got[1])}, the plan says {want[0]} to {list(want[1])}")
@@ -186,13 +200,15 @@ def _state_bytes(model: nn.Module, optimizer, deferred: bool = False) -> tuple[d
     pipeline accumulates them under FSDP before its one reduce-scatter, on the device also where
     the shards are offloaded) and the states the optimizer holds after its first step:
     ZeRO-1's (built now, on meta), or AdamW's two fp32 moments of every local parameter and its step
-    count. In host memory: FSDP2's offloaded parameters with their gradients and states, and an
-    offloaded ZeRO-1 optimizer's states (executor/measure.py tells them apart the same way)."""
+    count; the frozen parameters' alone. In host memory: FSDP2's offloaded parameters with their gradients and
+    states, and an offloaded ZeRO-1 optimizer's states (executor/measure.py tells them apart the same way)."""
     device, host = dict.fromkeys(("params", "grads", "optimizer"), 0), dict.fromkeys(("params", "grads", "optimizer"), 0)
     offloaded = offloaded_params([model])
     for p in model.parameters():
         where = host if id(p) in offloaded else device
         where["params"] += _local_bytes(p)
+        if not p.requires_grad:     # frozen (a LoRA run's base): no gradient, no optimizer state
+            continue
         if deferred:       # the unsharded accumulator on the device; an offloaded shard's reduced copy on the host
             device["grads"] += _unsharded_over_dp_bytes(p)
             host["grads"] += _local_bytes(p) if where is host else 0
@@ -299,4 +315,7 @@ def format_dry_run(plan: Plan, reports: list[RankReport], seconds: float) -> str
     lines += [f"  rank {r.rank} stage {r.pp_rank}: {p}" for r in reports for p in r.problems[:20]]
     lines.append("predicted params include the working copies a step holds (autocast's 16-bit copy, ZeRO-2's "
                  "gathered parameters), which a dry run does not build")
+    if plan.workload.finetune == "qlora":
+        lines.append("QLoRA's base is quantized to NF4 once its weights are real (executor/qlora.py): a dry run builds "
+                     "it at the training dtype, about 4x the predicted NF4 bytes")
     return "\n".join(lines) + "\n"

@@ -352,17 +352,29 @@ def apply_fp8(model: nn.Module, recipe: str, *, emulate: bool = False) -> list[s
     return chosen
 
 
-def apply_finetune(model: nn.Module, plan: Plan, lora: LoraConfig) -> list[str]:
+def apply_finetune(model: nn.Module, plan: Plan, lora: LoraConfig, device_type: str = "cpu") -> list[str]:
     """LoRA adapters on ``lora``'s targets, every other parameter frozen (executor/lora.py), after tensor
     parallelism (the adapters take their base linear's layout) and before the data-parallel wrappers (which
-    record what is trainable). Refused where it is not built yet: a user's module, float8 linears."""
+    record what is trainable). Where the plan computes in bf16 or fp16 (on a GPU: ``mixed_precision``'s rule) the
+    frozen parameters are stored in that dtype, as PEFT's recipes load the base (``torch_dtype``) and as the
+    planner prices them (planner/finetune.py): they need no fp32 master for an update, and autocast has no copy to
+    make. FSDP2 asks one dtype of the trainable parameters only (``FSDPParamGroup._init_mp_dtypes``) and gathers a
+    unit of mixed dtypes as bytes. Refused where it is not built yet: a user's module, float8 linears."""
     if plan.spec is None:
         raise UserError("LoRA adapters apply to meshplan's own models (plan.json with model.spec), not to a "
                         "traced module", source=plan.source, field="lora")
     if plan.workload.fp8:
         raise UserError(f"LoRA with float8 linears ({plan.workload.fp8}) is not built; plan with --precision "
                         "bf16 or fp32", source=plan.source, field="workload.fp8")
-    return apply_lora(model, rank=lora.rank, alpha=lora.alpha, targets=lora.targets)
+    adapted = apply_lora(model, rank=lora.rank, alpha=lora.alpha, targets=lora.targets)
+    dtype = mixed_precision(plan.workload.precision, device_type).param_dtype
+    if dtype is not None:       # new parameters (a DTensor's .data cannot change dtype), the tied pair tied again
+        for module in model.modules():
+            for name, param in list(module.named_parameters(recurse=False)):
+                if not param.requires_grad and param.dtype != dtype:
+                    setattr(module, name, nn.Parameter(param.detach().to(dtype), requires_grad=False))
+        model.tie_weights()
+    return adapted
 
 
 def shard_model(model: nn.Module, plan: Plan, dims: ParallelDims, mesh: DeviceMesh, dp_cp_mesh: DeviceMesh,
@@ -383,7 +395,7 @@ def shard_model(model: nn.Module, plan: Plan, dims: ParallelDims, mesh: DeviceMe
         if own:
             model.tie_weights()     # TP replaced the shared weight in embed and head by two DTensors: share again
     if lora is not None:
-        apply_finetune(model, plan, lora)
+        apply_finetune(model, plan, lora, device_type)
     if dims.cp > 1:
         apply_cp(model, mesh["cp"])
     if expert_mesh is not None:

@@ -105,3 +105,21 @@ def test_an_offloaded_zero3_plan_keeps_its_model_states_in_host_memory(cli, tmp_
         assert r.problems == [] and (r.params_bytes, r.grads_bytes, r.optimizer_bytes) == (0, 0, 0)
         assert r.predicted["params"] == r.predicted["grads"] == r.predicted["optimizer"] == 0
         assert abs(r.host_bytes - 8.03e9 * 16 / 8) <= 0.01 * 8.03e9 * 16 / 8, r.host_bytes
+
+
+@pytest.mark.parametrize("knobs", [{"pp": 1, "zero": 0}, {"pp": 2, "zero": 1}, {"pp": 1, "zero": 3, "tp": 2}],
+                         ids=["ddp", "zero1-pp2", "zero3-tp2"])
+def test_a_lora_plan_builds_with_its_base_frozen_in_bf16_as_planned(knobs):
+    """LoRA on Llama 2 7B, 8 A100 in bf16: the adapters take their base's layout, the frozen base is stored in bf16
+    (PEFT's base dtype, the planner's price), and each rank's parameter, gradient (adapters only) and optimizer
+    (their two AdamW moments) bytes are the plan's within 1%."""
+    from executor.dryrun import dry_run
+    from planner import api
+    job = api.load_job("llama2-7b", cluster="a100-80g", gpus=8, global_batch=64, finetune="lora")
+    plan = api.plan(job, api.Knobs(**knobs), top_k=0)
+    reports, _ = dry_run(_run_plan(json.loads(json.dumps(plan.to_json())), "lora"))     # as plan.json reads
+    for r in reports:
+        assert r.problems == [], r.problems[:5]
+        for key, got in (("params", r.params_bytes), ("grads", r.grads_bytes), ("optimizer", r.optimizer_bytes)):
+            assert got == pytest.approx(r.predicted[key], rel=0.01), (r.rank, key, got, r.predicted[key])
+        assert r.grads_bytes < r.params_bytes / 100        # the adapters alone hold gradients
