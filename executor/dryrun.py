@@ -38,7 +38,7 @@ from planner.plan import Plan
 from .measure import offloaded_params
 from .mesh import ParallelDims
 from .models import canonical_name
-from .lora import ADAPTER_LEAVES, finetune_of
+from .lora import ADAPTER_LEAVES, adapter_shapes, finetune_of
 from .parallelize import shard_model
 from .pipeline import build_schedule, build_stage_model, stage_indices
 from .support import check_stages, check_supported
@@ -143,8 +143,7 @@ def _full_shape(name: str, full_shapes: dict[str, torch.Size], plan: Plan) -> to
     if name in full_shapes or leaf not in ADAPTER_LEAVES:
         return full_shapes[name]
     out, inp = full_shapes[f"{module}.weight"]
-    rank = finetune_of(plan).rank
-    return torch.Size((rank, inp) if leaf == "lora_A" else (out, rank))
+    return torch.Size(adapter_shapes(out, inp, finetune_of(plan).rank)[leaf])
 
 
 def _check_params(model: nn.Module, plan: Plan, dims: ParallelDims, coords: dict[str, int],

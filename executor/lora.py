@@ -165,6 +165,11 @@ def adapter_placements(weight: torch.Tensor) -> tuple[tuple[Placement, ...], tup
     return tuple(a), tuple(b)
 
 
+def adapter_shapes(out_features: int, in_features: int, rank: int) -> dict[str, tuple[int, int]]:
+    """The whole shapes of a linear's adapter, by leaf name: A (r, in), B (out, r) (Hu et al. Sec 4.1)."""
+    return {"lora_A": (rank, in_features), "lora_B": (out_features, rank)}
+
+
 def adapter_init(key: str, shape: torch.Size | tuple[int, ...], seed: int) -> torch.Tensor:
     """The full initial value of adapter parameter ``key`` (".lora_A" or ".lora_B"), a function of its
     name and the seed only (as executor/models.py ``full_init``): A Kaiming-uniform with a = sqrt(5)
@@ -218,10 +223,9 @@ def apply_lora(model: nn.Module, *, rank: int, alpha: float, targets: tuple[str,
             layout = adapter_placements(weight)
             a_placements, b_placements = layout if layout is not None else (None, None)
             linear.__class__ = LoraLinear
-            linear.lora_A = _adapter_param(f"{path}.lora_A", (config.rank, linear.in_features), weight,
-                                           a_placements, seed)
-            linear.lora_B = _adapter_param(f"{path}.lora_B", (linear.out_features, config.rank), weight,
-                                           b_placements, seed)
+            shapes = adapter_shapes(linear.out_features, linear.in_features, config.rank)
+            linear.lora_A = _adapter_param(f"{path}.lora_A", shapes["lora_A"], weight, a_placements, seed)
+            linear.lora_B = _adapter_param(f"{path}.lora_B", shapes["lora_B"], weight, b_placements, seed)
             linear.scaling = config.scaling
             adapted.append(path)
     return adapted

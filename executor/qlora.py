@@ -21,6 +21,7 @@ or DTensors by then. The packed weight stays a (frozen, uint8) parameter of its 
 """
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -33,9 +34,11 @@ from .lora import LoraLinear
 BLOCKSIZE = 64          # weights per absmax (Dettmers et al. 2023, Sec 3, Double Quantization: blocks of 64)
 
 
+@functools.cache
 def bitsandbytes():
-    """The ``bitsandbytes`` module, or one line saying how to install it. Its CPU backend logs a warning when
-    an optional kernel package is missing; the PyTorch implementations it falls back to are the ones used."""
+    """The ``bitsandbytes`` module, or one line saying how to install it (looked up once). Its CPU backend logs a
+    warning when an optional kernel package is missing; the PyTorch implementations it falls back to are the ones
+    used."""
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     try:
         import bitsandbytes as bnb

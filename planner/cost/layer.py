@@ -470,7 +470,7 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
             params -= frozen_params
             expert_params -= sum(_rank_params(op, ctx) for op in frozen_ops if op.routed and ctx.ep > 1)
         nf4 = [op for op in frozen_ops if ft.quantized(op.kind, op.name)]
-        quantized = sum(op.params / (ctx.tp if op.tp != "replicate" else 1) for op in nf4)
+        quantized = sum(_rank_params(op, ctx) for op in nf4)
         tensors = sum(op.num_gemms for op in nf4 if not op.fused_with_previous)       # one weight per GEMM
         frozen_bytes = ((frozen_params - quantized) * dt + quantized * modes.NF4_BYTES_PER_WEIGHT
                         + tensors * modes.NF4_TABLE_BYTES_PER_TENSOR)
