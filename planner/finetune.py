@@ -89,7 +89,8 @@ MODES: dict[str, Mode] = {m.name: m for m in (
                            "train", source="Hu et al. 2021, arXiv:2106.09685",
          trains_base=False, adapters=True, quantized_base=False),
     Mode(name="qlora", what="LoRA over a base whose linears are NF4 with double quantization (4.127 bits a weight), "
-                            "dequantized to bf16 at each use; CUDA only (bitsandbytes)",
+                            "dequantized at each use (bitsandbytes: DeepSpeed on CUDA; meshplan's executor on CUDA "
+                            "and CPU, tp 1)",
          source="Dettmers et al. 2023, arXiv:2305.14314", trains_base=False, adapters=True, quantized_base=True),
 )}
 NAMES = tuple(MODES)
