@@ -44,6 +44,9 @@ class BlockFacts:
     saved_comm_s: float             # exposed forward TP time whose outputs it saves (the reduce-scatters)
     host_copy_s: float              # one copy of ``saved_bytes`` between device and host at the offload rate
     device_is_host: bool            # a CPU process: its host memory is its device memory
+    tail_fwd_s: float = 0.0         # the forward after the last op whose saved tensor backward needs, which a
+                                    # checkpoint that stops early does not redo (``Timing.checkpoint_early_stop``)
+    tail_flops: float = 0.0         # its matmul FLOPs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,10 +104,12 @@ def _op(f: BlockFacts) -> PolicyCost:
 
 
 def _full(f: BlockFacts) -> PolicyCost:
-    """Chen et al. 2016: keep the input, redo the whole forward before backward, which rebuilds every
-    saved tensor while the backward runs."""
-    return PolicyCost(recompute_s=f.fwd_s, act_bytes=min(f.input_bytes, f.saved_bytes),
-                      peak_extra_bytes=f.workspace_bytes + f.saved_bytes, recompute_flops=f.matmul_flops_fwd)
+    """Chen et al. 2016: keep the input, redo the forward before backward, which rebuilds every saved tensor
+    while the backward runs: all of it, or up to the last tensor backward needs where the runtime's checkpoint
+    stops early (``tail_fwd_s``: zero elsewhere)."""
+    return PolicyCost(recompute_s=f.fwd_s - f.tail_fwd_s, act_bytes=min(f.input_bytes, f.saved_bytes),
+                      peak_extra_bytes=f.workspace_bytes + f.saved_bytes,
+                      recompute_flops=f.matmul_flops_fwd - f.tail_flops)
 
 
 def _activation_offload(f: BlockFacts) -> PolicyCost:

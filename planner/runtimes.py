@@ -166,6 +166,12 @@ class Timing:
     zero3_per_tensor: PerTensorFetch | None = None
     # ^ ZeRO-3 gathers and reduces one parameter tensor at a time, serialised with compute
     #   (planner/cost/fetch.py); None: a layer's parameters at once, prefetched beside compute
+    checkpoint_early_stop: bool = False
+    # ^ full recompute stops once the last tensor backward needs is rebuilt: torch.utils.checkpoint's
+    #   non-reentrant checkpoint (early_stop=True by default, torch 2.13 torch/utils/checkpoint.py), which
+    #   meshplan's executor (executor/activations.py) and torchtitan wrap blocks in, skips the ops after it (a
+    #   block's last linear, whose input its predecessor made, and the residual add); Megatron-LM's and
+    #   DeepSpeed's CheckpointFunction re-run the whole forward
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,6 +182,7 @@ class Runtime:
     mixed: StateLayout                      # bf16/fp16 with fp32 master weights
     fp32: StateLayout
     timing: Timing
+    mixed_fp16: StateLayout | None = None   # fp16 where it differs from bf16's ``mixed``
     loss: Literal["eager", "vocab-parallel"] = "eager"
     # ^ the cross-entropy over the logits (planner/layers.py prices each): torch's eager one on fp32 logits
     #   (log_softmax + nll_loss: torch's F.cross_entropy; meshplan's executor, torchtitan, and the Hugging Face
@@ -189,6 +196,8 @@ class Runtime:
         """The state layout at ``precision``; ``grads_16bit``: gradients accumulated and reduced in the 16-bit
         dtype (Megatron-LM's --grad-reduce-in-bf16, ``Workload.grad_reduce_in_bf16``), 2 bytes each."""
         out = self.fp32 if precision == "fp32" else self.mixed
+        if precision == "fp16" and self.mixed_fp16 is not None:
+            out = self.mixed_fp16
         return replace(out, grads_bytes=2.0, grad_reduce_bytes=2.0) if grads_16bit else out
 
     def on(self, device_kind: str) -> Combinations:
@@ -284,7 +293,8 @@ TORCH = Runtime(
                   overlaps_param_gather=False, pp_sends_tp_shards=False, sp_keeps_gathered_input=True,
                   offload_step_copy_bytes=(0.0, 12.0, 0.0, 0.0), offload_microbatch_copy_bytes=(0.0, 0.0, 8.0, 12.0),
                   pp_defers_sharded_dp_sync=True, grads_reduced_in_optimizer=(1,), fsdp_blocks_on_gloo=True,
-                  cp_exchange="all-gather"),      # executor/context.py
+                  cp_exchange="all-gather",       # executor/context.py
+                  checkpoint_early_stop=True),    # executor/activations.py: checkpoint(use_reentrant=False)
 )
 
 _MEGATRON_RUNS = Combinations(
@@ -308,9 +318,14 @@ MEGATRON = Runtime(
     loss="vocab-parallel",
     runs={"cuda": _MEGATRON_CUDA_RUNS, "cpu": _MEGATRON_RUNS},
     # bf16 parameters 2, fp32 main gradients 4, fp32 master + Adam 12 (18 bytes; Megatron-LM docs,
-    # "distributed optimizer"), which shards the 12; gradients reduced in bf16 by default
+    # "distributed optimizer"), which shards the 12. The gradients are reduced in their buffer's dtype: fp32 under
+    # bf16 (arguments.py validate_args sets accumulate_allreduce_grads_in_fp32 for bf16 unless
+    # --grad-reduce-in-bf16; core/distributed/param_and_grad_buffer.py: grad_dtype = torch.float if
+    # grad_reduce_in_fp32 else param.dtype), the fp16 parameters' dtype under fp16 (the flag's default, False)
     mixed=StateLayout(params_bytes=2.0, grads_bytes=4.0, optimizer_bytes=12.0, params_sharded_from=NEVER,
-                      grads_sharded_from=NEVER, optimizer_sharded_from=1, grad_reduce_bytes=2.0),
+                      grads_sharded_from=NEVER, optimizer_sharded_from=1, grad_reduce_bytes=4.0),
+    mixed_fp16=StateLayout(params_bytes=2.0, grads_bytes=4.0, optimizer_bytes=12.0, params_sharded_from=NEVER,
+                           grads_sharded_from=NEVER, optimizer_sharded_from=1, grad_reduce_bytes=2.0),
     fp32=StateLayout(params_bytes=4.0, grads_bytes=4.0, optimizer_bytes=8.0, params_sharded_from=NEVER,
                      grads_sharded_from=NEVER, optimizer_sharded_from=1),
     # --overlap-param-gather: the all-gather runs beside the next forward; scatter/gather of

@@ -87,7 +87,7 @@ def fake_rank(params=1e9, layers=10):
 def test_data_parallel_comm_per_zero_stage(zero):
     config = ParallelConfig(dp=8, tp=8, pp=1, zero=zero, micro_batch=1, num_microbatches=4)
     grp = Group(8, 1)                         # tp 8 fills the node: DP peers one per node
-    grads = 1e9 * 2 / 10                      # megatron reduces 16-bit gradients, one bucket per layer
+    grads = 1e9 * 4 / 10                      # megatron reduces bf16's fp32 main gradients, one bucket per layer
     params = 1e9 * 2 / 10
     ar, rs, ag = (10 * f(A100, b, grp) for f, b in
                   ((all_reduce_s, grads), (reduce_scatter_s, grads), (all_gather_s, params)))
@@ -95,6 +95,17 @@ def test_data_parallel_comm_per_zero_stage(zero):
     total, exposed = _dp_comm(CACHE, config, fake_rank())
     assert total == pytest.approx(expected)
     assert exposed == pytest.approx(expected)        # this workload does not overlap
+
+
+@pytest.mark.parametrize("precision, grad_bytes", [("bf16", 4), ("fp16", 2)])
+def test_megatron_reduces_gradients_in_their_buffer_dtype(precision, grad_bytes):
+    """Megatron-LM accumulates and reduces bf16 gradients in fp32 (arguments.py sets
+    accumulate_allreduce_grads_in_fp32 under --bf16) and fp16 ones in fp16 (the grad buffer takes the
+    parameters' dtype): ZeRO-0's all-reduce moves 4 or 2 bytes a parameter."""
+    cache = CostCache(GRAPH, A100, replace(WORK, precision=precision))
+    config = ParallelConfig(dp=8, tp=8, pp=1, zero=0, micro_batch=1, num_microbatches=4)
+    expected = 10 * all_reduce_s(A100, 1e9 * grad_bytes / 10, Group(8, 1))
+    assert _dp_comm(cache, config, fake_rank())[0] == pytest.approx(expected)
 
 
 def test_overlapped_all_reduce_hides_behind_backward():

@@ -22,9 +22,9 @@ TOKENS = 2 * 8192
 NONE_PER_TOKEN = 2 * (4 * H + 2 * Q + 2 * KV + 4 * F) + 2 * 4 + 4 * HEADS     # 168,072 B
 
 
-def cost(graph, *, tp=1, sp=False, mb=2, seq=8192, cluster=H100, precision="bf16", regime=""):
+def cost(graph, *, tp=1, sp=False, mb=2, seq=8192, cluster=H100, precision="bf16", regime="", framework="torch"):
     ctx = Context(micro_batch=mb, seq_len=seq, tp=tp, cp=1, sequence_parallel=sp, precision=precision,
-                  attention="flash", framework="torch", tp_comm_overlap=False, eager_regime=regime)
+                  attention="flash", framework=framework, tp_comm_overlap=False, eager_regime=regime)
     return layer_cost(graph.layers[1], ctx, cluster)
 
 
@@ -63,7 +63,7 @@ def test_op_saves_every_biased_linear():
 def test_op_recomputes_less_than_full_and_more_than_none():
     c = cost(LLAMA, regime="bf16")
     op, full = c.policy("op").recompute_s, c.policy("full").recompute_s
-    assert 0 < op < full == c.fwd_s
+    assert 0 < op < full < c.fwd_s
     # the recomputed mms (k, o, up) are 2 (h kv + q h + h f) FLOPs per token
     assert c.policy("op").recompute_flops == pytest.approx(2 * (H * KV + Q * H + H * F) * TOKENS, rel=1e-9)
 
@@ -165,3 +165,23 @@ def test_megatron_vocab_parallel_cross_entropy_writes_its_gradient_in_place(tp):
     c = head("megatron", tp)
     assert c.policy("none").act_bytes == pytest.approx(TOKENS * V * 4 / tp + TOKENS / tp * H * 2, rel=1e-9)
     assert c.policy("none").peak_extra_bytes == pytest.approx(TOKENS * V * 2 / tp, rel=1e-9)
+
+
+def test_full_recompute_stops_early_under_torch_checkpoint_and_not_under_megatron():
+    """torch.utils.checkpoint (non-reentrant, early_stop=True) stops once the down projection's saved input
+    (SwiGLU's product) is rebuilt: the down projection, 2 f h FLOPs per token, is not redone. Megatron-LM's
+    CheckpointFunction re-runs the whole forward."""
+    torch_full = cost(LLAMA).policy("full")
+    flops_fwd = cost(LLAMA).matmul_flops_fwd
+    assert torch_full.recompute_flops == pytest.approx(flops_fwd - 2 * F * H * TOKENS, rel=1e-9)
+    megatron = cost(LLAMA, framework="megatron")
+    assert megatron.policy("full").recompute_s == megatron.fwd_s
+    assert megatron.policy("full").recompute_flops == pytest.approx(megatron.matmul_flops_fwd, rel=1e-9)
+    assert torch_full.recompute_s < megatron.policy("full").recompute_s
+
+
+def test_a_residual_dropout_keeps_the_whole_forward_in_the_rebuild():
+    """GPT with dropout: the residual add after the last linear saves its dropout mask, so even a checkpoint
+    that stops early re-runs everything, the 4h -> h projection included."""
+    gpt = cost(build_layer_graph(ZOO["gpt-18.4b"]), mb=1, seq=2048)
+    assert gpt.policy("full").recompute_flops == pytest.approx(gpt.matmul_flops_fwd, rel=1e-9)

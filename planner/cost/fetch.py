@@ -31,7 +31,12 @@ with the loops' host time per rank measured (runtime table) and the copy's launc
 (``[runtime] copy_launch_us``). A sub-module's backward compute is its share of the layer's by parameters
 (its GEMMs are the layer's work). Not modelled: the first use after the forward-to-backward turn (the last
 sub-modules of the last layer, which the same rule keeps), and a tied output layer's second fetch of the
-embedding.
+embedding; nor two behaviours of v0.3.16's defaults: ``stage3_param_persistence_threshold`` (1e5 elements:
+biases and norms stay gathered after the first step, so only the weights are gathered) and the prefetch of
+``prefetch_next_sub_modules`` (the next tensor gathered beside the current sub-module's compute while fewer than
+``stage3_max_live_parameters`` elements, 1e9, are gathered). Priced with both, the per-rank host costs above
+(the loop timed on torch 2.13, the copy launch of a 2026 stack) leave Narayanan et al.'s ZeRO-3 rows 19-85%
+too fast: what one rank costs per tensor on the torch 1.8 stack of 2021 is not measured here.
 """
 from __future__ import annotations
 

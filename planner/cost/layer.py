@@ -391,6 +391,7 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     compiled = ctx.compiled and layer.kind == "block"
     eager = dict(layer.eager).get(ctx.eager_regime) if ctx.eager_regime and not compiled else None
     sac = _SacOutputs()         # what operator-level selective checkpointing keeps (policy "op")
+    fwd_by_op: list[tuple[float, float]] = []       # (forward seconds, matmul FLOPs) of each op, priced one by one
     eager_loss = RUNTIMES[ctx.framework].loss == "eager" if ctx.framework in RUNTIMES else True
     for i, op in enumerate(layer.ops):
         if op.measured_fwd_s is not None:        # measured by `meshplan profile --ops`, per token, alone
@@ -450,6 +451,8 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
             sac.linear(op, ctx, f, fl)
         elif op.kind == "attention":
             sac.attention(op, ctx, f)
+        fwd_by_op.append((f if op.kind in ("linear", "attention") or eager is None or op.measured_fwd_s is not None
+                          else 0.0, fl if op.kind == "linear" else 0.0))
         if op.kind != "linear" or i in keeps_input:
             kept_by_op = op.saved if not compiled or op.compiled_saved is None or _gathered(op, ctx) \
                 else op.compiled_saved
@@ -502,7 +505,9 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
         input_bytes = layer.output_elems * ctx.tokens * dt / (ctx.tp if ctx.sequence_parallel else 1)
     # the reduce-scatters' share of the exposed forward TP time: their outputs are kept under "op"
     rs_share = tp_fwd * tp_fwd_rs / tp_fwd_all if tp_fwd_all else 0.0
+    tail_s, tail_flops = _checkpoint_tail(layer, ctx, fwd_by_op, keeps_input)
     facts = BlockFacts(
+        tail_fwd_s=tail_s, tail_flops=tail_flops,
         saved_bytes=saved + kept, attention_core_bytes=kept if ctx.attention == "unfused" else 0.0,
         attention_core_fwd_s=core_fwd + cp_fwd if ctx.attention == "unfused" and core_fwd else 0.0,
         input_bytes=input_bytes, fwd_s=fwd_total, bwd_s=bwd_total, matmul_flops_fwd=flops,
@@ -515,6 +520,28 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
         params=params, matmul_flops_fwd=flops, expert_params=expert_params, ep_comm_s=exchange_fwd + exchange_bwd,
         work_floor_s=floor, wgrad_s=wgrad, frozen_bytes=frozen_bytes, frozen_params=frozen_params,
         matmul_flops_bwd=bwd_flops if dgrad_only or not ft.full else None)
+
+
+def _checkpoint_tail(layer: Layer, ctx: Context, fwd_by_op: list[tuple[float, float]],
+                     keeps_input: frozenset[int]) -> tuple[float, float]:
+    """(forward seconds, matmul FLOPs) of the ops a checkpoint that stops early does not redo
+    (``Timing.checkpoint_early_stop``): those after the last op whose saved tensor backward needs. A linear saves
+    its input, which the op before it made, so the rebuild ends there; any other op that saves (a norm's
+    statistics, an activation's input, a dropout's mask, attention's outputs) is redone itself. Zero where the
+    runtime re-runs the whole forward, and for the rest of the ops (only a block is checkpointed)."""
+    if layer.kind != "block" or not (ctx.framework in RUNTIMES and RUNTIMES[ctx.framework].timing.checkpoint_early_stop):
+        return 0.0, 0.0
+    last = -1
+    for i in range(len(layer.ops) - 1, -1, -1):
+        op = layer.ops[i]
+        if op.kind == "linear" and i in keeps_input:
+            last = i - 1
+            break
+        if op.kind != "linear" and (op.saved or op.kind == "attention"):
+            last = i
+            break
+    tail = fwd_by_op[last + 1:]
+    return sum(f for f, _ in tail), sum(fl for _, fl in tail)
 
 
 def _gathered(op: Op, ctx: Context) -> bool:

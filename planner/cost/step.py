@@ -518,12 +518,24 @@ def _dp_comm_uncached(cache: CostCache, config: ParallelConfig, rank: RankCost) 
     if once and not once_overlaps:
         out += once                      # after the last backward or in the optimizer step, nothing beside it
     elif once:
-        out += exposed(once, rank.bwd_s, first[1])
+        out += exposed(once, _last_backward_window(config, rank.bwd_s), first[1])
     if after and RUNTIMES[cache.workload.framework].timing.overlaps_param_gather:
         out += exposed(after, rank.fwd_s, first[2])     # beside the next forward (--overlap-param-gather)
     elif after:
         out += after                                     # ends the optimizer step
     return total, out
+
+
+def _last_backward_window(config: ParallelConfig, bwd_s: float) -> float:
+    """The backward the once-per-step gradient reduction runs beside: the last micro-batch's, in which each layer's
+    gradient becomes final. Under the interleaved schedule a chunk's gradients are final once the last group of
+    micro-batches (pp of them, Megatron-LM's and torch's rounds) has run its backward through that chunk, and the
+    chunks finish one after another: all but the last chunk's reductions also run beside the backward of the
+    group's other micro-batches through the chunks after them, ``bwd_s (1 + (g - 1)(v - 1) / v)``."""
+    if config.pp > 1 and config.vpp > 1 and SCHEDULES[config.schedule].virtual_stages:
+        group = min(config.pp, config.num_microbatches)
+        return bwd_s * (1 + (group - 1) * (config.vpp - 1) / config.vpp)
+    return bwd_s
 
 
 def _per_tensor_s(cache: CostCache, config: ParallelConfig, rank: RankCost) -> float:
