@@ -118,6 +118,23 @@ def test_overlapped_all_reduce_hides_behind_backward():
     assert A100.comm_sm_fraction == pytest.approx(16 / 108)
 
 
+def test_interleaving_widens_the_window_of_the_gradient_reduction():
+    """ZeRO-0's all-reduce of 3e10 parameters (4 bytes each: longer than any window here) beside the last
+    micro-batch's 2 s backward under 1F1B; under the interleaved schedule (pp 2, 4 chunks) the chunks finish one
+    after another, so all but the last chunk's reductions also run beside the group's other micro-batch:
+    2 (1 + (2 - 1) 3 / 4) = 3.5 s. The memo keeps the two apart (the same rank, one cache)."""
+    cache = CostCache(GRAPH, A100, replace(WORK, overlap_grad_reduce=True))
+    rank = fake_rank(params=3e10)
+    flat = ParallelConfig(dp=8, tp=8, pp=2, zero=0, micro_batch=1, num_microbatches=4, schedule="1f1b")
+    chunked = replace(flat, vpp=4, schedule="interleaved-1f1b")
+    total, plain = _dp_comm(cache, flat, rank)
+    assert total > 3.5
+    _, interleaved = _dp_comm(cache, chunked, rank)
+    k = A100.comm_sm_fraction
+    assert plain == pytest.approx(total - 2.0 + k * 2.0)
+    assert interleaved == pytest.approx(total - 3.5 + k * 3.5)
+
+
 def test_optimizer_step_streams_adam_state():
     config = ParallelConfig(dp=8, tp=8, pp=1, zero=1, micro_batch=1, num_microbatches=4)
     seconds, host = _optimizer_s(CACHE, config, fake_rank())

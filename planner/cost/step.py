@@ -372,7 +372,8 @@ def _inflight(schedule: str, rank: int, pp: int, vpp: int, m: int) -> float:
 
 def _dp_comm(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[float, float]:
     key = (config.dp, config.cp, config.tp, config.zero, config.num_microbatches, rank.buckets, rank.first_bucket,
-           rank.fwd_s, rank.bwd_s, rank.layers, config.ep, rank.expert_buckets)
+           rank.fwd_s, rank.bwd_s, rank.layers, config.ep, rank.expert_buckets,
+           _last_backward_window(config, 1.0))      # the interleaved schedule's window (pp, vpp, schedule)
     out = cache._dp.get(key)
     if out is None:
         out = cache._dp[key] = _dp_comm_uncached(cache, config, rank)
