@@ -205,7 +205,8 @@ def moe_case_model(case: dict) -> str:
 
 def moe_case_settings(case: dict) -> tuple[dict, dict]:
     """(job settings, fixed knobs) of a Megatron-Bridge MoE case: every published degree (tp, pp, cp, dp, ep, virtual
-    stages) and the micro-batch fixed; the distributed optimizer (ZeRO-1, Megatron-Bridge's default; not published);
+    stages) and the micro-batch fixed; the distributed optimizer (ZeRO-1, Megatron-Bridge's default) unless the summary's
+    FSDP column says Megatron-FSDP (``config.fsdp``: ZeRO-3, its default strategy optim_grads_params);
     recompute and optimizer offload searched, as the source does not publish them. The published run ran, so it fit
     its GPU: no memory headroom beyond the device's (``--memory-headroom 0``; the default headroom is the gap measured
     for meshplan's own torch runtime, not Megatron-LM's)."""
@@ -216,7 +217,7 @@ def moe_case_settings(case: dict) -> tuple[dict, dict]:
            # *_llm_pretrain.py @5776a6d9: ddp.grad_reduce_in_fp32 = False)
            "grad_reduce_in_bf16": True}
     knobs = {"tp": cfg["tp"], "pp": cfg["pp"], "cp": cfg["cp"], "dp": cfg["dp"], "ep": cfg["ep"],
-             "micro_batch": cfg["micro_batch"], "zero": 1}
+             "micro_batch": cfg["micro_batch"], "zero": 3 if cfg.get("fsdp") else 1}
     if cfg["pp"] > 1:
         knobs["vpp"] = cfg["virtual_stages"]
     return job, knobs

@@ -335,9 +335,8 @@ def megatron(plan) -> Export:
         args.append(["--use-distributed-optimizer"])
     elif c.zero >= 2:
         args += [["--use-megatron-fsdp"],
-                 ["--data-parallel-sharding-strategy", "optim_grads" if c.zero == 2 else "optim_grads_params"]]
-        notes.append(f"ZeRO-{c.zero} maps to Megatron FSDP (--use-megatron-fsdp); its memory layout differs "
-                     "from what meshplan modelled for this runtime")
+                 ["--data-parallel-sharding-strategy", "optim_grads" if c.zero == 2 else "optim_grads_params"],
+                 ["--ckpt-format", "fsdp_dtensor"]]     # Megatron-FSDP's checkpoint format (arguments.py asserts it)
     if c.optimizer_offload:
         args += [["--optimizer-cpu-offload"], ["--optimizer-offload-fraction", "1.0"]]
     if c.param_offload:

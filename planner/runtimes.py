@@ -297,8 +297,12 @@ TORCH = Runtime(
                   checkpoint_early_stop=True),    # executor/activations.py: checkpoint(use_reentrant=False)
 )
 
+# ZeRO-2 and -3 are Megatron-FSDP (--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads /
+# optim_grads_params; Megatron-LM's arguments.py, megatron/core/distributed/fsdp), which Megatron-Bridge's
+# H100 Llama 3 8B run used (its summary's FSDP = 1); with tensor, context and expert parallelism, not
+# under a pipeline here (the distributed optimizer, ZeRO-1, is what Megatron-LM's pipelined runs use)
 _MEGATRON_RUNS = Combinations(
-    zero_stages=(0, 1), zero_stages_with_pp=(0, 1), zero_stages_with_tp=(0, 1),
+    zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1), zero_stages_with_tp=(0, 1, 2, 3),
     schedules=tuple(name for name, s in SCHEDULES.items() if s.megatron),
     recomputes=runs_in("megatron"), sequence_parallel=True, context_parallel=True, offload_zero_stages=(1,),
     replicates_kv_heads=True, stages_without_blocks=False,      # exports/megatron_args.txt splits blocks only
@@ -318,16 +322,17 @@ MEGATRON = Runtime(
     loss="vocab-parallel",
     runs={"cuda": _MEGATRON_CUDA_RUNS, "cpu": _MEGATRON_RUNS},
     # bf16 parameters 2, fp32 main gradients 4, fp32 master + Adam 12 (18 bytes; Megatron-LM docs,
-    # "distributed optimizer"), which shards the 12. The gradients are reduced in their buffer's dtype: fp32 under
+    # "distributed optimizer"), which shards the 12; Megatron-FSDP shards the gradients too at ZeRO-2
+    # (optim_grads) and the parameters at ZeRO-3 (optim_grads_params). The gradients are reduced in their buffer's dtype: fp32 under
     # bf16 (arguments.py validate_args sets accumulate_allreduce_grads_in_fp32 for bf16 unless
     # --grad-reduce-in-bf16; core/distributed/param_and_grad_buffer.py: grad_dtype = torch.float if
     # grad_reduce_in_fp32 else param.dtype), the fp16 parameters' dtype under fp16 (the flag's default, False)
-    mixed=StateLayout(params_bytes=2.0, grads_bytes=4.0, optimizer_bytes=12.0, params_sharded_from=NEVER,
-                      grads_sharded_from=NEVER, optimizer_sharded_from=1, grad_reduce_bytes=4.0),
-    mixed_fp16=StateLayout(params_bytes=2.0, grads_bytes=4.0, optimizer_bytes=12.0, params_sharded_from=NEVER,
-                           grads_sharded_from=NEVER, optimizer_sharded_from=1, grad_reduce_bytes=2.0),
-    fp32=StateLayout(params_bytes=4.0, grads_bytes=4.0, optimizer_bytes=8.0, params_sharded_from=NEVER,
-                     grads_sharded_from=NEVER, optimizer_sharded_from=1),
+    mixed=StateLayout(params_bytes=2.0, grads_bytes=4.0, optimizer_bytes=12.0, params_sharded_from=3,
+                      grads_sharded_from=2, optimizer_sharded_from=1, grad_reduce_bytes=4.0),
+    mixed_fp16=StateLayout(params_bytes=2.0, grads_bytes=4.0, optimizer_bytes=12.0, params_sharded_from=3,
+                           grads_sharded_from=2, optimizer_sharded_from=1, grad_reduce_bytes=2.0),
+    fp32=StateLayout(params_bytes=4.0, grads_bytes=4.0, optimizer_bytes=8.0, params_sharded_from=3,
+                     grads_sharded_from=2, optimizer_sharded_from=1),
     # --overlap-param-gather: the all-gather runs beside the next forward; scatter/gather of
     # the stage boundary over TP (Narayanan et al. 2021, Sec 4.1)
     timing=Timing(params_gathered_every_microbatch=(3,), grads_reduced_every_microbatch=(2, 3),
@@ -439,9 +444,11 @@ DEEPSPEED_2021 = replace(
 MEGATRON_2021 = replace(
     MEGATRON, name="megatron-2021", priced_as="megatron",
     description="Megatron-LM of 2021 (Narayanan et al. SC'21): blocking pipeline sends, interleaving at pp > 2 only",
-    runs={kind: replace(can, virtual_stages_min_pp=3, fp8_recipes=(), finetune_modes=("full",))
+    runs={kind: replace(can, virtual_stages_min_pp=3, fp8_recipes=(), finetune_modes=("full",), zero_stages=(0, 1),
+                        zero_stages_with_tp=(0, 1))
           for kind, can in MEGATRON.runs.items()},
-    # ^ no FP8 (TransformerEngine came to Megatron-LM in 2022), no LoRA (Megatron-Bridge's PEFT is of 2025)
+    # ^ no FP8 (TransformerEngine came to Megatron-LM in 2022), no LoRA (Megatron-Bridge's PEFT is of 2025), no
+    #   Megatron-FSDP (2025)
     timing=replace(MEGATRON.timing, pp_sends_block=True))
 
 RUNTIMES: dict[str, Runtime] = {r.name: r for r in (TORCH, MEGATRON, DEEPSPEED, TORCHTITAN, DEEPSPEED_2021,

@@ -223,11 +223,12 @@ def test_megatron_pipeline_layout(tmp_path):
     assert (b.config.vpp, b.config.schedule, b.config.stage_layers) == (2, "interleaved-1f1b", (8, 8, 8, 11))
 
 
-def test_megatron_fsdp_is_modelled_with_the_fsdp2_runtime(tmp_path):
-    text = "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads --micro-batch-size 2 --bf16\n"
+@pytest.mark.parametrize("strategy, zero", [("optim_grads", 2), ("optim_grads_params", 3), ("optim", 1), ("no_shard", 0)])
+def test_megatron_fsdp_reads_as_its_zero_stage_on_the_megatron_runtime(tmp_path, strategy, zero):
+    text = f"--use-megatron-fsdp --data-parallel-sharding-strategy {strategy} --micro-batch-size 2 --bf16\n"
     b, _, _ = read(tmp_path, "args.txt", text, gpus=8, model="llama3-8b")
     # no --global-batch-size: Megatron's default is micro-batch x dp = 2 x 8
-    assert (b.config.zero, b.runtime, b.global_batch, b.config.num_microbatches) == (2, "torch", 16, 1)
+    assert (b.config.zero, b.runtime, b.global_batch, b.config.num_microbatches) == (zero, "megatron", 16, 1)
 
 
 # -- DeepSpeed --------------------------------------------------------------------------------------

@@ -129,7 +129,8 @@ BAD_FLAGS = [
     (["--sequence-parallel", "maybe"], ["--sequence-parallel", "on or off"]),
     (["--optimizer-offload", "on", "--zero", "0"], ["--optimizer-offload", "ZeRO stage 1, 2 or 3"]),
     (["--offload", "optimizer", "--zero", "0"], ["--optimizer-offload", "ZeRO stage 1, 2 or 3"]),   # the earlier name
-    (["--framework", "megatron", "--zero", "3"], ["--zero", "ZeRO-3 does not run on the megatron runtime on cuda; allowed: 0 or 1"]),
+    (["--framework", "megatron-2021", "--zero", "3"], ["--zero", "ZeRO-3 does not run on the megatron-2021 runtime on cuda; allowed: 0 or 1"]),
+    (["--framework", "megatron", "--zero", "3", "--pp", "2"], ["--zero", "ZeRO-3 with pipeline parallelism does not run on the megatron runtime", "allowed with pp > 1: 0 or 1"]),
     (["--framework", "deepspeed", "--zero", "3", "--pp", "2"], ["--zero", "pipeline"]),
     (["--param-offload", "on"], ["--param-offload", "not a knob of its own on the torch runtime", "allowed: off"]),
     (["--framework", "deepspeed", "--zero", "2", "--param-offload", "on"], ["--param-offload", "allowed with ZeRO 3"]),

@@ -55,7 +55,7 @@ MEGATRON_FLAGS = {
     "--decoder-first-pipeline-num-layers": None, "--decoder-last-pipeline-num-layers": None,
     "--pipeline-model-parallel-layout": None, "--num-layers-per-virtual-pipeline-stage": None,
     "--overlap-grad-reduce": (), "--overlap-param-gather": (), "--use-distributed-optimizer": (),
-    "--use-megatron-fsdp": (), "--data-parallel-sharding-strategy": {"no_shard", "optim", "optim_grads",
+    "--use-megatron-fsdp": (), "--ckpt-format": {"torch", "torch_dist", "torch_dcp", "fsdp_dtensor"}, "--data-parallel-sharding-strategy": {"no_shard", "optim", "optim_grads",
                                                                      "optim_grads_params"},
     "--num-experts": None, "--moe-router-topk": None,
 }
@@ -420,3 +420,20 @@ def test_torchtitan_compiles_the_model_where_the_plan_compiles_its_blocks(tmp_pa
     proc = run_cli("compare", "--cluster", "h100-80g", "--gpus", "8", "--model", "llama3-8b", "--baseline", str(path))
     assert proc.returncode == 0, proc.stderr
     assert "pointwise ops fused" in proc.stdout
+
+
+@pytest.mark.parametrize("zero, strategy", [(2, "optim_grads"), (3, "optim_grads_params")])
+def test_megatron_fsdp_export_reads_back_as_the_plan(tmp_path, zero, strategy):
+    """ZeRO-2/3 on the megatron runtime is Megatron-FSDP: the export names its sharding strategy and checkpoint
+    format, and reading the file back gives the plan's stage on the same runtime."""
+    from planner import api
+    from planner.baseline import Context, read_baseline
+    plan = api.plan(api.load_job("llama3-8b", "h100-80g", gpus=8, framework="megatron"),
+                    api.Knobs(tp=1, pp=1, dp=8, zero=zero, micro_batch=1, recompute="full"), top_k=1)
+    args = megatron_args(megatron(plan).text)
+    assert args["--use-megatron-fsdp"] == [] and args["--data-parallel-sharding-strategy"] == [strategy]
+    assert args["--ckpt-format"] == ["fsdp_dtensor"]
+    path = tmp_path / "megatron_args.txt"
+    path.write_text(megatron(plan).text)
+    back, _, _ = read_baseline(str(path), Context(gpus=8), "llama3-8b")
+    assert (back.config.zero, back.runtime) == (zero, "megatron")

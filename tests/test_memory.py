@@ -61,6 +61,15 @@ def test_megatron_keeps_fp32_main_grads():
     assert d.params + d.grads + d.optimizer == 6 + 12 / 8  # distributed optimizer: 6 + 12/d
 
 
+def test_megatron_fsdp_shards_the_gradients_then_the_parameters():
+    """Megatron-FSDP's optim_grads (ZeRO-2) shards the fp32 main gradients beside the optimizer, optim_grads_params
+    (ZeRO-3) the bf16 parameters too: 2 + (4 + 12)/d, then 18/d."""
+    two = state_bytes_per_param(framework="megatron", precision="bf16", zero=2, shard=8, optimizer_offload=False)
+    assert (two.params, two.grads, two.optimizer) == (2, 4 / 8, 12 / 8)
+    three = state_bytes_per_param(framework="megatron", precision="bf16", zero=3, shard=8, optimizer_offload=False)
+    assert (three.params, three.grads, three.optimizer) == (2 / 8, 4 / 8, 12 / 8)
+
+
 def test_torch_layouts():
     ddp = state_bytes_per_param(framework="torch", precision="bf16", zero=0, shard=8, optimizer_offload=False)
     assert (ddp.params, ddp.grads, ddp.optimizer) == (6, 4, 8)      # fp32 + autocast bf16 copy

@@ -145,8 +145,12 @@ def test_the_executor_refuses_only_what_is_outside_the_space_and_accepts_all_ins
 
 
 def test_refusals_name_the_knob_and_what_is_allowed():
-    assert refusals("megatron", "cuda", zero=3) == [
-        ("zero", "ZeRO-3 does not run on the megatron runtime on cuda; allowed: 0 or 1")]
+    assert refusals("megatron-2021", "cuda", zero=3) == [
+        ("zero", "ZeRO-3 does not run on the megatron-2021 runtime on cuda; allowed: 0 or 1")]
+    assert refusals("megatron", "cuda", zero=3, pp=2) == [
+        ("zero", "ZeRO-3 with pipeline parallelism does not run on the megatron runtime on cuda; allowed with "
+                 "pp > 1: 0 or 1")]
+    assert refusals("megatron", "cuda", zero=3) == []           # Megatron-FSDP
     assert refusals("deepspeed", "cuda", zero=2, pp=2) == [
         ("zero", "ZeRO-2 with pipeline parallelism does not run on the deepspeed runtime on cuda; allowed with "
                  "pp > 1: 0 or 1")]

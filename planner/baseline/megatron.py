@@ -386,11 +386,12 @@ def _attention(args: dict, source: str) -> str:
 
 def _zero(args: dict, source: str) -> tuple[int, str, list[str]]:
     """(ZeRO stage, runtime, notes): the distributed optimizer is ZeRO-1 in Megatron-LM's own
-    layout; Megatron-FSDP and torch FSDP2 shard like meshplan's FSDP2 runtime (torch)."""
+    layout, Megatron-FSDP's sharding strategies ZeRO-0 to 3 in it too (planner/runtimes.py); torch FSDP2
+    shards like meshplan's FSDP2 runtime (torch)."""
     if args.get("--use-megatron-fsdp"):
         strategy = _value(args, "--data-parallel-sharding-strategy", source) or "optim_grads_params"
         zero = SHARDING_ZERO[choice(source, "--data-parallel-sharding-strategy", strategy, SHARDING_ZERO)]
-        return zero, "torch", ["Megatron-FSDP is modelled with meshplan's FSDP2 memory layout (--framework torch)"]
+        return zero, "megatron", []
     if args.get("--use-torch-fsdp2"):
         return 3, "torch", []
     return (1 if args.get("--use-distributed-optimizer") else 0), "megatron", []
