@@ -130,12 +130,13 @@ def count(spec, regime: str, batch: int) -> dict[str, dict]:
     cap = _trace(spec, regime, batch)
     tokens = batch * spec.seq_len
     out = {part: {"fwd": dict.fromkeys(CLASSES, 0.0), "bwd": dict.fromkeys(CLASSES, 0.0), "fwd_kernels": 0,
-                  "bwd_kernels": 0} for part in ("block", "embed", "head")}
+                  "bwd_kernels": 0, "fwd_ops": 0, "bwd_ops": 0} for part in ("block", "embed", "head")}
     norms: dict[str, list] = {}
     for r in cap.records:
+        part = "block" if r.module.startswith("layers.") else "embed" if r.module.startswith("embed") else "head"
+        out[part][f"{r.phase}_ops"] += 1       # every operator the dispatcher runs, views and GEMMs included
         if r.view or r.name in MATMUL_OPS or any(a in r.name for a in ATTENTION_OPS):
             continue
-        part = "block" if r.module.startswith("layers.") else "embed" if r.module.startswith("embed") else "head"
         out[part][f"{r.phase}_kernels"] += 1
         if r.module.endswith("norm"):
             norms.setdefault(r.module, []).append(r)
@@ -149,6 +150,9 @@ def count(spec, regime: str, batch: int) -> dict[str, dict]:
         if regime != "fp32" and spec.norm == "rmsnorm":       # one fused kernel each way, plus gamma's
             out[part]["fwd_kernels"] += 1 - sum(r.phase == "fwd" for r in records)
             out[part]["bwd_kernels"] += 2 - sum(r.phase == "bwd" for r in records)
+            # and one operator each way (aten._fused_rms_norm and its backward), where the CPU decomposes it
+            out[part]["fwd_ops"] += 1 - sum(r.phase == "fwd" for r in records)
+            out[part]["bwd_ops"] += 1 - sum(r.phase == "bwd" for r in records)
     return out
 
 
@@ -199,10 +203,13 @@ def table(families: list[str] | None = None) -> dict:
                                 (x if part == "block" else [h, spec.vocab_size, 1.0], per_token))
                 kernels = {f"{part}_{phase}": one[part][f"{phase}_kernels"] for part in ("block", "head", "embed")
                            for phase in ("fwd", "bwd")}
+                ops = {f"{part}_{phase}": one[part][f"{phase}_ops"] for part in ("block", "head", "embed")
+                       for phase in ("fwd", "bwd")}
             solved = {k: {c: _solve(v) for c, v in by_class.items()} for k, by_class in rows.items()}
             out[family][regime] = {k: {c: coef for c, coef in by_class.items() if any(abs(x) > 1e-9 for x in coef)}
                                    for k, by_class in solved.items()}
             out[family][regime]["kernels"] = kernels
+            out[family][regime]["ops"] = ops
     return out
 
 
@@ -211,7 +218,8 @@ def render(data: dict) -> str:
             "Written by `python -m executor.eager_counts --write` (which says how they are counted); checked\n"
             "by tests/test_eager_counts.py. Do not edit by hand. Per bandwidth class (executor.eager_counts.\n"
             "kernel_class), block coefficients multiply (h, q, kv, f, 1), head and embedding coefficients\n"
-            "(h, vocab, 1); kernels are per micro-batch.\n"
+            "(h, vocab, 1); kernels (elementwise) and ops (every dispatched operator, views and GEMMs included)\n"
+            "are per micro-batch.\n"
             '"""\n\nTABLE = ' + _compact(data) + "\n")
 
 

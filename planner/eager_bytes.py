@@ -23,6 +23,8 @@ class EagerBytes:
     by_class: tuple[tuple[str, float, float, float, float], ...]
     fwd_kernels: int
     bwd_kernels: int
+    fwd_ops: int = 0            # every operator the dispatcher runs (views and GEMMs included), per micro-batch
+    bwd_ops: int = 0
 
 
 def feature_key(spec) -> str | None:
@@ -60,7 +62,8 @@ def layer_eager_bytes(spec, kind: str) -> tuple[tuple[str, EagerBytes], ...]:
             (fh, ft), (bh, bt) = (_split_coef(part, x.get(c), h, q, kv, f, v) for x in (fwd, bwd))
             rows.append((c, fh, ft, bh, bt))
         out.append((regime, EagerBytes(by_class=tuple(rows), fwd_kernels=t["kernels"][f"{part}_fwd"],
-                                       bwd_kernels=t["kernels"][f"{part}_bwd"])))
+                                       bwd_kernels=t["kernels"][f"{part}_bwd"], fwd_ops=t["ops"][f"{part}_fwd"],
+                                       bwd_ops=t["ops"][f"{part}_bwd"])))
     return tuple(out)
 
 

@@ -73,6 +73,24 @@ def test_fsdp_host_work_scales_with_a_blocks_parameter_tensors_not_its_kernels()
         eager * launches(block) / probe_launches(), rel=1e-12)
 
 
+def test_a_counted_blocks_host_work_scales_with_its_operators():
+    """Where planner/eager_table.py counts both blocks, the eager part of a block's host time scales with the
+    operators each dispatches per micro-batch (views and GEMMs included), not with its kernels: a GPT-2 block with
+    dropout, 67 forward and 136 backward under autocast, against the Llama-style probe's 118 and 166."""
+    from planner.cost.host import block_host_s, operators, probe_spec as spec_of
+    from planner.model import ModelSpec
+    gpt2 = ModelSpec(name="g", num_layers=1, hidden=768, num_heads=12, num_kv_heads=12, head_dim=64, ffn_hidden=3072,
+                     vocab_size=50257, seq_len=1024, max_positions=1024, mlp="gelu", norm="layernorm",
+                     linear_bias=True, qkv_bias=True, tied_embeddings=True, dropout=True)
+    block = next(layer for layer in build_layer_graph(gpt2).layers if layer.is_block)
+    probe = next(layer for layer in build_layer_graph(spec_of(1)).layers if layer.is_block)
+    assert (operators(block), operators(probe)) == (67 + 136, 118 + 166)
+    table = {"eager": tuple(x * US for x in EAGER)}
+    m = 4
+    eager = (m * EAGER[0] + EAGER[1]) * US
+    assert block_host_s(block, "none", m=m, fsdp=False, table=table) == pytest.approx(eager * 203 / 284, rel=1e-12)
+
+
 def test_operator_level_recompute_adds_its_probes_difference():
     blocks, m = 6, 1
     host = (m * (blocks * OP[0] + OP[2]) + blocks * OP[1] + OP[3]) * US

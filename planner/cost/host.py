@@ -10,16 +10,19 @@ tokens per expert back to the host each layer, which also drains the GPU's queue
 their own.
 
 ``meshplan profile`` measures the executor's host time per block in each of those regimes
-(executor/profile/host.py, ``[gpu.kernels] host_us``): per block per micro-batch and per step, and
-the rest of the step (embedding, head, loss, optimizer) per micro-batch and per step. A block of
-another model is priced by its kernel launches over the probe block's of its kind, dense or MoE
-(``launches``: the same operators run more or fewer times), except FSDP2's part, which is priced by
-its parameter tensors over the probe block's (``parameter_tensors``: FSDP2's hooks walk each
-parameter; on one H100 this took round 3's GPT-2 FSDP plans from 34% and 62% too fast to -8% and
-+14%, docs/validation.md). The step is then the
-larger of the GPU's time and the host's (``host_s``): where they are close, the host also stalls
-the GPU at its synchronisations, which this bound leaves out. Only the torch runtime is measured
-(other runtimes: no bound), and only profiles written by ``meshplan profile`` on a GPU carry it.
+(executor/profile/host.py, ``[gpu.kernels] host_us``): per block per micro-batch and per step, and the rest
+of the step (embedding, head, loss, optimizer) per micro-batch and per step. A block of another model is
+priced by the operators it dispatches over the probe block's (``operators``: the host pays Python, the
+dispatcher and autograd's bookkeeping per operator, views included, and a launch where there is a kernel;
+counted from the executor's models, planner/eager_table.py), or where the table has no count for them, by
+its kernel launches over the probe block's of its kind, dense or MoE (``launches``); on one H100 operators
+took round 1's host-bound GPT-2 row from +32% to +18% (docs/validation.md), except FSDP2's part, which is
+priced by its parameter tensors over the probe block's (``parameter_tensors``: FSDP2's hooks walk each
+parameter; on one H100 this took round 3's GPT-2 FSDP plans from 34% and 62% too fast to -8% and +14%,
+docs/validation.md). The step is then the larger of the GPU's time and the host's (``host_s``): where they
+are close, the host also stalls the GPU at its synchronisations, which this bound leaves out. Only the torch
+runtime is measured (other runtimes: no bound), and only profiles written by ``meshplan profile`` on a GPU
+carry it.
 """
 from __future__ import annotations
 
@@ -80,6 +83,25 @@ def probe_launches(experts: int = 0) -> float:
     return launches(_probe_block(experts))
 
 
+def operators(layer) -> float:
+    """Operators the dispatcher runs for a block per micro-batch, forward and backward, under autocast (views and
+    GEMMs included: planner/eager_table.py, counted from the executor's models by executor/eager_counts.py); 0
+    where the table has no family for the block."""
+    eager = dict(layer.eager).get("autocast")
+    return float(eager.fwd_ops + eager.bwd_ops) if eager else 0.0
+
+
+def _host_ratio(layer, experts: int) -> float:
+    """A block's host work over its probe block's: by the operators each dispatches where the table counts both
+    (the host pays per operator: Python, the dispatcher, autograd's node, then the launch, if any), else by the
+    kernels each launches (``launches``)."""
+    probe = _probe_block(experts)
+    ops, probe_ops = operators(layer), operators(probe)
+    if ops and probe_ops:
+        return ops / probe_ops
+    return launches(layer) / probe_launches(experts)
+
+
 @functools.lru_cache(maxsize=1)
 def probe_tensors() -> int:
     """``parameter_tensors`` of the dense probe's block."""
@@ -102,7 +124,7 @@ def block_host_s(layer, policy: str, *, m: int, fsdp: bool, table: dict) -> floa
         at(regime) - eager for regime in ("op", "full") if policy == regime and regime in table)
     # FSDP2's host work is per parameter (its unshard, reshard and gradient hooks walk each FSDPParam)
     per_parameter = at("fsdp") - eager if fsdp and "fsdp" in table else 0.0
-    return (max(total, 0.0) * launches(layer) / probe_launches(PROBE_EXPERTS if routed else 0)
+    return (max(total, 0.0) * _host_ratio(layer, PROBE_EXPERTS if routed else 0)
             + max(per_parameter, 0.0) * parameter_tensors(layer) / probe_tensors())
 
 
