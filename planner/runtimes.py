@@ -316,21 +316,22 @@ _MEGATRON_RUNS = Combinations(
 # ("tensorwise"), delayed scaling, blockwise (1x128 / 128x128, DeepSeek-V3's) and MXFP8 (Blackwell); on GPUs only
 _MEGATRON_CUDA_RUNS = replace(_MEGATRON_RUNS, fp8_recipes=("fp8-tensorwise", "fp8-delayed", "fp8-blockwise", "mxfp8"))
 
+# bf16 parameters 2, fp32 main gradients 4, fp32 master + Adam 12 (18 bytes; Megatron-LM docs, "distributed
+# optimizer"), which shards the 12; Megatron-FSDP shards the gradients too at ZeRO-2 (optim_grads) and the parameters
+# at ZeRO-3 (optim_grads_params). The gradients are reduced in their buffer's dtype: fp32 under bf16 (arguments.py
+# validate_args sets accumulate_allreduce_grads_in_fp32 for bf16 unless --grad-reduce-in-bf16;
+# core/distributed/param_and_grad_buffer.py: grad_dtype = torch.float if grad_reduce_in_fp32 else param.dtype), the
+# fp16 parameters' dtype under fp16 (the flag's default, False: ``Runtime.mixed_fp16``)
+_MEGATRON_MIXED = StateLayout(params_bytes=2.0, grads_bytes=4.0, optimizer_bytes=12.0, params_sharded_from=3,
+                              grads_sharded_from=2, optimizer_sharded_from=1, grad_reduce_bytes=4.0)
+
 MEGATRON = Runtime(
     name="megatron",
     description="Megatron-LM (Megatron-Core): its distributed optimizer is ZeRO-1",
     loss="vocab-parallel",
     runs={"cuda": _MEGATRON_CUDA_RUNS, "cpu": _MEGATRON_RUNS},
-    # bf16 parameters 2, fp32 main gradients 4, fp32 master + Adam 12 (18 bytes; Megatron-LM docs,
-    # "distributed optimizer"), which shards the 12; Megatron-FSDP shards the gradients too at ZeRO-2
-    # (optim_grads) and the parameters at ZeRO-3 (optim_grads_params). The gradients are reduced in their buffer's dtype: fp32 under
-    # bf16 (arguments.py validate_args sets accumulate_allreduce_grads_in_fp32 for bf16 unless
-    # --grad-reduce-in-bf16; core/distributed/param_and_grad_buffer.py: grad_dtype = torch.float if
-    # grad_reduce_in_fp32 else param.dtype), the fp16 parameters' dtype under fp16 (the flag's default, False)
-    mixed=StateLayout(params_bytes=2.0, grads_bytes=4.0, optimizer_bytes=12.0, params_sharded_from=3,
-                      grads_sharded_from=2, optimizer_sharded_from=1, grad_reduce_bytes=4.0),
-    mixed_fp16=StateLayout(params_bytes=2.0, grads_bytes=4.0, optimizer_bytes=12.0, params_sharded_from=3,
-                           grads_sharded_from=2, optimizer_sharded_from=1, grad_reduce_bytes=2.0),
+    mixed=_MEGATRON_MIXED,
+    mixed_fp16=replace(_MEGATRON_MIXED, grad_reduce_bytes=2.0),
     fp32=StateLayout(params_bytes=4.0, grads_bytes=4.0, optimizer_bytes=8.0, params_sharded_from=3,
                      grads_sharded_from=2, optimizer_sharded_from=1),
     # --overlap-param-gather: the all-gather runs beside the next forward; scatter/gather of
