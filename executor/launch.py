@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import socket
 import subprocess
 import sys
 import time
@@ -54,6 +56,33 @@ def parse_rdzv_conf(text: str) -> str:
             raise UserError(f"{key}={value!r}: expected " + ("1 or 0" if allowed else "a positive integer"),
                             field="--rdzv-conf")
     return ",".join(pairs)
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The range the kernel hands out for port 0 and outgoing connections (Linux's default 32768-60999)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port for a rendezvous on ``host`` that no process holds now, chosen below the kernel's
+    ephemeral range. A port the kernel picked (bind to 0) can be handed again to any outgoing
+    connection between its release here and the store's bind in a process that starts seconds later:
+    gloo's pair connections of a concurrent job took it in a test run on 2 cores (EADDRINUSE, 70 tests
+    errored). Below the range only another explicit choice can take it."""
+    low, _ = _ephemeral_ports()
+    for _ in range(64):
+        port = random.randrange(20000, low) if low > 21000 else 0
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise OSError(f"no free TCP port on {host} below the ephemeral range ({low})")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,7 +6,6 @@ import contextlib
 import io
 import json
 import os
-import socket
 import traceback
 
 import torch
@@ -15,6 +14,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from executor.data import global_batch
+from executor.launch import free_port
 from executor.models import build_model, full_init, init_key
 from executor.train import exit_now
 from planner.model import ModelSpec, config_json
@@ -75,12 +75,6 @@ def assert_losses(got: list[float], want: list[float], against: str = "uninterru
         assert abs(g - w) <= 1e-4 * abs(w), f"step {step}: {g} vs {against} {w}"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank: int, world_size: int, port: int, fn, args, errors, finished):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank))
@@ -100,6 +94,15 @@ def _worker(rank: int, world_size: int, port: int, fn, args, errors, finished):
     exit_now(0)
 
 
+# Ranks start from a fork server that has imported torch and the executor once (multiprocessing's
+# "forkserver"): a fresh interpreter per rank spent about 3 s importing them, on every spawn of every test.
+# The fork server is itself a fresh interpreter that has only imported (no thread, no process group, nothing
+# of the test process's state), and each rank forks from it before any torch work, so the ranks start as
+# clean as spawned ones.
+START_METHOD = "forkserver"
+PRELOAD = ["executor.train"]
+
+
 def spawn(fn, world_size: int, *args) -> None:
     """Run ``fn(*args)`` on ``world_size`` gloo ranks; re-raise the first rank's error.
 
@@ -107,16 +110,22 @@ def spawn(fn, world_size: int, *args) -> None:
     ``fn``: the barrier returns only once every rank has finished ``fn``, so its results are complete.
     gloo's teardown still aborted such a rank (SIGABRT once its work was done, in a
     fresh CI run: all 146 tests of one module errored on one finished rank); anything else fails."""
-    ctx = mp.get_context("spawn")
-    errors, finished = ctx.SimpleQueue(), ctx.SimpleQueue()
-    try:
-        mp.start_processes(_worker, args=(world_size, free_port(), fn, args, errors, finished),
-                           nprocs=world_size, start_method="spawn")
-    except Exception as e:
-        if getattr(e, "signal_name", None) is not None and errors.empty() and not finished.empty():
+    ctx = mp.get_context(START_METHOD)
+    ctx.set_forkserver_preload(PRELOAD)
+    for attempt in range(3):
+        errors, finished = ctx.SimpleQueue(), ctx.SimpleQueue()
+        try:
+            mp.start_processes(_worker, args=(world_size, free_port(), fn, args, errors, finished),
+                               nprocs=world_size, start_method=START_METHOD)
             return
-        detail = errors.get() if not errors.empty() else ""
-        raise AssertionError(f"distributed run failed: {e}\n{detail}") from None
+        except Exception as e:
+            if getattr(e, "signal_name", None) is not None and errors.empty() and not finished.empty():
+                return
+            detail = errors.get() if not errors.empty() else ""
+            # the store's port taken between its choice and its bind (before any rank ran fn): choose again
+            if "EADDRINUSE" in str(e) and "init_process_group" in str(e) and attempt < 2:
+                continue
+            raise AssertionError(f"distributed run failed: {e}\n{detail}") from None
 
 
 def reference_run(spec: ModelSpec, *, steps: int, seed: int = 0, lr: float = 1e-3,

@@ -24,6 +24,11 @@ def _abort_at_teardown(path: str) -> None:
         dist.destroy_process_group = os.abort      # this rank aborts in teardown, as gloo did
 
 
+def _write_rank(path: str) -> None:
+    with open(path, "a") as f:
+        f.write(f"{dist.get_rank()}\n")
+
+
 def _raise_on_rank_0(path: str) -> None:
     if dist.get_rank() == 0:
         raise ValueError("rank 0 broke")
@@ -42,3 +47,24 @@ def test_rank_aborting_in_teardown_after_the_barrier_is_tolerated(tmp_path):
 def test_error_in_a_rank_is_reported_with_its_traceback(tmp_path):
     with pytest.raises(AssertionError, match="rank 0 broke"):
         spawn(_raise_on_rank_0, 2, str(tmp_path / "ranks"))
+
+
+def test_a_rendezvous_port_taken_while_the_ranks_start_is_chosen_again(tmp_path, monkeypatch):
+    """A port that another process binds between its choice and the store's bind (EADDRINUSE in
+    init_process_group) is chosen again rather than failing the run; the port is chosen below the
+    kernel's ephemeral range, where no outgoing connection is handed it."""
+    import socket
+    import tests.executor_support as support
+    from executor.launch import _ephemeral_ports, free_port
+    assert 20000 <= free_port() < _ephemeral_ports()[0]
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    ports = iter([held.getsockname()[1]])
+    monkeypatch.setattr(support, "free_port", lambda: next(ports, None) or free_port())
+    path = tmp_path / "ranks"
+    try:
+        spawn(_write_rank, 2, str(path))
+    finally:
+        held.close()
+    assert sorted(path.read_text().split()) == ["0", "1"]

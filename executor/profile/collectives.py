@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import time
 
 SIZES = (4, 2**10, 2**16, 2**20, 2**22, 2**24)
@@ -381,13 +380,6 @@ def _worker(rank: int, world: int, backend: str, port: int, out: str, quick: boo
     exit_now(0)
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that no process holds now (the OS picks it), for a process group's rendezvous."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nproc", type=int, default=2)
@@ -399,6 +391,7 @@ def main(argv=None) -> int:
     if args.nproc < 2:
         p.error("--nproc must be at least 2 to measure collectives")
     import torch.multiprocessing as mp
+    from executor.launch import free_port
     mp.spawn(_worker, args=(args.nproc, args.backend, free_port(), args.out, args.quick, args.threads),
              nprocs=args.nproc)
     return 0
