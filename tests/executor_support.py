@@ -60,14 +60,6 @@ def write_plan(tmp_path, spec: ModelSpec, *, gpus: int, name: str = "plan", glob
     return str(out)
 
 
-def plan_cluster(spec: ModelSpec, knobs: dict) -> str:
-    """The --cluster a test plan of ``spec`` with ``knobs`` is written for."""
-    # `meshplan plan` divides by zero estimating a tied embedding's all-reduce across pipeline
-    # stages on cpu-gloo (a profile with no network); the config, stages and TP plan it writes do
-    # not depend on the cluster, so GPT pipeline plans are written for a100-80g (reported to planner/).
-    return "a100-80g" if spec.tied_embeddings and knobs.get("pp", 1) > 1 else "cpu-gloo"
-
-
 def assert_losses(got: list[float], want: list[float], against: str = "uninterrupted") -> None:
     """Step for step, each loss within 1e-4 (relative) of the one in ``want`` (the ``against`` run's)."""
     assert len(got) == len(want), f"{len(got)} losses vs {len(want)} of the {against} run"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from executor_support import TINY_GPT, TINY_LLAMA, assert_losses, plan_cluster, reference_run, spawn, write_plan
+from executor_support import TINY_GPT, TINY_LLAMA, assert_losses, reference_run, spawn, write_plan
 
 
 def _train(plan_path: str, steps: int, load: str | None, save: str | None, out: str) -> None:
@@ -38,8 +38,8 @@ CASES = {
 @pytest.mark.parametrize("model", list(CASES))
 def test_resume_under_another_plan_continues_the_same_training(tmp_path, model):
     spec, (world_a, knobs_a), (world_b, knobs_b) = CASES[model]
-    plan_a = write_plan(tmp_path, spec, gpus=world_a, name="a", cluster=plan_cluster(spec, knobs_a), **knobs_a)
-    plan_b = write_plan(tmp_path, spec, gpus=world_b, name="b", cluster=plan_cluster(spec, knobs_b), **knobs_b)
+    plan_a = write_plan(tmp_path, spec, gpus=world_a, name="a", **knobs_a)
+    plan_b = write_plan(tmp_path, spec, gpus=world_b, name="b", **knobs_b)
     ckpt = str(tmp_path / "ckpt")
     spawn(_train, world_a, plan_a, 4, None, ckpt, str(tmp_path / "a.json"))
     spawn(_train, world_b, plan_b, 4, ckpt, None, str(tmp_path / "b.json"))

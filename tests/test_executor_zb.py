@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from executor_support import (assert_equal_single_process, run_plans, TINY_GPT, TINY_LLAMA, load_rank_grads, plan_cluster, reference_run,
+from executor_support import (assert_equal_single_process, run_plans, TINY_GPT, TINY_LLAMA, load_rank_grads, reference_run,
                               spawn, write_plan)
 
 STEPS = 3
@@ -60,7 +60,7 @@ def results(tmp_path_factory):
     for model, layout, schedule in CASES:
         world, spec, knobs = LAYOUTS[layout][0], MODELS[model], _knobs(layout, schedule)
         name = f"{model}-{layout}-{schedule}"
-        path = write_plan(tmp, spec, gpus=world, name=name, cluster=plan_cluster(spec, knobs), **knobs)
+        path = write_plan(tmp, spec, gpus=world, name=name, **knobs)
         by_world.setdefault(world, []).append((name, path))
     for world, jobs in sorted(by_world.items()):
         spawn(_run_plans, world, jobs, str(tmp))
