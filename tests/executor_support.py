@@ -67,7 +67,10 @@ def assert_losses(got: list[float], want: list[float], against: str = "uninterru
         assert abs(g - w) <= 1e-4 * abs(w), f"step {step}: {g} vs {against} {w}"
 
 
-def _worker(rank: int, world_size: int, port: int, fn, args, errors, finished):
+def _worker(rank: int, world_size: int, port: int, fn, args, errors, finished, environ: dict[str, str]):
+    # the test process's environment as it is now, not as it was when the fork server started
+    os.environ.clear()
+    os.environ.update(environ)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
@@ -90,7 +93,7 @@ def _worker(rank: int, world_size: int, port: int, fn, args, errors, finished):
 # "forkserver"): a fresh interpreter per rank spent about 3 s importing them, on every spawn of every test.
 # The fork server is itself a fresh interpreter that has only imported (no thread, no process group, nothing
 # of the test process's state), and each rank forks from it before any torch work, so the ranks start as
-# clean as spawned ones.
+# clean as spawned ones; each takes the test process's environment as it is at the spawn (``_worker``).
 START_METHOD = "forkserver"
 PRELOAD = ["executor.train"]
 
@@ -107,7 +110,7 @@ def spawn(fn, world_size: int, *args) -> None:
     for attempt in range(3):
         errors, finished = ctx.SimpleQueue(), ctx.SimpleQueue()
         try:
-            mp.start_processes(_worker, args=(world_size, free_port(), fn, args, errors, finished),
+            mp.start_processes(_worker, args=(world_size, free_port(), fn, args, errors, finished, dict(os.environ)),
                                nprocs=world_size, start_method=START_METHOD)
             return
         except Exception as e:

@@ -68,3 +68,17 @@ def test_a_rendezvous_port_taken_while_the_ranks_start_is_chosen_again(tmp_path,
     finally:
         held.close()
     assert sorted(path.read_text().split()) == ["0", "1"]
+
+
+def _write_env(path: str) -> None:
+    with open(path, "a") as f:
+        f.write(f"{os.environ.get('MESHPLAN_TEST_MARK', '-')}\n")
+
+
+def test_ranks_see_the_environment_of_the_test_at_the_spawn(tmp_path, monkeypatch):
+    """The ranks fork from a server started at the first spawn: they still take the environment the test
+    process has when it spawns them, as spawned interpreters do."""
+    spawn(_write_rank, 1, str(tmp_path / "first"))       # the fork server is running from here on
+    monkeypatch.setenv("MESHPLAN_TEST_MARK", "set-after-the-server-started")
+    spawn(_write_env, 2, str(tmp_path / "env"))
+    assert (tmp_path / "env").read_text().split() == ["set-after-the-server-started"] * 2
