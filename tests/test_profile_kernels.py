@@ -116,3 +116,18 @@ def test_host_issue_counts_launches_and_when_the_last_one_ended():
               Event("aten::item", 500, 900), Event("cuLaunchKernel", 350, 355)]
     assert host_issue(events) == {"launches": 3, "last_launch_s": pytest.approx(255e-6)}     # 355 - 100 us
     assert host_issue([Event("aten::add", 0, 5)]) == {"launches": 0, "last_launch_s": 0.0}
+
+
+def test_fp8_casts_time_the_column_wise_scaling_of_a_transposed_operand():
+    """Row-wise scaling of a (tokens, features) operand's transpose: one scale per feature, its largest value
+    on 448 (e4m3's largest), written feature-major; each value back within e4m3's rounding (3 mantissa bits)."""
+    import torch
+    x = torch.randn(16, 8, dtype=torch.bfloat16)
+    q, scale = pk._to_fp8_colwise(x)
+    assert q.shape == (8, 16) and q.is_contiguous() and scale.shape == (1, 8)
+    back = q.float().t() / scale
+    assert torch.allclose(back, x.float(), rtol=2 ** -4, atol=1e-3)
+    assert torch.equal(q.float().abs().amax(dim=1), torch.full((8,), 448.0))
+    rows = {r["kernel"]: r for r in pk.fp8_casts("cpu", tokens=64, hidden=32, repeat=1)}
+    for name in ("amax_colwise", "cast_colwise"):
+        assert "error" not in rows[name] and rows[name]["seconds"] > 0, rows[name]
