@@ -56,7 +56,8 @@ def test_a_rendezvous_port_taken_while_the_ranks_start_is_chosen_again(tmp_path,
     import socket
     import tests.executor_support as support
     from executor.launch import _ephemeral_ports, free_port
-    assert 20000 <= free_port() < _ephemeral_ports()[0]
+    low = _ephemeral_ports()[0]
+    assert 20000 <= free_port() < low if low > 21000 else free_port() > 0    # a kernel with no room below: its choice
     held = socket.socket()
     held.bind(("127.0.0.1", 0))
     held.listen()
