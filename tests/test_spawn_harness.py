@@ -10,23 +10,21 @@ from tests.executor_support import spawn
 pytestmark = pytest.mark.distributed      # the harness that spawns gloo ranks
 
 
-def _abort_before_barrier(path: str) -> None:
-    if dist.get_rank() == 1:
-        os.abort()
-    with open(path, "a") as f:
-        f.write(f"{dist.get_rank()}\n")
-
-
-def _abort_at_teardown(path: str) -> None:
-    with open(path, "a") as f:
-        f.write(f"{dist.get_rank()}\n")
-    if dist.get_rank() == 1:
-        dist.destroy_process_group = os.abort      # this rank aborts in teardown, as gloo did
-
-
 def _write_rank(path: str) -> None:
     with open(path, "a") as f:
         f.write(f"{dist.get_rank()}\n")
+
+
+def _abort_before_barrier(path: str) -> None:
+    if dist.get_rank() == 1:
+        os.abort()
+    _write_rank(path)
+
+
+def _abort_at_teardown(path: str) -> None:
+    _write_rank(path)
+    if dist.get_rank() == 1:
+        dist.destroy_process_group = os.abort      # this rank aborts in teardown, as gloo did
 
 
 def _raise_on_rank_0(path: str) -> None:
