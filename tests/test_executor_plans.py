@@ -147,6 +147,7 @@ def test_losses_move(references):
 # -- memory: what each rank holds against the cost model's prediction for the same plan ----------
 # (every plan is written for cpu-gloo, GPT's pipelines with their tied embedding and head included)
 
+
 def _predicted(measured: dict, pp_rank: int) -> dict:
     return measured["predicted"]["memory_per_stage_bytes"][pp_rank]
 

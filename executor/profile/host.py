@@ -115,7 +115,9 @@ def _process_group(device: str) -> bool:
     if dist.is_initialized():
         return False
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29600 + os.getpid() % 1000))
+    if "MASTER_PORT" not in os.environ:
+        from executor.launch import free_port
+        os.environ["MASTER_PORT"] = str(free_port())
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     return True

@@ -370,18 +370,17 @@ def _to_fp8_tensorwise(x):
     return (x.float() * scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
 
 
-def _to_fp8_rowwise(x):
+def _to_fp8_rowwise(x, dim: int = -1):
     import torch
-    scale = FP8_MAX / x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12)
+    scale = FP8_MAX / x.abs().amax(dim=dim, keepdim=True).float().clamp(min=1e-12)
     return (x.float() * scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
 
 
 def _to_fp8_colwise(x):
     """Row-wise scaling of ``x``'s transpose, as a backward GEMM takes a (tokens, features) operand: one scale per
     column (the amax over the tokens, a reduction along the strided dimension), written feature-major."""
-    import torch
-    scale = FP8_MAX / x.abs().amax(dim=0, keepdim=True).float().clamp(min=1e-12)
-    return (x.float() * scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).t().contiguous(), scale
+    q, scale = _to_fp8_rowwise(x, dim=0)
+    return q.t().contiguous(), scale
 
 
 def fp8_casts(device: str, tokens: int, hidden: int, repeat: int = 3, compiled: bool = False) -> list[dict]:

@@ -229,8 +229,9 @@ def add_knob_args(p: argparse.ArgumentParser) -> None:
                    help="expert-parallel degree of a mixture of experts: each MoE layer's routed experts split over "
                         "ep ranks, each expert whole on its rank, tokens sent to them by all-to-all (folded onto the "
                         "dp x cp x tp ranks; DeepSpeed: dividing dp)")
-    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage: 1 optimizer, 2 +grads, 3 +params (--framework megatron: 1 is its "
-                        "distributed optimizer, 2 and 3 Megatron-FSDP, without a pipeline)")
+    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3),
+                   help="ZeRO stage: 1 optimizer, 2 +grads, 3 +params (--framework megatron: 1 is its distributed "
+                        "optimizer, 2 and 3 Megatron-FSDP, without a pipeline)")
     g.add_argument("--micro-batch", type=positive_int, help="sequences per micro-batch per replica")
     g.add_argument("--vpp", type=positive_int, help="virtual stages per pipeline rank (a schedule with virtual "
                                                     f"stages: {', '.join(schedules.virtual_names())})")
