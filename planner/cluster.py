@@ -51,6 +51,9 @@ class Device:
     eager_bytes_per_s: tuple[tuple[str, float], ...] = ()   # achieved bandwidth of eager elementwise
                                           # kernels by class (planner.eager_bytes.CLASSES); absent: HBM rate
     kernel_gap_s: float = 0.0             # GPU time between two queued kernels (issue gap)
+    strided_reduce_bytes_per_s: float = 0.0   # bytes per second a compiled kernel reads while it reduces along a
+                                          # tensor's strided dimension (the column-wise amax of FP8 rowwise
+                                          # scaling); 0: the ``reduce`` class rate
     optimizer_bytes_per_s: float = 0.0    # AdamW as the executor steps it here, at 28 B per parameter (0: HBM)
     tp_block_overhead_s: tuple[float, float] = (0.0, 0.0)   # (forward, backward) host time tensor parallelism
                                           # adds to a block beyond its collectives in torch eager (a CPU profile)
@@ -75,6 +78,11 @@ class Device:
     def eager_bandwidth(self, kind: str) -> float:
         """Bytes per second an eager elementwise kernel of class ``kind`` streams."""
         return dict(self.eager_bytes_per_s).get(kind) or self.hbm_bytes_per_s * self.hbm_efficiency
+
+    def strided_reduce_bandwidth(self) -> float:
+        """Bytes per second read by a reduction along a tensor's strided dimension (``strided_reduce_bytes_per_s``),
+        or, where the profile has not measured one, the ``reduce`` class rate."""
+        return self.strided_reduce_bytes_per_s or self.eager_bandwidth("reduce")
 
     def peak(self, precision: str) -> float:
         return self._peaks[precision]
@@ -210,6 +218,7 @@ def _time_shared(device: Device, k: float) -> Device:
                    gemm_latency_s=device.gemm_latency_s / k, gemm_wave_latency_s=device.gemm_wave_latency_s / k,
                    attention_latency_s=device.attention_latency_s / k, kernel_gap_s=device.kernel_gap_s / k,
                    optimizer_bytes_per_s=device.optimizer_bytes_per_s * k,
+                   strided_reduce_bytes_per_s=device.strided_reduce_bytes_per_s * k,
                    tp_block_overhead_s=tuple(t / k for t in device.tp_block_overhead_s))
 
 
@@ -510,6 +519,7 @@ def parse_cluster(data: dict, source: str) -> Cluster:
         eager_bytes_per_s=_eager_bandwidths(kernels, source),
         kernel_gap_s=kernels.number("kernel_gap_us", allow_zero=True, default=0.0) * 1e-6,
         optimizer_bytes_per_s=kernels.number("optimizer_GBps", allow_zero=True, default=0.0) * 1e9,
+        strided_reduce_bytes_per_s=kernels.number("strided_reduce_GBps", allow_zero=True, default=0.0) * 1e9,
         gemm_shapes=_gemm_shapes(kernels, source), tp_block_overhead_s=_tp_block_overhead(kernels, source),
         host_us=_host_us(kernels, source))
     intra, host, net = root.table("intra_node"), root.table("host"), root.table("network")

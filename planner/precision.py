@@ -20,6 +20,10 @@ Cast traffic per element of each GEMM operand (bytes read + written, forward and
   cast (2 + 1) in backward; the output gradient like the input, in backward. rowwise with a
   high-precision weight gradient (``fp8-rowwise-gw-hp``): one cast each (2 + 1), the weight's twice,
   and the weight-gradient GEMM in bf16. MXFP8 (``mxfp8_cublas``): two casts per operand (2 + 1 each).
+  Of the amax bytes, those of an operand scaled per column (rowwise's backward operands: the input and the output
+  gradient for the weight gradient, the weight's transpose for the input gradient; ``amax_strided``) are read by a
+  reduction along the tensor's strided dimension, which inductor fuses with the cast: on one H100 such a kernel
+  ran 640 us a call (docs/validation.md, round 3), and they run at the profile's strided-reduction rate.
   torchao's docs: 'enable torch.compile for competitive performance'; uncompiled, its casts are several
   eager kernels each, which the cost model does not price: the torch runtimes run FP8 with ``--compile``.
   Compiled, the bytes its reductions read (the amax: each kernel that reads a bf16 tensor to scale it
@@ -60,6 +64,9 @@ class Recipe:
     te: Roles | None = None         # cast bytes as TransformerEngine runs it (None: TE has no such recipe)
     amax: Roles | None = None       # of the torchao bytes above, those read by the amax reductions (forward,
                                     # backward): priced at the device's reduction rate (planner/cost/layer.py)
+    amax_strided: Roles | None = None   # of the amax bytes, those reduced along the operand's strided dimension
+                                    # (a scale per column of a (tokens, features) operand, or per row of a
+                                    # weight's transpose): priced at the device's strided-reduction rate
     torchao_kernels: Roles | None = None    # the cast kernels of each operand (forward, backward), each at least
     te_kernels: Roles | None = None         # CAST_KERNEL_MIN_S
     fp8_all_gather: bool = False    # FSDP2 gathers the converted weights in FP8 (torchao's
@@ -87,12 +94,14 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            scaling="per row, current amax",
            torchao={"input": (5.0, 3.0), "weight": (3.0, 7.0), "grad_output": (0.0, 8.0)},
            amax={"input": (2.0, 2.0), "weight": (2.0, 2.0), "grad_output": (0.0, 4.0)},
+           amax_strided={"input": (0.0, 2.0), "weight": (0.0, 2.0), "grad_output": (0.0, 2.0)},
            torchao_kernels={"input": (1, 1), "weight": (1, 2), "grad_output": (0, 2)},
            torchao_name="rowwise"),
     Recipe(name="fp8-rowwise-gw-hp", what="FP8 rowwise, the weight gradient GEMM kept in bf16",
            scaling="per row, current amax", fp8_gemms=frozenset({"fwd", "dgrad"}),
            torchao={"input": (3.0, 0.0), "weight": (3.0, 3.0), "grad_output": (0.0, 3.0)},
            amax={"input": (2.0, 0.0), "weight": (2.0, 2.0), "grad_output": (0.0, 2.0)},
+           amax_strided={"input": (0.0, 0.0), "weight": (0.0, 2.0), "grad_output": (0.0, 0.0)},
            torchao_kernels={"input": (1, 0), "weight": (1, 2), "grad_output": (0, 1)},
            torchao_name="rowwise_with_gw_hp"),
     Recipe(name="fp8-delayed", what="FP8 linears, per-tensor scales from an amax history (TransformerEngine)",

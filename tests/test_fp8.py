@@ -48,13 +48,30 @@ def test_an_fp8_linear_is_its_gemms_at_the_fp8_rate_plus_its_casts_at_memory_spe
     assert fwd == pytest.approx(gemm_s(m, n, k, dev, "fp8") + 6 * m * k / hbm, rel=1e-9)
     assert bwd == pytest.approx(gemm_s(m, k, n, dev, "fp8") + gemm_s(k, n, m, dev, "fp8") + 6 * m * n / hbm, rel=1e-9)
     # the weight-gradient GEMM kept in bf16 (torchao's rowwise_with_gw_hp); casts of torchao's kernels by class:
-    # the input's one cast (read 2: its row amax, write 1), the weight's forward cast (2 + 1), every micro-batch
+    # the input's one cast (read 2: its row amax, write 1), the weight's forward cast (2 + 1), every micro-batch;
+    # in backward the output gradient's row-wise cast and the weight's transpose scaled per column (its amax
+    # reduces along the strided dimension: the profile's strided-reduction rate, 368 GB/s on the H100)
     red, cast = dev.eager_bandwidth("reduce"), dev.eager_bandwidth("cast_down")
+    strided = dev.strided_reduce_bandwidth()
+    assert strided == 368e9
     fwd, bwd = fp8_linear_s(op, 1, m, n, k, cluster, "fp8-rowwise-gw-hp", "torchtitan", grouped=False)
     assert fwd == pytest.approx(gemm_s(m, n, k, dev, "fp8") + 2 * (m * k + k * n) / red + (m * k + k * n) / cast,
                                 rel=1e-9)
     assert bwd == pytest.approx(gemm_s(m, k, n, dev, "fp8") + gemm_s(k, n, m, dev, "bf16")
-                                + 2 * (m * n + k * n) / red + (m * n + k * n) / cast, rel=1e-9)
+                                + 2 * m * n / red + 2 * k * n / strided + (m * n + k * n) / cast, rel=1e-9)
+    # rowwise, every GEMM in FP8: forward as above but the input's kernel also writes a transposed copy (2 more
+    # bytes); backward each wgrad and dgrad operand scaled per column (2 bytes strided each: the input, the
+    # weight, the output gradient), the output gradient's row-wise amax (2), and the writes (input 1, weight's
+    # transpose and cast 2 + 2 + 1, output gradient 1 + 2 + 1)
+    fwd, bwd = fp8_linear_s(op, 1, m, n, k, cluster, "fp8-rowwise", "torchtitan", grouped=False)
+    assert fwd == pytest.approx(gemm_s(m, n, k, dev, "fp8") + 2 * (m * k + k * n) / red + (3 * m * k + k * n) / cast,
+                                rel=1e-9)
+    assert bwd == pytest.approx(gemm_s(m, k, n, dev, "fp8") + gemm_s(k, n, m, dev, "fp8")
+                                + 2 * (m * k + k * n + m * n) / strided + 2 * m * n / red
+                                + (m * k + 5 * k * n + 4 * m * n) / cast, rel=1e-9)
+    # a profile that has not measured the strided rate prices those bytes as any reduction
+    h200 = load_cluster("h200", 8).device
+    assert h200.strided_reduce_bandwidth() == h200.eager_bandwidth("reduce")
     # k and v read q's input: its cast is not paid twice
     shared = _linear("layers.0.attn.k_proj", int(k), 1024, reads_previous_input=True)
     f_shared, _ = fp8_linear_s(shared, 1, m, 1024, k, cluster, "fp8-tensorwise", "megatron", grouped=False)

@@ -210,3 +210,21 @@ def test_the_tp_block_overhead_is_the_sharded_blocks_time_beyond_the_unsharded_a
     # sharding that costs less than its all-reduces: nothing below zero
     fast = {**b, "tp_fwd_s": 0.006, "tp_fwd_bwd_s": 0.016}
     assert tomllib.loads("\n".join(tp_block_lines(fast, 2, 1.0, 100.0, "measured: `x`")))["tp_block_overhead_us"] == [0, 0]
+
+
+def test_the_strided_reduction_rate_comes_from_the_compiled_column_wise_cast():
+    from executor.profile.toml import strided_reduce_lines
+    # 8192 x 4096 bf16 (33,554,432 elements) cast column-wise in 200 us, writes at 4 TB/s: the write takes 8.39 us,
+    # the amax's 2 bytes an element the other 191.61 us: 67,108,864 B / 191.61 us = 350.23 GB/s
+    row = {"kernel": "cast_colwise_compiled", "tokens": 8192, "hidden": 4096, "bytes": 3 * 8192 * 4096,
+           "seconds": 200e-6}
+    lines = strided_reduce_lines([{"kernel": "cast_rowwise_compiled", "seconds": 1e-5}, row], {"cast_down": 4e12},
+                                 "measured")
+    parsed = tomllib.loads("\n".join(lines))
+    assert parsed["strided_reduce_GBps"] == pytest.approx(350.23, rel=1e-4)
+    assert "cast_colwise_compiled" in parsed["strided_reduce_source"]
+    # not run (a CPU profile), or failed to compile: no rate; a kernel faster than its write alone: no rate
+    assert strided_reduce_lines([], {"cast_down": 4e12}, "measured") == []
+    assert strided_reduce_lines([{"kernel": "cast_colwise_compiled", "error": "no triton"}], {"cast_down": 4e12},
+                                "measured") == []
+    assert strided_reduce_lines([{**row, "seconds": 5e-6}], {"cast_down": 4e12}, "measured") == []

@@ -272,6 +272,7 @@ def _fitted(m: dict, peaks: dict[str, float], measured: str) -> tuple[dict[str, 
     if k.get("gap"):
         lines += [f"kernel_gap_us = {_num(k['gap']['s_per_kernel'] * 1e6)}",
                   f"kernel_gap_source = {_q(measured + ': a CUDA graph of tiny kernels, GPU time per kernel')}"]
+    lines += strided_reduce_lines(k.get("fp8_cast", []), eager, measured)
     lines += host_lines(k.get("executor_host"), measured)
     if a:
         attn = (f"{measured}: causal SDPA fwd+bwd {a['shape']} (the largest timed) at "
@@ -280,6 +281,26 @@ def _fitted(m: dict, peaks: dict[str, float], measured: str) -> tuple[dict[str, 
     src = (f"{measured}: GEMM model fitted to {g['rows']} GEMMs ({g['rate_flops'] / 1e12:.0f} TFLOP/s, "
            f"{g['latency_s'] * 1e6:.0f} us per kernel); copy {m['copy']['GBps']:.1f} GB/s")
     return peaks, lines, src
+
+
+def strided_reduce_lines(casts: list[dict], eager: dict[str, float], measured: str) -> list[str]:
+    """``strided_reduce_GBps`` from the compiled column-wise FP8 cast (executor/profile/kernels.py ``fp8_casts``
+    ``cast_colwise_compiled``: one kernel that reduces n elements along their strided dimension and writes them cast):
+    the cost model prices its amax's 2 n bytes at that rate and its n written bytes at the ``cast_down`` class
+    (planner/cost/layer.py), so the rate is 2 n / (t - n / cast_down). Nothing where the case did not run or the
+    write alone would take longer than the kernel."""
+    row = next((r for r in casts if r.get("kernel") == "cast_colwise_compiled" and r.get("seconds")), None)
+    if row is None or not eager.get("cast_down"):
+        return []
+    n = row["tokens"] * row["hidden"]
+    left = row["seconds"] - n / eager["cast_down"]
+    if left <= 0:
+        return []
+    rate = 2 * n / left
+    src = (f"{measured}: the compiled column-wise amax and cast of {row['tokens']} x {row['hidden']} bf16 "
+           f"(executor/profile/kernels.py fp8_casts cast_colwise_compiled, {row['seconds'] * 1e6:.0f} us): its 2 bytes "
+           "an element of amax over the time its 1 written byte at the cast_down class leaves")
+    return [f"strided_reduce_GBps = {_num(rate / 1e9)}", f"strided_reduce_source = {_q(src)}"]
 
 
 def host_lines(probe: dict | None, measured: str) -> list[str]:

@@ -202,7 +202,9 @@ def _fp8_linear_s(op: Op, count: float, m: float, n: float, k: float, cluster: C
                 t = memory_bound_s(total, dev)
             else:                                           # inductor's kernels: by class
                 amax = recipe.amax[role][i] * elems * count
-                t = amax / dev.eager_bandwidth("reduce") + (total - amax) / dev.eager_bandwidth("cast_down")
+                strided = recipe.amax_strided[role][i] * elems * count if recipe.amax_strided else 0.0
+                t = (strided / dev.strided_reduce_bandwidth() + (amax - strided) / dev.eager_bandwidth("reduce")
+                     + (total - amax) / dev.eager_bandwidth("cast_down"))
             # each kernel at least the floor: one per expert where they are separate tensors (not grouped)
             launches = kernels[role][i] * (1 if grouped else count)
             casts += max(t, launches * fp8_recipes.CAST_KERNEL_MIN_S)
