@@ -223,11 +223,25 @@ def moe_case_settings(case: dict) -> tuple[dict, dict]:
     return job, knobs
 
 
-def run_moe_case(case: dict) -> dict:
+# Where the summary's row and the performance script that ran it disagree on a degree: the script's value and where
+# it is set. The rows stay checked with the summary's degrees; these are printed beside them. Megatron-Bridge @5776a6d90
+# (the commit of the 25.11 summary): scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py sets
+# expert_model_parallel_size=64 for GPT-OSS 120B on B200 (and GB200, GB300, whose summary rows say 64) where the B200
+# row says EP 8; the same table's H100 row gives GA 2 for PP 4 on 64 GPUs at GBS 512 and MBS 4, which needs GA 8, so
+# its columns are not all the runs' own.
+AS_CONFIGURED = {
+    "MBRIDGE2511-B200-GPTOSS_120B-64gpu-BF16": (
+        {"ep": 64}, "Megatron-Bridge @5776a6d90 scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py: "
+                    "GPT_OSS_120B_PRETRAIN_CONFIG_B200_BF16_BASE_CONFIG expert_model_parallel_size=64"),
+}
+
+
+def run_moe_case(case: dict, override: dict | None = None) -> dict:
     """A Megatron-Bridge MoE case planned as `meshplan plan --model <zoo name> ...` plans it: tokens per second per GPU
-    predicted against the published."""
+    predicted against the published; ``override`` replaces fixed knobs (``AS_CONFIGURED``)."""
     model = moe_case_model(case)
     job, knobs = moe_case_settings(case)
+    knobs = {**knobs, **(override or {})}
     t0 = time.perf_counter()
     plan = api.plan(api.load_job(model, **job), api.Knobs(**knobs), top_k=1, solver="uniform")
     seconds = time.perf_counter() - t0
@@ -296,6 +310,11 @@ def main() -> int:
         rows = [run_case(case, Path(tmp)) for case in throughput_cases(args.cases)]
     moe = [c for c in json.loads(args.cases.read_text()) if c["case_type"] in MOE_TYPES]
     moe_rows = [run_moe_case(c) for c in moe if c["hardware"]["system"] in MOE_CLUSTERS]
+    for r in moe_rows:
+        if r["id"] in AS_CONFIGURED:
+            override, where = AS_CONFIGURED[r["id"]]
+            case = next(c for c in moe if c["id"] == r["id"])
+            r["as_configured"] = {**run_moe_case(case, override), "where": where}
     unpriced = [c["id"] for c in moe if c["hardware"]["system"] not in MOE_CLUSTERS]
     print(f"{'case':<30} {'published':>9} {'predicted':>9} {'error':>7}  {'step s':>7} {'GiB':>5}  searched knobs")
     for r in rows:
@@ -350,6 +369,11 @@ def main() -> int:
             print(f"  {r['id']:<44} {r['published']:>9.0f} {r['predicted']:>9.0f} {100 * r['error']:>+6.1f}%  "
                   f"step {r['step_s']:.2f} s, {r['mem_gib']:.1f} GiB, all-to-all {r['ep_comm_s']:.2f} s, "
                   f"{r['config']}\n    {r['command']}")
+            if "as_configured" in r:
+                a = r["as_configured"]
+                print(f"    as its performance script sets it ({a['where']}): predicted {a['predicted']:.0f} "
+                      f"({100 * a['error']:+.1f}%), step {a['step_s']:.2f} s, all-to-all {a['ep_comm_s']:.2f} s, "
+                      f"{a['config']}")
     if unpriced:
         print(f"  not priced (no profile of their GPU yet): {', '.join(unpriced)}")
     if args.json:
