@@ -52,10 +52,9 @@ def measured_rows(raw: dict) -> dict[str, dict]:
 
 
 def other_kernels_s(row: dict) -> float:
-    kernels = row["kernels"]
-    if isinstance(kernels, str):        # round 3 stored the profile's summary as its Python repr
-        kernels = eval(kernels, {"__builtins__": {}}, {})       # noqa: S307 (a literal written by gpu_validate.py)
-    return kernels["by_kind"]["other"]["s"]
+    """GPU seconds of the run's kernels that are neither GEMMs, attention nor the optimizer (gpu_validate.py
+    kernel_kind): the casts, norms and activations."""
+    return row["kernels"]["by_kind"]["other"]["s"]
 
 
 def step_s(row: dict, recipe: str, cluster: str, rate: float) -> float:
