@@ -309,12 +309,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="meshplan-fidelity-") as tmp:
         rows = [run_case(case, Path(tmp)) for case in throughput_cases(args.cases)]
     moe = [c for c in json.loads(args.cases.read_text()) if c["case_type"] in MOE_TYPES]
-    moe_rows = [run_moe_case(c) for c in moe if c["hardware"]["system"] in MOE_CLUSTERS]
-    for r in moe_rows:
-        if r["id"] in AS_CONFIGURED:
-            override, where = AS_CONFIGURED[r["id"]]
-            case = next(c for c in moe if c["id"] == r["id"])
-            r["as_configured"] = {**run_moe_case(case, override), "where": where}
+    moe_rows = []
+    for case in (c for c in moe if c["hardware"]["system"] in MOE_CLUSTERS):
+        row = run_moe_case(case)
+        if case["id"] in AS_CONFIGURED:     # also as the run's own script set it
+            override, where = AS_CONFIGURED[case["id"]]
+            row["as_configured"] = {**run_moe_case(case, override), "where": where}
+        moe_rows.append(row)
     unpriced = [c["id"] for c in moe if c["hardware"]["system"] not in MOE_CLUSTERS]
     print(f"{'case':<30} {'published':>9} {'predicted':>9} {'error':>7}  {'step s':>7} {'GiB':>5}  searched knobs")
     for r in rows:
