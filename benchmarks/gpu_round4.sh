@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU truth, round 4: the three measurements the open issues wait for, as one short job on an H100 or H200, from
-# the repository root (about 8 minutes; each step writes as it goes, so a step stopped at its limit keeps what
+# the repository root (about 9 minutes; each step writes as it goes, so a step stopped at its limit keeps what
 # it finished):
 #
 #     OUT=/some/dir bash benchmarks/gpu_round4.sh
@@ -14,6 +14,9 @@
 # 3. The host-bound GPT-2 rows of round 1 (issue 24: `gpt2-124m mb2x4 s2k` predicted +18% fast) trained again,
 #    and compiled Llama 3.2 3B with tensorwise and rowwise FP8 (torchao from .whl/): $OUT/gpu_round4_runs.json,
 #    $OUT/gpu_round4_fp8_runs.json.
+# 4. Round 2's two MoE plans without FSDP again, after the executor's experts stopped writing a whole-stack
+#    gradient per expert and run as one grouped GEMM under autocast (executor/moe.py grouped_product; they
+#    ran 2.3 and 3.7 times the planner's kernel time): $OUT/gpu_round4_moe_runs.json.
 OUT=${OUT:-/tmp/meshplan-round4}
 mkdir -p "$OUT"
 source benchmarks/gpu_env.sh
@@ -24,7 +27,7 @@ case "$(nvidia-smi --query-gpu=name --format=csv,noheader)" in
     *) NAME=h100-sxm5 ;;
 esac
 date -u +"casts start %FT%TZ"
-timeout "${CASTS_S:-120}" python3 - "$OUT/fp8_casts.json" "profiles/measured/$NAME.toml" <<'EOF'
+timeout "${CASTS_S:-90}" python3 - "$OUT/fp8_casts.json" "profiles/measured/$NAME.toml" <<'EOF'
 import json, sys, tomllib
 from executor.profile.kernels import fp8_casts
 from executor.profile.toml import strided_reduce_lines
@@ -45,6 +48,9 @@ date -u +"measure start %FT%TZ"
 timeout "${MEASURE_S:-120}" python3 benchmarks/gpu_validate.py --measure --raw "$OUT/gpu_round4_runs.json" \
     --only "gpt2-124m mb2x4 s2k" "gpt2-124m mb8 s2k" 2>&1 | grep -v Warning
 date -u +"fp8 start %FT%TZ"
-timeout "${FP8_S:-150}" python3 benchmarks/gpu_validate.py --measure --set fp8 --raw "$OUT/gpu_round4_fp8_runs.json" \
+timeout "${FP8_S:-130}" python3 benchmarks/gpu_validate.py --measure --set fp8 --raw "$OUT/gpu_round4_fp8_runs.json" \
     --only "llama-3b mb1 s4k compiled fp8-tensorwise" "llama-3b mb1 s4k compiled fp8-rowwise" 2>&1 | grep -v Warning
+date -u +"moe start %FT%TZ"
+timeout "${MOE_S:-80}" python3 benchmarks/gpu_validate.py --measure --set round2 --raw "$OUT/gpu_round4_moe_runs.json" \
+    --only "moe-8e mb4 s2k" "moe-32e mb2 s4k sel" 2>&1 | grep -v Warning
 date -u +"done %FT%TZ"

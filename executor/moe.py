@@ -70,15 +70,29 @@ def _runs_grouped_mm(x: torch.Tensor) -> bool:
     return x.is_cuda and x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device)[0] >= 9
 
 
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a linear layer computes ``x`` in: autocast's where autocast is on for its device (it casts
+    a linear's input and weight to that dtype), else ``x``'s own."""
+    kind = x.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+
+
 def grouped_product(x: torch.Tensor, w: torch.Tensor, counts: list[int], grouped: bool) -> torch.Tensor:
     """Rows of ``x`` grouped by expert (``counts[e]`` rows for expert e) times each expert's weight
-    transposed, one grouped GEMM (``grouped``) or a loop. x: (R, in), w: (e, out, in) -> (R, out)"""
+    transposed, one grouped GEMM (``grouped``) or a loop. x: (R, in), w: (e, out, in) -> (R, out)
+
+    The weight is cast to ``x``'s dtype once, as one tensor (autocast does not cover _grouped_mm, and
+    casts a linear's weight so), and the loop takes the experts' weights from one ``unbind``: its
+    backward stacks the experts' gradients into one tensor, where indexing the stacked weight per expert
+    (``w[e]``) made each expert's backward allocate, zero and add a gradient of the whole stack (E of
+    them a step: on an H200, 38 ms of fp32 adds and fills in a 32-expert model's 0.2 s step, round 2's
+    moe-32e row, benchmarks/results/gpu_round2_runs.json)."""
+    w = w.to(x.dtype)
     if grouped:
         offs = torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)     # (e,) end of each group
-        # autocast does not cover _grouped_mm: fp32 weights are cast to the activations' dtype, as
-        # autocast casts a linear's weight
-        return torch._grouped_mm(x, w.to(x.dtype).transpose(-2, -1), offs=offs)
-    return torch.cat([rows @ w[e].T for e, rows in enumerate(x.split(counts))])
+        return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
+    ws = w.unbind(0)
+    return torch.cat([rows @ ws[e].T for e, rows in enumerate(x.split(counts))])
 
 
 class GroupedLinear(nn.Module):
@@ -92,6 +106,9 @@ class GroupedLinear(nn.Module):
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """x: (R, in), its rows grouped by local expert, ``counts[e]`` rows for expert e -> (R, out)."""
         w = _local(self.weight)                                           # (e, out, in): the local experts
+        # in the dtype a linear would compute in: under autocast its dtype, whatever the residual stream's
+        # (fp32 where the parameters are: without the cast the grouped GEMM never ran under autocast)
+        x = x.to(compute_dtype(x))
         return grouped_product(x, w, counts, _runs_grouped_mm(x))         # (R, out)
 
 
@@ -137,7 +154,8 @@ class MoE(nn.Module):
         weights, chosen = route(self.router(tokens), self.top_k)          # (T, k), (T, k)
         order = chosen.flatten().argsort(stable=True)                     # (T k,): pairs sorted by expert
         counts = torch.bincount(chosen.flatten(), minlength=self.num_experts)    # (E,)
-        routed = tokens[order // self.top_k]                              # (T k, h)
+        # in the experts' compute dtype from here (autocast's): what the dispatch sends, as torchtitan's does
+        routed = tokens[order // self.top_k].to(compute_dtype(tokens))   # (T k, h)
         if self.ep_group is None:
             out = self.experts(routed, counts.tolist())
         else:
