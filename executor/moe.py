@@ -77,9 +77,10 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
 
 
-def grouped_product(x: torch.Tensor, w: torch.Tensor, counts: list[int], grouped: bool) -> torch.Tensor:
+def grouped_product(x: torch.Tensor, w: torch.Tensor, counts: list[int] | torch.Tensor, grouped: bool) -> torch.Tensor:
     """Rows of ``x`` grouped by expert (``counts[e]`` rows for expert e) times each expert's weight
-    transposed, one grouped GEMM (``grouped``) or a loop. x: (R, in), w: (e, out, in) -> (R, out)
+    transposed, one grouped GEMM (``grouped``) or a loop. x: (R, in), w: (e, out, in) -> (R, out). ``counts``
+    may stay on the device for the grouped GEMM, whose group ends are a device tensor: no copy to the host.
 
     The weight is cast to ``x``'s dtype once, as one tensor (autocast does not cover _grouped_mm, and
     casts a linear's weight so), and the loop takes the experts' weights from one ``unbind``: its
@@ -89,8 +90,9 @@ def grouped_product(x: torch.Tensor, w: torch.Tensor, counts: list[int], grouped
     moe-32e row, benchmarks/results/gpu_round2_runs.json)."""
     w = w.to(x.dtype)
     if grouped:
-        offs = torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)     # (e,) end of each group
+        offs = torch.as_tensor(counts, device=x.device).cumsum(0).to(torch.int32)  # (e,) end of each group
         return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
+    counts = counts.tolist() if isinstance(counts, torch.Tensor) else counts
     ws = w.unbind(0)
     return torch.cat([rows @ ws[e].T for e, rows in enumerate(x.split(counts))])
 
@@ -103,7 +105,7 @@ class GroupedLinear(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, out_features, in_features))
 
-    def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, counts: list[int] | torch.Tensor) -> torch.Tensor:
         """x: (R, in), its rows grouped by local expert, ``counts[e]`` rows for expert e -> (R, out)."""
         w = _local(self.weight)                                           # (e, out, in): the local experts
         # in the dtype a linear would compute in: under autocast its dtype, whatever the residual stream's
@@ -144,7 +146,7 @@ class MoE(nn.Module):
         self.ep_group = None        # the ranks the experts are split over (``apply_ep``); None: all here
         self.ep = 1
 
-    def experts(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    def experts(self, x: torch.Tensor, counts: list[int] | torch.Tensor) -> torch.Tensor:
         """The local experts' SwiGLU on rows grouped by expert. (R, h) -> (R, h)"""
         return self.down_proj(F.silu(self.gate_proj(x, counts)) * self.up_proj(x, counts), counts)
 
@@ -153,11 +155,16 @@ class MoE(nn.Module):
         tokens = x.reshape(-1, shape[-1])                                 # (T, h)
         weights, chosen = route(self.router(tokens), self.top_k)          # (T, k), (T, k)
         order = chosen.flatten().argsort(stable=True)                     # (T k,): pairs sorted by expert
-        counts = torch.bincount(chosen.flatten(), minlength=self.num_experts)    # (E,)
+        # rows per expert without a copy to the host (torch.bincount reads the largest index back on a GPU)
+        flat = chosen.flatten()
+        counts = torch.zeros(self.num_experts, dtype=torch.long, device=flat.device).scatter_add_(
+            0, flat, torch.ones_like(flat))                               # (E,)
         # in the experts' compute dtype from here (autocast's): what the dispatch sends, as torchtitan's does
         routed = tokens[order // self.top_k].to(compute_dtype(tokens))   # (T k, h)
         if self.ep_group is None:
-            out = self.experts(routed, counts.tolist())
+            # the grouped GEMM takes the counts on the device: without expert parallelism nothing of the block
+            # waits for the GPU (the loop splits rows on the host, so it reads them back once)
+            out = self.experts(routed, counts if _runs_grouped_mm(routed) else counts.tolist())
         else:
             out = self._experts_elsewhere(routed, counts)
         out = out * weights.flatten()[order].unsqueeze(-1)                # (T k, h)

@@ -5,9 +5,11 @@ launches its kernels asynchronously, so the GPU runs ahead of nothing: where the
 (small models, short sequences, many micro-batches) the GPU waits for the host and the step takes
 the host's time (measured on one H200: benchmarks/results/gpu_round2_runs.json, whose FSDP rows with
 2 to 4 micro-batches ran 2.5 to 3.7 times their kernels' GPU time). FSDP2's hooks around every
-block, operator-level checkpointing's policy calls and a mixture of experts' routing (a copy of the
-tokens per expert back to the host each layer, which also drains the GPU's queue) add host work of
-their own.
+block, operator-level checkpointing's policy calls and a mixture of experts' routing add host work of
+their own. Under expert parallelism the routing also copies the tokens per expert back to the host each
+layer (the all-to-all's splits), which drains the GPU's queue; without it the executor's grouped GEMM
+reads nothing back (executor/moe.py, since 2026-11-27: the probe's ``moe`` regime was measured before,
+with a copy per layer).
 
 ``meshplan profile`` measures the executor's host time per block in each of those regimes
 (executor/profile/host.py, ``[gpu.kernels] host_us``): per block per micro-batch and per step, and the rest
