@@ -54,8 +54,10 @@ from dataclasses import dataclass, fields, replace
 from .cluster import Cluster
 from .config import ParallelConfig, Workload
 from .cost.step import (CostCache, dp_overlaps, dp_phases, estimate, fetches_per_tensor, gathers_every_microbatch,
-                        optimizer_time_s, per_tensor_phases, rank_costs, reduces_every_microbatch, sends_overlap, tied_bucket,
+                        layer_network_busy_s, network_crossing, optimizer_time_s, per_tensor_phases,
+                        pipeline_sends_busy_s, rank_costs, reduces_every_microbatch, sends_overlap, tied_bucket,
                         tied_embedding_sync_s)
+from . import network
 from .cost.host import host_bound, host_s
 from .estimate import Estimate, StepTime
 from .layers import LayerGraph
@@ -117,6 +119,8 @@ class LayerWork:
     gather_fwd_s: float = 0.0    # all-gather of the layer's parameters before its forward
     gather_bwd_s: float = 0.0    # ... before its backward (ZeRO-3)
     reduce_s: float = 0.0        # gradient reduction after its backward
+    busy_fwd_s: float = 0.0      # of fwd_s, inter-node traffic on the NICs the data-parallel stream crosses
+    busy_bwd_s: float = 0.0      # of bwd_s, likewise (cost.step.layer_network_busy_s)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,6 +137,7 @@ class StepWork:
     overlap_dp: bool = True                               # collectives overlap compute
     overlap_param_gather: bool = True                     # ZeRO-1/2's step gather beside the next forward
     contention: float = 0.0                               # compute slowdown beside a collective
+    sends_share_nics: bool = False                        # stage-boundary sends hold the data-parallel NICs
     embedding_allreduce_s: float = 0.0                    # tied embedding, first and last stage
     optimizer_s: tuple[float, ...] = ()                   # per rank
 
@@ -170,12 +175,27 @@ class _Rank:
         self.dp_free = start + seconds
         self.dp_busy.append((start, self.dp_free))
         if self.events is not None:
+            self.last_dp_event = len(self.events)
             self.record(stream=DP, kind="dp_comm", start_s=start, end_s=self.dp_free, microbatch=mb, chunk=chunk)
         return self.dp_free
 
     def record(self, **event) -> None:
         if self.events is not None:
             self.events.append(Event(device=self.rank, **event))
+
+    def yield_network(self, start: float, seconds: float) -> None:
+        """Other traffic holds the data-parallel stream's NICs for ``seconds`` from ``start``: a collective
+        running then waits that long (one transfer at a time on a NIC, cost.step.network_busy_s), by no more than
+        what it had left."""
+        if seconds <= 0 or self.dp_free <= start:
+            return
+        delay = min(seconds, self.dp_free - start)
+        self.dp_free += delay
+        s, e = self.dp_busy[-1]
+        self.dp_busy[-1] = (s, e + delay)
+        if self.events is not None:
+            event = self.events[self.last_dp_event]
+            self.events[self.last_dp_event] = replace(event, end_s=event.end_s + delay)
 
     def overlap_s(self, start: float, end: float) -> float:
         """How long the data-parallel stream is busy within [start, end)."""
@@ -273,6 +293,7 @@ def _run_pass(work: StepWork, st: _Rank, op: tuple[str, int, int], ready_s: floa
                 t = ready[j]
         base = _pass_s(kind, lw)
         if st.dp_busy and st.dp_busy[-1][1] > t:          # a collective runs beside: it slows compute
+            st.yield_network(t, lw.busy_fwd_s if kind == "F" else lw.busy_bwd_s if kind in "BI" else 0.0)
             stretch = work.contention * st.overlap_s(t, t + base)
             st.waits["contention"] += stretch
             base += stretch
@@ -326,6 +347,8 @@ def _send(work: StepWork, st: _Rank, op: tuple[str, int, int], target: tuple | N
     start = st.compute_free if st.compute_free > free else free
     end = start + work.hop_s
     st.send_free[stream] = end
+    if work.sends_share_nics and not work.blocking_sends:
+        st.yield_network(start, work.hop_s)
     if work.hop_s > 0 and st.events is not None:
         st.record(stream=stream, kind="send", start_s=start, end_s=end, microbatch=mb, chunk=chunk)
     arrivals[key] = end
@@ -479,6 +502,9 @@ def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
     tied_extra = graph.tied_params / config.tp if graph.tied_embeddings and config.pp > 1 else 0.0
     # ZeRO-3 one tensor at a time: every fetch and reduction waits for the GPU (cost/fetch.py)
     per_tensor = fetches_per_tensor(config, w.framework)
+    # the inter-node traffic that holds the data-parallel stream's NICs (cost.step.network_busy_s)
+    shares_nics = network.group(cluster, config.dp * config.cp, config.tp).nodes > 1
+    crosses = network_crossing(cache, config)
     chunks = []
     for rank, rank_chunks in enumerate(placement):
         out = []
@@ -498,10 +524,11 @@ def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
                     bucket = tied_bucket(cache, tied_extra)    # the head's copy of the shared embedding
                     extra = dp_phases(cache, config, bucket[0], frozen_bytes=bucket[1])
                     g_f, g_b, red = g_f + extra[0], g_b + extra[1], red + extra[2]
+                busy = layer_network_busy_s(cost, policies[i], *crosses) if shares_nics else (0.0, 0.0)
                 layers.append(LayerWork(fwd_s=cost.fwd_s, bwd_s=cost.bwd_s + p.recompute_s,
                                         recompute_s=p.recompute_s, wgrad_s=cost.wgrad_s, tp_comm_s=cost.tp_comm_s,
                                         cp_comm_s=cost.cp_comm_s, ep_comm_s=cost.ep_comm_s, gather_fwd_s=g_f, gather_bwd_s=g_b,
-                                        reduce_s=red))
+                                        reduce_s=red, busy_fwd_s=busy[0], busy_bwd_s=busy[1]))
             out.append(tuple(layers))
         chunks.append(tuple(out))
     ranks = rank_costs(cache, config)
@@ -516,6 +543,7 @@ def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
                                                overlap_grad_reduce=w.overlap_grad_reduce, zero=config.zero,
                                                dp=config.dp * config.cp, tp=config.tp, pp=config.pp)),
                     contention=cluster.comm_sm_fraction,
+                    sends_share_nics=shares_nics and pipeline_sends_busy_s(cache, config) > 0,
                     overlap_param_gather=RUNTIMES[w.framework].timing.overlaps_param_gather,
                     embedding_allreduce_s=tied_embedding_sync_s(cache, config),
                     optimizer_s=tuple(optimizer_time_s(cache, config, r.params, r.expert_params) for r in ranks))

@@ -122,7 +122,10 @@ def test_interleaving_widens_the_window_of_the_gradient_reduction():
     """ZeRO-0's all-reduce of 3e10 parameters (4 bytes each: longer than any window here) beside the last
     micro-batch's 2 s backward under 1F1B; under the interleaved schedule (pp 2, 4 chunks) the chunks finish one
     after another, so all but the last chunk's reductions also run beside the group's other micro-batch:
-    2 (1 + (2 - 1) 3 / 4) = 3.5 s. The memo keeps the two apart (the same rank, one cache)."""
+    2 (1 + (2 - 1) 3 / 4) = 3.5 s. The memo keeps the two apart (the same rank, one cache). The interleaved
+    schedule's sends run beside compute and its stages sit on other nodes (8 x 8 GPUs a stage): in each backward
+    a rank sends one hop per chunk over the NICs the data-parallel ring crosses, which widens the window by less
+    (cost.step.network_busy_s); 1F1B's sends block, outside the window."""
     cache = CostCache(GRAPH, A100, replace(WORK, overlap_grad_reduce=True))
     rank = fake_rank(params=3e10)
     flat = ParallelConfig(dp=8, tp=8, pp=2, zero=0, micro_batch=1, num_microbatches=4, schedule="1f1b")
@@ -132,7 +135,41 @@ def test_interleaving_widens_the_window_of_the_gradient_reduction():
     _, interleaved = _dp_comm(cache, chunked, rank)
     k = A100.comm_sm_fraction
     assert plain == pytest.approx(total - 2.0 + k * 2.0)
-    assert interleaved == pytest.approx(total - 3.5 + k * 3.5)
+    busy = 4 * cache.hop_s(chunked) * 1.75               # four chunks' sends, in the widened backward window
+    assert busy > 0
+    assert interleaved == pytest.approx(total - (3.5 - busy) + k * 3.5)
+
+
+def test_collectives_that_share_the_nics_take_turns_on_them():
+    """What of 1.0 s of overlapped collectives a 0.8 s window hides when other traffic holds the same NICs for
+    0.3 s of it: 0.5 s; 0.5 s exposed, plus the SMs (10%) over the window, 0.08 s: 0.58 s. Without the other
+    traffic: 0.2 + 0.08. Never less than the last collective (0.6 s here)."""
+    from planner.cost.step import exposed_s
+    assert exposed_s(1.0, 0.8, 0.1, contention=0.1, busy=0.3) == pytest.approx(0.58)
+    assert exposed_s(1.0, 0.8, 0.1, contention=0.1) == pytest.approx(0.28)
+    assert exposed_s(1.0, 0.8, 0.6, contention=0.1, busy=0.3) == pytest.approx(0.68)
+
+
+def test_only_inter_node_traffic_on_the_data_parallel_nics_counts():
+    """``network_busy_s``: nothing where the data-parallel group stays in a node (dp 4 x tp 2 on one node of 8),
+    and where it crosses nodes, the expert all-to-alls only where the expert group crosses them too (ep 8 in a
+    node: nothing; ep 16 over two nodes: each MoE layer's all-to-all time, split between forward and backward as
+    the layer's time is)."""
+    from planner.cost.step import network_busy_s
+    spec = ZOO["mixtral-8x7b"]
+    graph = build_layer_graph(replace(spec, num_layers=2, num_experts=16))
+    cluster = load_cluster("h100-80g", 32)
+    cache = CostCache(graph, cluster, Workload(global_batch=64, seq_len=4096, framework="torch"))
+    inside = ParallelConfig(dp=4, tp=2, pp=1, ep=1, zero=1, micro_batch=1, num_microbatches=16)
+    assert network_busy_s(cache, inside, rank_costs(cache, inside)[0]) == (0.0, 0.0)
+    in_node = ParallelConfig(dp=32, tp=1, pp=1, ep=8, zero=1, micro_batch=1, num_microbatches=2)
+    assert network_busy_s(cache, in_node, rank_costs(cache, in_node)[0]) == (0.0, 0.0)
+    across = replace(in_node, ep=16)
+    rank = rank_costs(cache, across)[0]
+    fwd, bwd = network_busy_s(cache, across, rank)
+    assert rank.ep_comm_s > 0
+    assert fwd + bwd == pytest.approx(rank.ep_comm_s)
+    assert 0 < fwd < bwd
 
 
 def test_optimizer_step_streams_adam_state():

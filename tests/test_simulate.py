@@ -111,6 +111,20 @@ def test_data_parallel_tail_against_a_hand_computed_schedule():
     assert slowed.step_time_s == pytest.approx(12.15 + 1.5)
 
 
+def test_traffic_on_the_data_parallel_nics_delays_the_collective_running_beside_it():
+    """As the hand schedule above, but layer 0's backward sends 1 s of other inter-node traffic (an expert
+    all-to-all) over the NICs the reductions use: layer 1's reduction, running [10, 11.5] beside it, waits that
+    second, [10, 12.5]; layer 0's reduction queues behind it, [12.5, 14]. A delay is never more than what the
+    collective had left: 2 s of traffic holds it 1.5 s, [10, 13], then [13, 14.5]."""
+    layers = (LayerWork(fwd_s=1, bwd_s=2, reduce_s=1.5, busy_bwd_s=1.0), LayerWork(fwd_s=1, bwd_s=2, reduce_s=1.5))
+    t = simulate_work(StepWork(schedule="1f1b", num_microbatches=2, chunks=((layers,),)))
+    assert [(e.start_s, e.end_s) for e in t.on(0, "dp")] == [(10, 12.5), (12.5, 14)]
+    assert t.step_time_s == 14
+    layers = (replace(layers[0], busy_bwd_s=2.0), layers[1])
+    t = simulate_work(StepWork(schedule="1f1b", num_microbatches=2, chunks=((layers,),)))
+    assert [(e.start_s, e.end_s) for e in t.on(0, "dp")] == [(10, 13), (13, 14.5)]
+
+
 def test_zero3_gathers_prefetch_one_layer_ahead():
     # one rank, two layers (f 1, b 2), gathers of 0.5 s before every forward and backward
     # (ZeRO-3), reductions 0.5 s, m = 1. Forward: gather 0 [0, .5] exposed, gather 1

@@ -373,7 +373,8 @@ def _inflight(schedule: str, rank: int, pp: int, vpp: int, m: int) -> float:
 def _dp_comm(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[float, float]:
     key = (config.dp, config.cp, config.tp, config.zero, config.num_microbatches, rank.buckets, rank.first_bucket,
            rank.fwd_s, rank.bwd_s, rank.layers, config.ep, rank.expert_buckets,
-           _last_backward_window(config, 1.0))      # the interleaved schedule's window (pp, vpp, schedule)
+           _last_backward_window(config, 1.0),      # the interleaved schedule's window (pp, vpp, schedule)
+           network_busy_s(cache, config, rank))     # the other inter-node traffic it shares NICs with
     out = cache._dp.get(key)
     if out is None:
         out = cache._dp[key] = _dp_comm_uncached(cache, config, rank)
@@ -510,21 +511,82 @@ def _dp_comm_uncached(cache: CostCache, config: ParallelConfig, rank: RankCost) 
         return total, total
     first = dp_collectives(cache, config, rank.first_bucket[0], frozen_bytes=rank.first_bucket[1])
     contention = cache.cluster.comm_sm_fraction
+    # seconds per micro-batch of forward and of backward in which the rank's other collectives hold the NICs
+    # the data-parallel ones cross (``network_busy_s``): those queue behind them
+    busy_fwd, busy_bwd = network_busy_s(cache, config, rank)
 
-    def exposed(comm: float, window: float, last: float) -> float:
-        # compute slows only while it runs beside the collectives: over the window, not past it
-        return max(comm - window, last) + contention * min(comm, window)
+    def exposed(comm: float, window: float, last: float, busy: float) -> float:
+        return exposed_s(comm, window, last, contention=contention, busy=busy)
 
-    out = m * exposed(per_micro, rank.fwd_s + rank.bwd_s, first[0]) if per_micro else 0.0
+    out = m * exposed(per_micro, rank.fwd_s + rank.bwd_s, first[0], busy_fwd + busy_bwd) if per_micro else 0.0
     if once and not once_overlaps:
         out += once                      # after the last backward or in the optimizer step, nothing beside it
     elif once:
-        out += exposed(once, _last_backward_window(config, rank.bwd_s), first[1])
+        out += exposed(once, _last_backward_window(config, rank.bwd_s), first[1],
+                       _last_backward_window(config, busy_bwd))
     if after and RUNTIMES[cache.workload.framework].timing.overlaps_param_gather:
-        out += exposed(after, rank.fwd_s, first[2])     # beside the next forward (--overlap-param-gather)
+        out += exposed(after, rank.fwd_s, first[2], busy_fwd)     # beside the next forward (--overlap-param-gather)
     elif after:
         out += after                                     # ends the optimizer step
     return total, out
+
+
+def exposed_s(comm: float, window: float, last: float, *, contention: float, busy: float = 0.0) -> float:
+    """What of ``comm`` seconds of overlapped collectives the step waits for: the part the ``window`` of compute
+    they run beside cannot hold, at least ``last`` (the one that closes it), plus the compute they slow by the SMs
+    they occupy (``contention``: their share of the SMs, over the window, not past it). ``busy``: seconds of the
+    window in which other collectives of the rank hold the same NICs (``network_busy_s``): the collectives queue
+    behind them on the link, so only the rest of the window hides them."""
+    return max(comm - (window - busy), last) + contention * min(comm, window)
+
+
+def network_busy_s(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[float, float]:
+    """(forward, backward) seconds per micro-batch in which the rank's other inter-node traffic holds the NICs its
+    data-parallel collectives cross; (0, 0) where those stay inside a node. One NIC carries one transfer at a time
+    at its full rate (NCCL gives each connection the link in turn), so groups that cross it at once take turns
+    rather than each keeping its own bandwidth; inside a node NVLink's switch serves every pair at once. The
+    traffic: the expert all-to-alls where the expert group spans nodes and the context-parallel exchanges where
+    that group does (each layer's spread over its forward and backward, with its recompute, as its time is:
+    ``layer_network_busy_s``), and the stage-boundary sends where the stages sit on other nodes and the sends run
+    beside compute, one per chunk each way (blocking sends are time of their own, ``RankCost.p2p_s``)."""
+    cluster = cache.cluster
+    if network.group(cluster, config.dp * config.cp, config.tp).nodes <= 1:
+        return 0.0, 0.0
+    crosses = network_crossing(cache, config)
+    fwd = bwd = 0.0
+    if crosses[0] or crosses[1]:
+        ctx = cache.context(config)
+        for (sig, policy), n in rank.layers:
+            f, b = layer_network_busy_s(cache.signature_cost(sig, ctx), policy, *crosses)
+            fwd, bwd = fwd + n * f, bwd + n * b
+    sends = pipeline_sends_busy_s(cache, config)
+    return fwd + sends, bwd + sends
+
+
+def network_crossing(cache: CostCache, config: ParallelConfig) -> tuple[bool, bool]:
+    """(the expert group spans nodes, the context-parallel group does)."""
+    cluster = cache.cluster
+    return (config.ep > 1 and network.group(cluster, config.ep, 1).nodes > 1,
+            config.cp > 1 and network.group(cluster, config.cp, config.tp).nodes > 1)
+
+
+def layer_network_busy_s(cost: LayerCost, policy: str, ep_crosses: bool, cp_crosses: bool) -> tuple[float, float]:
+    """(forward, backward) seconds of one layer's inter-node expert and context-parallel traffic per micro-batch:
+    its exchanges' time, split between forward and backward (recompute included) as the layer's time is."""
+    busy = (cost.ep_comm_s if ep_crosses else 0.0) + (cost.cp_comm_s if cp_crosses else 0.0)
+    if busy <= 0:
+        return 0.0, 0.0
+    fwd, bwd = cost.fwd_s, cost.bwd_s + cost.policy(policy).recompute_s
+    return busy * fwd / (fwd + bwd), busy * bwd / (fwd + bwd)
+
+
+def pipeline_sends_busy_s(cache: CostCache, config: ParallelConfig) -> float:
+    """Seconds per micro-batch, in forward and again in backward, that a rank's stage-boundary sends hold the
+    NICs: one transfer per chunk (``hop_s``) where stages sit on other nodes and the sends run beside compute."""
+    if config.pp == 1 or config.tp * config.cp * config.dp < cache.cluster.gpus_per_node \
+            or not sends_overlap(config.schedule, cache.workload.framework):
+        return 0.0
+    return config.vpp * cache.hop_s(config)
 
 
 def _last_backward_window(config: ParallelConfig, bwd_s: float) -> float:

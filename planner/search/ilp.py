@@ -105,6 +105,9 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
         fixed = pr.fixed[r]
         F = block.fwd_s * nb + fixed.fwd_s
         B = pulp.lpSum((block.bwd_s + rc[c]) * n[r, c] for c in pr.policies) + fixed.bwd_s
+        # (forward, backward) seconds of the rank's other inter-node traffic on the data-parallel NICs
+        busy = tuple(pulp.lpSum(pr.block_busy_s(c)[i] * n[r, c] for c in pr.policies) + extra + pr.sends_busy_s
+                     for i, extra in enumerate((fixed.busy_fwd_s, fixed.busy_bwd_s)))
         sends = 2 * v * pr.hop_s if p > 1 else 0.0
         if pr.sends_overlap:
             y = pulp.LpVariable(f"y_{r}", 0)
@@ -141,7 +144,7 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
                 total_host = opt.block_host_bytes * L + sum(opt.fixed_host_bytes(f) for f in pr.fixed)
                 most = per_node * (total_host / gib + pr.inflight[r] * L * max(host_act.values()))
                 prob += H <= host_cap + max(0.0, most - host_cap) * (1 - z[k]), f"g_rank_{r}_host_{k}"
-            _data_parallel(prob, pr, opt, k, r, nb, F, B, D, z[k])
+            _data_parallel(prob, pr, opt, k, r, nb, F, B, D, z[k], busy)
             most_opt = opt.block_optimizer_s * L + opt.optimizer_s_per_param * fixed.params
             prob += O >= opt.block_optimizer_s * nb + opt.optimizer_s_per_param * fixed.params \
                 - most_opt * (1 - z[k]), f"k_rank_{r}_optimizer_{k}"
@@ -193,9 +196,10 @@ def _most_blocks(pr: GroupProblem, r: int, cap_gib: float, act_gib: dict[str, fl
     return most if fit >= most else max(0, math.floor(fit + 1e-9))
 
 
-def _data_parallel(prob, pr: GroupProblem, opt: Option, k: int, r: int, nb, F, B, D, z) -> None:
+def _data_parallel(prob, pr: GroupProblem, opt: Option, k: int, r: int, nb, F, B, D, z, busy=(0.0, 0.0)) -> None:
     """(i)-(j): the rank's exposed data-parallel time under option k, as the cost model
-    prices it (planner/cost/step.py::_dp_comm_uncached), layer by layer."""
+    prices it (planner/cost/step.py::_dp_comm_uncached), layer by layer; ``busy``: (forward, backward) seconds in
+    which other inter-node traffic holds the NICs (cost.step.network_busy_s), out of the windows that hide it."""
     if not pr.has_dp:
         return
     blk = pr.block_collectives(opt)
@@ -213,7 +217,7 @@ def _data_parallel(prob, pr: GroupProblem, opt: Option, k: int, r: int, nb, F, B
     if not overlap:
         exposed = m * totals[0] + totals[1] + totals[2]
     else:
-        windows = (F + B, B, F)
+        windows = (F + B - busy[0] - busy[1], B - busy[1], F - busy[0])
         exposed = 0
         for i, weight in enumerate((m, 1, 1)):
             if blk[i] == 0 and all(f[i] == 0 for f in fixed):

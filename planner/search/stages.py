@@ -27,8 +27,10 @@ from ..config import ParallelConfig
 from ..cost.layer import LayerCost
 from ..cost.memory import resident_bytes_per_param, state_bytes_per_param
 from ..cost.step import (CostCache, other_bytes, dp_collectives, dp_overlaps, expert_shard, frozen_rates,
-                         inflight_microbatches, optimizer_time_s, resident_rates, sends_overlap, tied_bucket,
-                         tied_embedding_sync_s, state_rates)
+                         inflight_microbatches, layer_network_busy_s, network_crossing, optimizer_time_s,
+                         pipeline_sends_busy_s, resident_rates, sends_overlap, tied_bucket, tied_embedding_sync_s,
+                         state_rates)
+from .. import network
 from ..runtimes import RUNTIMES
 from ..placement import holds_head_copy, last_stage_rank, placement_of, rank_stages
 from ..recompute import POLICIES, summary_policy
@@ -81,6 +83,8 @@ class Fixed:
                                                     # (one collective each)
     wgrad_s: float = 0.0                 # of bwd_s, the weight gradients (a pass of their own in split backward)
     frozen_bytes: float = 0.0            # frozen parameters' bytes (planner/finetune.py) before ZeRO sharding
+    busy_fwd_s: float = 0.0              # their inter-node traffic sharing the data-parallel NICs, in forward
+    busy_bwd_s: float = 0.0              # and in backward (cost.step.layer_network_busy_s)
 
 
 _EMPTY = Fixed()
@@ -135,6 +139,11 @@ class GroupProblem:
         self.schedule = SCHEDULES[schedule]
         self.sends_overlap = sends_overlap(schedule, space.w.framework)     # else each send is in its rank's time
         self.inflight = [inflight_microbatches(self.base, r) for r in range(self.p)]
+        # the inter-node traffic that shares the data-parallel collectives' NICs (cost.step.network_busy_s): the
+        # stage-boundary sends', each way, and each block's per recompute policy
+        self.shares_nics = network.group(cache.cluster, layout.dp * layout.cp, layout.tp).nodes > 1
+        self.crosses = network_crossing(cache, self.base)
+        self.sends_busy_s = pipeline_sends_busy_s(cache, self.base) if self.shares_nics else 0.0
         self.fixed = [self._fixed(r, ctx) for r in range(self.p)]
         self.options = [self._option(z, o) for z in space.zeros(layout, schedule) for o in space.optimizer_offloads(z)]
         self.tied_s = tied_embedding_sync_s(cache, self.base)
@@ -145,6 +154,11 @@ class GroupProblem:
                             if self.split_backward else 0.0)
         self.param_gather_overlaps = RUNTIMES[space.w.framework].timing.overlaps_param_gather
         self.least_slowest: dict[Option, float] = {}     # least_slowest_rank per option (shared by the copies)
+
+    def block_busy_s(self, policy: str) -> tuple[float, float]:
+        """(forward, backward) seconds of one block's inter-node traffic on the data-parallel NICs under
+        ``policy`` (cost.step.layer_network_busy_s; zeros where the data-parallel group stays in a node)."""
+        return layer_network_busy_s(self.block, policy, *self.crosses) if self.shares_nics else (0.0, 0.0)
 
     def dp_overlaps(self, opt: Option) -> tuple[bool, bool]:
         """``cost.step.dp_overlaps`` of this group under option ``opt``."""
@@ -180,10 +194,12 @@ class GroupProblem:
             bucket = tied_bucket(self.cache, graph.tied_params / self.layout.tp)
             params, frozen = params + bucket[0], frozen + bucket[1]
             buckets += (bucket,)
+        busy = [layer_network_busy_s(c, "none", *self.crosses) for c in costs] if self.shares_nics else []
         return Fixed(fwd_s=sum(c.fwd_s for c in costs), bwd_s=sum(c.bwd_s for c in costs),
                      act_bytes=sum(c.policy("none").act_bytes for c in costs),
                      extra_bytes=max([c.policy("none").peak_extra_bytes for c in costs] or [0.0]), params=params,
-                     buckets=buckets, wgrad_s=sum(c.wgrad_s for c in costs), frozen_bytes=frozen)
+                     buckets=buckets, wgrad_s=sum(c.wgrad_s for c in costs), frozen_bytes=frozen,
+                     busy_fwd_s=sum(b[0] for b in busy), busy_bwd_s=sum(b[1] for b in busy))
 
     def _option(self, zero: int, offload: bool) -> Option:
         """Memoised on the cache: an option depends on the layout, sequence parallelism and the
