@@ -14,9 +14,12 @@ by what each protocol delivers of them:
 Algorithms: the ring for every collective; for all-reduce across nodes also the double binary tree (latency
 logarithmic in the nodes, 92% of the ring's bandwidth); for all-gather and reduce-scatter across nodes with one
 rank per node also PAT (latency logarithmic in the nodes plus 2.8 us per rank, 75% of the bandwidth). NVLS
-(NVLink SHARP inside a node) is the profile's measured all-reduce bandwidth (planner/network.py). Left out:
-CollNet (SHARP in the network switches), NCCL's per-channel bandwidth caps (``llMaxBw``,
-``perChMaxRingLL128Bw``: they bind on small messages only) and its tree correction factors by size.
+(NVLink SHARP inside a node) is the profile's measured all-reduce bandwidth (planner/network.py); across nodes of
+such a switch NVLS-tree reduces inside each node with NVLS and between the nodes with a tree, at the lesser of
+the node's NVLS bus bandwidth and its NICs' (twice the NICs' on two nodes, where the tree's two directions
+each carry half), latency logarithmic in the nodes. Left out: CollNet (SHARP in the network switches, with
+NVLS across nodes), NCCL's per-channel bandwidth caps (``llMaxBw``, ``perChMaxRingLL128Bw``,
+``perChMaxNVLSTreeBw``: they bind on small messages only) and its tree correction factors by size.
 """
 from __future__ import annotations
 
@@ -31,10 +34,10 @@ BASE_US = {"tree": {"LL": 6.8, "LL128": 14.0, "Simple": 8.4},
 # hwLatencies (us) per step: NVLink (inside a node) and NET (between nodes), by algorithm and protocol
 HOP_US = {"nvlink": {"tree": {"LL": 0.6, "LL128": 1.25, "Simple": 4.0},
                      "ring": {"LL": 0.6, "LL128": 1.9, "Simple": 3.4},
-                     "pat": {"Simple": 4.0}, "nvls": {"Simple": 25.0}},
+                     "pat": {"Simple": 4.0}, "nvls": {"Simple": 25.0}, "nvls_tree": {"Simple": 25.0}},
           "net": {"tree": {"LL": 5.0, "LL128": 8.5, "Simple": 14.0},
                   "ring": {"LL": 2.7, "LL128": 4.0, "Simple": 14.0},
-                  "pat": {"Simple": 14.0}}}
+                  "pat": {"Simple": 14.0}, "nvls_tree": {"Simple": 20.9}}}
 # the share of the links' bus bandwidth each protocol delivers ("Various model refinements")
 RING_BW = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}
 TREE_BW = {"LL": 0.92 / 3.8, "LL128": 0.92 * 120 / 128, "Simple": 0.92}     # all-reduce, more than one node
@@ -84,6 +87,12 @@ def nvls_latency_s() -> float:
     """Latency of NVLS (NVLink SHARP) inside one node: NCCL prices it at NVLink's NVLS hop alone, 25 us
     (hwLatencies NVLINK NVLS Simple; no base latency)."""
     return HOP_US["nvlink"]["nvls"]["Simple"] * 1e-6
+
+
+def nvls_tree_latency_s(nodes: int) -> float:
+    """Latency of NVLS-tree (all-reduce across nodes: NVLS inside each node, a tree between them; Simple only):
+    NVLink's NVLS-tree hop once and log2(nodes) network hops up and down (no base latency)."""
+    return (HOP_US["nvlink"]["nvls_tree"]["Simple"] + 2 * _log2i(nodes) * HOP_US["net"]["nvls_tree"]["Simple"]) * 1e-6
 
 
 def cheapest(options: dict[str, float]) -> tuple[str, float]:

@@ -130,7 +130,7 @@ def _gloo_ring_latency_s(f: Fabric, grp: Group) -> float:
 def all_reduce_s(cluster: Cluster, nbytes: float, grp: Group) -> float:
     """All-reduce of a ``nbytes`` buffer on every rank, as NCCL runs it (planner/nccl.py): the cheapest of the
     ring and, across nodes, the double binary tree, each at its best protocol; inside an NVSwitch node with
-    NVLink SHARP also NVLS, at the profile's measured bandwidth."""
+    NVLink SHARP also NVLS, at the profile's measured bandwidth, and across such nodes NVLS-tree."""
     return _all_reduce(cluster, nbytes, grp)[1]
 
 
@@ -153,6 +153,14 @@ def _all_reduce(cluster: Cluster, nbytes: float, grp: Group) -> tuple[str, float
         # NCCL's algorithm bandwidth of the tree is half its bus bandwidth (tuning.cc: ratio .5)
         options.update({f"tree/{p}": nccl.tree_latency_s(n, grp.nodes, p) + nbytes / (0.5 * bw * nccl.TREE_BW[p])
                         for p in nccl.PROTOCOLS})
+        if f.nvls_bytes_per_s and grp.per_node > 2:
+            # NVLS-tree (tuning.cc NCCL_ALGO_NVLS_TREE): per channel the lesser of NVLS's bandwidth inside the node
+            # (the measured all-reduce's, as a bus bandwidth: x 2 (k - 1) / k on its k GPUs) and the network's (on
+            # two nodes twice it); NCCL's ring ratio turns the bus bandwidth into the algorithm's, n / 2 (n - 1)
+            nvls_bus = f.nvls_bytes_per_s * 2 * (grp.per_node - 1) / grp.per_node
+            net_bus = grp.per_node * f.net_bytes_per_s * (2 if grp.nodes <= 2 else 1)
+            options["nvls-tree"] = nccl.nvls_tree_latency_s(grp.nodes) + nbytes / (
+                min(nvls_bus, net_bus) * n / (2 * (n - 1)))
     elif f.nvls_bytes_per_s and grp.per_node > 2:
         options["nvls"] = nbytes / f.nvls_bytes_per_s + nccl.nvls_latency_s()
     return nccl.cheapest(options)

@@ -76,6 +76,24 @@ def test_nvlink_sharp_all_reduce_on_h100():
     assert all_reduce_choice(H100, S, Group(8, 8)) == "nvls"
 
 
+def test_nvls_tree_all_reduce_across_h100_nodes():
+    """NCCL's NVLS-tree (tuning.cc NCCL_ALGO_NVLS_TREE): NVLS inside each node, a tree between them. Its bus
+    bandwidth is the lesser of NVLS's inside the node (the measured 275 GB/s all-reduce on 8 GPUs as a bus
+    bandwidth: x 2 x 7/8 = 481.25 GB/s) and the node's 8 NICs (8 x 50 GB/s x 0.9 = 360 GB/s; twice that on two
+    nodes), turned into the algorithm's by n / 2 (n - 1); latency 25 us + 2 x log2(nodes) x 20.9 us. On two
+    nodes NVLS binds: 1 GB in 1e9 / (481.25e9 x 16 / 30) + 66.8 us = 3.963 ms, under the ring's 1e9 x 30 / 16 /
+    360e9 = 5.21 ms. On three the NICs bind (360 GB/s x 24 / 46) and the log latency still beats the ring's."""
+    S = 1e9
+    two = all_reduce_s(H100, S, Group(16, 8))
+    assert two == pytest.approx(S / (481.25e9 * 16 / 30) + (25 + 2 * 20.9) * US)
+    assert all_reduce_choice(H100, S, Group(16, 8)) == "nvls-tree"
+    three = load_cluster("h100-80g", 24)
+    assert all_reduce_s(three, S, Group(24, 8)) == pytest.approx(S / (360e9 * 24 / 46) + (25 + 2 * 20.9) * US)
+    assert all_reduce_choice(three, S, Group(24, 8)) == "nvls-tree"
+    # small messages take the double binary tree, whose per-hop latencies are lower
+    assert all_reduce_choice(H100, 1e6, Group(16, 8)) == "tree/LL"
+
+
 def test_all_gather_moves_half_of_an_all_reduce():
     S = 4e9
     assert all_gather_s(A100, S, Group(8, 8)) == pytest.approx(7 / 8 * S / NVLINK + (8.4 + 7 * 3.4) * US)
