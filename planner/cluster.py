@@ -149,6 +149,8 @@ class Cluster:
     nvme_read_bytes_per_s: float = 0.0    # its sequential read and write rates per node, all drives together
     nvme_write_bytes_per_s: float = 0.0
     oversubscription: float               # leaf-to-spine oversubscription of the fat tree
+    collnet: bool = False                 # the switches reduce in the network (SHARP) and NCCL runs CollNet on them
+                                          # (NCCL_COLLNET_ENABLE=1 with the SHARP plugin; NCCL's default is off)
     max_nodes: int = 0                    # 0: unlimited
     comm_sm_fraction: float = 0.0         # share of the device's SMs a running collective occupies
     intra_all_gather_ratio: float = 1.0       # all-gather's bus bandwidth in a node against all-reduce's (gloo: < 1)
@@ -388,6 +390,12 @@ class _Table:
             raise UserError(f"must be an integer, got {self.data[key]!r}", source=self.source, field=self._name(key))
         return int(value)
 
+    def boolean(self, key: str, *, default: bool) -> bool:
+        value = self.data.get(key, default)
+        if not isinstance(value, bool):
+            raise UserError(f"must be true or false, got {value!r}", source=self.source, field=self._name(key))
+        return value
+
     def fraction(self, key: str) -> float:
         value = self.number(key)
         if value > 1:
@@ -544,6 +552,7 @@ def parse_cluster(data: dict, source: str) -> Cluster:
                        latency_s=0.0),
         **_nvme(host),
         oversubscription=net.number("oversubscription", default=1.0),
+        collnet=net.boolean("collnet", default=False),
         max_nodes=root.integer("max_nodes", allow_zero=True, default=0),
         comm_sm_fraction=min(1.0, root.table("runtime").number("comm_sms", allow_zero=True, default=0.0)
                              / gpu.integer("sm_count")),

@@ -17,9 +17,14 @@ rank per node also PAT (latency logarithmic in the nodes plus 2.8 us per rank, 7
 (NVLink SHARP inside a node) is the profile's measured all-reduce bandwidth (planner/network.py); across nodes of
 such a switch NVLS-tree reduces inside each node with NVLS and between the nodes with a tree, at the lesser of
 the node's NVLS bus bandwidth and its NICs' (twice the NICs' on two nodes, where the tree's two directions
-each carry half), latency logarithmic in the nodes. Left out: CollNet (SHARP in the network switches, with
-NVLS across nodes), NCCL's per-channel bandwidth caps (``llMaxBw``, ``perChMaxRingLL128Bw``,
-``perChMaxNVLSTreeBw``: they bind on small messages only) and its tree correction factors by size.
+each carry half), latency logarithmic in the nodes. Where the profile's network reduces in its switches and
+NCCL runs CollNet there (``[network] collnet``; NCCL's default is off: NCCL_COLLNET_ENABLE=0), all-reduce across
+nodes may also take CollNet Direct (NVSwitch nodes: each GPU to its own NIC, the switch reducing), CollNet Chain
+and NVLS across nodes, at tuning.cc's bandwidths (CollNet's from the node's inside, as NCCL's model takes it:
+the network reduces, so it is not the bound) and latencies, which are one network hop whatever the nodes. Left
+out: CollNet's all-gather and reduce-scatter (they need the plugin's ``iallgather``, and one GPU per NIC
+head), NCCL's per-channel bandwidth caps (``llMaxBw``, ``perChMaxRingLL128Bw``, ``perChMaxNVLSTreeBw``: they
+bind on small messages only) and its tree correction factors by size.
 """
 from __future__ import annotations
 
@@ -34,10 +39,16 @@ BASE_US = {"tree": {"LL": 6.8, "LL128": 14.0, "Simple": 8.4},
 # hwLatencies (us) per step: NVLink (inside a node) and NET (between nodes), by algorithm and protocol
 HOP_US = {"nvlink": {"tree": {"LL": 0.6, "LL128": 1.25, "Simple": 4.0},
                      "ring": {"LL": 0.6, "LL128": 1.9, "Simple": 3.4},
-                     "pat": {"Simple": 4.0}, "nvls": {"Simple": 25.0}, "nvls_tree": {"Simple": 25.0}},
+                     "pat": {"Simple": 4.0}, "nvls": {"Simple": 25.0}, "nvls_tree": {"Simple": 25.0},
+                     "collnet_direct": {"Simple": 3.7}, "collnet_chain": {"Simple": 2.8}},
           "net": {"tree": {"LL": 5.0, "LL128": 8.5, "Simple": 14.0},
                   "ring": {"LL": 2.7, "LL128": 4.0, "Simple": 14.0},
-                  "pat": {"Simple": 14.0}, "nvls_tree": {"Simple": 20.9}}}
+                  "pat": {"Simple": 14.0}, "nvls_tree": {"Simple": 20.9}, "nvls": {"Simple": 18.0},
+                  "collnet_direct": {"Simple": 31.0}, "collnet_chain": {"Simple": 30.0}}}
+# CollNet Direct's all-reduce on compute capability 9.0 and later runs at 85% of its bus bandwidth
+COLLNET_DIRECT_HOPPER_BW = 0.85
+# and each intra-node rank beyond the first adds 0.4 us of arity serialisation
+COLLNET_ARITY_US = 0.4
 # the share of the links' bus bandwidth each protocol delivers ("Various model refinements")
 RING_BW = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}
 TREE_BW = {"LL": 0.92 / 3.8, "LL128": 0.92 * 120 / 128, "Simple": 0.92}     # all-reduce, more than one node
@@ -93,6 +104,26 @@ def nvls_tree_latency_s(nodes: int) -> float:
     """Latency of NVLS-tree (all-reduce across nodes: NVLS inside each node, a tree between them; Simple only):
     NVLink's NVLS-tree hop once and log2(nodes) network hops up and down (no base latency)."""
     return (HOP_US["nvlink"]["nvls_tree"]["Simple"] + 2 * _log2i(nodes) * HOP_US["net"]["nvls_tree"]["Simple"]) * 1e-6
+
+
+def collnet_direct_latency_s(per_node: int) -> float:
+    """Latency of CollNet Direct's all-reduce (SHARP in the network switches, every GPU of a node to its own NIC):
+    twice an NVLink hop and the arity serialisation of the node's other ranks, and one network hop."""
+    intra = HOP_US["nvlink"]["collnet_direct"]["Simple"]
+    return (2 * (min(1, per_node - 1) * intra + (per_node - 1) * COLLNET_ARITY_US)
+            + HOP_US["net"]["collnet_direct"]["Simple"]) * 1e-6
+
+
+def collnet_chain_latency_s(per_node: int) -> float:
+    """Latency of CollNet Chain's all-reduce: up and down a chain of the node's ranks, one network hop."""
+    return (2 * (per_node - 1) * HOP_US["nvlink"]["collnet_chain"]["Simple"]
+            + HOP_US["net"]["collnet_chain"]["Simple"]) * 1e-6
+
+
+def nvls_nodes_latency_s() -> float:
+    """Latency of NVLS across nodes (NVLink SHARP inside them, SHARP in the network between: needs CollNet):
+    NVLink's NVLS hop and the network's."""
+    return (HOP_US["nvlink"]["nvls"]["Simple"] + HOP_US["net"]["nvls"]["Simple"]) * 1e-6
 
 
 def cheapest(options: dict[str, float]) -> tuple[str, float]:

@@ -161,9 +161,33 @@ def _all_reduce(cluster: Cluster, nbytes: float, grp: Group) -> tuple[str, float
             net_bus = grp.per_node * f.net_bytes_per_s * (2 if grp.nodes <= 2 else 1)
             options["nvls-tree"] = nccl.nvls_tree_latency_s(grp.nodes) + nbytes / (
                 min(nvls_bus, net_bus) * n / (2 * (n - 1)))
+        if cluster.collnet and grp.per_node > 1:
+            options.update(_collnet_all_reduce(cluster, f, nbytes, grp))
     elif f.nvls_bytes_per_s and grp.per_node > 2:
         options["nvls"] = nbytes / f.nvls_bytes_per_s + nccl.nvls_latency_s()
     return nccl.cheapest(options)
+
+
+def _collnet_all_reduce(cluster: Cluster, f: Fabric, nbytes: float, grp: Group) -> dict[str, float]:
+    """All-reduce across nodes whose switches reduce in the network (SHARP) through NCCL's CollNet (tuning.cc at
+    5067397): the switch does the reduction between nodes, so NCCL prices CollNet from the node's inside (its
+    graphs' ``bwIntra``: here the NVLink bus bandwidth) at half as the algorithm's bandwidth (ratio .5).
+    Direct (NVSwitch nodes only): each GPU reaches the network through its own NIC, slower by the GPUs per NIC
+    (``factor - (factor - 1) / 2``) and at 85% on compute capability 9.0 and later (taken here as the GPUs with
+    FP8 tensor cores, NVSwitch systems being Hopper and later among those). Chain: the node's ranks in a chain.
+    NVLS across nodes: NVLS's bus bandwidth inside the node against the NICs', NCCL's ring ratio n / 2 (n - 1)."""
+    n, k = grp.size, grp.per_node
+    out = {"collnet-chain": nccl.collnet_chain_latency_s(k) + nbytes / (0.5 * f.intra_bytes_per_s)}
+    if cluster.fabric == "nvswitch":
+        factor = k / max(1, min(k, cluster.nics_per_node))
+        factor -= (factor - 1) / 2
+        bus = f.intra_bytes_per_s / factor * (nccl.COLLNET_DIRECT_HOPPER_BW if cluster.device.fp8_peak_flops else 1.0)
+        out["collnet-direct"] = nccl.collnet_direct_latency_s(k) + nbytes / (0.5 * bus)
+    if f.nvls_bytes_per_s and k > 2:
+        nvls_bus = f.nvls_bytes_per_s * 2 * (k - 1) / k
+        out["nvls"] = nccl.nvls_nodes_latency_s() + nbytes / (
+            min(nvls_bus, k * f.net_bytes_per_s) * n / (2 * (n - 1)))
+    return out
 
 
 def all_gather_s(cluster: Cluster, nbytes: float, grp: Group) -> float:

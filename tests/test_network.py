@@ -1,4 +1,7 @@
 """Collective costs on the topology graph against hand-computed values."""
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 
 from planner.cluster import load_cluster
@@ -92,6 +95,42 @@ def test_nvls_tree_all_reduce_across_h100_nodes():
     assert all_reduce_choice(three, S, Group(24, 8)) == "nvls-tree"
     # small messages take the double binary tree, whose per-hop latencies are lower
     assert all_reduce_choice(H100, 1e6, Group(16, 8)) == "tree/LL"
+
+
+def test_collnet_all_reduce_where_the_switches_reduce():
+    """With ``[network] collnet`` (SHARP in the switches, NCCL_COLLNET_ENABLE=1) all-reduce across nodes may take
+    CollNet (tuning.cc): priced from the node's inside, half the NVLink bus bandwidth as the algorithm's, one
+    network hop whatever the nodes. On 8 DGX A100 nodes (no NVLS) a 1 MB all-reduce takes CollNet Direct,
+    2 (3.7 + 7 x 0.4) + 31 = 44 us + 1e6 / (0.5 x 240e9): 52.3 us, against the tree's 91 us without it. On 8 DGX
+    H100 nodes: NVLS across nodes for 1 MB, 25 + 18 us + 1e6 / (min(481.25, 8 x 45) GB/s x 64 / 126), and CollNet
+    Chain for 1 GB, 2 x 7 x 2.8 + 30 us + 1e9 / (0.5 x 369e9). Off, as NCCL's default is, nothing changes."""
+    a100 = replace(A100, collnet=True)
+    assert all_reduce_choice(a100, 1e6, Group(64, 8)) == "collnet-direct"
+    assert all_reduce_s(a100, 1e6, Group(64, 8)) == pytest.approx((2 * (3.7 + 7 * 0.4) + 31) * US + 1e6 / (0.5 * NVLINK))
+    assert all_reduce_choice(A100, 1e6, Group(64, 8)) == "tree/LL"
+    h100 = replace(load_cluster("h100-80g", 64), collnet=True)
+    assert all_reduce_choice(h100, 1e6, Group(64, 8)) == "nvls"
+    assert all_reduce_s(h100, 1e6, Group(64, 8)) == pytest.approx(43 * US + 1e6 / (360e9 * 64 / 126))
+    assert all_reduce_choice(h100, 1e9, Group(64, 8)) == "collnet-chain"
+    assert all_reduce_s(h100, 1e9, Group(64, 8)) == pytest.approx((2 * 7 * 2.8 + 30) * US + 1e9 / (0.5 * 369e9))
+
+
+def test_a_profile_says_whether_its_switches_reduce(tmp_path):
+    """``[network] collnet`` is read as a boolean (the built-in profiles say false: NCCL's default), off where
+    absent; anything else names the field."""
+    assert load_cluster("v100-32g", 16).collnet is False           # no such line
+    from planner.errors import UserError
+    base = load_cluster("h100-80g", 16)
+    assert base.collnet is False
+    text = Path(__file__).resolve().parents[1].joinpath("profiles", "h100-80g.toml").read_text()
+    on = tmp_path / "on.toml"
+    on.write_text(text.replace("\ncollnet = false", "\ncollnet = true", 1))
+    assert load_cluster(str(on), 16).collnet is True
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text.replace("\ncollnet = false", "\ncollnet = \"yes\"", 1))
+    with pytest.raises(UserError, match="true or false") as err:
+        load_cluster(str(bad), 16)
+    assert "network.collnet" in str(err.value)
 
 
 def test_all_gather_moves_half_of_an_all_reduce():
