@@ -53,11 +53,10 @@ from dataclasses import dataclass, fields, replace
 
 from .cluster import Cluster
 from .config import ParallelConfig, Workload
-from .cost.step import (CostCache, dp_overlaps, dp_phases, estimate, fetches_per_tensor, gathers_every_microbatch,
-                        layer_network_busy_s, network_crossing, optimizer_time_s, per_tensor_phases,
-                        pipeline_sends_busy_s, rank_costs, reduces_every_microbatch, sends_overlap, tied_bucket,
-                        tied_embedding_sync_s)
-from . import network
+from .cost.step import (CostCache, data_parallel_spans_nodes, dp_overlaps, dp_phases, estimate, fetches_per_tensor,
+                        gathers_every_microbatch, layer_network_busy_s, network_crossing, optimizer_time_s,
+                        per_tensor_phases, pipeline_sends_busy_s, rank_costs, reduces_every_microbatch, sends_overlap,
+                        tied_bucket, tied_embedding_sync_s)
 from .cost.host import host_bound, host_s
 from .estimate import Estimate, StepTime
 from .layers import LayerGraph
@@ -503,7 +502,7 @@ def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
     # ZeRO-3 one tensor at a time: every fetch and reduction waits for the GPU (cost/fetch.py)
     per_tensor = fetches_per_tensor(config, w.framework)
     # the inter-node traffic that holds the data-parallel stream's NICs (cost.step.network_busy_s)
-    shares_nics = network.group(cluster, config.dp * config.cp, config.tp).nodes > 1
+    shares_nics = data_parallel_spans_nodes(cluster, config)
     crosses = network_crossing(cache, config)
     chunks = []
     for rank, rank_chunks in enumerate(placement):

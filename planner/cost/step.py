@@ -152,8 +152,7 @@ class CostCache:
         nbytes = config.micro_batch * w.seq_len / config.cp * self.graph.hidden * DTYPE_BYTES[w.precision]
         if config.sequence_parallel or RUNTIMES[w.framework].timing.pp_sends_tp_shards:
             nbytes /= config.tp
-        same_node = config.tp * config.cp * config.dp < self.cluster.gpus_per_node
-        return network.p2p_s(self.cluster, nbytes, same_node=same_node)
+        return network.p2p_s(self.cluster, nbytes, same_node=stages_share_a_node(self.cluster, config))
 
     def largest_layer_params(self, ctx: Context) -> float:
         if ctx not in self._largest:
@@ -549,8 +548,7 @@ def network_busy_s(cache: CostCache, config: ParallelConfig, rank: RankCost) -> 
     that group does (each layer's spread over its forward and backward, with its recompute, as its time is:
     ``layer_network_busy_s``), and the stage-boundary sends where the stages sit on other nodes and the sends run
     beside compute, one per chunk each way (blocking sends are time of their own, ``RankCost.p2p_s``)."""
-    cluster = cache.cluster
-    if network.group(cluster, config.dp * config.cp, config.tp).nodes <= 1:
+    if not data_parallel_spans_nodes(cache.cluster, config):
         return 0.0, 0.0
     crosses = network_crossing(cache, config)
     fwd = bwd = 0.0
@@ -561,6 +559,11 @@ def network_busy_s(cache: CostCache, config: ParallelConfig, rank: RankCost) -> 
             fwd, bwd = fwd + n * f, bwd + n * b
     sends = pipeline_sends_busy_s(cache, config)
     return fwd + sends, bwd + sends
+
+
+def data_parallel_spans_nodes(cluster: Cluster, config: ParallelConfig) -> bool:
+    """Whether the dense data-parallel group (dp x cp ranks spaced tp apart) crosses the network."""
+    return network.group(cluster, config.dp * config.cp, config.tp).nodes > 1
 
 
 def network_crossing(cache: CostCache, config: ParallelConfig) -> tuple[bool, bool]:
@@ -583,10 +586,15 @@ def layer_network_busy_s(cost: LayerCost, policy: str, ep_crosses: bool, cp_cros
 def pipeline_sends_busy_s(cache: CostCache, config: ParallelConfig) -> float:
     """Seconds per micro-batch, in forward and again in backward, that a rank's stage-boundary sends hold the
     NICs: one transfer per chunk (``hop_s``) where stages sit on other nodes and the sends run beside compute."""
-    if config.pp == 1 or config.tp * config.cp * config.dp < cache.cluster.gpus_per_node \
+    if config.pp == 1 or stages_share_a_node(cache.cluster, config) \
             or not sends_overlap(config.schedule, cache.workload.framework):
         return 0.0
     return config.vpp * cache.hop_s(config)
+
+
+def stages_share_a_node(cluster: Cluster, config: ParallelConfig) -> bool:
+    """Whether neighbouring pipeline stages sit on one node: a stage's tp x cp x dp ranks fill less than one."""
+    return config.tp * config.cp * config.dp < cluster.gpus_per_node
 
 
 def _last_backward_window(config: ParallelConfig, bwd_s: float) -> float:

@@ -26,11 +26,10 @@ import numpy as np
 from ..config import ParallelConfig
 from ..cost.layer import LayerCost
 from ..cost.memory import resident_bytes_per_param, state_bytes_per_param
-from ..cost.step import (CostCache, other_bytes, dp_collectives, dp_overlaps, expert_shard, frozen_rates,
-                         inflight_microbatches, layer_network_busy_s, network_crossing, optimizer_time_s,
-                         pipeline_sends_busy_s, resident_rates, sends_overlap, tied_bucket, tied_embedding_sync_s,
-                         state_rates)
-from .. import network
+from ..cost.step import (CostCache, other_bytes, data_parallel_spans_nodes, dp_collectives, dp_overlaps, expert_shard,
+                         frozen_rates, inflight_microbatches, layer_network_busy_s, network_crossing,
+                         optimizer_time_s, pipeline_sends_busy_s, resident_rates, sends_overlap, tied_bucket,
+                         tied_embedding_sync_s, state_rates)
 from ..runtimes import RUNTIMES
 from ..placement import holds_head_copy, last_stage_rank, placement_of, rank_stages
 from ..recompute import POLICIES, summary_policy
@@ -141,7 +140,7 @@ class GroupProblem:
         self.inflight = [inflight_microbatches(self.base, r) for r in range(self.p)]
         # the inter-node traffic that shares the data-parallel collectives' NICs (cost.step.network_busy_s): the
         # stage-boundary sends', each way, and each block's per recompute policy
-        self.shares_nics = network.group(cache.cluster, layout.dp * layout.cp, layout.tp).nodes > 1
+        self.shares_nics = data_parallel_spans_nodes(cache.cluster, self.base)
         self.crosses = network_crossing(cache, self.base)
         self.sends_busy_s = pipeline_sends_busy_s(cache, self.base) if self.shares_nics else 0.0
         self.fixed = [self._fixed(r, ctx) for r in range(self.p)]
