@@ -79,8 +79,9 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 def grouped_product(x: torch.Tensor, w: torch.Tensor, counts: list[int] | torch.Tensor, grouped: bool) -> torch.Tensor:
     """Rows of ``x`` grouped by expert (``counts[e]`` rows for expert e) times each expert's weight
-    transposed, one grouped GEMM (``grouped``) or a loop. x: (R, in), w: (e, out, in) -> (R, out). ``counts``
-    may stay on the device for the grouped GEMM, whose group ends are a device tensor: no copy to the host.
+    transposed, one grouped GEMM (``grouped``) or a loop. x: (R, in), w: (e, out, in) -> (R, out). ``counts``: a
+    list, or for the grouped GEMM, whose group ends are a device tensor, the counts on the device (no copy to
+    the host).
 
     The weight is cast to ``x``'s dtype once, as one tensor (autocast does not cover _grouped_mm, and
     casts a linear's weight so), and the loop takes the experts' weights from one ``unbind``: its
@@ -92,7 +93,6 @@ def grouped_product(x: torch.Tensor, w: torch.Tensor, counts: list[int] | torch.
     if grouped:
         offs = torch.as_tensor(counts, device=x.device).cumsum(0).to(torch.int32)  # (e,) end of each group
         return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
-    counts = counts.tolist() if isinstance(counts, torch.Tensor) else counts
     ws = w.unbind(0)
     return torch.cat([rows @ ws[e].T for e, rows in enumerate(x.split(counts))])
 

@@ -157,10 +157,9 @@ def _all_reduce(cluster: Cluster, nbytes: float, grp: Group) -> tuple[str, float
             # NVLS-tree (tuning.cc NCCL_ALGO_NVLS_TREE): per channel the lesser of NVLS's bandwidth inside the node
             # (the measured all-reduce's, as a bus bandwidth: x 2 (k - 1) / k on its k GPUs) and the network's (on
             # two nodes twice it); NCCL's ring ratio turns the bus bandwidth into the algorithm's, n / 2 (n - 1)
-            nvls_bus = f.nvls_bytes_per_s * 2 * (grp.per_node - 1) / grp.per_node
             net_bus = grp.per_node * f.net_bytes_per_s * (2 if grp.nodes <= 2 else 1)
-            options["nvls-tree"] = nccl.nvls_tree_latency_s(grp.nodes) + nbytes / (
-                min(nvls_bus, net_bus) * n / (2 * (n - 1)))
+            options["nvls-tree"] = nccl.nvls_tree_latency_s(grp.nodes) + nbytes / _ring_algorithm_bw(
+                min(_nvls_bus_bandwidth(f, grp.per_node), net_bus), n)
         if cluster.collnet and grp.per_node > 1:
             options.update(_collnet_all_reduce(cluster, f, nbytes, grp))
     elif f.nvls_bytes_per_s and grp.per_node > 2:
@@ -184,10 +183,21 @@ def _collnet_all_reduce(cluster: Cluster, f: Fabric, nbytes: float, grp: Group) 
         bus = f.intra_bytes_per_s / factor * (nccl.COLLNET_DIRECT_HOPPER_BW if cluster.device.fp8_peak_flops else 1.0)
         out["collnet-direct"] = nccl.collnet_direct_latency_s(k) + nbytes / (0.5 * bus)
     if f.nvls_bytes_per_s and k > 2:
-        nvls_bus = f.nvls_bytes_per_s * 2 * (k - 1) / k
-        out["nvls"] = nccl.nvls_nodes_latency_s() + nbytes / (
-            min(nvls_bus, k * f.net_bytes_per_s) * n / (2 * (n - 1)))
+        out["nvls"] = nccl.nvls_nodes_latency_s() + nbytes / _ring_algorithm_bw(
+            min(_nvls_bus_bandwidth(f, k), k * f.net_bytes_per_s), n)
     return out
+
+
+def _nvls_bus_bandwidth(f: Fabric, per_node: int) -> float:
+    """NVLS's bus bandwidth inside a node of ``per_node`` GPUs: the profile's measured all-reduce algorithm
+    bandwidth times 2 (k - 1) / k."""
+    return f.nvls_bytes_per_s * 2 * (per_node - 1) / per_node
+
+
+def _ring_algorithm_bw(bus: float, n: int) -> float:
+    """An all-reduce's algorithm bandwidth from its bus bandwidth on ``n`` ranks (tuning.cc: nRanks / nsteps,
+    n / 2 (n - 1))."""
+    return bus * n / (2 * (n - 1))
 
 
 def all_gather_s(cluster: Cluster, nbytes: float, grp: Group) -> float:

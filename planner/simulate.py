@@ -346,7 +346,7 @@ def _send(work: StepWork, st: _Rank, op: tuple[str, int, int], target: tuple | N
     start = st.compute_free if st.compute_free > free else free
     end = start + work.hop_s
     st.send_free[stream] = end
-    if work.sends_share_nics and not work.blocking_sends:
+    if work.sends_share_nics:               # sends beside compute on the data-parallel NICs (step_work)
         st.yield_network(start, work.hop_s)
     if work.hop_s > 0 and st.events is not None:
         st.record(stream=stream, kind="send", start_s=start, end_s=end, microbatch=mb, chunk=chunk)
