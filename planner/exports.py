@@ -316,7 +316,8 @@ def megatron(plan) -> Export:
         args.append(["--sequence-parallel"])
     if plan.spec is not None and plan.spec.is_moe:
         # MoE parallel folding: experts whole on each of ep ranks (expert tensor parallel 1), tokens sent by all-to-all
-        # in grouped GEMMs, as meshplan priced them (planner/cost/layer.py expert_linear_s); with ep 1 the experts
+        # in TransformerEngine's GroupedLinear, as meshplan priced them (planner/cost/layer.py expert_linear_s,
+        # expert_gemms_at_once); with ep 1 the experts
         # split over the tensor-parallel ranks (--expert-tensor-parallel-size defaults to tp)
         args += [["--expert-model-parallel-size", str(c.ep)],
                  ["--expert-tensor-parallel-size", "1" if c.ep > 1 else str(c.tp)],

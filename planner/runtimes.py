@@ -63,7 +63,9 @@ class Combinations:
     sp_with_latent_attention: bool = True   # sequence parallelism runs with multi-head latent attention
     recomputes_with_ep: tuple[str, ...] | None = None   # the recompute policies that run with ep > 1 (None: all)
     grouped_experts: bool = False           # a rank's routed experts run as one grouped GEMM (one launch, their tiles
-                                            # in the same waves) rather than one GEMM after another
+                                            # in the same waves) rather than one GEMM per expert
+    expert_gemm_streams: int = 1            # where not grouped: how many of those per-expert GEMMs (and their FP8
+                                            # casts) run at once, each on a stream of its own (1: one after another)
     compiles_blocks: bool = False           # --compile: each block torch.compile'd (torchtitan's per-block compile,
                                             # torchtitan/models/llama3/infra/parallelize.py apply_compile)
     fp8_recipes: tuple[str, ...] = ()       # FP8 training recipes it runs (planner/precision.py RECIPES; --precision)
@@ -307,7 +309,14 @@ _MEGATRON_RUNS = Combinations(
     recomputes=runs_in("megatron"), sequence_parallel=True, context_parallel=True, offload_zero_stages=(1,),
     replicates_kv_heads=True, stages_without_blocks=False,      # exports/megatron_args.txt splits blocks only
     expert_parallel="folded", ep_needs_sp=True, expert_dispatchers=("alltoall", "allgather"),
-    grouped_experts=True,       # --moe-grouped-gemm (TransformerEngine's GroupedLinear), which the export sets
+    # --moe-grouped-gemm (TransformerEngine's GroupedLinear, Megatron-Core's TEGroupedMLP), which the export sets, is
+    # not one grouped kernel: GroupedLinear quantizes (tex.split_quantize: nvte_multi_tensor_quantize) and multiplies
+    # (general_grouped_gemm: nvte_multi_tensor_gemm -> multi_stream_cublas_gemm) each expert on its own, one cuBLAS
+    # GEMM and one cast kernel per expert, expert i on compute stream i % 4 (TransformerEngine v2.9, October 2025,
+    # the 25.11 containers' release: transformer_engine/common/gemm/cublaslt_gemm.cu, common/util/cast.cu,
+    # common/util/multi_stream.cpp num_compute_streams = 4); its CUTLASS grouped GEMM runs only on Hopper and only
+    # with NVTE_USE_CUTLASS_GROUPED_GEMM=1, off by default
+    grouped_experts=False, expert_gemm_streams=4,
     # any blocks per stage (--pipeline-model-parallel-layout; --decoder-first/last-pipeline-num-layers); one
     # --recompute-granularity for every layer (its --recompute-method block, the same count of blocks on every
     # stage, is not searched)

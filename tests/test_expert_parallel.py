@@ -236,15 +236,26 @@ def test_the_tracer_recognises_a_modules_grouped_experts_and_router(tmp_path):
 
 
 def test_a_grouped_gemm_fills_its_waves_with_every_experts_tiles():
-    """16 experts of (4096 x 2880) @ (2880 x 2880) on an H100 (132 SMs, 256 x 128 tiles): one at a time each is 16 x 23
-    = 368 tiles in 3 waves (2.79 of work); grouped, 5,888 tiles in 45 waves (44.6): the grouped GEMM is faster by
-    about the first's quantization loss, (3 / 2.79 - 1) = 7.5% at most."""
+    """16 experts of (4096 x 2880) @ (2880 x 2880) on an H100 (132 SMs; tiles 256 x 128, 128 x 256 or 128 x 128, a
+    128 x 128 wave half as long): one at a time each is 16 x 23 = 368 tiles in 3 waves (2.79 of work), 48 in all;
+    grouped, 16 x 368 = 5,888 tiles in 45 waves (44.6); four at a time on four streams (TransformerEngine's
+    GroupedLinear), each round 4 x 736 = 2,944 tiles of 128 x 128 in 23 half waves = 11.5 waves, 46 in all."""
     from planner.cost.layer import grouped_gemms_s
     cluster = load_cluster("h100-80g", 8)
-    one_by_one = grouped_gemms_s(16, 4096, 2880, 2880, cluster, "bf16", grouped=False)
-    grouped = grouped_gemms_s(16, 4096, 2880, 2880, cluster, "bf16", grouped=True)
-    assert grouped[0] < one_by_one[0] and grouped[1] < one_by_one[1]
-    assert one_by_one[0] / grouped[0] == pytest.approx(3 / 2.79 * 44.6 / 45, rel=0.03)
+    one_by_one = grouped_gemms_s(16, 4096, 2880, 2880, cluster, "bf16", 1)
+    four = grouped_gemms_s(16, 4096, 2880, 2880, cluster, "bf16", 4)
+    grouped = grouped_gemms_s(16, 4096, 2880, 2880, cluster, "bf16", 16)
+    assert grouped[0] < four[0] < one_by_one[0] and grouped[1] < four[1] < one_by_one[1]
+    assert one_by_one[0] / grouped[0] == pytest.approx(48 / 45, rel=1e-9)
+    assert four[0] / grouped[0] == pytest.approx(46 / 45, rel=1e-9)
+    # six experts on four streams: a round of four, then one of two
+    from planner.cost.compute import gemm_s
+    six = grouped_gemms_s(6, 4096, 2880, 2880, cluster, "bf16", 4)[0]
+    assert six == pytest.approx(gemm_s(4096, 2880, 2880, cluster.device, "bf16", 4)
+                                + gemm_s(4096, 2880, 2880, cluster.device, "bf16", 2), rel=1e-12)
     from planner.runtimes import RUNTIMES
-    assert RUNTIMES["megatron"].on("cuda").grouped_experts and RUNTIMES["torch"].on("cuda").grouped_experts
+    assert RUNTIMES["torch"].on("cuda").grouped_experts and RUNTIMES["torchtitan"].on("cuda").grouped_experts
     assert not RUNTIMES["torch"].on("cpu").grouped_experts and not RUNTIMES["deepspeed"].on("cuda").grouped_experts
+    # Megatron-Core's TEGroupedMLP: one cuBLAS GEMM per expert on TransformerEngine's four compute streams
+    megatron = RUNTIMES["megatron"].on("cuda")
+    assert not megatron.grouped_experts and megatron.expert_gemm_streams == 4

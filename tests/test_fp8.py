@@ -44,7 +44,7 @@ def test_an_fp8_linear_is_its_gemms_at_the_fp8_rate_plus_its_casts_at_memory_spe
     hbm = dev.hbm_bytes_per_s * dev.hbm_efficiency
     # TransformerEngine's current scaling: an amax pass (read 2 bytes) and a fused cast-transpose (read 2, write
     # 1 + 1) of the input in forward and of the output gradient in backward; the weight once per step, not here
-    fwd, bwd = fp8_linear_s(op, 1, m, n, k, cluster, "fp8-tensorwise", "megatron", grouped=False)
+    fwd, bwd = fp8_linear_s(op, 1, m, n, k, cluster, "fp8-tensorwise", "megatron", 1)
     assert fwd == pytest.approx(gemm_s(m, n, k, dev, "fp8") + 6 * m * k / hbm, rel=1e-9)
     assert bwd == pytest.approx(gemm_s(m, k, n, dev, "fp8") + gemm_s(k, n, m, dev, "fp8") + 6 * m * n / hbm, rel=1e-9)
     # the weight-gradient GEMM kept in bf16 (torchao's rowwise_with_gw_hp); casts of torchao's kernels by class:
@@ -54,7 +54,7 @@ def test_an_fp8_linear_is_its_gemms_at_the_fp8_rate_plus_its_casts_at_memory_spe
     red, cast = dev.eager_bandwidth("reduce"), dev.eager_bandwidth("cast_down")
     strided = dev.strided_reduce_bandwidth()
     assert strided == 368e9
-    fwd, bwd = fp8_linear_s(op, 1, m, n, k, cluster, "fp8-rowwise-gw-hp", "torchtitan", grouped=False)
+    fwd, bwd = fp8_linear_s(op, 1, m, n, k, cluster, "fp8-rowwise-gw-hp", "torchtitan", 1)
     assert fwd == pytest.approx(gemm_s(m, n, k, dev, "fp8") + 2 * (m * k + k * n) / red + (m * k + k * n) / cast,
                                 rel=1e-9)
     assert bwd == pytest.approx(gemm_s(m, k, n, dev, "fp8") + gemm_s(k, n, m, dev, "bf16")
@@ -63,7 +63,7 @@ def test_an_fp8_linear_is_its_gemms_at_the_fp8_rate_plus_its_casts_at_memory_spe
     # bytes); backward each wgrad and dgrad operand scaled per column (2 bytes strided each: the input, the
     # weight, the output gradient), the output gradient's row-wise amax (2), and the writes (input 1, weight's
     # transpose and cast 2 + 2 + 1, output gradient 1 + 2 + 1)
-    fwd, bwd = fp8_linear_s(op, 1, m, n, k, cluster, "fp8-rowwise", "torchtitan", grouped=False)
+    fwd, bwd = fp8_linear_s(op, 1, m, n, k, cluster, "fp8-rowwise", "torchtitan", 1)
     assert fwd == pytest.approx(gemm_s(m, n, k, dev, "fp8") + 2 * (m * k + k * n) / red + (3 * m * k + k * n) / cast,
                                 rel=1e-9)
     assert bwd == pytest.approx(gemm_s(m, k, n, dev, "fp8") + gemm_s(k, n, m, dev, "fp8")
@@ -74,15 +74,15 @@ def test_an_fp8_linear_is_its_gemms_at_the_fp8_rate_plus_its_casts_at_memory_spe
     assert h200.strided_reduce_bandwidth() == h200.eager_bandwidth("reduce")
     # k and v read q's input: its cast is not paid twice
     shared = _linear("layers.0.attn.k_proj", int(k), 1024, reads_previous_input=True)
-    f_shared, _ = fp8_linear_s(shared, 1, m, 1024, k, cluster, "fp8-tensorwise", "megatron", grouped=False)
+    f_shared, _ = fp8_linear_s(shared, 1, m, 1024, k, cluster, "fp8-tensorwise", "megatron", 1)
     assert f_shared == pytest.approx(gemm_s(m, 1024, k, dev, "fp8"), rel=1e-9)
 
 
 def test_fp8_gemms_of_a_large_linear_run_near_twice_the_bf16_rate():
     # the FP8 peak is twice bf16's on H100 (datasheet), the operands half the bytes: a large GEMM is compute bound
     cluster = load_cluster("h100-80g", 8)
-    bf16 = sum(grouped_gemms_s(1, 16384, 14336, 4096, cluster, "bf16", False))
-    fp8 = sum(grouped_gemms_s(1, 16384, 14336, 4096, cluster, "bf16", False, ("fp8", "fp8", "fp8")))
+    bf16 = sum(grouped_gemms_s(1, 16384, 14336, 4096, cluster, "bf16", 1))
+    fp8 = sum(grouped_gemms_s(1, 16384, 14336, 4096, cluster, "bf16", 1, ("fp8", "fp8", "fp8")))
     peaks = cluster.device.fp8_peak_flops / cluster.device.peak("bf16")      # 1978.9 / 989.4, the datasheet's
     assert peaks == pytest.approx(2.0, rel=1e-3) and 0.9 * peaks < bf16 / fp8 <= peaks
     # MXFP8 on B200 runs at the FP8 rate, reading 1/32 more operand bytes for its scales

@@ -127,37 +127,41 @@ def _saved_bytes(saved: Saved, ctx: Context) -> float:
 
 
 def linear_s(op: Op, split: str, tp: int, tokens: float, cluster: Cluster, precision: str, *,
-             grouped: bool = False, fp8: str = "", framework: str = "") -> tuple[float, float, float]:
+             at_once: int = 1, fp8: str = "", framework: str = "") -> tuple[float, float, float]:
     """(fwd_s, bwd_s, fwd matmul FLOPs) of a linear split ``split`` ("column", "row" or
     "replicate") over ``tp`` ranks, for ``tokens`` tokens; backward is dgrad + wgrad. Routed experts
-    (``num_gemms`` of them) are ``grouped_gemms_s``. ``fp8``: the workload's FP8 recipe, which converts the
-    linear where ``fp8_converts`` says so (``fp8_linear_s``)."""
+    (``num_gemms`` of them) are ``grouped_gemms_s``, ``at_once`` of them at a time (``expert_gemms_at_once``).
+    ``fp8``: the workload's FP8 recipe, which converts the linear where ``fp8_converts`` says so (``fp8_linear_s``)."""
     n = op.out_features / (tp if split == "column" else 1)
     k = op.in_features / (tp if split == "row" else 1)
     m = tokens * op.tokens_factor / op.num_gemms
     if fp8 and fp8_converts(op, fp8, framework):
-        fwd, bwd = fp8_linear_s(op, op.num_gemms, m, n, k, cluster, fp8, framework, grouped)
+        fwd, bwd = fp8_linear_s(op, op.num_gemms, m, n, k, cluster, fp8, framework, at_once)
     else:
-        fwd, bwd = grouped_gemms_s(op.num_gemms, m, n, k, cluster, precision, grouped)
+        fwd, bwd = grouped_gemms_s(op.num_gemms, m, n, k, cluster, precision, at_once)
     return fwd, bwd, 2.0 * m * n * k * op.num_gemms
 
 
 def grouped_gemms_s(count: float, m: float, n: float, k: float, cluster: Cluster, precision: str,
-                    grouped: bool, dtypes: tuple[str, str, str] | None = None) -> tuple[float, float]:
+                    at_once: int, dtypes: tuple[str, str, str] | None = None) -> tuple[float, float]:
     """(forward, backward: dgrad + wgrad) of ``count`` equal products (m x k) @ (k x n): routed experts at balanced
-    routing. ``grouped`` (the runtime's ``Combinations.grouped_experts``): one grouped GEMM, whose tiles of every
-    expert fill the same waves (``gemm_s`` with a batch: CUTLASS's grouped GEMM and TransformerEngine's
-    GroupedLinear schedule the problems' tiles over the SMs together, NVIDIA CUTLASS docs 'Grouped GEMM'); else one
-    GEMM after another, each quantized on its own. ``dtypes``: the operands of the forward, dgrad and wgrad GEMMs
-    where they differ from ``precision`` (an FP8 recipe's)."""
+    routing, ``at_once`` of them at a time (``expert_gemms_at_once``) whose tiles fill the same waves (``gemm_s``
+    with a batch): ``count`` or more, one grouped GEMM (CUTLASS's grouped GEMM and torch._grouped_mm schedule every
+    problem's tiles over the SMs together, NVIDIA CUTLASS docs 'Grouped GEMM'); s > 1, one GEMM per expert on s
+    streams, whose kernels share the SMs s at a time (TransformerEngine's GroupedLinear); 1, one GEMM after another,
+    each quantized on its own. ``dtypes``: the operands of the forward, dgrad and wgrad GEMMs where they differ
+    from ``precision`` (an FP8 recipe's)."""
     dev = cluster.device
     f, d, w = dtypes or (precision, precision, precision)
-    if grouped and count > 1:
-        b = int(round(count))
-        return (gemm_s(m, n, k, dev, f, b),
-                gemm_s(m, k, n, dev, d, b) + gemm_s(k, n, m, dev, w, b))
-    return (count * gemm_s(m, n, k, dev, f),
-            count * (gemm_s(m, k, n, dev, d) + gemm_s(k, n, m, dev, w)))
+
+    def rounds(mm, nn, kk, dtype):
+        whole = int(round(count))
+        if whole <= 1 or at_once <= 1 or whole != count:
+            return count * gemm_s(mm, nn, kk, dev, dtype)
+        full, rest = divmod(whole, min(at_once, whole))
+        return full * gemm_s(mm, nn, kk, dev, dtype, min(at_once, whole)) + (
+            gemm_s(mm, nn, kk, dev, dtype, rest) if rest else 0.0)
+    return rounds(m, n, k, f), rounds(m, k, n, d) + rounds(k, n, m, w)
 
 
 def fp8_converts(op: Op, fp8: str, framework: str) -> bool:
@@ -167,26 +171,29 @@ def fp8_converts(op: Op, fp8: str, framework: str) -> bool:
 
 
 def fp8_linear_s(op: Op, count: float, m: float, n: float, k: float, cluster: Cluster, fp8: str, framework: str,
-                 grouped: bool) -> tuple[float, float]:
+                 at_once: int) -> tuple[float, float]:
     """(forward, backward) of ``count`` products (m x k) @ (k x n) under an FP8 recipe (planner/precision.py): the
     GEMMs the recipe runs in FP8 at the device's FP8 (or MXFP8) rate with 1-byte operands (``gemm_s``), the others
     in bf16, plus the recipe's cast kernels at HBM speed (``memory_bound_s``), per operand: the input (m x k; cast
     once for linears that read the previous linear's input: ``Op.reads_previous_input``), the output gradient
     (m x n), and the weight (k x n) where the runtime casts it every micro-batch (torchao; TransformerEngine casts
-    it once per step, not priced here), each operand's casts at least ``CAST_KERNEL_MIN_S`` per kernel."""
-    memo, key = device_memo(cluster.device, "fp8_linear_s"), (count, m, n, k, fp8, framework, grouped,
+    it once per step, not priced here), each operand's casts at least ``CAST_KERNEL_MIN_S`` per kernel, and where
+    each expert is cast on its own (``at_once`` below ``count``), per expert, ``at_once`` kernels at a time."""
+    memo, key = device_memo(cluster.device, "fp8_linear_s"), (count, m, n, k, fp8, framework, at_once,
                                                                  op.reads_previous_input)
     out = memo.get(key)
     if out is None:
-        out = memo[key] = _fp8_linear_s(op, count, m, n, k, cluster, fp8, framework, grouped)
+        out = memo[key] = _fp8_linear_s(op, count, m, n, k, cluster, fp8, framework, at_once)
     return out
 
 
 def _fp8_linear_s(op: Op, count: float, m: float, n: float, k: float, cluster: Cluster, fp8: str, framework: str,
-                  grouped: bool) -> tuple[float, float]:
+                  at_once: int) -> tuple[float, float]:
     recipe = fp8_recipes.RECIPES[fp8]
     dtypes = tuple(recipe.gemm_dtype if g in recipe.fp8_gemms else "bf16" for g in ("fwd", "dgrad", "wgrad"))
-    fwd, bwd = grouped_gemms_s(count, m, n, k, cluster, "bf16", grouped, dtypes)
+    fwd, bwd = grouped_gemms_s(count, m, n, k, cluster, "bf16", at_once, dtypes)
+    # the cast kernels' floor: one launch per expert, at_once of them at a time (one for a grouped GEMM's inputs)
+    serial = 1.0 if at_once >= count else math.ceil(count / max(1, at_once))
     roles, kernels = fp8_recipes.cast_roles(recipe, framework)
     sizes = {"input": 0.0 if op.reads_previous_input else m * k, "grad_output": m * n,
              "weight": 0.0 if fp8_recipes.weight_cast_per_step(framework) else k * n}
@@ -205,26 +212,30 @@ def _fp8_linear_s(op: Op, count: float, m: float, n: float, k: float, cluster: C
                 strided = recipe.amax_strided[role][i] * elems * count if recipe.amax_strided else 0.0
                 t = (strided / dev.strided_reduce_bandwidth() + (amax - strided) / dev.eager_bandwidth("reduce")
                      + (total - amax) / dev.eager_bandwidth("cast_down"))
-            # each kernel at least the floor: one per expert where they are separate tensors (not grouped)
-            launches = kernels[role][i] * (1 if grouped else count)
+            launches = kernels[role][i] * serial
             casts += max(t, launches * fp8_recipes.CAST_KERNEL_MIN_S)
         out.append(gemms + casts)
     return out[0], out[1]
 
 
-def runs_grouped(op: Op, ctx: Context, cluster: Cluster) -> bool:
-    """Whether ``op`` is routed experts the runtime runs as one grouped GEMM here (``Combinations.grouped_experts``)."""
+def expert_gemms_at_once(op: Op, ctx: Context, cluster: Cluster) -> int:
+    """How many of ``op``'s GEMMs share the SMs' waves at a time: all of a rank's routed experts where the runtime
+    runs them as one grouped GEMM (``Combinations.grouped_experts``), its ``expert_gemm_streams`` where it runs one
+    GEMM per expert on that many streams, else 1."""
     if not op.routed:
-        return False
+        return 1
     rt = RUNTIMES.get(ctx.framework)
-    return bool(rt and rt.on(cluster.device_kind).grouped_experts)
+    if rt is None:
+        return 1
+    can = rt.on(cluster.device_kind)
+    return max(1, int(op.num_gemms)) if can.grouped_experts else max(1, can.expert_gemm_streams)
 
 
 def _linear(op: Op, ctx: Context, cluster: Cluster) -> tuple[float, float, float]:
     if op.routed and ctx.ep > 1:
         return expert_linear_s(op, ctx, cluster)
-    return linear_s(op, op.tp, ctx.tp, ctx.tokens, cluster, ctx.precision, grouped=runs_grouped(op, ctx, cluster),
-                    fp8=ctx.fp8, framework=ctx.framework)
+    return linear_s(op, op.tp, ctx.tp, ctx.tokens, cluster, ctx.precision,
+                    at_once=expert_gemms_at_once(op, ctx, cluster), fp8=ctx.fp8, framework=ctx.framework)
 
 
 def expert_linear_s(op: Op, ctx: Context, cluster: Cluster) -> tuple[float, float, float]:
@@ -232,16 +243,16 @@ def expert_linear_s(op: Op, ctx: Context, cluster: Cluster) -> tuple[float, floa
     E / ep whole experts and receives, routing balanced (as the published MoE benchmarks force it), the
     top-k copies of its ep group's tokens that go to them: the tokens of the rank split along the sequence
     (T / tp: sequence parallelism, or no TP), times k, times ep / E per expert. Each expert is its own GEMM of
-    that many rows, run as one grouped GEMM where the runtime groups them (``grouped_gemms_s``): small experts
-    are far from peak, which ``gemm_s``'s shape model prices."""
+    that many rows, run as one grouped GEMM where the runtime groups them, else a few at a time (``grouped_gemms_s``,
+    ``expert_gemms_at_once``): small experts are far from peak, which ``gemm_s``'s shape model prices."""
     local = op.num_gemms / ctx.ep
     m = ctx.tokens / ctx.tp * op.tokens_factor * ctx.ep / op.num_gemms * ctx.expert_imbalance
     n, k = op.out_features, op.in_features
-    grouped = runs_grouped(op, ctx, cluster)
+    at_once = expert_gemms_at_once(op, ctx, cluster)
     if ctx.fp8 and fp8_converts(op, ctx.fp8, ctx.framework):
-        fwd, bwd = fp8_linear_s(op, local, m, n, k, cluster, ctx.fp8, ctx.framework, grouped)
+        fwd, bwd = fp8_linear_s(op, local, m, n, k, cluster, ctx.fp8, ctx.framework, at_once)
     else:
-        fwd, bwd = grouped_gemms_s(local, m, n, k, cluster, ctx.precision, grouped)
+        fwd, bwd = grouped_gemms_s(local, m, n, k, cluster, ctx.precision, at_once)
     return fwd, bwd, 2.0 * m * n * k * local
 
 
@@ -625,9 +636,7 @@ def linear_wgrad_s(op: Op, ctx: Context, cluster: Cluster) -> float:
     if ctx.fp8 and fp8_converts(op, ctx.fp8, ctx.framework):
         recipe = fp8_recipes.RECIPES[ctx.fp8]
         dtype = recipe.gemm_dtype if "wgrad" in recipe.fp8_gemms else "bf16"
-    if runs_grouped(op, ctx, cluster) and count > 1:
-        return gemm_s(k, n, m, cluster.device, dtype, int(round(count)))
-    return count * gemm_s(k, n, m, cluster.device, dtype)
+    return grouped_gemms_s(count, k, n, m, cluster, dtype, expert_gemms_at_once(op, ctx, cluster))[0]
 
 
 class _SacOutputs:
