@@ -288,3 +288,17 @@ def test_the_exports_read_back_with_their_recipe(tmp_path):
             "--gpus", "8", "--top-k", "1").stdout
         # the baseline estimated as the plan itself: the same step
         assert doc["baseline"]["estimate"]["step_time_s"] == pytest.approx(plan["estimate"]["step_time_s"], rel=1e-6)
+
+
+def test_transformer_engines_expert_casts_run_one_kernel_per_expert_four_at_a_time():
+    """TransformerEngine's GroupedLinear casts each expert's input on its own (nvte_multi_tensor_quantize: expert i on
+    compute stream i % 4): 16 experts of 16 tokens x 256 under current scaling are 2 kernels each (amax, cast) whose
+    bytes take far less than the 2 us floor, so forward's casts are 2 x 4 rounds x 2 us on four streams, 2 x 16 x 2 us
+    one after another, and 2 x 2 us for a grouped GEMM's one input."""
+    from planner.precision import CAST_KERNEL_MIN_S
+    cluster = load_cluster("h100-80g", 8)
+    op = _linear("layers.0.mlp.experts.gate_proj", 256, 256)
+    for at_once, rounds in ((1, 16), (4, 4), (16, 1)):
+        fwd, _ = fp8_linear_s(op, 16, 16, 256, 256, cluster, "fp8-tensorwise", "megatron", at_once)
+        gemms, _ = grouped_gemms_s(16, 16, 256, 256, cluster, "bf16", at_once, ("fp8", "fp8", "fp8"))
+        assert fwd - gemms == pytest.approx(2 * rounds * CAST_KERNEL_MIN_S, rel=1e-9)
