@@ -6,7 +6,9 @@ FP8-CS is TransformerEngine's per-tensor current scaling (``--precision fp8-tens
 (``--precision mxfp8``), both under ``--framework megatron`` with ``--fp8-param-gather`` as Megatron-Bridge's FP8
 presets set it. Every published degree, virtual stages and the
 micro-batch are fixed, the distributed optimizer (ZeRO-1) assumed as for the BF16 rows (benchmarks/fidelity.py
-``moe_case_settings``), recompute and offload searched as the source does not publish them.
+``moe_case_settings``), recompute and offload searched as the source does not publish them. The MoE rows are also
+checked against the same runs with token drop, from the summary's 25.09 table (``TOKEN_DROP_2509``): static shapes,
+no host read per layer, so that comparison isolates the device side's error.
 
     python benchmarks/fidelity_fp8.py [--json benchmarks/results/fidelity_fp8.json]
 """
@@ -32,6 +34,11 @@ RECIPE = {"FP8 current scaling": "fp8-tensorwise", "MXFP8": "mxfp8"}
 DENSE_ZOO = {"LLAMA3_8B": "llama3-8b", "LLAMA3_70B": "llama3-70b", "LLAMA3.1_405B": "llama3-405b"}
 
 
+def recipe_of(case: dict) -> str:
+    """The --precision recipe of a case's published precision."""
+    return next(r for p, r in RECIPE.items() if case["config"]["precision"].startswith(p))
+
+
 def fp8_cases(path: Path) -> list[dict]:
     return [c for c in json.loads(path.read_text()) if c["id"].startswith("MBRIDGE")
             and any(c["config"]["precision"].startswith(p) for p in RECIPE)]
@@ -49,10 +56,28 @@ def case_model(case: dict) -> str:
     return fidelity.moe_case_model(case)
 
 
-def run(case: dict) -> dict:
+# The same MoE runs as the summary's 25.09 table ran them (docs/performance-summary.md @5776a6d90, '25.09 NeMo
+# Container', DGX-B200 and DGX-H100 rows 'Qwen3_30B_a3B (tokendrop)' and 'Qwen3_235B_a22B (tokendrop)'): the same GPUs,
+# batch, micro-batch and degrees as the 25.11 rows, FP8 current scaling outside the parentheses and MXFP8 inside (the
+# table's footnote), but with token drop: Megatron-Bridge 25.09's performance script applies moe_expert_capacity_factor
+# 1.0 with moe_pad_expert_input_to_capacity (scripts/performance/run_script.py, src/megatron/bridge/training/utils/
+# moe_token_drop.py @fa0315ae2), so every expert runs a fixed number of rows, which is the balanced routing meshplan
+# prices, and the shapes never change: no host read of the token counts (Megatron-LM's token_dispatcher.py skips
+# _maybe_dtoh_and_synchronize when drop_and_pad is set), where the dropless 25.11 runs stop the host once per MoE
+# layer's forward before the dispatch all-to-all (token_dispatcher.py, Megatron-LM 92c8482e, the 25.11 pin). Against
+# these the prediction's error is the device side's; the dropless rows' further gap is the host's, not priced.
+TOKEN_DROP_2509 = {     # 25.11 case: (25.09 tokens/s per GPU, the recipe that figure ran)
+    "MBRIDGE2511-B200-QWEN3_30B_A3B-8gpu-FP8MX": (18066, "fp8-tensorwise"),     # no MXFP8 figure in that row
+    "MBRIDGE2511-B200-QWEN3_235B_A22B-64gpu-FP8MX": (4275, "mxfp8"),
+    "MBRIDGE2511-H100-QWEN3_30B_A3B-16gpu-FP8CS": (10494, "fp8-tensorwise"),
+    "MBRIDGE2511-H100-QWEN3_235B_A22B-256gpu-FP8CS": (1204, "fp8-tensorwise"),
+}
+
+
+def run(case: dict, recipe: str | None = None) -> dict:
     model = case_model(case)
     job, knobs = fidelity.moe_case_settings(case)
-    recipe = next(r for p, r in RECIPE.items() if case["config"]["precision"].startswith(p))
+    recipe = recipe or recipe_of(case)
     # Megatron-Bridge's FP8 presets (src/megatron/bridge/training/mixed_precision.py @5776a6d9:
     # bf16_with_fp8_current_scaling_mixed, bf16_with_mxfp8_mixed) set fp8_param_gather = True
     # (the bf16 gradients of the performance scripts: fidelity.moe_case_settings)
@@ -107,10 +132,28 @@ def main() -> int:
             summary[label] = {"cases": len(sub), "mean_abs": statistics.mean(errs), "max_abs": max(errs)}
             print(f"{label}: {len(sub)} cases, mean |error| {100 * statistics.mean(errs):.1f}%, "
                   f"max {100 * max(errs):.1f}%")
+    dropped = []
+    for case in fp8_cases(args.cases):
+        if case["id"] in TOKEN_DROP_2509:
+            published, recipe = TOKEN_DROP_2509[case["id"]]
+            r = run(case, recipe)
+            dropless = next(x for x in rows if x["id"] == case["id"])
+            dropped.append({"id": case["id"], "recipe": recipe, "published_token_drop": published,
+                            "predicted": r["predicted"], "error": r["predicted"] / published - 1,
+                            "dropless_over_token_drop": dropless["published"] / published
+                            if recipe == recipe_of(case) else None})
+    if dropped:
+        print("\nthe same MoE runs with token drop (Megatron-Bridge's 25.09 summary: capacity 1.0, padded; static shapes,"
+              "\nno host read per layer): the device side's error; the 25.11 dropless row over it where the recipe is the same")
+        for d in dropped:
+            ratio = (f"  dropless / token drop {d['dropless_over_token_drop']:.2f}"
+                     if d["dropless_over_token_drop"] is not None else "")
+            print(f"  {d['id']:<46} {d['recipe']:<15} {d['published_token_drop']:>6} {d['predicted']:>7.0f} "
+                  f"{100 * d['error']:>+6.1f}%{ratio}")
     if args.json:
         args.json.write_text(json.dumps({"measured_by": "python benchmarks/fidelity_fp8.py --json "
-                                         "benchmarks/results/fidelity_fp8.json", "summary": summary, "rows": rows},
-                                        indent=1) + "\n")
+                                         "benchmarks/results/fidelity_fp8.json", "summary": summary, "rows": rows,
+                                         "token_drop_2509": dropped}, indent=1) + "\n")
     return 0
 
 
