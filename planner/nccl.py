@@ -21,9 +21,11 @@ each carry half), latency logarithmic in the nodes. Where the profile's network 
 NCCL runs CollNet there (``[network] collnet``; NCCL's default is off: NCCL_COLLNET_ENABLE=0), all-reduce across
 nodes may also take CollNet Direct (NVSwitch nodes: each GPU to its own NIC, the switch reducing), CollNet Chain
 and NVLS across nodes, at tuning.cc's bandwidths (CollNet's from the node's inside, as NCCL's model takes it:
-the network reduces, so it is not the bound) and latencies, which are one network hop whatever the nodes. Left
-out: CollNet's all-gather and reduce-scatter (they need the plugin's ``iallgather``, and one GPU per NIC
-head), NCCL's per-channel bandwidth caps (``llMaxBw``, ``perChMaxRingLL128Bw``, ``perChMaxNVLSTreeBw``: they
+the network reduces, so it is not the bound) and latencies, which are one network hop whatever the nodes; and
+all-gather and reduce-scatter across such nodes CollNet Direct and NVLS across nodes, where each GPU has a NIC of
+its own (NCCL's condition: no more local ranks than CollNet heads) and the plugin gathers and scatters
+(``iallgather``, ``ireducescatter``), at the node's NICs' rate (tuning.cc: ``ppn * min(bwIntra, bwInter * 0.9)``).
+Left out: NCCL's per-channel bandwidth caps (``llMaxBw``, ``perChMaxRingLL128Bw``, ``perChMaxNVLSTreeBw``: they
 bind on small messages only) and its tree correction factors by size.
 """
 from __future__ import annotations
@@ -49,6 +51,9 @@ HOP_US = {"nvlink": {"tree": {"LL": 0.6, "LL128": 1.25, "Simple": 4.0},
 COLLNET_DIRECT_HOPPER_BW = 0.85
 # and each intra-node rank beyond the first adds 0.4 us of arity serialisation
 COLLNET_ARITY_US = 0.4
+# CollNet Direct's all-gather and reduce-scatter: each GPU at the lesser of its NVLink share and 90% of its NIC
+# (tuning.cc: busBw = ppn * min(bwIntra, bwInter * 0.9f))
+COLLNET_GATHER_NET_BW = 0.9
 # the share of the links' bus bandwidth each protocol delivers ("Various model refinements")
 RING_BW = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}
 TREE_BW = {"LL": 0.92 / 3.8, "LL128": 0.92 * 120 / 128, "Simple": 0.92}     # all-reduce, more than one node

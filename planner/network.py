@@ -202,8 +202,15 @@ def _ring_algorithm_bw(bus: float, n: int) -> float:
 
 def all_gather_s(cluster: Cluster, nbytes: float, grp: Group) -> float:
     """All-gather whose *output* is ``nbytes`` on every rank (each contributes nbytes / n), as NCCL runs it:
-    the ring at its best protocol, or across nodes with one rank each PAT (planner/nccl.py)."""
-    return _gather_or_scatter(cluster, nbytes, grp, cluster.intra_all_gather_ratio)
+    the ring at its best protocol, across nodes with one rank each PAT, and where the profile's switches reduce
+    (``[network] collnet``) CollNet Direct and NVLS across nodes (planner/nccl.py)."""
+    return _gather_or_scatter(cluster, nbytes, grp, cluster.intra_all_gather_ratio)[1]
+
+
+def gather_or_scatter_choice(cluster: Cluster, nbytes: float, grp: Group) -> str:
+    """The algorithm and protocol ``all_gather_s`` and ``reduce_scatter_s`` price (``ring/Simple``, ``pat``,
+    ``collnet-direct``...)."""
+    return _gather_or_scatter(cluster, nbytes, grp, cluster.intra_all_gather_ratio)[0]
 
 
 def all_gather_bandwidth_s(cluster: Cluster, nbytes: float, grp: Group, *, ratio: float | None = None) -> float:
@@ -220,21 +227,44 @@ def all_gather_bandwidth_s(cluster: Cluster, nbytes: float, grp: Group, *, ratio
 def reduce_scatter_s(cluster: Cluster, nbytes: float, grp: Group) -> float:
     """Reduce-scatter whose *input* is ``nbytes`` on every rank: the mirror of all-gather, inside a node
     at the profile's reduce-scatter bus bandwidth ([intra_node] reduce_scatter_busbw_ratio)."""
-    return _gather_or_scatter(cluster, nbytes, grp, cluster.intra_reduce_scatter_ratio)
+    return _gather_or_scatter(cluster, nbytes, grp, cluster.intra_reduce_scatter_ratio)[1]
 
 
-def _gather_or_scatter(cluster: Cluster, nbytes: float, grp: Group, ratio: float) -> float:
+def _gather_or_scatter(cluster: Cluster, nbytes: float, grp: Group, ratio: float) -> tuple[str, float]:
     n = grp.size
     if n <= 1 or nbytes <= 0:
-        return 0.0
+        return "none", 0.0
     simple = all_gather_bandwidth_s(cluster, nbytes, grp, ratio=ratio)
     if not _runs_nccl(cluster):
-        return simple + _gloo_ring_latency_s(fabric(cluster), grp)
+        return "gloo ring", simple + _gloo_ring_latency_s(fabric(cluster), grp)
     options = {f"ring/{p}": nccl.ring_latency_s(n, grp.nodes, p) + simple / nccl.RING_BW[p] for p in nccl.PROTOCOLS}
     if grp.nodes > 1 and grp.per_node == 1:
         options["pat"] = nccl.pat_latency_s(n, grp.nodes) + nbytes / (_ring_bandwidth(fabric(cluster), grp)
                                                                       * nccl.PAT_BW)
-    return nccl.cheapest(options)[1]
+    if grp.nodes > 1 and cluster.collnet and 1 < grp.per_node <= cluster.nics_per_node:
+        options.update(_collnet_gather_or_scatter(cluster, fabric(cluster), nbytes, grp))
+    return nccl.cheapest(options)
+
+
+def _collnet_gather_or_scatter(cluster: Cluster, f: Fabric, nbytes: float, grp: Group) -> dict[str, float]:
+    """All-gather or reduce-scatter across nodes through NCCL's CollNet (tuning.cc at 5067397), where the profile
+    says NCCL runs it (``[network] collnet``, with a CollNet plugin that has ``iallgather`` and ``ireducescatter``)
+    and every rank of a node has a NIC of its own (NCCL turns both off where a node's ranks outnumber its CollNet
+    heads). Neither is converted by the ring's ratio: the bandwidth is the algorithm's. CollNet Direct (NVSwitch
+    nodes): ``ppn x min(bwIntra, 0.9 bwInter)``, each GPU's share of NVLink against 90% of its NIC, over the node's
+    ranks: the node's NICs bring each byte in once and NVLink spreads it. NVLS across nodes: NVLS's bus bandwidth
+    for all-gather, ``(ppn - 1) / ppn`` where all-reduce's is 2 (here from the profile's measured NVLS all-reduce,
+    whose bus bandwidth ``_nvls_bus_bandwidth`` is 2 (k - 1) / k of it), against the node's NICs. Latencies as the
+    all-reduce's (``nccl.collnet_direct_latency_s``, ``nccl.nvls_nodes_latency_s``)."""
+    k = grp.per_node
+    out = {}
+    if cluster.fabric == "nvswitch":
+        out["collnet-direct"] = nccl.collnet_direct_latency_s(k) + nbytes / min(
+            f.intra_bytes_per_s, nccl.COLLNET_GATHER_NET_BW * k * f.net_bytes_per_s)
+    if f.nvls_bytes_per_s and k > 2:
+        nvls_bus = _nvls_bus_bandwidth(f, k) / 2 * (k - 1) / k
+        out["nvls"] = nccl.nvls_nodes_latency_s() + nbytes / min(nvls_bus, k * f.net_bytes_per_s)
+    return out
 
 
 def all_to_all_s(cluster: Cluster, nbytes: float, grp: Group) -> float:

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from planner.cluster import load_cluster
-from planner.network import Group, all_gather_s, all_reduce_choice, all_reduce_s, all_to_all_s, fabric, group, p2p_s
+from planner.network import (Group, all_gather_s, all_reduce_choice, all_reduce_s, all_to_all_s, fabric, group, p2p_s,
+                             reduce_scatter_s)
 
 A100 = load_cluster("a100-80g", 64)      # 8 nodes of 8: NVLink 300 GB/s x 0.8, 8 NICs of 25 GB/s x 0.9
 H100 = load_cluster("h100-80g", 16)
@@ -113,6 +114,33 @@ def test_collnet_all_reduce_where_the_switches_reduce():
     assert all_reduce_s(h100, 1e6, Group(64, 8)) == pytest.approx(43 * US + 1e6 / (360e9 * 64 / 126))
     assert all_reduce_choice(h100, 1e9, Group(64, 8)) == "collnet-chain"
     assert all_reduce_s(h100, 1e9, Group(64, 8)) == pytest.approx((2 * 7 * 2.8 + 30) * US + 1e9 / (0.5 * 369e9))
+
+
+def test_collnet_all_gather_and_reduce_scatter_take_the_nodes_nics_once():
+    """With ``[network] collnet``, all-gather and reduce-scatter across nodes may also take CollNet Direct (tuning.cc:
+    ``ppn x min(bwIntra, 0.9 bwInter)`` as the algorithm's bandwidth, not converted by the ring's ratio) and NVLS
+    across nodes. On DGX H100 nodes (NVLink bus 369 GB/s, NICs 45 GB/s each after the profile's efficiency, NVLS
+    all-reduce 275 GB/s): CollNet Direct moves min(369, 0.9 x 8 x 45 = 324) GB/s, NVLS 275 x (7/8)^2 = 210.5 GB/s.
+    1 MB on 64 ranks: CollNet Direct, 2 (3.7 + 7 x 0.4) + 31 = 44 us + 1e6 / 324e9 (the ring's LL: 87 us). 1 GB on
+    64 ranks stays on the ring, (63/64) 1e9 / 360e9 + 8.4 + 56 x 3.4 + 7 x 14 us = 3.03 ms, against CollNet's 3.13;
+    on 1,024 ranks the ring's 1,023 steps cost more (5.24 ms at LL128) and CollNet Direct's 3.13 ms wins. Off, or
+    with more ranks on a node than NICs, nothing changes."""
+    from planner.network import gather_or_scatter_choice
+    h100 = load_cluster("h100-80g", 1024)
+    on = replace(h100, collnet=True)
+    assert gather_or_scatter_choice(on, 1e6, Group(64, 8)) == "collnet-direct"
+    assert all_gather_s(on, 1e6, Group(64, 8)) == pytest.approx(44 * US + 1e6 / 324e9)
+    assert reduce_scatter_s(on, 1e6, Group(64, 8)) == pytest.approx(44 * US + 1e6 / 324e9)
+    assert gather_or_scatter_choice(h100, 1e6, Group(64, 8)) == "ring/LL"
+    assert gather_or_scatter_choice(on, 1e9, Group(64, 8)) == "ring/Simple"
+    assert all_gather_s(on, 1e9, Group(64, 8)) == pytest.approx(63 / 64 * 1e9 / 360e9 + (8.4 + 56 * 3.4 + 7 * 14) * US)
+    assert gather_or_scatter_choice(on, 1e9, Group(1024, 8)) == "collnet-direct"
+    assert all_gather_s(on, 1e9, Group(1024, 8)) == pytest.approx(44 * US + 1e9 / 324e9)
+    assert all_gather_s(h100, 1e9, Group(1024, 8)) > 5.2e-3
+    # NVLS across nodes where the NICs would be slower than NVLS's 210.5 GB/s: one NIC per node at 45 GB/s
+    # cannot hold 8 ranks (more ranks than CollNet heads), so NCCL turns both off
+    few_nics = replace(on, nics_per_node=1)
+    assert gather_or_scatter_choice(few_nics, 1e6, Group(64, 8)).startswith("ring")
 
 
 def test_a_profile_says_whether_its_switches_reduce(tmp_path):
