@@ -151,6 +151,9 @@ class Cluster:
     oversubscription: float               # leaf-to-spine oversubscription of the fat tree
     collnet: bool = False                 # the switches reduce in the network (SHARP) and NCCL runs CollNet on them
                                           # (NCCL_COLLNET_ENABLE=1 with the SHARP plugin; NCCL's default is off)
+    nccl_arch: str = ""                   # the GPU generation NCCL's tuning tables index (volta, ampere, hopper,
+                                          # blackwell); "": not NCCL's (no LL cap priced)
+    cpu_vendor: str = ""                  # the hosts' CPUs (intel, amd, arm): NCCL's LL cap across nodes
     max_nodes: int = 0                    # 0: unlimited
     comm_sm_fraction: float = 0.0         # share of the device's SMs a running collective occupies
     intra_all_gather_ratio: float = 1.0       # all-gather's bus bandwidth in a node against all-reduce's (gloo: < 1)
@@ -553,6 +556,8 @@ def parse_cluster(data: dict, source: str) -> Cluster:
         **_nvme(host),
         oversubscription=net.number("oversubscription", default=1.0),
         collnet=net.boolean("collnet", default=False),
+        nccl_arch=gpu.string("nccl_arch", choices=("", "volta", "ampere", "hopper", "blackwell"), default=""),
+        cpu_vendor=host.string("cpu_vendor", choices=("", "intel", "amd", "arm"), default=""),
         max_nodes=root.integer("max_nodes", allow_zero=True, default=0),
         comm_sm_fraction=min(1.0, root.table("runtime").number("comm_sms", allow_zero=True, default=0.0)
                              / gpu.integer("sm_count")),

@@ -25,8 +25,10 @@ the network reduces, so it is not the bound) and latencies, which are one networ
 all-gather and reduce-scatter across such nodes CollNet Direct and NVLS across nodes, where each GPU has a NIC of
 its own (NCCL's condition: no more local ranks than CollNet heads) and the plugin gathers and scatters
 (``iallgather``, ``ireducescatter``), at the node's NICs' rate (tuning.cc: ``ppn * min(bwIntra, bwInter * 0.9)``).
-Left out: NCCL's per-channel bandwidth caps (``llMaxBw``, ``perChMaxRingLL128Bw``, ``perChMaxNVLSTreeBw``: they
-bind on small messages only) and its tree correction factors by size.
+LL's own cap is priced (``llMaxBws``: absolute, by GPU generation on one node and by CPU vendor across nodes,
+``ll_max_bytes_per_s``): across nodes it holds LL to 19-39 GB/s, so LL runs only the smallest messages there. Left
+out: NCCL's per-channel caps (``perChMaxRingLL128Bw``, ``perChMaxTreeBw``, ``perChMaxNVLSTreeBw``: they need the
+channel count of NCCL's topology search, and bind on small messages only) and its tree correction factors by size.
 """
 from __future__ import annotations
 
@@ -58,9 +60,39 @@ COLLNET_GATHER_NET_BW = 0.9
 RING_BW = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}
 TREE_BW = {"LL": 0.92 / 3.8, "LL128": 0.92 * 120 / 128, "Simple": 0.92}     # all-reduce, more than one node
 PAT_BW = 0.75
+# llMaxBws (GB/s): the most LL delivers whatever the links, absolute rather than per channel; on one node by the GPU's
+# generation, across nodes by the host CPU's vendor (AMD's row for AMD, Intel's for every other), two nodes or more
+LL_MAX_GBPS = {"one node": {"volta": 39.0, "ampere": 87.7, "hopper": 141.0, "blackwell": 282.0},
+               "intel": (39.0, 20.4), "amd": (22.5, 19.0)}
 # getNetOverhead: the host's cost of posting a network operation (x86: 1.0 us), three times for Simple; an
 # intra-node step of a ring that spans nodes costs at least that
 NET_OVERHEAD_US = 1.0
+
+
+def ll_max_bytes_per_s(arch: str, cpu_vendor: str, nodes: int) -> float:
+    """NCCL's cap on the LL protocol's bus bandwidth (tuning.cc llMaxBws): on one node the GPU generation's
+    (``arch``: volta, ampere, hopper, blackwell, by compute capability 7, 8, 9, 10 and up), across two nodes or
+    more the host CPU vendor's; none where the profile names no NCCL generation (RCCL, gloo)."""
+    if not arch:
+        return math.inf
+    if nodes <= 1:
+        return LL_MAX_GBPS["one node"][arch] * 1e9
+    two, more = LL_MAX_GBPS["amd" if cpu_vendor == "amd" else "intel"]
+    return (two if nodes == 2 else more) * 1e9
+
+
+def ring_bus_bw(bus: float, protocol: str, ll_max: float) -> float:
+    """The ring's bus bandwidth at ``protocol`` from the links' ``bus`` (tuning.cc: LL min(llMaxBw, busBw * .5),
+    LL128 busBw * 0.92, Simple busBw)."""
+    out = bus * RING_BW[protocol]
+    return min(out, ll_max) if protocol == "LL" else out
+
+
+def tree_bus_bw(bus: float, protocol: str, ll_max: float) -> float:
+    """The all-reduce tree's bus bandwidth at ``protocol`` (tuning.cc: busBw * .92, then LL min(busBw / 3.8,
+    llMaxBw), LL128 busBw * 120 / 128)."""
+    out = bus * TREE_BW[protocol]
+    return min(out, ll_max) if protocol == "LL" else out
 
 
 def _log2i(x: int) -> int:

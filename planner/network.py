@@ -147,12 +147,13 @@ def _all_reduce(cluster: Cluster, nbytes: float, grp: Group) -> tuple[str, float
     bw = _ring_bandwidth(f, grp)
     if not _runs_nccl(cluster):
         return "gloo ring", 2 * (n - 1) / n * nbytes / bw + 2 * _gloo_ring_latency_s(f, grp)
-    options = {f"ring/{p}": nccl.ring_latency_s(n, grp.nodes, p, passes=2) + 2 * (n - 1) / n * nbytes / (
-        bw * nccl.RING_BW[p]) for p in nccl.PROTOCOLS}
+    ll_max = nccl.ll_max_bytes_per_s(cluster.nccl_arch, cluster.cpu_vendor, grp.nodes)
+    options = {f"ring/{p}": nccl.ring_latency_s(n, grp.nodes, p, passes=2) + 2 * (n - 1) / n * nbytes /
+               nccl.ring_bus_bw(bw, p, ll_max) for p in nccl.PROTOCOLS}
     if grp.nodes > 1:
         # NCCL's algorithm bandwidth of the tree is half its bus bandwidth (tuning.cc: ratio .5)
-        options.update({f"tree/{p}": nccl.tree_latency_s(n, grp.nodes, p) + nbytes / (0.5 * bw * nccl.TREE_BW[p])
-                        for p in nccl.PROTOCOLS})
+        options.update({f"tree/{p}": nccl.tree_latency_s(n, grp.nodes, p) + nbytes / (
+            0.5 * nccl.tree_bus_bw(bw, p, ll_max)) for p in nccl.PROTOCOLS})
         if f.nvls_bytes_per_s and grp.per_node > 2:
             # NVLS-tree (tuning.cc NCCL_ALGO_NVLS_TREE): per channel the lesser of NVLS's bandwidth inside the node
             # (the measured all-reduce's, as a bus bandwidth: x 2 (k - 1) / k on its k GPUs) and the network's (on
@@ -237,7 +238,13 @@ def _gather_or_scatter(cluster: Cluster, nbytes: float, grp: Group, ratio: float
     simple = all_gather_bandwidth_s(cluster, nbytes, grp, ratio=ratio)
     if not _runs_nccl(cluster):
         return "gloo ring", simple + _gloo_ring_latency_s(fabric(cluster), grp)
-    options = {f"ring/{p}": nccl.ring_latency_s(n, grp.nodes, p) + simple / nccl.RING_BW[p] for p in nccl.PROTOCOLS}
+    # the ring's links carry (n - 1) / n of the bytes at the bus bandwidth ``simple`` takes; each protocol delivers
+    # its share of it
+    moved = (n - 1) / n * nbytes
+    bus = moved / simple
+    ll_max = nccl.ll_max_bytes_per_s(cluster.nccl_arch, cluster.cpu_vendor, grp.nodes)
+    options = {f"ring/{p}": nccl.ring_latency_s(n, grp.nodes, p) + moved / nccl.ring_bus_bw(bus, p, ll_max)
+               for p in nccl.PROTOCOLS}
     if grp.nodes > 1 and grp.per_node == 1:
         options["pat"] = nccl.pat_latency_s(n, grp.nodes) + nbytes / (_ring_bandwidth(fabric(cluster), grp)
                                                                       * nccl.PAT_BW)

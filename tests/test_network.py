@@ -49,8 +49,9 @@ def test_ring_all_reduce_inside_a_node():
 
 
 def test_small_all_reduce_takes_the_low_latency_protocol():
-    """10 kB inside a node: LL, whose latency (6.6 + 14 x 0.6 us) beats its halved bandwidth."""
-    expected = (6.6 + 14 * 0.6) * US + 2 * 7 / 8 * 1e4 / (NVLINK * 0.5)
+    """10 kB inside a node: LL, whose latency (6.6 + 14 x 0.6 us) beats its halved bandwidth, which NCCL caps at
+    87.7 GB/s on one Ampere node (tuning.cc llMaxBws; half of the 240 GB/s links would be 120)."""
+    expected = (6.6 + 14 * 0.6) * US + 2 * 7 / 8 * 1e4 / 87.7e9
     assert all_reduce_s(A100, 1e4, Group(8, 8)) == pytest.approx(expected)
     assert all_reduce_choice(A100, 1e4, Group(8, 8)) == "ring/LL"
 
@@ -94,21 +95,29 @@ def test_nvls_tree_all_reduce_across_h100_nodes():
     three = load_cluster("h100-80g", 24)
     assert all_reduce_s(three, S, Group(24, 8)) == pytest.approx(S / (360e9 * 24 / 46) + (25 + 2 * 20.9) * US)
     assert all_reduce_choice(three, S, Group(24, 8)) == "nvls-tree"
-    # small messages take the double binary tree, whose per-hop latencies are lower
-    assert all_reduce_choice(H100, 1e6, Group(16, 8)) == "tree/LL"
+    # small messages take the double binary tree, whose per-hop latencies are lower: at LL128, as LL is held to
+    # 39 GB/s across two nodes of Intel hosts (tuning.cc llMaxBws): 1 MB in 14 + 2 (7 x 1.25 + 8.5) us + 1e6 /
+    # (0.5 x 0.92 x 120/128 x 360e9) = 54.9 us, against LL's 25.2 us + 1e6 / (0.5 x 39e9) = 76.5 us
+    assert all_reduce_choice(H100, 1e6, Group(16, 8)) == "tree/LL128"
+    assert all_reduce_s(H100, 1e6, Group(16, 8)) == pytest.approx((14 + 2 * (7 * 1.25 + 8.5)) * US
+                                                                  + 1e6 / (0.5 * 0.92 * 120 / 128 * 360e9))
 
 
 def test_collnet_all_reduce_where_the_switches_reduce():
     """With ``[network] collnet`` (SHARP in the switches, NCCL_COLLNET_ENABLE=1) all-reduce across nodes may take
     CollNet (tuning.cc): priced from the node's inside, half the NVLink bus bandwidth as the algorithm's, one
     network hop whatever the nodes. On 8 DGX A100 nodes (no NVLS) a 1 MB all-reduce takes CollNet Direct,
-    2 (3.7 + 7 x 0.4) + 31 = 44 us + 1e6 / (0.5 x 240e9): 52.3 us, against the tree's 91 us without it. On 8 DGX
+    2 (3.7 + 7 x 0.4) + 31 = 44 us + 1e6 / (0.5 x 240e9): 52.3 us, against the tree's 95.4 us without it (at LL128,
+    14 + 2 (7 x 1.25 + 3 x 8.5) us + 1e6 / (0.5 x 0.92 x 120/128 x 180e9): LL is held to 19 GB/s across nodes of AMD
+    hosts, tuning.cc llMaxBws). On 8 DGX
     H100 nodes: NVLS across nodes for 1 MB, 25 + 18 us + 1e6 / (min(481.25, 8 x 45) GB/s x 64 / 126), and CollNet
     Chain for 1 GB, 2 x 7 x 2.8 + 30 us + 1e9 / (0.5 x 369e9). Off, as NCCL's default is, nothing changes."""
     a100 = replace(A100, collnet=True)
     assert all_reduce_choice(a100, 1e6, Group(64, 8)) == "collnet-direct"
     assert all_reduce_s(a100, 1e6, Group(64, 8)) == pytest.approx((2 * (3.7 + 7 * 0.4) + 31) * US + 1e6 / (0.5 * NVLINK))
-    assert all_reduce_choice(A100, 1e6, Group(64, 8)) == "tree/LL"
+    assert all_reduce_choice(A100, 1e6, Group(64, 8)) == "tree/LL128"
+    assert all_reduce_s(A100, 1e6, Group(64, 8)) == pytest.approx((14 + 2 * (7 * 1.25 + 3 * 8.5)) * US
+                                                                  + 1e6 / (0.5 * 0.92 * 120 / 128 * 180e9))
     h100 = replace(load_cluster("h100-80g", 64), collnet=True)
     assert all_reduce_choice(h100, 1e6, Group(64, 8)) == "nvls"
     assert all_reduce_s(h100, 1e6, Group(64, 8)) == pytest.approx(43 * US + 1e6 / (360e9 * 64 / 126))
@@ -192,3 +201,29 @@ def test_all_to_all_bottleneck_is_the_network():
 def test_p2p():
     assert p2p_s(A100, 1e8, same_node=True) == pytest.approx(1e8 / NVLINK + 1.9e-6)
     assert p2p_s(A100, 1e8, same_node=False) == pytest.approx(1e8 / NIC + 4e-6)
+
+
+def test_ll_is_capped_by_gpu_generation_on_a_node_and_by_cpu_vendor_across_nodes(tmp_path):
+    """NCCL's llMaxBws (tuning.cc at 5067397): LL's bus bandwidth on one node is at most 39, 87.7, 141 or 282 GB/s
+    (Volta, Ampere, Hopper, Blackwell); across nodes 39 GB/s on two and 20.4 on more with Intel hosts, 22.5 and 19.0
+    with AMD's. The profiles say which ([gpu] nccl_arch, [host] cpu_vendor); a profile without them (RCCL, gloo)
+    is not capped, and any other value names the field."""
+    from math import inf
+    from planner.nccl import ll_max_bytes_per_s
+    assert [ll_max_bytes_per_s(a, "intel", 1) for a in ("volta", "ampere", "hopper", "blackwell")] == \
+        [39e9, 87.7e9, 141e9, 282e9]
+    assert (ll_max_bytes_per_s("hopper", "intel", 2), ll_max_bytes_per_s("hopper", "intel", 8)) == (39e9, 20.4e9)
+    assert (ll_max_bytes_per_s("ampere", "amd", 2), ll_max_bytes_per_s("ampere", "amd", 8)) == (22.5e9, 19e9)
+    assert ll_max_bytes_per_s("blackwell", "arm", 9) == 20.4e9          # every vendor but AMD takes Intel's row
+    assert ll_max_bytes_per_s("", "amd", 8) == inf
+    assert (A100.nccl_arch, A100.cpu_vendor) == ("ampere", "amd")
+    h100 = load_cluster("h100-80g", 16)
+    assert (h100.nccl_arch, h100.cpu_vendor) == ("hopper", "intel")
+    assert load_cluster("mi300x", 8).nccl_arch == ""
+    from planner.errors import UserError
+    text = Path(__file__).resolve().parents[1].joinpath("profiles", "h100-80g.toml").read_text()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text.replace('nccl_arch = "hopper"', 'nccl_arch = "ada"', 1))
+    with pytest.raises(UserError, match="not allowed") as err:
+        load_cluster(str(bad), 16)
+    assert "gpu.nccl_arch" in str(err.value)

@@ -40,6 +40,9 @@ def test_every_number_says_it_was_measured_and_by_which_command(profile):
     for table in ("gpu", "intra_node", "host"):
         assert data[table]["source"].startswith("measured: `" + command), table
     assert data["runtime"]["reserved_source"].startswith("measured: `" + command)
+    # the host's CPU vendor as the OS reports it (NCCL's LL cap across nodes reads it)
+    from executor.profile.device import cpu_vendor
+    assert load_cluster(str(profile), 2).cpu_vendor == cpu_vendor()
     # compute lost beside a running collective: a share of the device, measured
     assert data["runtime"]["comm_sms_source"].startswith("measured: `" + command)
     assert 0.0 <= data["runtime"]["comm_sms"] <= data["gpu"]["sm_count"]

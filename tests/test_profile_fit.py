@@ -78,3 +78,13 @@ def test_rederive_takes_and_returns_values(tmp_path):
     out = rederive("profiles/measured/h100-sxm5.kernels.json", out=tmp_path / "again.toml", name="measured-h100-sxm5")
     assert out == tmp_path / "again.toml"
     assert out.read_text() == open("profiles/measured/h100-sxm5.toml").read()
+
+
+def test_a_profile_names_nccls_tuning_row_and_the_hosts_cpu_vendor():
+    """`meshplan profile` writes [gpu] nccl_arch from the device's compute capability (NCCL's tuning.cc rows: 10 and
+    up Blackwell, 9 Hopper, 8 Ampere, 7 Volta) and [host] cpu_vendor from the OS, which NCCL's LL cap reads."""
+    from executor.profile.device import cpu_vendor, nccl_arch
+    assert [nccl_arch(cc) for cc in ((7, 0), (8, 0), (8, 9), (9, 0), (10, 0), (12, 0))] == \
+        ["volta", "ampere", "ampere", "hopper", "blackwell", "blackwell"]
+    assert nccl_arch(None) == ""
+    assert cpu_vendor() in ("intel", "amd", "arm", "")

@@ -117,9 +117,36 @@ def device_info(device: str) -> dict:
     import torch
     if device.startswith("cuda"):
         props = torch.cuda.get_device_properties(device)
-        return {"name": props.name, "memory_bytes": props.total_memory, "sm_count": props.multi_processor_count}
+        return {"name": props.name, "memory_bytes": props.total_memory, "sm_count": props.multi_processor_count,
+                "compute_capability": [props.major, props.minor], "cpu_vendor": cpu_vendor()}
     return {"name": platform.processor() or platform.machine() or "CPU", "memory_bytes": host_memory_bytes(),
-            "sm_count": 1}
+            "sm_count": 1, "cpu_vendor": cpu_vendor()}
+
+
+def cpu_vendor() -> str:
+    """The host CPU's vendor as a profile's [host] cpu_vendor names it: intel, amd or arm ("" where unknown), from
+    /proc/cpuinfo's vendor_id (x86) or the machine type (Arm)."""
+    import platform
+    if platform.machine().lower() in ("aarch64", "arm64"):
+        return "arm"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    vendor = line.split(":", 1)[1].strip()
+                    return {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(vendor, "")
+    except OSError:
+        pass
+    return ""
+
+
+def nccl_arch(compute_capability) -> str:
+    """The row of NCCL's tuning tables (src/graph/tuning.cc: compute capability 10 and up Blackwell, 9 Hopper, 8
+    Ampere, else Volta) for a CUDA device's (major, minor); "" for none."""
+    if not compute_capability:
+        return ""
+    major = compute_capability[0]
+    return "blackwell" if major >= 10 else "hopper" if major == 9 else "ampere" if major == 8 else "volta"
 
 
 def _cores() -> int:

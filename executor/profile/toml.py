@@ -26,6 +26,7 @@ import math
 import statistics
 
 from planner.cluster import GiB
+from .device import nccl_arch
 
 
 def _q(text: str) -> str:
@@ -192,6 +193,9 @@ def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, da
         "peak_tflops = { " + ", ".join(f"{d} = {_num(v)}" for d, v in peaks.items()) + " }   # measured: "
         + ("median GEMM over the shapes" if cpu else "best GEMM"),
         f"sm_count = {m['device']['sm_count']}" + ("   # one CPU process" if cpu else "   # reported by the runtime"),
+        *([f"nccl_arch = {_q(nccl_arch(m['device']['compute_capability']))}   # NCCL's tuning row for compute "
+           f"capability {'.'.join(map(str, m['device']['compute_capability']))} (reported by the runtime)"]
+          if not cpu and m["device"].get("compute_capability") else []),
         *([f"threads = {threads}   # compute threads per process, as measured (torch.set_num_threads)"] if cpu
           else []),
         f"source = {_q(gpu_src)}",
@@ -220,6 +224,8 @@ def render(m: dict, comm: dict | None, *, name: str, command: str, host: str, da
         f"pcie_GBps = {_num(pcie)}" + ("   # the host is the device: the copy bandwidth" if cpu
                                        else "   # measured: pinned host-to-device copy"),
         f"memory_GiB = {_num(m['host_memory_bytes'] / GiB)}   # read from the OS (sysconf)",
+        *([f"cpu_vendor = {_q(m['device']['cpu_vendor'])}   # read from the OS (/proc/cpuinfo, the machine type)"]
+          if m["device"].get("cpu_vendor") else []),
         f"source = {_q(measured)}",
         "",
         "[network]",
