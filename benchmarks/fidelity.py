@@ -203,6 +203,16 @@ def moe_case_model(case: dict) -> str:
     return name
 
 
+# The MoE runs whose performance script overlaps the expert all-to-alls (Megatron-Bridge @5776a6d90: moe_a2a_overlap=True
+# in scripts/performance/configs/qwen/qwen3_workload_base_configs.py, which scripts/performance/utils/overrides.py
+# turns into overlap_moe_expert_parallel_comm and delay_wgrad_compute): planned with --ep-comm-overlap
+EP_COMM_OVERLAP = {
+    "MBRIDGE2511-H100-QWEN3_30B_A3B-16gpu-FP8CS": "QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_BASE_CONFIG",
+    "MBRIDGE2511-H100-QWEN3_235B_A22B-256gpu-FP8CS": "QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_FP8_CS_BASE_CONFIG",
+    "MBRIDGE2511-B200-QWEN3_235B_A22B-64gpu-FP8MX": "QWEN3_235B_A22B_PRETRAIN_CONFIG_B200_FP8_MX_BASE_CONFIG (the FP8_CS one)",
+}
+
+
 def moe_case_settings(case: dict) -> tuple[dict, dict]:
     """(job settings, fixed knobs) of a Megatron-Bridge MoE case: every published degree (tp, pp, cp, dp, ep, virtual
     stages) and the micro-batch fixed; the distributed optimizer (ZeRO-1, Megatron-Bridge's default) unless the summary's
@@ -216,6 +226,8 @@ def moe_case_settings(case: dict) -> tuple[dict, dict]:
            # its performance scripts keep and reduce gradients in bf16 (scripts/performance/configs/*/
            # *_llm_pretrain.py @5776a6d9: ddp.grad_reduce_in_fp32 = False)
            "grad_reduce_in_bf16": True}
+    if case["id"] in EP_COMM_OVERLAP:
+        job["ep_comm_overlap"] = True
     knobs = {"tp": cfg["tp"], "pp": cfg["pp"], "cp": cfg["cp"], "dp": cfg["dp"], "ep": cfg["ep"],
              "micro_batch": cfg["micro_batch"], "zero": 3 if cfg.get("fsdp") else 1}
     if cfg["pp"] > 1:

@@ -72,6 +72,7 @@ class JobInputs:
     attention: str = "flash"            # "flash" or "unfused"
     overlap_grad_reduce: bool = True
     tp_comm_overlap: bool = False
+    ep_comm_overlap: bool = False       # Megatron-Core's overlapped expert all-to-alls (planner/config.py)
     example_input: str | None = None    # SHAPE:DTYPE[,...] for a traced module
     memory_headroom: float = DEFAULT_MEMORY_HEADROOM   # memory a plan leaves free (planner/config.py)
     expert_imbalance: float = 1.0       # the busiest expert rank's tokens over the balanced share (planner/config.py)
@@ -106,7 +107,7 @@ class JobInputs:
         workload = Workload(global_batch=self.global_batch or default_global_batch(seq, cluster.num_gpus),
                             seq_len=seq, precision=precision, framework=self.framework, attention=self.attention,
                             overlap_grad_reduce=self.overlap_grad_reduce, tp_comm_overlap=self.tp_comm_overlap,
-                            memory_headroom=self.memory_headroom, expert_imbalance=self.expert_imbalance,
+                            ep_comm_overlap=self.ep_comm_overlap, memory_headroom=self.memory_headroom, expert_imbalance=self.expert_imbalance,
                             expert_dispatcher=self.expert_dispatcher, compile=self.compile, fp8=fp8,
                             fp8_param_gather=self.fp8_param_gather, grad_reduce_in_bf16=self.grad_reduce_in_bf16,
                             **finetune_fields(self.finetune, self.lora_rank, self.lora_targets))
@@ -119,11 +120,29 @@ class JobInputs:
         if self.grad_reduce_in_bf16 and (self.framework != "megatron" or precision != "bf16"):
             raise UserError("accumulates Megatron-LM's bf16 gradients in bf16; allowed: with --framework megatron "
                             "and --precision bf16 or an FP8 recipe", field="--grad-reduce-in-bf16")
+        if self.ep_comm_overlap:
+            check_ep_comm_overlap(self.framework, cluster, graph.num_experts, self.expert_dispatcher)
         if self.fp8_param_gather and (not fp8 or library(self.framework) != "te"):
             raise UserError("keeps FP8 parameters of TransformerEngine's linears; allowed: with --framework megatron "
                             "and an FP8 --precision (" + ", ".join(r for r in RECIPES if RECIPES[r].te) + ")",
                             field="--fp8-param-gather")
         return Job(model_source=self.model, spec=spec, graph=graph, cluster=cluster, workload=workload)
+
+
+def check_ep_comm_overlap(framework: str, cluster, num_experts: int, dispatcher: str) -> None:
+    """--ep-comm-overlap where it runs: Megatron-Core's --overlap-moe-expert-parallel-comm, on a mixture of experts
+    with the all-to-all dispatcher (megatron/core/transformer/transformer_config.py at 92c8482e), or UserError."""
+    if not RUNTIMES[framework].on(cluster.device_kind).ep_comm_overlap:
+        runs = [name for name, rt in RUNTIMES.items() if rt.on(cluster.device_kind).ep_comm_overlap]
+        raise UserError(f"the {framework} runtime does not overlap expert parallelism's all-to-alls with another "
+                        f"micro-batch's compute on {cluster.device_kind}; allowed with --ep-comm-overlap: "
+                        f"--framework {' or '.join(runs) or 'none'}", field="--ep-comm-overlap")
+    if not num_experts:
+        raise UserError("overlaps expert parallelism's all-to-alls, and the model has no routed experts; allowed: a "
+                        "mixture of experts", field="--ep-comm-overlap")
+    if dispatcher != "alltoall":
+        raise UserError(f"overlaps the all-to-all dispatcher's exchanges, not the {dispatcher} dispatcher's; allowed "
+                        "with it: --expert-dispatcher alltoall", field="--ep-comm-overlap")
 
 
 def finetune_fields(finetune: str, lora_rank: int | None, lora_targets: tuple[str, ...] | None) -> dict:

@@ -56,6 +56,9 @@ class Workload:
                                            # FSDP, Megatron-Core --overlap-grad-reduce)
     tp_comm_overlap: bool = False          # TP collectives overlap the GEMMs (TransformerEngine userbuffers,
                                            # Megatron-Core --tp-comm-overlap)
+    ep_comm_overlap: bool = False          # expert parallelism's all-to-alls run beside another micro-batch's compute
+                                           # (Megatron-Core --overlap-moe-expert-parallel-comm with
+                                           # --delay-wgrad-compute: planner/cost/layer.py ``_overlapped_exchange_s``)
     optimizer: Literal["adamw"] = "adamw"  # Adam(W): two fp32 moments per parameter (Loshchilov & Hutter 2019)
     memory_headroom: float = DEFAULT_MEMORY_HEADROOM   # memory a plan leaves free (DEFAULT_MEMORY_HEADROOM)
     expert_dispatcher: Literal["alltoall", "allgather"] = "alltoall"   # how tokens reach their experts under
@@ -237,7 +240,7 @@ def check_config(config: ParallelConfig, *, num_gpus: int, global_batch: int, se
                  num_kv_heads: int, num_blocks: int, framework: str, dtypes: tuple[str, ...] = (),
                  precision: str = "bf16", device_kind: str = "cuda", max_stages: int | None = None,
                  num_experts: int = 0, latent_attention: bool = False, fp8: str = "", compile: bool = False,
-                 finetune: str = "full") -> None:
+                 finetune: str = "full", ep_comm_overlap: bool = False) -> None:
     """Raise UserError (naming the flag) when the knobs cannot work together, or when the
     runtime ``framework`` does not run them on ``device_kind`` (planner/runtimes.py). ``max_stages``:
     the most (virtual) pipeline stages the model splits into (default one block each)."""
@@ -291,7 +294,7 @@ def check_config(config: ParallelConfig, *, num_gpus: int, global_batch: int, se
         raise UserError(f"the cluster's devices have no {precision} peak; allowed: {one_of(dtypes)}",
                         field="--precision")
     for knob, why in config_refusals(c, framework, device_kind, num_kv_heads, num_experts, latent_attention, fp8,
-                                     compile, finetune):
+                                     compile, finetune, ep_comm_overlap):
         raise UserError(why, field=knob_flag(knob))
 
 

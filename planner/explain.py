@@ -147,7 +147,7 @@ def _other_schedules(graph, cluster, workload, config: ParallelConfig, est: Esti
                 continue
             trial = replace(config, schedule=name, vpp=vpp, stage_layers=None, recompute_layers=policies)
             why = config_refusals(trial, workload.framework, cluster.device_kind, fp8=workload.fp8,
-                                  compile=workload.compile)
+                                  compile=workload.compile, ep_comm_overlap=workload.ep_comm_overlap)
             if why:             # the runtime does not run this schedule with the plan's other knobs
                 knob = why[0][0]
                 refused.setdefault(name, f"{knob_flag(knob)} {_flag_value(getattr(trial, knob))}")
@@ -406,7 +406,8 @@ def _refused(graph, cluster, workload, knobs) -> str:
                                                       "param_offload", "sequence_parallel", "recompute", "ep", "dp")
              if getattr(knobs, name, None) is not None}
     found = refusals(workload.framework, cluster.device_kind, num_kv_heads=graph.num_kv_heads,
-                     num_experts=graph.num_experts or None, fp8=workload.fp8, **given)
+                     num_experts=graph.num_experts or None, fp8=workload.fp8,
+                     ep_comm_overlap=workload.ep_comm_overlap, **given)
     return "; ".join(f"{why} ({knob_flag(knob)})" for knob, why in found[:2])
 
 

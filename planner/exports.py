@@ -123,9 +123,19 @@ def _fp8_note(plan, framework: str) -> list[str]:
             "(none of its configuration keys selects an FP8 recipe): it trains in bf16, slower than planned"]
 
 
+def _ep_overlap_note(plan, framework: str) -> list[str]:
+    """What an export whose runtime does not overlap the expert all-to-alls says of a plan priced with them
+    overlapped (--ep-comm-overlap)."""
+    if not (plan.workload.ep_comm_overlap and plan.best.config.ep > 1):
+        return []
+    return [f"the plan runs its expert all-to-alls beside another micro-batch's compute (Megatron-Core's "
+            f"--overlap-moe-expert-parallel-comm); {framework} is given no such setting here: they run exposed, "
+            "slower than planned"]
+
+
 def deepspeed(plan) -> Export:
     c, w = plan.best.config, plan.workload
-    notes = _compile_note(plan, "DeepSpeed") + _fp8_note(plan, "DeepSpeed")
+    notes = _compile_note(plan, "DeepSpeed") + _fp8_note(plan, "DeepSpeed") + _ep_overlap_note(plan, "DeepSpeed")
     cfg: dict = {"train_batch_size": w.global_batch, "train_micro_batch_size_per_gpu": c.micro_batch,
                  "gradient_accumulation_steps": c.num_microbatches, "gradient_clipping": 1.0}
     if w.precision == "bf16":
@@ -350,6 +360,8 @@ def megatron(plan) -> Export:
             args.append(["--overlap-param-gather"])
     if w.tp_comm_overlap and c.tp > 1:
         args.append(["--tp-comm-overlap"])
+    if w.ep_comm_overlap and c.ep > 1:      # as meshplan priced it: the weight gradients deferred into the overlap
+        args += [["--overlap-moe-expert-parallel-comm"], ["--delay-wgrad-compute"]]
     header = [f"# Megatron-LM pretrain_gpt.py arguments for {plan.model_name} on {plan.cluster.num_gpus} x "
               f"{plan.cluster.name} (written by meshplan; flags from megatron/training/arguments.py)",
               "# one flag per line; add your data, tokenizer, optimizer and checkpoint arguments"]
@@ -361,7 +373,7 @@ def megatron(plan) -> Export:
 
 def colossalai(plan) -> Export:
     c, w = plan.best.config, plan.workload
-    notes = _compile_note(plan, "Colossal-AI") + _fp8_note(plan, "Colossal-AI")
+    notes = _compile_note(plan, "Colossal-AI") + _fp8_note(plan, "Colossal-AI") + _ep_overlap_note(plan, "Colossal-AI")
     kwargs: dict = {"tp_size": c.tp, "pp_size": c.pp, "precision": w.precision,
                     "zero_stage": min(c.zero, 1 if c.pp > 1 else 2),
                     "microbatch_size": c.micro_batch, "max_norm": 1.0,
@@ -455,7 +467,7 @@ def _torchtitan_sections(plan, python: bool = False) -> tuple[dict, list[str]]:
     cannot (it says sequence parallelism, ParallelismConfig.enable_sequence_parallel, and accumulates gradients
     itself, num_tokens_per_train_step over the micro-batch's tokens x dp)."""
     c, w = plan.best.config, plan.workload
-    notes = []
+    notes = _ep_overlap_note(plan, "torchtitan")
     parallelism: dict = {"tensor_parallel_degree": c.tp, "pipeline_parallel_degree": c.pp,
                          "context_parallel_degree": c.cp}
     if plan.spec is not None and plan.spec.is_moe:

@@ -122,6 +122,7 @@ class Plan:
             **({"knobs": dict(self.knobs)} if self.knobs is not None else {}),
             "workload": {k: v for k, v in asdict(self.workload).items()      # the expert settings said only
                          if (k, v) not in (("expert_imbalance", 1.0), ("expert_dispatcher", "alltoall"),
+                                           ("ep_comm_overlap", False),
                                            ("compile", False), ("fp8", ""), ("fp8_param_gather", False),
                                            ("grad_reduce_in_bf16", False), ("finetune", "full"),
                                            ("lora_rank", 0), ("lora_targets", ()))},  # off default
@@ -270,7 +271,8 @@ def _workload(raw: dict, source: str) -> Workload:
         if name in raw and raw[name] not in allowed:
             raise UserError(f"{raw[name]!r} is not allowed; allowed: {one_of(allowed)}", source=source,
                             field=f"workload.{name}")
-    for name in ("overlap_grad_reduce", "tp_comm_overlap", "compile", "fp8_param_gather", "grad_reduce_in_bf16"):
+    for name in ("overlap_grad_reduce", "tp_comm_overlap", "ep_comm_overlap", "compile", "fp8_param_gather",
+                 "grad_reduce_in_bf16"):
         if name in raw and not isinstance(raw[name], bool):
             raise UserError(f"must be true or false, got {raw[name]!r}", source=source, field=f"workload.{name}")
     if "memory_headroom" in raw:

@@ -36,7 +36,8 @@ def inputs_of(plan: Plan, gpus: int, model: str | None = None):
     return JobInputs(model=model or plan.model_source, cluster=plan.cluster_source or plan.cluster_name, gpus=gpus,
                      global_batch=w.global_batch, seq_len=w.seq_len, precision=w.precision_name,
                      framework=w.framework, attention=w.attention, overlap_grad_reduce=w.overlap_grad_reduce,
-                     tp_comm_overlap=w.tp_comm_overlap, memory_headroom=w.memory_headroom,
+                     tp_comm_overlap=w.tp_comm_overlap, ep_comm_overlap=w.ep_comm_overlap,
+                     memory_headroom=w.memory_headroom,
                      expert_imbalance=w.expert_imbalance, expert_dispatcher=w.expert_dispatcher, compile=w.compile,
                      fp8_param_gather=w.fp8_param_gather, grad_reduce_in_bf16=w.grad_reduce_in_bf16,
                      finetune=w.finetune, lora_rank=w.lora_rank or None, lora_targets=w.lora_targets or None)

@@ -66,6 +66,9 @@ class Combinations:
                                             # in the same waves) rather than one GEMM per expert
     expert_gemm_streams: int = 1            # where not grouped: how many of those per-expert GEMMs (and their FP8
                                             # casts) run at once, each on a stream of its own (1: one after another)
+    ep_comm_overlap: bool = False           # expert all-to-alls overlapped with another micro-batch's compute
+                                            # (Workload.ep_comm_overlap: Megatron-Core's
+                                            # --overlap-moe-expert-parallel-comm)
     compiles_blocks: bool = False           # --compile: each block torch.compile'd (torchtitan's per-block compile,
                                             # torchtitan/models/llama3/infra/parallelize.py apply_compile)
     fp8_recipes: tuple[str, ...] = ()       # FP8 training recipes it runs (planner/precision.py RECIPES; --precision)
@@ -317,6 +320,8 @@ _MEGATRON_RUNS = Combinations(
     # common/util/multi_stream.cpp num_compute_streams = 4); its CUTLASS grouped GEMM runs only on Hopper and only
     # with NVTE_USE_CUTLASS_GROUPED_GEMM=1, off by default
     grouped_experts=False, expert_gemm_streams=4,
+    ep_comm_overlap=True,       # --overlap-moe-expert-parallel-comm (Megatron-Core 0.14+, MoE README 'Batch-level
+                                # overlapping to hide EP-A2A communication'), with --delay-wgrad-compute
     # any blocks per stage (--pipeline-model-parallel-layout; --decoder-first/last-pipeline-num-layers); one
     # --recompute-granularity for every layer (its --recompute-method block, the same count of blocks on every
     # stage, is not searched)
@@ -496,10 +501,12 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
              recompute: str | None = None,
              num_kv_heads: int | None = None, ep: int | None = None, dp: int | None = None,
              num_experts: int | None = None, latent_attention: bool | None = None,
-             fp8: str = "", compile: bool = False, finetune: str = "full") -> list[tuple[str, str]]:
+             fp8: str = "", compile: bool = False, finetune: str = "full",
+             ep_comm_overlap: bool = False) -> list[tuple[str, str]]:
     """(knob, why) for every knob value, or pair of them, that ``runtime`` does not run on
     ``device_kind``; None means the knob is not known yet (nothing is said about it). ``fp8``: the workload's
-    FP8 recipe (planner/precision.py); ``compile``: its blocks torch.compile'd (``Workload.compile``)."""
+    FP8 recipe (planner/precision.py); ``compile``: its blocks torch.compile'd (``Workload.compile``);
+    ``ep_comm_overlap``: its expert all-to-alls overlapped (``Workload.ep_comm_overlap``)."""
     rt = RUNTIMES[runtime]
     can = rt.on(device_kind)
     who = f"the {runtime} runtime on {device_kind}"
@@ -571,6 +578,8 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
         if recompute is not None and can.recomputes_with_ep is not None and recompute not in can.recomputes_with_ep:
             out.append(("recompute", f"{recompute!r} with expert parallelism does not run on {who}; allowed with "
                                      f"ep > 1: {one_of(can.recomputes_with_ep)}"))
+    if ep_comm_overlap:
+        out += _ep_overlap_refusals(who, ep=ep, pp=pp, schedule=schedule, recompute=recompute)
     if fp8 and tp is not None and tp > 1 and not can.fp8_with_tp:
         out.append(("tp", f"{fp8} with tp {tp} does not run on {who}; allowed: tp 1"))
     if num_experts and tp is not None and tp > 1 and not can.experts_with_tp:
@@ -578,6 +587,24 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
     if tp is not None and num_kv_heads is not None and num_kv_heads % tp and not can.replicates_kv_heads:
         out.append(("tp", f"tp {tp} must divide the {num_kv_heads} key/value heads on {who} (it does not "
                           "replicate key/value heads)"))
+    return out
+
+
+def _ep_overlap_refusals(who: str, *, ep, pp, schedule, recompute) -> list[tuple[str, str]]:
+    """What Megatron-Core refuses with --overlap-moe-expert-parallel-comm (megatron/core/transformer/
+    transformer_config.py at 92c8482e): no expert parallelism, full recompute, and a pipeline without virtual
+    stages."""
+    out = []
+    if ep is not None and ep == 1:
+        out.append(("ep", f"--ep-comm-overlap overlaps expert parallelism's all-to-alls, and ep 1 has none on {who}; "
+                          "allowed with it: ep > 1"))
+    if recompute is not None and recompute == "full":
+        out.append(("recompute", f"'full' with --ep-comm-overlap does not run on {who} (Megatron-Core refuses full "
+                                 "recomputation with it); allowed with it: a selective policy or none"))
+    if schedule is not None and pp is not None and pp > 1 and not SCHEDULES[schedule].virtual_stages:
+        out.append(("schedule", f"{schedule!r} with --ep-comm-overlap and pp {pp} does not run on {who} (Megatron-"
+                                "Core needs virtual stages under a pipeline with it); allowed with it: a schedule "
+                                "with virtual stages"))
     return out
 
 
@@ -650,7 +677,8 @@ def _ep_refusals(can: Combinations, who: str, *, ep: int, dp, tp, cp, sequence_p
 
 def config_refusals(config, runtime: str, device_kind: str, num_kv_heads: int | None = None,
                     num_experts: int | None = None, latent_attention: bool | None = None,
-                    fp8: str = "", compile: bool = False, finetune: str = "full") -> list[tuple[str, str]]:
+                    fp8: str = "", compile: bool = False, finetune: str = "full",
+                    ep_comm_overlap: bool = False) -> list[tuple[str, str]]:
     """``refusals`` for every knob of a ParallelConfig (planner/config.py), the recompute policy of each
     layer included (an every-K pattern is its layers' policies)."""
     c = config
@@ -658,7 +686,9 @@ def config_refusals(config, runtime: str, device_kind: str, num_kv_heads: int | 
                    optimizer_offload=c.optimizer_offload, param_offload=c.param_offload,
                    nvme_offload=c.nvme_offload, sequence_parallel=c.sequence_parallel,
                    num_kv_heads=num_kv_heads, ep=c.ep, dp=c.dp, num_experts=num_experts,
-                   latent_attention=latent_attention, fp8=fp8, compile=compile, finetune=finetune)
+                   latent_attention=latent_attention, fp8=fp8, compile=compile, finetune=finetune,
+                   ep_comm_overlap=ep_comm_overlap)
     for policy in dict.fromkeys(c.recompute_layers or (c.recompute,)):
-        out += [(k, why) for k, why in refusals(runtime, device_kind, recompute=policy, ep=c.ep) if k == "recompute"]
+        out += [(k, why) for k, why in refusals(runtime, device_kind, recompute=policy, ep=c.ep,
+                                                ep_comm_overlap=ep_comm_overlap) if k == "recompute"]
     return out

@@ -259,3 +259,73 @@ def test_a_grouped_gemm_fills_its_waves_with_every_experts_tiles():
     # Megatron-Core's TEGroupedMLP: one cuBLAS GEMM per expert on TransformerEngine's four compute streams
     megatron = RUNTIMES["megatron"].on("cuda")
     assert not megatron.grouped_experts and megatron.expert_gemm_streams == 4
+
+
+def test_overlapped_all_to_alls_hide_behind_the_other_micro_batchs_compute_phase_by_phase():
+    """--ep-comm-overlap (Megatron-Core's --overlap-moe-expert-parallel-comm): forward i + 1 and backward i of a
+    layer run together in three phases, each as long as the longer of its streams (model_chunk_schedule_plan.py):
+    combine-backward beside attention-forward, dispatch-forward then dispatch-backward beside the experts'
+    input-gradient backward then their weight gradients and forward, combine-forward beside attention-backward.
+    Exchanges 3 forward (dispatch 2 with the counts, combine 1) and 2 backward (1 + 1); attention side 0.5 forward,
+    1 backward; experts 1 forward, 2 backward of which 1 weight gradients: phases max(1, .5) + max(2, 1) + max(1, 2)
+    + max(1, 1) = 6 against 4.5 of compute: 1.5 exposed, 3/5 of it forward."""
+    from planner.cost.layer import _overlapped_exchange_s
+    fwd, bwd = _overlapped_exchange_s(3.0, 2.0, 0.5, 1.0, 1.0, 2.0, 1.0)
+    assert (fwd, bwd) == (pytest.approx(0.9), pytest.approx(0.6))
+    # compute long enough hides all of it; none at all leaves it whole
+    assert _overlapped_exchange_s(3.0, 2.0, 5.0, 5.0, 5.0, 5.0, 1.0) == (0.0, 0.0)
+    assert sum(_overlapped_exchange_s(3.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0)) == pytest.approx(5.0)
+    # in a layer: the exchange exposed is at most what it was, and it holds one more forward (a chunk under a
+    # pipeline with virtual stages: 1 / vpp of the rank's layers)
+    block, cluster, ctx = _moe_block(8, ep=8)
+    alone, beside = layer_cost(block, ctx, cluster), layer_cost(block, ctx._replace(ep_comm_overlap=True), cluster)
+    assert beside.ep_comm_s < alone.ep_comm_s
+    assert beside.fwd_s + beside.bwd_s == pytest.approx(alone.fwd_s + alone.bwd_s - alone.ep_comm_s + beside.ep_comm_s)
+    from planner.cost.step import inflight_microbatches
+    config = ParallelConfig(dp=8, tp=1, pp=2, ep=8, micro_batch=1, num_microbatches=8, vpp=2,
+                            schedule="interleaved-1f1b")
+    work = Workload(global_batch=64, seq_len=1024, framework="megatron")
+    over = replace(work, ep_comm_overlap=True)
+    assert inflight_microbatches(config, 0, over) == pytest.approx(inflight_microbatches(config, 0, work) + 0.5)
+    flat = replace(config, pp=1, dp=16, vpp=1, schedule="1f1b")
+    assert inflight_microbatches(flat, 0, over) == inflight_microbatches(flat, 0, work) + 1
+
+
+def test_ep_comm_overlap_plans_what_megatron_runs_and_reads_back(tmp_path):
+    """With --ep-comm-overlap the search keeps to what Megatron-Core runs with it (ep > 1, no full recompute,
+    virtual stages under a pipeline), the export sets the flag with --delay-wgrad-compute, and the file reads back
+    with it; elsewhere it names the flag."""
+    job = api.load_job("mixtral-8x7b", "h100-80g", gpus=32, framework="megatron", ep_comm_overlap=True)
+    plan = api.plan(job, top_k=3)
+    assert plan.best.config.ep > 1
+    for cand in (plan.best, *plan.alternatives):
+        c = cand.config
+        if c.ep == 1:       # the runner-up that shows what expert parallelism gains: nothing to overlap there
+            continue
+        assert "full" not in (c.recompute_layers or (c.recompute,))
+        assert c.pp == 1 or c.schedule == "interleaved-1f1b"
+    from planner.exports import megatron
+    text = megatron(plan).text
+    assert "--overlap-moe-expert-parallel-comm" in text and "--delay-wgrad-compute" in text
+    from planner.exports import deepspeed, torchtitan
+    for other in (deepspeed(plan), torchtitan(plan)):       # runtimes that do not overlap them say so
+        assert any("all-to-alls beside another micro-batch" in n for n in other.notes), other.framework
+    from planner.baseline import Context as FileContext, read_baseline
+    path = tmp_path / "megatron_args.txt"
+    path.write_text(text)
+    baseline, _, _ = read_baseline(str(path), FileContext(gpus=32), "mixtral-8x7b")
+    assert baseline.ep_comm_overlap and baseline.workload().ep_comm_overlap
+    plan.write(tmp_path / "plan.json")
+    from planner.plan import Plan
+    assert Plan.read(tmp_path / "plan.json").workload.ep_comm_overlap
+    with pytest.raises(UserError) as e:                         # Megatron-Core refuses full recompute with it
+        api.plan(job, Knobs(recompute="full"), top_k=1)
+    assert e.value.field == "--recompute"
+    with pytest.raises(UserError) as e:
+        api.plan(job, Knobs(ep=1), top_k=1)
+    assert e.value.field == "--ep"
+    for bad in (dict(framework="torch"), dict(model="llama3-8b"), dict(expert_dispatcher="allgather")):
+        with pytest.raises(UserError) as e:
+            api.load_job(**{"model": "mixtral-8x7b", "cluster": "h100-80g", "gpus": 32, "framework": "megatron",
+                            "ep_comm_overlap": True, **bad})
+        assert e.value.field == "--ep-comm-overlap", bad

@@ -41,6 +41,7 @@ SWITCHES = {   # store_true flags this reader models
     "--account-for-loss-in-pipeline-split", "--swiglu", "--untie-embeddings-and-output-weights",
     "--disable-bias-linear", "--add-qkv-bias", "--group-query-attention", "--moe-shared-expert-gate",
     "--multi-latent-attention", "--qk-layernorm", "--moe-grouped-gemm", "--fp8-param-gather", "--grad-reduce-in-bf16",
+    "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute",
 }
 MODEL = {      # architecture flags (read when no --model is given, checked against it otherwise)
     "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
@@ -307,6 +308,7 @@ def read(args: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
                     seq_len=graph.seq_len, precision=_precision(args, source), attention=_attention(args, source),
                     overlap_grad_reduce=bool(args.get("--overlap-grad-reduce")),
                     tp_comm_overlap=bool(args.get("--tp-comm-overlap")), flags=FLAGS,
+                    ep_comm_overlap=bool(args.get("--overlap-moe-expert-parallel-comm")),
                     expert_dispatcher=_dispatcher(args, source), fp8=_fp8(args, source),
                     fp8_param_gather=bool(args.get("--fp8-param-gather")),
                     grad_reduce_in_bf16=bool(args.get("--grad-reduce-in-bf16")),

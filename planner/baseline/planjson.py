@@ -46,6 +46,7 @@ def read(plan: Plan, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
     return Baseline(source=source, format="plan.json", runtime=w.framework, config=config, global_batch=batch,
                     seq_len=graph.seq_len, precision=w.precision, attention=w.attention,
                     overlap_grad_reduce=w.overlap_grad_reduce, tp_comm_overlap=w.tp_comm_overlap, flags=FLAGS,
+                    ep_comm_overlap=w.ep_comm_overlap,
                     expert_dispatcher=w.expert_dispatcher, expert_imbalance=w.expert_imbalance, fp8=w.fp8,
                     fp8_param_gather=w.fp8_param_gather, grad_reduce_in_bf16=w.grad_reduce_in_bf16, compile=w.compile,
                     finetune=w.finetune, lora_rank=w.lora_rank, lora_targets=w.lora_targets)

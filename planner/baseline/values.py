@@ -60,6 +60,7 @@ class Baseline:
     attention: str = "flash"
     overlap_grad_reduce: bool = True
     tp_comm_overlap: bool = False
+    ep_comm_overlap: bool = False
     expert_dispatcher: str = "alltoall"
     expert_imbalance: float = 1.0
     fp8: str = ""                      # the FP8 recipe of its linears (planner/precision.py), "" for none
@@ -77,7 +78,7 @@ class Baseline:
         return Workload(global_batch=self.global_batch, seq_len=self.seq_len, precision=self.precision,
                         framework=self.runtime, attention=self.attention,
                         overlap_grad_reduce=self.overlap_grad_reduce, tp_comm_overlap=self.tp_comm_overlap,
-                        expert_dispatcher=self.expert_dispatcher, expert_imbalance=self.expert_imbalance,
+                        ep_comm_overlap=self.ep_comm_overlap, expert_dispatcher=self.expert_dispatcher, expert_imbalance=self.expert_imbalance,
                         fp8=self.fp8, fp8_param_gather=self.fp8_param_gather,
                         grad_reduce_in_bf16=self.grad_reduce_in_bf16, compile=self.compile, finetune=self.finetune,
                         lora_rank=self.lora_rank, lora_targets=self.lora_targets)

@@ -173,6 +173,11 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
                    help="model a runtime that reduces gradients after backward instead of overlapping")
     p.add_argument("--tp-comm-overlap", action="store_true",
                    help="model TP collectives overlapped with GEMMs (TransformerEngine userbuffers)")
+    p.add_argument("--ep-comm-overlap", action="store_true",
+                   help="--framework megatron, a mixture of experts: run each micro-batch's expert all-to-alls "
+                        "beside another micro-batch's compute (Megatron-Core's --overlap-moe-expert-parallel-comm "
+                        "with --delay-wgrad-compute): plans then need ep > 1, no full recompute, and virtual stages "
+                        "under a pipeline, and hold one forward more"),
     p.add_argument("--compile", action="store_true",
                    help="torch and torchtitan: compile each transformer block with torch.compile, as torchtitan "
                         f"does; `meshplan run` compiles them. Priced as {COMPILE_PRICED_AS}")
@@ -257,7 +262,8 @@ def job_inputs(args: argparse.Namespace) -> JobInputs:
     return JobInputs(model=args.model, cluster=args.cluster, gpus=args.gpus, global_batch=args.global_batch,
                      seq_len=args.seq_len, precision=args.precision, framework=args.framework,
                      attention=args.attention, overlap_grad_reduce=not args.no_overlap_grad_reduce,
-                     tp_comm_overlap=args.tp_comm_overlap, example_input=getattr(args, "example_input", None),
+                     tp_comm_overlap=args.tp_comm_overlap, ep_comm_overlap=getattr(args, "ep_comm_overlap", False),
+                     example_input=getattr(args, "example_input", None),
                      memory_headroom=args.memory_headroom,
                      expert_imbalance=getattr(args, "expert_imbalance", 1.0),
                      expert_dispatcher=getattr(args, "expert_dispatcher", "alltoall"),

@@ -39,6 +39,7 @@ class Context(NamedTuple):
     attention: str              # "flash" | "unfused"
     framework: str
     tp_comm_overlap: bool
+    ep_comm_overlap: bool = False   # the expert all-to-alls beside another micro-batch's compute (Workload.ep_comm_overlap)
     eager_regime: str = ""      # torch eager mixed precision ("autocast" / "bf16"; planner.cost.eager)
     ep: int = 1                 # expert parallelism: routed experts split over ep ranks, each whole on its rank
     expert_imbalance: float = 1.0   # under ep > 1, the busiest rank's routed tokens over the balanced share
@@ -406,7 +407,10 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     sac = _SacOutputs()         # what operator-level selective checkpointing keeps (policy "op")
     fwd_by_op: list[tuple[float, float]] = []       # (forward seconds, matmul FLOPs) of each op, priced one by one
     eager_loss = RUNTIMES[ctx.framework].loss == "eager" if ctx.framework in RUNTIMES else True
+    experts_part = _experts_part(layer) if ctx.ep_comm_overlap and routed else frozenset()
+    mlp_fwd = mlp_bwd = mlp_wgrad = 0.0     # of the experts' part (``_overlapped_exchange_s``)
     for i, op in enumerate(layer.ops):
+        f = b = op_wgrad = 0.0
         if op.measured_fwd_s is not None:        # measured by `meshplan profile --ops`, per token, alone
             share = ctx.tokens / _op_divisor(op, ctx) / cluster.time_share     # processes sharing cores
             f = op.measured_fwd_s * share
@@ -416,6 +420,7 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
                 dgrad_only = True
             elif op.kind == "linear":                    # dgrad and wgrad: 2 m n k FLOPs each
                 wgrad += b / 2
+                op_wgrad = b / 2
             fwd, bwd, floor = fwd + f, bwd + b, floor + f + b
             fl = 2.0 * op.in_features * op.out_features * op.tokens_factor * ctx.tokens / _op_divisor(op, ctx)
             bwd_flops += (2 if ft.trains(op) or op.kind != "linear" else 1) * fl
@@ -424,6 +429,7 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
             w = linear_wgrad_s(op, ctx, cluster)
             if ft.trains(op):
                 wgrad += w
+                op_wgrad = w
                 floor += 3 * fl / gemm_rate              # gemm_s >= 2 m n k / rate: padding only adds
                 bwd_flops += 2 * fl
             else:                                        # frozen: its input gradient (dgrad) alone
@@ -460,6 +466,8 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
             if op.kind == "embedding" and not ft.trains(op):     # a frozen table: no backward (ids need none)
                 b = 0.0
             fwd, bwd, floor = fwd + f, bwd + b, floor + f + b
+        if i in experts_part:
+            mlp_fwd, mlp_bwd, mlp_wgrad = mlp_fwd + f, mlp_bwd + b, mlp_wgrad + op_wgrad
         if op.kind == "linear":
             sac.linear(op, ctx, f, fl)
         elif op.kind == "attention":
@@ -505,6 +513,11 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     tp_bwd = _exposed(_tp_comm(layer, ctx, cluster, layer.tp_allreduce_bwd_elems - by_experts)[0], tp_gemm_bwd, ctx)
     exchange_fwd, exchange_bwd = _expert_exchange_s(layer, ctx, cluster) if routed else (0.0, 0.0)
     wait_fwd, wait_bwd = _sync_waits(layer, fwd, bwd, cluster) if tp_fwd_all or cp_fwd else (0.0, 0.0)
+    if experts_part and exchange_fwd + exchange_bwd > 0:
+        others_fwd = fwd + tp_fwd + cp_fwd + wait_fwd - mlp_fwd
+        others_bwd = bwd + tp_bwd + cp_bwd + wait_bwd - mlp_bwd
+        exchange_fwd, exchange_bwd = _overlapped_exchange_s(exchange_fwd, exchange_bwd, others_fwd, others_bwd,
+                                                            mlp_fwd, mlp_bwd, mlp_wgrad, cluster.comm_sm_fraction)
     if tp_fwd_all:
         tp_fwd, tp_bwd = tp_fwd + wait_fwd, tp_bwd + wait_bwd
         if layer.kind == "block" and priced_as(ctx.framework) == "torch":     # DTensor's host time (a CPU profile)
@@ -533,6 +546,50 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
         params=params, matmul_flops_fwd=flops, expert_params=expert_params, ep_comm_s=exchange_fwd + exchange_bwd,
         work_floor_s=floor, wgrad_s=wgrad, frozen_bytes=frozen_bytes, frozen_params=frozen_params,
         matmul_flops_bwd=bwd_flops if dgrad_only or not ft.full else None)
+
+
+def _experts_part(layer: Layer) -> frozenset[int]:
+    """The ops of a MoE block that Megatron-Core's overlapped schedule runs as its ``mlp`` part, between the
+    dispatch and the combine: the routed experts' linears and what lies between them (their activation), and the
+    shared experts."""
+    routed = [i for i, op in enumerate(layer.ops) if op.routed]
+    if not routed:
+        return frozenset()
+    return frozenset(range(routed[0], routed[-1] + 1)) | {i for i, op in enumerate(layer.ops) if "shared" in op.name}
+
+
+def _overlapped_exchange_s(exchange_fwd: float, exchange_bwd: float, others_fwd: float, others_bwd: float,
+                           mlp_fwd: float, mlp_bwd: float, mlp_wgrad: float, contention: float = 0.0
+                           ) -> tuple[float, float]:
+    """(forward, backward) seconds of a MoE layer's token exchange left exposed where Megatron-Core runs it beside
+    another micro-batch's compute (--overlap-moe-expert-parallel-comm, with Megatron-Bridge's --delay-wgrad-compute):
+    the forward of micro-batch i + 1 and the backward of micro-batch i go through each layer together, the
+    all-to-alls on a communication stream, in three phases (megatron/core/models/common/model_chunk_schedule_plan.py
+    ``TransformerLayerSchedulePlan.run`` at Megatron-LM 92c8482e):
+
+        1. combine backward (i)                    beside attention forward (i + 1), through the router
+        2. dispatch forward (i + 1), then          beside the experts' input-gradient backward (i), then their
+           dispatch backward (i)                   deferred weight gradients (i) and their forward (i + 1)
+        3. combine forward (i + 1)                 beside the router's and attention's backward (i)
+
+    each phase as long as the longer of its two streams, and its compute slower by the SMs the all-to-all occupies
+    while both run (``contention``: the profile's comm_sms share, as the data-parallel overlap's,
+    planner/cost/step.py ``exposed_s``). Dispatch and combine move the same tokens; the counts' exchange opens the
+    forward dispatch. What the phases take beyond the layer's compute of one forward and one backward is exposed,
+    split between forward and backward as the exchanges are. Not modelled: the first forward and the last backward
+    of a step, which have no partner and hide nothing, and the host's time of launching two micro-batches' kernels
+    between the dispatch's reads of the token counts."""
+    combine_fwd = combine_bwd = exchange_bwd / 2
+    dispatch_fwd, dispatch_bwd = exchange_fwd - combine_fwd, exchange_bwd / 2
+
+    def phase(comm: float, compute: float) -> float:
+        return max(comm, compute) + contention * min(comm, compute)
+    phases = (phase(combine_bwd, others_fwd)
+              + phase(dispatch_fwd, mlp_bwd - mlp_wgrad) + phase(dispatch_bwd, mlp_wgrad + mlp_fwd)
+              + phase(combine_fwd, others_bwd))
+    exposed = max(0.0, phases - (others_fwd + others_bwd + mlp_fwd + mlp_bwd))
+    share = exchange_fwd / (exchange_fwd + exchange_bwd)
+    return exposed * share, exposed * (1 - share)
 
 
 def _checkpoint_tail(layer: Layer, ctx: Context, fwd_by_op: list[tuple[float, float]],

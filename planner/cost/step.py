@@ -98,6 +98,7 @@ class CostCache:
         return Context(micro_batch=config.micro_batch, seq_len=w.seq_len, tp=config.tp, cp=config.cp,
                        sequence_parallel=config.sequence_parallel, precision=w.precision, attention=w.attention,
                        framework=w.framework, tp_comm_overlap=w.tp_comm_overlap,
+                       ep_comm_overlap=w.ep_comm_overlap and config.ep > 1,
                        eager_regime=layer_eager_regime(framework=w.framework, precision=w.precision,
                                                        dp=config.dp * config.cp, tp=config.tp, pp=config.pp),
                        ep=config.ep, expert_imbalance=w.expert_imbalance, expert_dispatcher=w.expert_dispatcher,
@@ -358,10 +359,16 @@ def pipeline_s(per_rank_s: list[float], config: ParallelConfig, hop_s: float = 0
                                                  wgrad_s=w)
 
 
-def inflight_microbatches(config: ParallelConfig, rank: int) -> float:
+def inflight_microbatches(config: ParallelConfig, rank: int, workload: Workload) -> float:
     """Micro-batches whose activations pipeline rank ``rank`` holds at its peak (the schedule's
-    ``PipelineSchedule.inflight``), in units of the rank's layers."""
-    return _inflight(config.schedule, rank, config.pp, config.vpp, config.num_microbatches)
+    ``PipelineSchedule.inflight``), in units of the rank's layers; with the expert all-to-alls overlapped
+    (``Workload.ep_comm_overlap``) one forward more: Megatron-Core runs one extra warm-up forward so that each
+    forward has a backward beside it (megatron/core/pipeline_parallel/schedules.py at 92c8482e: one more micro-batch
+    of a model chunk under the interleaved schedule; without a pipeline, forward i + 1 before backward i)."""
+    held = _inflight(config.schedule, rank, config.pp, config.vpp, config.num_microbatches)
+    if workload.ep_comm_overlap and config.ep > 1:
+        return min(held + (1.0 / config.vpp if config.pp > 1 else 1.0), float(config.num_microbatches))
+    return held
 
 
 @functools.lru_cache(maxsize=4096)      # pure: a memo of one of the search's most frequent calls
@@ -744,7 +751,7 @@ def _host_bytes_per_node(cache: CostCache, config: ParallelConfig, ranks: list[R
     per_node = cache.cluster.gpus_on_a_node
     most = 0.0
     for r, rank in enumerate(ranks):
-        inflight = inflight_microbatches(config, r)
+        inflight = inflight_microbatches(config, r, cache.workload)
         most = max(most, _host_bytes(cache, config, rank) + per_node * rank.host_act_bytes * inflight)
     return most
 
@@ -849,7 +856,7 @@ def _memories(cache: CostCache, config: ParallelConfig, ranks: list[RankCost]) -
     frozen = frozen_rates(cache, config)[0]
     out = []
     for r, rank in enumerate(ranks):
-        inflight = inflight_microbatches(config, r)
+        inflight = inflight_microbatches(config, r, cache.workload)
         dense, routed = rank.params - rank.expert_params, rank.expert_params
         out.append(Memory(params=dense * states.params + routed * experts.params + rank.frozen_bytes * frozen,
                           grads=dense * states.grads + routed * experts.grads,
@@ -872,7 +879,7 @@ def peak_memory(cache: CostCache, config: ParallelConfig) -> tuple[float, float]
         device = other_bytes(cache, config) + max(
             rank.params * per_param + rank.expert_params * (per_expert - per_param) + rank.peak_extra_bytes
             + rank.frozen_bytes * frozen
-            + rank.act_bytes * inflight_microbatches(config, r) for r, rank in enumerate(ranks))
+            + rank.act_bytes * inflight_microbatches(config, r, cache.workload) for r, rank in enumerate(ranks))
     return device, _host_bytes_per_node(cache, config, ranks)
 
 

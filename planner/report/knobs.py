@@ -61,7 +61,8 @@ def _legal(plan, config) -> bool:
                      num_heads=g.num_heads, num_kv_heads=g.num_kv_heads, num_blocks=g.num_blocks,
                      framework=w.framework, device_kind=plan.cluster.device_kind,
                      max_stages=max_stages(g, can.stages_without_blocks), num_experts=g.num_experts,
-                     latent_attention=g.latent_attention, fp8=w.fp8, compile=w.compile)
+                     latent_attention=g.latent_attention, fp8=w.fp8, compile=w.compile,
+                     ep_comm_overlap=w.ep_comm_overlap)
     except UserError:
         return False
     return True

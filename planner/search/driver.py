@@ -113,8 +113,10 @@ def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs
     alternatives = tuple(c for c in top.items if c is not best)[:top_k]
     if best is not None and best.config.ep > 1 and knobs.ep is None and top_k \
             and not any(c.config.ep == 1 for c in alternatives):
-        # what expert parallelism gains: the best plan without it among the runners-up (its own search)
-        dense = search(graph, cluster, workload, replace(knobs, ep=1), top_k=0, solver=solver, prune=prune,
+        # what expert parallelism gains: the best plan without it among the runners-up (its own search; without
+        # the all-to-alls to overlap, --ep-comm-overlap has nothing to do there)
+        dense = search(graph, cluster, replace(workload, ep_comm_overlap=False), replace(knobs, ep=1), top_k=0,
+                       solver=solver, prune=prune,
                        time_limit_s=time_limit_s, simulate=simulate, prefer="fastest", least_memory=False)
         if dense.best is not None:
             alternatives = tuple(sorted(alternatives[:top_k - 1] + (dense.best,), key=lambda c: c.estimate.step_time_s))

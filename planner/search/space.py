@@ -163,7 +163,7 @@ class Space:
                                   recompute="full" if every_k(k.recompute) else k.recompute,
                                   num_kv_heads=g.num_kv_heads, num_experts=g.num_experts,
                                   ep=k.ep, dp=k.dp, latent_attention=g.latent_attention, compile=w.compile,
-                                  finetune=w.finetune):
+                                  finetune=w.finetune, ep_comm_overlap=w.ep_comm_overlap):
             raise UserError(why, field=knob_flag(knob))
 
     # -- enumeration ----------------------------------------------------------------------------
@@ -215,9 +215,10 @@ class Space:
         experts = self.graph.num_experts
         if not experts or (not self.graph.splits_experts and self.w.framework == EXECUTOR_RUNTIME):
             return self._allowed("ep", [1])
-        out = [ep for ep in divisors(experts) if ep == 1 or not [
+        out = [ep for ep in divisors(experts) if (ep == 1 and not self.w.ep_comm_overlap) or not [
             knob for knob, _ in refusals(self.w.framework, self.device_kind, ep=ep, dp=dp, tp=tp, cp=cp,
-                                         num_experts=experts) if knob == "ep"]]
+                                         num_experts=experts, ep_comm_overlap=self.w.ep_comm_overlap)
+            if knob == "ep"]]
         return self._allowed("ep", out)
 
     def schedules(self, layout: Layout) -> list[tuple[str, int]]:
@@ -244,6 +245,8 @@ class Space:
                 continue        # the runtime interleaves no pipeline this short (Megatron-LM of 2021: pp > 2)
             if record.compile_refusal(self.w.compile):
                 continue        # split backward: torch refuses compiled stages
+            if self.w.ep_comm_overlap and not record.virtual_stages:
+                continue        # Megatron-Core's overlapped all-to-alls need virtual stages under a pipeline
             vpps = ([record.stages_per_rank] if record.stages_per_rank else self._virtual_stages(layout.pp)) \
                 if record.virtual_stages else [1]
             for vpp in self._options("vpp", vpps):
@@ -298,6 +301,11 @@ class Space:
         """The recompute policies to search (the runtime's, with the layout's expert parallelism where given), or the
         fixed one: a policy or ``every-K``."""
         allowed = list(self.can.recomputes)
+        if self.w.ep_comm_overlap:      # Megatron-Core refuses full recompute with it (so every-K too)
+            allowed = [p for p in allowed if p != "full"]
+            fixed = self.k.recompute
+            if fixed is not None and (fixed == "full" or every_k(fixed)):
+                return []
         if layout is not None and layout.ep > 1 and self.can.recomputes_with_ep is not None:
             allowed = [p for p in allowed if p in self.can.recomputes_with_ep]
             fixed = self.k.recompute
@@ -341,4 +349,4 @@ class Space:
                      framework=self.w.framework, precision=self.w.precision, device_kind=self.device_kind,
                      max_stages=self.max_stages, num_experts=self.graph.num_experts,
                      latent_attention=self.graph.latent_attention, fp8=self.w.fp8, compile=self.w.compile,
-                     finetune=self.w.finetune)
+                     finetune=self.w.finetune, ep_comm_overlap=self.w.ep_comm_overlap)

@@ -137,7 +137,7 @@ class GroupProblem:
         self.hop_s = cache.hop_s(self.base)
         self.schedule = SCHEDULES[schedule]
         self.sends_overlap = sends_overlap(schedule, space.w.framework)     # else each send is in its rank's time
-        self.inflight = [inflight_microbatches(self.base, r) for r in range(self.p)]
+        self.inflight = [inflight_microbatches(self.base, r, space.w) for r in range(self.p)]
         # the inter-node traffic that shares the data-parallel collectives' NICs (cost.step.network_busy_s): the
         # stage-boundary sends', each way, and each block's per recompute policy
         self.shares_nics = data_parallel_spans_nodes(cache.cluster, self.base)

@@ -145,7 +145,7 @@ def _policy_memory_bound(space: Space, cache: CostCache, layout: Layout, base: P
     instead of their sum. Bounded per policy, not by full recompute for all: a one-layer stage with
     one micro-batch in flight needs more under full recompute (the recomputed layer's transient)
     than without."""
-    inflight = [inflight_microbatches(base, r) for r in range(base.pp)]
+    inflight = [inflight_microbatches(base, r, space.w) for r in range(base.pp)]
     ranks = rank_costs(cache, space.with_recompute(base, policy))
     return cache.cluster.device.reserved_bytes + least_state_and_activation_bytes(
         space, layout, base, base.schedule,
