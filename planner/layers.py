@@ -99,6 +99,14 @@ class Op:
                                           # anyway instead of saving their outputs: a norm's output (the next
                                           # linear's input) and an activation's output (the down projection's)
     frozen: bool = False                  # it uses parameters and none of them trains (see the class docstring)
+    fused_saved: tuple[Saved, ...] | None = None    # what it keeps where the runtime runs it as one fused kernel
+                                          # (``Timing.fuses_swiglu``): Megatron-Core's SwiGLU (bias_swiglu_impl and
+                                          # weighted_bias_swiglu_impl, megatron/core/fusions/fused_bias_swiglu.py at
+                                          # 92c8482e, on by default: --no-bias-swiglu-fusion turns it off) keeps
+                                          # its input alone, the gate's and up's outputs
+    saves_linear_input: bool = False      # its first kept tensor is the next linear's input, kept for that linear's
+                                          # weight gradient (the experts' permuted tokens): an FP8 recipe of
+                                          # TransformerEngine keeps the linear's FP8 copy instead (``_fp8_saved_share``)
 
     @property
     def routed(self) -> bool:
@@ -325,7 +333,8 @@ def _swiglu_ops(prefix: str, spec: ModelSpec, f: int, *, saves_input: bool = Tru
                 reads_previous_input=True),
         # eager: silu keeps the gate's output, the product silu's output and up's; compiled: gate's and up's
         Op(name=f"{prefix}.act", kind="elementwise", bytes_fwd=10 * f, bytes_bwd=16 * f, split="tp",
-           saved=(Saved(elems=3 * f, split="tp"),), compiled_saved=(Saved(elems=2 * f, split="tp"),)),
+           saved=(Saved(elems=3 * f, split="tp"),), compiled_saved=(Saved(elems=2 * f, split="tp"),),
+           fused_saved=(Saved(elems=2 * f, split="tp"),)),
         _linear(f"{prefix}.down_proj", spec, f, h, "row", bias=spec.linear_bias, pointwise_input=True),
     ]
 
@@ -355,7 +364,8 @@ def _mlp_ops(prefix: str, spec: ModelSpec, moe: bool) -> list[Op]:
               split="sp", saved=(Saved(elems=e, split="sp", dtype_bytes=4), Saved(elems=k, split="sp", dtype_bytes=8),
                                  Saved(elems=k + 1, split="sp", dtype_bytes=4))),
            Op(name=f"{prefix}.permute", kind="elementwise", bytes_fwd=4 * h * k, bytes_bwd=4 * h * k,
-              split="sp", saved=(Saved(elems=h * k, split="sp"), Saved(elems=k, split="sp", dtype_bytes=8)))]
+              split="sp", saved=(Saved(elems=h * k, split="sp"), Saved(elems=k, split="sp", dtype_bytes=8)),
+              saves_linear_input=True)]
     routed = [
         # gate and up share their input: one saved copy (the permuted tokens, above)
         _linear(f"{prefix}.gate_proj", spec, h, f, "column", bias=spec.linear_bias, saves_input=False,
@@ -364,7 +374,7 @@ def _mlp_ops(prefix: str, spec: ModelSpec, moe: bool) -> list[Op]:
                         tokens_factor=k, num_gemms=e), reads_previous_input=True),
         # silu saves the gate output; the product saves silu's output and up's output
         Op(name=f"{prefix}.act", kind="elementwise", bytes_fwd=10 * f * k, bytes_bwd=16 * f * k, split="tp",
-           saved=(Saved(elems=3 * f * k, split="tp"),)),
+           saved=(Saved(elems=3 * f * k, split="tp"),), fused_saved=(Saved(elems=2 * f * k, split="tp"),)),
         _linear(f"{prefix}.down_proj", spec, f, h, "row", bias=spec.linear_bias, tokens_factor=k, num_gemms=e),
     ]
     ops += [replace(op, expert=True) for op in routed]

@@ -132,6 +132,8 @@ class Timing:
     overlaps_param_gather: bool     # ZeRO-1/2's all-gather after the optimizer runs beside the next forward
     pp_sends_tp_shards: bool        # each TP rank sends 1/tp of a stage boundary even without SP
     sp_keeps_gathered_input: bool   # under SP a column-parallel linear saves its all-gathered input
+    fuses_swiglu: bool = False      # SwiGLU runs as one fused kernel that keeps its input alone (``Op.fused_saved``:
+                                    # Megatron-Core's bias-SwiGLU fusion, on by default)
     offload_step_copy_bytes: tuple[float, float, float, float] | None = None
     # ^ by ZeRO stage: bytes per offloaded (local) parameter copied between the device and the host once
     #   a step; None: ZeRO-Offload's fp32 gradients down and parameters at the training dtype up (Ren et
@@ -351,7 +353,8 @@ MEGATRON = Runtime(
     # --overlap-param-gather: the all-gather runs beside the next forward; scatter/gather of
     # the stage boundary over TP (Narayanan et al. 2021, Sec 4.1)
     timing=Timing(params_gathered_every_microbatch=(3,), grads_reduced_every_microbatch=(2, 3),
-                  overlaps_param_gather=True, pp_sends_tp_shards=True, sp_keeps_gathered_input=False),
+                  overlaps_param_gather=True, pp_sends_tp_shards=True, sp_keeps_gathered_input=False,
+                  fuses_swiglu=True),
 )
 
 # What a DeepSpeed config and its engine express (deepspeed/runtime/config.py's keys; deepspeed.pipe): ZeRO 0-3

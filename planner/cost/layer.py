@@ -110,9 +110,15 @@ def _routed_share(op: Op, ctx: Context) -> float:
 def _fp8_saved_share(op: Op, ctx: Context) -> float:
     """What a linear keeps of its input for the weight gradient, over the compute dtype's bytes: TransformerEngine's
     FP8 linears keep the FP8 (column-wise) copy their cast made, one byte per element (and MXFP8 an e8m0 scale per
-    32; TE's Linear saves its quantized input under fp8_autocast), where torchao keeps the bf16 input and casts it
-    again (its rowwise and MX casts of the input in backward); 1 elsewhere."""
-    if not ctx.fp8 or op.kind != "linear" or not op.saved or fp8_recipes.library(ctx.framework) != "te" \
+    32; TE's Linear and GroupedLinear save their quantized input under fp8_autocast), where torchao keeps the bf16
+    input and casts it again (its rowwise and MX casts of the input in backward); 1 elsewhere."""
+    return _fp8_input_share(op, ctx) if op.saved else 1.0
+
+
+def _fp8_input_share(op: Op, ctx: Context) -> float:
+    """``_fp8_saved_share`` of linear ``op``'s input, whoever keeps it (the linear, or the op before it:
+    ``Op.saves_linear_input``)."""
+    if not ctx.fp8 or op.kind != "linear" or fp8_recipes.library(ctx.framework) != "te" \
             or not fp8_converts(op, ctx.fp8, ctx.framework):
         return 1.0
     fp8 = 1.0 + (1.0 / 32 if fp8_recipes.RECIPES[ctx.fp8].gemm_dtype == "mxfp8" else 0.0)
@@ -408,6 +414,7 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     fwd_by_op: list[tuple[float, float]] = []       # (forward seconds, matmul FLOPs) of each op, priced one by one
     eager_loss = RUNTIMES[ctx.framework].loss == "eager" if ctx.framework in RUNTIMES else True
     experts_part = _experts_part(layer) if ctx.ep_comm_overlap and routed else frozenset()
+    fuses_swiglu = ctx.framework in RUNTIMES and RUNTIMES[ctx.framework].timing.fuses_swiglu and not compiled
     mlp_fwd = mlp_bwd = mlp_wgrad = 0.0     # of the experts' part (``_overlapped_exchange_s``)
     for i, op in enumerate(layer.ops):
         f = b = op_wgrad = 0.0
@@ -477,7 +484,13 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
         if op.kind != "linear" or i in keeps_input:
             kept_by_op = op.saved if not compiled or op.compiled_saved is None or _gathered(op, ctx) \
                 else op.compiled_saved
-            saved += sum(_saved_bytes(s, ctx) for s in kept_by_op) * _routed_share(op, ctx) * _fp8_saved_share(op, ctx)
+            if fuses_swiglu and op.fused_saved is not None:
+                kept_by_op = op.fused_saved
+            shares = [1.0] * len(kept_by_op)
+            if op.saves_linear_input and kept_by_op:    # the next linear's input: kept as that linear keeps it
+                shares[0] = _fp8_input_share(next(o for o in layer.ops[i + 1:] if o.kind == "linear"), ctx)
+            saved += sum(_saved_bytes(s, ctx) * share for s, share in zip(kept_by_op, shares)) \
+                * _routed_share(op, ctx) * _fp8_saved_share(op, ctx)
         if op.kind == "linear" and ft.target(op.name):  # LoRA's B keeps its r-wide input, whole on every TP rank
             saved += ft.rank * op.tokens_factor * ctx.tokens * dt
         if op.unfused and op.unfused not in dev.fused_kernels and not compiled:
