@@ -101,6 +101,18 @@ def evidence(results: Path = RESULTS) -> list[dict]:
                     "command": "python benchmarks/fidelity.py",
                     # throughput error e = predicted / published - 1; the step time's is 1 / (1 + e) - 1
                     "step_time": _band([1 / (1 + r["error"]) - 1 for r in rows])})
+        # the Megatron-Bridge MoE runs, BF16 (fidelity.py) and FP8 (fidelity_fp8.py): said beside the band of a plan
+        # that routes experts (planner/accuracy.py), not its band
+        moe = [r for r in json.loads(fidelity.read_text())["summary"].get("moe", {}).get("rows", [])]
+        fp8 = results / "fidelity_fp8.json"
+        if fp8.exists():
+            moe += [r for r in json.loads(fp8.read_text())["rows"] if r.get("moe") and r.get("error") is not None]
+        if moe:
+            out.append({"name": "published-moe", "device_kind": "cuda", "frameworks": ["megatron"], "moe": True,
+                        "what": f"{len(moe)} published Megatron-Bridge runs of mixtures of experts (H100 and B200, "
+                                "BF16 and FP8), throughput",
+                        "command": "python benchmarks/fidelity.py; python benchmarks/fidelity_fp8.py",
+                        "step_time": _band([1 / (1 + r["error"]) - 1 for r in moe])})
         if zero3:
             out.append({"name": "published-zero3", "device_kind": "cuda", "frameworks": ["deepspeed-2021"],
                         "what": f"{len(zero3)} published DeepSpeed ZeRO-3 runs (Narayanan et al. 2021 Table 2, "
@@ -122,6 +134,8 @@ def to_toml(entries: list[dict]) -> str:
         lines.append(f"frameworks = {json.dumps(e['frameworks'])}")
         if e.get("single_device"):
             lines.append("single_device = true")
+        if e.get("moe"):
+            lines.append("moe = true")
         if e.get("gpu"):
             lines.append(f"gpu = {json.dumps(e['gpu'])}")
         if e.get("profiled_by"):

@@ -82,6 +82,18 @@ def _evidence() -> tuple[dict, ...]:
     return tuple(tomllib.loads(text).get("evidence", ()))
 
 
+def _moe_caveats(entries, kind: str, workload: Workload) -> list[str]:
+    """What the checked runs of mixtures of experts say of a plan that routes experts on this runtime."""
+    for entry in entries:
+        band = _band(entry, "step_time")
+        if entry.get("moe") and entry["device_kind"] == kind and band \
+                and priced_as(workload.framework) in entry["frameworks"]:
+            return [f"this model routes experts: against {entry['what']} ({entry['command']}) the step time was off "
+                    f"by {100 * band.median_abs:.0f}% median, {100 * band.max_abs:.0f}% worst, mostly predicted short: "
+                    "the host time of Megatron's dropless dispatcher (a stop per MoE layer) is not priced"]
+    return []
+
+
 def _band(entry: dict, part: str) -> Band | None:
     b = entry.get(part)
     return Band(b["cases"], b["median_abs"], b["mean_abs"], b["max_abs"]) if b else None
@@ -93,13 +105,17 @@ def written_by(cluster: Cluster, command: str) -> bool:
     return cluster.measured_by.startswith(f"measured: `{command}")
 
 
-def accuracy(cluster: Cluster, workload: Workload, evidence: tuple[dict, ...] | None = None) -> Accuracy:
+def accuracy(cluster: Cluster, workload: Workload, evidence: tuple[dict, ...] | None = None, *,
+             moe: bool = False) -> Accuracy:
     """The band of the most specific evidence for this device kind and runtime, with what it
-    leaves out (a single-device validation says nothing of this plan's communication)."""
+    leaves out (a single-device validation says nothing of this plan's communication). ``moe``: the plan routes
+    experts, and where runs of mixtures of experts were checked for its runtime (evidence marked ``moe``) their
+    error is said beside the band: not the band itself, which ranks the plans, as most of it is what every plan
+    of such a model shares (the host's time of Megatron's dropless dispatcher, not priced)."""
     entries = _evidence() if evidence is None else evidence
     kind = cluster.device_kind
     for entry in entries:
-        if entry["device_kind"] != kind or priced_as(workload.framework) not in entry["frameworks"]:
+        if entry.get("moe") or entry["device_kind"] != kind or priced_as(workload.framework) not in entry["frameworks"]:
             continue
         caveats = []
         if entry.get("gpu") and not any(g in cluster.device.name for g in entry["gpu"].split("/")):
@@ -114,6 +130,8 @@ def accuracy(cluster: Cluster, workload: Workload, evidence: tuple[dict, ...] | 
             caveats.append("it ran on one GPU: this plan's communication is not covered by it")
         if entry["name"] == "published" and priced_as(workload.framework) != "megatron":
             caveats.append(f"it ran Megatron-LM, not the {workload.framework} runtime")
+        if moe:
+            caveats += _moe_caveats(entries, kind, workload)
         return Accuracy(basis=entry["name"], what=entry["what"], command=entry["command"],
                         step_time=_band(entry, "step_time"), memory=_band(entry, "memory"), caveats=tuple(caveats))
     if kind == "cpu":

@@ -110,3 +110,22 @@ def test_plan_json_and_table_print_the_band(cli):
     doc = json.loads(cli(*args, "--json").stdout)
     assert doc["accuracy"]["basis"] == "published" and doc["accuracy"]["step_time"]["cases"] == 25
     assert "checked   against 25 published Megatron-LM runs" in cli(*args).stdout
+
+
+def test_a_plan_that_routes_experts_says_what_the_published_moe_runs_measured():
+    """A megatron plan of a mixture of experts keeps the published dense runs' band (it ranks the plans) and says
+    beside it how far the published Megatron-Bridge MoE runs were (recomputed here from the committed results);
+    a dense plan, or one on meshplan's own runtime, does not."""
+    moe = json.loads((RESULTS / "fidelity.json").read_text())["summary"]["moe"]["rows"]
+    moe += [r for r in json.loads((RESULTS / "fidelity_fp8.json").read_text())["rows"]
+            if r.get("moe") and r.get("error") is not None]
+    step = [abs(1 / (1 + r["error"]) - 1) for r in moe]
+    work = Workload(global_batch=512, seq_len=4096, framework="megatron")
+    acc = accuracy(load_cluster("h100-80g", 64), work, moe=True)
+    assert acc.basis == "published" and len(acc.caveats) == 1
+    assert f"off by {100 * statistics.median(step):.0f}% median, {100 * max(step):.0f}% worst" in acc.caveats[0]
+    assert f"against {len(moe)} published Megatron-Bridge runs" in acc.caveats[0]
+    assert accuracy(load_cluster("h100-80g", 64), work).caveats == ()
+    torch = accuracy(load_cluster("h100-80g", 64), Workload(global_batch=512, seq_len=4096, framework="torch"),
+                     moe=True)
+    assert not any("routes experts" in c for c in torch.caveats)

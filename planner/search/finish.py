@@ -31,7 +31,7 @@ def finish(result: SearchResult, *, graph: LayerGraph, cluster: Cluster, workloa
     the user fixed (``Knobs.fixed()``), kept in plan.json so the job can be planned again on other GPUs."""
     if result.best is None:
         raise ValueError("finish needs a result with a winner")
-    checked = accuracy(cluster, workload)
+    checked = accuracy(cluster, workload, moe=graph.num_experts > 0)
     best = result.best
     config = best.config
     shardings = block_shardings(graph, config, cluster, workload)
