@@ -215,7 +215,7 @@ class Space:
         experts = self.graph.num_experts
         if not experts or (not self.graph.splits_experts and self.w.framework == EXECUTOR_RUNTIME):
             return self._allowed("ep", [1])
-        out = [ep for ep in divisors(experts) if (ep == 1 and not self.w.ep_comm_overlap) or not [
+        out = [ep for ep in divisors(experts) if not [
             knob for knob, _ in refusals(self.w.framework, self.device_kind, ep=ep, dp=dp, tp=tp, cp=cp,
                                          num_experts=experts, ep_comm_overlap=self.w.ep_comm_overlap)
             if knob == "ep"]]
@@ -245,7 +245,8 @@ class Space:
                 continue        # the runtime interleaves no pipeline this short (Megatron-LM of 2021: pp > 2)
             if record.compile_refusal(self.w.compile):
                 continue        # split backward: torch refuses compiled stages
-            if self.w.ep_comm_overlap and not record.virtual_stages:
+            if self.w.ep_comm_overlap and refusals(self.w.framework, self.device_kind, schedule=name, pp=layout.pp,
+                                                   ep_comm_overlap=True):
                 continue        # Megatron-Core's overlapped all-to-alls need virtual stages under a pipeline
             vpps = ([record.stages_per_rank] if record.stages_per_rank else self._virtual_stages(layout.pp)) \
                 if record.virtual_stages else [1]
@@ -301,11 +302,9 @@ class Space:
         """The recompute policies to search (the runtime's, with the layout's expert parallelism where given), or the
         fixed one: a policy or ``every-K``."""
         allowed = list(self.can.recomputes)
-        if self.w.ep_comm_overlap:      # Megatron-Core refuses full recompute with it (so every-K too)
-            allowed = [p for p in allowed if p != "full"]
-            fixed = self.k.recompute
-            if fixed is not None and (fixed == "full" or every_k(fixed)):
-                return []
+        if self.w.ep_comm_overlap:      # Megatron-Core refuses full recompute with it (a fixed one is refused above)
+            allowed = [p for p in allowed if not refusals(self.w.framework, self.device_kind, recompute=p,
+                                                          ep_comm_overlap=True)]
         if layout is not None and layout.ep > 1 and self.can.recomputes_with_ep is not None:
             allowed = [p for p in allowed if p in self.can.recomputes_with_ep]
             fixed = self.k.recompute
