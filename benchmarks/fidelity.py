@@ -15,7 +15,7 @@ the source's own FLOP convention (see ../shared/validation/README.md):
   2021: fp16, full recompute, materialised attention scores (no FlashAttention yet),
   gradient all-reduce after backward (no overlap; local DDP), interleaved 1F1B.
 - NAR21-T2 (the same paper, Table 2: fixed global batch, 174.6B and 529.6B on 384 to 2240 GPUs), in
-  Table 1's convention. ZeRO-3 rows: DeepSpeed of 2021 (``--framework deepspeed-2021``: v0.3.13-v0.5.4) with no
+  Table 1's convention. ZeRO-3 rows: DeepSpeed of 2021 (``--framework deepspeed-2021``: v0.3.13-v0.4.2) with no
   model parallelism, ZeRO-3, the published micro-batch, full recompute, fp16, materialised attention,
   overlap_comm on (DeepSpeed's default at stage 3). PTD-P rows: as Table 1's runs (the TP x PP split of
   the published model-parallel size inferred as 8 x 12 and 8 x 35). The published orderings are

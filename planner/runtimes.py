@@ -110,12 +110,13 @@ class StateLayout:
 
 @dataclass(frozen=True, kw_only=True)
 class PerTensorFetch:
-    """ZeRO-3 as DeepSpeed v0.3.13-v0.5.4 runs it (planner/cost/fetch.py): each parameter tensor gathered on
-    its own into a list of per-rank views, each gradient reduce-scattered on its own from such a list."""
+    """ZeRO-3 as DeepSpeed v0.3.13-v0.4.2 runs it with its defaults (planner/cost/fetch.py): each parameter
+    tensor gathered on its own into a list of per-rank views, the gradients all-reduced in buckets."""
 
     gather_loop_s: float          # host time per rank of the group, per gathered tensor: the Python loop of
                                   # ``_allgather_param`` (a narrow view, get_rank(group) and an append per rank)
-    reduce_loop_s: float          # likewise of ``_reduce_scatter_gradient`` (a narrow view and an append per rank)
+    reduce_bucket: float          # reduce_bucket_size: gradients are all-reduced in buckets of up to this many
+                                  # elements (planner/cost/fetch.py ``gradient_buckets``)
     max_reuse_distance: float     # stage3_max_reuse_distance: parameters used again within this many
                                   # elements stay gathered
     source: str
@@ -431,27 +432,28 @@ TORCHTITAN = replace(
     description="torchtitan: FSDP2 (ZeRO-2/3) or replicated data parallelism, DTensor TP/SP, context parallelism, "
                 "torch.distributed.pipelining, one activation-checkpointing mode")
 
-# DeepSpeed as it was from v0.3.13 (March 2021, the first with ZeRO-3) to v0.5.4 (October 2021), the version
-# of the ZeRO-3 runs Narayanan et al. (SC'21) Table 2 measured: the same configuration keys and memory
-# layout, but ZeRO-3 fetches one tensor at a time behind torch.cuda.synchronize() and gathers it into a
-# list of per-rank views (deepspeed/runtime/zero/partition_parameters.py ``_allgather_param`` and
-# ``_reduce_scatter_gradient``, stage3.py ``fetch_sub_module`` at v0.3.16; v0.5.5 moved the gather to
-# ``_all_gather_base``, one flat output). The loops' host time per rank: the two loops, copied into
+# DeepSpeed as it was from v0.3.13 (March 2021, the first with ZeRO-3) to v0.4.2 (June 2021), the versions
+# of spring 2021, when Narayanan et al. (SC'21, arXiv April 2021) measured the ZeRO-3 runs of Table 2: the same
+# configuration keys and memory layout, but ZeRO-3 fetches one tensor at a time behind torch.cuda.synchronize()
+# and gathers it into a list of per-rank views (deepspeed/runtime/zero/partition_parameters.py
+# ``_allgather_param``, stage3.py ``fetch_sub_module`` at v0.3.16; v0.5.5 moved the gather to
+# ``_all_gather_base``, one flat output), and with ZeRO-3's default contiguous_gradients=false (true from
+# v0.4.3) all-reduces the gradients in reduce_bucket_size buckets (stage3.py ``buffered_reduce_fallback``;
+# planner/cost/fetch.py). The gather loop's host time per rank: the loop, copied into
 # ``python benchmarks/deepspeed_host_loop.py`` and run on CPU tensors with a gloo group, on the development
-# machine (2026-11-26): 2.7 us (gather) and 2.6 us (reduce-scatter) per rank, medians of 7 runs over 1536 ranks
-# (three more runs: 2.72-2.88 and 2.65-2.78)
+# machine (2026-11-26): 2.7 us per rank, the median of 7 runs over 1536 ranks (three more runs: 2.72-2.88)
 DEEPSPEED_2021 = replace(
     DEEPSPEED, name="deepspeed-2021",
-    description="DeepSpeed v0.3.13-v0.5.4 (2021): ZeRO-3 gathers and reduce-scatters one tensor at a time, "
-                "each behind a device-wide synchronize",
+    description="DeepSpeed v0.3.13-v0.4.2 (spring 2021): ZeRO-3 gathers one tensor at a time, each behind a "
+                "device-wide synchronize, and all-reduces the gradients in buckets",
     # no LoRA: the versions predate PEFT (2022-) and bitsandbytes' 4-bit (2023)
     # nor NVMe offload: ZeRO-Infinity came with v0.3.15 (April 2021) and the 2021 runs of the public set used none
     runs={kind: replace(can, finetune_modes=("full",), nvme_offload_zero_stages=())
           for kind, can in DEEPSPEED.runs.items()},
     timing=replace(DEEPSPEED.timing, zero3_per_tensor=PerTensorFetch(
-        gather_loop_s=2.7e-6, reduce_loop_s=2.6e-6, max_reuse_distance=1e9,
-        source="DeepSpeed v0.3.16 stage3.py (stage3_max_reuse_distance default 1e9) and partition_parameters.py; "
-               "loops: python benchmarks/deepspeed_host_loop.py (2026-11-26)")))
+        gather_loop_s=2.7e-6, reduce_bucket=5e8, max_reuse_distance=1e9,
+        source="DeepSpeed v0.3.16 stage3.py (stage3_max_reuse_distance default 1e9, reduce_bucket_size 5e8) and "
+               "partition_parameters.py; loop: python benchmarks/deepspeed_host_loop.py (2026-11-26)")))
 
 # Megatron-LM as it was in 2021 (commit 1c3a1e6a09, August 2021; the runs of Narayanan et al. SC'21): the same
 # memory layout and flags, but (1) every stage-boundary exchange blocks: megatron/p2p_communication.py

@@ -1,4 +1,5 @@
-"""ZeRO-3 one tensor at a time (planner/cost/fetch.py): DeepSpeed v0.3.13-v0.5.4's fetches, by hand."""
+"""ZeRO-3 one tensor at a time (planner/cost/fetch.py): DeepSpeed v0.3.13-v0.4.2's fetches and gradient buckets,
+by hand."""
 import pytest
 
 from planner.api import load_job
@@ -75,21 +76,36 @@ def test_a_recomputed_block_fetches_three_times_less_what_stays(two_nodes):
     subs = fetch.submodules(block, 1, H)
     one = sum(fetch.gather_s(cache, x, grp, spec) for s in subs for x in s)
     last = sum(fetch.gather_s(cache, x, grp, spec) for x in subs[-1])       # 4h -> h: used again at once
-    fwd, bwd, _ = fetch.layer_phases(cache, block, "full", 1, grp, 1.0, spec, 2.0)
+    fwd, bwd, _ = fetch.layer_phases(cache, block, "full", 1, grp, spec, 2.0)
     assert fwd == pytest.approx(one) and bwd == pytest.approx(2 * one - last)
-    fwd, bwd, _ = fetch.layer_phases(cache, block, "none", 1, grp, 1.0, spec, 2.0)
+    fwd, bwd, _ = fetch.layer_phases(cache, block, "none", 1, grp, spec, 2.0)
     assert fwd == pytest.approx(one) and bwd == pytest.approx(one)
 
 
-def test_reductions_hide_their_host_work_behind_the_backward_only_where_it_is_longer(two_nodes):
+def test_a_gradient_joins_the_open_bucket_unless_it_would_overflow_it():
+    # 3 | 4 + 2 | 10, and the next layer's 3 closes the 10: the same three buckets every layer
+    assert fetch.gradient_buckets([3.0, 4.0, 2.0, 10.0], 6.0) == [(3.0, 0.25), (6.0, 0.25), (10.0, 0.25)] * 4
+    # layers smaller than a bucket share it: 25 layers of 2 fill 10 buckets of 5, 0.4 of one per layer
+    small = fetch.gradient_buckets([1.0, 1.0], 5.0)
+    assert small == [(5.0, 1 / 25)] * 10
+
+
+def test_a_gpt_block_all_reduces_its_gradients_in_five_buckets(two_nodes):
     job, cache, grp, spec = two_nodes
     _, block = _block("gpt3-175b")
-    gpu = sum(2 * x * 2 / (2039e9 * 0.9) + network.reduce_scatter_s(job.cluster, 2 * x, grp)
-              for s in fetch.submodules(block, 1, H) for x in s)
-    host = 12 * 16 * (2.6e-6 + 6e-6)             # 12 tensors, 16 ranks: the loop and a copy launch each
-    # a backward of 10^4 s: even a LayerNorm's share (2h of 12h^2 + 13h parameters, 0.14 s) outlasts its host work
-    assert fetch.layer_phases(cache, block, "none", 1, grp, 1e4, spec, 2.0)[2] == pytest.approx(gpu)
-    assert fetch.layer_phases(cache, block, "none", 1, grp, 0.0, spec, 2.0)[2] == pytest.approx(gpu + host)
+    hbm = 2039e9 * 0.90
+    # backward order: fc2 (b, w), fc1 (b, w), LN2, proj, qkv, LN1; with 5e8 elements a bucket, every layer
+    # after the first reduces 4h^2 | 4h | 4h^2 | LN2 + proj + qkv bias (6h + h^2) | qkv weight + LN1 + the next
+    # layer's fc2 bias (3h^2 + 3h); played over 3 layers (10 buckets' worth), the first opens with fc2's bias
+    # alone and the last closes on 3h^2 + 2h
+    per_layer = [4 * H * H, 4 * H, 4 * H * H, 6 * H + H * H]
+    run = [H] + per_layer + [3 * H * H + 3 * H] + per_layer + [3 * H * H + 3 * H] + per_layer + [3 * H * H + 2 * H]
+    assert fetch.gradient_buckets([x for s in reversed(fetch.submodules(block, 1, H)) for x in reversed(s)],
+                                  5e8) == [(y, 1 / 3) for y in run]
+    # each: flattened, divided and copied back (three passes reading and writing 2 bytes an element) and
+    # all-reduced
+    expected = sum(3 * 2 * 2 * y / hbm + network.all_reduce_s(job.cluster, 2 * y, grp) for y in run) / 3
+    assert fetch.layer_phases(cache, block, "none", 1, grp, spec, 2.0)[2] == pytest.approx(expected, rel=1e-9)
 
 
 @pytest.mark.parametrize("gpus", [384, 768, 1536])

@@ -164,7 +164,7 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
                         "layout is modelled. torch = meshplan's executor (FSDP2/DDP, everything meshplan plans), "
                         "megatron = Megatron-LM (fp32 main grads, 18 B/param; ZeRO-1 at most), deepspeed = the ZeRO "
                         "paper's 2+2+12 B/param (no SP or CP, balanced stages), torchtitan = FSDP2 as torch, without "
-                        "ZeRO-1 or a recompute policy per layer, deepspeed-2021 = DeepSpeed v0.3.13-v0.5.4, whose "
+                        "ZeRO-1 or a recompute policy per layer, deepspeed-2021 = DeepSpeed v0.3.13-v0.4.2, whose "
                         "ZeRO-3 gathers one tensor at a time, megatron-2021 = Megatron-LM of 2021, whose pipeline sends block "
                         "and which interleaves only at pp > 2 (default torch)")
     p.add_argument("--attention", choices=("flash", "unfused"), default="flash",

@@ -1,7 +1,7 @@
-"""ZeRO-3 one tensor at a time: the parameter fetches and gradient reductions of DeepSpeed v0.3.13-v0.5.4.
+"""ZeRO-3 one tensor at a time: the parameter fetches and gradient reductions of DeepSpeed v0.3.13-v0.4.2.
 
-What the code of those versions does (deepspeed/runtime/zero/stage3.py and partition_parameters.py, read at
-v0.3.16; the runtime ``deepspeed-2021`` in planner/runtimes.py), per micro-batch:
+What the code of those versions does with its configuration defaults (deepspeed/runtime/zero/stage3.py and
+partition_parameters.py, read at v0.3.16; the runtime ``deepspeed-2021`` in planner/runtimes.py), per micro-batch:
 
 - Before a sub-module's forward (a Linear, a LayerNorm: a module holding parameters of its own) its
   parameters are fetched (``fetch_sub_module``) and the next sub-module's prefetched
@@ -16,30 +16,36 @@ v0.3.16; the runtime ``deepspeed-2021`` in planner/runtimes.py), per micro-batch
   within ``stage3_max_reuse_distance`` elements of parameters (``_keep_for_later``): between a layer's
   recomputed forward and its backward that is sub-module k when twice the elements of the sub-modules after
   it are under the limit.
-- Each gradient is reduce-scattered on its own (``_reduce_scatter_gradient``: a list of one view per rank,
-  which torch flattens with one copy per rank before NCCL's reduce-scatter), issued from autograd's hooks on
-  the host while the GPU runs the sub-module's backward, then run on the reduction stream; the next
-  sub-module's fetch synchronises on it.
+- Gradients, under ZeRO-3's defaults of those versions (``contiguous_gradients`` false, ``overlap_comm`` true:
+  constants.py ZERO3_OPTIMIZATION_*_DEFAULT at v0.3.13-v0.4.2), are all-reduced in buckets: each gradient's
+  hook adds it to a list (``reduce_independent_p_g_buckets_and_remove_grads``) until the next would take it past
+  ``reduce_bucket_size`` (5e8 elements), and ``reduce_ipg_grads`` then hands the list to
+  ``buffered_reduce_fallback``, whose ``allreduce_bucket`` flattens it into one tensor, divides it by the group's
+  size, all-reduces it and copies the result back into each gradient (each rank then keeps its partition).
+  That runs on the reduction stream, but the next tensor's fetch synchronises the device and waits for it.
+  From v0.4.3 (July 2021) ``contiguous_gradients`` defaults to true and the gradients are reduce-scattered one
+  tensor at a time instead (``reduce_gradients_at_owner``); meshplan does not price those versions.
 
-So per tensor of x elements (b bytes each) on a group of n ranks, at HBM rate B:
+So per tensor of x elements (b bytes each) gathered on a group of n ranks, at HBM rate B:
 
     gather  = b x / B (zeros) + n loop_g + max(n copy_launch, NCCL all-gather + 2 b x / B (the copies))
-    reduce  = host n (loop_r + copy_launch), hidden behind the sub-module's backward compute where shorter,
-              then 2 b x / B (the flattening copies) + NCCL reduce-scatter
 
-with the loops' host time per rank measured (runtime table) and the copy's launch in the cluster profile
-(``[runtime] copy_launch_us``). A sub-module's backward compute is its share of the layer's by parameters
-(its GEMMs are the layer's work). Not modelled: the first use after the forward-to-backward turn (the last
-sub-modules of the last layer, which the same rule keeps), and a tied output layer's second fetch of the
-embedding; nor two behaviours of v0.3.16's defaults: ``stage3_param_persistence_threshold`` (1e5 elements:
-biases and norms stay gathered after the first step, so only the weights are gathered) and the prefetch of
-``prefetch_next_sub_modules`` (the next tensor gathered beside the current sub-module's compute while fewer than
-``stage3_max_live_parameters`` elements, 1e9, are gathered). Priced with both, the per-rank host costs above
-(the loop timed on torch 2.13, the copy launch of a 2026 stack) leave Narayanan et al.'s ZeRO-3 rows 19-85%
-too fast: what one rank costs per tensor on the torch 1.8 stack of 2021 is not measured here.
+with the loop's host time per rank measured (runtime table) and the copy's launch in the cluster profile
+(``[runtime] copy_launch_us``); and per bucket of y gradient elements (g bytes each)
+
+    reduce  = 3 x 2 g y / B (flatten, divide, copy back) + NCCL all-reduce of g y bytes.
+
+Not modelled: the first use after the forward-to-backward turn (the last sub-modules of the last layer, which
+the same rule keeps), a tied output layer's second fetch of the embedding, a bucket's all-reduce beside the
+backward of a sub-module that needs no fetch (one kept for backward), and two behaviours of the defaults:
+``stage3_param_persistence_threshold`` (1e5 elements: biases and norms stay gathered after the first step, so
+only the weights are gathered) and the prefetch of ``prefetch_next_sub_modules`` (the next tensor gathered
+beside the current sub-module's compute while fewer than ``stage3_max_live_parameters`` elements, 1e9, are
+gathered).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from ..layers import Layer
@@ -91,10 +97,10 @@ def gather_s(cache, x: float, grp, fetch: PerTensorFetch) -> float:
         n * cluster.copy_launch_s, network.all_gather_s(cluster, nbytes, grp) + memory_bound_s(2 * nbytes, dev))
 
 
-def layer_phases(cache, layer: Layer, policy: str, tp: int, grp, bwd_s: float, fetch: PerTensorFetch,
+def layer_phases(cache, layer: Layer, policy: str, tp: int, grp, fetch: PerTensorFetch,
                  grad_bytes: float) -> tuple[float, float, float]:
-    """(forward fetches, fetches before and during backward, gradient reductions beyond the backward's
-    compute) seconds of one micro-batch of ``layer``: nothing of them runs beside compute. Frozen parameters
+    """(forward fetches, fetches before and during backward, gradient reductions) seconds of one micro-batch of
+    ``layer``: nothing of them runs beside compute. Frozen parameters
     (planner/finetune.py ``Adapters.trains``) are fetched like the others and have no gradient to reduce."""
     subs = submodules(layer, tp, cache.graph.hidden)
     trains = cache.adapters.trains
@@ -102,18 +108,42 @@ def layer_phases(cache, layer: Layer, policy: str, tp: int, grp, bwd_s: float, f
         submodules(replace(layer, ops=tuple(op for op in layer.ops if trains(op))), tp, cache.graph.hidden)
     if not subs:
         return 0.0, 0.0, 0.0
-    cluster = cache.cluster
-    n = grp.size
     rerun = RECOMPUTE_POLICIES[policy].reruns_block
     kept = kept_for_backward(subs, fetch.max_reuse_distance) if rerun else [False] * len(subs)
     forward = sum(gather_s(cache, x, grp, fetch) for s in subs for x in s)
     backward = (forward if rerun else 0.0) + sum(gather_s(cache, x, grp, fetch)
                                                  for s, keep in zip(subs, kept) if not keep for x in s)
-    reduce = 0.0
-    total = sum(sum(s) for s in subs)
-    for s in trained:
-        host = len(s) * n * (fetch.reduce_loop_s + cluster.copy_launch_s)
-        reduce += max(0.0, host - bwd_s * sum(s) / total)
-        reduce += sum(memory_bound_s(2 * x * grad_bytes, cluster.device)
-                      + network.reduce_scatter_s(cluster, x * grad_bytes, grp) for x in s)
+    # the gradients in backward order (the reverse of the forward's)
+    grads = [x for sub in reversed(trained) for x in reversed(sub)]
+    reduce = sum(weight * all_reduce_bucket_s(cache, size, grp, grad_bytes)
+                 for size, weight in gradient_buckets(grads, fetch.reduce_bucket))
     return forward, backward, reduce
+
+
+def gradient_buckets(grads: list[float], bucket: float) -> list[tuple[float, float]]:
+    """(elements, share) of each gradient bucket of one layer, ``grads`` its gradients' elements in backward
+    order, as ``reduce_independent_p_g_buckets_and_remove_grads`` fills them: a gradient joins the open bucket
+    unless it would take it past ``bucket`` elements (``reduce_bucket_size``), which is then reduced first; a
+    gradient larger than ``bucket`` goes alone. Buckets run on from layer to layer, so a layer of fewer elements
+    than ``bucket`` shares its buckets with the layers beside it: the fill is played over a run of identical
+    layers long enough for ten buckets, and each bucket counts ``share`` = 1 / the run's length of one call."""
+    total = sum(grads)
+    if total <= 0:
+        return []
+    copies = max(1, min(64, math.ceil(10 * bucket / total)))
+    closed, filling = [], 0.0
+    for x in grads * copies:
+        if filling and filling + x > bucket:
+            closed.append(filling)
+            filling = 0.0
+        filling += x
+    closed.append(filling)
+    return [(size, 1.0 / copies) for size in closed]
+
+
+def all_reduce_bucket_s(cache, x: float, grp, grad_bytes: float) -> float:
+    """One bucket of ``x`` gradient elements reduced by ``allreduce_bucket``: flattened into one tensor (a copy),
+    divided by the group's size in place, all-reduced, and copied back into each gradient; three passes over
+    HBM that read and write the bucket, and NCCL's all-reduce."""
+    nbytes = x * grad_bytes
+    return 3 * memory_bound_s(2 * nbytes, cache.cluster.device) + network.all_reduce_s(cache.cluster, nbytes, grp)

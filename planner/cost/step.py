@@ -633,18 +633,15 @@ def per_tensor_phases(cache: CostCache, config: ParallelConfig, signature: str, 
     works one tensor at a time (``Timing.zero3_per_tensor``; planner/cost/fetch.py); zeros elsewhere."""
     if not fetches_per_tensor(config, cache.workload.framework) or config.dp * config.cp == 1:
         return 0.0, 0.0, 0.0
-    key = ("per-tensor", config.dp * config.cp, config.tp, config.micro_batch, config.sequence_parallel, signature,
-           policy)
+    key = ("per-tensor", config.dp * config.cp, config.tp, signature, policy)
     out = cache._phases.get(key)
     if out is None:
-        ctx = cache.context(config)
         grp = network.group(cache.cluster, config.dp * config.cp, config.tp)
         grad_bytes = grad_comm_bytes_per_param(cache.workload.framework, cache.workload.precision,
                                                 cache.workload.grad_reduce_in_bf16)
         out = cache._phases[key] = fetch.layer_phases(
             cache, cache.graph.layers[cache.representative[signature]], policy, config.tp, grp,
-            cache.signature_cost(signature, ctx).bwd_s, RUNTIMES[cache.workload.framework].timing.zero3_per_tensor,
-            grad_bytes)
+            RUNTIMES[cache.workload.framework].timing.zero3_per_tensor, grad_bytes)
     return out
 
 
