@@ -119,3 +119,26 @@ def test_deepspeed_of_2021_is_slower_than_todays_and_falls_as_the_gpus_double(gp
     assert tflops("deepspeed-2021", gpus) < tflops("deepspeed", gpus)
     if gpus > 384:
         assert tflops("deepspeed-2021", gpus) < tflops("deepspeed-2021", gpus // 2)
+
+
+def test_a_gpt_block_holds_its_two_largest_modules_and_a_bucket_twice_with_the_next_gradient(two_nodes):
+    _, _, _, spec = two_nodes
+    _, block = _block("gpt3-175b")
+    gathered, grads = fetch.working_set(block, 1, H, spec)
+    # h -> 4h and 4h -> h, weights and biases; the largest bucket is one 4h^2 weight alone (over 5e8 elements),
+    # held with its flattened copy and the gradient after it
+    assert gathered == 2 * 4 * H * H + 4 * H + H
+    assert grads == 3 * 4 * H * H
+
+
+def test_per_tensor_zero3_holds_less_than_a_layer_gathered_twice():
+    """GPT-3 175B on 16 ranks: deepspeed-2021's extra device memory is the working set above (2 bytes each), where
+    today's DeepSpeed holds a whole layer gathered, prefetched and its gradient (12h^2 + 13h parameters x 6 bytes)."""
+    from planner.cost.step import other_bytes
+    cfg = ParallelConfig(dp=16, tp=1, pp=1, zero=3, micro_batch=1, num_microbatches=1, recompute="full")
+    per_layer = 12 * H * H + 13 * H
+    for framework, extra in (("deepspeed-2021", 2 * (2 * 4 * H * H + 5 * H) + 2 * 3 * 4 * H * H),
+                             ("deepspeed", 6 * per_layer)):
+        job = load_job("gpt3-175b", "a100-80g", gpus=16, global_batch=16, framework=framework, precision="fp16")
+        cache = CostCache(job.graph, job.cluster, job.workload)
+        assert other_bytes(cache, cfg) - job.cluster.device.reserved_bytes == pytest.approx(extra, rel=1e-9)

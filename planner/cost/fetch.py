@@ -147,3 +147,20 @@ def all_reduce_bucket_s(cache, x: float, grp, grad_bytes: float) -> float:
     HBM that read and write the bucket, and NCCL's all-reduce."""
     nbytes = x * grad_bytes
     return 3 * memory_bound_s(2 * nbytes, cache.cluster.device) + network.all_reduce_s(cache.cluster, nbytes, grp)
+
+
+def working_set(layer: Layer, tp: int, hidden: int, fetch: PerTensorFetch) -> tuple[float, float]:
+    """(parameter elements gathered at once, gradient elements held at once) at the peak of ``layer``, which the
+    per-tensor fetch holds instead of a whole layer: a sub-module's tensors while it runs and the next sub-module's
+    prefetched or kept beside them (released sub-modules free their tensors: ``release_sub_module``), so the two
+    largest sub-modules; and while a gradient bucket is all-reduced, its gradients, their flattened copy, and the
+    gradient whose arrival closed it (the bucket before it is freed as this one starts: ``reduce_ipg_grads``
+    partitions the previous bucket first)."""
+    subs = submodules(layer, tp, hidden)
+    if not subs:
+        return 0.0, 0.0
+    sizes = sorted((sum(s) for s in subs), reverse=True)
+    grads = [x for sub in reversed(subs) for x in reversed(sub)]
+    bucket = max(size for size, _ in gradient_buckets(grads, fetch.reduce_bucket))
+    return sum(sizes[:2]), 2 * bucket + max(grads)
+

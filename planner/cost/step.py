@@ -785,7 +785,14 @@ def other_bytes(cache: CostCache, config: ParallelConfig) -> float:
     if config.pp > 1:       # send and receive buffers of the stage boundary, forward and backward
         tokens = config.micro_batch * w.seq_len / config.cp
         other += 4 * tokens * cache.graph.hidden * dt / (config.tp if config.sequence_parallel else 1)
-    if config.zero == 3 and config.dp * config.cp > 1:
+    if fetches_per_tensor(config, w.framework) and config.dp * config.cp > 1:
+        # one tensor at a time (cost/fetch.py): what a layer holds gathered and reduces at its peak
+        spec = RUNTIMES[w.framework].timing.zero3_per_tensor
+        grad_bytes = grad_comm_bytes_per_param(w.framework, w.precision, w.grad_reduce_in_bf16)
+        other += max(params * dt + grads * grad_bytes for params, grads in (
+            fetch.working_set(cache.graph.layers[i], config.tp, cache.graph.hidden, spec)
+            for i in cache.representative.values()))
+    elif config.zero == 3 and config.dp * config.cp > 1:
         # FSDP/ZeRO-3 gathers a layer's parameters (and prefetches the next); backward
         # also holds the layer's unsharded gradient before the reduce-scatter
         ctx = cache.context(config)
