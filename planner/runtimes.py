@@ -123,6 +123,28 @@ class PerTensorFetch:
 
 
 @dataclass(frozen=True, kw_only=True)
+class GradBuckets:
+    """How a runtime groups a rank's gradients into collectives (and, where its optimizer is sharded, the updated
+    parameters it gathers back: the same buckets) at some ZeRO stages: a bucket of ``elements`` parameters, at least
+    ``per_dp_rank`` per data-parallel rank, or ``nbytes`` of gradients. ``closes``: "reaching" (a parameter joins
+    the bucket, which closes once it holds at least the size: Megatron-LM) or "before-exceeding" (a parameter that
+    would take the bucket past the size closes it first and opens the next: DeepSpeed, torch DDP). Elsewhere the
+    runtime issues a layer's collectives together (an FSDP2 unit, a ZeRO-3 sub-module's gathers)."""
+
+    elements: float = 0.0
+    per_dp_rank: float = 0.0
+    nbytes: float = 0.0
+    closes: Literal["reaching", "before-exceeding"]
+    overlapped_only: bool = False   # buckets only where the reduction overlaps backward (else one for all)
+    zero_stages: tuple[int, ...]
+    source: str
+
+    def size(self, dp: int, grad_bytes: float) -> float:
+        """Parameters per bucket on ``dp`` data-parallel ranks, gradients of ``grad_bytes`` each."""
+        return self.nbytes / grad_bytes if self.nbytes else max(self.elements, self.per_dp_rank * dp)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Timing:
     """When a runtime runs its collectives, and which it overlaps with compute."""
 
@@ -171,6 +193,9 @@ class Timing:
     # ^ every stage-boundary exchange is waited on before the next pass, whatever the schedule: no schedule
     #   overlaps its sends (Megatron-LM of 2021, p2p_communication.py ``_communicate``: batch_isend_irecv,
     #   req.wait() on each request, then torch.cuda.synchronize())
+    grad_buckets: GradBuckets | None = None
+    # ^ the data-parallel collectives in buckets that span layers or split them (planner/cost/step.py
+    #   ``in_buckets``); None: one per layer
     zero3_per_tensor: PerTensorFetch | None = None
     # ^ ZeRO-3 gathers and reduces one parameter tensor at a time, serialised with compute
     #   (planner/cost/fetch.py); None: a layer's parameters at once, prefetched beside compute
@@ -302,7 +327,9 @@ TORCH = Runtime(
                   offload_step_copy_bytes=(0.0, 12.0, 0.0, 0.0), offload_microbatch_copy_bytes=(0.0, 0.0, 8.0, 12.0),
                   pp_defers_sharded_dp_sync=True, grads_reduced_in_optimizer=(1,), fsdp_blocks_on_gloo=True,
                   cp_exchange="all-gather",       # executor/context.py
-                  checkpoint_early_stop=True),    # executor/activations.py: checkpoint(use_reentrant=False)
+                  checkpoint_early_stop=True,     # executor/activations.py: checkpoint(use_reentrant=False)
+                  grad_buckets=GradBuckets(nbytes=25 * 2**20, closes="before-exceeding", zero_stages=(1,),
+                                           source="executor/zero1.py BUCKET_BYTES (torch DDP's bucket_cap_mb=25)")),
 )
 
 # ZeRO-2 and -3 are Megatron-FSDP (--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads /
@@ -342,6 +369,16 @@ _MEGATRON_CUDA_RUNS = replace(_MEGATRON_RUNS, fp8_recipes=("fp8-tensorwise", "fp
 _MEGATRON_MIXED = StateLayout(params_bytes=2.0, grads_bytes=4.0, optimizer_bytes=12.0, params_sharded_from=3,
                               grads_sharded_from=2, optimizer_sharded_from=1, grad_reduce_bytes=4.0)
 
+# The distributed optimizer's buckets (ZeRO-0 and 1: Megatron-FSDP, ZeRO-2/3, shards a module at a time):
+# megatron/core/distributed/distributed_data_parallel.py at core_r0.8.0, ``bucket_size = max(40000000, 1000000 *
+# data_parallel_world_size)`` with --overlap-grad-reduce (without it one bucket for all, priced a layer at a time
+# as where a runtime has no buckets), filled in reverse parameter order
+# until a bucket holds at least that many (param_and_grad_buffer.py); the parameters are gathered back in the same
+# buckets. Not modelled: that it turns bucketing off on pipeline ranks after the first and on model chunks after
+# the first (one bucket per chunk there), and the shared embedding's bucket of its own
+MEGATRON_BUCKETS = GradBuckets(elements=4e7, per_dp_rank=1e6, closes="reaching", zero_stages=(0, 1),
+                               overlapped_only=True, source="Megatron-LM core_r0.8.0 distributed_data_parallel.py and param_and_grad_buffer.py")
+
 MEGATRON = Runtime(
     name="megatron",
     description="Megatron-LM (Megatron-Core): its distributed optimizer is ZeRO-1",
@@ -355,7 +392,7 @@ MEGATRON = Runtime(
     # the stage boundary over TP (Narayanan et al. 2021, Sec 4.1)
     timing=Timing(params_gathered_every_microbatch=(3,), grads_reduced_every_microbatch=(2, 3),
                   overlaps_param_gather=True, pp_sends_tp_shards=True, sp_keeps_gathered_input=False,
-                  fuses_swiglu=True),
+                  fuses_swiglu=True, grad_buckets=MEGATRON_BUCKETS),
 )
 
 # What a DeepSpeed config and its engine express (deepspeed/runtime/config.py's keys; deepspeed.pipe): ZeRO 0-3
@@ -394,9 +431,15 @@ DEEPSPEED = Runtime(
     # 6.1; deepspeed/runtime/zero/partitioned_param_coordinator.py fetches each sub-module's parameters for
     # forward and backward): 2 + 2 bytes per parameter per micro-batch, counted unhidden as the other offload
     # copies are
+    # ZeRO-0 to 2 reduce (and ZeRO-1/2 gather back) in buckets of reduce_bucket_size / allgather_bucket_size,
+    # 5e8 elements by default (DeepSpeed's config docs; deepspeed/runtime/zero/stage_1_and_2.py
+    # ``reduce_independent_p_g_buckets_and_remove_grads``, the engine's ``allreduce_gradients`` at ZeRO-0)
     timing=Timing(params_gathered_every_microbatch=(3,), grads_reduced_every_microbatch=(2, 3),
                   overlaps_param_gather=False, pp_sends_tp_shards=False, sp_keeps_gathered_input=False,
-                  param_offload_microbatch_copy_bytes=4.0),
+                  param_offload_microbatch_copy_bytes=4.0,
+                  grad_buckets=GradBuckets(elements=5e8, closes="before-exceeding", zero_stages=(0, 1, 2),
+                                           source="DeepSpeed config docs: reduce_bucket_size and "
+                                                  "allgather_bucket_size default 5e8")),
 )
 
 # What a torchtitan job config expresses (torchtitan/config/configs.py and torchtitan/distributed/ at commit
@@ -469,7 +512,9 @@ MEGATRON_2021 = replace(
           for kind, can in MEGATRON.runs.items()},
     # ^ no FP8 (TransformerEngine came to Megatron-LM in 2022), no LoRA (Megatron-Bridge's PEFT is of 2025), no
     #   Megatron-FSDP (2025)
-    timing=replace(MEGATRON.timing, pp_sends_block=True))
+    # ^ and no buckets: its local DDP all-reduces each dtype's contiguous gradient buffer in one call
+    #   (megatron/model/distributed.py ``allreduce_gradients`` at 1c3a1e6a09), priced a layer at a time
+    timing=replace(MEGATRON.timing, pp_sends_block=True, grad_buckets=None))
 
 RUNTIMES: dict[str, Runtime] = {r.name: r for r in (TORCH, MEGATRON, DEEPSPEED, TORCHTITAN, DEEPSPEED_2021,
                                                     MEGATRON_2021)}

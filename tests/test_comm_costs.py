@@ -318,3 +318,32 @@ def test_gloo_gathers_and_scatters_at_their_own_measured_bus_bandwidth():
     a100 = replace(A100, intra_all_gather_ratio=0.5)
     across = Group(8, 1)
     assert all_gather_s(a100, nbytes, across) == pytest.approx(all_gather_s(A100, nbytes, across))
+
+
+def test_megatron_overlapping_its_reduction_issues_it_in_its_buckets():
+    """With --overlap-grad-reduce Megatron-Core fills buckets of max(4e7, 1e6 x dp) parameters until each holds at
+    least that many (core_r0.8.0 distributed_data_parallel.py): on dp 8, a layer of 1e8 parameters is two buckets of
+    5e7, its ZeRO-1 reduce-scatter and all-gather two collectives each; a layer of 1e7 is a quarter of a bucket."""
+    cache = CostCache(GRAPH, A100, replace(WORK, overlap_grad_reduce=True))
+    config = ParallelConfig(dp=8, tp=8, pp=1, zero=1, micro_batch=1, num_microbatches=4)
+    grp = Group(8, 1)
+    big = 2 * (reduce_scatter_s(A100, 5e7 * 4, grp) + all_gather_s(A100, 5e7 * 2, grp))
+    assert _dp_comm(cache, config, fake_rank())[0] == pytest.approx(10 * big)
+    small = (reduce_scatter_s(A100, 4e7 * 4, grp) + all_gather_s(A100, 4e7 * 2, grp)) / 4
+    assert _dp_comm(cache, config, fake_rank(params=1e8))[0] == pytest.approx(10 * small)
+
+
+def test_deepspeed_and_meshplans_zero1_close_a_bucket_before_it_overflows():
+    """DeepSpeed's ZeRO-1/2 buckets of reduce_bucket_size (5e8) parameters and meshplan's ZeRO-1 of 25 MiB of
+    gradients (executor/zero1.py) never exceed their size: a layer of 1.2e9 parameters is three buckets under
+    DeepSpeed, and 4-byte gradients of 1e7 parameters are two buckets of 5e6 under meshplan's ZeRO-1."""
+    config = ParallelConfig(dp=8, tp=8, pp=1, zero=1, micro_batch=1, num_microbatches=4)
+    grp = Group(8, 1)
+    ds = CostCache(GRAPH, A100, replace(WORK, framework="deepspeed", precision="fp16", overlap_grad_reduce=True))
+    three = 3 * (reduce_scatter_s(A100, 4e8 * 2, grp) + all_gather_s(A100, 4e8 * 2, grp))
+    assert _dp_comm(ds, config, fake_rank(params=1.2e10))[0] == pytest.approx(10 * three)
+    torch = CostCache(GRAPH, A100, replace(WORK, framework="torch", overlap_grad_reduce=True))
+    bucket = 25 * 2**20 / 4                    # fp32 gradients
+    assert bucket < 1e7 <= 2 * bucket
+    two = 2 * (reduce_scatter_s(A100, 5e6 * 4, grp) + all_gather_s(A100, 5e6 * 4, grp))
+    assert _dp_comm(torch, config, fake_rank(params=1e8))[0] == pytest.approx(10 * two)

@@ -8,6 +8,7 @@ time; data-parallel/ZeRO communication and the optimizer step follow.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 from ..cluster import DTYPE_BYTES, Cluster
@@ -441,27 +442,64 @@ def dp_phases(cache: CostCache, config: ParallelConfig, params: float, expert: b
     tp-ep-dp-pp with expert tensor parallelism 1) instead of the dense dp x cp ranks spaced tp apart."""
     size, stride = (expert_shard(config, cache.workload.framework), config.ep) if expert else \
         (config.dp * config.cp, config.tp)
-    key = (size, stride, config.zero, params, frozen_bytes)
+    bucket = grad_bucket(cache, config)
+    key = (size, stride, config.zero, params, frozen_bytes, bucket)
     out = cache._phases.get(key)
     if out is None:
-        out = cache._phases[key] = _dp_phases_uncached(cache, config.zero, size, stride, params, frozen_bytes)
+        out = cache._phases[key] = _dp_phases_uncached(cache, config.zero, size, stride, params, frozen_bytes, bucket)
     return out
 
 
-def _dp_phases_uncached(cache: CostCache, zero: int, size: int, stride: int, params: float, frozen_bytes: float = 0.0
-                        ) -> tuple[float, float, float]:
+def grad_bucket(cache: CostCache, config: ParallelConfig) -> float | None:
+    """Parameters per data-parallel collective where the runtime issues them in buckets at this ZeRO stage
+    (``Timing.grad_buckets``), else None (a layer's at once)."""
+    w = cache.workload
+    rule = RUNTIMES[w.framework].timing.grad_buckets
+    if rule is None or config.zero not in rule.zero_stages or (rule.overlapped_only and not w.overlap_grad_reduce):
+        return None
+    return rule.size(config.dp, grad_comm_bytes_per_param(w.framework, w.precision, w.grad_reduce_in_bf16))
+
+
+def in_buckets(time_s, params: float, bucket: float | None, closes: str) -> float:
+    """Seconds of one layer's share of a collective issued in buckets of ``bucket`` parameters, ``time_s(n)`` the
+    collective of n parameters: a layer smaller than a bucket shares one with the layers beside it (its share of
+    the bucket's collective, its parameters over the bucket's); a larger one is cut into buckets at least as large
+    (``closes`` "reaching": floor(params / bucket) of them) or at most as large ("before-exceeding": the ceiling).
+    Where parameters fall between tensors of a layer is not modelled: the buckets split the layer evenly."""
+    if bucket is None or params <= 0:
+        return time_s(params)
+    if params <= bucket:
+        return params / bucket * time_s(bucket)
+    count = math.floor(params / bucket) if closes == "reaching" else math.ceil(params / bucket)
+    return count * time_s(params / count)
+
+
+def _dp_phases_uncached(cache: CostCache, zero: int, size: int, stride: int, params: float, frozen_bytes: float = 0.0,
+                        bucket: float | None = None) -> tuple[float, float, float]:
     cluster, w = cache.cluster, cache.workload
-    if zero < RUNTIMES[w.framework].layout(w.precision).params_sharded_from:
+    layout = RUNTIMES[w.framework].layout(w.precision)
+    if zero < layout.params_sharded_from:
         frozen_bytes = 0.0          # replicated: nothing to gather
     if size == 1 or (params <= 0 and frozen_bytes <= 0):
         return 0.0, 0.0, 0.0
     grp = network.group(cluster, size, stride)
-    grads = params * grad_comm_bytes_per_param(w.framework, w.precision, w.grad_reduce_in_bf16)
-    weights = params * cache.gather_bytes_per_param + frozen_bytes
+    grad_bytes = grad_comm_bytes_per_param(w.framework, w.precision, w.grad_reduce_in_bf16)
+    # parameters held whole (ZeRO-1/2) are gathered back after the optimizer in the dtype they are kept in (meshplan's
+    # ZeRO-1 keeps fp32 parameters: executor/zero1.py), where sharded ones in the compute dtype (FSDP2's
+    # MixedPrecisionPolicy, ZeRO-3's 16-bit copies); Megatron-LM's --fp8-param-gather sends FP8
+    gather_bytes = layout.params_bytes if zero < layout.params_sharded_from and not w.fp8_param_gather \
+        else cache.gather_bytes_per_param
+    closes = RUNTIMES[w.framework].timing.grad_buckets.closes if bucket is not None else ""
+
+    def bucketed(collective, bytes_per_param: float) -> float:
+        return in_buckets(lambda n: collective(cluster, n * bytes_per_param, grp), params, bucket, closes)
     if zero == 0:
-        return 0.0, 0.0, network.all_reduce_s(cluster, grads, grp) if params > 0 else 0.0
-    rs = network.reduce_scatter_s(cluster, grads, grp) if params > 0 else 0.0
-    ag = network.all_gather_s(cluster, weights, grp)
+        return 0.0, 0.0, bucketed(network.all_reduce_s, grad_bytes) if params > 0 else 0.0
+    rs = bucketed(network.reduce_scatter_s, grad_bytes) if params > 0 else 0.0
+    if bucket is None:
+        ag = network.all_gather_s(cluster, params * gather_bytes + frozen_bytes, grp)
+    else:                   # frozen parameters are gathered only where parameters are sharded: never in buckets
+        ag = bucketed(network.all_gather_s, gather_bytes)
     if zero == 3:
         return ag, ag, rs
     return ag, 0.0, rs
