@@ -371,13 +371,14 @@ _MEGATRON_MIXED = StateLayout(params_bytes=2.0, grads_bytes=4.0, optimizer_bytes
 
 # The distributed optimizer's buckets (ZeRO-0 and 1: Megatron-FSDP, ZeRO-2/3, shards a module at a time):
 # megatron/core/distributed/distributed_data_parallel.py at core_r0.8.0, ``bucket_size = max(40000000, 1000000 *
-# data_parallel_world_size)`` with --overlap-grad-reduce (without it one bucket for all, priced a layer at a time
-# as where a runtime has no buckets), filled in reverse parameter order
+# data_parallel_world_size)`` (the dense dp, for the experts' buffer too) with --overlap-grad-reduce (without it one
+# bucket for all, priced a layer at a time as where a runtime has no buckets), filled in reverse parameter order
 # until a bucket holds at least that many (param_and_grad_buffer.py); the parameters are gathered back in the same
 # buckets. Not modelled: that it turns bucketing off on pipeline ranks after the first and on model chunks after
 # the first (one bucket per chunk there), and the shared embedding's bucket of its own
-MEGATRON_BUCKETS = GradBuckets(elements=4e7, per_dp_rank=1e6, closes="reaching", zero_stages=(0, 1),
-                               overlapped_only=True, source="Megatron-LM core_r0.8.0 distributed_data_parallel.py and param_and_grad_buffer.py")
+MEGATRON_BUCKETS = GradBuckets(
+    elements=4e7, per_dp_rank=1e6, closes="reaching", zero_stages=(0, 1), overlapped_only=True,
+    source="Megatron-LM core_r0.8.0 distributed_data_parallel.py and param_and_grad_buffer.py")
 
 MEGATRON = Runtime(
     name="megatron",
