@@ -124,8 +124,8 @@ class PerTensorFetch:
 
 @dataclass(frozen=True, kw_only=True)
 class GradBuckets:
-    """How a runtime groups a rank's gradients into collectives (and, where its optimizer is sharded, the updated
-    parameters it gathers back: the same buckets) at some ZeRO stages: a bucket of ``elements`` parameters, at least
+    """How a runtime groups a rank's gradients into collectives (and, where parameters are held whole and its
+    optimizer is sharded, the updated parameters it gathers back: the same buckets) at some ZeRO stages: a bucket of ``elements`` parameters, at least
     ``per_dp_rank`` per data-parallel rank, or ``nbytes`` of gradients. ``closes``: "reaching" (a parameter joins
     the bucket, which closes once it holds at least the size: Megatron-LM) or "before-exceeding" (a parameter that
     would take the bucket past the size closes it first and opens the next: DeepSpeed, torch DDP). Elsewhere the
@@ -432,13 +432,15 @@ DEEPSPEED = Runtime(
     # 6.1; deepspeed/runtime/zero/partitioned_param_coordinator.py fetches each sub-module's parameters for
     # forward and backward): 2 + 2 bytes per parameter per micro-batch, counted unhidden as the other offload
     # copies are
-    # ZeRO-0 to 2 reduce (and ZeRO-1/2 gather back) in buckets of reduce_bucket_size / allgather_bucket_size,
+    # ZeRO-0 to 3 reduce (and ZeRO-1/2 gather back) in buckets of reduce_bucket_size / allgather_bucket_size,
     # 5e8 elements by default (DeepSpeed's config docs; deepspeed/runtime/zero/stage_1_and_2.py
-    # ``reduce_independent_p_g_buckets_and_remove_grads``, the engine's ``allreduce_gradients`` at ZeRO-0)
+    # ``reduce_independent_p_g_buckets_and_remove_grads``, the engine's ``allreduce_gradients`` at ZeRO-0; ZeRO-3's
+    # stage3.py at 38327e07f, February 2025: the same fill, one reduce_scatter_coalesced a bucket); ZeRO-3 gathers
+    # its parameters a module at a time
     timing=Timing(params_gathered_every_microbatch=(3,), grads_reduced_every_microbatch=(2, 3),
                   overlaps_param_gather=False, pp_sends_tp_shards=False, sp_keeps_gathered_input=False,
                   param_offload_microbatch_copy_bytes=4.0,
-                  grad_buckets=GradBuckets(elements=5e8, closes="before-exceeding", zero_stages=(0, 1, 2),
+                  grad_buckets=GradBuckets(elements=5e8, closes="before-exceeding", zero_stages=(0, 1, 2, 3),
                                            source="DeepSpeed config docs: reduce_bucket_size and "
                                                   "allgather_bucket_size default 5e8")),
 )

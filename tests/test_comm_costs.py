@@ -347,3 +347,14 @@ def test_deepspeed_and_meshplans_zero1_close_a_bucket_before_it_overflows():
     assert bucket < 1e7 <= 2 * bucket
     two = 2 * (reduce_scatter_s(A100, 5e6 * 4, grp) + all_gather_s(A100, 5e6 * 4, grp))
     assert _dp_comm(torch, config, fake_rank(params=1e8))[0] == pytest.approx(10 * two)
+
+
+def test_deepspeed_zero3_reduces_in_buckets_but_gathers_a_layer_at_a_time():
+    """Today's DeepSpeed ZeRO-3 fills the same reduce_bucket_size buckets (stage3.py, one reduce_scatter_coalesced
+    a bucket) and gathers each module's parameters when it runs: a layer of 1.2e9 parameters reduce-scatters in
+    three buckets of 4e8 and gathers at once, for forward and again for backward, every micro-batch."""
+    config = ParallelConfig(dp=8, tp=8, pp=1, zero=3, micro_batch=1, num_microbatches=4)
+    grp = Group(8, 1)
+    ds = CostCache(GRAPH, A100, replace(WORK, framework="deepspeed", precision="fp16", overlap_grad_reduce=True))
+    layer = 3 * reduce_scatter_s(A100, 4e8 * 2, grp) + 2 * all_gather_s(A100, 1.2e9 * 2, grp)
+    assert _dp_comm(ds, config, fake_rank(params=1.2e10))[0] == pytest.approx(4 * 10 * layer)

@@ -496,9 +496,9 @@ def _dp_phases_uncached(cache: CostCache, zero: int, size: int, stride: int, par
     if zero == 0:
         return 0.0, 0.0, bucketed(network.all_reduce_s, grad_bytes) if params > 0 else 0.0
     rs = bucketed(network.reduce_scatter_s, grad_bytes) if params > 0 else 0.0
-    if bucket is None:
+    if bucket is None or zero >= layout.params_sharded_from:    # sharded parameters: gathered a unit at a time
         ag = network.all_gather_s(cluster, params * gather_bytes + frozen_bytes, grp)
-    else:                   # frozen parameters are gathered only where parameters are sharded: never in buckets
+    else:                   # held whole, gathered back after the optimizer (frozen ones never are: no buckets)
         ag = bucketed(network.all_gather_s, gather_bytes)
     if zero == 3:
         return ag, ag, rs
