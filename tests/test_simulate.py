@@ -268,9 +268,9 @@ def test_simulation_agrees_with_the_closed_form_on_the_public_cases(row):
     simulated = simulate(graph, cluster, work, config, cache).step_time_s
     # the closed form sums the data-parallel stream's exposure past the backward window, the simulation places it
     # layer by layer: they part most where latency-bound collectives cross many nodes (MLM24-70B: dp 48 over
-    # 48 nodes at NCCL's ring latency, Megatron's buckets each a call of their own: 2.9%, 2.2% when every layer
-    # was one call)
-    assert simulated == pytest.approx(closed.step_time_s, rel=0.03)
+    # 48 nodes at NCCL's ring latency: 2.2%, and 2.9% with Megatron's buckets each a call of their own until the
+    # closed form gave the interleaved schedule's parameter gather the first group's forwards, 0.7%)
+    assert simulated == pytest.approx(closed.step_time_s, rel=0.025)
 
 
 # -- the search ranks its finalists by the simulation ------------------------------------------------

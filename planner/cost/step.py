@@ -569,7 +569,9 @@ def _dp_comm_uncached(cache: CostCache, config: ParallelConfig, rank: RankCost) 
         out += exposed(once, _last_backward_window(config, rank.bwd_s), first[1],
                        _last_backward_window(config, busy_bwd))
     if after and RUNTIMES[cache.workload.framework].timing.overlaps_param_gather:
-        out += exposed(after, rank.fwd_s, first[2], busy_fwd)     # beside the next forward (--overlap-param-gather)
+        # beside the next step's first forwards (--overlap-param-gather)
+        out += exposed(after, _first_forward_window(config, rank.fwd_s), first[2],
+                       _first_forward_window(config, busy_fwd))
     elif after:
         out += after                                     # ends the optimizer step
     return total, out
@@ -647,11 +649,20 @@ def _last_backward_window(config: ParallelConfig, bwd_s: float) -> float:
     gradient becomes final. Under the interleaved schedule a chunk's gradients are final once the last group of
     micro-batches (pp of them, Megatron-LM's and torch's rounds) has run its backward through that chunk, and the
     chunks finish one after another: all but the last chunk's reductions also run beside the backward of the
-    group's other micro-batches through the chunks after them, ``bwd_s (1 + (g - 1)(v - 1) / v)``."""
+    group's other micro-batches through the chunks after them, ``bwd_s (1 + (g - 1)(v - 1) / v)``. The same holds,
+    mirrored, for the parameter gather before the step's first forwards (``_first_forward_window``)."""
     if config.pp > 1 and config.vpp > 1 and SCHEDULES[config.schedule].virtual_stages:
         group = min(config.pp, config.num_microbatches)
         return bwd_s * (1 + (group - 1) * (config.vpp - 1) / config.vpp)
     return bwd_s
+
+
+def _first_forward_window(config: ParallelConfig, fwd_s: float) -> float:
+    """The forward the once-per-step parameter gather runs beside (--overlap-param-gather): the first micro-batch's,
+    in which each layer first needs its parameters. Under the interleaved schedule the first group of micro-batches
+    runs its forwards through a chunk before any reaches the next, so all but the first chunk's gathers also run
+    beside the group's other forwards through the chunks before them: ``_last_backward_window`` of the forward."""
+    return _last_backward_window(config, fwd_s)
 
 
 def _per_tensor_s(cache: CostCache, config: ParallelConfig, rank: RankCost) -> float:
