@@ -107,7 +107,8 @@ class JobInputs:
         workload = Workload(global_batch=self.global_batch or default_global_batch(seq, cluster.num_gpus),
                             seq_len=seq, precision=precision, framework=self.framework, attention=self.attention,
                             overlap_grad_reduce=self.overlap_grad_reduce, tp_comm_overlap=self.tp_comm_overlap,
-                            ep_comm_overlap=self.ep_comm_overlap, memory_headroom=self.memory_headroom, expert_imbalance=self.expert_imbalance,
+                            ep_comm_overlap=self.ep_comm_overlap, memory_headroom=self.memory_headroom,
+                            expert_imbalance=self.expert_imbalance,
                             expert_dispatcher=self.expert_dispatcher, compile=self.compile, fp8=fp8,
                             fp8_param_gather=self.fp8_param_gather, grad_reduce_in_bf16=self.grad_reduce_in_bf16,
                             **finetune_fields(self.finetune, self.lora_rank, self.lora_targets))

@@ -125,11 +125,12 @@ class PerTensorFetch:
 @dataclass(frozen=True, kw_only=True)
 class GradBuckets:
     """How a runtime groups a rank's gradients into collectives (and, where parameters are held whole and its
-    optimizer is sharded, the updated parameters it gathers back: the same buckets) at some ZeRO stages: a bucket of ``elements`` parameters, at least
-    ``per_dp_rank`` per data-parallel rank, or ``nbytes`` of gradients. ``closes``: "reaching" (a parameter joins
-    the bucket, which closes once it holds at least the size: Megatron-LM) or "before-exceeding" (a parameter that
-    would take the bucket past the size closes it first and opens the next: DeepSpeed, torch DDP). Elsewhere the
-    runtime issues a layer's collectives together (an FSDP2 unit, a ZeRO-3 sub-module's gathers)."""
+    optimizer is sharded, the updated parameters it gathers back: the same buckets) at some ZeRO stages: a bucket
+    of ``elements`` parameters, at least ``per_dp_rank`` per data-parallel rank, or ``nbytes`` of gradients.
+    ``closes``: "reaching" (a parameter joins the bucket, which closes once it holds at least the size:
+    Megatron-LM) or "before-exceeding" (a parameter that would take the bucket past the size closes it first and
+    opens the next: DeepSpeed, torch DDP). Elsewhere the runtime issues a layer's collectives together (an FSDP2
+    unit, a ZeRO-3 sub-module's gathers)."""
 
     elements: float = 0.0
     per_dp_rank: float = 0.0

@@ -78,7 +78,8 @@ class Baseline:
         return Workload(global_batch=self.global_batch, seq_len=self.seq_len, precision=self.precision,
                         framework=self.runtime, attention=self.attention,
                         overlap_grad_reduce=self.overlap_grad_reduce, tp_comm_overlap=self.tp_comm_overlap,
-                        ep_comm_overlap=self.ep_comm_overlap, expert_dispatcher=self.expert_dispatcher, expert_imbalance=self.expert_imbalance,
+                        ep_comm_overlap=self.ep_comm_overlap, expert_dispatcher=self.expert_dispatcher,
+                        expert_imbalance=self.expert_imbalance,
                         fp8=self.fp8, fp8_param_gather=self.fp8_param_gather,
                         grad_reduce_in_bf16=self.grad_reduce_in_bf16, compile=self.compile, finetune=self.finetune,
                         lora_rank=self.lora_rank, lora_targets=self.lora_targets)

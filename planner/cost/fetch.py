@@ -113,11 +113,14 @@ def layer_phases(cache, layer: Layer, policy: str, tp: int, grp, fetch: PerTenso
     forward = sum(gather_s(cache, x, grp, fetch) for s in subs for x in s)
     backward = (forward if rerun else 0.0) + sum(gather_s(cache, x, grp, fetch)
                                                  for s, keep in zip(subs, kept) if not keep for x in s)
-    # the gradients in backward order (the reverse of the forward's)
-    grads = [x for sub in reversed(trained) for x in reversed(sub)]
     reduce = sum(weight * all_reduce_bucket_s(cache, size, grp, grad_bytes)
-                 for size, weight in gradient_buckets(grads, fetch.reduce_bucket))
+                 for size, weight in gradient_buckets(backward_order(trained), fetch.reduce_bucket))
     return forward, backward, reduce
+
+
+def backward_order(subs: list[tuple[float, ...]]) -> list[float]:
+    """The elements of ``submodules``' tensors in the order backward makes their gradients: the forward's, reversed."""
+    return [x for sub in reversed(subs) for x in reversed(sub)]
 
 
 def gradient_buckets(grads: list[float], bucket: float) -> list[tuple[float, float]]:
@@ -160,7 +163,7 @@ def working_set(layer: Layer, tp: int, hidden: int, fetch: PerTensorFetch) -> tu
     if not subs:
         return 0.0, 0.0
     sizes = sorted((sum(s) for s in subs), reverse=True)
-    grads = [x for sub in reversed(subs) for x in reversed(sub)]
+    grads = backward_order(subs)
     bucket = max(size for size, _ in gradient_buckets(grads, fetch.reduce_bucket))
     return sum(sizes[:2]), 2 * bucket + max(grads)
 

@@ -39,7 +39,7 @@ class Context(NamedTuple):
     attention: str              # "flash" | "unfused"
     framework: str
     tp_comm_overlap: bool
-    ep_comm_overlap: bool = False   # the expert all-to-alls beside another micro-batch's compute (Workload.ep_comm_overlap)
+    ep_comm_overlap: bool = False   # expert all-to-alls beside another micro-batch's compute (Workload.ep_comm_overlap)
     eager_regime: str = ""      # torch eager mixed precision ("autocast" / "bf16"; planner.cost.eager)
     ep: int = 1                 # expert parallelism: routed experts split over ep ranks, each whole on its rank
     expert_imbalance: float = 1.0   # under ep > 1, the busiest rank's routed tokens over the balanced share

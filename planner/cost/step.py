@@ -380,7 +380,7 @@ def _inflight(schedule: str, rank: int, pp: int, vpp: int, m: int) -> float:
 def _dp_comm(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[float, float]:
     key = (config.dp, config.cp, config.tp, config.zero, config.num_microbatches, rank.buckets, rank.first_bucket,
            rank.fwd_s, rank.bwd_s, rank.layers, config.ep, rank.expert_buckets,
-           _last_backward_window(config, 1.0),      # the interleaved schedule's window (pp, vpp, schedule)
+           _chunk_pass_window(config, 1.0),      # the interleaved schedule's window (pp, vpp, schedule)
            network_busy_s(cache, config, rank))     # the other inter-node traffic it shares NICs with
     out = cache._dp.get(key)
     if out is None:
@@ -566,12 +566,12 @@ def _dp_comm_uncached(cache: CostCache, config: ParallelConfig, rank: RankCost) 
     if once and not once_overlaps:
         out += once                      # after the last backward or in the optimizer step, nothing beside it
     elif once:
-        out += exposed(once, _last_backward_window(config, rank.bwd_s), first[1],
-                       _last_backward_window(config, busy_bwd))
+        out += exposed(once, _chunk_pass_window(config, rank.bwd_s), first[1],
+                       _chunk_pass_window(config, busy_bwd))
     if after and RUNTIMES[cache.workload.framework].timing.overlaps_param_gather:
         # beside the next step's first forwards (--overlap-param-gather)
-        out += exposed(after, _first_forward_window(config, rank.fwd_s), first[2],
-                       _first_forward_window(config, busy_fwd))
+        out += exposed(after, _chunk_pass_window(config, rank.fwd_s), first[2],
+                       _chunk_pass_window(config, busy_fwd))
     elif after:
         out += after                                     # ends the optimizer step
     return total, out
@@ -644,25 +644,20 @@ def stages_share_a_node(cluster: Cluster, config: ParallelConfig) -> bool:
     return config.tp * config.cp * config.dp < cluster.gpus_per_node
 
 
-def _last_backward_window(config: ParallelConfig, bwd_s: float) -> float:
-    """The backward the once-per-step gradient reduction runs beside: the last micro-batch's, in which each layer's
-    gradient becomes final. Under the interleaved schedule a chunk's gradients are final once the last group of
-    micro-batches (pp of them, Megatron-LM's and torch's rounds) has run its backward through that chunk, and the
-    chunks finish one after another: all but the last chunk's reductions also run beside the backward of the
-    group's other micro-batches through the chunks after them, ``bwd_s (1 + (g - 1)(v - 1) / v)``. The same holds,
-    mirrored, for the parameter gather before the step's first forwards (``_first_forward_window``)."""
+def _chunk_pass_window(config: ParallelConfig, pass_s: float) -> float:
+    """The pass a once-per-step collective runs beside, from one micro-batch's ``pass_s``: the gradient reduction
+    beside the last micro-batch's backward, in which each layer's gradient becomes final, and the parameter gather of
+    --overlap-param-gather beside the first micro-batch's forward, in which each layer first needs its parameters.
+    Under the interleaved schedule a chunk's gradients are final once the last group of micro-batches (pp of them,
+    Megatron-LM's and torch's rounds) has run its backward through that chunk, and the chunks finish one after
+    another: all but the last chunk's reductions also run beside the backward of the group's other micro-batches
+    through the chunks after them, ``pass_s (1 + (g - 1)(v - 1) / v)``; mirrored, the first group runs its forwards
+    through a chunk before any reaches the next, so all but the first chunk's gathers also run beside the group's
+    other forwards through the chunks before them."""
     if config.pp > 1 and config.vpp > 1 and SCHEDULES[config.schedule].virtual_stages:
         group = min(config.pp, config.num_microbatches)
-        return bwd_s * (1 + (group - 1) * (config.vpp - 1) / config.vpp)
-    return bwd_s
-
-
-def _first_forward_window(config: ParallelConfig, fwd_s: float) -> float:
-    """The forward the once-per-step parameter gather runs beside (--overlap-param-gather): the first micro-batch's,
-    in which each layer first needs its parameters. Under the interleaved schedule the first group of micro-batches
-    runs its forwards through a chunk before any reaches the next, so all but the first chunk's gathers also run
-    beside the group's other forwards through the chunks before them: ``_last_backward_window`` of the forward."""
-    return _last_backward_window(config, fwd_s)
+        return pass_s * (1 + (group - 1) * (config.vpp - 1) / config.vpp)
+    return pass_s
 
 
 def _per_tensor_s(cache: CostCache, config: ParallelConfig, rank: RankCost) -> float:
