@@ -126,7 +126,8 @@ class PerTensorFetch:
 class GradBuckets:
     """How a runtime groups a rank's gradients into collectives (and, where parameters are held whole and its
     optimizer is sharded, the updated parameters it gathers back: the same buckets) at some ZeRO stages: a bucket
-    of ``elements`` parameters, at least ``per_dp_rank`` per data-parallel rank, or ``nbytes`` of gradients.
+    of ``elements`` parameters, at least ``per_dp_rank`` per data-parallel rank, or ``nbytes`` of gradients, or
+    (``whole_buffer``) a model chunk's whole gradient buffer.
     ``closes``: "reaching" (a parameter joins the bucket, which closes once it holds at least the size:
     Megatron-LM) or "before-exceeding" (a parameter that would take the bucket past the size closes it first and
     opens the next: DeepSpeed, torch DDP). Elsewhere the runtime issues a layer's collectives together (an FSDP2
@@ -137,6 +138,7 @@ class GradBuckets:
     nbytes: float = 0.0
     closes: Literal["reaching", "before-exceeding"]
     overlapped_only: bool = False   # buckets only where the reduction overlaps backward (else one for all)
+    whole_buffer: bool = False      # no buckets: each model chunk's gradient buffer reduced in one call
     zero_stages: tuple[int, ...]
     source: str
 
@@ -373,13 +375,21 @@ _MEGATRON_MIXED = StateLayout(params_bytes=2.0, grads_bytes=4.0, optimizer_bytes
 # The distributed optimizer's buckets (ZeRO-0 and 1: Megatron-FSDP, ZeRO-2/3, shards a module at a time):
 # megatron/core/distributed/distributed_data_parallel.py at core_r0.8.0, ``bucket_size = max(40000000, 1000000 *
 # data_parallel_world_size)`` (the dense dp, for the experts' buffer too) with --overlap-grad-reduce (without it one
-# bucket for all, priced a layer at a time as where a runtime has no buckets), filled in reverse parameter order
+# bucket for each model chunk's buffer: ``overlapped_only``), filled in reverse parameter order
 # until a bucket holds at least that many (param_and_grad_buffer.py); the parameters are gathered back in the same
 # buckets. Not modelled: that it turns bucketing off on pipeline ranks after the first and on model chunks after
 # the first (one bucket per chunk there), and the shared embedding's bucket of its own
 MEGATRON_BUCKETS = GradBuckets(
     elements=4e7, per_dp_rank=1e6, closes="reaching", zero_stages=(0, 1), overlapped_only=True,
     source="Megatron-LM core_r0.8.0 distributed_data_parallel.py and param_and_grad_buffer.py")
+
+# Megatron-LM of 2021's local DDP (megatron/model/distributed.py at 1c3a1e6a09, ``allreduce_gradients``, which
+# megatron/training.py calls for each model chunk after the last backward): a chunk's gradients, in its contiguous
+# buffer (--use-contiguous-buffers-in-ddp) or flattened into one, divided and all-reduced in one call (the
+# distributed optimizer came later)
+MEGATRON_2021_BUFFER = GradBuckets(
+    whole_buffer=True, closes="reaching", zero_stages=(0, 1),
+    source="Megatron-LM 1c3a1e6a09 megatron/model/distributed.py DistributedDataParallel.allreduce_gradients")
 
 MEGATRON = Runtime(
     name="megatron",
@@ -516,9 +526,9 @@ MEGATRON_2021 = replace(
           for kind, can in MEGATRON.runs.items()},
     # ^ no FP8 (TransformerEngine came to Megatron-LM in 2022), no LoRA (Megatron-Bridge's PEFT is of 2025), no
     #   Megatron-FSDP (2025)
-    # ^ and no buckets: its local DDP all-reduces each dtype's contiguous gradient buffer in one call
-    #   (megatron/model/distributed.py ``allreduce_gradients`` at 1c3a1e6a09), priced a layer at a time
-    timing=replace(MEGATRON.timing, pp_sends_block=True, grad_buckets=None))
+    # ^ and no buckets: its local DDP all-reduces each model chunk's contiguous gradient buffer in one call
+    #   (MEGATRON_2021_BUFFER)
+    timing=replace(MEGATRON.timing, pp_sends_block=True, grad_buckets=MEGATRON_2021_BUFFER))
 
 RUNTIMES: dict[str, Runtime] = {r.name: r for r in (TORCH, MEGATRON, DEEPSPEED, TORCHTITAN, DEEPSPEED_2021,
                                                     MEGATRON_2021)}

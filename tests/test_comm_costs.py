@@ -83,18 +83,42 @@ def fake_rank(params=1e9, layers=10):
                     buckets=(((params / layers, 0.0), layers),), first_bucket=(params / layers, 0.0))
 
 
+def buffer_per_tp_rank(graph, tp: int) -> float:
+    """The parameters one of ``tp`` ranks holds, from the layers' own counts: the replicated ones whole, the rest
+    split (no experts here)."""
+    return sum(layer.params_replicated + (layer.params - layer.params_replicated) / tp for layer in graph.layers)
+
+
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
 def test_data_parallel_comm_per_zero_stage(zero):
+    """Without --overlap-grad-reduce Megatron-LM reduces each model chunk's whole buffer in one call (ZeRO-0's
+    all-reduce, the distributed optimizer's reduce-scatter and its gather back): a layer of 1e8 parameters pays
+    1e8 / B of the call over the rank's B (no pipeline: the whole model's, per TP rank); Megatron-FSDP (ZeRO-2/3)
+    a layer at a time."""
     config = ParallelConfig(dp=8, tp=8, pp=1, zero=zero, micro_batch=1, num_microbatches=4)
     grp = Group(8, 1)                         # tp 8 fills the node: DP peers one per node
-    grads = 1e9 * 4 / 10                      # megatron reduces bf16's fp32 main gradients, one bucket per layer
-    params = 1e9 * 2 / 10
-    ar, rs, ag = (10 * f(A100, b, grp) for f, b in
-                  ((all_reduce_s, grads), (reduce_scatter_s, grads), (all_gather_s, params)))
-    expected = {0: ar, 1: rs + ag, 2: 4 * rs + ag, 3: 4 * (2 * ag + rs)}[zero]
+    whole = buffer_per_tp_rank(GRAPH, 8)
+    assert whole > 1e8
+    share = 1e8 / whole                       # megatron reduces bf16's fp32 main gradients
+    ar, rs, ag = (10 * share * f(A100, whole * b, grp) for f, b in
+                  ((all_reduce_s, 4), (reduce_scatter_s, 4), (all_gather_s, 2)))
+    rs_layer, ag_layer = (10 * f(A100, 1e8 * b, grp) for f, b in ((reduce_scatter_s, 4), (all_gather_s, 2)))
+    expected = {0: ar, 1: rs + ag, 2: 4 * rs_layer + ag_layer, 3: 4 * (2 * ag_layer + rs_layer)}[zero]
     total, exposed = _dp_comm(CACHE, config, fake_rank())
     assert total == pytest.approx(expected)
     assert exposed == pytest.approx(expected)        # this workload does not overlap
+
+
+def test_megatron_of_2021_all_reduces_each_chunks_buffer_in_one_call():
+    """Megatron-LM of 2021 (megatron/model/distributed.py allreduce_gradients, for each model chunk) all-reduces a
+    chunk's contiguous buffer at once, overlap or not: on 2 stages of 2 chunks each, a chunk holds a quarter of
+    the model's parameters per TP rank (the stages priced as even), and a layer pays its share of that call."""
+    cache = CostCache(GRAPH, A100, replace(WORK, framework="megatron-2021", overlap_grad_reduce=True))
+    config = ParallelConfig(dp=8, tp=8, pp=2, vpp=2, zero=0, micro_batch=1, num_microbatches=4,
+                            schedule="interleaved-1f1b")
+    chunk = buffer_per_tp_rank(GRAPH, 8) / 4
+    expected = 10 * 1e8 / chunk * all_reduce_s(A100, chunk * 4, Group(8, 1))
+    assert _dp_comm(cache, config, fake_rank())[0] == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("precision, grad_bytes", [("bf16", 4), ("fp16", 2)])
@@ -104,7 +128,8 @@ def test_megatron_reduces_gradients_in_their_buffer_dtype(precision, grad_bytes)
     parameters' dtype): ZeRO-0's all-reduce moves 4 or 2 bytes a parameter."""
     cache = CostCache(GRAPH, A100, replace(WORK, precision=precision))
     config = ParallelConfig(dp=8, tp=8, pp=1, zero=0, micro_batch=1, num_microbatches=4)
-    expected = 10 * all_reduce_s(A100, 1e9 * grad_bytes / 10, Group(8, 1))
+    whole = buffer_per_tp_rank(GRAPH, 8)       # one call for the buffer, this workload not overlapping
+    expected = 10 * 1e8 / whole * all_reduce_s(A100, whole * grad_bytes, Group(8, 1))
     assert _dp_comm(cache, config, fake_rank())[0] == pytest.approx(expected)
 
 

@@ -132,6 +132,16 @@ class CostCache:
             out = self._totals[ctx] = (work, act, params, floor)
         return out
 
+    def buffer_params(self, ctx: Context) -> tuple[float, float]:
+        """Summed over every layer: (dense, routed experts') trainable parameters one rank holds (``LayerCost.params``,
+        of which ``expert_params``), whose gradients a runtime that reduces a whole buffer at once reduces."""
+        memo = self.__dict__.setdefault("_buffer_params", {})
+        if ctx not in memo:
+            costs = [(n, self.signature_cost(sig, ctx)) for sig, n in self.signature_counts.items()]
+            memo[ctx] = (sum(n * (c.params - c.expert_params) for n, c in costs),
+                         sum(n * c.expert_params for n, c in costs))
+        return memo[ctx]
+
     def wgrad_total(self, ctx: Context) -> float:
         """Summed over every layer: the weight-gradient seconds of one micro-batch (``LayerCost.wgrad_s``), which
         the split-backward schedules take out of the bubble (planner/search bounds them with it)."""
@@ -442,7 +452,7 @@ def dp_phases(cache: CostCache, config: ParallelConfig, params: float, expert: b
     tp-ep-dp-pp with expert tensor parallelism 1) instead of the dense dp x cp ranks spaced tp apart."""
     size, stride = (expert_shard(config, cache.workload.framework), config.ep) if expert else \
         (config.dp * config.cp, config.tp)
-    bucket = grad_bucket(cache, config)
+    bucket = grad_bucket(cache, config, expert)
     key = (size, stride, config.zero, params, frozen_bytes, bucket)
     out = cache._phases.get(key)
     if out is None:
@@ -450,13 +460,20 @@ def dp_phases(cache: CostCache, config: ParallelConfig, params: float, expert: b
     return out
 
 
-def grad_bucket(cache: CostCache, config: ParallelConfig) -> float | None:
+def grad_bucket(cache: CostCache, config: ParallelConfig, expert: bool = False) -> float | None:
     """Parameters per data-parallel collective where the runtime issues them in buckets at this ZeRO stage
-    (``Timing.grad_buckets``), else None (a layer's at once)."""
+    (``Timing.grad_buckets``), else None (a layer's at once). A runtime that reduces each model chunk's whole
+    gradient buffer in one call (``GradBuckets.whole_buffer``; Megatron-LM without --overlap-grad-reduce, its
+    buckets being for overlap only) has one bucket of a chunk's parameters: a rank's dense (or ``expert``) ones
+    over the pipeline's ``pp x vpp`` chunks, as if the stages were even, so that the closed form, the stage ILP
+    and the simulation price the same call."""
     w = cache.workload
     rule = RUNTIMES[w.framework].timing.grad_buckets
-    if rule is None or config.zero not in rule.zero_stages or (rule.overlapped_only and not w.overlap_grad_reduce):
+    if rule is None or config.zero not in rule.zero_stages:
         return None
+    if rule.whole_buffer or (rule.overlapped_only and not w.overlap_grad_reduce):
+        dense, experts = cache.buffer_params(cache.context(config))
+        return max((experts if expert else dense) / (config.pp * max(config.vpp, 1)), 1.0)
     return rule.size(config.dp, grad_comm_bytes_per_param(w.framework, w.precision, w.grad_reduce_in_bf16))
 
 
