@@ -426,6 +426,9 @@ _DEEPSPEED_RUNS = Combinations(
 # parameter swappers, stage_1_and_2.py has none), on GPUs (its async I/O moves pinned host buffers to the device)
 _DEEPSPEED_CUDA = replace(_DEEPSPEED_RUNS, finetune_modes=_LORA_AND_QLORA, nvme_offload_zero_stages=(3,))
 
+DEEPSPEED_BUCKETS = GradBuckets(elements=5e8, closes="before-exceeding", zero_stages=(0, 1, 2, 3),
+                                source="DeepSpeed config docs: reduce_bucket_size and allgather_bucket_size default 5e8")
+
 DEEPSPEED = Runtime(
     name="deepspeed",
     description="DeepSpeed ZeRO (Rajbhandari et al. 2020) and ZeRO-Offload (Ren et al. 2021)",
@@ -451,9 +454,7 @@ DEEPSPEED = Runtime(
     timing=Timing(params_gathered_every_microbatch=(3,), grads_reduced_every_microbatch=(2, 3),
                   overlaps_param_gather=False, pp_sends_tp_shards=False, sp_keeps_gathered_input=False,
                   param_offload_microbatch_copy_bytes=4.0,
-                  grad_buckets=GradBuckets(elements=5e8, closes="before-exceeding", zero_stages=(0, 1, 2, 3),
-                                           source="DeepSpeed config docs: reduce_bucket_size and "
-                                                  "allgather_bucket_size default 5e8")),
+                  grad_buckets=DEEPSPEED_BUCKETS),
 )
 
 # What a torchtitan job config expresses (torchtitan/config/configs.py and torchtitan/distributed/ at commit
@@ -508,7 +509,7 @@ DEEPSPEED_2021 = replace(
     runs={kind: replace(can, finetune_modes=("full",), nvme_offload_zero_stages=())
           for kind, can in DEEPSPEED.runs.items()},
     timing=replace(DEEPSPEED.timing, zero3_per_tensor=PerTensorFetch(
-        gather_loop_s=2.7e-6, reduce_bucket=5e8, max_reuse_distance=1e9,
+        gather_loop_s=2.7e-6, reduce_bucket=DEEPSPEED_BUCKETS.elements, max_reuse_distance=1e9,
         source="DeepSpeed v0.3.16 stage3.py (stage3_max_reuse_distance default 1e9, reduce_bucket_size 5e8) and "
                "partition_parameters.py; loop: python benchmarks/deepspeed_host_loop.py (2026-11-26)")))
 
