@@ -1,6 +1,7 @@
 """Causal attention's rate against its sequence length: the cuDNN kernels of real training steps on one H100.
 
-    python benchmarks/attention_shape.py [--runs benchmarks/results/gpu_runs.json ...] [--kernels K.kernels.json]
+    python benchmarks/attention_shape.py [--runs benchmarks/results/gpu_runs.json ...] [--profile h100-80g]
+                                         [--kernels K.kernels.json]
 
 A FlashAttention-style kernel walks one row of 128-query tiles at a time over the key tiles a query meets (causal:
 s / 2 keys on average, t = s / 256 tiles), and each row also pays a fixed cost (its queries loaded, its output
@@ -8,20 +9,24 @@ rescaled and written, in backward its dQ) worth ``c`` tiles of work. The rate is
 
     rate(s) = r * t / (t + c)
 
-and r, the rate on long sequences, a fraction of the dense peak. The cost model prices attention at one fraction
-of the peak whatever the length (planner/cost/compute.py ``flash_attention_s``, the profile's
-``attention_efficiency``: FlashAttention-2's 0.30 on H100), for every runtime; TransformerEngine, which
-Megatron-LM runs, calls cuDNN's kernels on Hopper instead. docs/cost-model.md (FP8 recipes) says what pricing
-Megatron-LM's attention with the r and c fitted here does to the published runs, and why it is not done yet.
+and r, the rate on long sequences, a fraction of the dense peak. The script fits it two ways:
+
+- one r for each head dimension (c shared): least squared relative error, r in closed form;
+- the mechanism the cost model prices (planner/cost/compute.py ``fused_attention_s``): per score element the
+  kernel's matmuls at one rate on the head dimension padded to a multiple of 64, plus one exponential forward and
+  one backward at the profile's special-function rate (``sfu_Tops``), stretched by (t + c) / t; the matmul rate and
+  c on grids. Then what attention dropout adds a score element, forward and backward, over the runs with dropout
+  against that mechanism without it.
+
+The profile's ``fused_attention_*`` fields (h100-80g.toml, h200.toml) are the mechanism's numbers; Megatron-LM is
+priced with them on Hopper, where TransformerEngine runs cuDNN's fused kernel (planner/runtimes.py
+``attention_kernel``; docs/cost-model.md, FP8 recipes, says what it did to the published runs).
 
 The evidence: the kernel traces of meshplan's executor on one H100 SXM (``python benchmarks/gpu_validate.py
 --measure``: benchmarks/results/gpu_runs.json, gpu_holdout_runs.json), whose attention ran cuDNN's sm90 flash
 kernels (``cudnn_generated_fort_native_sdpa_sm90_flash_fprop`` / ``bprop``): each row's forward and backward
 kernel time over the calls it counts, against the causal FLOPs of one call (4 b h s^2 d / 2, backward 2.5x).
-Rows with attention dropout are left out (their kernels draw random numbers besides). The script fits r and c
-(least squared relative error: c on a grid and shared, r in closed form for each head dimension: the profile's
-rate is the head dimension 128 one, the published models') over the forward + backward rate of each row and
-prints measured against fitted.
+Rows with attention dropout are left out of both fits and give the dropout cost.
 
 ``--kernels`` also prints the SDPA calls ``meshplan profile`` timed one at a time (executor/profile/kernels.py
 ``attention_backends``), which are not used: their forwards agree with the training steps', but their backwards
@@ -37,17 +42,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-QUERY_TILE = 128        # query rows per tile: FlashAttention-2's Br for head dims 64 and 128 (Dao 2023, FlashAttention-2,
-                        # Sec 3.3); cuDNN's sm90 flash kernels also tile 128 query rows (their names: 64x128x..., 4 warps)
+sys.path.insert(0, str(ROOT))
+from planner.cost.compute import attention_row_share, fused_attention_element_s  # noqa: E402
 RUNS = ("benchmarks/results/gpu_runs.json", "benchmarks/results/gpu_holdout_runs.json")
 ROW_TILES = tuple(x / 10 for x in range(0, 401))      # the grid of c
-
-
-def attention_shape_factor(keys_per_query: float, row_tiles: float) -> float:
-    """t / (t + c): the share of the kernel's time on useful tiles, t = ``keys_per_query`` / QUERY_TILE key tiles a row
-    of query tiles walks, c = ``row_tiles`` the fixed cost of the row."""
-    t = keys_per_query / QUERY_TILE
-    return t / (t + row_tiles) if row_tiles > 0 else 1.0
 
 
 def _config(mc: dict) -> tuple[int, int, float]:
@@ -58,9 +56,9 @@ def _config(mc: dict) -> tuple[int, int, float]:
     return heads, head_dim, float(mc.get("attn_pdrop", mc.get("attention_dropout", 0.0)) or 0.0)
 
 
-def trace_points(paths) -> list[dict]:
-    """One point per training run whose trace holds cuDNN's forward and backward flash kernels: its shape, and the
-    forward, backward and combined (3.5 x forward FLOPs over both) rates of one call."""
+def traced_calls(paths) -> list[dict]:
+    """One entry per training run whose trace holds cuDNN's forward and backward flash kernels: its shape, its
+    attention dropout, the score elements of one call and its forward and backward kernel seconds per call."""
     out = []
     for path in paths:
         for r in json.loads(Path(path).read_text())["rows"]:
@@ -68,27 +66,38 @@ def trace_points(paths) -> list[dict]:
             kernels = (r.get("kernels") or {}).get("kernels") or []
             fwd = [k for k in kernels if "sdpa" in k["name"] and "fprop" in k["name"]]
             bwd = [k for k in kernels if "sdpa" in k["name"] and "bprop" in k["name"]]
-            if dropout or not fwd or not bwd:
+            if not fwd or not bwd:
                 continue
             b, s = r["micro_batch"], r["seq_len"]
-            flops = 4.0 * b * heads * s * s * d / 2
-            f_s = sum(k["s"] for k in fwd) / sum(k["count"] for k in fwd)
-            b_s = sum(k["s"] for k in bwd) / sum(k["count"] for k in bwd)
-            out.append({"name": r["name"], "batch": b, "heads": heads, "seq": s, "head_dim": d,
-                        "fwd": flops / f_s / 1e12, "bwd": 2.5 * flops / b_s / 1e12,
-                        "both": 3.5 * flops / (f_s + b_s) / 1e12})
+            out.append({"name": r["name"], "batch": b, "heads": heads, "seq": s, "head_dim": d, "dropout": dropout,
+                        "elements": b * heads * s * s / 2,
+                        "fwd_s": sum(k["s"] for k in fwd) / sum(k["count"] for k in fwd),
+                        "bwd_s": sum(k["s"] for k in bwd) / sum(k["count"] for k in bwd)})
+    return out
+
+
+def trace_points(paths) -> list[dict]:
+    """The runs without attention dropout, each with the forward, backward and combined (3.5 x forward FLOPs over
+    both) rates of one call in TFLOP/s."""
+    out = []
+    for c in traced_calls(paths):
+        if c["dropout"]:
+            continue
+        flops = 4.0 * c["elements"] * c["head_dim"]
+        out.append({**c, "fwd": flops / c["fwd_s"] / 1e12, "bwd": 2.5 * flops / c["bwd_s"] / 1e12,
+                    "both": 3.5 * flops / (c["fwd_s"] + c["bwd_s"]) / 1e12})
     return out
 
 
 def fit(groups: dict[int, list[tuple[float, float]]]) -> tuple[float, dict[int, float], float]:
-    """(c, {group: r}, rms relative residual) of r * attention_shape_factor(keys, c) through each group's (keys per
+    """(c, {group: r}, rms relative residual) of r * attention_row_share(keys, c) through each group's (keys per
     query, rate) points, c shared by the groups (head dimensions), r each its own: with u = f / y the relative
     residual r u - 1 is least at r = sum(u) / sum(u^2)."""
     best = None
     for c in ROW_TILES:
         rates, sq, n = {}, 0.0, 0
         for key, points in groups.items():
-            u = [attention_shape_factor(keys, c) / y for keys, y in points]
+            u = [attention_row_share(keys, c) / y for keys, y in points]
             rates[key] = sum(u) / sum(x * x for x in u)
             sq += sum((rates[key] * x - 1) ** 2 for x in u)
             n += len(u)
@@ -98,12 +107,59 @@ def fit(groups: dict[int, list[tuple[float, float]]]) -> tuple[float, dict[int, 
     return best
 
 
+def mechanism_rate(point: dict, matmul_rate: float, row_tiles: float, sfu_rate: float) -> float:
+    """TFLOP/s (forward + backward, causal FLOPs, backward 2.5x) the mechanism gives a run of ``point``'s shape."""
+    f, b = fused_attention_element_s(point["head_dim"], matmul_rate, sfu_rate)
+    return 14.0 * point["head_dim"] / (f + b) * attention_row_share(point["seq"] / 2, row_tiles) / 1e12
+
+
+def fit_mechanism(points: list[dict], sfu_rate: float) -> tuple[float, float, float]:
+    """(matmul rate, c, rms relative residual) of ``mechanism_rate`` through every run, whatever its head dimension:
+    c on ROW_TILES, the matmul rate on a grid of 1 TFLOP/s."""
+    best = None
+    for c in ROW_TILES:
+        for tf in range(200, 2001):
+            res = [mechanism_rate(p, tf * 1e12, c, sfu_rate) / p["both"] - 1 for p in points]
+            rms = math.sqrt(sum(r * r for r in res) / len(res))
+            if best is None or rms < best[2] - 1e-12:
+                best = (tf * 1e12, c, rms)
+    return best
+
+
+def dropout_cost(points: list[dict], matmul_rate: float, row_tiles: float, sfu_rate: float) -> tuple[float, float]:
+    """(forward, backward) seconds per score element that attention dropout adds to the ``traced_calls`` with it (the
+    kernel draws a random number per element, and backward draws it again to rebuild the mask): each run's kernel
+    time over what the mechanism prices without dropout, pooled over the runs' elements (least squares through the
+    origin, weighted as the elements are)."""
+    extra_f = extra_b = elements = 0.0
+    for p in points:
+        f, b = fused_attention_element_s(p["head_dim"], matmul_rate, sfu_rate)
+        stretch = 1.0 / attention_row_share(p["seq"] / 2, row_tiles)
+        extra_f += p["fwd_s"] - p["elements"] * f * stretch
+        extra_b += p["bwd_s"] - p["elements"] * b * stretch
+        elements += p["elements"]
+    return extra_f / elements, extra_b / elements
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", nargs="+", default=[str(ROOT / p) for p in RUNS])
     parser.add_argument("--kernels", type=Path, help="also print a kernels.json's one-call SDPA timings")
-    parser.add_argument("--peak", type=float, default=989.4, help="dense bf16 TFLOP/s (default H100 SXM's)")
+    parser.add_argument("--profile", default="h100-80g",
+                        help="the cluster profile whose dense bf16 peak and special-function rate (sfu_Tops) the fits use "
+                             "(default h100-80g; h200 for the H200's runs)")
     args = parser.parse_args()
+    from planner.cluster import load_cluster
+    from planner.errors import UserError
+    try:
+        device = load_cluster(args.profile, 1).device
+    except UserError as e:
+        print(f"attention_shape: {e}", file=sys.stderr)
+        return 2
+    peak, sfu = device.peak("bf16") / 1e12, device.sfu_ops_per_s
+    if not sfu:
+        print(f"attention_shape: profile {args.profile} has no [gpu] sfu_Tops", file=sys.stderr)
+        return 2
     try:
         points = trace_points(args.runs)
     except (OSError, json.JSONDecodeError, KeyError) as e:
@@ -119,15 +175,30 @@ def main() -> int:
     print("cuDNN flash kernels in training steps (TFLOP/s of one call; causal FLOPs, backward 2.5x):")
     print(f"{'run':<28} {'b':>2} {'h':>3} {'d':>4} {'seq':>5}  {'fwd':>5} {'bwd':>5} {'both':>5}  {'fitted':>6}  err")
     for p in sorted(points, key=lambda p: (p["seq"], p["head_dim"], p["name"])):
-        y = rates[p["head_dim"]] * attention_shape_factor(p["seq"] / 2, c)
+        y = rates[p["head_dim"]] * attention_row_share(p["seq"] / 2, c)
         print(f"{p['name']:<28} {p['batch']:>2} {p['heads']:>3} {p['head_dim']:>4} {p['seq']:>5}  {p['fwd']:>5.0f} "
               f"{p['bwd']:>5.0f} {p['both']:>5.0f}  {y:>6.0f}  {100 * (y / p['both'] - 1):+5.1f}%")
     print(f"fit: c = {c:.1f} tiles a row (rms {100 * rms:.1f}% over {len(points)} runs); at 2048 tokens "
-          f"{attention_shape_factor(1024, c):.2f} of r, at 4096 {attention_shape_factor(2048, c):.2f}, at 8192 "
-          f"{attention_shape_factor(4096, c):.2f}")
+          f"{attention_row_share(1024, c):.2f} of r, at 4096 {attention_row_share(2048, c):.2f}, at 8192 "
+          f"{attention_row_share(4096, c):.2f}")
     for d, r in sorted(rates.items()):
-        print(f"  head dim {d:>3}: r = {r:.0f} TFLOP/s = {r / args.peak:.3f} of the dense peak "
+        print(f"  head dim {d:>3}: r = {r:.0f} TFLOP/s = {r / peak:.3f} of the dense peak "
               f"({len(groups[d])} runs)")
+    matmul, c2, rms2 = fit_mechanism(points, sfu)
+    print(f"\nthe mechanism (one rate for the matmuls of every head dimension, one exponential per score element forward "
+          f"and backward at the SFUs' {sfu / 1e12:.2f} T/s):")
+    for p in sorted(points, key=lambda p: (p["seq"], p["head_dim"], p["name"])):
+        y = mechanism_rate(p, matmul, c2, sfu)
+        print(f"  {p['name']:<28} d{p['head_dim']:<4} s{p['seq']:<5} {p['both']:>5.0f}  {y:>5.0f}  "
+              f"{100 * (y / p['both'] - 1):+5.1f}%")
+    print(f"fit: matmuls at {matmul / 1e12:.0f} TFLOP/s = {matmul / 1e12 / peak:.3f} of the dense peak, "
+          f"c = {c2:.1f} tiles a row (rms {100 * rms2:.1f}% over {len(points)} runs)")
+    dropped = [c for c in traced_calls(args.runs) if c["dropout"]]
+    if dropped:
+        e_f, e_b = dropout_cost(dropped, matmul, c2, sfu)
+        print(f"attention dropout adds {e_f * 1e12:.2f} ps forward and {e_b * 1e12:.2f} ps backward a score element "
+              f"({len(dropped)} runs: " + ", ".join(
+                  f"{p['name']} {p['fwd_s'] * 1e3:.3f} + {p['bwd_s'] * 1e3:.3f} ms a call" for p in dropped) + ")")
     if args.kernels:
         rows = json.loads(args.kernels.read_text()).get("device", {}).get("kernels", {}).get("attention") or []
         print(f"\none call at a time ({args.kernels.name}; not fitted):")

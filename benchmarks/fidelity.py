@@ -57,8 +57,10 @@ def case_model(case: dict) -> ModelSpec:
                      seq_len=m["seq_len"], max_positions=m["seq_len"], mlp="gelu", norm="layernorm",
                      linear_bias=True, qkv_bias=False,
                      # NAR21: tied embeddings (the source says so); MLM24: the parameter labels
-                     # (e.g. 1.7B for 24 x 2048 with V = 131072) need untied embeddings
-                     tied_embeddings=nar, dropout=nar, source=case["source"].get("paper", case["source"].get("repo", "")))
+                     # (e.g. 1.7B for 24 x 2048 with V = 131072) need untied embeddings. Dropout: NAR21's 0.1; MLM24
+                     # publishes none, so Megatron-LM's defaults (--attention-dropout and --hidden-dropout 0.1,
+                     # megatron/training/arguments.py at 937571cfd4, the README's commit)
+                     tied_embeddings=nar, dropout=True, source=case["source"].get("paper", case["source"].get("repo", "")))
 
 
 def case_config_json(case: dict) -> dict:

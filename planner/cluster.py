@@ -48,6 +48,12 @@ class Device:
     gemm_unaligned_efficiency: float = 1.0  # rate of a GEMM with a dimension not a multiple of 8 elements,
                                           # against an aligned one (the library falls back to align-1 kernels)
     attention_latency_s: float = 0.0      # fixed time of one attention kernel call (forward + backward)
+    sfu_ops_per_s: float = 0.0            # special-function results (exp2) per second: softmax's exponentials
+    fused_attention_efficiency: float = 0.0   # cuDNN's fused flash kernels (TransformerEngine's FusedAttention): their
+                                          # matmuls' rate, a fraction of the dense peak; 0: not characterised
+    fused_attention_row_tiles: float = 0.0    # their fixed work a row of 128 query tiles, in key tiles
+    fused_attention_dropout_s: tuple[float, float] = (0.0, 0.0)   # (forward, backward) seconds attention dropout
+                                          # adds a score element in them
     eager_bytes_per_s: tuple[tuple[str, float], ...] = ()   # achieved bandwidth of eager elementwise
                                           # kernels by class (planner.eager_bytes.CLASSES); absent: HBM rate
     kernel_gap_s: float = 0.0             # GPU time between two queued kernels (issue gap)
@@ -222,6 +228,8 @@ def _time_shared(device: Device, k: float) -> Device:
                    eager_bytes_per_s=tuple((c, b * k) for c, b in device.eager_bytes_per_s),
                    gemm_latency_s=device.gemm_latency_s / k, gemm_wave_latency_s=device.gemm_wave_latency_s / k,
                    attention_latency_s=device.attention_latency_s / k, kernel_gap_s=device.kernel_gap_s / k,
+                   sfu_ops_per_s=device.sfu_ops_per_s * k,
+                   fused_attention_dropout_s=tuple(t / k for t in device.fused_attention_dropout_s),
                    optimizer_bytes_per_s=device.optimizer_bytes_per_s * k,
                    strided_reduce_bytes_per_s=device.strided_reduce_bytes_per_s * k,
                    tp_block_overhead_s=tuple(t / k for t in device.tp_block_overhead_s))
@@ -417,6 +425,31 @@ class _Table:
         return value
 
 
+def _fused_attention(gpu: "_Table", kernels: "_Table", source) -> dict:
+    """The Device fields of cuDNN's fused flash kernels: ``[gpu] sfu_Tops`` and ``[gpu.kernels]
+    fused_attention_efficiency``, ``fused_attention_row_tiles`` and ``fused_attention_dropout_ps`` ([forward,
+    backward] picoseconds a score element), all or none of the last three (a profile without them prices every
+    flash kernel at ``attention_efficiency``)."""
+    keys = ("fused_attention_efficiency", "fused_attention_row_tiles", "fused_attention_dropout_ps")
+    given = [k for k in keys if k in kernels.data]
+    if not given:
+        return {}
+    if len(given) < len(keys):
+        missing = next(k for k in keys if k not in kernels.data)
+        raise UserError(f"missing (required with {given[0]})", source=source, field=f"gpu.kernels.{missing}")
+    if "sfu_Tops" not in gpu.data:
+        raise UserError(f"missing (required with gpu.kernels.{given[0]})", source=source, field="gpu.sfu_Tops")
+    dropout = kernels.data["fused_attention_dropout_ps"]
+    if not (isinstance(dropout, list) and len(dropout) == 2 and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in dropout)):
+        raise UserError(f"must be [forward, backward] picoseconds (two numbers >= 0), got {dropout!r}", source=source,
+                        field="gpu.kernels.fused_attention_dropout_ps")
+    return {"sfu_ops_per_s": gpu.number("sfu_Tops") * 1e12,
+            "fused_attention_efficiency": kernels.fraction("fused_attention_efficiency"),
+            "fused_attention_row_tiles": kernels.number("fused_attention_row_tiles", allow_zero=True),
+            "fused_attention_dropout_s": (dropout[0] * 1e-12, dropout[1] * 1e-12)}
+
+
 FUSED_KERNELS = ("rmsnorm", "layernorm")
 
 
@@ -527,6 +560,7 @@ def parse_cluster(data: dict, source: str) -> Cluster:
         gemm_unaligned_efficiency=kernels.fraction("gemm_unaligned_efficiency")
         if "gemm_unaligned_efficiency" in kernels.data else 1.0,
         attention_latency_s=kernels.number("attention_latency_us", allow_zero=True, default=0.0) * 1e-6,
+        **_fused_attention(gpu, kernels, source),
         eager_bytes_per_s=_eager_bandwidths(kernels, source),
         kernel_gap_s=kernels.number("kernel_gap_us", allow_zero=True, default=0.0) * 1e-6,
         optimizer_bytes_per_s=kernels.number("optimizer_GBps", allow_zero=True, default=0.0) * 1e9,

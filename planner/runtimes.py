@@ -227,6 +227,12 @@ class Runtime:
     priced_as: str = ""
     # ^ the runtime whose mechanisms (eager kernels, host time, FSDP2's collectives) price this one's steps,
     #   where it runs the same code as another and only expresses less of it; empty: its own
+    attention_kernel: Literal["flash", "fused"] = "flash"
+    # ^ the kernel ``--attention flash`` runs: a FlashAttention-2-class kernel (the profile's attention_efficiency), or
+    #   cuDNN's fused flash kernel where the profile characterises it (planner/cost/compute.py ``fused_attention_s``):
+    #   TransformerEngine's DotProductAttention prefers its FusedAttention (cuDNN) to FlashAttention on Hopper and later
+    #   (v1.7 attention.py "Select FusedAttention on sm90"; v2.9 attention/dot_product_attention/utils.py
+    #   get_attention_backend, "FusedAttention preference on Hopper+")
 
     def layout(self, precision: str, grads_16bit: bool = False) -> StateLayout:
         """The state layout at ``precision``; ``grads_16bit``: gradients accumulated and reduced in the 16-bit
@@ -405,6 +411,7 @@ MEGATRON = Runtime(
     timing=Timing(params_gathered_every_microbatch=(3,), grads_reduced_every_microbatch=(2, 3),
                   overlaps_param_gather=True, pp_sends_tp_shards=True, sp_keeps_gathered_input=False,
                   fuses_swiglu=True, grad_buckets=MEGATRON_BUCKETS),
+    attention_kernel="fused",
 )
 
 # What a DeepSpeed config and its engine express (deepspeed/runtime/config.py's keys; deepspeed.pipe): ZeRO 0-3
@@ -529,7 +536,8 @@ MEGATRON_2021 = replace(
     #   Megatron-FSDP (2025)
     # ^ and no buckets: its local DDP all-reduces each model chunk's contiguous gradient buffer in one call
     #   (MEGATRON_2021_BUFFER)
-    timing=replace(MEGATRON.timing, pp_sends_block=True, grad_buckets=MEGATRON_2021_BUFFER))
+    timing=replace(MEGATRON.timing, pp_sends_block=True, grad_buckets=MEGATRON_2021_BUFFER),
+    attention_kernel="flash")   # ^ nor TransformerEngine (2022): no fused cuDNN attention
 
 RUNTIMES: dict[str, Runtime] = {r.name: r for r in (TORCH, MEGATRON, DEEPSPEED, TORCHTITAN, DEEPSPEED_2021,
                                                     MEGATRON_2021)}

@@ -5,6 +5,7 @@ import pytest
 
 from planner.cluster import load_cluster
 from planner.config import ParallelConfig, Workload
+from planner.cost.compute import flash_attention_s
 from planner.cost.layer import Context, layer_cost
 from planner.cost.step import ADAM_BYTES_PER_PARAM, CostCache, RankCost, _dp_comm, _optimizer_s, rank_costs
 from planner.layers import build_layer_graph
@@ -383,3 +384,19 @@ def test_deepspeed_zero3_reduces_in_buckets_but_gathers_a_layer_at_a_time():
     ds = CostCache(GRAPH, A100, replace(WORK, framework="deepspeed", precision="fp16", overlap_grad_reduce=True))
     layer = 3 * reduce_scatter_s(A100, 4e8 * 2, grp) + 2 * all_gather_s(A100, 1.2e9 * 2, grp)
     assert _dp_comm(ds, config, fake_rank(params=1.2e10))[0] == pytest.approx(4 * 10 * layer)
+
+
+def test_megatron_prices_attention_at_cudnns_fused_kernel_where_the_profile_characterises_it():
+    """TransformerEngine runs cuDNN's fused flash kernel on Hopper (planner/runtimes.py attention_kernel): the same
+    block under Megatron-LM and under Megatron-LM of 2021 (no TransformerEngine) differs by the attention kernel alone;
+    on an A100 profile, which does not characterise cuDNN's kernels, not at all."""
+    h100 = load_cluster("h100-80g", 8)
+    assert SPEC.dropout                     # GPT-7.5B as Megatron-LM trains it: attention dropout 0.1
+    args = (2, 32, 2048, 2048, 128, h100.device, "bf16")
+    fused = flash_attention_s(*args, fused=True, dropout=True)
+    plain = flash_attention_s(*args)
+    now, then = (layer_cost(BLOCK, ctx(tp=1, framework=f), h100) for f in ("megatron", "megatron-2021"))
+    assert then.fwd_s - now.fwd_s == pytest.approx(plain[0] - fused[0], rel=1e-9)
+    assert then.bwd_s - now.bwd_s == pytest.approx(plain[1] - fused[1], rel=1e-9)
+    now, then = (layer_cost(BLOCK, ctx(tp=1, framework=f), A100) for f in ("megatron", "megatron-2021"))
+    assert (now.fwd_s, now.bwd_s) == (then.fwd_s, then.bwd_s)

@@ -92,3 +92,61 @@ def test_unfused_attention_pays_for_the_scores():
     assert fwd > 2 * gemm * 0.99
     assert fwd - gemm - gemm_s(2048, 128, 2048, A100, "fp16", 16) == pytest.approx(
         scores * 9 / (2039e9 * 0.9))
+
+
+H100 = load_cluster("h100-80g").device        # 989.4 TFLOP/s bf16; cuDNN's fused flash kernels: matmuls at 0.682
+                                              # of it, 3.0 key tiles a row, exp2 at 3.865 T/s, dropout 0.91/0.90 ps
+
+
+def test_fused_attention_is_matmuls_exponentials_and_the_rows_fixed_work():
+    # one head, 4096 causal tokens at head dim 128: 4096^2 / 2 score elements; a query meets 2048 keys on average,
+    # 16 key tiles of 128, and each row of query tiles pays 3 more
+    elements = 4096 * 4096 / 2
+    matmul, exp = 0.682 * 989.4e12, 3.865e12
+    stretch = (16 + 3.0) / 16
+    fwd, bwd = flash_attention_s(1, 1, 4096, 4096, 128, H100, "bf16", fused=True)
+    assert fwd == pytest.approx(elements * (4 * 128 / matmul + 1 / exp) * stretch, rel=1e-12)
+    assert bwd == pytest.approx(elements * (10 * 128 / matmul + 1 / exp) * stretch, rel=1e-12)
+    # dropout: a random number drawn per score element forward and again backward
+    fwd_d, bwd_d = flash_attention_s(1, 1, 4096, 4096, 128, H100, "bf16", fused=True, dropout=True)
+    assert fwd_d - fwd == pytest.approx(elements * 0.91e-12, rel=1e-9)
+    assert bwd_d - bwd == pytest.approx(elements * 0.90e-12, rel=1e-9)
+
+
+def test_fused_attention_pads_the_head_dimension_and_needs_the_profiles_numbers():
+    # head dim 96 runs the 128 kernels (cuDNN tiles the head dimension by 64): the time of 128, 3/4 of its FLOPs
+    assert flash_attention_s(2, 8, 2048, 2048, 96, H100, "bf16", fused=True) == pytest.approx(
+        flash_attention_s(2, 8, 2048, 2048, 128, H100, "bf16", fused=True), rel=1e-12)
+    # short sequences pay the rows' fixed work: at 1024 tokens a query meets 4 key tiles, (4 + 3) / 4 of the work
+    per_element = flash_attention_s(1, 1, 1024, 1024, 64, H100, "bf16", fused=True)[0] / (1024 * 1024 / 2)
+    assert per_element == pytest.approx((4 * 64 / (0.682 * 989.4e12) + 1 / 3.865e12) * 7 / 4, rel=1e-12)
+    # a profile that does not characterise cuDNN's kernels (A100's) prices them at attention_efficiency
+    assert flash_attention_s(1, 32, 4096, 4096, 128, A100, "bf16", fused=True) == flash_attention_s(
+        1, 32, 4096, 4096, 128, A100, "bf16")
+
+
+def test_the_profile_reads_cudnns_fused_kernels_all_or_none_and_says_which_field_is_wrong():
+    import tomllib
+    from pathlib import Path
+
+    from planner.cluster import parse_cluster
+    from planner.errors import UserError
+
+    text = (Path(__file__).resolve().parents[1] / "profiles" / "h100-80g.toml").read_text()
+    assert parse_cluster(tomllib.loads(text), "h100-80g.toml").device.fused_attention_row_tiles == 3.0
+    for old, new, field in (
+            ("fused_attention_row_tiles = 3.0", "", "gpu.kernels.fused_attention_row_tiles"),
+            ("fused_attention_dropout_ps = [0.91, 0.90]", "fused_attention_dropout_ps = [0.91]",
+             "gpu.kernels.fused_attention_dropout_ps"),
+            ("fused_attention_efficiency = 0.682", "fused_attention_efficiency = 1.5",
+             "gpu.kernels.fused_attention_efficiency"),
+            ("sfu_Tops = 3.865", "", "gpu.sfu_Tops")):
+        assert old in text
+        with pytest.raises(UserError) as err:
+            parse_cluster(tomllib.loads(text.replace(old, new)), "p.toml")
+        assert err.value.field == field
+    # none of them: every flash kernel at attention_efficiency
+    bare = text
+    for key in ("fused_attention_efficiency", "fused_attention_row_tiles", "fused_attention_dropout_ps"):
+        bare = "\n".join(line for line in bare.splitlines() if not line.startswith(key))
+    assert parse_cluster(tomllib.loads(bare), "p.toml").device.fused_attention_efficiency == 0.0

@@ -245,7 +245,7 @@ def public_case(row):
     nar = name.startswith("NAR21")
     spec = ModelSpec(name=name, num_layers=layers, hidden=h, num_heads=heads, num_kv_heads=heads, head_dim=h // heads,
                      ffn_hidden=4 * h, vocab_size=vocab, seq_len=seq, max_positions=seq, mlp="gelu", norm="layernorm",
-                     linear_bias=True, qkv_bias=False, tied_embeddings=nar, dropout=nar)
+                     linear_bias=True, qkv_bias=False, tied_embeddings=nar, dropout=True)   # MLM24: Megatron-LM's defaults
     if nar:   # Megatron-LM of 2021: fp16, full recompute, unfused attention, all-reduce after backward, blocking sends
         work = Workload(global_batch=batch, seq_len=seq, precision="fp16", framework="megatron-2021", attention="unfused",
                         overlap_grad_reduce=False)

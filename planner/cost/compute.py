@@ -90,16 +90,65 @@ def memory_bound_s(nbytes: float, device: Device) -> float:
 
 
 def flash_attention_s(batch: float, heads: float, q_len: float, kv_len: float, head_dim: int, device: Device,
-                      precision: str, *, causal: bool = True, window: int = 0) -> tuple[float, float]:
+                      precision: str, *, causal: bool = True, window: int = 0, fused: bool = False,
+                      dropout: bool = False) -> tuple[float, float]:
     """(forward, backward) of a FlashAttention-style kernel.
 
     Backward does 2.5x the forward's matmul FLOPs (5 matmuls against 2, the
-    scores recomputed): Dao 2023, FlashAttention-2, Sec 3.2.
+    scores recomputed): Dao 2023, FlashAttention-2, Sec 3.2. ``fused``: cuDNN's fused
+    flash kernel where the profile characterises it (``fused_attention_s``), with
+    attention ``dropout`` or without; else one rate, the profile's attention_efficiency
+    (dropout not priced).
     """
     flops = attention_flops(batch, heads, q_len, kv_len, head_dim, causal=causal, window=window)
-    rate = device.peak(precision) * device.attention_efficiency
     latency = device.attention_latency_s          # one call, split as the work is (1 : 2.5)
-    return flops / rate + latency / 3.5, 2.5 * flops / rate + 2.5 * latency / 3.5
+    if fused and device.fused_attention_efficiency:
+        fwd, bwd = fused_attention_s(flops, batch * heads * q_len, head_dim, device, precision, dropout=dropout)
+    else:
+        rate = device.peak(precision) * device.attention_efficiency
+        fwd, bwd = flops / rate, 2.5 * flops / rate
+    return fwd + latency / 3.5, bwd + 2.5 * latency / 3.5
+
+
+QUERY_TILE = 128        # query rows a tile of a flash kernel: FlashAttention-2's Br at head dims 64 and 128 (Dao 2023,
+                        # Sec 3.3); cuDNN's sm90 flash kernels too (their names: 64x128x..., 4 warps)
+HEAD_DIM_TILE = 64      # cuDNN's sm90 flash kernels tile the head dimension by 64 (their names: ...x64 at head dim 64,
+                        # ...x128 at 128, and at 96 too: gpt3-760m's runs in benchmarks/results/gpu_holdout_runs.json)
+
+
+def attention_row_share(keys_per_query: float, row_tiles: float) -> float:
+    """t / (t + c): the share of a flash kernel's time on useful tiles, when each row of query tiles walks t =
+    ``keys_per_query`` / QUERY_TILE key tiles and pays a fixed cost worth c = ``row_tiles`` of them (its queries loaded,
+    its output rescaled and written, in backward its dQ)."""
+    t = keys_per_query / QUERY_TILE
+    return t / (t + row_tiles) if row_tiles > 0 else 1.0
+
+
+def fused_attention_element_s(head_dim: float, matmul_rate: float, sfu_rate: float) -> tuple[float, float]:
+    """(forward, backward) seconds per score element (one query against one key it meets) of a flash kernel on long
+    sequences: its matmuls, 2 d FLOPs each of the forward's two (QK^T, PV) and the backward's five (S and dP
+    recomputed, dV, dQ, dK), at ``matmul_rate`` on the head dimension padded to HEAD_DIM_TILE, and one exponential each
+    (the forward's softmax, the backward's P recomputed) on the special-function units at ``sfu_rate`` (Shah et al.
+    2024, FlashAttention-3, Sec 3: the exponentials run on the SFUs, at a small fraction of the tensor cores' rate)."""
+    d = HEAD_DIM_TILE * math.ceil(head_dim / HEAD_DIM_TILE)
+    return 4.0 * d / matmul_rate + 1.0 / sfu_rate, 10.0 * d / matmul_rate + 1.0 / sfu_rate
+
+
+def fused_attention_s(flops: float, queries: float, head_dim: int, device: Device, precision: str, *,
+                      dropout: bool) -> tuple[float, float]:
+    """(forward, backward) of cuDNN's fused flash kernel over the score elements of ``flops`` forward FLOPs
+    (4 d each) of ``queries`` queries: ``fused_attention_element_s`` at the profile's matmul rate, stretched by the rows'
+    fixed work (``attention_row_share``), plus what dropout adds a score element (a random number drawn forward and
+    again backward). The profile's numbers are fitted by benchmarks/attention_shape.py from the kernels of training
+    steps."""
+    elements = flops / (4.0 * head_dim)
+    if elements <= 0:
+        return 0.0, 0.0
+    f, b = fused_attention_element_s(head_dim, device.peak(precision) * device.fused_attention_efficiency,
+                                     device.sfu_ops_per_s)
+    stretch = 1.0 / attention_row_share(elements / queries, device.fused_attention_row_tiles)
+    extra_f, extra_b = device.fused_attention_dropout_s if dropout else (0.0, 0.0)
+    return elements * (f * stretch + extra_f), elements * (b * stretch + extra_b)
 
 
 def unfused_attention_s(batch: float, heads: float, q_len: float, kv_len: float, head_dim: int, device: Device,

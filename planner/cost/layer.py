@@ -302,7 +302,8 @@ def _attention(op: Op, ctx: Context, cluster: Cluster) -> tuple[float, float, fl
     q_len, kv_len, b = ctx.seq_len / ctx.cp, ctx.seq_len, ctx.micro_batch
     if ctx.attention == "flash":
         fwd, bwd = flash_attention_s(b, heads, q_len, kv_len, op.head_dim, dev, prec, causal=op.causal,
-                                     window=op.window)
+                                     window=op.window, fused=RUNTIMES[ctx.framework].attention_kernel == "fused",
+                                     dropout=op.attn_dropout)
         kept = 4.0 * heads * ctx.tokens                       # fp32 log-sum-exp per head and query
     else:
         fwd, bwd = unfused_attention_s(b, heads, q_len, kv_len, op.head_dim, dev, prec, dropout=op.attn_dropout)

@@ -18,6 +18,7 @@ from ..fingerprint import cluster_fingerprint, model_fingerprint
 from ..layers import LayerGraph
 from ..model import ModelSpec
 from ..placement import recompute_per_layer, stage_modules
+from ..runtimes import RUNTIMES
 from ..plan import Alternative, Fingerprints, Plan, SearchStats
 from .result import Choice, SearchResult, mechanisms, memory_left
 from .tp_dataflow import block_graph
@@ -85,7 +86,8 @@ def block_shardings(graph: LayerGraph, config: ParallelConfig, cluster: Cluster,
     ctx = Context(tp=config.tp, tokens=config.micro_batch * workload.seq_len / config.cp,
                   micro_batch=config.micro_batch, seq_len=workload.seq_len // config.cp,
                   precision=workload.precision, attention=workload.attention,
-                  sequence_parallel=config.sequence_parallel)
+                  sequence_parallel=config.sequence_parallel,
+                  attention_kernel=RUNTIMES[workload.framework].attention_kernel)
     out = {}
     for layer in graph.layers:
         if layer.is_block and layer.signature not in out:

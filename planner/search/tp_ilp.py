@@ -73,6 +73,7 @@ class Context:
     attention: str            # "flash" | "unfused"
     sequence_parallel: bool   # the block boundary is S (Megatron's sequence parallelism) instead of R:
                               # decided by the global search, which sees activation memory too
+    attention_kernel: str = "flash"   # the runtime's (planner/runtimes.py Runtime.attention_kernel)
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,8 @@ def compute_s(op: Op, strategy: str, ctx: Context, cluster: Cluster) -> float:
         heads = op.heads / (t if strategy == "heads" else 1)
         if ctx.attention == "flash":
             f, b = flash_attention_s(ctx.micro_batch, heads, ctx.seq_len, ctx.seq_len, op.head_dim, dev, prec,
-                                     causal=op.causal, window=op.window)
+                                     causal=op.causal, window=op.window,
+                                     fused=ctx.attention_kernel == "fused", dropout=op.attn_dropout)
         else:
             f, b = unfused_attention_s(ctx.micro_batch, heads, ctx.seq_len, ctx.seq_len, op.head_dim, dev, prec,
                                        dropout=op.attn_dropout)
