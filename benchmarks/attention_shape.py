@@ -18,9 +18,10 @@ and r, the rate on long sequences, a fraction of the dense peak. The script fits
   c on grids. Then what attention dropout adds a score element, forward and backward, over the runs with dropout
   against that mechanism without it.
 
-The profile's ``fused_attention_*`` fields (h100-80g.toml, h200.toml) are the mechanism's numbers; Megatron-LM is
-priced with them on Hopper, where TransformerEngine runs cuDNN's fused kernel (planner/runtimes.py
-``attention_kernel``; docs/cost-model.md, FP8 recipes, says what it did to the published runs).
+The profile's ``fused_attention_*`` fields (h100-80g.toml, h200.toml) are the mechanism's numbers; Megatron-LM and
+meshplan's executor are priced with them on Hopper, where TransformerEngine and torch 2.13's SDPA run cuDNN's fused
+kernel (planner/runtimes.py ``attention_kernel``; docs/cost-model.md, FP8 recipes, says what it did to the published
+runs).
 
 The evidence: the kernel traces of meshplan's executor on one H100 SXM (``python benchmarks/gpu_validate.py
 --measure``: benchmarks/results/gpu_runs.json, gpu_holdout_runs.json), whose attention ran cuDNN's sm90 flash

@@ -229,10 +229,11 @@ class Runtime:
     #   where it runs the same code as another and only expresses less of it; empty: its own
     attention_kernel: Literal["flash", "fused"] = "flash"
     # ^ the kernel ``--attention flash`` runs: a FlashAttention-2-class kernel (the profile's attention_efficiency), or
-    #   cuDNN's fused flash kernel where the profile characterises it (planner/cost/compute.py ``fused_attention_s``):
-    #   TransformerEngine's DotProductAttention prefers its FusedAttention (cuDNN) to FlashAttention on Hopper and later
-    #   (v1.7 attention.py "Select FusedAttention on sm90"; v2.9 attention/dot_product_attention/utils.py
-    #   get_attention_backend, "FusedAttention preference on Hopper+")
+    #   cuDNN's fused flash kernel where the profile characterises it (planner/cost/compute.py ``fused_attention_s``;
+    #   elsewhere attention_efficiency): TransformerEngine's DotProductAttention prefers its FusedAttention (cuDNN) to
+    #   FlashAttention on Hopper and later (v1.7 attention.py "Select FusedAttention on sm90"; v2.9
+    #   attention/dot_product_attention/utils.py get_attention_backend, "FusedAttention preference on Hopper+"), and
+    #   torch's SDPA from 2.11 (TORCH below)
 
     def layout(self, precision: str, grads_16bit: bool = False) -> StateLayout:
         """The state layout at ``precision``; ``grads_16bit``: gradients accumulated and reduced in the 16-bit
@@ -339,6 +340,10 @@ TORCH = Runtime(
                   checkpoint_early_stop=True,     # executor/activations.py: checkpoint(use_reentrant=False)
                   grad_buckets=GradBuckets(nbytes=25 * 2**20, closes="before-exceeding", zero_stages=(1,),
                                            source="executor/zero1.py BUCKET_BYTES (torch DDP's bucket_cap_mb=25)")),
+    # SDPA on torch 2.13 (constraints.txt) puts cuDNN first on compute capability 9 and 10 with cuDNN 9.15.1 or later
+    # (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp check_prefer_cudnn_attention; pytorch#138522): the
+    # executor's attention ran cuDNN's sm90 kernels on the H100 and the H200 (benchmarks/results/gpu_runs.json)
+    attention_kernel="fused",
 )
 
 # ZeRO-2 and -3 are Megatron-FSDP (--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads /
@@ -494,6 +499,7 @@ _TORCHTITAN_CUDA_RUNS = replace(_TORCHTITAN_RUNS,
 
 TORCHTITAN = replace(
     TORCH, name="torchtitan", priced_as="torch", runs={"cuda": _TORCHTITAN_CUDA_RUNS, "cpu": _TORCHTITAN_RUNS},
+    attention_kernel="flash",   # its published runs (2024-2025) ran torch's SDPA before it put cuDNN first (2.11)
     description="torchtitan: FSDP2 (ZeRO-2/3) or replicated data parallelism, DTensor TP/SP, context parallelism, "
                 "torch.distributed.pipelining, one activation-checkpointing mode")
 

@@ -66,6 +66,7 @@ SCRIPT = '''
 import json, os, sys
 import torch.distributed as dist
 from executor import auto_parallelize
+from executor.train import exit_now
 
 out = sys.argv[1]
 rank = int(os.environ["RANK"])
@@ -84,6 +85,7 @@ if rank == 0:
     json.dump(results, open(out, "w"))
 dist.barrier()
 dist.destroy_process_group()
+exit_now(0)     # no interpreter finalization: gloo's threads releasing tensors in it can abort a finished rank
 '''
 
 

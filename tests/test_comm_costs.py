@@ -400,3 +400,15 @@ def test_megatron_prices_attention_at_cudnns_fused_kernel_where_the_profile_char
     assert then.bwd_s - now.bwd_s == pytest.approx(plain[1] - fused[1], rel=1e-9)
     now, then = (layer_cost(BLOCK, ctx(tp=1, framework=f), A100) for f in ("megatron", "megatron-2021"))
     assert (now.fwd_s, now.bwd_s) == (then.fwd_s, then.bwd_s)
+
+
+def test_meshplans_executor_prices_attention_at_cudnns_fused_kernel_and_torchtitans_published_runs_do_not():
+    """torch 2.13's SDPA puts cuDNN first on Hopper (the executor's runtime); torchtitan's published runs ran before it
+    did: the same block differs by the attention kernel alone."""
+    h100 = load_cluster("h100-80g", 8)
+    args = (2, 32, 2048, 2048, 128, h100.device, "bf16")
+    fused, plain = flash_attention_s(*args, fused=True, dropout=True), flash_attention_s(*args)
+    now, then = (layer_cost(BLOCK, ctx(tp=1, framework=f, eager_regime="autocast"), h100)
+                 for f in ("torch", "torchtitan"))
+    assert then.fwd_s - now.fwd_s == pytest.approx(plain[0] - fused[0], rel=1e-9)
+    assert then.bwd_s - now.bwd_s == pytest.approx(plain[1] - fused[1], rel=1e-9)

@@ -112,6 +112,7 @@ SCRIPT = '''
 import json, os, sys
 import torch.distributed as dist
 from executor import auto_parallelize
+from executor.train import exit_now
 from planner.api import Knobs
 
 out, cluster, knobs = sys.argv[1], sys.argv[2] or None, json.loads(sys.argv[3])
@@ -131,6 +132,7 @@ if rank == 0:
                "planned": p.doc["config"]}, open(out, "w"))
 dist.barrier()                  # gloo: no rank closes its connections while another still uses them
 dist.destroy_process_group()
+exit_now(0)     # no interpreter finalization: gloo's threads releasing tensors in it can abort a finished rank
 '''
 
 

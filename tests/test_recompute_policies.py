@@ -88,9 +88,10 @@ def test_offload_moves_everything_to_the_host_over_pcie():
 
 
 def test_offload_is_free_where_compute_hides_the_copy():
-    """At 128k tokens causal attention (quadratic) outlasts the copies (linear): nothing exposed."""
-    c = cost(LLAMA, mb=1, seq=131072)
-    nbytes = NONE_PER_TOKEN * 131072
+    """At 256k tokens causal attention (quadratic) outlasts the copies (linear): nothing exposed (at 128k, since
+    cuDNN's attention kernel prices the executor's on an H100, the forward no longer hides them)."""
+    c = cost(LLAMA, mb=1, seq=262144)
+    nbytes = NONE_PER_TOKEN * 262144
     assert nbytes / HOST_RATE < c.fwd_s < c.bwd_s
     assert c.policy("activation-offload").recompute_s == 0.0
 
