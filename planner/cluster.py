@@ -49,8 +49,9 @@ class Device:
                                           # against an aligned one (the library falls back to align-1 kernels)
     attention_latency_s: float = 0.0      # fixed time of one attention kernel call (forward + backward)
     sfu_ops_per_s: float = 0.0            # special-function results (exp2) per second: softmax's exponentials
-    fused_attention_efficiency: float = 0.0   # cuDNN's fused flash kernels (TransformerEngine's FusedAttention): their
-                                          # matmuls' rate, a fraction of the dense peak; 0: not characterised
+    fused_attention_efficiency: float = 0.0   # cuDNN's fused flash kernels (TransformerEngine's FusedAttention, torch's
+                                          # cuDNN SDPA): their matmuls' rate, a fraction of the dense peak; 0: not
+                                          # characterised
     fused_attention_row_tiles: float = 0.0    # their fixed work a row of 128 query tiles, in key tiles
     fused_attention_dropout_s: tuple[float, float] = (0.0, 0.0)   # (forward, backward) seconds attention dropout
                                           # adds a score element in them

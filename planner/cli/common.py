@@ -168,7 +168,9 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
                         "ZeRO-3 gathers one tensor at a time, megatron-2021 = Megatron-LM of 2021, whose pipeline sends block "
                         "and which interleaves only at pp > 2 (default torch)")
     p.add_argument("--attention", choices=("flash", "unfused"), default="flash",
-                   help="attention kernels: fused (FlashAttention) or materialised scores (default flash)")
+                   help="attention kernels: fused (FlashAttention; cuDNN's where the runtime runs it and the profile "
+                        "characterises it: megatron and torch on h100-80g and h200) or materialised scores (default "
+                        "flash)")
     p.add_argument("--no-overlap-grad-reduce", action="store_true",
                    help="model a runtime that reduces gradients after backward instead of overlapping")
     p.add_argument("--tp-comm-overlap", action="store_true",

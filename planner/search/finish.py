@@ -18,8 +18,8 @@ from ..fingerprint import cluster_fingerprint, model_fingerprint
 from ..layers import LayerGraph
 from ..model import ModelSpec
 from ..placement import recompute_per_layer, stage_modules
-from ..runtimes import RUNTIMES
 from ..plan import Alternative, Fingerprints, Plan, SearchStats
+from ..runtimes import RUNTIMES
 from .result import Choice, SearchResult, mechanisms, memory_left
 from .tp_dataflow import block_graph
 from .tp_ilp import Context, solve_sharding
