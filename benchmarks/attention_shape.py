@@ -44,7 +44,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from planner.cost.compute import attention_row_share, fused_attention_element_s  # noqa: E402
+from planner.cost.compute import attention_row_share, fused_attention_score_s  # noqa: E402
 RUNS = ("benchmarks/results/gpu_runs.json", "benchmarks/results/gpu_holdout_runs.json")
 ROW_TILES = tuple(x / 10 for x in range(0, 401))      # the grid of c
 
@@ -110,8 +110,8 @@ def fit(groups: dict[int, list[tuple[float, float]]]) -> tuple[float, dict[int, 
 
 def mechanism_rate(point: dict, matmul_rate: float, row_tiles: float, sfu_rate: float) -> float:
     """TFLOP/s (forward + backward, causal FLOPs, backward 2.5x) the mechanism gives a run of ``point``'s shape."""
-    f, b = fused_attention_element_s(point["head_dim"], matmul_rate, sfu_rate)
-    return 14.0 * point["head_dim"] / (f + b) * attention_row_share(point["seq"] / 2, row_tiles) / 1e12
+    f, b = fused_attention_score_s(point["head_dim"], point["seq"] / 2, matmul_rate, sfu_rate, row_tiles)
+    return 14.0 * point["head_dim"] / (f + b) / 1e12
 
 
 def fit_mechanism(points: list[dict], sfu_rate: float) -> tuple[float, float, float]:
@@ -134,10 +134,9 @@ def dropout_cost(points: list[dict], matmul_rate: float, row_tiles: float, sfu_r
     origin, weighted as the elements are)."""
     extra_f = extra_b = elements = 0.0
     for p in points:
-        f, b = fused_attention_element_s(p["head_dim"], matmul_rate, sfu_rate)
-        stretch = 1.0 / attention_row_share(p["seq"] / 2, row_tiles)
-        extra_f += p["fwd_s"] - p["elements"] * f * stretch
-        extra_b += p["bwd_s"] - p["elements"] * b * stretch
+        f, b = fused_attention_score_s(p["head_dim"], p["seq"] / 2, matmul_rate, sfu_rate, row_tiles)
+        extra_f += p["fwd_s"] - p["elements"] * f
+        extra_b += p["bwd_s"] - p["elements"] * b
         elements += p["elements"]
     return extra_f / elements, extra_b / elements
 
@@ -194,7 +193,7 @@ def main() -> int:
               f"{100 * (y / p['both'] - 1):+5.1f}%")
     print(f"fit: matmuls at {matmul / 1e12:.0f} TFLOP/s = {matmul / 1e12 / peak:.3f} of the dense peak, "
           f"c = {c2:.1f} tiles a row (rms {100 * rms2:.1f}% over {len(points)} runs)")
-    dropped = [c for c in traced_calls(args.runs) if c["dropout"]]
+    dropped = [call for call in traced_calls(args.runs) if call["dropout"]]
     if dropped:
         e_f, e_b = dropout_cost(dropped, matmul, c2, sfu)
         print(f"attention dropout adds {e_f * 1e12:.2f} ps forward and {e_b * 1e12:.2f} ps backward a score element "

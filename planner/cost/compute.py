@@ -134,21 +134,29 @@ def fused_attention_element_s(head_dim: float, matmul_rate: float, sfu_rate: flo
     return 4.0 * d / matmul_rate + 1.0 / sfu_rate, 10.0 * d / matmul_rate + 1.0 / sfu_rate
 
 
+def fused_attention_score_s(head_dim: float, keys_per_query: float, matmul_rate: float, sfu_rate: float,
+                            row_tiles: float) -> tuple[float, float]:
+    """(forward, backward) seconds per score element of a flash kernel whose queries meet ``keys_per_query`` keys each:
+    ``fused_attention_element_s`` stretched by the rows' fixed work (``attention_row_share``)."""
+    f, b = fused_attention_element_s(head_dim, matmul_rate, sfu_rate)
+    stretch = 1.0 / attention_row_share(keys_per_query, row_tiles)
+    return f * stretch, b * stretch
+
+
 def fused_attention_s(flops: float, queries: float, head_dim: int, device: Device, precision: str, *,
                       dropout: bool) -> tuple[float, float]:
     """(forward, backward) of cuDNN's fused flash kernel over the score elements of ``flops`` forward FLOPs
-    (4 d each) of ``queries`` queries: ``fused_attention_element_s`` at the profile's matmul rate, stretched by the rows'
-    fixed work (``attention_row_share``), plus what dropout adds a score element (a random number drawn forward and
-    again backward). The profile's numbers are fitted by benchmarks/attention_shape.py from the kernels of training
-    steps."""
+    (4 d each) of ``queries`` queries: ``fused_attention_score_s`` at the profile's numbers, plus what dropout adds a
+    score element (a random number drawn forward and again backward). The profile's numbers are fitted by
+    benchmarks/attention_shape.py from the kernels of training steps."""
     elements = flops / (4.0 * head_dim)
     if elements <= 0:
         return 0.0, 0.0
-    f, b = fused_attention_element_s(head_dim, device.peak(precision) * device.fused_attention_efficiency,
-                                     device.sfu_ops_per_s)
-    stretch = 1.0 / attention_row_share(elements / queries, device.fused_attention_row_tiles)
+    f, b = fused_attention_score_s(head_dim, elements / queries,
+                                   device.peak(precision) * device.fused_attention_efficiency, device.sfu_ops_per_s,
+                                   device.fused_attention_row_tiles)
     extra_f, extra_b = device.fused_attention_dropout_s if dropout else (0.0, 0.0)
-    return elements * (f * stretch + extra_f), elements * (b * stretch + extra_b)
+    return elements * (f + extra_f), elements * (b + extra_b)
 
 
 def unfused_attention_s(batch: float, heads: float, q_len: float, kv_len: float, head_dim: int, device: Device,
