@@ -71,6 +71,11 @@ class Recipe:
     te_kernels: Roles | None = None         # CAST_KERNEL_MIN_S
     fp8_all_gather: bool = False    # FSDP2 gathers the converted weights in FP8 (torchao's
                                     # enable_fsdp_float8_all_gather: tensorwise scales only)
+    te_param_gather_bytes: float = 1.0  # bytes per converted parameter of Megatron-LM's --fp8-param-gather
+    te_gemm_kernels: int = 0        # kernels TransformerEngine runs before each of the recipe's FP8 GEMMs, besides
+                                    # the casts (MXFP8: its two operands' scales swizzled), at CAST_KERNEL_MIN_S each
+                                    # at least; each moves ``te_gemm_bytes`` per element of its operand
+    te_gemm_bytes: float = 0.0
     torchao_name: str = ""          # torchao's Float8LinearRecipeName / MX recipe
     megatron_flags: tuple[str, ...] = ()    # Megatron-LM's arguments for it
 
@@ -78,6 +83,7 @@ class Recipe:
 # TransformerEngine's fused casts: (2 read + 1 + 1 written) per element; current scaling reads for its amax first
 _TE_FUSED = 4.0
 _TE_AMAX = 2.0
+_MX_SCALES = 2 / 32         # MXFP8: one 1-byte scale per 32 values, for each of the two layouts written
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
     Recipe(name="fp8-tensorwise", what="FP8 linears, one scale per tensor from its current amax",
@@ -118,9 +124,21 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            scaling="1x32 blocks, e8m0 scales", gemm_dtype="mxfp8",
            torchao={"input": (3.0, 3.0), "weight": (3.0, 3.0), "grad_output": (0.0, 6.0)},
            amax={"input": (2.0, 2.0), "weight": (2.0, 2.0), "grad_output": (0.0, 4.0)},
-           te={"input": (_TE_FUSED, 0.0), "weight": (_TE_FUSED, 0.0), "grad_output": (0.0, _TE_FUSED)},
+           # TE's MXFP8 quantizer writes both layouts and, with each, an e8m0 scale per 32 values (1/32 byte apiece)
+           te={"input": (_TE_FUSED + _MX_SCALES, 0.0), "weight": (_TE_FUSED + _MX_SCALES, 0.0),
+               "grad_output": (0.0, _TE_FUSED + _MX_SCALES)},
            torchao_kernels={"input": (1, 1), "weight": (1, 1), "grad_output": (0, 2)},
            te_kernels={"input": (1, 0), "weight": (1, 0), "grad_output": (0, 1)},
+           # before every MXFP8 GEMM TransformerEngine swizzles both operands' scales into the layout cuBLAS reads
+           # (transformer_engine/pytorch/csrc/extensions/gemm.cpp at v2.9: swizzle_scaling_factors of A and of B, into
+           # new tensors kept for that GEMM only): two kernels a GEMM, each reading and writing its operand's scales
+           te_gemm_kernels=2, te_gemm_bytes=2 / 32,
+           # MXFP8 parameters are gathered in bf16: Megatron-Core maps the distributed optimizer's parameter buffer
+           # of MXFP8 parameters onto the gradient buffer as bf16 and quantizes each parameter from it after the
+           # all-gather (megatron/core/distributed/param_and_grad_buffer.py at core_v0.15.0: ``shared_buffer``,
+           # ``param.data.copy_(param_slice)``; its MoE README: FP8 primary weights halve the parameter
+           # all-gather 'except MXFP8')
+           te_param_gather_bytes=2.0,
            torchao_name="mxfp8_cublas", megatron_flags=("--fp8-format", "e4m3", "--fp8-recipe", "mxfp8")),
 )}
 

@@ -78,6 +78,29 @@ def test_an_fp8_linear_is_its_gemms_at_the_fp8_rate_plus_its_casts_at_memory_spe
     assert f_shared == pytest.approx(gemm_s(m, 1024, k, dev, "fp8"), rel=1e-9)
 
 
+def test_transformer_engines_mxfp8_swizzles_both_operands_scales_before_each_gemm():
+    # TE v2.9 gemm.cpp: swizzle_scaling_factors of A and of B before every MXFP8 GEMM, a kernel each reading and
+    # writing the operand's e8m0 scales (1 byte per 32 values); the casts write those scales for both layouts too
+    cluster = load_cluster("b200", 8)
+    dev = cluster.device
+    hbm = dev.hbm_bytes_per_s * dev.hbm_efficiency
+    floor = 2e-6                # torchao's least cast-kernel time (planner/precision.py CAST_KERNEL_MIN_S)
+    m, n, k = 16384.0, 14336.0, 4096.0
+    op = _linear("layers.0.mlp.gate_proj", int(k), int(n))
+    fwd, bwd = fp8_linear_s(op, 1, m, n, k, cluster, "mxfp8", "megatron", 1)
+    swizzle = lambda elems: max(elems / 16 / hbm, floor)       # noqa: E731  (2/32 bytes an element)
+    assert fwd == pytest.approx(gemm_s(m, n, k, dev, "mxfp8") + (4 + 1 / 16) * m * k / hbm
+                                + swizzle(m * k) + swizzle(k * n), rel=1e-9)
+    assert bwd == pytest.approx(gemm_s(m, k, n, dev, "mxfp8") + gemm_s(k, n, m, dev, "mxfp8")
+                                + (4 + 1 / 16) * m * n / hbm + swizzle(m * n) + swizzle(k * n)
+                                + swizzle(m * k) + swizzle(m * n), rel=1e-9)
+    # a small linear: each swizzle is a kernel launch's least time, 6 of them a micro-batch
+    small = _linear("layers.0.mlp.up_proj", 256, 256)
+    f_small, b_small = fp8_linear_s(small, 1, 64, 256, 256, cluster, "mxfp8", "megatron", 1)
+    f_cs, b_cs = fp8_linear_s(small, 1, 64, 256, 256, cluster, "fp8-delayed", "megatron", 1)
+    assert (f_small - f_cs, b_small - b_cs) == pytest.approx((2 * floor, 4 * floor), rel=1e-6)
+
+
 def test_fp8_gemms_of_a_large_linear_run_near_twice_the_bf16_rate():
     # the FP8 peak is twice bf16's on H100 (datasheet), the operands half the bytes: a large GEMM is compute bound
     cluster = load_cluster("h100-80g", 8)
@@ -207,6 +230,11 @@ def test_fp8_param_gather_gathers_the_converted_parameters_in_one_byte():
     assert CostCache(graph, cluster, job.workload).gather_bytes_per_param == pytest.approx(2 - linears / total)
     plain = api.load_job("llama3-8b", cluster="h100-80g", gpus=8, framework="megatron", precision="fp8-tensorwise")
     assert CostCache(graph, cluster, plain.workload).gather_bytes_per_param == 2
+    # MXFP8's parameters are gathered in bf16 (Megatron-Core's shared parameter/gradient buffer) and quantized after
+    b200 = load_cluster("b200", 8)
+    mx = api.load_job("llama3-8b", cluster="b200", gpus=8, framework="megatron", precision="mxfp8",
+                      fp8_param_gather=True)
+    assert CostCache(graph, b200, mx.workload).gather_bytes_per_param == 2
     with pytest.raises(UserError, match="megatron"):
         api.load_job("llama3-8b", cluster="h100-80g", gpus=8, framework="megatron", fp8_param_gather=True)
 

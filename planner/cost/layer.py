@@ -221,6 +221,15 @@ def _fp8_linear_s(op: Op, count: float, m: float, n: float, k: float, cluster: C
                      + (total - amax) / dev.eager_bandwidth("cast_down"))
             launches = kernels[role][i] * serial
             casts += max(t, launches * fp8_recipes.CAST_KERNEL_MIN_S)
+        if recipe.te_gemm_kernels and fp8_recipes.library(framework) == "te":
+            # the kernels TE runs before each FP8 GEMM (MXFP8's scale swizzles), per operand: forward input x weight;
+            # backward output gradient x weight (dgrad) and input x output gradient (wgrad)
+            pairs = [(m * k, k * n)] if i == 0 else [(m * n, k * n), (m * k, m * n)]
+            for gemm, operands in zip(("fwd",) if i == 0 else ("dgrad", "wgrad"), pairs):
+                if gemm in recipe.fp8_gemms:
+                    for elems in operands:
+                        casts += max(memory_bound_s(recipe.te_gemm_bytes * elems * count, dev),
+                                     recipe.te_gemm_kernels / 2 * serial * fp8_recipes.CAST_KERNEL_MIN_S)
         out.append(gemms + casts)
     return out[0], out[1]
 

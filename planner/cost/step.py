@@ -17,6 +17,7 @@ from ..estimate import Estimate, Memory, StepTime
 from ..layers import LayerGraph
 from ..placement import assign_layers, holds_head_copy, last_stage_rank, layer_policies, placement_of
 from .. import finetune, network
+from .. import precision as fp8_recipes
 from ..runtimes import RUNTIMES, expert_data_parallel, priced_as
 from ..schedules import SCHEDULES
 from . import fetch
@@ -70,9 +71,11 @@ class CostCache:
         self.adapters = finetune.of(workload.finetune, workload.lora_rank, workload.lora_targets)
         self.model_flops_per_token = finetune.model_flops_per_token(graph, workload.seq_len, self.adapters)
         # bytes per parameter of the distributed optimizer's parameter all-gather: the compute dtype's, or with
-        # Megatron-LM's --fp8-param-gather one byte for the parameters of the linears its FP8 recipe converts
-        self.gather_bytes_per_param = DTYPE_BYTES[workload.precision] if not workload.fp8_param_gather else \
-            DTYPE_BYTES[workload.precision] - (DTYPE_BYTES[workload.precision] - 1) * fp8_param_share(graph, workload)
+        # Megatron-LM's --fp8-param-gather the recipe's (one byte; MXFP8's bf16) for the parameters of the linears
+        # its FP8 recipe converts
+        dt = DTYPE_BYTES[workload.precision]
+        self.gather_bytes_per_param = dt if not workload.fp8_param_gather else \
+            dt - (dt - fp8_recipes.RECIPES[workload.fp8].te_param_gather_bytes) * fp8_param_share(graph, workload)
         # the recompute policies the runtime runs here: the least activations any of them leaves bound memory
         self.policies = RUNTIMES[workload.framework].on(cluster.device_kind).recomputes \
             if workload.framework in RUNTIMES else RECOMPUTES
