@@ -237,17 +237,24 @@ def test_the_tracer_recognises_a_modules_grouped_experts_and_router(tmp_path):
 
 def test_a_grouped_gemm_fills_its_waves_with_every_experts_tiles():
     """16 experts of (4096 x 2880) @ (2880 x 2880) on an H100 (132 SMs; tiles 256 x 128, 128 x 256 or 128 x 128, a
-    128 x 128 wave half as long): one at a time each is 16 x 23 = 368 tiles in 3 waves (2.79 of work), 48 in all;
-    grouped, 16 x 368 = 5,888 tiles in 45 waves (44.6); four at a time on four streams (TransformerEngine's
-    GroupedLinear), each round 4 x 736 = 2,944 tiles of 128 x 128 in 23 half waves = 11.5 waves, 46 in all."""
+    128 x 128 wave's math half as long; each wave also its fixed L = 2 us): one at a time each is 16 x 23 = 368 tiles
+    in 3 waves (2.79 of work), 48 in all; grouped, 16 x 368 = 5,888 tiles in 45 waves (44.6); four at a time on four
+    streams (TransformerEngine's GroupedLinear), each round 4 x 736 = 2,944 tiles of 128 x 128 in 23 half waves
+    (11.5 T + 23 L, against 12 waves of 256 x 128, 12 T + 12 L, as long as a wave's math T = 45 us exceeds 22 L),
+    46 T + 92 L in all."""
     from planner.cost.layer import grouped_gemms_s
     cluster = load_cluster("h100-80g", 8)
+    dev = cluster.device
+    wave = 2 * 2880 * 256 * 128 * 132 / (989.4e12 * dev.gemm_efficiency)       # T: a wave of 256 x 128 tiles
+    lat = dev.gemm_wave_latency_s
+    assert lat == 2e-6 and wave > 22 * lat
     one_by_one = grouped_gemms_s(16, 4096, 2880, 2880, cluster, "bf16", 1)
     four = grouped_gemms_s(16, 4096, 2880, 2880, cluster, "bf16", 4)
     grouped = grouped_gemms_s(16, 4096, 2880, 2880, cluster, "bf16", 16)
     assert grouped[0] < four[0] < one_by_one[0] and grouped[1] < four[1] < one_by_one[1]
+    assert grouped[0] == pytest.approx(45 * (wave + lat), rel=1e-6)
     assert one_by_one[0] / grouped[0] == pytest.approx(48 / 45, rel=1e-9)
-    assert four[0] / grouped[0] == pytest.approx(46 / 45, rel=1e-9)
+    assert four[0] == pytest.approx(46 * wave + 92 * lat, rel=1e-6)
     # six experts on four streams: a round of four, then one of two
     from planner.cost.compute import gemm_s
     six = grouped_gemms_s(6, 4096, 2880, 2880, cluster, "bf16", 4)[0]

@@ -252,8 +252,8 @@ def test_left_out_the_search_picks_a_recipe_where_it_pays(tmp_path):
     assert json.loads(json.dumps(p.to_json()))["precisions"]["chosen"] == p.workload.fp8
     # a model whose layers are too small to gain stays in bf16, the recipes tried and slower
     small = tmp_path / "config.json"
-    small.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 8, "hidden_size": 256,
-                                 "intermediate_size": 768, "num_attention_heads": 8, "num_key_value_heads": 8,
+    small.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 8, "hidden_size": 128,
+                                 "intermediate_size": 384, "num_attention_heads": 8, "num_key_value_heads": 8,
                                  "vocab_size": 32000, "max_position_embeddings": 2048}))
     p = api.plan_precisions(api.JobInputs(model=str(small), cluster="h100-80g", gpus=8, framework="megatron",
                                           seq_len=2048, global_batch=32), api.Knobs(dp=8, tp=1, pp=1, cp=1),

@@ -3,16 +3,14 @@ from colossalai.booster import Booster
 from colossalai.booster.plugin import HybridParallelPlugin
 
 plugin = HybridParallelPlugin(
-    tp_size=4,
+    tp_size=1,
     pp_size=1,
     precision='bf16',
     zero_stage=2,
-    microbatch_size=4,
+    microbatch_size=1,
     max_norm=1.0,
     enable_flash_attention=True,
     overlap_communication=True,
-    enable_sequence_parallelism=True,
-    sequence_parallelism_mode='split_gather',
 )
 booster = Booster(plugin=plugin)
-# per data-parallel rank and step: plugin.prepare_dataloader(dataset, batch_size=4)
+# per data-parallel rank and step: plugin.prepare_dataloader(dataset, batch_size=1)

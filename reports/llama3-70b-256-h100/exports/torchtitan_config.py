@@ -11,7 +11,7 @@ def meshplan_plan() -> Trainer.Config:
     return Trainer.Config(
         model_spec=model_registry('70B'),
         training=TrainingConfig(
-            num_tokens_per_microbatch_per_dp_rank=32768,
+            num_tokens_per_microbatch_per_dp_rank=8192,
             num_tokens_per_train_step=2097152,
             max_context_length=8192,
             max_norm=1.0,
@@ -19,13 +19,12 @@ def meshplan_plan() -> Trainer.Config:
             mixed_precision_reduce='float32',
         ),
         parallelism=ParallelismConfig(
-            tensor_parallel_degree=4,
+            tensor_parallel_degree=1,
             pipeline_parallel_degree=1,
             context_parallel_degree=1,
-            data_parallel_shard_degree=64,
+            data_parallel_shard_degree=256,
             data_parallel_replicate_degree=1,
-            fsdp_reshard_after_forward='never',
-            enable_sequence_parallel=True,
+            fsdp_reshard_after_forward='always',
         ),
         activation_checkpoint=FullAC.Config(),
     )
