@@ -113,6 +113,23 @@ def test_fused_attention_is_matmuls_exponentials_and_the_rows_fixed_work():
     assert bwd_d - bwd == pytest.approx(elements * 0.90e-12, rel=1e-9)
 
 
+def test_blackwell_runs_cudnns_attention_with_hoppers_exponential_units_per_sm():
+    # B200: the H100's fitted matmul fraction of a 2,250 TFLOP/s peak, but exp2 at 16 a clock on each of 148 SMs at the
+    # 1.856 GHz that peak implies at 8,192 bf16 FLOPs a clock per SM (FlashAttention-4: the SFUs unchanged from Hopper):
+    # the exponential, not the matmuls, is most of a forward element's time at head dimension 64
+    b200 = load_cluster("b200").device
+    sfu = 148 * 16 * 2250e12 / (148 * 8192)
+    assert b200.sfu_ops_per_s == pytest.approx(sfu, rel=1e-3)
+    elements = 4096 * 4096 / 2
+    fwd, _ = flash_attention_s(1, 1, 4096, 4096, 64, b200, "bf16", fused=True)
+    assert fwd == pytest.approx(elements * (4 * 64 / (0.682 * 2250e12) + 1 / b200.sfu_ops_per_s) * (16 + 3.0) / 16,
+                                rel=1e-12)
+    assert 1 / b200.sfu_ops_per_s > 4 * 64 / (0.682 * 2250e12)
+    # Megatron-LM (TransformerEngine prefers cuDNN from compute capability 9.0) prices it there
+    from planner.runtimes import RUNTIMES
+    assert RUNTIMES["megatron"].attention_kernel == "fused"
+
+
 def test_fused_attention_pads_the_head_dimension_and_needs_the_profiles_numbers():
     # head dim 96 runs the 128 kernels (cuDNN tiles the head dimension by 64): the time of 128, 3/4 of its FLOPs
     assert flash_attention_s(2, 8, 2048, 2048, 96, H100, "bf16", fused=True) == pytest.approx(
