@@ -71,6 +71,14 @@ def parse_sweep(text: str) -> tuple[str, list[str]]:
             if v not in PRECISION_CHOICES:
                 raise UserError(f"precision value {v!r} is not allowed; allowed: {one_of(PRECISION_CHOICES)}",
                                 field="--sweep")
+    if key == "gpu":
+        from pathlib import Path
+        from .cluster import builtin_profiles
+        known = builtin_profiles()
+        for v in items:
+            if v not in known and not Path(v).is_file():
+                raise UserError(f"gpu value {v!r} is neither a built-in cluster nor a profile TOML; known: "
+                                f"{one_of(sorted(known))}", field="--sweep")
     if key not in _NAMED:
         for v in items:
             if not v.isdigit() or int(v) <= 0:

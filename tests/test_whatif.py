@@ -20,7 +20,8 @@ def test_sweep_values_and_the_ellipsis():
 @pytest.mark.parametrize("text,says", [("gpus", "KEY=V1,V2"), ("speed=1,2", "unknown sweep 'speed'"),
                                        ("gpus=64,...,1024", "two integers before it"),
                                        ("gpus=64,128,...,1000", "does not reach 1000"),
-                                       ("gpus=64,x", "positive integers")])
+                                       ("gpus=64,x", "positive integers"),
+                                       ("gpu=h100-80g,h101", "gpu value 'h101' is neither a built-in cluster")])
 def test_bad_sweeps_name_the_flag(text, says):
     with pytest.raises(UserError) as e:
         parse_sweep(text)
