@@ -72,10 +72,10 @@ class Recipe:
     fp8_all_gather: bool = False    # FSDP2 gathers the converted weights in FP8 (torchao's
                                     # enable_fsdp_float8_all_gather: tensorwise scales only)
     te_param_gather_bytes: float = 1.0  # bytes per converted parameter of Megatron-LM's --fp8-param-gather
-    te_gemm_kernels: int = 0        # kernels TransformerEngine runs before each of the recipe's FP8 GEMMs, besides
-                                    # the casts (MXFP8: its two operands' scales swizzled), at CAST_KERNEL_MIN_S each
-                                    # at least; each moves ``te_gemm_bytes`` per element of its operand
-    te_gemm_bytes: float = 0.0
+    te_operand_kernels: int = 0     # kernels TransformerEngine runs on each operand of each FP8 GEMM before it, besides
+                                    # the casts (MXFP8: the operand's scales swizzled), at CAST_KERNEL_MIN_S each at
+                                    # least, moving ``te_operand_bytes`` per element of the operand
+    te_operand_bytes: float = 0.0
     torchao_name: str = ""          # torchao's Float8LinearRecipeName / MX recipe
     megatron_flags: tuple[str, ...] = ()    # Megatron-LM's arguments for it
 
@@ -131,8 +131,8 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            te_kernels={"input": (1, 0), "weight": (1, 0), "grad_output": (0, 1)},
            # before every MXFP8 GEMM TransformerEngine swizzles both operands' scales into the layout cuBLAS reads
            # (transformer_engine/pytorch/csrc/extensions/gemm.cpp at v2.9: swizzle_scaling_factors of A and of B, into
-           # new tensors kept for that GEMM only): two kernels a GEMM, each reading and writing its operand's scales
-           te_gemm_kernels=2, te_gemm_bytes=2 / 32,
+           # new tensors kept for that GEMM only): a kernel per operand, reading and writing its scales
+           te_operand_kernels=1, te_operand_bytes=2 / 32,
            # MXFP8 parameters are gathered in bf16: Megatron-Core maps the distributed optimizer's parameter buffer
            # of MXFP8 parameters onto the gradient buffer as bf16 and quantizes each parameter from it after the
            # all-gather (megatron/core/distributed/param_and_grad_buffer.py at core_v0.15.0: ``shared_buffer``,

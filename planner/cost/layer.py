@@ -185,7 +185,9 @@ def fp8_linear_s(op: Op, count: float, m: float, n: float, k: float, cluster: Cl
     once for linears that read the previous linear's input: ``Op.reads_previous_input``), the output gradient
     (m x n), and the weight (k x n) where the runtime casts it every micro-batch (torchao; TransformerEngine casts
     it once per step, not priced here), each operand's casts at least ``CAST_KERNEL_MIN_S`` per kernel, and where
-    each expert is cast on its own (``at_once`` below ``count``), per expert, ``at_once`` kernels at a time."""
+    each expert is cast on its own (``at_once`` below ``count``), per expert, ``at_once`` kernels at a time; under
+    TransformerEngine also the kernels it runs on each GEMM operand before the GEMM (``Recipe.te_operand_kernels``:
+    MXFP8's scale swizzles)."""
     memo, key = device_memo(cluster.device, "fp8_linear_s"), (count, m, n, k, fp8, framework, at_once,
                                                                  op.reads_previous_input)
     out = memo.get(key)
@@ -221,15 +223,15 @@ def _fp8_linear_s(op: Op, count: float, m: float, n: float, k: float, cluster: C
                      + (total - amax) / dev.eager_bandwidth("cast_down"))
             launches = kernels[role][i] * serial
             casts += max(t, launches * fp8_recipes.CAST_KERNEL_MIN_S)
-        if recipe.te_gemm_kernels and fp8_recipes.library(framework) == "te":
-            # the kernels TE runs before each FP8 GEMM (MXFP8's scale swizzles), per operand: forward input x weight;
-            # backward output gradient x weight (dgrad) and input x output gradient (wgrad)
+        if recipe.te_operand_kernels and fp8_recipes.library(framework) == "te":
+            # the kernels TE runs on each operand of an FP8 GEMM before it (MXFP8's scale swizzles): forward
+            # input x weight; backward output gradient x weight (dgrad) and input x output gradient (wgrad)
             pairs = [(m * k, k * n)] if i == 0 else [(m * n, k * n), (m * k, m * n)]
             for gemm, operands in zip(("fwd",) if i == 0 else ("dgrad", "wgrad"), pairs):
                 if gemm in recipe.fp8_gemms:
                     for elems in operands:
-                        casts += max(memory_bound_s(recipe.te_gemm_bytes * elems * count, dev),
-                                     recipe.te_gemm_kernels / 2 * serial * fp8_recipes.CAST_KERNEL_MIN_S)
+                        casts += max(memory_bound_s(recipe.te_operand_bytes * elems * count, dev),
+                                     recipe.te_operand_kernels * serial * fp8_recipes.CAST_KERNEL_MIN_S)
         out.append(gemms + casts)
     return out[0], out[1]
 
