@@ -143,7 +143,7 @@ class Cluster:
     num_gpus: int
     gpus_per_node: int
     device: Device
-    fabric: Literal["nvswitch", "pcie", "loopback"]
+    fabric: Literal["nvswitch", "mesh", "pcie", "loopback"]   # mesh: every GPU of a node wired to every other
     intra: Link                           # GPU to GPU inside a node (per GPU, per direction)
     nvls_allreduce_bytes_per_s: float     # NVLink SHARP all-reduce algorithm bandwidth (0: none)
     nics_per_node: int
@@ -252,7 +252,7 @@ def _build_graph(cluster: Cluster):
     g = nx.Graph(name=cluster.name)
     per_node = cluster.gpus_per_node
     nics = cluster.nics_per_node
-    intra_kind = "nvlink" if cluster.fabric == "nvswitch" else cluster.fabric
+    intra_kind = {"nvswitch": "nvlink", "mesh": "mesh"}.get(cluster.fabric, cluster.fabric)
     for node in range(cluster.num_nodes):
         switch = f"node{node}/switch"
         g.add_node(switch, kind=f"{cluster.fabric}-switch", node=node)
@@ -573,7 +573,7 @@ def parse_cluster(data: dict, source: str) -> Cluster:
     return Cluster(
         name=root.string("name"), description=root.string("description", default=""),
         num_gpus=root.integer("gpus_per_node"), gpus_per_node=root.integer("gpus_per_node"), device=device,
-        fabric=intra.string("fabric", choices=("nvswitch", "pcie", "loopback")),
+        fabric=intra.string("fabric", choices=("nvswitch", "mesh", "pcie", "loopback")),
         intra=Link(bytes_per_s=intra.number("link_GBps") * 1e9, efficiency=intra.fraction("efficiency"),
                    latency_s=intra.number("latency_us", allow_zero=True) * 1e-6),
         nvls_allreduce_bytes_per_s=intra.number("nvls_allreduce_algbw_GBps", allow_zero=True, default=0.0) * 1e9,

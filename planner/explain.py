@@ -55,7 +55,8 @@ def _link(cluster: Cluster, size: int, stride: int) -> str:
     grp = network.group(cluster, size, stride)
     if grp.nodes > 1:
         return f"the network ({cluster.nics_per_node} x {cluster.nic.bytes_per_s * 8 / 1e9:.0f} Gb/s per node)"
-    return {"nvswitch": "NVLink", "pcie": "PCIe", "loopback": "loopback"}[cluster.fabric]
+    return {"nvswitch": "NVLink", "mesh": "the node's GPU-to-GPU links", "pcie": "PCIe",
+            "loopback": "loopback"}[cluster.fabric]
 
 
 def limits(config: ParallelConfig, est: Estimate, cluster: Cluster) -> str:

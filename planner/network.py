@@ -46,12 +46,15 @@ def group(cluster: Cluster, size: int, stride: int) -> Group:
 class Fabric:
     """Per-GPU bandwidths and per-step latencies, derived from the topology graph."""
 
-    intra_bytes_per_s: float      # GPU to GPU through the node switch, per direction, achievable
+    intra_bytes_per_s: float      # GPU to GPU through the node switch, per direction, achievable (a mesh: over all
+                                  # of a GPU's links together)
     net_bytes_per_s: float        # one GPU's share of its NIC, per direction, achievable
     intra_latency_s: float
     net_latency_s: float
     nvls_bytes_per_s: float       # NVLink SHARP all-reduce algorithm bandwidth inside a node (0: none)
     host_bytes_per_s: float       # GPU to host memory (offload)
+    intra_peers: int = 0          # a full mesh: the peers a GPU has a link of its own to, which share intra_bytes_per_s
+                                  # evenly; 0: a switch, through which any pair of GPUs reaches the full rate
 
 
 def fabric(cluster: Cluster) -> Fabric:
@@ -87,7 +90,8 @@ def _fabric(cluster: Cluster) -> Fabric:
         net = min(achievable("gpu0", nic), achievable(nic, uplink) / sharing)
     return Fabric(intra_bytes_per_s=intra, net_bytes_per_s=net, intra_latency_s=cluster.intra.latency_s,
                   net_latency_s=cluster.nic.latency_s, nvls_bytes_per_s=cluster.nvls_allreduce_bytes_per_s,
-                  host_bytes_per_s=host_bytes_per_s(cluster))
+                  host_bytes_per_s=host_bytes_per_s(cluster),
+                  intra_peers=cluster.gpus_per_node - 1 if cluster.fabric == "mesh" else 0)
 
 
 def host_bytes_per_s(cluster: Cluster) -> float:
@@ -95,6 +99,16 @@ def host_bytes_per_s(cluster: Cluster) -> float:
     plans are symmetric, so they do): its own PCIe link, or its share of the PCIe switch's one uplink to
     the CPU where GPUs share a switch ([host] gpus_per_uplink; the uplink is as wide as a GPU's link)."""
     return cluster.host.bytes_per_s / max(1, min(cluster.gpus_per_host_uplink, cluster.num_gpus))
+
+
+def intra_bytes_per_s(f: Fabric, k: int) -> float:
+    """What one GPU moves per second, per direction, among ``k`` GPUs of its node: through a switch the full rate;
+    in a full mesh only its links to the other k - 1 (each of its ``intra_peers`` links carries an equal share: AMD's
+    MI300X platform wires each of 8 GPUs to the 7 others by an Infinity Fabric link of its own), so two GPUs meet over
+    one link, and a collective over the whole node uses every link (RCCL lays its rings over all of them)."""
+    if not f.intra_peers:
+        return f.intra_bytes_per_s
+    return f.intra_bytes_per_s * min(max(k - 1, 1), f.intra_peers) / f.intra_peers
 
 
 def _ring_bandwidth(f: Fabric, grp: Group) -> float:
@@ -105,7 +119,7 @@ def _ring_bandwidth(f: Fabric, grp: Group) -> float:
     """
     bw = math.inf
     if grp.per_node > 1:
-        bw = f.intra_bytes_per_s
+        bw = intra_bytes_per_s(f, grp.per_node)
     if grp.nodes > 1:
         bw = min(bw, grp.per_node * f.net_bytes_per_s)
     return bw
@@ -177,7 +191,7 @@ def _collnet_all_reduce(cluster: Cluster, f: Fabric, nbytes: float, grp: Group) 
     FP8 tensor cores, NVSwitch systems being Hopper and later among those). Chain: the node's ranks in a chain.
     NVLS across nodes: NVLS's bus bandwidth inside the node against the NICs', NCCL's ring ratio n / 2 (n - 1)."""
     n, k = grp.size, grp.per_node
-    out = {"collnet-chain": nccl.collnet_chain_latency_s(k) + nbytes / (0.5 * f.intra_bytes_per_s)}
+    out = {"collnet-chain": nccl.collnet_chain_latency_s(k) + nbytes / (0.5 * intra_bytes_per_s(f, k))}
     if cluster.fabric == "nvswitch":
         factor = k / max(1, min(k, cluster.nics_per_node))
         factor -= (factor - 1) / 2
@@ -281,7 +295,7 @@ def all_to_all_s(cluster: Cluster, nbytes: float, grp: Group) -> float:
         return 0.0
     f = fabric(cluster)
     k = grp.per_node
-    t_intra = (k - 1) / n * nbytes / f.intra_bytes_per_s if k > 1 else 0.0
+    t_intra = (k - 1) / n * nbytes / intra_bytes_per_s(f, k) if k > 1 else 0.0
     t_net = (n - k) / n * nbytes / f.net_bytes_per_s * cluster.oversubscription if grp.nodes > 1 else 0.0
     return max(t_intra, t_net) + (n - 1) * _step_latency(f, grp)
 
@@ -292,7 +306,7 @@ def p2p_s(cluster: Cluster, nbytes: float, *, same_node: bool) -> float:
         return 0.0
     f = fabric(cluster)
     if same_node or cluster.num_gpus <= cluster.gpus_per_node:
-        return nbytes / f.intra_bytes_per_s + f.intra_latency_s
+        return nbytes / intra_bytes_per_s(f, 2) + f.intra_latency_s
     return nbytes / f.net_bytes_per_s + f.net_latency_s
 
 

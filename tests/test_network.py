@@ -227,3 +227,23 @@ def test_ll_is_capped_by_gpu_generation_on_a_node_and_by_cpu_vendor_across_nodes
     with pytest.raises(UserError, match="not allowed") as err:
         load_cluster(str(bad), 16)
     assert "gpu.nccl_arch" in str(err.value)
+
+
+def test_a_full_mesh_node_gives_two_gpus_one_link_and_the_whole_node_all_of_them():
+    """MI300X: each of 8 GPUs wired to the 7 others by a 64 GB/s link of its own (448 GB/s over all, x 0.70 achieved).
+    A pair meets over one link (a pipeline send, a TP-2 ring: 44.8 GB/s); a ring over 4 GPUs uses the 3 links among
+    them; over the node, all 7 (RCCL's rings over every link); an all-to-all sends each peer's share over its link.
+    Through a switch (H100) any group gets the full rate."""
+    mi = load_cluster("mi300x", 8)
+    link = 448e9 * 0.70 / 7
+    assert fabric(mi).intra_peers == 7 and fabric(H100).intra_peers == 0
+    latency = mi.intra.latency_s
+    assert p2p_s(mi, 1e9, same_node=True) == pytest.approx(1e9 / link + latency)
+    # the ring at NCCL's Simple latencies (8.4 us, 3.4 a step, as in test_ring_all_reduce_inside_a_node)
+    ring = lambda k: 2 * (k - 1) / k * 1e9 / ((k - 1) * link) + (8.4 + 2 * (k - 1) * 3.4) * US    # noqa: E731
+    for k in (2, 4, 8):
+        assert all_reduce_s(mi, 1e9, Group(k, k)) == pytest.approx(ring(k))
+    # 1 GB sent by each of 8 ranks, 1/8 to each peer over its own link
+    assert all_to_all_s(mi, 1e9, Group(8, 8)) == pytest.approx(1e9 / 8 / link + 7 * latency)
+    h100_link = fabric(H100).intra_bytes_per_s
+    assert p2p_s(H100, 1e9, same_node=True) == pytest.approx(1e9 / h100_link + H100.intra.latency_s)
