@@ -243,7 +243,8 @@ def _build_graph(cluster: Cluster):
     """GPUs, their node switch (NVSwitch or PCIe), NICs, leaf and spine switches.
 
     Edge attributes: ``bytes_per_s`` (per direction), ``efficiency``, ``latency_s``,
-    ``kind`` (nvlink, pcie, network). Rail-optimised: GPU i of every node shares
+    ``kind`` (nvlink, mesh, pcie, network; a mesh node is drawn as a star whose GPU edges carry all of a GPU's
+    links, planner/network.py ``intra_bytes_per_s`` splits them). Rail-optimised: GPU i of every node shares
     NIC i * nics / gpus_per_node with its neighbours, and NICs of the same rail
     meet on one leaf switch (the DGX SuperPOD layout).
     """
@@ -252,7 +253,7 @@ def _build_graph(cluster: Cluster):
     g = nx.Graph(name=cluster.name)
     per_node = cluster.gpus_per_node
     nics = cluster.nics_per_node
-    intra_kind = {"nvswitch": "nvlink", "mesh": "mesh"}.get(cluster.fabric, cluster.fabric)
+    intra_kind = "nvlink" if cluster.fabric == "nvswitch" else cluster.fabric
     for node in range(cluster.num_nodes):
         switch = f"node{node}/switch"
         g.add_node(switch, kind=f"{cluster.fabric}-switch", node=node)
