@@ -18,8 +18,8 @@ and r, the rate on long sequences, a fraction of the dense peak. The script fits
   c on grids. Then what attention dropout adds a score element, forward and backward, over the runs with dropout
   against that mechanism without it.
 
-The profile's ``fused_attention_*`` fields (h100-80g.toml, h200.toml) are the mechanism's numbers; Megatron-LM and
-meshplan's executor are priced with them on Hopper, where TransformerEngine and torch 2.13's SDPA run cuDNN's fused
+The profile's ``fused_attention_*`` fields (h100-80g.toml, h200.toml; b200.toml and gb200-nvl72.toml assume the
+H100's) are the mechanism's numbers; Megatron-LM and meshplan's executor are priced with them on Hopper and Blackwell, where TransformerEngine and torch 2.13's SDPA run cuDNN's fused
 kernel (planner/runtimes.py ``attention_kernel``; docs/cost-model.md, FP8 recipes, says what it did to the published
 runs).
 

@@ -169,7 +169,7 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
                         "and which interleaves only at pp > 2 (default torch)")
     p.add_argument("--attention", choices=("flash", "unfused"), default="flash",
                    help="attention kernels: fused (FlashAttention; cuDNN's where the runtime runs it and the profile "
-                        "characterises it: megatron and torch on h100-80g and h200) or materialised scores (default "
+                        "characterises it: megatron and torch on h100-80g, h200, b200 and gb200-nvl72) or materialised scores (default "
                         "flash)")
     p.add_argument("--no-overlap-grad-reduce", action="store_true",
                    help="model a runtime that reduces gradients after backward instead of overlapping")
