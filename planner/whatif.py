@@ -38,6 +38,8 @@ class Point:
     global_batch: int
     seq_len: int
     fits: bool
+    not_run: str = ""               # why this point has no plan at all: its GPU or runtime does not run the
+                                    # precision (a gpu= or precision= sweep; the other points still run)
     strategy: str = ""              # the chosen layout and knobs
     layout: str = ""                # the same, short: "dp32 tp4 pp8 cp1 ZeRO-1 mb1, 1f1b"
     step_time_s: float = 0.0
@@ -128,7 +130,18 @@ def evaluate_point(inputs, key: str, value: str, knobs, top_k: int = 2) -> Point
     from .search import search
 
     t0 = time.perf_counter()
-    job = point_inputs(inputs, key, value).load()
+    try:
+        job = point_inputs(inputs, key, value).load()
+    except UserError as e:
+        # a GPU without that precision's tensor-core rate, or a runtime that does not run the recipe there, is an
+        # answer about this point (B200 runs MXFP8, the H100 does not), not an error of the sweep's
+        if key not in _NAMED or e.field != "--precision":
+            raise
+        # the point's job at the GPU's default precision: its GPUs, batch and sequence as the other points report them
+        ref = replace(point_inputs(inputs, key, value), precision=None).load()
+        return Point(fits=False, not_run=e.detail, value=value, gpus=ref.cluster.num_gpus,
+                     global_batch=ref.workload.global_batch, seq_len=ref.workload.seq_len,
+                     capacity_gib=ref.cluster.device.memory_bytes / GiB, search_s=time.perf_counter() - t0)
     cluster, workload = job.cluster, job.workload
     if key == "bandwidth":
         if not cluster.nics_per_node:

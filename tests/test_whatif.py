@@ -76,3 +76,27 @@ def test_profile_pricing_is_optional_and_checked(tmp_path):
     with pytest.raises(UserError) as e:
         load_cluster(str(broken))
     assert "pricing.source" in str(e.value)
+
+
+def test_a_point_whose_gpu_does_not_run_the_precision_is_reported_and_the_sweep_goes_on(cli, tmp_path):
+    # MXFP8 has a tensor-core rate on B200 (its profile's peak_tflops.mxfp8), none on the H100: the H100's point says
+    # so, the B200's is planned, and the sweep exits 0
+    out = cli("whatif", "--model", "llama3-8b", "--gpus", "8", "--framework", "megatron", "--precision", "mxfp8",
+              "--sweep", "gpu=b200,h100-80g", "--out", str(tmp_path), timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = list(csv.DictReader((tmp_path / "whatif.csv").open()))
+    assert [r["gpu"] for r in rows] == ["b200", "h100-80g"]
+    assert rows[0]["fits"] == "True" and rows[0]["not_run"] == "" and float(rows[0]["tokens_per_s"]) > 0
+    assert rows[1]["fits"] == "False" and "no mxfp8 tensor-core rate" in rows[1]["not_run"]
+    # the point keeps its job: one node's 8 GPUs, the same batch and sequence as the B200's, the H100's 80 GB
+    assert (rows[1]["gpus"], rows[1]["global_batch"], rows[1]["seq_len"]) == \
+        (rows[0]["gpus"], rows[0]["global_batch"], rows[0]["seq_len"])
+    assert float(rows[1]["capacity_gib"]) < 80
+    assert "h100-80g      not run  h100-80g's" in out.stdout
+
+
+def test_a_bad_precision_for_every_point_still_fails_the_sweep_up_front(cli, tmp_path):
+    # an error that is not about the point (here the value itself) stops the sweep with exit code 2
+    out = cli("whatif", "--model", "llama3-8b", "--gpus", "8", "--sweep", "precision=bf16,fp9", "--out",
+              str(tmp_path))
+    assert out.returncode == 2 and "--sweep: precision value 'fp9' is not allowed" in out.stderr

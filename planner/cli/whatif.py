@@ -71,6 +71,9 @@ class Progress:
 def format_points(points: list[Point], key: str) -> str:
     lines = [f"{key:>12} {'tokens/s':>12} {'MFU':>6} {'GiB':>6} {'$/Mtok':>7} {'kWh/Mtok':>8}  strategy"]
     for p in points:
+        if p.not_run:
+            lines.append(f"{p.value:>12} {'not run':>12}  {p.not_run}")
+            continue
         if not p.fits:
             lines.append(f"{p.value:>12} {'no plan fits':>12}")
             continue
