@@ -215,6 +215,35 @@ def test_megatron_block_recompute_per_stage(tmp_path):
     assert b.config.recompute_layers == expected and b.config.recompute == "full"
 
 
+@pytest.mark.parametrize("modules, policy, says", [
+    # Megatron-LM's default sub-modules for selective granularity: ["core_attn"] (TransformerConfig, core_v0.15.0)
+    ("", "selective", None),
+    ("--recompute-modules core_attn", "selective", None),
+    # a list without core_attn leaves the attention core alone; the modules meshplan does not model are named
+    ("--recompute-modules moe_act layernorm", "none", "--recompute-modules moe_act layernorm: not modelled"),
+    ("--recompute-modules layernorm core_attn", "selective", "--recompute-modules layernorm: not modelled"),
+    # nargs='*' with no value: an empty list, nothing recomputed
+    ("--recompute-modules", "none", "without core_attn"),
+])
+def test_megatron_recompute_modules(tmp_path, modules, policy, says):
+    # every value up to the next flag belongs to --recompute-modules (argparse nargs='*')
+    text = (f"--micro-batch-size 1 --recompute-granularity selective {modules} --global-batch-size 16 --bf16\n")
+    b, _, _ = read(tmp_path, "args.txt", text, gpus=8, model="llama3-8b")
+    assert b.config.recompute == policy and b.global_batch == 16
+    assert "--recompute-modules" not in b.ignored
+    if says:
+        assert any(says in note for note in b.notes), b.notes
+    else:
+        assert not any("--recompute-modules" in note for note in b.notes), b.notes
+
+
+def test_megatron_recompute_modules_without_selective_is_noted(tmp_path):
+    text = "--micro-batch-size 1 --recompute-modules moe_act --global-batch-size 16 --bf16\n"
+    b, _, _ = read(tmp_path, "args.txt", text, gpus=8, model="llama3-8b")
+    assert b.config.recompute == "none"
+    assert any("only under selective granularity" in note for note in b.notes), b.notes
+
+
 def test_megatron_pipeline_layout(tmp_path):
     text = ("--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Et*7|t*8|t*8|t*9,L "
             "--micro-batch-size 1 --global-batch-size 16 --bf16\n")
@@ -356,6 +385,8 @@ BAD = [   # (file name, content, extra arguments, what the line must say)
     ("tt.toml", "[parallelism]\ncontext_parallel_degree = 3\n", ["--gpus", "24"],
      ["tt.toml", "parallelism.context_parallel_degree", "cp 3", "sequence length (2048)", "multiple of 2 x cp"]),
     ("args.txt", MEGATRON_OK, ["--gpus", "8", "--tp", "2"], ["--tp/--pp", "only for a DeepSpeed config"]),
+    ("args.txt", "--recompute-granularity selective --recompute-modules core_attn attn\n", ["--gpus", "8"],
+     ["args.txt", "--recompute-modules", "'attn'", "core_attn, moe_act"]),
     ("missing.txt", None, ["--gpus", "8"], ["missing.txt", "cannot read"]),
 ]
 

@@ -33,7 +33,13 @@ PARALLEL = {   # flags that set the knobs (the values they take are checked wher
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--data-parallel-sharding-strategy",
     "--optimizer-offload-fraction", "--attention-backend", "--expert-model-parallel-size",
     "--expert-tensor-parallel-size", "--moe-token-dispatcher-type", "--fp8-format", "--fp8-recipe",
+    "--recompute-modules",
 }
+# flags that take any number of values (argparse nargs='*'), read as one space-separated string
+MULTI = {"--recompute-modules"}
+# --recompute-modules: the sub-modules --recompute-granularity selective recomputes (Megatron-LM arguments.py and
+# TransformerConfig at core_v0.15.0: these choices, default ["core_attn"]); meshplan's selective policy is core_attn's
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 SWITCHES = {   # store_true flags this reader models
     "--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--use-torch-fsdp2",
     "--optimizer-cpu-offload", "--recompute-activations", "--checkpoint-activations", "--bf16", "--fp16",
@@ -98,6 +104,13 @@ def _collect(tokens: list[str], variables: dict[str, str], args: dict[str, str |
             i += 1
             continue
         following = tokens[i + 1] if i + 1 < len(tokens) else ""
+        if flag in MULTI and not eq:          # every value up to the next flag (none: an empty list)
+            j = i + 1
+            while j < len(tokens) and not tokens[j].startswith("--"):
+                j += 1
+            args[flag] = " ".join(_expand(t, variables) for t in tokens[i + 1:j])
+            i = j
+            continue
         if eq:
             args[flag] = _expand(value, variables)
         elif flag in SWITCHES or not following or following.startswith("--"):
@@ -411,6 +424,13 @@ def _recompute(args: dict, source: str, blocks: list[int]) -> tuple[list[str], l
         granularity, method = "full", "uniform"
     else:
         method = _value(args, "--recompute-method", source)
+    modules = args.get("--recompute-modules")
+    modules = None if modules is None else ([] if modules is True else modules.split())
+    for module in modules or ():
+        choice(source, "--recompute-modules", module, RECOMPUTE_MODULES)
+    if modules is not None and granularity != "selective":
+        notes.append("--recompute-modules without --recompute-granularity selective: Megatron-LM reads it only "
+                     "under selective granularity")
     if granularity is None:
         return ["none"] * sum(blocks), notes
     choice(source, "--recompute-granularity", granularity, ("full", "selective"))
@@ -421,6 +441,15 @@ def _recompute(args: dict, source: str, blocks: list[int]) -> tuple[list[str], l
         if method is not None:
             raise UserError(f"{method!r} with --recompute-granularity selective (Megatron-LM asserts none); "
                             "allowed: no --recompute-method", source=source, field="--recompute-method")
+        modules = ["core_attn"] if modules is None else modules
+        others = [m for m in modules if m != "core_attn"]
+        if others:
+            notes.append(f"--recompute-modules {' '.join(others)}: not modelled; meshplan prices those sub-modules' "
+                         "activations as kept (more memory than the run holds) and nothing of them recomputed")
+        if "core_attn" not in modules:
+            notes.append("--recompute-granularity selective without core_attn in --recompute-modules: the attention "
+                         "core is not recomputed (read as no recompute, but for the modules above)")
+            return ["none"] * sum(blocks), notes
         return ["selective"] * sum(blocks), notes
     choice(source, "--recompute-method", method, ("uniform", "block"))
     count = _int(args, "--recompute-num-layers", source, 1 if method == "uniform" else None, minimum=0)
