@@ -237,16 +237,19 @@ def moe_case_settings(case: dict) -> tuple[dict, dict]:
     return job, knobs
 
 
-# Where the summary's row and the performance script that ran it disagree on a degree: the script's value and where
-# it is set. The rows stay checked with the summary's degrees; these are printed beside them. Megatron-Bridge @5776a6d90
-# (the commit of the 25.11 summary): scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py sets
-# expert_model_parallel_size=64 for GPT-OSS 120B on B200 (and GB200, GB300, whose summary rows say 64) where the B200
-# row says EP 8; the same table's H100 row gives GA 2 for PP 4 on 64 GPUs at GBS 512 and MBS 4, which needs GA 8, so
-# its columns are not all the runs' own.
+# Where the summary's row and the performance script of its release disagree on a knob: the script's value and where
+# it is set. The rows stay checked with the summary's degrees; these are printed beside them. The script: Megatron-Bridge
+# tag v0.2.0 (2025-11-26, eight days before the 25.11 summary was committed; the same values through v0.2.2 and at
+# 5776a6d90, the summary's commit), scripts/performance/configs/gpt_oss/workload_base_configs.py. B200: EP 64 (the
+# GB200 and GB300 rows of the summary say 64 too) where the row says 8. H100: the base's micro_batch_size=1 with
+# PP 4, where the row says MBS 4 and GA 2, which do not give GBS 512 at DP 16 (MBS 1 does, with GA 32). Both also set
+# recompute_modules layernorm and moe_act, which meshplan does not model (recompute stays searched).
+_GPT_OSS_SCRIPT = "Megatron-Bridge v0.2.0 scripts/performance/configs/gpt_oss/workload_base_configs.py: "
 AS_CONFIGURED = {
     "MBRIDGE2511-B200-GPTOSS_120B-64gpu-BF16": (
-        {"ep": 64}, "Megatron-Bridge @5776a6d90 scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py: "
-                    "GPT_OSS_120B_PRETRAIN_CONFIG_B200_BF16_BASE_CONFIG expert_model_parallel_size=64"),
+        {"ep": 64}, _GPT_OSS_SCRIPT + "GPT_OSS_120B_B200_BF16_BASE_CONFIG expert_model_parallel_size=64"),
+    "MBRIDGE2511-H100-GPTOSS_120B-64gpu-BF16": (
+        {"micro_batch": 1}, _GPT_OSS_SCRIPT + "GPT_OSS_120B_H100_BF16_BASE_CONFIG micro_batch_size=1 (the base's)"),
 }
 
 
