@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .describe import runs
-from .recompute import POLICIES, RECOMPUTE_POLICIES, every_k
+from .recompute import POLICIES, RECOMPUTE_POLICIES, discard_modules, every_k
 from .placement import balanced_stage_layers, layer_policies
 from .precision import RECIPES
 from .schedules import SCHEDULES
@@ -283,6 +283,14 @@ def _megatron_pipeline(plan) -> tuple[list[list[str]], list[str]]:
     return [["--pipeline-model-parallel-layout", _layout(plan)]], notes
 
 
+def _block_layers(plan) -> list:
+    """The layers of the plan's model as the cost model priced them (a config model's; none for a traced one)."""
+    if plan.spec is None:
+        return []
+    from .layers import build_layer_graph
+    return [layer for layer in build_layer_graph(plan.spec).layers if layer.is_block]
+
+
 def _megatron_recompute(plan) -> tuple[list[list[str]], list[str]]:
     rec = recompute_per_stage(plan)
     uniform = _uniform_recompute(plan)
@@ -290,6 +298,12 @@ def _megatron_recompute(plan) -> tuple[list[list[str]], list[str]]:
         return [], []
     if uniform == "selective":
         return [["--recompute-granularity", "selective"]], []
+    if uniform == "discard":        # the output-discarding modules this model has (recompute.discard_modules)
+        modules = discard_modules([op for layer in _block_layers(plan) for op in layer.ops])
+        if not modules:
+            return [], ["the output-discarding recompute frees nothing in this model (no MoE block, no MLA): "
+                        "no recompute flags"]
+        return [["--recompute-granularity", "selective"], ["--recompute-modules", *modules]], []
     if uniform is not None:
         return [["--recompute-granularity", "full"], ["--recompute-method", "uniform"],
                 ["--recompute-num-layers", "1"]], _recomputed_as_full(rec)
@@ -660,6 +674,9 @@ def _torchtitan_checkpoint(plan) -> tuple[dict, list[str]]:
     if uniform == "activation-offload":
         return {"mode": "full"}, ["torchtitan has no activation offload: full recompute instead (less memory, "
                                   "slower); or wrap the blocks' forward in torch.autograd.graph.save_on_cpu"]
+    if uniform == "discard":
+        return {"mode": "full"}, ["torchtitan has no output-discarding recompute (Megatron-Core's): full recompute "
+                                  "instead (less memory, slower)"]
     k = _torchtitan_layer_sac(plan)
     if k is not None:
         return {"mode": "selective", "selective_ac_option": str(k)}, []

@@ -47,6 +47,11 @@ class BlockFacts:
     tail_fwd_s: float = 0.0         # the forward after the last op whose saved tensor backward needs, which a
                                     # checkpoint that stops early does not redo (``Timing.checkpoint_early_stop``)
     tail_flops: float = 0.0         # its matmul FLOPs
+    discard_bytes: float = 0.0      # of ``saved_bytes``, what Megatron-Core's output-discarding checkpoint drops
+                                    # (``discarded_ops``): a MoE block's pre-MLP norm output, the experts'
+                                    # activation output, MLA's input-norm output and its up-projected q, k and v
+    discard_fwd_s: float = 0.0      # the forward seconds of the ops that rebuild them
+    discard_flops: float = 0.0      # their matmul FLOPs (MLA's up-projections)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,6 +108,18 @@ def _op(f: BlockFacts) -> PolicyCost:
                       peak_extra_bytes=f.workspace_bytes + f.saved_bytes, recompute_flops=f.op_redo_flops)
 
 
+def _discard(f: BlockFacts) -> PolicyCost:
+    """Megatron-Core's output-discarding checkpoint (tensor_parallel.CheckpointWithoutOutput, core_v0.15.0: the
+    ``layernorm``, ``moe_act`` and ``mla_up_proj`` recompute modules): a cheap op's output is freed once its consumer
+    has run forward, and the op is run again just before that consumer's backward. What the consumers kept of
+    those outputs goes (``discard_bytes``); the ops are redone once each, and while the layer runs backward the
+    rebuilt outputs are back on top of its workspace. Where the block has none of those ops this is "none"."""
+    if not f.discard_bytes:
+        return _none(f)
+    return PolicyCost(recompute_s=f.discard_fwd_s, act_bytes=f.saved_bytes - f.discard_bytes,
+                      peak_extra_bytes=f.workspace_bytes + f.discard_bytes, recompute_flops=f.discard_flops)
+
+
 def _full(f: BlockFacts) -> PolicyCost:
     """Chen et al. 2016: keep the input, redo the forward before backward, which rebuilds every saved tensor
     while the backward runs: all of it, or up to the last tensor backward needs where the runtime's checkpoint
@@ -142,6 +159,15 @@ SELECTIVE = RecomputePolicy(
     needs="a checkpoint around the attention core (torch.utils.checkpoint)", cost=_selective,
     megatron="--recompute-granularity selective", torchtitan=None,
     deepspeed="--recompute-granularity selective (Megatron-DeepSpeed)")
+DISCARD = RecomputePolicy(
+    name="discard", title="output-discarding recompute",
+    description="free the outputs of a block's cheap ops once their consumer has run and redo them before its "
+                "backward: a MoE block's pre-MLP norm, the experts' activation, MLA's input norm, up-projections "
+                "and RoPE (Megatron-Core --recompute-granularity selective --recompute-modules layernorm moe_act "
+                "mla_up_proj, those the model has); the same as none where a block has none of them",
+    needs="Megatron-Core's output-discarding checkpoint (tensor_parallel.CheckpointWithoutOutput)", cost=_discard,
+    megatron="--recompute-granularity selective --recompute-modules (layernorm, moe_act, mla_up_proj: those the "
+             "model has)", torchtitan=None, deepspeed=None)
 OP = RecomputePolicy(
     name="op", title="operator-level selective recompute (op)",
     description="operator-level selective checkpointing: keep the outputs of matmuls (every other mm), attention "
@@ -164,7 +190,7 @@ ACTIVATION_OFFLOAD = RecomputePolicy(
     needs="saved-tensor hooks with a copy stream, and host memory for the micro-batches in flight",
     cost=_activation_offload, megatron=None, torchtitan=None, deepspeed=None)
 
-POLICY_RECORDS: tuple[RecomputePolicy, ...] = (NONE, SELECTIVE, OP, FULL, ACTIVATION_OFFLOAD)
+POLICY_RECORDS: tuple[RecomputePolicy, ...] = (NONE, SELECTIVE, DISCARD, OP, FULL, ACTIVATION_OFFLOAD)
 RECOMPUTE_POLICIES: dict[str, RecomputePolicy] = {p.name: p for p in POLICY_RECORDS}
 POLICIES: tuple[str, ...] = tuple(RECOMPUTE_POLICIES)     # simplest first: the order ties are broken in
 ALIASES: dict[str, str] = {alias: p.name for p in POLICY_RECORDS for alias in p.aliases}
@@ -172,6 +198,37 @@ DESCRIPTIONS = {p.name: p.description for p in POLICY_RECORDS}
 EVERY_K_DESCRIPTION = "full recompute on every K-th block, none on the others (torchtitan selective_ac_option = 'K')"
 
 _EVERY = re.compile(r"every-(\d+)")
+
+
+def discarded_ops(ops) -> tuple[frozenset[str], frozenset[str]]:
+    """(names of the ops "discard" redoes, names of the ops whose kept tensors it frees) among one block's ``ops``, as
+    Megatron-Core's recompute modules reach them (core_v0.15.0): ``layernorm`` the norms that are modules of their
+    own (gpt_layer_specs.py: the pre-MLP norm of a MoE block, the input norm under MLA; elsewhere TransformerEngine
+    fuses them into the next linear), whose output the router or MLA's down-projections keep; ``moe_act`` the
+    experts' activation (experts.py), whose output their down-projection keeps; ``mla_up_proj`` MLA's up-projections
+    and RoPE (multi_latent_attention.py), whose q, k and v the attention core keeps."""
+    moe = any(op.kind == "linear" and op.expert for op in ops)
+    mla = any(op.name.endswith(".attn.kv_down") for op in ops)
+    redo, freed = set(), set()
+    for op in ops:
+        name = op.name
+        if moe and (name.endswith(".mlp_norm") or (op.expert and name.endswith(".mlp.act"))):
+            redo.add(name)
+        if moe and (name.endswith(".mlp.router") or (op.expert and name.endswith(".mlp.down_proj"))):
+            freed.add(name)
+        if mla and name.endswith((".attn_norm", ".attn.q_up", ".attn.kv_up", ".attn.rope")):
+            redo.add(name)
+        if mla and name.endswith((".attn.q_down", ".attn.q_proj", ".attn.kv_down", ".attn.core")):
+            freed.add(name)
+    return frozenset(redo), frozenset(freed)
+
+
+def discard_modules(ops) -> tuple[str, ...]:
+    """Megatron-Core's ``--recompute-modules`` that are "discard" on a model whose blocks hold ``ops`` (all blocks'
+    ops together): layernorm with a MoE block or MLA, moe_act with a MoE block, mla_up_proj with MLA."""
+    moe = any(op.kind == "linear" and op.expert for op in ops)
+    mla = any(op.name.endswith(".attn.kv_down") for op in ops)
+    return tuple(m for m, has in (("layernorm", moe or mla), ("moe_act", moe), ("mla_up_proj", mla)) if has)
 
 
 def canonical(name: str) -> str:

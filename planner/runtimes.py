@@ -19,7 +19,9 @@ from .schedules import SCHEDULES
 
 DeviceKind = Literal["cuda", "cpu"]
 DEVICE_KINDS = ("cuda", "cpu")
-ALL_RECOMPUTES = POLICIES      # planner/recompute.py; meshplan's executor runs them all (executor/activations.py)
+# planner/recompute.py; meshplan's executor runs them all (executor/activations.py) but Megatron-Core's
+# output-discarding checkpoint ("discard"), which is Megatron-LM's alone
+ALL_RECOMPUTES = tuple(p for p in POLICIES if p != "discard")
 # Megatron-LM and DeepSpeed run the policies they have a name for (planner/recompute.py): Megatron-LM's
 # --recompute-granularity selective|full (no operator-level policy; its activation offload, --cpu-offloading,
 # is not modelled); DeepSpeed's checkpointing by layer (and Megatron-DeepSpeed's selective)

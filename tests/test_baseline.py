@@ -215,21 +215,29 @@ def test_megatron_block_recompute_per_stage(tmp_path):
     assert b.config.recompute_layers == expected and b.config.recompute == "full"
 
 
-@pytest.mark.parametrize("modules, policy, says", [
+@pytest.mark.parametrize("model, modules, policy, says", [
     # Megatron-LM's default sub-modules for selective granularity: ["core_attn"] (TransformerConfig, core_v0.15.0)
-    ("", "selective", None),
-    ("--recompute-modules core_attn", "selective", None),
-    # a list without core_attn leaves the attention core alone; the modules meshplan does not model are named
-    ("--recompute-modules moe_act layernorm", "none", "--recompute-modules moe_act layernorm: not modelled"),
-    ("--recompute-modules layernorm core_attn", "selective", "--recompute-modules layernorm: not modelled"),
+    ("llama3-8b", "", "selective", None),
+    ("llama3-8b", "--recompute-modules core_attn", "selective", None),
+    # the output-discarding modules are meshplan's "discard" (all of them the model has: GPT-OSS, a MoE without
+    # MLA, has layernorm and moe_act; DeepSeek-V3 mla_up_proj too)
+    ("gpt-oss-120b", "--recompute-modules moe_act layernorm", "discard", None),
+    ("deepseek-v3", "--recompute-modules layernorm moe_act mla_up_proj", "discard", None),
+    ("deepseek-v3", "--recompute-modules moe_act", "discard", "frees what all of this model's output-discarding "
+                                                            "modules free (layernorm moe_act mla_up_proj)"),
+    ("gpt-oss-120b", "--recompute-modules layernorm moe_act core_attn", "discard", "core_attn beside"),
+    # a dense model without MLA has none of them: read as discard, which frees nothing there, and said
+    ("llama3-8b", "--recompute-modules layernorm", "discard", "none: it has no MoE block and no MLA"),
     # nargs='*' with no value: an empty list, nothing recomputed
-    ("--recompute-modules", "none", "without core_attn"),
+    ("llama3-8b", "--recompute-modules", "none", "without core_attn"),
+    # modules meshplan does not model are named, and priced as kept
+    ("llama3-8b", "--recompute-modules mlp", "none", "--recompute-modules mlp: not modelled"),
 ])
-def test_megatron_recompute_modules(tmp_path, modules, policy, says):
+def test_megatron_recompute_modules(tmp_path, model, modules, policy, says):
     # every value up to the next flag belongs to --recompute-modules (argparse nargs='*')
-    text = (f"--micro-batch-size 1 --recompute-granularity selective {modules} --global-batch-size 16 --bf16\n")
-    b, _, _ = read(tmp_path, "args.txt", text, gpus=8, model="llama3-8b")
-    assert b.config.recompute == policy and b.global_batch == 16
+    text = (f"--micro-batch-size 1 --recompute-granularity selective {modules} --global-batch-size 64 --bf16\n")
+    b, _, _ = read(tmp_path, "args.txt", text, gpus=64 if model != "llama3-8b" else 8, model=model)
+    assert b.config.recompute == policy and b.global_batch == 64
     assert "--recompute-modules" not in b.ignored
     if says:
         assert any(says in note for note in b.notes), b.notes
@@ -238,7 +246,7 @@ def test_megatron_recompute_modules(tmp_path, modules, policy, says):
 
 
 def test_megatron_recompute_modules_without_selective_is_noted(tmp_path):
-    text = "--micro-batch-size 1 --recompute-modules moe_act --global-batch-size 16 --bf16\n"
+    text = "--micro-batch-size 1 --recompute-modules mlp --global-batch-size 16 --bf16\n"
     b, _, _ = read(tmp_path, "args.txt", text, gpus=8, model="llama3-8b")
     assert b.config.recompute == "none"
     assert any("only under selective granularity" in note for note in b.notes), b.notes

@@ -110,7 +110,7 @@ CASES = {
     "tp style": ("gpt", _set("tp_plan", {"layers.0.attn.q_proj": "diagonal"}), "gpt", [],
                  ["plan.json: tp_plan: 'diagonal' for 'layers.0.attn.q_proj'; allowed: colwise, rowwise, vocab,"]),
     "recompute policy": ("gpt", _set("recompute_per_layer", {"layers.0": "some"}), "gpt", [],
-                         ["plan.json: recompute_per_layer: 'some' for 'layers.0'; allowed: none, selective, op, full or activation-offload"]),
+                         ["plan.json: recompute_per_layer: 'some' for 'layers.0'; allowed: none, selective, discard, op, full or activation-offload"]),
     "estimate step time": ("gpt", _set("estimate.step_time_s", "fast"), "gpt", [],
                            ["plan.json: estimate.step_time_s: must be a number, got 'fast'"]),
     "estimate memory per stage": ("gpt", _set("estimate.memory_per_stage_bytes", 5), "gpt", [],

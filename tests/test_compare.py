@@ -198,6 +198,14 @@ def plan_experts_folded():
         framework="megatron")
 
 
+def plan_experts_discard():
+    # DeepSeek-V3 (MoE and MLA) under Megatron's output-discarding recompute: --recompute-modules layernorm moe_act
+    # mla_up_proj
+    return fixed_plan("deepseek-v3", "h100-80g", 256, ParallelConfig(
+        dp=8, tp=1, pp=32, ep=8, zero=1, micro_batch=1, num_microbatches=32, recompute="discard"),
+        framework="megatron")
+
+
 def plan_experts_fsdp():
     # Qwen3-30B-A3B under FSDP, 128 experts over ep 8 of the 16 data-parallel ranks (torchtitan's way)
     return fixed_plan("qwen3-30b-a3b", "h100-80g", 16, ParallelConfig(
@@ -235,7 +243,7 @@ def plan_dualpipev():
 PLANS = {f.__name__[5:]: f for f in (plan_zbv_unequal, plan_interleaved_zb, plan_dualpipev, plan_zero3_no_pipeline, plan_tp_pp_distributed_optimizer,
                                      plan_interleaved_unequal, plan_context_parallel_zero3, plan_pipeline_offload,
                                      plan_block_recompute, plan_stages_that_cannot_be_equal, plan_experts_folded,
-                                     plan_experts_fsdp, plan_experts_deepspeed)}
+                                     plan_experts_fsdp, plan_experts_deepspeed, plan_experts_discard)}
 # (plan, format, knobs the format cannot hold: the export's notes say so)
 ROUND_TRIP = [
     *[(name, "plan.json", ()) for name in PLANS],

@@ -25,7 +25,8 @@ from executor_support import SEQ, TINY_GPT, TINY_LLAMA, assert_losses, reference
 from planner.cluster import load_cluster
 from planner.cost.layer import Context, layer_cost
 from planner.layers import build_layer_graph
-from planner.recompute import POLICIES, every_k_layers
+from planner.recompute import every_k_layers
+from planner.runtimes import ALL_RECOMPUTES as POLICIES     # what the executor applies (no Megatron "discard")
 
 STEPS = 3
 MODELS = {"gpt": TINY_GPT, "llama": TINY_LLAMA}

@@ -186,3 +186,49 @@ def test_a_residual_dropout_keeps_the_whole_forward_in_the_rebuild():
     that stops early re-runs everything, the 4h -> h projection included."""
     gpt = cost(build_layer_graph(ZOO["gpt-18.4b"]), mb=1, seq=2048)
     assert gpt.policy("full").recompute_flops == pytest.approx(gpt.matmul_flops_fwd, rel=1e-9)
+
+
+def _megatron_block(name, index):
+    ctx = Context(micro_batch=1, seq_len=4096, tp=1, cp=1, sequence_parallel=False, precision="bf16",
+                  attention="flash", framework="megatron", tp_comm_overlap=False)
+    return layer_cost(build_layer_graph(ZOO[name]).layers[1 + index], ctx, H100)
+
+
+def test_discard_frees_the_router_input_and_the_experts_activation_output():
+    """Megatron-Core's output-discarding recompute (--recompute-modules layernorm moe_act) on a Qwen3-30B-A3B block
+    (h 2048, top-8 of experts 768 wide, no MLA): the pre-MLP norm's output, which the router keeps, and the experts'
+    activation output, which their down-projection keeps, go (bf16: 2 bytes each); the norm (4 h bytes a token
+    through HBM) and the activation (10 f k) are redone, at the H100 profile's 3350 GB/s x 0.90."""
+    h, f, k, tokens = 2048, 768, 8, 4096
+    spec = ZOO["qwen3-30b-a3b"]
+    assert (spec.hidden, spec.expert_ffn, spec.experts_per_token, spec.is_mla) == (h, f, k, False)
+    cost = _megatron_block("qwen3-30b-a3b", 0)
+    none, discard = cost.policy("none"), cost.policy("discard")
+    assert none.act_bytes - discard.act_bytes == pytest.approx(2 * (h + k * f) * tokens, rel=1e-9)
+    assert discard.recompute_s == pytest.approx((4 * h + 10 * f * k) * tokens / (3350e9 * 0.90), rel=1e-9)
+    assert discard.recompute_flops == 0.0
+
+
+def test_discard_under_mla_also_frees_q_k_v_and_the_input_norms_output():
+    """DeepSeek-V3 (MLA: q through rank 1536, 128 heads of q.k width 192 and v 128; h 7168; top-8 experts 2048 wide;
+    3 dense blocks first): --recompute-modules layernorm moe_act mla_up_proj. Its input norm is a module of its own
+    under MLA, and q_down keeps its output (kv_down shares it); the up-projections' q, k and v, which the attention
+    core keeps, go; a dense block frees those two alone. The up-projections are redone: their forward FLOPs."""
+    h, k, f, heads, qk, v, r_q, r_kv = 7168, 8, 2048, 128, 192, 128, 1536, 512
+    q = heads * qk
+    attention = h + 2 * q + heads * v            # q_down's input, and the core's q, k (as wide as q) and v
+    dense, moe = _megatron_block("deepseek-v3", 0), _megatron_block("deepseek-v3", 3)
+    tokens = 4096
+    assert dense.policy("none").act_bytes - dense.policy("discard").act_bytes == \
+        pytest.approx(2 * attention * tokens, rel=1e-9)
+    assert moe.policy("none").act_bytes - moe.policy("discard").act_bytes == \
+        pytest.approx(2 * (attention + h + k * f) * tokens, rel=1e-9)
+    up = 2 * tokens * (r_q * q + r_kv * heads * (qk - 64 + v))     # q_up and kv_up (no-RoPE key and value)
+    assert moe.policy("discard").recompute_flops == pytest.approx(up, rel=1e-9)
+    assert dense.policy("discard").recompute_flops == pytest.approx(up, rel=1e-9)
+
+
+def test_discard_is_none_where_a_block_has_nothing_to_discard():
+    # Llama 3: TransformerEngine fuses both norms into the next linear, no experts, no MLA
+    cost = _megatron_block("llama3-8b", 0)
+    assert cost.policy("discard") == cost.policy("none") and cost.policy("discard").recompute_s == 0.0

@@ -36,7 +36,8 @@ def _plan_for(schedule: str, recompute: str = "none"):
     vpp = 2 if record.virtual_stages else 1
     config = ParallelConfig(dp=4, tp=1, pp=2, zero=1, micro_batch=1, num_microbatches=4, vpp=vpp, schedule=schedule,
                             recompute=recompute)
-    return fixed_plan("llama3-8b", "h100-80g", 8, config, framework="torch")
+    # Megatron-Core's output-discarding checkpoint is Megatron-LM's alone
+    return fixed_plan("llama3-8b", "h100-80g", 8, config, framework="megatron" if recompute == "discard" else "torch")
 
 
 # -- pipeline schedules ------------------------------------------------------------------------------
@@ -137,14 +138,17 @@ def test_plan_json_accepts_every_policy_and_its_earlier_names():
             layers = ParallelConfig.from_json({**base, "recompute": alias, "recompute_layers": ["none", alias]})
             assert layers.recompute_layers == ("none", record.name)
     assert ALIASES == {"offload": "activation-offload"}
-    with pytest.raises(UserError, match="allowed: none, selective, op, full, activation-offload or every-K"):
+    with pytest.raises(UserError, match="allowed: none, selective, discard, op, full, activation-offload or every-K"):
         ParallelConfig.from_json({**base, "recompute": "sometimes"})
 
 
 def test_each_runtime_runs_the_policies_it_has_a_name_for_and_the_executor_applies_each():
     from executor.activations import APPLY
-    assert RUNTIMES["torch"].on("cuda").recomputes == tuple(RECOMPUTE_POLICIES) == tuple(APPLY)
-    assert RUNTIMES["megatron"].on("cuda").recomputes == runs_in("megatron") == ("none", "selective", "full")
+    # all but Megatron-Core's output-discarding checkpoint, which the executor does not implement
+    torch_policies = tuple(p for p in RECOMPUTE_POLICIES if p != "discard")
+    assert RUNTIMES["torch"].on("cuda").recomputes == torch_policies == tuple(APPLY)
+    assert RUNTIMES["megatron"].on("cuda").recomputes == runs_in("megatron") == ("none", "selective", "discard",
+                                                                                  "full")
     assert RUNTIMES["deepspeed"].on("cuda").recomputes == runs_in("deepspeed")
 
 
@@ -168,7 +172,10 @@ def test_every_export_names_the_policy_as_its_record_does(policy):
     record = RECOMPUTE_POLICIES[policy]
     plan = _plan_for("1f1b", policy)
     args = megatron_args(megatron(plan).text)
-    if record.megatron:                         # "--recompute-granularity X"
+    if policy == "discard":                     # Llama 3 has no MoE block and no MLA: it frees nothing there
+        assert "--recompute-granularity" not in args and "--recompute-modules" not in args
+        assert any("frees nothing in this model" in n for n in megatron(plan).notes)
+    elif record.megatron:                       # "--recompute-granularity X"
         assert args["--recompute-granularity"] == [record.megatron.split()[-1]]
     elif record.megatron is None:               # no such policy there: whole blocks recomputed, said in a note
         assert args["--recompute-granularity"] == ["full"]

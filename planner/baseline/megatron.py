@@ -22,6 +22,7 @@ from ..errors import UserError
 from ..layers import LayerGraph
 from ..model import ModelSpec
 from ..precision import RECIPES
+from ..recompute import discard_modules
 from .values import (Baseline, Context, FileModel, choice, data_parallel, global_batch, microbatches,
                      pipeline_layers, positive_int, recompute_of, schedule_of)
 
@@ -40,6 +41,8 @@ MULTI = {"--recompute-modules"}
 # --recompute-modules: the sub-modules --recompute-granularity selective recomputes (Megatron-LM arguments.py and
 # TransformerConfig at core_v0.15.0: these choices, default ["core_attn"]); meshplan's selective policy is core_attn's
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+DISCARD_MODULES = ("layernorm", "moe_act", "mla_up_proj")     # those Megatron-Core discards outputs of (meshplan's
+                                                              # "discard", planner/recompute.py)
 SWITCHES = {   # store_true flags this reader models
     "--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--use-torch-fsdp2",
     "--optimizer-cpu-offload", "--recompute-activations", "--checkpoint-activations", "--bf16", "--fp16",
@@ -298,7 +301,7 @@ def read(args: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
     m = microbatches(source, "--global-batch-size", "--micro-batch-size", batch, dp, micro)
     blocks = _stage_blocks(args, source, graph.num_blocks, pp)
     vpp = len(blocks) // pp if blocks else 1
-    per_block, notes = _recompute(args, source, blocks or [graph.num_blocks])
+    per_block, notes = _recompute(args, source, blocks or [graph.num_blocks], graph)
     recompute, recompute_layers = recompute_of(graph, per_block)
     zero, runtime, more = _zero(args, source)
     notes += more
@@ -412,7 +415,7 @@ def _zero(args: dict, source: str) -> tuple[int, str, list[str]]:
     return (1 if args.get("--use-distributed-optimizer") else 0), "megatron", []
 
 
-def _recompute(args: dict, source: str, blocks: list[int]) -> tuple[list[str], list[str]]:
+def _recompute(args: dict, source: str, blocks: list[int], graph: LayerGraph) -> tuple[list[str], list[str]]:
     """(policy per block, notes) from --recompute-granularity/-method/-num-layers."""
     notes = []
     granularity = _value(args, "--recompute-granularity", source)
@@ -442,10 +445,21 @@ def _recompute(args: dict, source: str, blocks: list[int]) -> tuple[list[str], l
             raise UserError(f"{method!r} with --recompute-granularity selective (Megatron-LM asserts none); "
                             "allowed: no --recompute-method", source=source, field="--recompute-method")
         modules = ["core_attn"] if modules is None else modules
-        others = [m for m in modules if m != "core_attn"]
+        others = [m for m in modules if m not in ("core_attn",) + DISCARD_MODULES]
         if others:
             notes.append(f"--recompute-modules {' '.join(others)}: not modelled; meshplan prices those sub-modules' "
                          "activations as kept (more memory than the run holds) and nothing of them recomputed")
+        listed = [m for m in modules if m in DISCARD_MODULES]
+        if listed:      # meshplan's "discard": every output-discarding module the model has
+            has = discard_modules([op for layer in graph.layers if layer.is_block for op in layer.ops])
+            if sorted(listed) != sorted(has):
+                notes.append(f"--recompute-modules {' '.join(listed)}: read as meshplan's output-discarding recompute, "
+                             f"which frees what all of this model's output-discarding modules free "
+                             f"({' '.join(has) or 'none: it has no MoE block and no MLA'})")
+            if "core_attn" in modules:
+                notes.append("--recompute-modules core_attn beside the output-discarding modules: priced as those "
+                             "alone (under flash attention the attention core keeps nothing more to recompute)")
+            return ["discard"] * sum(blocks), notes
         if "core_attn" not in modules:
             notes.append("--recompute-granularity selective without core_attn in --recompute-modules: the attention "
                          "core is not recomputed (read as no recompute, but for the modules above)")

@@ -244,7 +244,8 @@ def add_knob_args(p: argparse.ArgumentParser) -> None:
                                                     f"stages: {', '.join(schedules.virtual_names())})")
     g.add_argument("--schedule", choices=schedules.NAMES, help="pipeline schedule (one line on each below)")
     g.add_argument("--recompute", type=recompute, metavar="POLICY",
-                   help="activation recompute policy of every block: none, selective, op, full, activation-offload, "
+                   help="activation recompute policy of every block: none, selective, discard (Megatron-LM), op, full, "
+                        "activation-offload, "
                         "or every-K (one line on each below); left out, the search picks one per block")
     g.add_argument("--sequence-parallel", type=on_off, metavar="on|off", help="sequence parallelism (tp >= 2)")
     g.add_argument("--optimizer-offload", type=on_off, metavar="on|off",

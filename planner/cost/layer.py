@@ -22,7 +22,7 @@ from ..layers import Layer, Op, Saved, op_replicated_params
 from .. import network
 from .. import finetune as modes
 from .. import precision as fp8_recipes
-from ..recompute import POLICY_RECORDS, BlockFacts, PolicyCost
+from ..recompute import POLICY_RECORDS, BlockFacts, PolicyCost, discarded_ops
 from ..runtimes import RUNTIMES, priced_as
 from .compute import device_memo, flash_attention_s, gemm_s, memory_bound_s, unfused_attention_s
 from .eager import CAST_UP_BYTES, eager_s
@@ -423,6 +423,8 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     compiled = ctx.compiled and layer.kind == "block"
     eager = dict(layer.eager).get(ctx.eager_regime) if ctx.eager_regime and not compiled else None
     sac = _SacOutputs()         # what operator-level selective checkpointing keeps (policy "op")
+    discard_redo, discard_freed = discarded_ops(layer.ops) if layer.kind == "block" else (frozenset(), frozenset())
+    discard = discard_fwd = discard_flops = 0.0     # what the output-discarding checkpoint frees and redoes
     fwd_by_op: list[tuple[float, float]] = []       # (forward seconds, matmul FLOPs) of each op, priced one by one
     eager_loss = RUNTIMES[ctx.framework].loss == "eager" if ctx.framework in RUNTIMES else True
     experts_part = _experts_part(layer) if ctx.ep_comm_overlap and routed else frozenset()
@@ -493,6 +495,8 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
             sac.attention(op, ctx, f)
         fwd_by_op.append((f if op.kind in ("linear", "attention") or eager is None or op.measured_fwd_s is not None
                           else 0.0, fl if op.kind == "linear" else 0.0))
+        if op.name in discard_redo:                      # Megatron-Core's output-discarding checkpoint redoes it
+            discard_fwd, discard_flops = discard_fwd + f, discard_flops + (fl if op.kind == "linear" else 0.0)
         if op.kind != "linear" or i in keeps_input:
             kept_by_op = op.saved if not compiled or op.compiled_saved is None or _gathered(op, ctx) \
                 else op.compiled_saved
@@ -501,8 +505,11 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
             shares = [1.0] * len(kept_by_op)
             if op.saves_linear_input and kept_by_op:    # the next linear's input: kept as that linear keeps it
                 shares[0] = _fp8_input_share(next(o for o in layer.ops[i + 1:] if o.kind == "linear"), ctx)
-            saved += sum(_saved_bytes(s, ctx) * share for s, share in zip(kept_by_op, shares)) \
-                * _routed_share(op, ctx) * _fp8_saved_share(op, ctx)
+            kept_bytes = [_saved_bytes(s, ctx) * share * _routed_share(op, ctx) * _fp8_saved_share(op, ctx)
+                          for s, share in zip(kept_by_op, shares)]
+            saved += sum(kept_bytes)
+            if op.name in discard_freed and kept_bytes:     # what it keeps of a discarded output: the attention
+                discard += kept_bytes[0] if op.kind == "attention" else sum(kept_bytes)     # core's q, k and v
         if op.kind == "linear" and ft.target(op.name):  # LoRA's B keeps its r-wide input, whole on every TP rank
             saved += ft.rank * op.tokens_factor * ctx.tokens * dt
         if op.unfused and op.unfused not in dev.fused_kernels and not compiled:
@@ -559,6 +566,7 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     tail_s, tail_flops = _checkpoint_tail(layer, ctx, fwd_by_op, keeps_input)
     facts = BlockFacts(
         tail_fwd_s=tail_s, tail_flops=tail_flops,
+        discard_bytes=discard, discard_fwd_s=discard_fwd, discard_flops=discard_flops,
         saved_bytes=saved + kept, attention_core_bytes=kept if ctx.attention == "unfused" else 0.0,
         attention_core_fwd_s=core_fwd + cp_fwd if ctx.attention == "unfused" and core_fwd else 0.0,
         input_bytes=input_bytes, fwd_s=fwd_total, bwd_s=bwd_total, matmul_flops_fwd=flops,
