@@ -432,8 +432,11 @@ def ranking_sentence(choice: dict, chosen: Estimate, runners_up) -> str | None:
     deltas = sorted(time_deltas(chosen.time, near.estimate.time), key=lambda item: -abs(item[1]))
     name, d = deltas[0]
     which = "more" if d > 0 else "less"
-    separates = (f"what separates it from the nearest ({100 * (near.estimate.step_time_s / chosen.step_time_s - 1):+.1f}%)"
-                 f" is {PARTS[name]}: {abs(d):.3g} s {which}")
+    gap = f"{100 * (near.estimate.step_time_s / chosen.step_time_s - 1):+.1f}%"
+    if abs(d) < 1e-4 * chosen.step_time_s:      # no part of the step tells them apart
+        separates = f"the nearest ({gap}) prices the same step, part by part"
+    else:
+        separates = f"what separates it from the nearest ({gap}) is {PARTS[name]}: {abs(d):.3g} s {which}"
     head = (f"{choice['within_band']} plans lie within the model's step-time error (±{100 * band:.1f}%, the "
             "validation's median) of the fastest: the ranking among them is within the model's error")
     if choice["rule"] == "fastest":
