@@ -433,7 +433,8 @@ def ranking_sentence(choice: dict, chosen: Estimate, runners_up) -> str | None:
     name, d = deltas[0]
     which = "more" if d > 0 else "less"
     gap = f"{100 * (near.estimate.step_time_s / chosen.step_time_s - 1):+.1f}%"
-    if abs(d) < 1e-4 * chosen.step_time_s:      # no part of the step tells them apart
+    tied = abs(near.estimate.step_time_s - chosen.step_time_s) < 1e-4 * chosen.step_time_s
+    if tied and abs(d) < 1e-4 * chosen.step_time_s:      # no part of the step tells them apart
         separates = f"the nearest ({gap}) prices the same step, part by part"
     else:
         separates = f"what separates it from the nearest ({gap}) is {PARTS[name]}: {abs(d):.3g} s {which}"

@@ -109,3 +109,14 @@ def test_the_headroom_changes_what_fits():
     for h in (0.0, 0.1, DEFAULT_MEMORY_HEADROOM):
         workload = replace(job.workload, memory_headroom=h)
         assert usable_bytes(job.cluster, workload) == pytest.approx(reserve + (cap - reserve) / (1 + h))
+
+
+def test_a_runner_up_that_prices_the_same_step_is_said_to():
+    # two layouts whose steps are the same part by part (dp 16 x cp 2 at micro-batch 1 and dp 8 x cp 4 at 2 hold the
+    # same tokens a rank): no part separates them, and the line says that rather than "compute: 0 s less"
+    _, fastest, _ = _job_and_candidates()
+    twin = Candidate(config=replace(fastest.config, micro_batch=fastest.config.micro_batch), estimate=fastest.estimate)
+    chosen, choice = choose(fastest, (twin,), band=0.05)
+    line = ranking_sentence(choice_json(choice, chosen), chosen.estimate,
+                            (Alternative(config=twin.config, estimate=twin.estimate, lost_on=""),))
+    assert "the nearest (+0.0%) prices the same step, part by part" in line and "0 s less" not in line
