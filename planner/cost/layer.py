@@ -158,6 +158,15 @@ def grouped_gemms_s(count: float, m: float, n: float, k: float, cluster: Cluster
     streams, whose kernels share the SMs s at a time (TransformerEngine's GroupedLinear); 1, one GEMM after another,
     each quantized on its own. ``dtypes``: the operands of the forward, dgrad and wgrad GEMMs where they differ
     from ``precision`` (an FP8 recipe's)."""
+    memo, key = device_memo(cluster.device, "grouped_gemms_s"), (count, m, n, k, precision, at_once, dtypes)
+    out = memo.get(key)
+    if out is None:
+        out = memo[key] = _grouped_gemms_s(count, m, n, k, cluster, precision, at_once, dtypes)
+    return out
+
+
+def _grouped_gemms_s(count: float, m: float, n: float, k: float, cluster: Cluster, precision: str,
+                     at_once: int, dtypes: tuple[str, str, str] | None) -> tuple[float, float]:
     dev = cluster.device
     f, d, w = dtypes or (precision, precision, precision)
 
@@ -423,7 +432,7 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     compiled = ctx.compiled and layer.kind == "block"
     eager = dict(layer.eager).get(ctx.eager_regime) if ctx.eager_regime and not compiled else None
     sac = _SacOutputs()         # what operator-level selective checkpointing keeps (policy "op")
-    discard_redo, discard_freed = discarded_ops(layer.ops) if layer.kind == "block" else (frozenset(), frozenset())
+    discard_redo, discard_freed = _discarded(layer)
     discard = discard_fwd = discard_flops = 0.0     # what the output-discarding checkpoint frees and redoes
     fwd_by_op: list[tuple[float, float]] = []       # (forward seconds, matmul FLOPs) of each op, priced one by one
     eager_loss = RUNTIMES[ctx.framework].loss == "eager" if ctx.framework in RUNTIMES else True
@@ -579,6 +588,21 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
         params=params, matmul_flops_fwd=flops, expert_params=expert_params, ep_comm_s=exchange_fwd + exchange_bwd,
         work_floor_s=floor, wgrad_s=wgrad, frozen_bytes=frozen_bytes, frozen_params=frozen_params,
         matmul_flops_bwd=bwd_flops if dgrad_only or not ft.full else None)
+
+
+_DISCARDED: dict[int, tuple[Layer, tuple[frozenset[str], frozenset[str]]]] = {}
+
+
+def _discarded(layer: Layer) -> tuple[frozenset[str], frozenset[str]]:
+    """``recompute.discarded_ops`` of a block (nothing for other layers), once per layer object: the search prices a
+    layer in thousands of contexts."""
+    held = _DISCARDED.get(id(layer))
+    if held is None or held[0] is not layer:
+        if len(_DISCARDED) > 4096:
+            _DISCARDED.clear()
+        held = _DISCARDED[id(layer)] = (layer, discarded_ops(layer.ops) if layer.kind == "block"
+                                        else (frozenset(), frozenset()))
+    return held[1]
 
 
 def _experts_part(layer: Layer) -> frozenset[int]:
