@@ -283,14 +283,6 @@ def _megatron_pipeline(plan) -> tuple[list[list[str]], list[str]]:
     return [["--pipeline-model-parallel-layout", _layout(plan)]], notes
 
 
-def _block_layers(plan) -> list:
-    """The layers of the plan's model as the cost model priced them (a config model's; none for a traced one)."""
-    if plan.spec is None:
-        return []
-    from .layers import build_layer_graph
-    return [layer for layer in build_layer_graph(plan.spec).layers if layer.is_block]
-
-
 def _megatron_recompute(plan) -> tuple[list[list[str]], list[str]]:
     rec = recompute_per_stage(plan)
     uniform = _uniform_recompute(plan)
@@ -299,7 +291,7 @@ def _megatron_recompute(plan) -> tuple[list[list[str]], list[str]]:
     if uniform == "selective":
         return [["--recompute-granularity", "selective"]], []
     if uniform == "discard":        # the output-discarding modules this model has (recompute.discard_modules)
-        modules = discard_modules([op for layer in _block_layers(plan) for op in layer.ops])
+        modules = discard_modules(plan.graph.layers)
         if not modules:
             return [], ["the output-discarding recompute frees nothing in this model (no MoE block, no MLA): "
                         "no recompute flags"]

@@ -200,6 +200,12 @@ EVERY_K_DESCRIPTION = "full recompute on every K-th block, none on the others (t
 _EVERY = re.compile(r"every-(\d+)")
 
 
+def _moe_and_mla(ops) -> tuple[bool, bool]:
+    """(some op is a routed expert's linear, some op is MLA's kv down-projection)."""
+    return (any(op.kind == "linear" and op.expert for op in ops),
+            any(op.name.endswith(".attn.kv_down") for op in ops))
+
+
 def discarded_ops(ops) -> tuple[frozenset[str], frozenset[str]]:
     """(names of the ops "discard" redoes, names of the ops whose kept tensors it frees) among one block's ``ops``, as
     Megatron-Core's recompute modules reach them (core_v0.15.0): ``layernorm`` the norms that are modules of their
@@ -207,8 +213,7 @@ def discarded_ops(ops) -> tuple[frozenset[str], frozenset[str]]:
     fuses them into the next linear), whose output the router or MLA's down-projections keep; ``moe_act`` the
     experts' activation (experts.py), whose output their down-projection keeps; ``mla_up_proj`` MLA's up-projections
     and RoPE (multi_latent_attention.py), whose q, k and v the attention core keeps."""
-    moe = any(op.kind == "linear" and op.expert for op in ops)
-    mla = any(op.name.endswith(".attn.kv_down") for op in ops)
+    moe, mla = _moe_and_mla(ops)
     redo, freed = set(), set()
     for op in ops:
         name = op.name
@@ -223,11 +228,10 @@ def discarded_ops(ops) -> tuple[frozenset[str], frozenset[str]]:
     return frozenset(redo), frozenset(freed)
 
 
-def discard_modules(ops) -> tuple[str, ...]:
-    """Megatron-Core's ``--recompute-modules`` that are "discard" on a model whose blocks hold ``ops`` (all blocks'
-    ops together): layernorm with a MoE block or MLA, moe_act with a MoE block, mla_up_proj with MLA."""
-    moe = any(op.kind == "linear" and op.expert for op in ops)
-    mla = any(op.name.endswith(".attn.kv_down") for op in ops)
+def discard_modules(layers) -> tuple[str, ...]:
+    """Megatron-Core's ``--recompute-modules`` that are "discard" on a model of these ``layers`` (a LayerGraph's):
+    layernorm with a MoE block or MLA, moe_act with a MoE block, mla_up_proj with MLA."""
+    moe, mla = _moe_and_mla([op for layer in layers if layer.is_block for op in layer.ops])
     return tuple(m for m, has in (("layernorm", moe or mla), ("moe_act", moe), ("mla_up_proj", mla)) if has)
 
 

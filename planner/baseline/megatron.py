@@ -451,7 +451,7 @@ def _recompute(args: dict, source: str, blocks: list[int], graph: LayerGraph) ->
                          "activations as kept (more memory than the run holds) and nothing of them recomputed")
         listed = [m for m in modules if m in DISCARD_MODULES]
         if listed:      # meshplan's "discard": every output-discarding module the model has
-            has = discard_modules([op for layer in graph.layers if layer.is_block for op in layer.ops])
+            has = discard_modules(graph.layers)
             if sorted(listed) != sorted(has):
                 notes.append(f"--recompute-modules {' '.join(listed)}: read as meshplan's output-discarding recompute, "
                              f"which frees what all of this model's output-discarding modules free "

@@ -50,8 +50,8 @@ def save_sweep_plots(points, key: str, sweep: tuple[str, str], folder: Path, tit
         ax.legend(loc="upper left", frameon=False)
     for i, p in enumerate(points):
         if not p.fits:
-            axes[0].annotate("not run here" if p.not_run else "no plan fits", (i, 0), textcoords="offset points", xytext=(0, 8), fontsize=7,
-                             ha="center", color="#aa0000")
+            axes[0].annotate("not run here" if p.not_run else "no plan fits", (i, 0), textcoords="offset points",
+                             xytext=(0, 8), fontsize=7, ha="center", color="#aa0000")
     axes[-1].set_xticks(x)
     axes[-1].set_xticklabels(labels)
     axes[-1].set_xlabel(xlabel)
