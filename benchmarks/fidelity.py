@@ -243,13 +243,17 @@ def moe_case_settings(case: dict) -> tuple[dict, dict]:
 # 5776a6d90, the summary's commit), scripts/performance/configs/gpt_oss/workload_base_configs.py. B200: EP 64 (the
 # GB200 and GB300 rows of the summary say 64 too) where the row says 8. H100: the base's micro_batch_size=1 with
 # PP 4, where the row says MBS 4 and GA 2, which do not give GBS 512 at DP 16 (MBS 1 does, with GA 32). Both also set
-# recompute_modules layernorm and moe_act, which meshplan does not model (recompute stays searched).
+# recompute_modules layernorm and moe_act: meshplan's "discard" on GPT-OSS (a MoE without MLA).
 _GPT_OSS_SCRIPT = "Megatron-Bridge v0.2.0 scripts/performance/configs/gpt_oss/workload_base_configs.py: "
 AS_CONFIGURED = {
     "MBRIDGE2511-B200-GPTOSS_120B-64gpu-BF16": (
-        {"ep": 64}, _GPT_OSS_SCRIPT + "GPT_OSS_120B_B200_BF16_BASE_CONFIG expert_model_parallel_size=64"),
+        {"ep": 64, "recompute": "discard"},
+        _GPT_OSS_SCRIPT + "GPT_OSS_120B_B200_BF16_BASE_CONFIG expert_model_parallel_size=64, recompute_modules "
+                          "layernorm moe_act"),
     "MBRIDGE2511-H100-GPTOSS_120B-64gpu-BF16": (
-        {"micro_batch": 1}, _GPT_OSS_SCRIPT + "GPT_OSS_120B_H100_BF16_BASE_CONFIG micro_batch_size=1 (the base's)"),
+        {"micro_batch": 1, "recompute": "discard"},
+        _GPT_OSS_SCRIPT + "GPT_OSS_120B_H100_BF16_BASE_CONFIG micro_batch_size=1 (the base's), recompute_modules "
+                          "layernorm moe_act"),
 }
 
 
