@@ -632,6 +632,12 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
                                          f"gradients as separate passes) does not run on {who}; allowed with it: off"))
     if recompute is not None and recompute not in can.recomputes:
         out.append(("recompute", f"{recompute!r} does not run on {who}; allowed: {one_of(can.recomputes)}"))
+    elif recompute == "discard" and fp8 == "fp8-delayed":
+        # Megatron-Core (transformer_config.py at core_v0.15.0): "Delayed scaling does not support moe_act and
+        # layernorm recompute for fp8"
+        out.append(("recompute", f"'discard' with fp8-delayed does not run on {who} (Megatron-Core refuses the "
+                                 "moe_act and layernorm recompute modules under delayed scaling); allowed with it: "
+                                 f"{one_of([r for r in can.recomputes if r != 'discard'])}"))
     if sequence_parallel and not can.sequence_parallel:
         out.append(("sequence_parallel", f"sequence parallelism does not run on {who}; allowed: off"))
     elif sequence_parallel and latent_attention and not can.sp_with_latent_attention:

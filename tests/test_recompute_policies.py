@@ -232,3 +232,18 @@ def test_discard_is_none_where_a_block_has_nothing_to_discard():
     # Llama 3: TransformerEngine fuses both norms into the next linear, no experts, no MLA
     cost = _megatron_block("llama3-8b", 0)
     assert cost.policy("discard") == cost.policy("none") and cost.policy("discard").recompute_s == 0.0
+
+
+def test_discard_under_delayed_scaling_is_refused_and_never_searched():
+    """Megatron-Core refuses the moe_act and layernorm recompute modules under FP8 delayed scaling
+    (transformer_config.py at core_v0.15.0): fixed, it is an error naming --recompute; searched, it is not offered."""
+    from planner import api
+    from planner.search.space import Space
+    job = api.load_job("qwen3-30b-a3b", cluster="h100-80g", gpus=8, framework="megatron", precision="fp8-delayed")
+    with pytest.raises(UserError) as caught:
+        Space(job.graph, 8, job.workload, api.Knobs(recompute="discard"))
+    assert caught.value.field == "--recompute" and "delayed scaling" in str(caught.value)
+    assert "discard" not in Space(job.graph, 8, job.workload, api.Knobs()).recomputes()
+    current = api.load_job("qwen3-30b-a3b", cluster="h100-80g", gpus=8, framework="megatron",
+                           precision="fp8-tensorwise")
+    assert "discard" in Space(current.graph, 8, current.workload, api.Knobs()).recomputes()

@@ -163,7 +163,7 @@ class Space:
                                   recompute="full" if every_k(k.recompute) else k.recompute,
                                   num_kv_heads=g.num_kv_heads, num_experts=g.num_experts,
                                   ep=k.ep, dp=k.dp, latent_attention=g.latent_attention, compile=w.compile,
-                                  finetune=w.finetune, ep_comm_overlap=w.ep_comm_overlap):
+                                  finetune=w.finetune, ep_comm_overlap=w.ep_comm_overlap, fp8=w.fp8):
             raise UserError(why, field=knob_flag(knob))
 
     # -- enumeration ----------------------------------------------------------------------------
@@ -302,9 +302,10 @@ class Space:
         """The recompute policies to search (the runtime's, with the layout's expert parallelism where given), or the
         fixed one: a policy or ``every-K``."""
         allowed = list(self.can.recomputes)
-        if self.w.ep_comm_overlap:      # Megatron-Core refuses full recompute with it (a fixed one is refused above)
+        if self.w.ep_comm_overlap or self.w.fp8:     # Megatron-Core refuses full recompute with the one and the
+            # output-discarding modules with delayed scaling (a fixed policy is refused above)
             allowed = [p for p in allowed if not refusals(self.w.framework, self.device_kind, recompute=p,
-                                                          ep_comm_overlap=True)]
+                                                          ep_comm_overlap=self.w.ep_comm_overlap, fp8=self.w.fp8)]
         if layout is not None and layout.ep > 1 and self.can.recomputes_with_ep is not None:
             allowed = [p for p in allowed if p in self.can.recomputes_with_ep]
             fixed = self.k.recompute
