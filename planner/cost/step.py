@@ -80,6 +80,11 @@ class CostCache:
         self.policies = RUNTIMES[workload.framework].on(cluster.device_kind).recomputes \
             if workload.framework in RUNTIMES else RECOMPUTES
         self._layer: dict[Context, dict[str, LayerCost]] = {}
+        # signatures whose layer holds no expert op: expert parallelism changes nothing of their cost, so they are
+        # priced once for every ep (``signature_cost``)
+        self._without_experts = {sig for sig, i in self.representative.items()
+                                 if not any(op.expert for op in graph.layers[i].ops)}
+        self._no_ep: dict[Context, Context] = {}
         self._phases: dict[tuple, tuple[float, float, float]] = {}
         self._groups: dict[tuple, list] = {}
         self._ranks: dict[tuple, list] = {}
@@ -110,6 +115,11 @@ class CostCache:
                        compiled=w.compile)
 
     def signature_cost(self, signature: str, ctx: Context) -> LayerCost:
+        if ctx.ep > 1 and signature in self._without_experts:     # every ep prices such a layer as ep 1 does
+            plain = self._no_ep.get(ctx)
+            if plain is None:
+                plain = self._no_ep[ctx] = ctx._replace(ep=1, ep_comm_overlap=False)     # as ``_context`` at ep 1
+            ctx = plain
         costs = self._layer.get(ctx)
         if costs is None:
             costs = self._layer[ctx] = {}
