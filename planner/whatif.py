@@ -34,9 +34,9 @@ class Point:
     """The best plan at one value of the sweep."""
 
     value: str
-    gpus: int
-    global_batch: int
-    seq_len: int
+    gpus: int | None                # None only for a point not run whose GPUs were left to the sweep
+    global_batch: int | None        # None: left out, and the point was not run (it follows from the GPUs)
+    seq_len: int | None
     fits: bool
     not_run: str = ""               # why this point has no plan at all: its GPU or runtime does not run the
                                     # precision (a gpu= or precision= sweep; the other points still run)
@@ -133,15 +133,11 @@ def evaluate_point(inputs, key: str, value: str, knobs, top_k: int = 2) -> Point
     try:
         job = point_inputs(inputs, key, value).load()
     except UserError as e:
-        # a GPU without that precision's tensor-core rate, or a runtime that does not run the recipe there, is an
-        # answer about this point (B200 runs MXFP8, the H100 does not), not an error of the sweep's
-        if key not in _NAMED or e.field != "--precision":
+        # a GPU without that precision's tensor-core rate, a runtime that does not run the recipe there, or nodes the
+        # GPUs do not fill (128 GPUs on NVL72 racks of 72) is an answer about this point, not an error of the sweep's
+        if not ((key in _NAMED and e.field == "--precision") or (key == "gpu" and e.field == "--gpus")):
             raise
-        # the point's job at the GPU's default precision: its GPUs, batch and sequence as the other points report them
-        ref = replace(point_inputs(inputs, key, value), precision=None).load()
-        return Point(fits=False, not_run=e.detail, value=value, gpus=ref.cluster.num_gpus,
-                     global_batch=ref.workload.global_batch, seq_len=ref.workload.seq_len,
-                     capacity_gib=ref.cluster.device.memory_bytes / GiB, search_s=time.perf_counter() - t0)
+        return _not_run(inputs, key, value, e.detail, time.perf_counter() - t0)
     cluster, workload = job.cluster, job.workload
     if key == "bandwidth":
         if not cluster.nics_per_node:
@@ -161,6 +157,23 @@ def evaluate_point(inputs, key: str, value: str, knobs, top_k: int = 2) -> Point
                  tokens_per_s=e.tokens_per_s, mfu=e.mfu, memory_gib=e.memory.total / GiB,
                  usd_per_million_tokens=price, kwh_per_million_tokens=used.kwh_per_million_tokens if used else None,
                  search_s=time.perf_counter() - t0, **base)
+
+
+def _not_run(inputs, key: str, value: str, why: str, seconds: float) -> Point:
+    """The row of a point its GPU or runtime cannot run: the job as the other points report it where it loads at
+    the GPU's default precision (its GPUs, batch and sequence), else the GPUs, batch and sequence given (None where
+    left out: they follow from the GPUs), with the device's capacity."""
+    from .cluster import load_cluster
+    inputs = point_inputs(inputs, key, value)
+    try:
+        ref = replace(inputs, precision=None).load()
+        gpus, batch, seq, memory = (ref.cluster.num_gpus, ref.workload.global_batch, ref.workload.seq_len,
+                                    ref.cluster.device.memory_bytes)
+    except UserError:
+        gpus, batch, seq = inputs.gpus, inputs.global_batch, inputs.seq_len
+        memory = load_cluster(inputs.cluster).device.memory_bytes
+    return Point(fits=False, not_run=why, value=value, gpus=gpus, global_batch=batch, seq_len=seq,
+                 capacity_gib=memory / GiB, search_s=seconds)
 
 
 def sweep(inputs, key: str, values: list[str], knobs, *, top_k: int = 2, progress=None) -> list[Point]:
