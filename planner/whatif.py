@@ -34,12 +34,12 @@ class Point:
     """The best plan at one value of the sweep."""
 
     value: str
-    gpus: int | None                # None only for a point not run whose GPUs were left to the sweep
-    global_batch: int | None        # None: left out, and the point was not run (it follows from the GPUs)
+    gpus: int | None                # None, global_batch and seq_len too: a point not run (``not_run``) where
+    global_batch: int | None        # they were left out and follow from GPUs it cannot have
     seq_len: int | None
     fits: bool
     not_run: str = ""               # why this point has no plan at all: its GPU or runtime does not run the
-                                    # precision (a gpu= or precision= sweep; the other points still run)
+                                    # precision, or its nodes the GPUs do not fill (the other points still run)
     strategy: str = ""              # the chosen layout and knobs
     layout: str = ""                # the same, short: "dp32 tp4 pp8 cp1 ZeRO-1 mb1, 1f1b"
     step_time_s: float = 0.0

@@ -24,12 +24,13 @@ GEMM_ALIGN_ELEMS = 8          # 16-byte rows in 16-bit types: the alignment tens
 
 
 # the kernel-time functions are pure and the search asks for the same shapes in many contexts: results per
-# device and function (the device object itself is kept with them, so its id cannot be reused while they live)
-_MEMO: dict[tuple[int, str], tuple[Device, dict]] = {}
+# device and function (the device object itself is kept with them, so its id cannot be reused while they live);
+# also per layer, for what the cost model reads off a layer's ops in every context (planner/cost/layer.py)
+_MEMO: dict[tuple[int, str], tuple[object, dict]] = {}
 
 
-def device_memo(device: Device, name: str) -> dict:
-    """The memo of function ``name``'s results on ``device``."""
+def device_memo(device: object, name: str) -> dict:
+    """The memo of function ``name``'s results on ``device`` (a Device, or another immutable object: a Layer)."""
     held = _MEMO.get((id(device), name))
     if held is None or held[0] is not device:
         if len(_MEMO) > 128:

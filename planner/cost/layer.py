@@ -590,19 +590,13 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
         matmul_flops_bwd=bwd_flops if dgrad_only or not ft.full else None)
 
 
-_DISCARDED: dict[int, tuple[Layer, tuple[frozenset[str], frozenset[str]]]] = {}
-
-
 def _discarded(layer: Layer) -> tuple[frozenset[str], frozenset[str]]:
     """``recompute.discarded_ops`` of a block (nothing for other layers), once per layer object: the search prices a
     layer in thousands of contexts."""
-    held = _DISCARDED.get(id(layer))
-    if held is None or held[0] is not layer:
-        if len(_DISCARDED) > 4096:
-            _DISCARDED.clear()
-        held = _DISCARDED[id(layer)] = (layer, discarded_ops(layer.ops) if layer.kind == "block"
-                                        else (frozenset(), frozenset()))
-    return held[1]
+    memo = device_memo(layer, "discarded_ops")
+    if "ops" not in memo:
+        memo["ops"] = discarded_ops(layer.ops) if layer.kind == "block" else (frozenset(), frozenset())
+    return memo["ops"]
 
 
 def _experts_part(layer: Layer) -> frozenset[int]:
