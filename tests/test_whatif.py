@@ -114,3 +114,24 @@ def test_a_gpu_whose_nodes_the_gpus_do_not_fill_is_reported_and_the_sweep_goes_o
     assert nvl72["fits"] == "False" and "do not fill whole nodes of 72" in nvl72["not_run"]
     assert (nvl72["gpus"], nvl72["global_batch"], nvl72["seq_len"]) == ("128", "", "")
     assert float(nvl72["capacity_gib"]) > 150          # a B200-class GPU of the rack (186 GB HBM3e)
+
+
+def test_points_on_different_gpu_counts_are_compared_per_gpu():
+    """A gpu= sweep without --gpus plans one node of each profile (8 GPUs; an NVL72 rack is 72): the table then
+    names each point's GPUs and batch and gives throughput per GPU, so the rack does not read 9x faster."""
+    from planner.cli.whatif import format_points
+    from planner.whatif import Point
+
+    def point(value, gpus, batch, tokens):
+        return Point(value=value, gpus=gpus, global_batch=batch, seq_len=4096, fits=True, strategy="dp", layout="dp",
+                     tokens_per_s=tokens, mfu=0.4, memory_gib=50.0, capacity_gib=80.0)
+    table = format_points([point("b200", 8, 128, 12_000.0), point("gb200-nvl72", 72, 144, 144_000.0)], "gpu")
+    head, b200, rack = table.splitlines()
+    assert head.split()[:5] == ["gpu", "GPUs", "batch", "tokens/s", "per"]
+    assert b200.split()[:5] == ["b200", "8", "128", "12,000", "1,500"]
+    assert rack.split()[:5] == ["gb200-nvl72", "72", "144", "144,000", "2,000"]
+    # a gpus= sweep names the GPUs in its own column already; equal batches get no column
+    table = format_points([point("8", 8, 128, 8_000.0), point("16", 16, 128, 15_000.0)], "gpus")
+    head, first, second = table.splitlines()
+    assert "GPUs" not in head and "batch" not in head
+    assert first.split()[:3] == ["8", "8,000", "1,000"] and second.split()[:3] == ["16", "15,000", "938"]

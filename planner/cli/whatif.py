@@ -69,7 +69,15 @@ class Progress:
 
 
 def format_points(points: list[Point], key: str) -> str:
-    lines = [f"{key:>12} {'tokens/s':>12} {'MFU':>6} {'GiB':>6} {'$/Mtok':>7} {'kWh/Mtok':>8}  strategy"]
+    """The sweep as a table. Where the points differ in GPUs (a ``gpu=`` sweep without ``--gpus`` plans one node of
+    each profile: 8 GPUs, or a rack of 72), in global batch or in sequence length besides the swept key, those get a
+    column of their own, and throughput is also given per GPU, so that no row reads as faster for having more GPUs."""
+    run = [p for p in points if not p.not_run and p.fits]
+    extra = [(name, attr) for name, attr in (("GPUs", "gpus"), ("batch", "global_batch"), ("seq", "seq_len"))
+             if attr != key and len({getattr(p, attr) for p in run}) > 1]
+    head = "".join(f" {name:>6}" for name, _ in extra)
+    lines = [f"{key:>12}{head} {'tokens/s':>12} {'per GPU':>8} {'MFU':>6} {'GiB':>6} {'$/Mtok':>7} {'kWh/Mtok':>8}"
+             "  strategy"]
     for p in points:
         if p.not_run:
             lines.append(f"{p.value:>12} {'not run':>12}  {p.not_run}")
@@ -79,6 +87,7 @@ def format_points(points: list[Point], key: str) -> str:
             continue
         price = f"{p.usd_per_million_tokens:.3f}" if p.usd_per_million_tokens is not None else "-"
         kwh = f"{p.kwh_per_million_tokens:.3f}" if p.kwh_per_million_tokens is not None else "-"
-        lines.append(f"{p.value:>12} {p.tokens_per_s:>12,.0f} {100 * p.mfu:>5.1f}% {p.memory_gib:>6.1f} {price:>7} "
-                     f"{kwh:>8}  {p.strategy}")
+        cols = "".join(f" {getattr(p, attr):>6}" for _, attr in extra)
+        lines.append(f"{p.value:>12}{cols} {p.tokens_per_s:>12,.0f} {p.tokens_per_s / p.gpus:>8,.0f} "
+                     f"{100 * p.mfu:>5.1f}% {p.memory_gib:>6.1f} {price:>7} {kwh:>8}  {p.strategy}")
     return "\n".join(lines) + "\n"

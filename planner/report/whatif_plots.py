@@ -18,14 +18,20 @@ def save_sweep_plots(points, key: str, sweep: tuple[str, str], folder: Path, tit
     priced = [p for p in fitting if p.usd_per_million_tokens is not None]
     panels = 3 if priced else 2
     fig, axes = plt.subplots(panels, 1, figsize=(8, 3.0 * panels), sharex=True)
+    # points on different GPU counts (a gpu= sweep plans one node of each profile, and an NVL72 node is a rack of
+    # 72) are compared per GPU, and each tick says how many GPUs its point has
+    per_gpu = key != "gpus" and len({p.gpus for p in fitting}) > 1
+    if per_gpu:
+        labels = [f"{p.value}\n{p.gpus} GPUs" if p.gpus else p.value for p in points]
+    rate = [p.tokens_per_s / p.gpus if per_gpu else p.tokens_per_s for p in fitting]
     ax = axes[0]
-    ax.plot(xf, [p.tokens_per_s for p in fitting], "o-", color="#4878d0", label="throughput (tokens/s)")
-    ax.set_ylabel("tokens per second")
-    ax.set_ylim(0, max([p.tokens_per_s for p in fitting] or [1]) * 1.3)
+    ax.plot(xf, rate, "o-", color="#4878d0",
+            label="throughput per GPU (tokens/s)" if per_gpu else "throughput (tokens/s)")
+    ax.set_ylabel("tokens per second per GPU" if per_gpu else "tokens per second")
+    ax.set_ylim(0, max(rate or [1]) * 1.3)
     ax.set_xlim(-0.5, len(points) - 0.2)
-    for i, p in zip(xf, fitting):
-        ax.annotate(p.layout, (i, p.tokens_per_s), textcoords="offset points", xytext=(0, 8), fontsize=7,
-                    ha="center")
+    for i, p, r in zip(xf, fitting, rate):
+        ax.annotate(p.layout, (i, r), textcoords="offset points", xytext=(0, 8), fontsize=7, ha="center")
     twin = ax.twinx()
     twin.plot(xf, [100 * p.mfu for p in fitting], "s--", color="#ee854a", label="MFU (%)")
     twin.set_ylabel("MFU (%)")
