@@ -41,6 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from planner import api  # noqa: E402
+from planner.errors import UserError  # noqa: E402
 from planner.model import ModelSpec  # noqa: E402
 from planner.runtimes import RUNTIMES, priced_as  # noqa: E402
 from planner.search import search  # noqa: E402
@@ -321,14 +322,54 @@ def trend(rows: list[dict], key) -> tuple[float, float]:
     return sxy / sxx, sxy / math.sqrt(sxx * syy) if sxx and syy else 0.0
 
 
+def vpp_sensitivity(case: dict) -> list[tuple[int, float]]:
+    """(virtual stages, error) of ``case`` at every number of virtual stages its runtime allows with its published
+    degrees, the rest searched as ``run_case_api`` searches it; none where the source fixes the schedule (pp 1)."""
+    from dataclasses import replace
+    if case["config"]["pp"] <= 1:
+        return []
+    graph, cluster, workload, knobs = case_inputs(case)
+    per_stage = case["model"]["layers"] // case["config"]["pp"]
+    out = []
+    for vpp in (v for v in range(1, per_stage + 1) if per_stage % v == 0):
+        try:
+            result = search(graph, cluster, workload, replace(knobs, vpp=vpp), top_k=1, solver="uniform")
+        except UserError:          # a number of virtual stages the runtime refuses at these degrees
+            continue
+        if result.best is not None:
+            predicted = published_convention_tflops(case, result.best.estimate.step_time_s)
+            out.append((vpp, predicted / case["published"]["tflops_per_gpu"] - 1))
+    return out
+
+
+def print_vpp_sensitivity(cases: list[dict], rows: list[dict]) -> None:
+    """The error of each pipelined case at every allowed number of virtual stages, the searched one in brackets:
+    how much of a case's error the one knob its source leaves out can move."""
+    searched = {r["id"]: int(r["config"].split("vpp ")[1].split()[0]) for r in rows}
+    print("\nvirtual stages the sources do not publish: error at each number the runtime allows "
+          "[the searched one]")
+    for case in cases:
+        points = vpp_sensitivity(case)
+        if len(points) > 1:
+            cells = "  ".join(f"[{v}] {100 * e:+.1f}%" if v == searched[case["id"]] else f"{v} {100 * e:+.1f}%"
+                              for v, e in points)
+            print(f"  {case['id']:<30} pp {case['config']['pp']:>2}  {cells}")
+    print()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", type=Path, default=DEFAULT_CASES)
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write the rows and the summary to OUT "
                                                                   "(benchmarks/results/fidelity.json)")
+    parser.add_argument("--unpublished-vpp", action="store_true",
+                        help="also print, for each pipelined case whose source does not publish its virtual stages, "
+                             "the error at every number of virtual stages its runtime allows (the search picks one)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="meshplan-fidelity-") as tmp:
         rows = [run_case(case, Path(tmp)) for case in throughput_cases(args.cases)]
+    if args.unpublished_vpp:
+        print_vpp_sensitivity(throughput_cases(args.cases), rows)
     moe = [c for c in json.loads(args.cases.read_text()) if c["case_type"] in MOE_TYPES]
     moe_rows = []
     for case in (c for c in moe if c["hardware"]["system"] in MOE_CLUSTERS):
