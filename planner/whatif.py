@@ -52,6 +52,13 @@ class Point:
     search_s: float = 0.0
 
 
+def differs(points: list[Point], attr: str, key: str) -> bool:
+    """Whether the planned points differ in ``attr`` (gpus, global_batch, seq_len) besides the swept ``key``: a
+    ``gpu=`` sweep without --gpus plans one node of each profile, 8 GPUs or a rack of 72, with the batch that
+    follows. The table gives such an attribute a column and the plot then compares the points per GPU."""
+    return attr != key and len({getattr(p, attr) for p in points if p.fits and not p.not_run}) > 1
+
+
 def parse_sweep(text: str) -> tuple[str, list[str]]:
     """'gpus=64,128,...,1024' -> ('gpus', ['64', ..., '1024']). A '...' continues the
     pattern of the two values before it (a ratio when the second is a multiple of the

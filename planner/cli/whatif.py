@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from .. import api
-from ..whatif import SWEEPS, Point, parse_sweep, write_outputs
+from ..whatif import SWEEPS, Point, differs, parse_sweep, write_outputs
 from .common import add_debug, add_job_args, add_knob_args, job_inputs, knobs, positive_int
 
 EPILOG = """\
@@ -72,9 +72,8 @@ def format_points(points: list[Point], key: str) -> str:
     """The sweep as a table. Where the points differ in GPUs (a ``gpu=`` sweep without ``--gpus`` plans one node of
     each profile: 8 GPUs, or a rack of 72), in global batch or in sequence length besides the swept key, those get a
     column of their own, and throughput is also given per GPU, so that no row reads as faster for having more GPUs."""
-    run = [p for p in points if not p.not_run and p.fits]
     extra = [(name, attr) for name, attr in (("GPUs", "gpus"), ("batch", "global_batch"), ("seq", "seq_len"))
-             if attr != key and len({getattr(p, attr) for p in run}) > 1]
+             if differs(points, attr, key)]
     head = "".join(f" {name:>6}" for name, _ in extra)
     lines = [f"{key:>12}{head} {'tokens/s':>12} {'per GPU':>8} {'MFU':>6} {'GiB':>6} {'$/Mtok':>7} {'kWh/Mtok':>8}"
              "  strategy"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..whatif import differs
 from .figures import pyplot, save
 
 
@@ -20,7 +21,7 @@ def save_sweep_plots(points, key: str, sweep: tuple[str, str], folder: Path, tit
     fig, axes = plt.subplots(panels, 1, figsize=(8, 3.0 * panels), sharex=True)
     # points on different GPU counts (a gpu= sweep plans one node of each profile, and an NVL72 node is a rack of
     # 72) are compared per GPU, and each tick says how many GPUs its point has
-    per_gpu = key != "gpus" and len({p.gpus for p in fitting}) > 1
+    per_gpu = differs(points, "gpus", key)
     if per_gpu:
         labels = [f"{p.value}\n{p.gpus} GPUs" if p.gpus else p.value for p in points]
     rate = [p.tokens_per_s / p.gpus if per_gpu else p.tokens_per_s for p in fitting]
