@@ -212,4 +212,5 @@ def write_outputs(points: list[Point], key: str, folder: Path, title: str) -> li
     json_path = folder / "whatif.json"
     json_path.write_text(json.dumps({"sweep": key, "points": [asdict(p) for p in points]}, indent=2) + "\n")
     from .report.whatif_plots import save_sweep_plots
-    return [csv_path, json_path] + save_sweep_plots(points, key, SWEEPS[key], folder, title)
+    return [csv_path, json_path] + save_sweep_plots(points, key, SWEEPS[key], folder, title,
+                                                    per_gpu=differs(points, "gpus", key))

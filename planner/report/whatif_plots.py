@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..whatif import differs
 from .figures import pyplot, save
 
 
-def save_sweep_plots(points, key: str, sweep: tuple[str, str], folder: Path, title: str) -> list[Path]:
+def save_sweep_plots(points, key: str, sweep: tuple[str, str], folder: Path, title: str, *,
+                     per_gpu: bool = False) -> list[Path]:
     plt = pyplot()
     what, unit = sweep
     fitting = [p for p in points if p.fits]
@@ -19,9 +19,8 @@ def save_sweep_plots(points, key: str, sweep: tuple[str, str], folder: Path, tit
     priced = [p for p in fitting if p.usd_per_million_tokens is not None]
     panels = 3 if priced else 2
     fig, axes = plt.subplots(panels, 1, figsize=(8, 3.0 * panels), sharex=True)
-    # points on different GPU counts (a gpu= sweep plans one node of each profile, and an NVL72 node is a rack of
-    # 72) are compared per GPU, and each tick says how many GPUs its point has
-    per_gpu = differs(points, "gpus", key)
+    # per_gpu: the points differ in GPUs (planner.whatif.differs: a gpu= sweep plans one node of each profile, and
+    # an NVL72 node is a rack of 72), so they are compared per GPU, and each tick says how many GPUs its point has
     if per_gpu:
         labels = [f"{p.value}\n{p.gpus} GPUs" if p.gpus else p.value for p in points]
     rate = [p.tokens_per_s / p.gpus if per_gpu else p.tokens_per_s for p in fitting]
