@@ -40,6 +40,9 @@ ROPE_THETA = 10000.0   # Su et al. 2021 (RoFormer), Sec 3.4.2; Llama 2 uses the 
 # the RMSNorms of multi-head latent attention's latents: DeepSeek-V3's inference/model.py and transformers'
 # DeepseekV3Attention build them with RMSNorm's default eps, 1e-6 (the executor's block norms keep 1e-5)
 LATENT_NORM_EPS = 1e-6
+# Qwen3's q and k norms: its configs' rms_norm_eps, 1e-6 (Qwen/Qwen3-8B and Qwen3-30B-A3B config.json; transformers'
+# Qwen3Config default)
+QK_NORM_EPS = 1e-6
 
 
 def _norm(spec: ModelSpec) -> nn.Module:
@@ -90,10 +93,24 @@ def rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return out.flatten(-2).type_as(x)                                                         # (B, S, nh, hd)
 
 
+class QKNorm(nn.Module):
+    """Qwen3's RMSNorm of every head's query and key over the head dimension, before RoPE (transformers'
+    ``Qwen3Attention``: ``q_norm`` and ``k_norm``, RMSNorm(head_dim, eps=rms_norm_eps), applied to the projections
+    viewed as (B, S, heads, head_dim)). One module for the planner's one ``qk_norm`` op (planner/layers.py), its
+    two norms ``q`` and ``k``; under tensor parallelism each rank norms its own heads with the shared weights, whose
+    gradients executor/parallelize.py ``apply_tp`` sums over the heads' ranks."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.q = nn.RMSNorm(spec.head_dim, eps=QK_NORM_EPS)
+        self.k = nn.RMSNorm(spec.head_dim, eps=QK_NORM_EPS)
+
+
 class Attention(nn.Module):
     """Causal self-attention; the core is one ``scaled_dot_product_attention`` call per run of
     consecutive queries (one, or two under context parallelism, after ``exchange`` gathered the
-    keys and values of the whole sequence: executor/context.py)."""
+    keys and values of the whole sequence: executor/context.py). Qwen3's per-head q and k norms
+    (``QKNorm``) where the spec has them."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
@@ -106,6 +123,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(h, kv, bias=bias)
         self.v_proj = nn.Linear(h, kv, bias=bias)
         self.o_proj = nn.Linear(q, h, bias=spec.linear_bias)
+        self.qk_norm = QKNorm(spec) if spec.qk_norm else None
         self.core = sdpa   # a module attribute so selective recompute can wrap exactly this call
         self.layout = SequenceLayout()      # this rank's tokens (context parallelism)
         self.exchange = None                # (B, nkv, S/cp, hd) -> (B, nkv, S, hd) under context parallelism
@@ -115,6 +133,8 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(bsz, seq, -1, self.head_dim)           # (B, S, nh, hd); nh local under TP
         k = self.k_proj(x).view(bsz, seq, -1, self.head_dim)           # (B, S, nkv, hd)
         v = self.v_proj(x).view(bsz, seq, -1, self.head_dim)           # (B, S, nkv, hd)
+        if self.qk_norm is not None:
+            q, k = self.qk_norm.q(q), self.qk_norm.k(k)                # each head over its hd channels
         if self.rope:
             positions = self.layout.positions(seq, x.device)
             q, k = rope(q, positions), rope(k, positions)
@@ -328,7 +348,7 @@ def full_init(name: str, shape: torch.Size, spec: ModelSpec, seed: int) -> torch
         return adapter_init(key, shape, seed)
     if leaf == "bias":
         return torch.zeros(shape)
-    if key.endswith("norm.weight") or key == "norm.weight":
+    if key.endswith("norm.weight") or key == "norm.weight" or ".qk_norm." in key:
         return torch.ones(shape)
     digest = zlib.crc32(key.encode())          # stable across processes (hash() is not)
     gen = torch.Generator().manual_seed(seed * 1_000_003 + digest)

@@ -60,7 +60,7 @@ from planner.plan import Plan
 from .context import apply_cp
 from .lora import LoraConfig, apply_lora
 from .mesh import ParallelDims
-from .models import LatentAttention, materialize, sdpa
+from .models import Attention, LatentAttention, materialize, sdpa
 from .moe import apply_ep, expert_modules, moe_blocks
 from .qlora import quantize_base
 from .activations import apply_policy
@@ -129,10 +129,26 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, tp_plan: dict[str, str], *, 
                 styles[parent] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
             elif style == "vocab":
                 styles[parent] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1))
+    for path, module in modules.items():
+        if isinstance(module, Attention) and module.qk_norm is not None:
+            _norm_heads(styles, path, tp_plan)
     parallelize_module(model, tp_mesh, styles)
     for path, module in modules.items():
         if isinstance(module, LatentAttention) and tp_plan.get(f"{path}.kv_up") == "colwise":
             module.shares_rope_key(tp_mesh)      # its heads split: the shared RoPE key's gradient summed
+
+
+def _norm_heads(styles: dict, path: str, tp_plan: dict[str, str]) -> None:
+    """The styles of attention ``path``'s per-head q and k norms (Qwen3: ``QKNorm``): where its q or k projection is
+    column parallel, each rank norms its own heads with the norm's whole weight, so the norm runs as DTensor's
+    SequenceParallel along the heads dimension of (B, S, heads, head_dim), its weight replicated and its gradient,
+    partial on each rank, summed over them (torchtitan shards Qwen3's q_norm and k_norm the same way, sequence_dim
+    2); elsewhere every rank norms every head and the norm stays a plain module. The plan's entry for the planner's
+    one ``qk_norm`` op (their container) is dropped: its two norms are the modules that run."""
+    styles.pop(f"{path}.qk_norm", None)
+    for norm, proj in (("q", "q_proj"), ("k", "k_proj")):
+        if tp_plan.get(f"{path}.{proj}") == "colwise":
+            styles[f"{path}.qk_norm.{norm}"] = SequenceParallel(sequence_dim=2, use_local_output=True)
 
 
 def shard_embedding_grads(model: nn.Module, tp_plan: dict[str, str]) -> None:

@@ -305,9 +305,11 @@ def _attention_ops(prefix: str, spec: ModelSpec, window: int) -> list[Op]:
                    fused_with_previous=spec.fused_qkv, reads_previous_input=True),
            replace(_linear(f"{prefix}.v_proj", spec, h, kv, "column", bias=bias, saves_input=False),
                    fused_with_previous=spec.fused_qkv, reads_previous_input=True)]
-    if spec.qk_norm:           # RMSNorm of each head's q and k (Qwen3): reads and writes them, keeps rstd
+    if spec.qk_norm:           # RMSNorm of each head's q and k (Qwen3): reads and writes them, keeps rstd; as
+        # composite ops (no fused RMSNorm kernel: torch 2.13 on CPU) also the normalised q and k, as ``_norm``'s
         ops.append(Op(name=f"{prefix}.qk_norm", kind="elementwise", params=2 * spec.head_dim, bytes_fwd=4 * (q + kv),
-                      bytes_bwd=6 * (q + kv), split="tp", norm=True,
+                      bytes_bwd=6 * (q + kv), split="tp", norm=True, unfused="rmsnorm",
+                      unfused_saved=(Saved(elems=q + kv, split="tp"),),
                       saved=(Saved(elems=q + kv, split="tp"),
                              Saved(elems=spec.num_heads + spec.num_kv_heads, split="tp", dtype_bytes=4))))
     if spec.mlp == "swiglu":   # RoPE on q and k: elementwise, saves only its cos/sin tables

@@ -274,11 +274,11 @@ ZOO: dict[str, ModelSpec] = {m.name: m for m in (
 # row (its GPT-3-sized row is 145.6B); GPT-3 175B is the model of its Sec 5.2.
 ALIASES = {"gpt-175b": "gpt3-175b", "gpt-1008b": "gpt-1t", "gpt3": "gpt3-175b"}
 
-SUPPORTED_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3",
-                         "gpt_oss")
+SUPPORTED_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe",
+                         "deepseek_v3", "gpt_oss")
 
 # What transformers assumes for each field a config.json leaves out: the defaults of its config classes
-# (GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig,
+# (GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig,
 # DeepseekV3Config, GptOssConfig of transformers 5.23; checked against
 # the installed transformers by tests/test_model.py). Only the fields meshplan reads.
 HF_DEFAULTS = {
@@ -293,6 +293,10 @@ HF_DEFAULTS = {
     "qwen2": {"hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
               "intermediate_size": 22016, "vocab_size": 151936, "max_position_embeddings": 32768,
               "sliding_window": None, "use_sliding_window": False, "tie_word_embeddings": False},
+    "qwen3": {"hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+              "intermediate_size": 22016, "vocab_size": 151936, "max_position_embeddings": 32768, "head_dim": 128,
+              "sliding_window": None, "use_sliding_window": False, "tie_word_embeddings": False,
+              "attention_bias": False},
     "mixtral": {"hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
                 "intermediate_size": 14336, "vocab_size": 32000, "max_position_embeddings": 131072, "head_dim": None,
                 "sliding_window": None, "num_local_experts": 8, "num_experts_per_tok": 2,
@@ -402,17 +406,23 @@ class _Fields:
 
 def config_json(spec: ModelSpec) -> dict:
     """The Hugging Face config.json ``load_hf_config`` reads back as ``spec``, for the families written here:
-    GPT-2 (GELU MLP, learned positions, tied embeddings), Llama, and Mixtral where ``spec`` has routed experts."""
+    GPT-2 (GELU MLP, learned positions, tied embeddings), Llama, Qwen3 where ``spec`` norms q and k, and Mixtral
+    where ``spec`` has routed experts."""
     if spec.mlp == "gelu":
         return {"model_type": "gpt2", "n_layer": spec.num_layers, "n_embd": spec.hidden, "n_head": spec.num_heads,
                 "n_inner": spec.ffn_hidden, "vocab_size": spec.vocab_size, "n_positions": spec.max_positions,
                 "resid_pdrop": 0.0, "attn_pdrop": 0.0, "embd_pdrop": 0.0, "tie_word_embeddings": True}
-    out = {"model_type": "mixtral" if spec.num_experts else "llama", "num_hidden_layers": spec.num_layers,
+    if spec.qk_norm and spec.num_experts:
+        raise ValueError(f"{spec.name}: config_json writes no Qwen3-MoE config")
+    out = {"model_type": "mixtral" if spec.num_experts else "qwen3" if spec.qk_norm else "llama",
+           "num_hidden_layers": spec.num_layers,
            "hidden_size": spec.hidden, "num_attention_heads": spec.num_heads, "num_key_value_heads": spec.num_kv_heads,
            "intermediate_size": spec.ffn_hidden, "vocab_size": spec.vocab_size,
            "max_position_embeddings": spec.seq_len, "tie_word_embeddings": False}
     if spec.num_experts:
         out.update(num_local_experts=spec.num_experts, num_experts_per_tok=spec.experts_per_token)
+    if spec.qk_norm:
+        out.update(head_dim=spec.head_dim)
     return out
 
 
@@ -523,4 +533,11 @@ def _gpt_oss(spec: ModelSpec, f: "_Fields") -> ModelSpec:
                    linear_bias=True, qkv_bias=False, attention_sinks=True, sliding_every=0 if every == 1 else 2)
 
 
-_MOE_READERS = {"qwen2_moe": _qwen_moe, "qwen3_moe": _qwen_moe, "deepseek_v3": _deepseek_v3, "gpt_oss": _gpt_oss}
+def _qwen3(spec: ModelSpec, f: "_Fields") -> ModelSpec:
+    """Qwen3 (dense): Llama's block with an RMSNorm of every head's q and k (transformers' Qwen3Attention)."""
+    return replace(spec, qk_norm=True)
+
+
+# what each model type adds to the Llama-style fields read above (experts, latent attention, q/k norms, ...)
+_MOE_READERS = {"qwen3": _qwen3, "qwen2_moe": _qwen_moe, "qwen3_moe": _qwen_moe, "deepseek_v3": _deepseek_v3,
+                "gpt_oss": _gpt_oss}

@@ -560,8 +560,7 @@ def priced_as(framework: str) -> str:
 
 # The parts of a model spec meshplan's executor does not build yet (executor/models.py): it refuses plans of such
 # models (executor/support.py check_model) and `meshplan plan` says so when it plans one for runtime torch
-EXECUTOR_UNBUILT = (("sliding_window", "sliding-window attention"), ("attention_sinks", "attention sinks"),
-                    ("qk_norm", "q/k norms"))
+EXECUTOR_UNBUILT = (("sliding_window", "sliding-window attention"), ("attention_sinks", "attention sinks"))
 
 
 def unbuilt(spec) -> list[tuple[str, str]]:

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import traceback
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -32,6 +33,8 @@ TINY_GQA = ModelSpec(name="tiny-gqa", num_layers=6, hidden=64, num_heads=8, num_
 TINY_LLAMA = ModelSpec(name="tiny-llama", num_layers=4, hidden=64, num_heads=4, num_kv_heads=2, head_dim=16,
                        ffn_hidden=160, vocab_size=128, seq_len=SEQ, max_positions=0, mlp="swiglu", norm="rmsnorm",
                        linear_bias=False, qkv_bias=False, tied_embeddings=False, dropout=False)
+# Qwen3's block: the Llama one with an RMSNorm of every head's q and k (executor/models.py QKNorm)
+TINY_QWEN3 = replace(TINY_LLAMA, name="tiny-qwen3", qk_norm=True)
 
 
 def write_plan(tmp_path, spec: ModelSpec, *, gpus: int, name: str = "plan", global_batch: int = GLOBAL_BATCH,

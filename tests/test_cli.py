@@ -153,7 +153,7 @@ def test_bad_flags(cli, args, says):
 BAD_CONFIGS = [
     ("{oops", ["line 1"]),
     ('["a list"]', ["JSON object"]),
-    ('{"model_type": "t5"}', ["model_type", "gpt2, llama, mistral, qwen2, mixtral, qwen2_moe, qwen3_moe, deepseek_v3 or gpt_oss"]),
+    ('{"model_type": "t5"}', ["model_type", "gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, deepseek_v3 or gpt_oss"]),
     ('{"model_type": "llama", "num_hidden_layers": "four"}', ["num_hidden_layers", "positive integer"]),
     ('{"model_type": "llama", "hidden_size": -1, "num_attention_heads": 8}', ["hidden_size", "positive integer"]),
     ('{"model_type": "gpt2", "n_embd": 100, "n_head": 3, "n_layer": 2, "vocab_size": 10}', ["n_embd", "multiple"]),

@@ -96,7 +96,7 @@ def test_bad_configs_name_file_and_field(write_json, data, field):
 
 
 def test_unknown_model_type_lists_supported(write_json):
-    with pytest.raises(UserError, match="gpt2, llama, mistral, qwen2, mixtral, qwen2_moe, qwen3_moe, deepseek_v3 or gpt_oss"):
+    with pytest.raises(UserError, match="gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, deepseek_v3 or gpt_oss"):
         load_model(write_json({"model_type": "t5"}))
 
 
@@ -108,7 +108,7 @@ def test_invalid_json_names_line(write_json):
 # -- what transformers assumes for the fields a config.json leaves out ------------------------------
 
 CONFIG_CLASSES = {"gpt2": "GPT2Config", "llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config",
-                  "mixtral": "MixtralConfig", "qwen2_moe": "Qwen2MoeConfig", "qwen3_moe": "Qwen3MoeConfig",
+                  "qwen3": "Qwen3Config", "mixtral": "MixtralConfig", "qwen2_moe": "Qwen2MoeConfig", "qwen3_moe": "Qwen3MoeConfig",
                   "deepseek_v3": "DeepseekV3Config", "gpt_oss": "GptOssConfig"}
 
 
