@@ -229,6 +229,10 @@ _K2 = ("Kimi Team 2025, Kimi K2 (arXiv:2507.20534), Sec 2.3 and Table 2: DeepSee
 _Q3 = ("Qwen Team 2025, Qwen3 Technical Report (arXiv:2505.09388), Table 2 (layers, heads, 128 experts, top 8) / HF "
        "Qwen/Qwen3-30B-A3B and Qwen3-235B-A22B config.json (hidden, head_dim 128, moe_intermediate_size, QK norm); "
        "sequence 4096 (its first pre-training stages)")
+_Q3D = ("Qwen Team 2025, Qwen3 Technical Report (arXiv:2505.09388), Table 1 (36 and 64 layers, 32/8 and 64/8 "
+        "heads, untied embeddings) / HF Qwen/Qwen3-8B and Qwen/Qwen3-32B config.json (hidden 4096 and 5120, "
+        "intermediate 12288 and 25600, head_dim 128, QK norm); 8.2B and 32.8B parameters as their model cards give; "
+        "sequence 4096 (its first pre-training stage)")
 _OSS = ("OpenAI 2025, gpt-oss-120b & gpt-oss-20b Model Card (arXiv:2508.10925), Sec 2.1 and Table 1: hidden 2880, "
         "64 query / 8 key-value heads of 64, experts of 2880 (top 4), banded window of 128 tokens on every other "
         "layer, a learned sink per head, biases; 36 layers and 128 experts (116.8B, 5.1B active) or 24 and 32 "
@@ -260,6 +264,8 @@ ZOO: dict[str, ModelSpec] = {m.name: m for m in (
     replace(_llama("kimi-k2", 61, 7168, 64, 64, 18432, 163840, 4096, source=_K2, experts=384, top_k=8),
             head_dim=192, qk_rope_head_dim=64, v_head_dim=128, q_lora_rank=1536, kv_lora_rank=512,
             moe_ffn_hidden=2048, shared_experts=1, dense_layers=1),
+    replace(_llama("qwen3-8b", 36, 4096, 32, 8, 12288, 151936, 4096, source=_Q3D), head_dim=128, qk_norm=True),
+    replace(_llama("qwen3-32b", 64, 5120, 64, 8, 25600, 151936, 4096, source=_Q3D), head_dim=128, qk_norm=True),
     replace(_llama("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, 4096, source=_Q3, experts=128, top_k=8),
             head_dim=128, moe_ffn_hidden=768, qk_norm=True),
     replace(_llama("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 151936, 4096, source=_Q3, experts=128, top_k=8),

@@ -50,6 +50,8 @@ def hf_config(spec: ModelSpec):
     if spec.is_moe:
         return tf.MixtralConfig(num_local_experts=spec.num_experts, sliding_window=spec.sliding_window or None,
                                 **experts, **common)
+    if spec.qk_norm:
+        return tf.Qwen3Config(**common)
     if spec.qkv_bias:
         return tf.Qwen2Config(**common)
     if spec.sliding_window:
