@@ -23,11 +23,13 @@ STEPS = 3
 # Qwen2-MoE's sigmoid gate on the shared experts, and a shared expert of its own width
 TINY_QWEN2_MOE = replace(TINY_DEEPSEEK, name="tiny-qwen2-moe", dense_layers=0, shared_ffn_hidden=48,
                          shared_expert_gate=True)
+# Qwen3-MoE's block: Mixtral's routed experts and q and k normed per head (executor/models.py QKNorm)
+TINY_QWEN3_MOE = replace(TINY_MIXTRAL, name="tiny-qwen3-moe", qk_norm=True)
 
 
 # -- the modules, one process -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("spec", [TINY_MIXTRAL, TINY_DEEPSEEK, TINY_QWEN2_MOE], ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", [TINY_MIXTRAL, TINY_DEEPSEEK, TINY_QWEN2_MOE, TINY_QWEN3_MOE], ids=lambda s: s.name)
 def test_moe_models_have_the_planner_module_paths_and_parameter_count(spec):
     from executor.moe import MoE
     model = built_as_planned(spec)
@@ -240,8 +242,9 @@ ONE_EXPERT_PER_RANK = ["dp4-ep2-zero1", "dp4-ep2-zero3"]
 ONE_MODEL = {"ep2-zero3-full-recompute": "deepseek", "dp4-ep2": "deepseek", "dp4-ep2-zero2": "mixtral",
              "cp2-ep2-zero3": "deepseek"}
 BOTH = [(model, plan) for plan in PLANS for model in MODELS if ONE_MODEL.get(plan, model) == model]
-CASES = BOTH + [("two-experts", p) for p in ONE_EXPERT_PER_RANK]
-SPECS = {**MODELS, "two-experts": TINY_TWO_EXPERTS}
+# and Qwen3-MoE's per-head q/k norms beside experts split over two ranks
+CASES = BOTH + [("two-experts", p) for p in ONE_EXPERT_PER_RANK] + [("qwen3-moe", "dp4-ep2-zero3")]
+SPECS = {**MODELS, "two-experts": TINY_TWO_EXPERTS, "qwen3-moe": TINY_QWEN3_MOE}
 
 
 def _run_plans(jobs: list[tuple[str, str]], out_dir: str) -> None:
