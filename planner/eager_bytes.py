@@ -29,7 +29,8 @@ class EagerBytes:
 
 def feature_key(spec) -> str | None:
     """The family of ``spec`` in TABLE (what decides a block's operator sequence; the families are
-    executor.eager_counts.FAMILIES), None if none fits."""
+    executor.eager_counts.FAMILIES), None if none fits. Qwen3's q/k norms take the family of the block without
+    them; ``layer_eager_bytes`` adds the norms (``qk_norm_bytes``, ``QK_NORM_KERNELS``)."""
     if spec.is_moe or spec.sliding_window:
         return None
     if spec.norm == "layernorm" and spec.mlp == "gelu" and spec.linear_bias and spec.max_positions:
@@ -55,16 +56,41 @@ def layer_eager_bytes(spec, kind: str) -> tuple[tuple[str, EagerBytes], ...]:
             out.append((regime, EagerBytes(by_class=(), fwd_kernels=0, bwd_kernels=0)))
             continue
         fwd, bwd = t[f"{part}_fwd"], t[f"{part}_bwd"]
+        qk = qk_norm_bytes(spec, regime) if part == "block" and spec.qk_norm else (0.0, 0.0)
         rows = []
         for c in CLASSES:
-            if c not in fwd and c not in bwd:
+            if c not in fwd and c not in bwd and not (c == "norm" and any(qk)):
                 continue
             (fh, ft), (bh, bt) = (_split_coef(part, x.get(c), h, q, kv, f, v) for x in (fwd, bwd))
+            if c == "norm":
+                ft, bt = ft + qk[0], bt + qk[1]
             rows.append((c, fh, ft, bh, bt))
-        out.append((regime, EagerBytes(by_class=tuple(rows), fwd_kernels=t["kernels"][f"{part}_fwd"],
-                                       bwd_kernels=t["kernels"][f"{part}_bwd"], fwd_ops=t["ops"][f"{part}_fwd"],
-                                       bwd_ops=t["ops"][f"{part}_bwd"])))
+        extra = QK_NORM_KERNELS if part == "block" and spec.qk_norm else {}
+        out.append((regime, EagerBytes(
+            by_class=tuple(rows), fwd_kernels=t["kernels"][f"{part}_fwd"] + extra.get("fwd_kernels", 0),
+            bwd_kernels=t["kernels"][f"{part}_bwd"] + extra.get("bwd_kernels", 0),
+            fwd_ops=t["ops"][f"{part}_fwd"] + extra.get("fwd_ops", 0),
+            bwd_ops=t["ops"][f"{part}_bwd"] + extra.get("bwd_ops", 0))))
     return tuple(out)
+
+
+# Qwen3's q and k norms (executor/models.py QKNorm), which the families of TABLE do not have: two RMSNorms a block,
+# each one fused kernel forward and two backward (input gradient, then gamma's) and one operator each way, as
+# executor/eager_counts.py counts the block norms on a GPU (aten._fused_rms_norm and its backward)
+QK_NORM_KERNELS = {"fwd_kernels": 2, "bwd_kernels": 4, "fwd_ops": 2, "bwd_ops": 2}
+
+
+def qk_norm_bytes(spec, regime: str) -> tuple[float, float]:
+    """(forward, backward) bytes per token of a block's q and k norms, over widths q and kv (split by tensor
+    parallelism with the heads), as executor/eager_counts.py prices an RMSNorm's fused kernels (its
+    ``_norm_bytes``): forward reads x and writes y at e bytes an element and rstd in fp32 per head; backward reads
+    dy, x and rstd and writes dx, then gamma's pass reads dy and x again. e is 4 under autocast (torch.amp runs
+    norms in fp32) and in fp32, 2 in bf16. Every regime is priced as fused kernels (the CPU's decomposition of
+    RMSNorm moves more; the fp32 regime's block norms are traced as it runs)."""
+    e = 2 if regime == "bf16" else 4
+    width = spec.q_dim + spec.kv_dim
+    rstd = 4 * width / spec.head_dim         # one fp32 per head and token
+    return 2 * e * width + rstd, 3 * e * width + rstd + 2 * e * width
 
 
 def _split_coef(part: str, coef, h, q, kv, f, v) -> tuple[float, float]:

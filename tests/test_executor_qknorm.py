@@ -90,3 +90,24 @@ def test_the_dense_qwen3_zoo_models_have_their_model_cards_parameters():
     with torch.device("meta"):
         module = transformers.AutoModelForCausalLM.from_config(config)
     assert sum(p.numel() for p in module.parameters()) == TINY_QWEN3.num_params()
+
+
+def test_the_eager_tables_family_gets_the_q_and_k_norms_added():
+    """A Qwen3 block is priced for torch eager as the Llama block of its family (planner/eager_table.py has no
+    q/k norms) plus its two RMSNorms as fused kernels, counted by hand for the tiny Qwen3 (q 64 and kv 32 wide,
+    heads of 16) under autocast (norms in fp32, 4 bytes): forward reads q and k and writes them, 2 x 4 x 96 bytes,
+    and an fp32 rstd per head, 4 x 6: 792 bytes a token; backward reads dy, x and rstd and writes dx (3 x 4 x 96 +
+    24), then gamma's pass reads dy and x (2 x 4 x 96): 1,944 bytes. One kernel forward and two backward each."""
+    from planner.eager_bytes import layer_eager_bytes
+    from executor_support import TINY_LLAMA
+
+    def norm_row(spec):
+        eager = dict(layer_eager_bytes(spec, "block"))["autocast"]
+        row = next(r for r in eager.by_class if r[0] == "norm")
+        return row, eager
+    (_, fh, ft, bh, bt), qwen = norm_row(TINY_QWEN3)
+    (_, lfh, lft, lbh, lbt), llama = norm_row(TINY_LLAMA)
+    assert (fh, bh) == (lfh, lbh)                  # the block norms over h: the same
+    assert (ft - lft, bt - lbt) == (792.0, 1944.0)
+    assert (qwen.fwd_kernels - llama.fwd_kernels, qwen.bwd_kernels - llama.bwd_kernels) == (2, 4)
+    assert (qwen.fwd_ops - llama.fwd_ops, qwen.bwd_ops - llama.bwd_ops) == (2, 2)
