@@ -565,8 +565,12 @@ EXECUTOR_UNBUILT = (("sliding_window", "sliding-window attention"), ("attention_
 
 def unbuilt(spec) -> list[tuple[str, str]]:
     """(ModelSpec field, what it asks for) of each part of ``spec`` the executor does not build yet: the fields of
-    ``EXECUTOR_UNBUILT``, and experts other than SwiGLU without biases (executor/moe.py)."""
-    out = [(field, what) for field, what in EXECUTOR_UNBUILT if getattr(spec, field)]
+    ``EXECUTOR_UNBUILT``, and experts other than SwiGLU without biases (executor/moe.py). A sliding window no
+    shorter than the sequence is full causal attention (a query at position i sees keys i - W + 1 .. i, all of
+    them while i < W: transformers' sliding-window mask), which the executor runs: Mistral-7B-v0.1's window of
+    4096 at sequences up to 4096."""
+    out = [(field, what) for field, what in EXECUTOR_UNBUILT if getattr(spec, field)
+           and not (field == "sliding_window" and spec.sliding_window >= spec.seq_len)]
     if spec.is_moe and spec.mlp == "gelu":
         out.append(("mlp", "GELU experts"))
     if spec.is_moe and spec.linear_bias:

@@ -152,6 +152,27 @@ def test_the_executor_refuses_what_its_reference_models_do_not_build():
         check_model(ZOO[name])
 
 
+def test_a_sliding_window_no_shorter_than_the_sequence_is_built_as_full_causal_attention():
+    """Mistral-7B-v0.1's window of 4096 (its config.json): at sequences of up to 4096 every key a query sees
+    causally is inside the window, so the executor's full causal attention is that model; at 8192 it is not."""
+    from dataclasses import replace
+
+    from executor.support import check_model
+    from planner.runtimes import unbuilt
+    mistral = replace(load_model("llama3-8b"), name="mistral-7b-v0.1", sliding_window=4096, seq_len=4096)
+    assert unbuilt(mistral) == []
+    check_model(mistral)
+    longer = replace(mistral, seq_len=8192)
+    assert [field for field, _ in unbuilt(longer)] == ["sliding_window"]
+    with pytest.raises(UserError) as caught:
+        check_model(longer)
+    assert caught.value.field == "model.spec.sliding_window"
+    # and torch eager prices it as the Llama block it is (planner/eager_table.py's family), the longer one op by op
+    from planner.eager_bytes import layer_eager_bytes
+    assert layer_eager_bytes(mistral, "block") == layer_eager_bytes(replace(mistral, sliding_window=0), "block") != ()
+    assert layer_eager_bytes(longer, "block") == ()
+
+
 MOE_ZOO = ("mixtral-8x7b", "mixtral-8x22b", "deepseek-v3", "kimi-k2", "qwen3-30b-a3b", "qwen3-235b-a22b",
            "gpt-oss-20b", "gpt-oss-120b")
 
