@@ -390,3 +390,19 @@ def test_megatrons_175b_example_script_plans_with_gpt2s_padded_vocabulary(cli, t
     # GPT-2's 50257 BPE entries padded to a multiple of 128 x tp 8 = 1024 (megatron/training/vocab_utils.py)
     assert doc["model"]["spec"]["vocab_size"] == 51200
     assert any("GPT-2's BPE tokenizer (50257 tokens" in n and "--merge-file" in n for n in base["notes"])
+
+
+@pytest.mark.parametrize("name,flavor", [("qwen3-8b", "8B"), ("qwen3-32b", "32B"), ("qwen3-30b-a3b", "30B-A3B")])
+def test_a_torchtitan_export_of_a_qwen3_plan_names_the_model_and_reads_back_without_it(tmp_path, name, flavor):
+    # torchtitan registers Qwen3 as model "qwen3" with these flavors (torchtitan/models/qwen3/__init__.py, v0.2.2)
+    experts = name == "qwen3-30b-a3b"
+    plan = fixed_plan(name, "h100-80g", 16, ParallelConfig(
+        dp=16, tp=1, pp=1, ep=8 if experts else 1, zero=3, micro_batch=1, num_microbatches=1, recompute="full"),
+        framework="torchtitan")
+    export = torchtitan(plan)
+    assert f'name = "qwen3"\nflavor = "{flavor}"' in export.text
+    assert not any("registered models" in note for note in export.notes)
+    path = tmp_path / export.filename
+    path.write_text(export.text)
+    baseline, spec, _ = read_baseline(str(path), Context(gpus=16))
+    assert spec.name == name and baseline.config.ep == plan.best.config.ep
