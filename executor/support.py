@@ -64,7 +64,7 @@ def check_supported(config: ParallelConfig, spec: ModelSpec | None, device_kind:
                         + (f" or {one_of(allowed)}" if allowed else "") + " (plan again with that --precision)",
                         source=source, field="workload.fp8")
     for knob, why in config_refusals(config, EXECUTOR_RUNTIME, device_kind, kv_heads, experts, latent, fp8,
-                                     finetune=finetune):
+                                     compile=compile, finetune=finetune):
         raise UserError(why, source=source, field=f"config.{knob}")
     refused = SCHEDULES[config.schedule].compile_refusal(compile) if config.pp > 1 else None
     if refused:

@@ -73,6 +73,7 @@ class Combinations:
                                             # --overlap-moe-expert-parallel-comm)
     compiles_blocks: bool = False           # --compile: each block torch.compile'd (torchtitan's per-block compile,
                                             # torchtitan/models/llama3/infra/parallelize.py apply_compile)
+    compile_with_tp: bool = True            # compiled blocks run with tp > 1
     fp8_recipes: tuple[str, ...] = ()       # FP8 training recipes it runs (planner/precision.py RECIPES; --precision)
     fp8_with_tp: bool = True                # an FP8 recipe runs with tp > 1
     ep_needs_sp: bool = False               # ep > 1 with tp > 1 needs sequence parallelism (Megatron-LM's
@@ -279,6 +280,10 @@ _TORCH_RUNS = Combinations(
     # float8 linears
     adapters_with_pp=True, adapters_with_fp8=False,
     compiles_blocks=True,       # executor/parallelize.py apply_compile (torch.compile on the CPU too: inductor)
+    # not with tensor parallelism: its compiled blocks' backward fails on torch 2.13 (a DTensor redistribute's
+    # backward receives a plain tensor: AttributeError '_local_tensor', the tiny Llama with tp 2 on gloo,
+    # 2026-11-28); torchtitan, whose TP plan keeps DTensors between its linears, compiles with TP
+    compile_with_tp=False,
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1, 2, 3), zero_stages_with_tp=(0, 1, 2, 3),
     # the split-backward schedules (planner/schedules.py backward "split") without ZeRO-3: torch 2.13's input-gradient
     # pass (torch/distributed/pipelining/_backward.py stage_backward_input) collects the stage's parameters when it
@@ -621,6 +626,9 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
                                 f"pp >= {can.virtual_stages_min_pp}"))
     if schedule is not None and (found := SCHEDULES[schedule].compile_refusal(compile)):
         out.append(("schedule", found[1]))
+    if compile and tp is not None and tp > 1 and not can.compile_with_tp:
+        out.append(("tp", f"compiled blocks (--compile) with tensor parallelism (tp {tp}) do not run on {who}; "
+                          "allowed with --compile: tp 1"))
     if finetune != "full" and pp is not None and pp > 1 and not can.adapters_with_pp:
         out.append(("pp", f"--finetune {finetune} with pipeline parallelism (pp {pp}) does not run on {who}; "
                           "allowed with it: pp 1"))

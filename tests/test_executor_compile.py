@@ -36,6 +36,28 @@ def test_the_plan_says_compile_and_other_runtimes_refuse_it(tmp_path, cli):
     assert proc.returncode == 2 and "--compile" in proc.stderr and proc.stderr.count("\n") == 1
 
 
+def test_compiled_blocks_with_tensor_parallelism_are_refused_by_the_planner_and_the_executor(cli):
+    """The executor's compiled blocks fail in backward with tp 2 on torch 2.13 (planner/runtimes.py
+    compile_with_tp): the search leaves tp 1 under --compile, a fixed --tp 2 is an error naming --tp, and a plan
+    that asks for both is refused before it launches, naming config.tp; torchtitan's runtime plans them."""
+    from executor.support import check_supported
+    from planner.config import ParallelConfig
+    from planner.errors import UserError
+    proc = cli("plan", "--model", "llama3-8b", "--cluster", "h100-80g", "--gpus", "8", "--compile", "--tp", "2")
+    assert proc.returncode == 2 and proc.stderr.startswith("meshplan plan: error: --tp: compiled blocks")
+    proc = cli("plan", "--model", "llama3-8b", "--cluster", "h100-80g", "--gpus", "8", "--compile", "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["config"]["tp"] == 1
+    proc = cli("plan", "--model", "llama3-8b", "--cluster", "h100-80g", "--gpus", "8", "--compile", "--tp", "2",
+               "--framework", "torchtitan")
+    assert proc.returncode == 0
+    config = ParallelConfig(dp=1, tp=2, pp=1)
+    for device in ("cpu", "cuda"):
+        with pytest.raises(UserError) as caught:
+            check_supported(config, SPEC, device, compile=True)
+        assert caught.value.field == "config.tp"
+        check_supported(config, SPEC, device)             # eager, the same plan runs
+
+
 @pytest.mark.distributed
 def test_compiled_blocks_train_as_eager_under_fsdp(tmp_path):
     plan = write_plan(tmp_path, SPEC, gpus=2, zero=3, recompute="full", compile=True)
