@@ -63,10 +63,10 @@ def check_supported(config: ParallelConfig, spec: ModelSpec | None, device_kind:
         raise UserError(f"{fp8} does not run on {device_kind} in this executor; allowed: bf16, fp16, fp32"
                         + (f" or {one_of(allowed)}" if allowed else "") + " (plan again with that --precision)",
                         source=source, field="workload.fp8")
-    for knob, why in config_refusals(config, EXECUTOR_RUNTIME, device_kind, kv_heads, experts, latent, fp8,
-                                     compile=compile, finetune=finetune):
-        raise UserError(why, source=source, field=f"config.{knob}")
     refused = SCHEDULES[config.schedule].compile_refusal(compile) if config.pp > 1 else None
     if refused:
         raise UserError(f"{refused[1]} (plan again without {refused[0]}, or with another --schedule)", source=source,
                         field="workload.compile")
+    for knob, why in config_refusals(config, EXECUTOR_RUNTIME, device_kind, kv_heads, experts, latent, fp8,
+                                     compile=compile, finetune=finetune):
+        raise UserError(why, source=source, field=f"config.{knob}")

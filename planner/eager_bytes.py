@@ -31,7 +31,7 @@ def feature_key(spec) -> str | None:
     """The family of ``spec`` in TABLE (what decides a block's operator sequence; the families are
     executor.eager_counts.FAMILIES), None if none fits. Qwen3's q/k norms take the family of the block without
     them; ``layer_eager_bytes`` adds the norms (``qk_norm_bytes``, ``QK_NORM_KERNELS``)."""
-    if spec.is_moe or spec.sliding_window and spec.sliding_window < spec.seq_len:     # a window no shorter than
+    if spec.is_moe or (spec.sliding_window and spec.sliding_window < spec.seq_len):   # a window no shorter than
         return None                                     # the sequence is full causal attention (runtimes.unbuilt)
     if spec.norm == "layernorm" and spec.mlp == "gelu" and spec.linear_bias and spec.max_positions:
         return "layernorm-gelu-bias-learned" + ("-dropout" if spec.dropout else "")

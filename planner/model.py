@@ -486,7 +486,7 @@ def load_hf_config(path: Path) -> ModelSpec:
             num_experts=experts, experts_per_token=top_k,
             sliding_window=window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else 0,
             source=said)
-        spec = _MOE_READERS.get(model_type, lambda spec, f: spec)(spec, f)
+        spec = _TYPE_READERS.get(model_type, lambda spec, f: spec)(spec, f)
     return spec.validate(source)
 
 
@@ -545,5 +545,5 @@ def _qwen3(spec: ModelSpec, f: "_Fields") -> ModelSpec:
 
 
 # what each model type adds to the Llama-style fields read above (experts, latent attention, q/k norms, ...)
-_MOE_READERS = {"qwen3": _qwen3, "qwen2_moe": _qwen_moe, "qwen3_moe": _qwen_moe, "deepseek_v3": _deepseek_v3,
+_TYPE_READERS = {"qwen3": _qwen3, "qwen2_moe": _qwen_moe, "qwen3_moe": _qwen_moe, "deepseek_v3": _deepseek_v3,
                 "gpt_oss": _gpt_oss}
