@@ -143,8 +143,8 @@ def run_case(case: dict, workdir: Path) -> dict:
     chosen = f"mb {c.micro_batch} vpp {c.vpp} rc {c.recompute} sp {'on' if c.sequence_parallel else 'off'}"
     return {"id": case["id"], "params": plan.model_params, "pp": case["config"]["pp"], "dp": case["config"]["dp"],
             "gpus": case["hardware"]["num_gpus"], "runtime": job["framework"], "published": published,
-            "predicted": predicted, "error": predicted / published - 1, "config": chosen, "seconds": seconds,
-            "step_s": step_s, "mem_gib": plan.best.estimate.memory.total / 2**30,
+            "predicted": predicted, "error": predicted / published - 1, "config": chosen, "vpp": c.vpp,
+            "seconds": seconds, "step_s": step_s, "mem_gib": plan.best.estimate.memory.total / 2**30,
             "command": "meshplan plan " + " ".join(["--model", f"{case['id']}.json", *case_flags(case)])}
 
 
@@ -345,7 +345,7 @@ def vpp_sensitivity(case: dict) -> list[tuple[int, float]]:
 def print_vpp_sensitivity(cases: list[dict], rows: list[dict]) -> None:
     """The error of each pipelined case at every allowed number of virtual stages, the searched one in brackets:
     how much of a case's error the one knob its source leaves out can move."""
-    searched = {r["id"]: int(r["config"].split("vpp ")[1].split()[0]) for r in rows}
+    searched = {r["id"]: r["vpp"] for r in rows}
     print("\nvirtual stages the sources do not publish: error at each number the runtime allows "
           "[the searched one]")
     for case in cases:

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import torch
 
+from planner.eager_bytes import FUSED_RMS_NORM, fused_rms_norm_bytes
+
 ATTENTION_OPS = ("_scaled_dot_product", "flash_attention")
 MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear"}
 # (hidden, heads, kv heads, head dim, ffn): widths that make the linear system well determined
@@ -118,7 +120,8 @@ def _norm_bytes(records, h: int, regime: str, kind: str, tokens: int) -> dict[st
         return {"fwd": sum(map(_bytes, fwd)), "bwd": sum(map(_bytes, bwd))}
     e = 4 if regime == "autocast" else 2          # autocast runs norms in fp32 (torch.amp fp32 list)
     if kind == "rmsnorm":
-        return {"fwd": tokens * (2 * e * h + 4), "bwd": tokens * (3 * e * h + 4 + 2 * e * h)}
+        fwd_b, bwd_b = fused_rms_norm_bytes(h, 1, e)
+        return {"fwd": tokens * fwd_b, "bwd": tokens * bwd_b}
     # LayerNorm: the input-gradient kernel is what the trace saw; the gamma/beta kernel reads dy and x
     return {"fwd": sum(map(_bytes, fwd)), "bwd": sum(map(_bytes, bwd)) + tokens * 2 * e * h}
 
@@ -147,12 +150,11 @@ def count(spec, regime: str, batch: int) -> dict[str, dict]:
         b = _norm_bytes(records, spec.hidden, regime, spec.norm, tokens)
         out[part]["fwd"]["norm"] += b["fwd"]
         out[part]["bwd"]["norm"] += b["bwd"]
-        if regime != "fp32" and spec.norm == "rmsnorm":       # one fused kernel each way, plus gamma's
-            out[part]["fwd_kernels"] += 1 - sum(r.phase == "fwd" for r in records)
-            out[part]["bwd_kernels"] += 2 - sum(r.phase == "bwd" for r in records)
-            # and one operator each way (aten._fused_rms_norm and its backward), where the CPU decomposes it
-            out[part]["fwd_ops"] += 1 - sum(r.phase == "fwd" for r in records)
-            out[part]["bwd_ops"] += 1 - sum(r.phase == "bwd" for r in records)
+        if regime != "fp32" and spec.norm == "rmsnorm":       # CUDA's fused kernels and operators (FUSED_RMS_NORM)
+            for phase in ("fwd", "bwd"):                       # where the CPU decomposes it
+                seen = sum(r.phase == phase for r in records)
+                out[part][f"{phase}_kernels"] += FUSED_RMS_NORM[f"{phase}_kernels"] - seen
+                out[part][f"{phase}_ops"] += FUSED_RMS_NORM[f"{phase}_ops"] - seen
     return out
 
 

@@ -74,23 +74,28 @@ def layer_eager_bytes(spec, kind: str) -> tuple[tuple[str, EagerBytes], ...]:
     return tuple(out)
 
 
-# Qwen3's q and k norms (executor/models.py QKNorm), which the families of TABLE do not have: two RMSNorms a block,
-# each one fused kernel forward and two backward (input gradient, then gamma's) and one operator each way, as
-# executor/eager_counts.py counts the block norms on a GPU (aten._fused_rms_norm and its backward)
-QK_NORM_KERNELS = {"fwd_kernels": 2, "bwd_kernels": 4, "fwd_ops": 2, "bwd_ops": 2}
+# An RMSNorm as CUDA runs it (aten._fused_rms_norm): one kernel forward, two backward (the input gradient, then
+# gamma's), one operator each way; executor/eager_counts.py counts the block norms so, where the CPU decomposes them
+FUSED_RMS_NORM = {"fwd_kernels": 1, "bwd_kernels": 2, "fwd_ops": 1, "bwd_ops": 1}
+# Qwen3's q and k norms (executor/models.py QKNorm), which the families of TABLE do not have: two of them a block
+QK_NORM_KERNELS = {key: 2 * n for key, n in FUSED_RMS_NORM.items()}
+
+
+def fused_rms_norm_bytes(width: float, rows: float, e: int) -> tuple[float, float]:
+    """(forward, backward) bytes per token of a fused RMSNorm over ``width`` elements a token in ``rows`` rows of its
+    own (one rstd each): forward reads x and writes y at e bytes an element and rstd in fp32; backward reads dy, x
+    and rstd and writes dx, then gamma's pass reads dy and x again."""
+    return 2 * e * width + 4 * rows, 3 * e * width + 4 * rows + 2 * e * width
 
 
 def qk_norm_bytes(spec, regime: str) -> tuple[float, float]:
     """(forward, backward) bytes per token of a block's q and k norms, over widths q and kv (split by tensor
-    parallelism with the heads), as executor/eager_counts.py prices an RMSNorm's fused kernels (its
-    ``_norm_bytes``): forward reads x and writes y at e bytes an element and rstd in fp32 per head; backward reads
-    dy, x and rstd and writes dx, then gamma's pass reads dy and x again. e is 4 under autocast (torch.amp runs
-    norms in fp32) and in fp32, 2 in bf16. Every regime is priced as fused kernels (the CPU's decomposition of
-    RMSNorm moves more; the fp32 regime's block norms are traced as it runs)."""
-    e = 2 if regime == "bf16" else 4
+    parallelism with the heads), one row a head: ``fused_rms_norm_bytes``, as executor/eager_counts.py prices the
+    block norms. e is 4 under autocast (torch.amp runs norms in fp32) and in fp32, 2 in bf16. Every regime is priced
+    as fused kernels (the CPU's decomposition of RMSNorm moves more; the fp32 regime's block norms are traced as it
+    runs)."""
     width = spec.q_dim + spec.kv_dim
-    rstd = 4 * width / spec.head_dim         # one fp32 per head and token
-    return 2 * e * width + rstd, 3 * e * width + rstd + 2 * e * width
+    return fused_rms_norm_bytes(width, width / spec.head_dim, 2 if regime == "bf16" else 4)
 
 
 def _split_coef(part: str, coef, h, q, kv, f, v) -> tuple[float, float]:
