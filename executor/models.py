@@ -110,9 +110,11 @@ class Attention(nn.Module):
     """Causal self-attention; the core is one ``scaled_dot_product_attention`` call per run of
     consecutive queries (one, or two under context parallelism, after ``exchange`` gathered the
     keys and values of the whole sequence: executor/context.py). Qwen3's per-head q and k norms
-    (``QKNorm``) where the spec has them."""
+    (``QKNorm``) where the spec has them. Block ``index`` of a model with a sliding window shorter than the
+    sequence (on the blocks ``ModelSpec.slides``), or with attention sinks (GPT-OSS), runs the written-out core
+    ``masked_attention`` instead, given which keys each query sees."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, index: int = 0):
         super().__init__()
         h, q, kv = spec.hidden, spec.q_dim, spec.kv_dim
         bias = spec.linear_bias or spec.qkv_bias
@@ -124,7 +126,12 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(h, kv, bias=bias)
         self.o_proj = nn.Linear(q, h, bias=spec.linear_bias)
         self.qk_norm = QKNorm(spec) if spec.qk_norm else None
-        self.core = sdpa   # a module attribute so selective recompute can wrap exactly this call
+        # this block's sliding window where it is shorter than the sequence (a longer one is full causal attention)
+        self.window = spec.sliding_window if spec.slides(index) and spec.sliding_window < spec.seq_len else 0
+        self.masked = bool(self.window) or spec.attention_sinks     # the core is given a mask (``masked_attention``)
+        # a module attribute so selective recompute can wrap exactly this call; with sinks a module, which holds them
+        self.core = SinkAttention(spec.num_heads) if spec.attention_sinks else \
+            masked_attention if self.masked else sdpa
         self.layout = SequenceLayout()      # this rank's tokens (context parallelism)
         self.exchange = None                # (B, nkv, S/cp, hd) -> (B, nkv, S, hd) under context parallelism
 
@@ -150,9 +157,63 @@ def attend(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, n, S, hd)
     if attn.exchange is not None:
         k, v = attn.exchange(k), attn.exchange(v)                      # (B, nkv, S cp, hd), in sequence order
-    y = torch.cat([attn.core(q[:, :, first:end], k[:, :, :keys], v[:, :, :keys], dropout_p)
-                   for first, end, keys in attn.layout.query_blocks(seq)], dim=2)    # (B, nh, S, hv)
+    blocks = attn.layout.query_blocks(seq)
+    if getattr(attn, "masked", False):
+        positions = attn.layout.positions(seq, q.device)               # (S,): the local queries' global positions
+        y = torch.cat([attn.core(q[:, :, first:end], k[:, :, :keys], v[:, :, :keys], dropout_p,
+                                 visible(positions[first:end], keys, attn.window))
+                       for first, end, keys in blocks], dim=2)         # (B, nh, S, hv)
+    else:
+        y = torch.cat([attn.core(q[:, :, first:end], k[:, :, :keys], v[:, :, :keys], dropout_p)
+                       for first, end, keys in blocks], dim=2)         # (B, nh, S, hv)
     return y.transpose(1, 2).reshape(bsz, seq, -1)                     # (B, S, nh hv)
+
+
+def visible(positions: torch.Tensor, keys: int, window: int) -> torch.Tensor:
+    """Which of keys 0 .. ``keys`` - 1 the queries at global ``positions`` see: the causal ones, and where there is
+    a ``window`` only those within it (query i sees key j when i - window < j <= i: transformers' sliding-window
+    mask). (L,) -> (L, keys) bool"""
+    gap = positions[:, None] - torch.arange(keys, device=positions.device)[None, :]    # (L, keys): i - j
+    return (gap >= 0) & (gap < window) if window else gap >= 0
+
+
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, allowed: torch.Tensor,
+                     sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """The attention core written out, as transformers' eager GPT-OSS attention: the scores scaled by 1/sqrt(hd),
+    the keys a query does not see (``allowed`` False) masked out, a softmax in fp32 that also spans one learned
+    logit per head where given (``sinks``: attention sinks, OpenAI 2025, gpt-oss model card, arXiv:2508.10925,
+    Sec 2.1: the sink takes a share of the probability and adds no value), dropout, then the values. The scores
+    are materialised, and the planner prices this core so (planner/runtimes.py ``unfused_core``).
+    q: (B, nh, L, hd), k: (B, nkv, S, hd), v: (B, nkv, S, hv), allowed: (L, S), sinks: (nh,) -> (B, nh, L, hv)"""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:                                                     # GQA: each key/value head serves a group
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5           # (B, nh, L, S)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    if sinks is not None:
+        sink = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(scores.shape[0], -1, scores.shape[2], 1)
+        scores = torch.cat([scores, sink], dim=-1)                     # (B, nh, L, S + 1)
+    probs = F.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))     # fp32 at least
+    if sinks is not None:
+        probs = probs[..., :-1]                                        # the sink's share, dropped
+    if dropout_p:
+        probs = F.dropout(probs, dropout_p)
+    return probs.to(v.dtype) @ v                                       # (B, nh, L, hv)
+
+
+class SinkAttention(nn.Module):
+    """``masked_attention`` with a learned sink logit per head (GPT-OSS): the planner's ``core`` op, which holds
+    them (planner/layers.py). Under tensor parallelism the sinks are split with the heads (executor/parallelize.py
+    ``apply_tp``: a DTensor sharded on dim 0, each rank its own heads')."""
+
+    def __init__(self, heads: int):
+        super().__init__()
+        self.sinks = nn.Parameter(torch.empty(heads))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
+                allowed: torch.Tensor) -> torch.Tensor:
+        sinks = self.sinks.to_local() if isinstance(self.sinks, DTensor) else self.sinks     # (nh,) local heads
+        return masked_attention(q, k, v, dropout_p, allowed, sinks)
 
 
 class LatentAttention(nn.Module):
@@ -263,7 +324,7 @@ class Block(nn.Module):
     def __init__(self, spec: ModelSpec, index: int = 0):
         super().__init__()
         self.attn_norm = _norm(spec)
-        self.attn = LatentAttention(spec) if spec.is_mla else Attention(spec)
+        self.attn = LatentAttention(spec) if spec.is_mla else Attention(spec, index)
         self.mlp_norm = _norm(spec)
         self.mlp = _mlp(spec, index)
         self.dropout = _dropout(spec)

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-from planner.model import ModelSpec
+from planner.model import GPT_OSS_SWIGLU_ALPHA, ModelSpec
 
 
 def route(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,12 +98,14 @@ def grouped_product(x: torch.Tensor, w: torch.Tensor, counts: list[int] | torch.
 
 
 class GroupedLinear(nn.Module):
-    """E bias-free linears of ``in_features`` -> ``out_features``, weight (E, out, in); under expert
-    parallelism a DTensor sharded on dim 0 over the ep ranks, this rank's experts its local rows."""
+    """E linears of ``in_features`` -> ``out_features``, weight (E, out, in), and with ``bias`` a bias (E, out)
+    (GPT-OSS's experts); under expert parallelism each a DTensor sharded on dim 0 over the ep ranks, this rank's
+    experts its local rows."""
 
-    def __init__(self, num_experts: int, in_features: int, out_features: int):
+    def __init__(self, num_experts: int, in_features: int, out_features: int, bias: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(num_experts, out_features)) if bias else None
 
     def forward(self, x: torch.Tensor, counts: list[int] | torch.Tensor) -> torch.Tensor:
         """x: (R, in), its rows grouped by local expert, ``counts[e]`` rows for expert e -> (R, out)."""
@@ -111,7 +113,13 @@ class GroupedLinear(nn.Module):
         # in the dtype a linear would compute in: under autocast its dtype, whatever the residual stream's
         # (fp32 where the parameters are: without the cast the grouped GEMM never ran under autocast)
         x = x.to(compute_dtype(x))
-        return grouped_product(x, w, counts, _runs_grouped_mm(x))         # (R, out)
+        out = grouped_product(x, w, counts, _runs_grouped_mm(x))          # (R, out)
+        if self.bias is None:
+            return out
+        # each row its expert's bias: repeated by the counts (on the device where they are: output_size reads
+        # nothing back)
+        repeats = torch.as_tensor(counts, device=x.device)
+        return out + _local(self.bias).to(out.dtype).repeat_interleave(repeats, dim=0, output_size=x.shape[0])
 
 
 class SharedExperts(nn.Module):
@@ -138,17 +146,24 @@ class MoE(nn.Module):
         super().__init__()
         h, f, e = spec.hidden, spec.expert_ffn, spec.num_experts
         self.num_experts, self.top_k = e, spec.experts_per_token
-        self.router = nn.Linear(h, e, bias=False)
-        self.gate_proj = GroupedLinear(e, h, f)
-        self.up_proj = GroupedLinear(e, h, f)
-        self.down_proj = GroupedLinear(e, f, h)
+        self.router = nn.Linear(h, e, bias=spec.linear_bias)
+        self.gate_proj = GroupedLinear(e, h, f, bias=spec.linear_bias)
+        self.up_proj = GroupedLinear(e, h, f, bias=spec.linear_bias)
+        self.down_proj = GroupedLinear(e, f, h, bias=spec.linear_bias)
+        self.limit = spec.swiglu_limit      # GPT-OSS's clamped SwiGLU where > 0
         self.shared = SharedExperts(spec) if spec.shared_experts else None
         self.ep_group = None        # the ranks the experts are split over (``apply_ep``); None: all here
         self.ep = 1
 
     def experts(self, x: torch.Tensor, counts: list[int] | torch.Tensor) -> torch.Tensor:
-        """The local experts' SwiGLU on rows grouped by expert. (R, h) -> (R, h)"""
-        return self.down_proj(F.silu(self.gate_proj(x, counts)) * self.up_proj(x, counts), counts)
+        """The local experts' SwiGLU on rows grouped by expert; GPT-OSS's clamped one where the spec has a limit
+        (transformers' ``GptOssExperts``: the gate clamped above and the up projection both ways at the limit,
+        (up + 1) * gate * sigmoid(1.702 gate)). (R, h) -> (R, h)"""
+        gate, up = self.gate_proj(x, counts), self.up_proj(x, counts)    # (R, f) each
+        if self.limit:
+            gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
+            return self.down_proj((up + 1) * gate * torch.sigmoid(gate * GPT_OSS_SWIGLU_ALPHA), counts)
+        return self.down_proj(F.silu(gate) * up, counts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape                                                   # (B, S, h)
@@ -207,7 +222,8 @@ def expert_modules(moe: MoE) -> list[nn.Module]:
 def expert_parallel_params(model: nn.Module) -> set[int]:
     """ids of the routed experts' weights that expert parallelism splits (``apply_ep``): their replicas
     are the efsdp ranks, not all the data-parallel ones."""
-    return {id(linear.weight) for moe in moe_blocks(model).values() if moe.ep > 1 for linear in expert_modules(moe)}
+    return {id(p) for moe in moe_blocks(model).values() if moe.ep > 1 for linear in expert_modules(moe)
+            for p in linear.parameters()}
 
 
 def apply_ep(model: nn.Module, ep_mesh) -> None:
@@ -215,6 +231,6 @@ def apply_ep(model: nn.Module, ep_mesh) -> None:
     ``Shard(0)``: rank r holds experts [r E/ep, (r+1) E/ep)), tokens exchanged with all-to-alls."""
     for moe in moe_blocks(model).values():
         for linear in expert_modules(moe):
-            linear.weight = nn.Parameter(distribute_tensor(linear.weight.data, ep_mesh, [Shard(0)],
-                                                           src_data_rank=None))
+            for name, p in list(linear.named_parameters(recurse=False)):     # the weight, and a bias
+                setattr(linear, name, nn.Parameter(distribute_tensor(p.data, ep_mesh, [Shard(0)], src_data_rank=None)))
         moe.ep_group, moe.ep = ep_mesh.get_group(), ep_mesh.size()

@@ -50,7 +50,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
                                                RowwiseParallel, SequenceParallel, parallelize_module)
 
@@ -60,7 +60,7 @@ from planner.plan import Plan
 from .context import apply_cp
 from .lora import LoraConfig, apply_lora
 from .mesh import ParallelDims
-from .models import Attention, LatentAttention, materialize, sdpa
+from .models import Attention, LatentAttention, SinkAttention, materialize, sdpa
 from .moe import apply_ep, expert_modules, moe_blocks
 from .qlora import quantize_base
 from .activations import apply_policy
@@ -136,6 +136,9 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, tp_plan: dict[str, str], *, 
     for path, module in modules.items():
         if isinstance(module, LatentAttention) and tp_plan.get(f"{path}.kv_up") == "colwise":
             module.shares_rope_key(tp_mesh)      # its heads split: the shared RoPE key's gradient summed
+        if isinstance(module, SinkAttention) and tp_plan.get(f"{path.rpartition('.')[0]}.q_proj") == "colwise":
+            # GPT-OSS's sinks, one per head: each rank holds its own heads' (torchtitan shards them so)
+            module.sinks = nn.Parameter(distribute_tensor(module.sinks.data, tp_mesh, [Shard(0)], src_data_rank=None))
 
 
 def _norm_heads(styles: dict, path: str, tp_plan: dict[str, str]) -> None:

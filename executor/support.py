@@ -39,9 +39,8 @@ def check_model(spec: ModelSpec, source: str = "plan.json") -> None:
     for field, what in unbuilt(spec):
         raise UserError(f"{getattr(spec, field)!r}: {what} are not in meshplan's reference models yet "
                         "(`meshplan plan` prices them; `meshplan run` cannot train them); allowed: GPT, "
-                        "Llama, Qwen2, Qwen3 and DeepSeek-V3 models with causal attention over the whole sequence "
-                        "(multi-head or latent; a sliding window no shorter than the sequence is that), dense or with "
-                        "SwiGLU experts",
+                        "Llama, Mistral, Qwen2, Qwen3, DeepSeek-V3 and GPT-OSS models (causal attention, multi-head "
+                        "or latent, through sliding windows and with sinks), dense or with SwiGLU experts",
                         source=source,
                         field=f"model.spec.{field}")
 

@@ -31,7 +31,7 @@ from .model import ModelSpec, load_model
 from .plan import Plan
 from .precision import DTYPES, RECIPES, library, split as split_precision
 from .recompute import expand_recompute
-from .runtimes import RUNTIMES
+from .runtimes import RUNTIMES, unfused_core
 from .search import Knobs, SearchResult, default_solver, evaluate, search
 from .search.finish import finish
 
@@ -104,8 +104,14 @@ class JobInputs:
             graph = attach_measured_ops(graph, cluster.source, precision, seq)
             for warning in graph.warnings:
                 (warn or (lambda _: None))(warning)
+        attention = self.attention
+        if attention == "flash" and unfused_core(spec, self.framework):
+            attention = "unfused"
+            (warn or (lambda _: None))(f"{spec.name}'s attention (sinks, or a window shorter than the sequence) runs "
+                                       "as `meshplan run` writes it out, its scores materialised: priced "
+                                       "--attention unfused (--framework torchtitan runs it fused)")
         workload = Workload(global_batch=self.global_batch or default_global_batch(seq, cluster.num_gpus),
-                            seq_len=seq, precision=precision, framework=self.framework, attention=self.attention,
+                            seq_len=seq, precision=precision, framework=self.framework, attention=attention,
                             overlap_grad_reduce=self.overlap_grad_reduce, tp_comm_overlap=self.tp_comm_overlap,
                             ep_comm_overlap=self.ep_comm_overlap, memory_headroom=self.memory_headroom,
                             expert_imbalance=self.expert_imbalance,

@@ -226,7 +226,12 @@ def _megatron_model(plan) -> tuple[list[list[str]], list[str]]:
     else:
         args += [["--max-position-embeddings", str(w.seq_len)], ["--position-embedding-type", "rope"]]
     args.append(["--normalization", "RMSNorm" if s.norm == "rmsnorm" else "LayerNorm"])
-    if s.mlp == "swiglu":
+    if s.swiglu_limit:     # GPT-OSS's clamped SwiGLU as Megatron-Bridge's GPT-OSS provider sets it: quick_gelu's
+        # x sigmoid(1.702 x) of the gate times (up + 1), both clamped (TransformerConfig glu_linear_offset and
+        # activation_func_clamp_value, flags of Megatron-LM's arguments.py from its ArgumentGroupFactory)
+        args += [["--quick-geglu"], ["--glu-linear-offset", "1.0"], ["--activation-func-clamp-value",
+                                                                    f"{s.swiglu_limit:g}"]]
+    elif s.mlp == "swiglu":
         args.append(["--swiglu"])
     if not s.tied_embeddings:
         args.append(["--untie-embeddings-and-output-weights"])

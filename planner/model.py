@@ -55,6 +55,8 @@ class ModelSpec:
     sliding_every: int = 0          # with sliding_window: blocks i with i % sliding_every == 0 slide, the
                                     # others attend fully (GPT-OSS alternates: 2); 0: every block slides
     attention_sinks: bool = False   # a learned logit per head in every softmax (GPT-OSS)
+    swiglu_limit: float = 0.0       # > 0: GPT-OSS's clamped SwiGLU experts (gate clamped above, up both ways, at
+                                    # this value; transformers' GptOssConfig.swiglu_limit); 0: silu(gate) x up
     qk_norm: bool = False           # RMSNorm of q and k per head (Qwen3)
     source: str = ""                # where these numbers come from
 
@@ -189,6 +191,12 @@ class ModelSpec:
                             "(kv_lora_rank > 0)", source=source, field="kv_lora_rank")
         if self.sliding_every and not self.sliding_window:
             raise UserError(f"{self.sliding_every} without a sliding window", source=source, field="sliding_every")
+        if not isinstance(self.swiglu_limit, (int, float)) or isinstance(self.swiglu_limit, bool) \
+                or not self.swiglu_limit >= 0:
+            raise UserError(f"must be a number >= 0, got {self.swiglu_limit!r}", source=source, field="swiglu_limit")
+        if self.swiglu_limit and (self.mlp != "swiglu" or not self.is_moe or self.dense_layers or self.shared_experts):
+            raise UserError(f"{self.swiglu_limit} clamps GPT-OSS's SwiGLU experts: routed SwiGLU experts only (no dense "
+                            "blocks, no shared experts)", source=source, field="swiglu_limit")
         return self
 
 
@@ -238,6 +246,11 @@ _OSS = ("OpenAI 2025, gpt-oss-120b & gpt-oss-20b Model Card (arXiv:2508.10925), 
         "layer, a learned sink per head, biases; 36 layers and 128 experts (116.8B, 5.1B active) or 24 and 32 "
         "(20.9B, 3.6B active); HF openai/gpt-oss-* config.json; sequence 4096 assumed")
 
+# GPT-OSS's experts clamp their gate and up projections at 7 and scale the gate's sigmoid by 1.702 (OpenAI 2025,
+# gpt-oss model card, arXiv:2508.10925, Sec 2.1; transformers' GptOssConfig swiglu_limit and swiglu_alpha defaults)
+GPT_OSS_SWIGLU_LIMIT = 7.0
+GPT_OSS_SWIGLU_ALPHA = 1.702
+
 ZOO: dict[str, ModelSpec] = {m.name: m for m in (
     _gpt("gpt-1.7b", 24, 2304, 24, source=_NAR21),
     _gpt("gpt-3.6b", 30, 3072, 32, source=_NAR21),
@@ -271,9 +284,11 @@ ZOO: dict[str, ModelSpec] = {m.name: m for m in (
     replace(_llama("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 151936, 4096, source=_Q3, experts=128, top_k=8),
             head_dim=128, moe_ffn_hidden=1536, qk_norm=True),
     replace(_llama("gpt-oss-20b", 24, 2880, 64, 8, 2880, 201088, 4096, source=_OSS, experts=32, top_k=4),
-            head_dim=64, linear_bias=True, attention_sinks=True, sliding_window=128, sliding_every=2),
+            head_dim=64, linear_bias=True, attention_sinks=True, sliding_window=128, sliding_every=2,
+            swiglu_limit=GPT_OSS_SWIGLU_LIMIT),
     replace(_llama("gpt-oss-120b", 36, 2880, 64, 8, 2880, 201088, 4096, source=_OSS, experts=128, top_k=4),
-            head_dim=64, linear_bias=True, attention_sinks=True, sliding_window=128, sliding_every=2),
+            head_dim=64, linear_bias=True, attention_sinks=True, sliding_window=128, sliding_every=2,
+            swiglu_limit=GPT_OSS_SWIGLU_LIMIT),
 )}
 
 # Other names people use for the same models. Narayanan's Table 1 has no 175B
@@ -535,8 +550,16 @@ def _gpt_oss(spec: ModelSpec, f: "_Fields") -> ModelSpec:
     if every is None:
         raise UserError("only every block sliding, or sliding and full attention alternating from the first, "
                         "is supported", source=f.source, field="layer_types")
+    alpha = f.data.get("swiglu_alpha", GPT_OSS_SWIGLU_ALPHA)
+    if alpha != GPT_OSS_SWIGLU_ALPHA:
+        raise UserError(f"{alpha!r}: only GPT-OSS's {GPT_OSS_SWIGLU_ALPHA} is supported", source=f.source,
+                        field="swiglu_alpha")
+    limit = f.data.get("swiglu_limit", GPT_OSS_SWIGLU_LIMIT)
+    if not isinstance(limit, (int, float)) or isinstance(limit, bool) or not limit > 0:
+        raise UserError(f"must be a number > 0, got {limit!r}", source=f.source, field="swiglu_limit")
     return replace(spec, num_experts=f.int("num_local_experts"), experts_per_token=f.int("num_experts_per_tok"),
-                   linear_bias=True, qkv_bias=False, attention_sinks=True, sliding_every=0 if every == 1 else 2)
+                   linear_bias=True, qkv_bias=False, attention_sinks=True, sliding_every=0 if every == 1 else 2,
+                   swiglu_limit=float(limit))
 
 
 def _qwen3(spec: ModelSpec, f: "_Fields") -> ModelSpec:

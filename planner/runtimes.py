@@ -565,22 +565,22 @@ def priced_as(framework: str) -> str:
 
 # The parts of a model spec meshplan's executor does not build yet (executor/models.py): it refuses plans of such
 # models (executor/support.py check_model) and `meshplan plan` says so when it plans one for runtime torch
-EXECUTOR_UNBUILT = (("sliding_window", "sliding-window attention"), ("attention_sinks", "attention sinks"))
-
-
 def unbuilt(spec) -> list[tuple[str, str]]:
-    """(ModelSpec field, what it asks for) of each part of ``spec`` the executor does not build yet: the fields of
-    ``EXECUTOR_UNBUILT``, and experts other than SwiGLU without biases (executor/moe.py). A sliding window no
-    shorter than the sequence is full causal attention (a query at position i sees keys i - W + 1 .. i, all of
-    them while i < W: transformers' sliding-window mask), which the executor runs: Mistral-7B-v0.1's window of
-    4096 at sequences up to 4096."""
-    out = [(field, what) for field, what in EXECUTOR_UNBUILT if getattr(spec, field)
-           and not (field == "sliding_window" and spec.sliding_window >= spec.seq_len)]
-    if spec.is_moe and spec.mlp == "gelu":
-        out.append(("mlp", "GELU experts"))
-    if spec.is_moe and spec.linear_bias:
-        out.append(("linear_bias", "experts with biases"))
-    return out
+    """(ModelSpec field, what it asks for) of each part of ``spec`` the executor does not build yet: experts other
+    than SwiGLU (executor/moe.py)."""
+    return [("mlp", "GELU experts")] if spec.is_moe and spec.mlp == "gelu" else []
+
+
+def unfused_core(spec, framework: str) -> bool:
+    """Whether ``framework`` runs ``spec``'s attention core with its scores materialised whatever the workload's
+    ``attention``: meshplan's executor (the torch runtime) writes out the core of a model with attention sinks or
+    a sliding window shorter than the sequence (executor/models.py ``masked_attention``: its scores masked, a sink
+    logit per head in the softmax), as transformers' eager attention does; a window no shorter than the sequence
+    is full causal attention (a query at position i sees keys i - W + 1 .. i, all of them while i < W:
+    transformers' sliding-window mask), which SDPA's kernels run. torchtitan runs such cores as FlexAttention
+    (torchtitan/models/gpt_oss/model.py: the sinks applied to its output by the log-sum-exp), a fused kernel."""
+    return framework == EXECUTOR_RUNTIME and spec is not None and (
+        spec.attention_sinks or 0 < spec.sliding_window < spec.seq_len)
 
 
 def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int | None = None,

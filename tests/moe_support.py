@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from functools import partial
 
 from planner.model import ModelSpec
 
@@ -78,3 +79,35 @@ def train_cases(cases, plans: dict, specs: dict, out_dir, target) -> None:
         by_world.setdefault(world, []).append((f"{model}-{plan}", path))
     for world, jobs in sorted(by_world.items()):
         spawn(target, world, jobs, str(out_dir))
+
+
+def trained_results(cases, plans: dict, specs: dict, out_dir, steps: int) -> dict:
+    """``train_cases`` with executor_support's ``run_plans`` for ``steps`` steps, then each case's (measured
+    result, the first step's full gradients by parameter name), keyed by (model, plan)."""
+    from pathlib import Path
+
+    from executor_support import load_rank_grads
+    train_cases(cases, plans, specs, out_dir, partial(_run_plans, steps=steps))
+    out = Path(out_dir)
+    return {(model, plan): (json.loads((out / f"{model}-{plan}.json").read_text()),
+                            load_rank_grads(str(out / f"{model}-{plan}.grads"), plans[plan][0], specs[model]))
+            for model, plan in cases}
+
+
+def _run_plans(jobs, out_dir: str, *, steps: int) -> None:
+    from executor_support import run_plans
+    run_plans(jobs, out_dir, steps)
+
+
+def assert_equals_single_process(measured: dict, grads: dict, reference) -> None:
+    """A distributed run's losses (within 1e-4 relative) and first-step gradients (rtol 1e-4, with a floor of
+    1e-5 of the largest) against ``reference``, the single-process (losses, gradients)."""
+    import torch
+
+    from executor_support import assert_losses
+    ref_losses, ref_grads = reference
+    assert_losses(measured["losses"], ref_losses, against="single process")
+    assert set(grads) == set(ref_grads)
+    floor = 1e-5 * max(g.abs().max().item() for g in ref_grads.values())
+    for name, want in ref_grads.items():
+        torch.testing.assert_close(grads[name], want, rtol=1e-4, atol=floor, msg=lambda m: f"{name}: {m}")

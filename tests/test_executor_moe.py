@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from executor_support import run_plans, assert_losses, load_rank_grads, reference_run, spawn
-from moe_support import (GLOBAL_BATCH, TINY_DEEPSEEK, TINY_MIXTRAL, TINY_TWO_EXPERTS, built_as_planned, train_cases,
-                         write_moe_plan)
+from executor_support import assert_losses, reference_run, spawn
+from moe_support import (GLOBAL_BATCH, TINY_DEEPSEEK, TINY_MIXTRAL, TINY_TWO_EXPERTS, assert_equals_single_process,
+                         built_as_planned, trained_results, write_moe_plan)
 from planner.errors import UserError
 
 MODELS = {"mixtral": TINY_MIXTRAL, "deepseek": TINY_DEEPSEEK}
@@ -247,17 +247,9 @@ CASES = BOTH + [("two-experts", p) for p in ONE_EXPERT_PER_RANK] + [("qwen3-moe"
 SPECS = {**MODELS, "two-experts": TINY_TWO_EXPERTS, "qwen3-moe": TINY_QWEN3_MOE}
 
 
-def _run_plans(jobs: list[tuple[str, str]], out_dir: str) -> None:
-    run_plans(jobs, out_dir, STEPS)
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("moe")
-    train_cases(CASES, PLANS, SPECS, tmp, _run_plans)
-    return {(model, plan): (json.loads((tmp / f"{model}-{plan}.json").read_text()),
-                            load_rank_grads(str(tmp / f"{model}-{plan}.grads"), PLANS[plan][0], SPECS[model]))
-            for model, plan in CASES}
+    return trained_results(CASES, PLANS, SPECS, tmp_path_factory.mktemp("moe"), STEPS)
 
 
 @pytest.fixture(scope="module")
@@ -268,13 +260,7 @@ def references():
 @pytest.mark.distributed
 @pytest.mark.parametrize("model,plan", CASES)
 def test_expert_parallel_losses_and_gradients_equal_single_process(results, references, model, plan):
-    measured, grads = results[model, plan]
-    ref_losses, ref_grads = references[model]
-    assert_losses(measured["losses"], ref_losses, against="single process")
-    assert set(grads) == set(ref_grads)
-    floor = 1e-5 * max(g.abs().max().item() for g in ref_grads.values())
-    for name, want in ref_grads.items():
-        torch.testing.assert_close(grads[name], want, rtol=1e-4, atol=floor, msg=lambda m: f"{name}: {m}")
+    assert_equals_single_process(*results[model, plan], references[model])
 
 
 @pytest.mark.distributed

@@ -1,5 +1,7 @@
 """Mixtures of experts, latent attention and alternating windows: the zoo against published sizes, config.json
 readers against transformers' own modules, the layer graph's blocks."""
+import json
+
 import pytest
 
 from planner.errors import UserError
@@ -138,37 +140,36 @@ def test_a_moe_spec_maps_back_to_its_transformers_config_for_tracing(write_json,
 
 
 def test_the_executor_refuses_what_its_reference_models_do_not_build():
-    from executor.support import check_model
-    with pytest.raises(UserError) as caught:
-        check_model(ZOO["gpt-oss-20b"])
-    assert caught.value.field == "model.spec.sliding_window" and caught.value.exit_code == 2
-    # its mixtures of experts are SwiGLU experts without biases (executor/moe.py)
     from dataclasses import replace
+
+    from executor.support import check_model
+    # its mixtures of experts are SwiGLU experts (executor/moe.py), with or without biases (GPT-OSS's)
     with pytest.raises(UserError) as caught:
-        check_model(replace(ZOO["mixtral-8x7b"], linear_bias=True))
-    assert caught.value.field == "model.spec.linear_bias"
-    # latent attention and Qwen3's q/k norms: executor/models.py
-    for name in ("llama3-8b", "mixtral-8x7b", "deepseek-v3", "qwen3-30b-a3b", "qwen3-235b-a22b"):
+        check_model(replace(ZOO["mixtral-8x7b"], mlp="gelu"))
+    assert caught.value.field == "model.spec.mlp" and caught.value.exit_code == 2
+    # latent attention, Qwen3's q/k norms, GPT-OSS's sinks, windows and biased experts: executor/models.py
+    for name in ("llama3-8b", "mixtral-8x7b", "deepseek-v3", "qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-20b",
+                 "gpt-oss-120b"):
         check_model(ZOO[name])
 
 
-def test_a_sliding_window_no_shorter_than_the_sequence_is_built_as_full_causal_attention():
+def test_a_sliding_window_shorter_than_the_sequence_is_priced_as_the_executor_runs_it():
     """Mistral-7B-v0.1's window of 4096 (its config.json): at sequences of up to 4096 every key a query sees
-    causally is inside the window, so the executor's full causal attention is that model; at 8192 it is not."""
+    causally is inside the window, so it is full causal attention, which SDPA runs (and torch eager prices it as
+    the Llama block it is: planner/eager_table.py's family); at 8192 the executor writes the core out with its mask
+    (executor/models.py masked_attention), so the torch runtime prices its attention unfused, torchtitan's not."""
     from dataclasses import replace
 
     from executor.support import check_model
-    from planner.runtimes import unbuilt
-    mistral = replace(load_model("llama3-8b"), name="mistral-7b-v0.1", sliding_window=4096, seq_len=4096)
-    assert unbuilt(mistral) == []
-    check_model(mistral)
-    longer = replace(mistral, seq_len=8192)
-    assert [field for field, _ in unbuilt(longer)] == ["sliding_window"]
-    with pytest.raises(UserError) as caught:
-        check_model(longer)
-    assert caught.value.field == "model.spec.sliding_window"
-    # and torch eager prices it as the Llama block it is (planner/eager_table.py's family), the longer one op by op
     from planner.eager_bytes import layer_eager_bytes
+    from planner.runtimes import unfused_core
+    mistral = replace(load_model("llama3-8b"), name="mistral-7b-v0.1", sliding_window=4096, seq_len=4096)
+    longer = replace(mistral, seq_len=8192)
+    check_model(mistral)
+    check_model(longer)
+    assert not unfused_core(mistral, "torch")
+    assert unfused_core(longer, "torch") and not unfused_core(longer, "torchtitan")
+    assert unfused_core(ZOO["gpt-oss-20b"], "torch")        # its sinks, whatever the window
     assert layer_eager_bytes(mistral, "block") == layer_eager_bytes(replace(mistral, sliding_window=0), "block") != ()
     assert layer_eager_bytes(longer, "block") == ()
 
@@ -226,13 +227,17 @@ def load_spec_back(written: dict):
     return ModelSpec(**json.loads(json.dumps(written)))
 
 
-def test_planning_a_model_the_executor_cannot_train_says_so(cli):
-    out = cli("plan", "--model", "gpt-oss-20b", "--cluster", "h100-80g", "--gpus", "8")
+def test_planning_gpt_oss_for_the_executor_prices_its_attention_as_the_executor_runs_it(cli):
+    """GPT-OSS's sinks: `meshplan run` writes its attention core out (scores materialised), so the torch runtime's
+    plan prices it --attention unfused and says so; Megatron-LM's is priced as asked (flash)."""
+    out = cli("plan", "--model", "gpt-oss-20b", "--cluster", "h100-80g", "--gpus", "8", "--json")
     assert out.returncode == 0, out.stderr
-    assert "`meshplan run` cannot train gpt-oss-20b yet (sliding-window attention, attention sinks, experts with " \
-           "biases are not in its reference models)" in out.stderr
-    quiet = cli("plan", "--model", "gpt-oss-20b", "--cluster", "h100-80g", "--gpus", "8", "--framework", "megatron")
-    assert quiet.returncode == 0 and "cannot train" not in quiet.stderr
+    assert "priced --attention unfused" in out.stderr and "cannot train" not in out.stderr
+    assert json.loads(out.stdout)["workload"]["attention"] == "unfused"
+    quiet = cli("plan", "--model", "gpt-oss-20b", "--cluster", "h100-80g", "--gpus", "8", "--framework", "megatron",
+                "--json")
+    assert quiet.returncode == 0 and "unfused" not in quiet.stderr
+    assert json.loads(quiet.stdout)["workload"]["attention"] == "flash"
 
 
 MIXTRAL_SMALL = dict(model_type="mixtral", hidden_size=64, num_attention_heads=4, num_key_value_heads=2,

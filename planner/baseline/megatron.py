@@ -50,7 +50,7 @@ SWITCHES = {   # store_true flags this reader models
     "--account-for-loss-in-pipeline-split", "--swiglu", "--untie-embeddings-and-output-weights",
     "--disable-bias-linear", "--add-qkv-bias", "--group-query-attention", "--moe-shared-expert-gate",
     "--multi-latent-attention", "--qk-layernorm", "--moe-grouped-gemm", "--fp8-param-gather", "--grad-reduce-in-bf16",
-    "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute",
+    "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--quick-geglu",
 }
 MODEL = {      # architecture flags (read when no --model is given, checked against it otherwise)
     "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
@@ -59,6 +59,7 @@ MODEL = {      # architecture flags (read when no --model is given, checked agai
     "--vocab-file", "--merge-file", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
     "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim",
     "--qk-pos-emb-head-dim", "--v-head-dim", "--softmax-type", "--window-size", "--window-attn-skip-freq",
+    "--glu-linear-offset", "--activation-func-clamp-value",
 }
 SHAPE = {"--num-layers": "num_layers", "--hidden-size": "hidden", "--num-attention-heads": "num_heads",
          "--num-query-groups": "num_kv_heads", "--ffn-hidden-size": "ffn_hidden", "--kv-channels": "head_dim",
@@ -193,9 +194,10 @@ def _spec(args: dict, source: str, shape: dict, vocab: int, seq: int | None) -> 
     """A ModelSpec from the architecture flags, with Megatron's defaults (GELU, LayerNorm,
     learned positions, biases, tied embeddings, dropout 0.1) where a flag is absent."""
     h, heads = shape["hidden"], shape["num_heads"]
-    swiglu = bool(args.get("--swiglu"))
+    limit = _gpt_oss_glu(args, source)
+    swiglu = bool(args.get("--swiglu")) or bool(limit)
     # arguments.py: --ffn-hidden-size defaults to 4h, or int(4h * 2/3 / 64) * 64 with --swiglu
-    ffn = shape.get("ffn_hidden") or (int(4 * h * 2 / 3 / 64) * 64 if swiglu else 4 * h)
+    ffn = shape.get("ffn_hidden") or (int(4 * h * 2 / 3 / 64) * 64 if args.get("--swiglu") else 4 * h)
     seq = seq or 2048
     positions = choice(source, "--position-embedding-type",
                        _value(args, "--position-embedding-type", source) or "learned_absolute",
@@ -217,7 +219,7 @@ def _spec(args: dict, source: str, shape: dict, vocab: int, seq: int | None) -> 
         linear_bias=not args.get("--disable-bias-linear"), qkv_bias=bool(args.get("--add-qkv-bias")),
         tied_embeddings=not args.get("--untie-embeddings-and-output-weights"), dropout=dropout,
         num_experts=experts, experts_per_token=_int(args, "--moe-router-topk", source, 2) if experts else 0,
-        source=f"{source} (Megatron-LM flags)")
+        swiglu_limit=limit, source=f"{source} (Megatron-LM flags)")
     if experts:
         shared = _int(args, "--moe-shared-expert-intermediate-size", source, 0, minimum=0)
         moe_ffn = _int(args, "--moe-ffn-hidden-size", source, 0, minimum=0)
@@ -234,6 +236,26 @@ def _spec(args: dict, source: str, shape: dict, vocab: int, seq: int | None) -> 
                      ("vanilla", "off-by-one", "learnable"))
     return replace(spec, qk_norm=bool(args.get("--qk-layernorm")), attention_sinks=softmax == "learnable",
                    **window).validate(source)
+
+
+def _gpt_oss_glu(args: dict, source: str) -> float:
+    """GPT-OSS's clamped SwiGLU experts (``ModelSpec.swiglu_limit``) from the flags Megatron-Bridge's GPT-OSS
+    provider sets: --quick-geglu (the gate's x sigmoid(1.702 x)), --glu-linear-offset 1 (times up + 1) and
+    --activation-func-clamp-value; 0 without --quick-geglu. Other quick-GEGLU variants are refused."""
+    if not args.get("--quick-geglu"):
+        for flag in ("--glu-linear-offset", "--activation-func-clamp-value"):
+            if _value(args, flag, source) is not None:
+                raise UserError("is read with --quick-geglu only (GPT-OSS's experts)", source=source, field=flag)
+        return 0.0
+    if args.get("--swiglu"):
+        raise UserError("--swiglu and --quick-geglu are two activations; give one", source=source,
+                        field="--quick-geglu")
+    offset = _float(args, "--glu-linear-offset", source, 0.0)
+    limit = _float(args, "--activation-func-clamp-value", source, 0.0)
+    if offset != 1.0 or not limit > 0:
+        raise UserError("meshplan models quick GEGLU as GPT-OSS's experts run it: --glu-linear-offset 1.0 and "
+                        "an --activation-func-clamp-value > 0", source=source, field="--quick-geglu")
+    return limit
 
 
 def _layer_pattern(text: str, source: str, flag: str) -> list[int]:

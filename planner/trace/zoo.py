@@ -11,7 +11,7 @@ sinks, ``Qwen3MoeConfig``/``Qwen2MoeConfig`` with q/k norms or a gated shared ex
 from __future__ import annotations
 
 from ..errors import UserError
-from ..model import ModelSpec
+from ..model import GPT_OSS_SWIGLU_LIMIT, ModelSpec
 
 
 def hf_config(spec: ModelSpec):
@@ -40,6 +40,7 @@ def hf_config(spec: ModelSpec):
     if spec.attention_sinks:
         common["intermediate_size"] = spec.expert_ffn
         return tf.GptOssConfig(num_local_experts=spec.num_experts, sliding_window=spec.sliding_window or None,
+                               swiglu_limit=spec.swiglu_limit or GPT_OSS_SWIGLU_LIMIT,
                                layer_types=["sliding_attention" if spec.slides(i) else "full_attention"
                                             for i in range(spec.num_layers)], **experts, **common)
     if spec.is_moe and (spec.qk_norm or spec.shared_experts):
