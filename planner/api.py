@@ -304,6 +304,10 @@ def plan_precisions(inputs: JobInputs, knobs: Knobs = Knobs(), *, warn: Callable
         except NotFaster:
             slower.append(name)
             return None
+        except UserError:
+            if name == names[0]:
+                raise
+            return None         # a recipe the runtime refuses with the knobs the user fixed (FP8 at a fixed --tp 2)
     plans: dict[str, Plan | None] = {names[0]: searched(names[0])}
     base_plan = plans[names[0]]
     # a recipe is chosen only where it beats the default dtype's plan by more than the band: a bound on its search

@@ -74,6 +74,8 @@ class Combinations:
     compiles_blocks: bool = False           # --compile: each block torch.compile'd (torchtitan's per-block compile,
                                             # torchtitan/models/llama3/infra/parallelize.py apply_compile)
     compile_with_tp: bool = True            # compiled blocks run with tp > 1
+    compile_with_tp_needs_sp: bool = False  # ... only with sequence parallelism
+    compile_with_tp_recomputes: tuple[str, ...] | None = None  # ... only under these recompute policies (None: any)
     fp8_recipes: tuple[str, ...] = ()       # FP8 training recipes it runs (planner/precision.py RECIPES; --precision)
     fp8_with_tp: bool = True                # an FP8 recipe runs with tp > 1
     ep_needs_sp: bool = False               # ep > 1 with tp > 1 needs sequence parallelism (Megatron-LM's
@@ -280,10 +282,15 @@ _TORCH_RUNS = Combinations(
     # float8 linears
     adapters_with_pp=True, adapters_with_fp8=False,
     compiles_blocks=True,       # executor/parallelize.py apply_compile (torch.compile on the CPU too: inductor)
-    # not with tensor parallelism: its compiled blocks' backward fails on torch 2.13 (a DTensor redistribute's
-    # backward receives a plain tensor: AttributeError '_local_tensor', the tiny Llama with tp 2 on gloo,
-    # 2026-11-28); torchtitan, whose TP plan keeps DTensors between its linears, compiles with TP
-    compile_with_tp=False,
+    # with tensor parallelism only under sequence parallelism and without checkpointing inside the compiled block,
+    # as torch 2.13 runs them (the tiny Llama, GPT and Qwen3 of tests/executor_support.py with tp 2 on gloo,
+    # 2026-11-28): without SP the blocks' backward fails (the residual stream enters them as the row-parallel
+    # all-reduce's AsyncCollectiveTensor, and a DTensor redistribute's backward then receives a plain tensor:
+    # AttributeError '_local_tensor'); with SP they train as eager does under ZeRO-1, ZeRO-3, pp 2 and the op
+    # policy, while full and selective recompute fail in the compiled forward (AOTAutograd saves a DeviceMesh
+    # among the checkpoint's tensors: "expected all tensors_saved_with_vc_check to be Tensors");
+    # torchtitan, whose TP plan keeps DTensors between its linears and always shards the sequence, is not limited
+    compile_with_tp_needs_sp=True, compile_with_tp_recomputes=("none", "op"),
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1, 2, 3), zero_stages_with_tp=(0, 1, 2, 3),
     # the split-backward schedules (planner/schedules.py backward "split") without ZeRO-3: torch 2.13's input-gradient
     # pass (torch/distributed/pipelining/_backward.py stage_backward_input) collects the stage's parameters when it
@@ -626,9 +633,8 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
                                 f"pp >= {can.virtual_stages_min_pp}"))
     if schedule is not None and (found := SCHEDULES[schedule].compile_refusal(compile)):
         out.append(("schedule", found[1]))
-    if compile and tp is not None and tp > 1 and not can.compile_with_tp:
-        out.append(("tp", f"compiled blocks (--compile) with tensor parallelism (tp {tp}) do not run on {who}; "
-                          "allowed with --compile: tp 1"))
+    if compile and tp is not None and tp > 1:
+        out += _compile_with_tp_refusals(can, who, tp=tp, sequence_parallel=sequence_parallel, recompute=recompute)
     if finetune != "full" and pp is not None and pp > 1 and not can.adapters_with_pp:
         out.append(("pp", f"--finetune {finetune} with pipeline parallelism (pp {pp}) does not run on {who}; "
                           "allowed with it: pp 1"))
@@ -773,6 +779,24 @@ def _ep_refusals(can: Combinations, who: str, *, ep: int, dp, tp, cp, sequence_p
     return out
 
 
+def _compile_with_tp_refusals(can, who: str, *, tp: int, sequence_parallel: bool | None,
+                              recompute: str | None) -> list[tuple[str, str]]:
+    """Compiled blocks (--compile) with tensor parallelism (tp > 1): where ``can`` runs them, and under which
+    sequence parallelism and recompute policy (None: not known yet)."""
+    if not can.compile_with_tp:
+        return [("tp", f"compiled blocks (--compile) with tensor parallelism (tp {tp}) do not run on {who}; "
+                       "allowed with --compile: tp 1")]
+    out = []
+    if sequence_parallel is False and can.compile_with_tp_needs_sp:
+        out.append(("sequence_parallel", f"compiled blocks (--compile) with tensor parallelism (tp {tp}) run on {who} "
+                                         "only with sequence parallelism; allowed with them: --sequence-parallel on"))
+    allowed = can.compile_with_tp_recomputes
+    if recompute is not None and allowed is not None and recompute not in allowed:
+        out.append(("recompute", f"recompute {recompute} inside compiled blocks (--compile) with tensor parallelism "
+                                 f"(tp {tp}) does not run on {who}; allowed with them: {one_of(allowed)}"))
+    return out
+
+
 def config_refusals(config, runtime: str, device_kind: str, num_kv_heads: int | None = None,
                     num_experts: int | None = None, latent_attention: bool | None = None,
                     fp8: str = "", compile: bool = False, finetune: str = "full",
@@ -788,5 +812,6 @@ def config_refusals(config, runtime: str, device_kind: str, num_kv_heads: int | 
                    ep_comm_overlap=ep_comm_overlap)
     for policy in dict.fromkeys(c.recompute_layers or (c.recompute,)):
         out += [(k, why) for k, why in refusals(runtime, device_kind, recompute=policy, ep=c.ep,
-                                                ep_comm_overlap=ep_comm_overlap) if k == "recompute"]
+                                                ep_comm_overlap=ep_comm_overlap, compile=compile, tp=c.tp)
+                if k == "recompute" and (k, why) not in out]
     return out

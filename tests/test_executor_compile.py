@@ -36,26 +36,43 @@ def test_the_plan_says_compile_and_other_runtimes_refuse_it(tmp_path, cli):
     assert proc.returncode == 2 and "--compile" in proc.stderr and proc.stderr.count("\n") == 1
 
 
-def test_compiled_blocks_with_tensor_parallelism_are_refused_by_the_planner_and_the_executor(cli):
-    """The executor's compiled blocks fail in backward with tp 2 on torch 2.13 (planner/runtimes.py
-    compile_with_tp): the search leaves tp 1 under --compile, a fixed --tp 2 is an error naming --tp, and a plan
-    that asks for both is refused before it launches, naming config.tp; torchtitan's runtime plans them."""
+def test_compiled_blocks_with_tensor_parallelism_need_sp_and_no_checkpointing_inside(cli):
+    """With tp 2 the executor's compiled blocks train only under sequence parallelism and without full or selective
+    recompute on torch 2.13 (planner/runtimes.py compile_with_tp_needs_sp, compile_with_tp_recomputes): the search
+    turns SP on, a fixed --sequence-parallel off or --recompute full is an error naming it, and a plan asking for
+    either is refused before it launches, naming its field; torchtitan's runtime plans them."""
     from executor.support import check_supported
     from planner.config import ParallelConfig
     from planner.errors import UserError
-    proc = cli("plan", "--model", "llama3-8b", "--cluster", "h100-80g", "--gpus", "8", "--compile", "--tp", "2")
-    assert proc.returncode == 2 and proc.stderr.startswith("meshplan plan: error: --tp: compiled blocks")
-    proc = cli("plan", "--model", "llama3-8b", "--cluster", "h100-80g", "--gpus", "8", "--compile", "--json")
-    assert proc.returncode == 0 and json.loads(proc.stdout)["config"]["tp"] == 1
-    proc = cli("plan", "--model", "llama3-8b", "--cluster", "h100-80g", "--gpus", "8", "--compile", "--tp", "2",
-               "--framework", "torchtitan")
-    assert proc.returncode == 0
-    config = ParallelConfig(dp=1, tp=2, pp=1)
+    base = ("plan", "--model", "llama3-8b", "--cluster", "h100-80g", "--gpus", "8", "--compile", "--tp", "2")
+    proc = cli(*base, "--json")
+    assert proc.returncode == 0, proc.stderr
+    config = json.loads(proc.stdout)["config"]
+    assert config["tp"] == 2 and config["sequence_parallel"] is True and config["recompute"] in ("none", "op")
+    for flag, value in (("--sequence-parallel", "off"), ("--recompute", "full")):
+        proc = cli(*base, flag, value)
+        assert proc.returncode == 2 and proc.stderr.startswith(f"meshplan plan: error: {flag}: "), proc.stderr
+        assert cli(*base, flag, value, "--framework", "torchtitan").returncode == 0
     for device in ("cpu", "cuda"):
-        with pytest.raises(UserError) as caught:
-            check_supported(config, SPEC, device, compile=True)
-        assert caught.value.field == "config.tp"
-        check_supported(config, SPEC, device)             # eager, the same plan runs
+        for config, field in ((ParallelConfig(dp=1, tp=2, pp=1), "config.sequence_parallel"),
+                              (ParallelConfig(dp=1, tp=2, pp=1, sequence_parallel=True, recompute="selective"),
+                               "config.recompute")):
+            with pytest.raises(UserError) as caught:
+                check_supported(config, SPEC, device, compile=True)
+            assert caught.value.field == field
+            check_supported(config, SPEC, device)             # eager, the same plan runs
+        check_supported(ParallelConfig(dp=1, tp=2, pp=1, sequence_parallel=True, recompute="op"), SPEC, device,
+                        compile=True)
+
+
+@pytest.mark.distributed
+def test_compiled_blocks_train_as_eager_under_tensor_and_sequence_parallelism(tmp_path):
+    plan = write_plan(tmp_path, SPEC, gpus=2, tp=2, sequence_parallel=True, recompute="op", compile=True)
+    spawn(_train, 2, plan, str(tmp_path / "out.json"))
+    measured = json.loads((tmp_path / "out.json").read_text())
+    assert measured["graphs"] >= 1
+    want, _ = reference_run(SPEC, steps=STEPS)
+    assert_losses(measured["losses"], want, against="the eager single-process reference")
 
 
 @pytest.mark.distributed

@@ -289,7 +289,8 @@ class Space:
             return self._allowed("sequence_parallel", [False])
         if self.graph.latent_attention and not self.can.sp_with_latent_attention:
             return self._allowed("sequence_parallel", [False])
-        if layout.ep > 1 and layout.tp > 1 and self.can.ep_needs_sp:
+        if layout.tp > 1 and ((layout.ep > 1 and self.can.ep_needs_sp)
+                              or (self.w.compile and self.can.compile_with_tp_needs_sp)):
             return self._allowed("sequence_parallel", [True])
         return self._allowed("sequence_parallel", [False, True] if layout.tp > 1 and self.can.sequence_parallel
                              else [False])
@@ -306,11 +307,14 @@ class Space:
             # output-discarding modules with delayed scaling (a fixed policy is refused above)
             allowed = [p for p in allowed if not refusals(self.w.framework, self.device_kind, recompute=p,
                                                           ep_comm_overlap=self.w.ep_comm_overlap, fp8=self.w.fp8)]
+        narrowed = False
         if layout is not None and layout.ep > 1 and self.can.recomputes_with_ep is not None:
-            allowed = [p for p in allowed if p in self.can.recomputes_with_ep]
-            fixed = self.k.recompute
-            if fixed is not None:
-                return [fixed] if (every_k(fixed) and "full" in allowed) or fixed in allowed else []
+            allowed, narrowed = [p for p in allowed if p in self.can.recomputes_with_ep], True
+        if layout is not None and layout.tp > 1 and self.w.compile and self.can.compile_with_tp_recomputes is not None:
+            allowed, narrowed = [p for p in allowed if p in self.can.compile_with_tp_recomputes], True
+        fixed = self.k.recompute
+        if narrowed and fixed is not None:
+            return [fixed] if (every_k(fixed) and "full" in allowed) or fixed in allowed else []
         return self._options("recompute", allowed)
 
     def with_recompute(self, config: ParallelConfig, policy: str) -> ParallelConfig:
