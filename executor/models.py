@@ -180,7 +180,7 @@ def visible(positions: torch.Tensor, keys: int, window: int) -> torch.Tensor:
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, allowed: torch.Tensor,
                      sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The attention core written out, as transformers' eager GPT-OSS attention: the scores scaled by 1/sqrt(hd),
-    the keys a query does not see (``allowed`` False) masked out, a softmax in fp32 that also spans one learned
+    the keys a query does not see (``allowed`` False) masked out, a softmax that also spans one learned
     logit per head where given (``sinks``: attention sinks, OpenAI 2025, gpt-oss model card, arXiv:2508.10925,
     Sec 2.1: the sink takes a share of the probability and adds no value), dropout, then the values. The scores
     are materialised, and the planner prices this core so (planner/runtimes.py ``unfused_core``).
@@ -193,7 +193,10 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_
     if sinks is not None:
         sink = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(scores.shape[0], -1, scores.shape[2], 1)
         scores = torch.cat([scores, sink], dim=-1)                     # (B, nh, L, S + 1)
-    probs = F.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))     # fp32 at least
+    # in the scores' dtype, given explicitly so that autocast does not run it in fp32: bf16 under autocast (the
+    # kernel accumulates in fp32), so backward keeps one 2-byte copy of the probabilities, which the cost model
+    # prices (an fp32 softmax would keep 4 bytes a score and its bf16 cast 2 more)
+    probs = F.softmax(scores, dim=-1, dtype=scores.dtype)
     if sinks is not None:
         probs = probs[..., :-1]                                        # the sink's share, dropped
     if dropout_p:

@@ -139,6 +139,33 @@ class SharedExperts(nn.Module):
         return y * torch.sigmoid(self.gate(x)) if self.gate is not None else y
 
 
+class ClampedSwiGLU(torch.autograd.Function):
+    """GPT-OSS's expert activation, (clamp(up, -L, L) + 1) * g * sigmoid(1.702 g) with g = clamp(gate, max=L), as one
+    function that keeps only its two inputs for backward and recomputes the rest there (Megatron-Core's fused
+    bias-activation does the same for its quick-GEGLU with a clamp), so that the executor keeps what the cost model
+    prices for a SwiGLU; written out, autograd would keep six tensors of the experts' width. Its gradients are
+    autograd's of the written-out form: the clamps pass the gradient where the input lies within their bounds,
+    bounds included (torch's clamp backward)."""
+
+    @staticmethod
+    def forward(ctx, gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+        ctx.save_for_backward(gate, up)
+        ctx.limit = limit
+        g = gate.clamp(max=limit)
+        return (up.clamp(-limit, limit) + 1) * g * torch.sigmoid(g * GPT_OSS_SWIGLU_ALPHA)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        gate, up = ctx.saved_tensors
+        limit = ctx.limit
+        g, u = gate.clamp(max=limit), up.clamp(-limit, limit)
+        s = torch.sigmoid(g * GPT_OSS_SWIGLU_ALPHA)
+        glu = g * s
+        d_gate = grad * (u + 1) * (s + glu * GPT_OSS_SWIGLU_ALPHA * (1 - s)) * (gate <= limit)
+        d_up = grad * glu * ((up >= -limit) & (up <= limit))
+        return d_gate, d_up, None
+
+
 class MoE(nn.Module):
     """Routed experts (top-k of E) beside the shared experts; token-dropless."""
 
@@ -161,8 +188,7 @@ class MoE(nn.Module):
         (up + 1) * gate * sigmoid(1.702 gate)). (R, h) -> (R, h)"""
         gate, up = self.gate_proj(x, counts), self.up_proj(x, counts)    # (R, f) each
         if self.limit:
-            gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
-            return self.down_proj((up + 1) * gate * torch.sigmoid(gate * GPT_OSS_SWIGLU_ALPHA), counts)
+            return self.down_proj(ClampedSwiGLU.apply(gate, up, self.limit), counts)
         return self.down_proj(F.silu(gate) * up, counts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

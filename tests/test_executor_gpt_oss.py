@@ -90,7 +90,7 @@ def test_the_experts_are_transformers_gpt_oss_experts_and_route_as_its_router():
         experts.down_proj_bias.copy_(moe.down_proj.bias)
         router.weight.copy_(moe.router.weight)
         router.bias.copy_(moe.router.bias)
-    x = torch.randn(3, 5, h, dtype=torch.float64) * 3
+    x = (torch.randn(3, 5, h, dtype=torch.float64) * 3).requires_grad_()
     tokens = x.reshape(-1, h)
     _, scores, indices = router(tokens)
     want = experts(tokens, indices, scores)
@@ -98,6 +98,55 @@ def test_the_experts_are_transformers_gpt_oss_experts_and_route_as_its_router():
     pre = torch.einsum("th,ehf->tef", tokens, experts.gate_up_proj) + experts.gate_up_proj_bias
     assert (pre[..., ::2] > limit).any() and (pre[..., 1::2].abs() > limit).any()      # the clamps act
     torch.testing.assert_close(got, want)
+    # and the input's gradient (through the experts, the routing weights and the router) is transformers'
+    weight = torch.randn_like(got)
+    torch.testing.assert_close(torch.autograd.grad((got * weight).sum(), x)[0],
+                               torch.autograd.grad((want * weight).sum(), x)[0])
+
+
+def test_the_clamped_swiglu_keeps_its_inputs_only_and_has_autograds_gradients():
+    """ClampedSwiGLU (executor/moe.py) against the activation written out with torch ops and differentiated by
+    autograd, inputs on both sides of the clamps and on their bounds (where torch's clamp passes the gradient)."""
+    from executor.moe import ClampedSwiGLU
+    from planner.model import GPT_OSS_SWIGLU_ALPHA
+    limit = 1.0
+    gate = torch.cat([torch.randn(64, dtype=torch.float64) * 2, torch.tensor([limit, -limit], dtype=torch.float64)])
+    up = torch.cat([torch.randn(64, dtype=torch.float64) * 2, torch.tensor([-limit, limit], dtype=torch.float64)])
+    gate, up = gate.requires_grad_(), up.requires_grad_()
+    g, u = gate.clamp(max=limit), up.clamp(-limit, limit)
+    want = (u + 1) * g * torch.sigmoid(g * GPT_OSS_SWIGLU_ALPHA)
+    got = ClampedSwiGLU.apply(gate, up, limit)
+    torch.testing.assert_close(got, want)
+    saved = got.grad_fn.saved_tensors                          # nothing but the inputs kept for backward
+    assert len(saved) == 2 and saved[0] is gate and saved[1] is up
+    weight = torch.randn_like(got)
+    for a, b in zip(torch.autograd.grad((got * weight).sum(), (gate, up)),
+                    torch.autograd.grad((want * weight).sum(), (gate, up))):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("policy", ["none", "selective", "full"])
+def test_kept_bytes_per_block_match_the_cost_model(policy):
+    """What a GPT-OSS block keeps for backward (tests/held_bytes.py, by liveness), sliding and full, against the
+    cost model's unfused core (as the torch runtime prices it: runtimes.unfused_core) within 10%."""
+    from held_bytes import block_held_bytes
+
+    from executor.models import build_model, sdpa
+    from planner.cluster import load_cluster
+    from planner.cost.layer import Context, layer_cost
+    from planner.layers import build_layer_graph
+    micro_batch = 2
+    ctx = Context(micro_batch=micro_batch, seq_len=SEQ, tp=1, cp=1, sequence_parallel=False, precision="fp32",
+                  attention="unfused", framework="torch", tp_comm_overlap=False)
+    layers = build_layer_graph(TINY_GPT_OSS).layers
+    torch.manual_seed(0)
+    for index, block in build_model(TINY_GPT_OSS, "cpu").layers.items():
+        for p in block.parameters():
+            p.data.normal_(0, 0.1)
+        kept, _ = block_held_bytes(block, policy, torch.randn(micro_batch, SEQ, TINY_GPT_OSS.hidden),
+                                   attention_core=sdpa)
+        want = layer_cost(layers[1 + int(index)], ctx, load_cluster("cpu-gloo")).policy(policy).act_bytes
+        assert abs(kept - want) <= 0.10 * want, f"layers.{index} {policy}: kept {kept} B, predicted {want:.0f}"
 
 
 def test_the_gpt_oss_model_has_the_planner_module_paths_and_parameter_count():
