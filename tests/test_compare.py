@@ -392,15 +392,18 @@ def test_megatrons_175b_example_script_plans_with_gpt2s_padded_vocabulary(cli, t
     assert any("GPT-2's BPE tokenizer (50257 tokens" in n and "--merge-file" in n for n in base["notes"])
 
 
-@pytest.mark.parametrize("name,flavor", [("qwen3-8b", "8B"), ("qwen3-32b", "32B"), ("qwen3-30b-a3b", "30B-A3B")])
-def test_a_torchtitan_export_of_a_qwen3_plan_names_the_model_and_reads_back_without_it(tmp_path, name, flavor):
-    # torchtitan registers Qwen3 as model "qwen3" with these flavors (torchtitan/models/qwen3/__init__.py, v0.2.2)
-    experts = name == "qwen3-30b-a3b"
+@pytest.mark.parametrize("name,model,flavor", [("qwen3-8b", "qwen3", "8B"), ("qwen3-32b", "qwen3", "32B"),
+                                                ("qwen3-30b-a3b", "qwen3", "30B-A3B"),
+                                                ("gpt-oss-20b", "gpt_oss", "20b"), ("deepseek-v3", "deepseek_v3", "671B")])
+def test_a_torchtitan_export_of_a_zoo_plan_names_the_model_and_reads_back_without_it(tmp_path, name, model, flavor):
+    # torchtitan registers these as models "qwen3", "gpt_oss" and "deepseek_v3" with these flavors
+    # (torchtitan/models/*/__init__.py, v0.2.2)
+    experts = name != "qwen3-8b" and name != "qwen3-32b"
     plan = fixed_plan(name, "h100-80g", 16, ParallelConfig(
         dp=16, tp=1, pp=1, ep=8 if experts else 1, zero=3, micro_batch=1, num_microbatches=1, recompute="full"),
         framework="torchtitan")
     export = torchtitan(plan)
-    assert f'name = "qwen3"\nflavor = "{flavor}"' in export.text
+    assert f'name = "{model}"\nflavor = "{flavor}"' in export.text
     assert not any("registered models" in note for note in export.notes)
     path = tmp_path / export.filename
     path.write_text(export.text)

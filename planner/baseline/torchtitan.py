@@ -41,11 +41,14 @@ MODELLED = {
 # Recipe.torchao_name; MX linears are their own converter)
 FP8_RECIPES = {r.torchao_name: name for name, r in RECIPES.items() if r.torchao_name and r.gemm_dtype == "fp8"}
 # torchtitan's (model, flavor) -> meshplan's zoo name; Qwen3's flavors are torchtitan/models/qwen3/__init__.py's
-# (v0.2.2 and b5bcd76c6, November 2026: the same dimensions as the zoo's)
+# (v0.2.2 and b5bcd76c6, November 2026: the same dimensions as the zoo's), GPT-OSS's and DeepSeek-V3's
+# torchtitan/models/gpt_oss/__init__.py (with model/args.py's defaults: dim 2880, 64 heads of 64, 8 kv heads, window
+# 128, swiglu_limit 7) and deepseek_v3/__init__.py at v0.2.2 (671B: 61 layers, 3 dense, 256 experts, top 8)
 ZOO = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3-405b",
        ("llama2", "7B"): "llama2-7b", ("llama2", "13B"): "llama2-13b", ("llama2", "70B"): "llama2-70b",
        ("qwen3", "8B"): "qwen3-8b", ("qwen3", "32B"): "qwen3-32b", ("qwen3", "30B-A3B"): "qwen3-30b-a3b",
-       ("qwen3", "235B-A22B"): "qwen3-235b-a22b"}
+       ("qwen3", "235B-A22B"): "qwen3-235b-a22b", ("gpt_oss", "20b"): "gpt-oss-20b",
+       ("gpt_oss", "120b"): "gpt-oss-120b", ("deepseek_v3", "671B"): "deepseek-v3"}
 # torchtitan's pipeline_parallel_schedule names the torch.distributed.pipelining class (planner/schedules.py
 # torch_name); the classes not among them (LoopedBFS, the zero-bubble ones, DualPipeV) all run several stages
 # per rank (torch's PipelineScheduleMulti)
