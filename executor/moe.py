@@ -5,14 +5,14 @@ Module paths are the op names of ``planner.layers._mlp_ops``: ``layers.{i}.mlp.r
 shape (E, out, in): nn.Linear's weights stacked), ``layers.{i}.mlp.shared.gate_proj / up_proj / down_proj``
 (the shared experts, one dense SwiGLU of ``spec.shared_ffn``) and ``layers.{i}.mlp.shared.gate`` (h x 1).
 
-Routing is Mixtral's (Jiang et al. 2024, arXiv:2401.04088, Sec 2.1; Hugging Face transformers'
-``MixtralSparseMoeBlock``, also Qwen3-MoE's with ``norm_topk_prob``): softmax over the router logits in
-fp32, the top-k experts, their weights renormalised to sum to one, and the block's output
+Routing is the spec's (``route``): Mixtral's by default (Jiang et al. 2024, arXiv:2401.04088, Sec 2.1; Hugging
+Face transformers' ``MixtralSparseMoeBlock``, also Qwen3-MoE's with ``norm_topk_prob``): softmax over the router
+logits in fp32, the top-k experts, their weights renormalised to sum to one, and the block's output
 ``sum_k w_k expert_k(x) + shared(x)`` (the shared part times ``sigmoid(gate(x))`` with a shared-expert gate:
-Qwen2-MoE). Every token reaches its k experts: no capacity factor, no token dropped. DeepSeek-V3's own router
-(arXiv:2412.19437, Sec 2.1.2: sigmoid affinities, top-k within the best expert groups, a per-expert bias for
-auxiliary-loss-free balancing that chooses the experts but does not weight them) is not built: a DeepSeek-V3
-spec routes as Mixtral does here, which leaves its experts' placement, shapes and FLOPs as they are.
+Qwen2-MoE, whose weights are not renormalised). DeepSeek-V3's (arXiv:2412.19437, Sec 2.1.2): sigmoid affinities,
+the top-k within the best expert groups, renormalised and scaled; its per-expert bias for auxiliary-loss-free
+balancing, which chooses experts but weights none, is not built. Every token reaches its k experts: no capacity
+factor, no token dropped.
 
 Expert parallelism as torchtitan runs it (``torchtitan/models/common/token_dispatcher.py``,
 ``AllToAllTokenDispatcher``): the experts of each MoE block are split over the ``ep`` ranks (rank r holds
@@ -33,13 +33,33 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from planner.model import GPT_OSS_SWIGLU_ALPHA, ModelSpec
 
 
-def route(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mixtral's router (HF ``MixtralSparseMoeBlock.forward``): softmax in fp32, top-k, renormalised.
+def route(logits: torch.Tensor, k: int, *, scores: str = "softmax", renormalize: bool = True, groups: int = 0,
+          groups_used: int = 0, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The router (``ModelSpec.router_*``): Mixtral's by default (HF ``MixtralSparseMoeBlock.forward``: softmax in
+    fp32, top-k, renormalised), Qwen2-MoE's without renormalising (its ``norm_topk_prob`` false), DeepSeek-V3's with
+    sigmoid scores drawn from the best ``groups_used`` of ``groups`` expert groups (each scored by the sum of its
+    best k / groups_used: Megatron-Core's group_limited_topk, transformers' DeepseekV3TopkRouter's top 2 at
+    DeepSeek-V3's 8 of 4 groups), renormalised (a 1e-20 floor under the sum) and times ``scale``
+    (routed_scaling_factor). Its per-expert bias for auxiliary-loss-free balancing (DeepSeek-V3 Sec 2.1.2, a buffer
+    updated outside the gradient) is not built: it chooses experts, it weights none, and is zero at the start.
     logits: (T, E) -> (weights (T, k) in the logits' dtype, expert ids (T, k))."""
-    probs = F.softmax(logits, dim=-1, dtype=torch.float32)                # (T, E)
-    weights, experts = probs.topk(k, dim=-1)                              # (T, k)
-    weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights.to(logits.dtype), experts
+    if scores == "sigmoid":
+        affinity = torch.sigmoid(logits.float())                          # (T, E)
+    else:
+        affinity = F.softmax(logits, dim=-1, dtype=torch.float32)         # (T, E)
+    chosen_from = affinity
+    if groups:
+        tokens, experts = affinity.shape
+        per_group = experts // groups
+        best = affinity.view(tokens, groups, per_group).topk(k // groups_used, dim=-1).values.sum(dim=-1)  # (T, g)
+        kept = torch.zeros_like(best, dtype=torch.bool).scatter_(1, best.topk(groups_used, dim=-1).indices, True)
+        chosen_from = affinity.masked_fill(~kept.repeat_interleave(per_group, dim=1), float("-inf"))
+    weights, chosen = chosen_from.topk(k, dim=-1)                         # (T, k)
+    if renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + (1e-20 if scores == "sigmoid" else 0.0))
+    if scale != 1.0:
+        weights = weights * scale
+    return weights.to(logits.dtype), chosen
 
 
 class AllToAll(torch.autograd.Function):
@@ -178,6 +198,8 @@ class MoE(nn.Module):
         self.up_proj = GroupedLinear(e, h, f, bias=spec.linear_bias)
         self.down_proj = GroupedLinear(e, f, h, bias=spec.linear_bias)
         self.limit = spec.swiglu_limit      # GPT-OSS's clamped SwiGLU where > 0
+        self.routing = dict(scores=spec.router_scores, renormalize=spec.router_renormalize, groups=spec.router_groups,
+                            groups_used=spec.router_groups_used, scale=spec.router_scale)     # ``route``'s
         self.shared = SharedExperts(spec) if spec.shared_experts else None
         self.ep_group = None        # the ranks the experts are split over (``apply_ep``); None: all here
         self.ep = 1
@@ -194,7 +216,7 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape                                                   # (B, S, h)
         tokens = x.reshape(-1, shape[-1])                                 # (T, h)
-        weights, chosen = route(self.router(tokens), self.top_k)          # (T, k), (T, k)
+        weights, chosen = route(self.router(tokens), self.top_k, **self.routing)     # (T, k), (T, k)
         order = chosen.flatten().argsort(stable=True)                     # (T k,): pairs sorted by expert
         # rows per expert without a copy to the host (torch.bincount reads the largest index back on a GPU)
         flat = chosen.flatten()

@@ -251,6 +251,7 @@ def _megatron_model(plan) -> tuple[list[list[str]], list[str]]:
                 args.append(["--moe-shared-expert-gate"])
         if s.dense_layers:      # moe_freq_type: a list expression, 0 a dense block, 1 an expert block
             args.append(["--moe-layer-freq", f"[0]*{s.dense_layers}+[1]*{s.num_layers - s.dense_layers}"])
+        args += _router_args(s, notes)
     if s.is_mla:                # Megatron-Core's MLA: --qk-head-dim is the no-RoPE part of a q/k head
         args.append(["--multi-latent-attention"])
         if s.q_lora_rank:
@@ -318,6 +319,26 @@ def _megatron_recompute(plan) -> tuple[list[list[str]], list[str]]:
                      f"{sum(most - f for f in full)} more block recomputes per micro-batch")
     return [["--recompute-granularity", "full"], ["--recompute-method", "block"],
             ["--recompute-num-layers", str(most)]], notes
+
+
+def _router_args(s, notes: list[str]) -> list[list[str]]:
+    """Megatron-Core's flags for the model's router (moe_utils.py topk_routing_with_score_function at core_v0.15.0:
+    softmax after the top-k unless --moe-router-pre-softmax, which is the softmax over every expert un-renormalised;
+    sigmoid scores renormalised over the top-k; groups scored by the sum of their best top-k / group-topk; the
+    weights times --moe-router-topk-scaling-factor)."""
+    args = []
+    if s.router_scores == "sigmoid":
+        args.append(["--moe-router-score-function", "sigmoid"])
+        if not s.router_renormalize and s.experts_per_token > 1:
+            notes.append("Megatron-LM renormalises a sigmoid router's top-k weights, which this model does not")
+    elif not s.router_renormalize:
+        args.append(["--moe-router-pre-softmax"])
+    if s.router_groups:
+        args += [["--moe-router-num-groups", str(s.router_groups)],
+                 ["--moe-router-group-topk", str(s.router_groups_used)]]
+    if s.router_scale != 1.0:
+        args.append(["--moe-router-topk-scaling-factor", f"{s.router_scale:g}"])
+    return args
 
 
 def megatron(plan) -> Export:

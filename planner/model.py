@@ -46,6 +46,13 @@ class ModelSpec:
     shared_ffn_hidden: int = 0      # one shared expert's inner width (0: moe_ffn_hidden)
     shared_expert_gate: bool = False    # a sigmoid gate (an h x 1 linear) scales the shared experts' output (Qwen2-MoE)
     dense_layers: int = 0           # the first blocks have a dense MLP of ffn_hidden (first_k_dense_replace)
+    router_scores: str = "softmax"  # "softmax" over the experts' logits (Mixtral, Qwen-MoE, GPT-OSS) or "sigmoid" of
+                                    # each (DeepSeek-V3, Kimi K2: scoring_func)
+    router_renormalize: bool = True     # the top-k weights renormalised to sum to one (norm_topk_prob; with softmax
+                                        # that is a softmax over the top-k logits); off: kept as scored (Qwen2-MoE)
+    router_groups: int = 0          # experts in this many groups, the top-k drawn from the best router_groups_used of
+    router_groups_used: int = 0     # them (n_group, topk_group: DeepSeek-V3's node-limited routing); 0: no groups
+    router_scale: float = 1.0       # the routed experts' weights times this (routed_scaling_factor)
     # -- multi-head latent attention (DeepSeek-V2, arXiv:2405.04434, Sec 2.1): low-rank q and kv
     q_lora_rank: int = 0            # q's down-projection rank (0: a full-rank q projection)
     kv_lora_rank: int = 0           # the latent kv rank; > 0 makes attention MLA
@@ -174,6 +181,7 @@ class ModelSpec:
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise UserError(f"must be a non-negative integer, got {value!r}", source=source, field=field)
+        self._validate_router(source)
         if not self.is_moe:
             for field in ("moe_ffn_hidden", "shared_experts", "shared_ffn_hidden", "dense_layers"):
                 if getattr(self, field):
@@ -198,6 +206,37 @@ class ModelSpec:
             raise UserError(f"{self.swiglu_limit} clamps GPT-OSS's SwiGLU experts: routed SwiGLU experts only (no dense "
                             "blocks, no shared experts)", source=source, field="swiglu_limit")
         return self
+
+    def _validate_router(self, source: str) -> None:
+        if self.router_scores not in ROUTER_SCORES:
+            raise UserError(f"unknown value {self.router_scores!r}; allowed: {one_of(ROUTER_SCORES)}", source=source,
+                            field="router_scores")
+        if not isinstance(self.router_scale, (int, float)) or isinstance(self.router_scale, bool) \
+                or not self.router_scale > 0:
+            raise UserError(f"must be a number > 0, got {self.router_scale!r}", source=source, field="router_scale")
+        for field in ("router_groups", "router_groups_used"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise UserError(f"must be a non-negative integer, got {value!r}", source=source, field=field)
+        groups, used = self.router_groups, self.router_groups_used
+        if not self.is_moe:         # no router: its fields say nothing (a dense variant of a MoE spec keeps them)
+            return
+        if not groups:
+            if used:
+                raise UserError(f"{used} groups used without expert groups (router_groups is 0)", source=source,
+                                field="router_groups_used")
+            return
+        if self.num_experts % groups:
+            raise UserError(f"{groups} groups do not divide the {self.num_experts} routed experts", source=source,
+                            field="router_groups")
+        if not 0 < used <= groups or self.experts_per_token % used \
+                or self.experts_per_token // used > self.num_experts // groups:
+            raise UserError(f"{used} of {groups} groups cannot give the top {self.experts_per_token} (each group its "
+                            f"top {self.experts_per_token} / {used}, as Megatron-Core's group-limited routing scores "
+                            "them)", source=source, field="router_groups_used")
+
+
+ROUTER_SCORES = ("softmax", "sigmoid")
 
 
 def _gpt(name: str, layers: int, hidden: int, heads: int, *, seq: int = 2048, vocab: int = 51200,
@@ -229,13 +268,16 @@ _MIX22 = ("Mistral AI, Mixtral 8x22B (April 2024): HF mistralai/Mixtral-8x22B-v0
           "sequence 4096 assumed")
 _DSV3 = ("DeepSeek-AI 2024, DeepSeek-V3 Technical Report (arXiv:2412.19437), Sec 4.2: 61 layers, hidden 7168, 128 "
          "heads of 128 + 64 (RoPE), v 128, q rank 1536, kv rank 512, 1 shared + 256 routed experts of 2048, top 8, "
-         "the first 3 layers dense (18432), sequence 4096; 671B parameters, 37B active; transformers 5.23 "
-         "DeepseekV3Config; the multi-token-prediction module left out")
+         "the first 3 layers dense (18432), sequence 4096; 671B parameters, 37B active; Sec 2.1.2: sigmoid affinities, "
+         "the top 8 of the best 4 of 8 groups (node-limited), renormalised; transformers 5.23 DeepseekV3Config (n_group "
+         "8, topk_group 4, routed_scaling_factor 2.5, norm_topk_prob); the multi-token-prediction module left out")
 _K2 = ("Kimi Team 2025, Kimi K2 (arXiv:2507.20534), Sec 2.3 and Table 2: DeepSeek-V3's architecture with 64 heads, "
        "384 experts (top 8, 1 shared), 1 dense layer, vocabulary 163840; 1.04T parameters, 32B active; HF "
-       "moonshotai/Kimi-K2-Base config.json; sequence 4096")
+       "moonshotai/Kimi-K2-Base config.json (sigmoid scores, n_group 1: no groups, routed_scaling_factor 2.827, "
+       "norm_topk_prob); sequence 4096")
 _Q3 = ("Qwen Team 2025, Qwen3 Technical Report (arXiv:2505.09388), Table 2 (layers, heads, 128 experts, top 8) / HF "
-       "Qwen/Qwen3-30B-A3B and Qwen3-235B-A22B config.json (hidden, head_dim 128, moe_intermediate_size, QK norm); "
+       "Qwen/Qwen3-30B-A3B and Qwen3-235B-A22B config.json (hidden, head_dim 128, moe_intermediate_size, QK norm, "
+       "norm_topk_prob true); "
        "sequence 4096 (its first pre-training stages)")
 _Q3D = ("Qwen Team 2025, Qwen3 Technical Report (arXiv:2505.09388), Table 1 (36 and 64 layers, 32/8 and 64/8 "
         "heads, untied embeddings) / HF Qwen/Qwen3-8B and Qwen/Qwen3-32B config.json (hidden 4096 and 5120, "
@@ -273,10 +315,11 @@ ZOO: dict[str, ModelSpec] = {m.name: m for m in (
     _llama("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32000, 4096, source=_MIX22, experts=8, top_k=2),
     replace(_llama("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, 4096, source=_DSV3, experts=256, top_k=8),
             head_dim=192, qk_rope_head_dim=64, v_head_dim=128, q_lora_rank=1536, kv_lora_rank=512,
-            moe_ffn_hidden=2048, shared_experts=1, dense_layers=3),
+            moe_ffn_hidden=2048, shared_experts=1, dense_layers=3, router_scores="sigmoid", router_groups=8,
+            router_groups_used=4, router_scale=2.5),
     replace(_llama("kimi-k2", 61, 7168, 64, 64, 18432, 163840, 4096, source=_K2, experts=384, top_k=8),
             head_dim=192, qk_rope_head_dim=64, v_head_dim=128, q_lora_rank=1536, kv_lora_rank=512,
-            moe_ffn_hidden=2048, shared_experts=1, dense_layers=1),
+            moe_ffn_hidden=2048, shared_experts=1, dense_layers=1, router_scores="sigmoid", router_scale=2.827),
     replace(_llama("qwen3-8b", 36, 4096, 32, 8, 12288, 151936, 4096, source=_Q3D), head_dim=128, qk_norm=True),
     replace(_llama("qwen3-32b", 64, 5120, 64, 8, 25600, 151936, 4096, source=_Q3D), head_dim=128, qk_norm=True),
     replace(_llama("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, 4096, source=_Q3, experts=128, top_k=8),
@@ -326,18 +369,19 @@ HF_DEFAULTS = {
                   "intermediate_size": 5632, "vocab_size": 151936, "max_position_embeddings": 32768,
                   "sliding_window": 0, "use_sliding_window": False, "tie_word_embeddings": False, "num_experts": 60,
                   "num_experts_per_tok": 4, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
-                  "decoder_sparse_step": 1, "mlp_only_layers": [], "qkv_bias": True},
+                  "decoder_sparse_step": 1, "mlp_only_layers": [], "qkv_bias": True, "norm_topk_prob": False},
     "qwen3_moe": {"hidden_size": 2048, "num_attention_heads": 32, "num_hidden_layers": 24, "num_key_value_heads": 4,
                   "intermediate_size": 6144, "vocab_size": 151936, "max_position_embeddings": 32768,
                   "sliding_window": None, "use_sliding_window": False, "tie_word_embeddings": False,
                   "num_local_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
-                  "decoder_sparse_step": 1, "mlp_only_layers": [], "attention_bias": False},
+                  "decoder_sparse_step": 1, "mlp_only_layers": [], "attention_bias": False, "norm_topk_prob": False},
     "deepseek_v3": {"hidden_size": 7168, "num_attention_heads": 128, "num_hidden_layers": 61,
                     "num_key_value_heads": 128, "intermediate_size": 18432, "vocab_size": 129280,
                     "max_position_embeddings": 4096, "tie_word_embeddings": False, "n_routed_experts": 256,
                     "n_shared_experts": 1, "num_experts_per_tok": 8, "moe_intermediate_size": 2048,
                     "first_k_dense_replace": 3, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
-                    "qk_rope_head_dim": 64, "v_head_dim": 128, "attention_bias": False},
+                    "qk_rope_head_dim": 64, "v_head_dim": 128, "attention_bias": False, "n_group": 8,
+                    "topk_group": 4, "routed_scaling_factor": 2.5, "norm_topk_prob": True},
     "gpt_oss": {"hidden_size": 2880, "num_attention_heads": 64, "num_hidden_layers": 36, "num_key_value_heads": 8,
                 "intermediate_size": 2880, "vocab_size": 201088, "max_position_embeddings": 131072, "head_dim": 64,
                 "sliding_window": 128, "tie_word_embeddings": False, "num_local_experts": 128,
@@ -526,7 +570,7 @@ def _qwen_moe(spec: ModelSpec, f: "_Fields") -> ModelSpec:
                    shared_experts=1 if shared else 0, shared_ffn_hidden=shared, shared_expert_gate=bool(shared),
                    qk_norm=qwen3,
                    qkv_bias=not qwen3 and f.bool("qkv_bias", True),
-                   dense_layers=_leading_dense(f, spec.num_layers))
+                   dense_layers=_leading_dense(f, spec.num_layers), router_renormalize=f.bool("norm_topk_prob", False))
 
 
 def _deepseek_v3(spec: ModelSpec, f: "_Fields") -> ModelSpec:
@@ -538,7 +582,28 @@ def _deepseek_v3(spec: ModelSpec, f: "_Fields") -> ModelSpec:
                    v_head_dim=f.int("v_head_dim"), q_lora_rank=f.count("q_lora_rank"),
                    kv_lora_rank=f.int("kv_lora_rank"), num_experts=f.int("n_routed_experts"),
                    experts_per_token=f.int("num_experts_per_tok"), moe_ffn_hidden=f.int("moe_intermediate_size"),
-                   shared_experts=f.count("n_shared_experts"), dense_layers=f.count("first_k_dense_replace"))
+                   shared_experts=f.count("n_shared_experts"), dense_layers=f.count("first_k_dense_replace"),
+                   **_deepseek_router(f))
+
+
+def _deepseek_router(f: "_Fields") -> dict:
+    """DeepSeek-V3's router (transformers' DeepseekV3TopkRouter, Sec 2.1.2 of its report): sigmoid scores, the top-k
+    from the best ``topk_group`` of ``n_group`` groups (one group: none), renormalised where ``norm_topk_prob``,
+    times ``routed_scaling_factor``."""
+    method = f.data.get("topk_method", "noaux_tc")
+    if method != "noaux_tc":         # transformers' DeepseekV3TopkRouter implements this one only
+        raise UserError(f"unsupported value {method!r}; supported: noaux_tc", source=f.source, field="topk_method")
+    scoring = f.data.get("scoring_func", "sigmoid")
+    if scoring not in ROUTER_SCORES:
+        raise UserError(f"unsupported value {scoring!r}; supported: {one_of(ROUTER_SCORES)}", source=f.source,
+                        field="scoring_func")
+    groups = f.int("n_group")
+    scale = f.data.get("routed_scaling_factor")
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not scale > 0:
+        raise UserError(f"must be a number > 0, got {scale!r}", source=f.source, field="routed_scaling_factor")
+    return dict(router_scores=scoring, router_renormalize=f.bool("norm_topk_prob", True),
+                router_groups=groups if groups > 1 else 0, router_groups_used=f.int("topk_group") if groups > 1 else 0,
+                router_scale=float(scale))
 
 
 def _gpt_oss(spec: ModelSpec, f: "_Fields") -> ModelSpec:

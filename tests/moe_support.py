@@ -17,11 +17,13 @@ TINY_MIXTRAL = ModelSpec(name="tiny-mixtral", num_layers=2, hidden=32, num_heads
                          linear_bias=False, qkv_bias=False, tied_embeddings=False, dropout=False,
                          num_experts=8, experts_per_token=2)
 # DeepSeek-style (DeepSeek-AI 2024, arXiv:2412.19437, Sec 2.1.2): the first block dense, then 8 routed
-# experts of a narrower width (top 2) beside one shared expert
+# experts of a narrower width (top 2) beside one shared expert, routed by sigmoid scores from the best 2 of 4
+# expert groups, renormalised and scaled by 2.5
 TINY_DEEPSEEK = ModelSpec(name="tiny-deepseek", num_layers=3, hidden=32, num_heads=4, num_kv_heads=4, head_dim=8,
                           ffn_hidden=96, vocab_size=64, seq_len=SEQ, max_positions=0, mlp="swiglu", norm="rmsnorm",
                           linear_bias=False, qkv_bias=False, tied_embeddings=False, dropout=False,
-                          num_experts=8, experts_per_token=2, moe_ffn_hidden=32, shared_experts=1, dense_layers=1)
+                          num_experts=8, experts_per_token=2, moe_ffn_hidden=32, shared_experts=1, dense_layers=1,
+                          router_scores="sigmoid", router_groups=4, router_groups_used=2, router_scale=2.5)
 
 # two experts, top 1: under ep 2 one expert per rank, fewer than its efsdp ranks at dp 4, so its states
 # are sharded along the expert's rows (dim 1), not across experts

@@ -20,9 +20,11 @@ from planner.errors import UserError
 
 MODELS = {"mixtral": TINY_MIXTRAL, "deepseek": TINY_DEEPSEEK}
 STEPS = 3
-# Qwen2-MoE's sigmoid gate on the shared experts, and a shared expert of its own width
+# Qwen2-MoE's sigmoid gate on the shared experts, a shared expert of its own width, and its router (softmax, the
+# top-k weights not renormalised: its configs' norm_topk_prob false)
 TINY_QWEN2_MOE = replace(TINY_DEEPSEEK, name="tiny-qwen2-moe", dense_layers=0, shared_ffn_hidden=48,
-                         shared_expert_gate=True)
+                         shared_expert_gate=True, router_scores="softmax", router_renormalize=False, router_groups=0,
+                         router_groups_used=0, router_scale=1.0)
 # Qwen3-MoE's block: Mixtral's routed experts and q and k normed per head (executor/models.py QKNorm)
 TINY_QWEN3_MOE = replace(TINY_MIXTRAL, name="tiny-qwen3-moe", qk_norm=True)
 
@@ -52,13 +54,52 @@ def test_routing_is_a_renormalised_softmax_top_k():
     torch.testing.assert_close(weights.sum(-1), torch.ones(2))
 
 
+@pytest.mark.parametrize("groups,used", [(8, 4), (1, 1)], ids=["deepseek-v3-groups", "kimi-k2-no-groups"])
+def test_sigmoid_group_limited_routing_is_transformers_deepseek_v3_router(groups, used):
+    """DeepSeek-V3's router (and Kimi K2's, one group) as transformers' DeepseekV3TopkRouter routes, on the same
+    weight: the same experts for every token and the same weights (sigmoid scores of the chosen, renormalised, times
+    the scaling factor), its expert bias zero."""
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    from executor.moe import route
+    torch.manual_seed(3)
+    h, experts, k, scale = 16, 32, 8, 2.5
+    config = DeepseekV3Config(hidden_size=h, n_routed_experts=experts, num_experts_per_tok=k, n_group=groups,
+                              topk_group=used, routed_scaling_factor=scale, norm_topk_prob=True)
+    hf = DeepseekV3TopkRouter(config)
+    with torch.no_grad():
+        hf.weight.copy_(torch.randn(experts, h))
+    x = torch.randn(64, h)
+    _, want_weights, want_experts = hf(x)
+    weights, chosen = route(x @ hf.weight.T, k, scores="sigmoid", groups=groups if groups > 1 else 0,
+                            groups_used=used if groups > 1 else 0, scale=scale)
+    order, want_order = chosen.argsort(dim=-1), want_experts.argsort(dim=-1)
+    assert torch.equal(chosen.gather(1, order), want_experts.gather(1, want_order))
+    torch.testing.assert_close(weights.gather(1, order), want_weights.gather(1, want_order))
+    # each token's experts lie in at most `used` of the groups
+    assert max(len(set((row // (experts // groups)).tolist())) for row in chosen) <= used
+
+
+def test_qwen2_moe_routing_keeps_the_softmax_weights_of_its_top_k():
+    """Qwen2-MoE with norm_topk_prob false (transformers' Qwen2MoeSparseMoeBlock): the softmax over every expert, its
+    top-k weights as they are."""
+    from executor.moe import route
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]])
+    weights, experts = route(logits, 2, renormalize=False)
+    probs = torch.softmax(logits, dim=-1)[0]
+    assert experts.tolist() == [[3, 2]]
+    torch.testing.assert_close(weights[0], probs[[3, 2]])
+
+
 @pytest.mark.parametrize("spec", [TINY_DEEPSEEK, TINY_QWEN2_MOE], ids=lambda s: s.name)
 def test_a_moe_block_is_the_weighted_sum_of_its_experts_per_token(spec):
     """The grouped, sorted computation equals the definition token by token: sum_k w_k E_k(x) + shared(x)
-    (times sigmoid(gate(x)) with Qwen2-MoE's gate)."""
+    (times sigmoid(gate(x)) with Qwen2-MoE's gate), each token's weights its router's (``route``, checked against
+    transformers' above)."""
     import torch.nn.functional as F
     from executor.models import full_init
-    from executor.moe import MoE
+    from executor.moe import MoE, route
     torch.manual_seed(0)
     moe = MoE(spec)
     with torch.no_grad():
@@ -67,10 +108,9 @@ def test_a_moe_block_is_the_weighted_sum_of_its_experts_per_token(spec):
     x = torch.randn(2, 5, spec.hidden)
     got = moe(x)
     for t, token in enumerate(x.reshape(-1, spec.hidden)):
-        probs = F.softmax(moe.router(token), -1)
-        top = probs.topk(spec.experts_per_token)
+        weights, chosen = route(moe.router(token)[None], spec.experts_per_token, **moe.routing)
         want = moe.shared(token[None])[0] if moe.shared is not None else torch.zeros(spec.hidden)
-        for w, e in zip(top.values / top.values.sum(), top.indices):
+        for w, e in zip(weights[0], chosen[0]):
             gate, up, down = (m.weight[e] for m in (moe.gate_proj, moe.up_proj, moe.down_proj))
             want = want + w * (down @ (F.silu(gate @ token) * (up @ token)))
         torch.testing.assert_close(got.reshape(-1, spec.hidden)[t], want, rtol=1e-5, atol=1e-6)

@@ -130,6 +130,43 @@ def test_moe_layouts_meshplan_cannot_express_are_refused_by_field(write_json, da
     assert caught.value.field == field and caught.value.exit_code == 2
 
 
+def test_each_reader_takes_the_router_its_config_describes(write_json):
+    """DeepSeek-V3's sigmoid, group-limited router with transformers' defaults (8 groups, 4 used, scaled 2.5), one
+    group read as none; Qwen-MoE's norm_topk_prob (transformers' default false); Mixtral's renormalised softmax."""
+    deepseek = {k: v for k, v in SMALL["deepseek_v3"].items() if k not in ("n_group", "topk_group")}
+    spec = load_model(write_json(dict(deepseek, n_routed_experts=16, num_experts_per_tok=8)))
+    assert (spec.router_scores, spec.router_groups, spec.router_groups_used, spec.router_scale,
+            spec.router_renormalize) == ("sigmoid", 8, 4, 2.5, True)
+    spec = load_model(write_json(SMALL["deepseek_v3"]))
+    assert (spec.router_groups, spec.router_groups_used) == (0, 0)
+    assert not load_model(write_json(SMALL["qwen2_moe"])).router_renormalize
+    assert load_model(write_json(dict(SMALL["qwen3_moe"], norm_topk_prob=True))).router_renormalize
+    assert load_model(write_json(MIXTRAL_SMALL)).router_renormalize
+    for data, field in ((dict(SMALL["deepseek_v3"], topk_method="greedy"), "topk_method"),
+                        (dict(SMALL["deepseek_v3"], n_group=3, topk_group=1), "router_groups"),
+                        (dict(SMALL["deepseek_v3"], routed_scaling_factor=0), "routed_scaling_factor")):
+        with pytest.raises(UserError) as caught:
+            load_model(write_json(data))
+        assert caught.value.field == field
+
+
+@pytest.mark.parametrize("flags,want", [
+    ("", ("softmax", True, 0, 0, 1.0)),
+    ("--moe-router-pre-softmax", ("softmax", False, 0, 0, 1.0)),
+    ("--moe-router-score-function sigmoid --moe-router-num-groups 4 --moe-router-group-topk 2 "
+     "--moe-router-topk-scaling-factor 2.5", ("sigmoid", True, 4, 2, 2.5)),
+])
+def test_megatrons_router_flags_read_as_its_routing(flags, want):
+    """Megatron-Core's topk_routing_with_score_function (core_v0.15.0): softmax after the top-k unless pre-softmax
+    (then not renormalised), sigmoid renormalised, group-limited routing, the scaling factor."""
+    from planner.baseline import megatron as reader
+    text = ("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128 --swiglu "
+            "--num-experts 8 --moe-router-topk 4 --vocab-size 128 --seq-length 64 " + flags)
+    spec = reader.model_of(reader.parse(text, "args.txt"), "args.txt").spec
+    assert (spec.router_scores, spec.router_renormalize, spec.router_groups, spec.router_groups_used,
+            spec.router_scale) == want
+
+
 @pytest.mark.parametrize("case", SMALL)
 def test_a_moe_spec_maps_back_to_its_transformers_config_for_tracing(write_json, case):
     """planner/trace/zoo.py builds transformers' module of a spec (to trace a zoo model): the same parameters."""

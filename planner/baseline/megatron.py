@@ -50,7 +50,7 @@ SWITCHES = {   # store_true flags this reader models
     "--account-for-loss-in-pipeline-split", "--swiglu", "--untie-embeddings-and-output-weights",
     "--disable-bias-linear", "--add-qkv-bias", "--group-query-attention", "--moe-shared-expert-gate",
     "--multi-latent-attention", "--qk-layernorm", "--moe-grouped-gemm", "--fp8-param-gather", "--grad-reduce-in-bf16",
-    "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--quick-geglu",
+    "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--quick-geglu", "--moe-router-pre-softmax",
 }
 MODEL = {      # architecture flags (read when no --model is given, checked against it otherwise)
     "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
@@ -59,7 +59,8 @@ MODEL = {      # architecture flags (read when no --model is given, checked agai
     "--vocab-file", "--merge-file", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
     "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim",
     "--qk-pos-emb-head-dim", "--v-head-dim", "--softmax-type", "--window-size", "--window-attn-skip-freq",
-    "--glu-linear-offset", "--activation-func-clamp-value",
+    "--glu-linear-offset", "--activation-func-clamp-value", "--moe-router-score-function", "--moe-router-num-groups",
+    "--moe-router-group-topk", "--moe-router-topk-scaling-factor",
 }
 SHAPE = {"--num-layers": "num_layers", "--hidden-size": "hidden", "--num-attention-heads": "num_heads",
          "--num-query-groups": "num_kv_heads", "--ffn-hidden-size": "ffn_hidden", "--kv-channels": "head_dim",
@@ -226,7 +227,7 @@ def _spec(args: dict, source: str, shape: dict, vocab: int, seq: int | None) -> 
         spec = replace(spec, moe_ffn_hidden=moe_ffn, shared_experts=1 if shared else 0,
                        shared_ffn_hidden=0 if shared == (moe_ffn or ffn) else shared,   # 0: an expert's width
                        shared_expert_gate=bool(shared and args.get("--moe-shared-expert-gate")),
-                       dense_layers=_dense_layers(args, source, shape["num_layers"]))
+                       dense_layers=_dense_layers(args, source, shape["num_layers"]), **_router(args, source))
     if mla:
         spec = replace(spec, num_kv_heads=heads, head_dim=nope + rope, qk_rope_head_dim=rope,
                        v_head_dim=_int(args, "--v-head-dim", source, 128),
@@ -236,6 +237,25 @@ def _spec(args: dict, source: str, shape: dict, vocab: int, seq: int | None) -> 
                      ("vanilla", "off-by-one", "learnable"))
     return replace(spec, qk_norm=bool(args.get("--qk-layernorm")), attention_sinks=softmax == "learnable",
                    **window).validate(source)
+
+
+def _router(args: dict, source: str) -> dict:
+    """The router's ModelSpec fields from Megatron-Core's flags (moe_utils.py topk_routing_with_score_function at
+    core_v0.15.0: softmax after the top-k, renormalised, unless --moe-router-pre-softmax; sigmoid scores renormalised
+    over the top-k; --moe-router-num-groups and --moe-router-group-topk; --moe-router-topk-scaling-factor)."""
+    scores = choice(source, "--moe-router-score-function", _value(args, "--moe-router-score-function", source)
+                    or "softmax", ("softmax", "sigmoid"))
+    groups = _int(args, "--moe-router-num-groups", source, 0, minimum=0)
+    used = _int(args, "--moe-router-group-topk", source, 0, minimum=0)
+    if bool(groups) != bool(used):
+        raise UserError("group-limited routing needs both --moe-router-num-groups and --moe-router-group-topk",
+                        source=source, field="--moe-router-group-topk" if groups else "--moe-router-num-groups")
+    scale = _float(args, "--moe-router-topk-scaling-factor", source, 1.0)
+    if not scale > 0:
+        raise UserError(f"must be > 0, got {scale}", source=source, field="--moe-router-topk-scaling-factor")
+    return dict(router_scores=scores, router_renormalize=scores == "sigmoid" or not args.get("--moe-router-pre-softmax"),
+                router_groups=groups if groups > 1 else 0, router_groups_used=used if groups > 1 else 0,
+                router_scale=scale)
 
 
 def _gpt_oss_glu(args: dict, source: str) -> float:

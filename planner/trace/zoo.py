@@ -36,7 +36,9 @@ def hf_config(spec: ModelSpec):
             n_routed_experts=spec.num_experts, n_shared_experts=spec.shared_experts, first_k_dense_replace=spec.dense_layers,
             moe_intermediate_size=spec.expert_ffn, q_lora_rank=spec.q_lora_rank or None, kv_lora_rank=spec.kv_lora_rank,
             qk_nope_head_dim=spec.head_dim - spec.qk_rope_head_dim, qk_rope_head_dim=spec.qk_rope_head_dim,
-            v_head_dim=spec.v_head_dim or spec.head_dim, n_group=1, topk_group=1, **experts, **common)
+            v_head_dim=spec.v_head_dim or spec.head_dim, n_group=spec.router_groups or 1,
+            topk_group=spec.router_groups_used or 1, routed_scaling_factor=spec.router_scale,
+            norm_topk_prob=spec.router_renormalize, **experts, **common)
     if spec.attention_sinks:
         common["intermediate_size"] = spec.expert_ffn
         return tf.GptOssConfig(num_local_experts=spec.num_experts, sliding_window=spec.sliding_window or None,
@@ -47,7 +49,8 @@ def hf_config(spec: ModelSpec):
         cls = tf.Qwen3MoeConfig if spec.qk_norm else tf.Qwen2MoeConfig
         shared = {} if spec.qk_norm else {"shared_expert_intermediate_size": spec.shared_ffn}
         return cls(num_experts=spec.num_experts, moe_intermediate_size=spec.expert_ffn,
-                   mlp_only_layers=list(range(spec.dense_layers)), **shared, **experts, **common)
+                   mlp_only_layers=list(range(spec.dense_layers)), norm_topk_prob=spec.router_renormalize, **shared,
+                   **experts, **common)
     if spec.is_moe:
         return tf.MixtralConfig(num_local_experts=spec.num_experts, sliding_window=spec.sliding_window or None,
                                 **experts, **common)
