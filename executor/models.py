@@ -439,6 +439,10 @@ def materialize(model: Transformer, *, seed: int, device: torch.device) -> None:
     from torch.distributed.tensor import DTensor, distribute_tensor
     model.to_empty(device=device)
     model.tie_weights()
+    for module in model.modules():      # MoE's balancing bias and its counts (executor/moe.py): zero at the start
+        if isinstance(module, MoE):
+            for buffer in module.buffers(recurse=False):
+                buffer.zero_()
     for name, param in model.named_parameters():
         full = full_init(canonical_name(name), param.shape, model.spec, seed).to(device)
         if isinstance(param, DTensor):

@@ -10,9 +10,9 @@ Face transformers' ``MixtralSparseMoeBlock``, also Qwen3-MoE's with ``norm_topk_
 logits in fp32, the top-k experts, their weights renormalised to sum to one, and the block's output
 ``sum_k w_k expert_k(x) + shared(x)`` (the shared part times ``sigmoid(gate(x))`` with a shared-expert gate:
 Qwen2-MoE, whose weights are not renormalised). DeepSeek-V3's (arXiv:2412.19437, Sec 2.1.2): sigmoid affinities,
-the top-k within the best expert groups, renormalised and scaled; its per-expert bias for auxiliary-loss-free
-balancing, which chooses experts but weights none, is not built. Every token reaches its k experts: no capacity
-factor, no token dropped.
+the top-k within the best expert groups, renormalised and scaled, with its per-expert bias for auxiliary-loss-free
+balancing, which chooses experts but weights none (``update_expert_bias``). Every token reaches its k experts: no
+capacity factor, no token dropped.
 
 Expert parallelism as torchtitan runs it (``torchtitan/models/common/token_dispatcher.py``,
 ``AllToAllTokenDispatcher``): the experts of each MoE block are split over the ``ep`` ranks (rank r holds
@@ -34,27 +34,30 @@ from planner.model import GPT_OSS_SWIGLU_ALPHA, ModelSpec
 
 
 def route(logits: torch.Tensor, k: int, *, scores: str = "softmax", renormalize: bool = True, groups: int = 0,
-          groups_used: int = 0, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+          groups_used: int = 0, scale: float = 1.0, bias: torch.Tensor | None = None
+          ) -> tuple[torch.Tensor, torch.Tensor]:
     """The router (``ModelSpec.router_*``): Mixtral's by default (HF ``MixtralSparseMoeBlock.forward``: softmax in
     fp32, top-k, renormalised), Qwen2-MoE's without renormalising (its ``norm_topk_prob`` false), DeepSeek-V3's with
     sigmoid scores drawn from the best ``groups_used`` of ``groups`` expert groups (each scored by the sum of its
     best k / groups_used: Megatron-Core's group_limited_topk, transformers' DeepseekV3TopkRouter's top 2 at
     DeepSeek-V3's 8 of 4 groups), renormalised (a 1e-20 floor under the sum) and times ``scale``
-    (routed_scaling_factor). Its per-expert bias for auxiliary-loss-free balancing (DeepSeek-V3 Sec 2.1.2, a buffer
-    updated outside the gradient) is not built: it chooses experts, it weights none, and is zero at the start.
-    logits: (T, E) -> (weights (T, k) in the logits' dtype, expert ids (T, k))."""
+    (routed_scaling_factor); ``bias`` (E,), its balancing bias, is added to the scores that choose the groups and
+    the experts, not to the weights (DeepSeek-V3 Sec 2.1.2). logits: (T, E) -> (weights (T, k) in the logits'
+    dtype, expert ids (T, k))."""
     if scores == "sigmoid":
         affinity = torch.sigmoid(logits.float())                          # (T, E)
     else:
         affinity = F.softmax(logits, dim=-1, dtype=torch.float32)         # (T, E)
-    chosen_from = affinity
+    chosen_from = affinity if bias is None else affinity + bias
     if groups:
         tokens, experts = affinity.shape
         per_group = experts // groups
-        best = affinity.view(tokens, groups, per_group).topk(k // groups_used, dim=-1).values.sum(dim=-1)  # (T, g)
+        best = chosen_from.view(tokens, groups, per_group).topk(k // groups_used, dim=-1).values.sum(dim=-1)  # (T, g)
         kept = torch.zeros_like(best, dtype=torch.bool).scatter_(1, best.topk(groups_used, dim=-1).indices, True)
-        chosen_from = affinity.masked_fill(~kept.repeat_interleave(per_group, dim=1), float("-inf"))
+        chosen_from = chosen_from.masked_fill(~kept.repeat_interleave(per_group, dim=1), float("-inf"))
     weights, chosen = chosen_from.topk(k, dim=-1)                         # (T, k)
+    if bias is not None:
+        weights = affinity.gather(1, chosen)                              # the bias chooses, it does not weight
     if renormalize:
         weights = weights / (weights.sum(dim=-1, keepdim=True) + (1e-20 if scores == "sigmoid" else 0.0))
     if scale != 1.0:
@@ -200,6 +203,10 @@ class MoE(nn.Module):
         self.limit = spec.swiglu_limit      # GPT-OSS's clamped SwiGLU where > 0
         self.routing = dict(scores=spec.router_scores, renormalize=spec.router_renormalize, groups=spec.router_groups,
                             groups_used=spec.router_groups_used, scale=spec.router_scale)     # ``route``'s
+        self.bias_rate = spec.router_bias_rate
+        if self.bias_rate:      # DeepSeek-V3's balancing bias, and the tokens each expert got since its last update
+            self.register_buffer("expert_bias", torch.zeros(e))
+            self.register_buffer("tokens_per_expert", torch.zeros(e), persistent=False)
         self.shared = SharedExperts(spec) if spec.shared_experts else None
         self.ep_group = None        # the ranks the experts are split over (``apply_ep``); None: all here
         self.ep = 1
@@ -216,12 +223,16 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape                                                   # (B, S, h)
         tokens = x.reshape(-1, shape[-1])                                 # (T, h)
-        weights, chosen = route(self.router(tokens), self.top_k, **self.routing)     # (T, k), (T, k)
+        weights, chosen = route(self.router(tokens), self.top_k, **self.routing,
+                                bias=self.expert_bias if self.bias_rate else None)     # (T, k), (T, k)
         order = chosen.flatten().argsort(stable=True)                     # (T k,): pairs sorted by expert
         # rows per expert without a copy to the host (torch.bincount reads the largest index back on a GPU)
         flat = chosen.flatten()
         counts = torch.zeros(self.num_experts, dtype=torch.long, device=flat.device).scatter_add_(
             0, flat, torch.ones_like(flat))                               # (E,)
+        if self.bias_rate:      # a recomputed forward counts its layer's tokens twice: the update's signs stay
+            with torch.no_grad():
+                self.tokens_per_expert += counts
         # in the experts' compute dtype from here (autocast's): what the dispatch sends, as torchtitan's does
         routed = tokens[order // self.top_k].to(compute_dtype(tokens))   # (T k, h)
         if self.ep_group is None:
@@ -255,6 +266,23 @@ class MoE(nn.Module):
         back = torch.empty_like(by_expert)
         back[by_expert] = torch.arange(by_expert.numel(), device=by_expert.device)
         return AllToAll.apply(out[back], in_splits, out_splits, self.ep_group)   # (N, h)
+
+
+def update_expert_bias(models, group=None) -> None:
+    """DeepSeek-V3's auxiliary-loss-free balancing (arXiv:2412.19437, Sec 2.1.2), after each optimizer step: each
+    MoE block's bias moves by its rate toward balance, up for the experts that got fewer tokens than the mean over
+    the step and down for those that got more (torchtitan's and Megatron-Core's update, on the tokens of the global
+    batch: the counts summed over ``group``, the ranks holding other tokens of the same layers, dp x cp); the
+    counts start again."""
+    for model in models:
+        for moe in moe_blocks(model).values():
+            if not moe.bias_rate:
+                continue
+            counts = moe.tokens_per_expert
+            if group is not None:
+                dist.all_reduce(counts, group=group)
+            moe.expert_bias += moe.bias_rate * torch.sign(counts.mean() - counts)
+            counts.zero_()
 
 
 def moe_blocks(model: nn.Module) -> dict[str, MoE]:

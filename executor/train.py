@@ -42,7 +42,7 @@ from .measure import (AllocationPeak, SavedTensorMeter, gathered_param_bytes, gr
 from .mesh import ParallelDims, init_process_group, local_device
 from .context import shard_sequence
 from .models import SequenceLayout, build_model, canonical_name
-from .moe import expert_parallel_params
+from .moe import expert_parallel_params, update_expert_bias
 from .parallelize import autocast_dtype, grads_are_bucket_views, parallelize
 from .pipeline import build_schedule, build_stage_model, stage_indices, sync_tied_grads, tied_pairs
 from .plan_file import load_plan
@@ -236,6 +236,7 @@ def train_step(job: Job, step: int, meter: SavedTensorMeter | None = None, dump_
     if dump_grads:
         write_grads(job, dump_grads)
     optimizer_step(job.optimizers, job.trained)
+    update_expert_bias(job.trained, job.grad_mesh.get_group() if job.grad_mesh.size() > 1 else None)
     return global_loss(local, mesh=job.mesh, dp_mesh=job.grad_mesh, dp=job.grad_mesh.size())
 
 

@@ -338,6 +338,8 @@ def _router_args(s, notes: list[str]) -> list[list[str]]:
                  ["--moe-router-group-topk", str(s.router_groups_used)]]
     if s.router_scale != 1.0:
         args.append(["--moe-router-topk-scaling-factor", f"{s.router_scale:g}"])
+    if s.router_bias_rate:
+        args += [["--moe-router-enable-expert-bias"], ["--moe-router-bias-update-rate", f"{s.router_bias_rate:g}"]]
     return args
 
 

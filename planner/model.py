@@ -53,6 +53,9 @@ class ModelSpec:
     router_groups: int = 0          # experts in this many groups, the top-k drawn from the best router_groups_used of
     router_groups_used: int = 0     # them (n_group, topk_group: DeepSeek-V3's node-limited routing); 0: no groups
     router_scale: float = 1.0       # the routed experts' weights times this (routed_scaling_factor)
+    router_bias_rate: float = 0.0   # > 0: a per-expert bias added to the sigmoid scores that choose the experts (not
+                                    # to their weights), moved by this much a step toward balance (DeepSeek-V3's
+                                    # auxiliary-loss-free balancing, its bias update speed; 0: none)
     # -- multi-head latent attention (DeepSeek-V2, arXiv:2405.04434, Sec 2.1): low-rank q and kv
     q_lora_rank: int = 0            # q's down-projection rank (0: a full-rank q projection)
     kv_lora_rank: int = 0           # the latent kv rank; > 0 makes attention MLA
@@ -214,6 +217,12 @@ class ModelSpec:
         if not isinstance(self.router_scale, (int, float)) or isinstance(self.router_scale, bool) \
                 or not self.router_scale > 0:
             raise UserError(f"must be a number > 0, got {self.router_scale!r}", source=source, field="router_scale")
+        rate = self.router_bias_rate
+        if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not rate >= 0:
+            raise UserError(f"must be a number >= 0, got {rate!r}", source=source, field="router_bias_rate")
+        if rate and self.router_scores != "sigmoid":
+            raise UserError(f"{rate}: the balancing bias is added to sigmoid scores (DeepSeek-V3's router); this "
+                            "router's are softmax", source=source, field="router_bias_rate")
         for field in ("router_groups", "router_groups_used"):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -293,6 +302,10 @@ _OSS = ("OpenAI 2025, gpt-oss-120b & gpt-oss-20b Model Card (arXiv:2508.10925), 
 GPT_OSS_SWIGLU_LIMIT = 7.0
 GPT_OSS_SWIGLU_ALPHA = 1.702
 
+# DeepSeek-V3's bias update speed (arXiv:2412.19437, Sec 4.2: gamma 0.001 for its first 14.3T tokens); configs with
+# its router (topk_method noaux_tc, transformers' e_score_correction_bias) do not carry it: models read so take it
+DEEPSEEK_V3_BIAS_RATE = 0.001
+
 ZOO: dict[str, ModelSpec] = {m.name: m for m in (
     _gpt("gpt-1.7b", 24, 2304, 24, source=_NAR21),
     _gpt("gpt-3.6b", 30, 3072, 32, source=_NAR21),
@@ -316,10 +329,11 @@ ZOO: dict[str, ModelSpec] = {m.name: m for m in (
     replace(_llama("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, 4096, source=_DSV3, experts=256, top_k=8),
             head_dim=192, qk_rope_head_dim=64, v_head_dim=128, q_lora_rank=1536, kv_lora_rank=512,
             moe_ffn_hidden=2048, shared_experts=1, dense_layers=3, router_scores="sigmoid", router_groups=8,
-            router_groups_used=4, router_scale=2.5),
+            router_groups_used=4, router_scale=2.5, router_bias_rate=DEEPSEEK_V3_BIAS_RATE),
     replace(_llama("kimi-k2", 61, 7168, 64, 64, 18432, 163840, 4096, source=_K2, experts=384, top_k=8),
             head_dim=192, qk_rope_head_dim=64, v_head_dim=128, q_lora_rank=1536, kv_lora_rank=512,
-            moe_ffn_hidden=2048, shared_experts=1, dense_layers=1, router_scores="sigmoid", router_scale=2.827),
+            moe_ffn_hidden=2048, shared_experts=1, dense_layers=1, router_scores="sigmoid", router_scale=2.827,
+            router_bias_rate=DEEPSEEK_V3_BIAS_RATE),
     replace(_llama("qwen3-8b", 36, 4096, 32, 8, 12288, 151936, 4096, source=_Q3D), head_dim=128, qk_norm=True),
     replace(_llama("qwen3-32b", 64, 5120, 64, 8, 25600, 151936, 4096, source=_Q3D), head_dim=128, qk_norm=True),
     replace(_llama("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, 4096, source=_Q3, experts=128, top_k=8),
@@ -589,7 +603,8 @@ def _deepseek_v3(spec: ModelSpec, f: "_Fields") -> ModelSpec:
 def _deepseek_router(f: "_Fields") -> dict:
     """DeepSeek-V3's router (transformers' DeepseekV3TopkRouter, Sec 2.1.2 of its report): sigmoid scores, the top-k
     from the best ``topk_group`` of ``n_group`` groups (one group: none), renormalised where ``norm_topk_prob``,
-    times ``routed_scaling_factor``."""
+    times ``routed_scaling_factor``, the experts chosen with a balancing bias (``e_score_correction_bias``) moved at
+    DeepSeek-V3's rate, which configs do not carry."""
     method = f.data.get("topk_method", "noaux_tc")
     if method != "noaux_tc":         # transformers' DeepseekV3TopkRouter implements this one only
         raise UserError(f"unsupported value {method!r}; supported: noaux_tc", source=f.source, field="topk_method")
@@ -603,7 +618,7 @@ def _deepseek_router(f: "_Fields") -> dict:
         raise UserError(f"must be a number > 0, got {scale!r}", source=f.source, field="routed_scaling_factor")
     return dict(router_scores=scoring, router_renormalize=f.bool("norm_topk_prob", True),
                 router_groups=groups if groups > 1 else 0, router_groups_used=f.int("topk_group") if groups > 1 else 0,
-                router_scale=float(scale))
+                router_scale=float(scale), router_bias_rate=DEEPSEEK_V3_BIAS_RATE if scoring == "sigmoid" else 0.0)
 
 
 def _gpt_oss(spec: ModelSpec, f: "_Fields") -> ModelSpec:

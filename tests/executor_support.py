@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from executor.data import global_batch
 from executor.launch import free_port
 from executor.models import build_model, full_init, init_key
+from executor.moe import update_expert_bias
 from executor.train import exit_now
 from planner.model import ModelSpec, config_json
 
@@ -179,6 +180,7 @@ def adamw_steps(model, loss_of, *, steps: int, lr: float = 1e-3, optimizer=None)
             grads = {name: p.grad.clone() for name, p in model.named_parameters()}
         opt.step()
         opt.zero_grad()
+        update_expert_bias([model])         # DeepSeek-V3's balancing bias, where the model has one
         losses.append(loss.item())
     return losses, grads
 

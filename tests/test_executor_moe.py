@@ -81,6 +81,73 @@ def test_sigmoid_group_limited_routing_is_transformers_deepseek_v3_router(groups
     assert max(len(set((row // (experts // groups)).tolist())) for row in chosen) <= used
 
 
+def test_the_balancing_bias_chooses_the_experts_as_transformers_e_score_correction_bias_does():
+    """DeepSeek-V3's bias (transformers' DeepseekV3TopkRouter.e_score_correction_bias) added to the scores that
+    choose groups and experts, not to the weights."""
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    from executor.moe import route
+    torch.manual_seed(4)
+    h, experts, k = 16, 32, 8
+    hf = DeepseekV3TopkRouter(DeepseekV3Config(hidden_size=h, n_routed_experts=experts, num_experts_per_tok=k,
+                                               n_group=8, topk_group=4, routed_scaling_factor=2.5))
+    with torch.no_grad():
+        hf.weight.copy_(torch.randn(experts, h))
+        hf.e_score_correction_bias.copy_(torch.randn(experts) * 0.3)
+    x = torch.randn(64, h)
+    _, want_weights, want_experts = hf(x)
+    weights, chosen = route(x @ hf.weight.T, k, scores="sigmoid", groups=8, groups_used=4, scale=2.5,
+                            bias=hf.e_score_correction_bias)
+    unbiased = route(x @ hf.weight.T, k, scores="sigmoid", groups=8, groups_used=4, scale=2.5)[1]
+    assert not torch.equal(chosen.sort(dim=-1).values, unbiased.sort(dim=-1).values)     # the bias changed choices
+    order, want_order = chosen.argsort(dim=-1), want_experts.argsort(dim=-1)
+    assert torch.equal(chosen.gather(1, order), want_experts.gather(1, want_order))
+    torch.testing.assert_close(weights.gather(1, order), want_weights.gather(1, want_order))
+
+
+def test_the_balancing_bias_moves_toward_the_mean_load():
+    """After a step, each expert's bias moves by the rate: up where it got fewer tokens than the mean, down where
+    more, not where as many (DeepSeek-V3 Sec 2.1.2); the counts start again."""
+    from executor.moe import MoE, update_expert_bias
+    moe = MoE(replace(TINY_DEEPSEEK, num_experts=4, router_groups=2, router_groups_used=1, router_bias_rate=0.25))
+    moe.tokens_per_expert.copy_(torch.tensor([3.0, 1.0, 2.0, 2.0]))
+    update_expert_bias([moe])
+    assert moe.expert_bias.tolist() == [-0.25, 0.25, 0.0, 0.0] and moe.tokens_per_expert.tolist() == [0.0] * 4
+
+
+def _save_after(plan_path: str, steps: int, save: str) -> None:
+    from executor.plan_file import load_plan
+    from executor.train import RunOptions, run
+    run(load_plan(plan_path), RunOptions(steps=steps, save_dir=save))
+
+
+@pytest.mark.distributed
+def test_the_balancing_bias_of_four_ranks_is_one_processs(tmp_path):
+    """With the experts split over 2 ep ranks of 4 data-parallel ones, every rank counts its own tokens; summed
+    over the 4 before each update, the biases after 3 steps (from the checkpoint) equal one process's, and they
+    moved. (The losses alone would not show it: a few steps of bias move a tiny model's loss by about 1e-5.)"""
+    from executor.checkpoint import load
+    from executor.models import build_model, full_init
+    from executor_support import adamw_steps, batch_loss
+    spec = replace(TINY_DEEPSEEK, router_bias_rate=0.05)
+    plan = write_moe_plan(tmp_path / "plan.json", spec, gpus=4, ep=2, zero=1)
+    spawn(_save_after, 4, plan, 3, str(tmp_path / "ckpt"))
+    saved = build_model(spec, "cpu")
+    load(str(tmp_path / "ckpt"), [saved], [torch.optim.AdamW(saved.parameters())], tied=False)
+    torch.manual_seed(0)
+    reference = build_model(spec, "cpu")
+    with torch.no_grad():
+        for name, p in reference.named_parameters():
+            p.copy_(full_init(name, p.shape, spec, 0))
+    adamw_steps(reference, lambda step: batch_loss(reference, spec, step), steps=3)
+    got, want = dict(saved.named_buffers()), dict(reference.named_buffers())
+    biases = [name for name in want if name.endswith("expert_bias")]
+    assert biases and any(want[name].abs().sum() > 0 for name in biases)
+    for name in biases:
+        torch.testing.assert_close(got[name], want[name], msg=lambda m: f"{name}: {m}")
+
+
 def test_qwen2_moe_routing_keeps_the_softmax_weights_of_its_top_k():
     """Qwen2-MoE with norm_topk_prob false (transformers' Qwen2MoeSparseMoeBlock): the softmax over every expert, its
     top-k weights as they are."""

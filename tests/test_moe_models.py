@@ -136,7 +136,7 @@ def test_each_reader_takes_the_router_its_config_describes(write_json):
     deepseek = {k: v for k, v in SMALL["deepseek_v3"].items() if k not in ("n_group", "topk_group")}
     spec = load_model(write_json(dict(deepseek, n_routed_experts=16, num_experts_per_tok=8)))
     assert (spec.router_scores, spec.router_groups, spec.router_groups_used, spec.router_scale,
-            spec.router_renormalize) == ("sigmoid", 8, 4, 2.5, True)
+            spec.router_renormalize, spec.router_bias_rate) == ("sigmoid", 8, 4, 2.5, True, 0.001)
     spec = load_model(write_json(SMALL["deepseek_v3"]))
     assert (spec.router_groups, spec.router_groups_used) == (0, 0)
     assert not load_model(write_json(SMALL["qwen2_moe"])).router_renormalize
@@ -151,20 +151,22 @@ def test_each_reader_takes_the_router_its_config_describes(write_json):
 
 
 @pytest.mark.parametrize("flags,want", [
-    ("", ("softmax", True, 0, 0, 1.0)),
-    ("--moe-router-pre-softmax", ("softmax", False, 0, 0, 1.0)),
+    ("", ("softmax", True, 0, 0, 1.0, 0.0)),
+    ("--moe-router-pre-softmax", ("softmax", False, 0, 0, 1.0, 0.0)),
     ("--moe-router-score-function sigmoid --moe-router-num-groups 4 --moe-router-group-topk 2 "
-     "--moe-router-topk-scaling-factor 2.5", ("sigmoid", True, 4, 2, 2.5)),
+     "--moe-router-topk-scaling-factor 2.5", ("sigmoid", True, 4, 2, 2.5, 0.0)),
+    ("--moe-router-score-function sigmoid --moe-router-enable-expert-bias", ("sigmoid", True, 0, 0, 1.0, 1e-3)),
 ])
 def test_megatrons_router_flags_read_as_its_routing(flags, want):
     """Megatron-Core's topk_routing_with_score_function (core_v0.15.0): softmax after the top-k unless pre-softmax
-    (then not renormalised), sigmoid renormalised, group-limited routing, the scaling factor."""
+    (then not renormalised), sigmoid renormalised, group-limited routing, the scaling factor, the expert bias at
+    --moe-router-bias-update-rate's default."""
     from planner.baseline import megatron as reader
     text = ("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128 --swiglu "
             "--num-experts 8 --moe-router-topk 4 --vocab-size 128 --seq-length 64 " + flags)
     spec = reader.model_of(reader.parse(text, "args.txt"), "args.txt").spec
     assert (spec.router_scores, spec.router_renormalize, spec.router_groups, spec.router_groups_used,
-            spec.router_scale) == want
+            spec.router_scale, spec.router_bias_rate) == want
 
 
 @pytest.mark.parametrize("case", SMALL)

@@ -51,6 +51,7 @@ SWITCHES = {   # store_true flags this reader models
     "--disable-bias-linear", "--add-qkv-bias", "--group-query-attention", "--moe-shared-expert-gate",
     "--multi-latent-attention", "--qk-layernorm", "--moe-grouped-gemm", "--fp8-param-gather", "--grad-reduce-in-bf16",
     "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--quick-geglu", "--moe-router-pre-softmax",
+    "--moe-router-enable-expert-bias",
 }
 MODEL = {      # architecture flags (read when no --model is given, checked against it otherwise)
     "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
@@ -60,7 +61,7 @@ MODEL = {      # architecture flags (read when no --model is given, checked agai
     "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim",
     "--qk-pos-emb-head-dim", "--v-head-dim", "--softmax-type", "--window-size", "--window-attn-skip-freq",
     "--glu-linear-offset", "--activation-func-clamp-value", "--moe-router-score-function", "--moe-router-num-groups",
-    "--moe-router-group-topk", "--moe-router-topk-scaling-factor",
+    "--moe-router-group-topk", "--moe-router-topk-scaling-factor", "--moe-router-bias-update-rate",
 }
 SHAPE = {"--num-layers": "num_layers", "--hidden-size": "hidden", "--num-attention-heads": "num_heads",
          "--num-query-groups": "num_kv_heads", "--ffn-hidden-size": "ffn_hidden", "--kv-channels": "head_dim",
@@ -242,7 +243,8 @@ def _spec(args: dict, source: str, shape: dict, vocab: int, seq: int | None) -> 
 def _router(args: dict, source: str) -> dict:
     """The router's ModelSpec fields from Megatron-Core's flags (moe_utils.py topk_routing_with_score_function at
     core_v0.15.0: softmax after the top-k, renormalised, unless --moe-router-pre-softmax; sigmoid scores renormalised
-    over the top-k; --moe-router-num-groups and --moe-router-group-topk; --moe-router-topk-scaling-factor)."""
+    over the top-k; --moe-router-num-groups and --moe-router-group-topk; --moe-router-topk-scaling-factor; the
+    expert bias, which it adds to sigmoid scores only)."""
     scores = choice(source, "--moe-router-score-function", _value(args, "--moe-router-score-function", source)
                     or "softmax", ("softmax", "sigmoid"))
     groups = _int(args, "--moe-router-num-groups", source, 0, minimum=0)
@@ -253,9 +255,12 @@ def _router(args: dict, source: str) -> dict:
     scale = _float(args, "--moe-router-topk-scaling-factor", source, 1.0)
     if not scale > 0:
         raise UserError(f"must be > 0, got {scale}", source=source, field="--moe-router-topk-scaling-factor")
+    # --moe-router-enable-expert-bias: the bias moved at --moe-router-bias-update-rate (arguments.py default 1e-3)
+    rate = _float(args, "--moe-router-bias-update-rate", source, 1e-3) if args.get("--moe-router-enable-expert-bias") \
+        else 0.0
     return dict(router_scores=scores, router_renormalize=scores == "sigmoid" or not args.get("--moe-router-pre-softmax"),
                 router_groups=groups if groups > 1 else 0, router_groups_used=used if groups > 1 else 0,
-                router_scale=scale)
+                router_scale=scale, router_bias_rate=rate)
 
 
 def _gpt_oss_glu(args: dict, source: str) -> float:
