@@ -176,7 +176,7 @@ def _solve(rows: list[tuple[list[float], float]]) -> list[float]:
     a = np.array([r[0] for r in rows], dtype=float)
     b = np.array([r[1] for r in rows], dtype=float)
     coef, *_ = np.linalg.lstsq(a, b, rcond=None)
-    return [round(float(c), 3) for c in coef]
+    return [round(float(c), 3) + 0.0 for c in coef]      # + 0.0: a -0.0 that rounding leaves is written 0.0
 
 
 def table(families: list[str] | None = None) -> dict:
