@@ -284,15 +284,13 @@ def offload_forward(module: nn.Module, on_stash: Callable[[HostStash], None] | N
 
 
 def _selective(block: nn.Module, attention_core: Callable | None) -> None:
-    """Checkpoint the block's attention core: ``attention_core`` (SDPA), or where the block's own core is another
-    (executor/models.py ``masked_attention``, or the module ``SinkAttention``, whose forward is wrapped: it holds
-    parameters), that one."""
-    own = block.attn.core
-    if isinstance(own, nn.Module):
-        own.forward = partial(checkpoint, type(own).forward.__get__(own), use_reentrant=False)
-        return
-    core = own if getattr(block.attn, "masked", False) else attention_core
-    block.attn.core = partial(checkpoint, core, use_reentrant=False)
+    """Checkpoint the block's own attention core (SDPA, which the caller names as ``attention_core``, or
+    executor/models.py ``masked_attention``; of the module ``SinkAttention``, which holds parameters, its forward)."""
+    core = block.attn.core
+    if isinstance(core, nn.Module):
+        core.forward = partial(checkpoint, type(core).forward.__get__(core), use_reentrant=False)
+    else:
+        block.attn.core = partial(checkpoint, core, use_reentrant=False)
 
 
 # How this executor applies each policy of planner/recompute.py to a transformer block (a test checks that

@@ -325,7 +325,7 @@ def _router_args(s, notes: list[str]) -> list[list[str]]:
     """Megatron-Core's flags for the model's router (moe_utils.py topk_routing_with_score_function at core_v0.15.0:
     softmax after the top-k unless --moe-router-pre-softmax, which is the softmax over every expert un-renormalised;
     sigmoid scores renormalised over the top-k; groups scored by the sum of their best top-k / group-topk; the
-    weights times --moe-router-topk-scaling-factor)."""
+    weights times --moe-router-topk-scaling-factor; the expert bias and its update rate)."""
     args = []
     if s.router_scores == "sigmoid":
         args.append(["--moe-router-score-function", "sigmoid"])

@@ -202,8 +202,7 @@ class ModelSpec:
                             "(kv_lora_rank > 0)", source=source, field="kv_lora_rank")
         if self.sliding_every and not self.sliding_window:
             raise UserError(f"{self.sliding_every} without a sliding window", source=source, field="sliding_every")
-        if not isinstance(self.swiglu_limit, (int, float)) or isinstance(self.swiglu_limit, bool) \
-                or not self.swiglu_limit >= 0:
+        if not _real(self.swiglu_limit) or not self.swiglu_limit >= 0:
             raise UserError(f"must be a number >= 0, got {self.swiglu_limit!r}", source=source, field="swiglu_limit")
         if self.swiglu_limit and (self.mlp != "swiglu" or not self.is_moe or self.dense_layers or self.shared_experts):
             raise UserError(f"{self.swiglu_limit} clamps GPT-OSS's SwiGLU experts: routed SwiGLU experts only (no dense "
@@ -214,11 +213,10 @@ class ModelSpec:
         if self.router_scores not in ROUTER_SCORES:
             raise UserError(f"unknown value {self.router_scores!r}; allowed: {one_of(ROUTER_SCORES)}", source=source,
                             field="router_scores")
-        if not isinstance(self.router_scale, (int, float)) or isinstance(self.router_scale, bool) \
-                or not self.router_scale > 0:
+        if not _real(self.router_scale) or not self.router_scale > 0:
             raise UserError(f"must be a number > 0, got {self.router_scale!r}", source=source, field="router_scale")
         rate = self.router_bias_rate
-        if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not rate >= 0:
+        if not _real(rate) or not rate >= 0:
             raise UserError(f"must be a number >= 0, got {rate!r}", source=source, field="router_bias_rate")
         if rate and self.router_scores != "sigmoid":
             raise UserError(f"{rate}: the balancing bias is added to sigmoid scores (DeepSeek-V3's router); this "
@@ -482,6 +480,20 @@ class _Fields:
             raise UserError(f"must be true or false, got {value!r}", source=self.source, field=key)
         return value
 
+    def positive(self, key: str, default: float) -> float:
+        """A number > 0; absent or null: ``default``."""
+        value = self.data.get(key)
+        if value is None:
+            return default
+        if not _real(value) or not value > 0:
+            raise UserError(f"must be a number > 0, got {value!r}", source=self.source, field=key)
+        return float(value)
+
+
+def _real(value) -> bool:
+    """An int or a float, not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
 
 def config_json(spec: ModelSpec) -> dict:
     """The Hugging Face config.json ``load_hf_config`` reads back as ``spec``, for the families written here:
@@ -613,12 +625,10 @@ def _deepseek_router(f: "_Fields") -> dict:
         raise UserError(f"unsupported value {scoring!r}; supported: {one_of(ROUTER_SCORES)}", source=f.source,
                         field="scoring_func")
     groups = f.int("n_group")
-    scale = f.data.get("routed_scaling_factor")
-    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not scale > 0:
-        raise UserError(f"must be a number > 0, got {scale!r}", source=f.source, field="routed_scaling_factor")
     return dict(router_scores=scoring, router_renormalize=f.bool("norm_topk_prob", True),
                 router_groups=groups if groups > 1 else 0, router_groups_used=f.int("topk_group") if groups > 1 else 0,
-                router_scale=float(scale), router_bias_rate=DEEPSEEK_V3_BIAS_RATE if scoring == "sigmoid" else 0.0)
+                router_scale=f.positive("routed_scaling_factor", 1.0),
+                router_bias_rate=DEEPSEEK_V3_BIAS_RATE if scoring == "sigmoid" else 0.0)
 
 
 def _gpt_oss(spec: ModelSpec, f: "_Fields") -> ModelSpec:
@@ -634,12 +644,9 @@ def _gpt_oss(spec: ModelSpec, f: "_Fields") -> ModelSpec:
     if alpha != GPT_OSS_SWIGLU_ALPHA:
         raise UserError(f"{alpha!r}: only GPT-OSS's {GPT_OSS_SWIGLU_ALPHA} is supported", source=f.source,
                         field="swiglu_alpha")
-    limit = f.data.get("swiglu_limit", GPT_OSS_SWIGLU_LIMIT)
-    if not isinstance(limit, (int, float)) or isinstance(limit, bool) or not limit > 0:
-        raise UserError(f"must be a number > 0, got {limit!r}", source=f.source, field="swiglu_limit")
     return replace(spec, num_experts=f.int("num_local_experts"), experts_per_token=f.int("num_experts_per_tok"),
                    linear_bias=True, qkv_bias=False, attention_sinks=True, sliding_every=0 if every == 1 else 2,
-                   swiglu_limit=float(limit))
+                   swiglu_limit=f.positive("swiglu_limit", GPT_OSS_SWIGLU_LIMIT))
 
 
 def _qwen3(spec: ModelSpec, f: "_Fields") -> ModelSpec:

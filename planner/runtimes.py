@@ -73,9 +73,8 @@ class Combinations:
                                             # --overlap-moe-expert-parallel-comm)
     compiles_blocks: bool = False           # --compile: each block torch.compile'd (torchtitan's per-block compile,
                                             # torchtitan/models/llama3/infra/parallelize.py apply_compile)
-    compile_with_tp: bool = True            # compiled blocks run with tp > 1
-    compile_with_tp_needs_sp: bool = False  # ... only with sequence parallelism
-    compile_with_tp_recomputes: tuple[str, ...] | None = None  # ... only under these recompute policies (None: any)
+    compile_with_tp_needs_sp: bool = False  # compiled blocks with tp > 1 run only with sequence parallelism
+    compile_with_tp_recomputes: tuple[str, ...] | None = None  # ... and only under these recompute policies (None: any)
     fp8_recipes: tuple[str, ...] = ()       # FP8 training recipes it runs (planner/precision.py RECIPES; --precision)
     fp8_with_tp: bool = True                # an FP8 recipe runs with tp > 1
     ep_needs_sp: bool = False               # ep > 1 with tp > 1 needs sequence parallelism (Megatron-LM's
@@ -781,11 +780,8 @@ def _ep_refusals(can: Combinations, who: str, *, ep: int, dp, tp, cp, sequence_p
 
 def _compile_with_tp_refusals(can, who: str, *, tp: int, sequence_parallel: bool | None,
                               recompute: str | None) -> list[tuple[str, str]]:
-    """Compiled blocks (--compile) with tensor parallelism (tp > 1): where ``can`` runs them, and under which
-    sequence parallelism and recompute policy (None: not known yet)."""
-    if not can.compile_with_tp:
-        return [("tp", f"compiled blocks (--compile) with tensor parallelism (tp {tp}) do not run on {who}; "
-                       "allowed with --compile: tp 1")]
+    """Compiled blocks (--compile) with tensor parallelism (tp > 1): under which sequence parallelism and recompute
+    policy ``can`` runs them (None: not known yet)."""
     out = []
     if sequence_parallel is False and can.compile_with_tp_needs_sp:
         out.append(("sequence_parallel", f"compiled blocks (--compile) with tensor parallelism (tp {tp}) run on {who} "
