@@ -170,7 +170,8 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention", choices=("flash", "unfused"), default="flash",
                    help="attention kernels: fused (FlashAttention; cuDNN's where the runtime runs it and the profile "
                         "characterises it: megatron and torch on h100-80g, h200, b200 and gb200-nvl72) or materialised scores (default "
-                        "flash)")
+                        "flash; --framework torch prices a model with attention sinks or a window shorter than the "
+                        "sequence unfused, as `meshplan run` writes its attention out)")
     p.add_argument("--no-overlap-grad-reduce", action="store_true",
                    help="model a runtime that reduces gradients after backward instead of overlapping")
     p.add_argument("--tp-comm-overlap", action="store_true",
