@@ -104,12 +104,7 @@ class JobInputs:
             graph = attach_measured_ops(graph, cluster.source, precision, seq)
             for warning in graph.warnings:
                 (warn or (lambda _: None))(warning)
-        attention = self.attention
-        if attention == "flash" and unfused_core(spec, self.framework):
-            attention = "unfused"
-            (warn or (lambda _: None))(f"{spec.name}'s attention (sinks, or a window shorter than the sequence) runs "
-                                       "as `meshplan run` writes it out, its scores materialised: priced "
-                                       "--attention unfused (--framework torchtitan runs it fused)")
+        attention = priced_attention(spec, self.framework, self.attention, warn)
         workload = Workload(global_batch=self.global_batch or default_global_batch(seq, cluster.num_gpus),
                             seq_len=seq, precision=precision, framework=self.framework, attention=attention,
                             overlap_grad_reduce=self.overlap_grad_reduce, tp_comm_overlap=self.tp_comm_overlap,
@@ -186,6 +181,19 @@ def check_finetune(workload: Workload, cluster: Cluster, spec: ModelSpec | None)
     if spec is not None and spec.num_experts:
         raise UserError(f"{workload.finetune} of a mixture of experts is not modelled yet; allowed: full",
                         field="--finetune")
+
+
+def priced_attention(spec: ModelSpec | None, framework: str, attention: str,
+                     warn: Callable[[str], None] | None = None) -> str:
+    """The attention a workload of ``spec`` is priced with: ``attention``, but unfused where ``framework`` writes
+    the model's core out (runtimes.unfused_core: meshplan's executor, for attention sinks or a window shorter than
+    the sequence), which ``warn`` is told."""
+    if attention != "flash" or not unfused_core(spec, framework):
+        return attention
+    (warn or (lambda _: None))(f"{spec.name}'s attention (sinks, or a window shorter than the sequence) runs as "
+                               "`meshplan run` writes it out, its scores materialised: priced --attention unfused "
+                               "(--framework torchtitan runs it fused)")
+    return "unfused"
 
 
 def load_job(model: str = DEFAULT_MODEL, cluster: str = DEFAULT_CLUSTER, **inputs) -> Job:

@@ -266,7 +266,7 @@ def load_spec_back(written: dict):
     return ModelSpec(**json.loads(json.dumps(written)))
 
 
-def test_planning_gpt_oss_for_the_executor_prices_its_attention_as_the_executor_runs_it(cli):
+def test_planning_gpt_oss_for_the_executor_prices_its_attention_as_the_executor_runs_it(cli, tmp_path):
     """GPT-OSS's sinks: `meshplan run` writes its attention core out (scores materialised), so the torch runtime's
     plan prices it --attention unfused and says so; Megatron-LM's is priced as asked (flash)."""
     out = cli("plan", "--model", "gpt-oss-20b", "--cluster", "h100-80g", "--gpus", "8", "--json")
@@ -277,6 +277,10 @@ def test_planning_gpt_oss_for_the_executor_prices_its_attention_as_the_executor_
                 "--json")
     assert quiet.returncode == 0 and "unfused" not in quiet.stderr
     assert json.loads(quiet.stdout)["workload"]["attention"] == "flash"
+    # a sweep says it once, not at each point
+    sweep = cli("whatif", "--model", "gpt-oss-20b", "--cluster", "h100-80g", "--sweep", "gpus=8,16", "--out",
+                str(tmp_path))
+    assert sweep.returncode == 0 and sweep.stderr.count("priced --attention unfused") == 1
 
 
 MIXTRAL_SMALL = dict(model_type="mixtral", hidden_size=64, num_attention_heads=4, num_key_value_heads=2,

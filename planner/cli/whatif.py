@@ -8,7 +8,9 @@ from pathlib import Path
 
 from .. import api
 from ..whatif import SWEEPS, Point, differs, parse_sweep, write_outputs
-from .common import add_debug, add_job_args, add_knob_args, job_inputs, knobs, positive_int
+from ..model import load_model
+from ..trace.load import is_traced_source
+from .common import add_debug, add_job_args, add_knob_args, job_inputs, knobs, positive_int, warn
 
 EPILOG = """\
 examples:
@@ -38,8 +40,12 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     key, values = parse_sweep(args.sweep)
+    inputs = job_inputs(args)
+    if not is_traced_source(inputs.model):      # said once for the sweep, not at every point
+        api.priced_attention(load_model(inputs.model, seq_len=inputs.seq_len), inputs.framework, inputs.attention,
+                             warn)
     progress = Progress(len(values), key, force=args.progress)
-    points = api.whatif(job_inputs(args), key, values, knobs(args), top_k=args.top_k, progress=progress.update)
+    points = api.whatif(inputs, key, values, knobs(args), top_k=args.top_k, progress=progress.update)
     title = f"{args.model} on {args.cluster}" if key != "gpu" else args.model
     written = write_outputs(points, key, Path(args.out), title)
     sys.stdout.write(format_points(points, key))
