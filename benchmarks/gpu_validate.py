@@ -67,6 +67,10 @@ TINY = {
     "tiny-llama": {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
                    "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 512,
                    "max_position_embeddings": 128},
+    "tiny-oss": {"model_type": "gpt_oss", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                 "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 64, "num_local_experts": 4,
+                 "num_experts_per_tok": 2, "vocab_size": 512, "sliding_window": 16,
+                 "layer_types": ["sliding_attention", "full_attention"], "max_position_embeddings": 128},
 }
 
 # name: (model, micro-batch, micro-batches per step, sequence, recompute, zero). Single GPU, bf16.
@@ -161,9 +165,26 @@ FP8 = {
     "llama-3b mb1 s4k compiled fp8-rowwise": ("llama3.2-3b", 1, 1, 4096, "none", 0,
                                               ("--compile", "--precision", "fp8-rowwise")),
 }
+# GPT-OSS's block (round 5, issue 25): attention sinks and a 128-token window on every other block, which the
+# executor writes out (executor/models.py masked_attention: the scores materialised, priced unfused), biased
+# experts with the clamped SwiGLU (executor/moe.py ClampedSwiGLU); gpt-oss-20b's widths (hidden 2880, 64 heads of
+# 64, 8 kv heads, experts of 2880) at 4 layers and 8 experts, top 2: 1.5B parameters. Predicted before any run
+# (benchmarks/results/gpu_oss_predicted.json: `--set oss --predict-only`).
+OSS_MODELS = {
+    "oss-8e": {"model_type": "gpt_oss", "num_hidden_layers": 4, "hidden_size": 2880, "num_attention_heads": 64,
+               "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 2880, "num_local_experts": 8,
+               "num_experts_per_tok": 2, "vocab_size": 32000, "sliding_window": 128,
+               "layer_types": ["sliding_attention", "full_attention"] * 2, "max_position_embeddings": 8192},
+}
+OSS = {
+    "oss-8e mb1 s2k": ("oss-8e", 1, 1, 2048, "none", 0),
+    "oss-8e mb2 s4k sel": ("oss-8e", 2, 1, 4096, "selective", 0),
+    "oss-8e mb1 s4k full": ("oss-8e", 1, 1, 4096, "full", 0),
+}
 QUICK_CASES = {
     "tiny-gpt mb2 s64": ("tiny-gpt", 2, 1, 64, "none", 0),
     "tiny-llama mb1x2 s64 full": ("tiny-llama", 1, 2, 64, "full", 3),
+    "tiny-oss mb2 s64 sel": ("tiny-oss", 2, 1, 64, "selective", 0),
 }
 
 
@@ -446,7 +467,8 @@ def predict(args) -> None:
 
 def case_set(name: str) -> tuple[dict, dict]:
     return {"holdout": (HOLDOUT_MODELS, HOLDOUT), "round2": (ROUND2_MODELS, ROUND2),
-            "holdout2": ({**MODELS, **ROUND2_MODELS}, HOLDOUT2), "fp8": (MODELS, FP8)}.get(name, (MODELS, CASES))
+            "holdout2": ({**MODELS, **ROUND2_MODELS}, HOLDOUT2), "fp8": (MODELS, FP8),
+            "oss": (OSS_MODELS, OSS)}.get(name, (MODELS, CASES))
 
 
 def predict_only(args) -> None:
@@ -479,10 +501,11 @@ def main() -> None:
     parser.add_argument("--raw", default=str(RESULTS / "gpu_runs.json"), help="the measured runs")
     parser.add_argument("--cluster", help="the profile to predict with (default: the measured H100/H200 one)")
     parser.add_argument("--out", default=str(RESULTS / "gpu_validate.json"))
-    parser.add_argument("--set", choices=("main", "holdout", "round2", "holdout2", "fp8"), default="main",
+    parser.add_argument("--set", choices=("main", "holdout", "round2", "holdout2", "fp8", "oss"), default="main",
                         help="the cases: the main set, the holdout predicted before it ran, round 2 "
-                             "(offload, op and every-2 recompute, FSDP micro-batches, experts), its holdout, or FP8 "
-                             "against bf16 (compiled; needs torchao)")
+                             "(offload, op and every-2 recompute, FSDP micro-batches, experts), its holdout, FP8 "
+                             "against bf16 (compiled; needs torchao), or GPT-OSS's block (sinks, windows, biased "
+                             "clamped experts)")
     parser.add_argument("--predict-only", action="store_true", help="predict the set without any measurement")
     args = parser.parse_args()
     if args.measure:

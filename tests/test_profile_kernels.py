@@ -95,7 +95,7 @@ def test_gpu_validate_measures_on_the_cpu_with_quick(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(raw.read_text())
     assert out["environment"]["device"] == "cpu"
-    assert {r["name"] for r in out["rows"]} == {"tiny-gpt mb2 s64", "tiny-llama mb1x2 s64 full"}
+    assert {r["name"] for r in out["rows"]} == {"tiny-gpt mb2 s64", "tiny-llama mb1x2 s64 full", "tiny-oss mb2 s64 sel"}
     for r in out["rows"]:
         assert "error" not in r, r.get("error")
         assert len(r["step_times_s"]) == 2 and r["measured_step_s"] > 0
