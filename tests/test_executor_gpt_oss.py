@@ -177,7 +177,7 @@ def test_selective_recompute_of_the_written_out_core_changes_nothing(index):
     """``selective`` checkpoints the block's own core (the SinkAttention module: its forward wrapped), which
     recomputes in backward: the block's output and every gradient are those without recompute."""
     from executor.activations import apply_policy
-    from executor.models import Block, materialize, sdpa
+    from executor.models import Block, sdpa
     torch.manual_seed(2)
     blocks = []
     for policy in ("none", "selective"):
