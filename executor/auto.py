@@ -61,6 +61,7 @@ class AutoPlan:
     tp: int
     pp: int
     zero: int                              # the ZeRO stage
+    ep: int = 1                            # expert parallelism: routed experts split over ep of the dp ranks
     precision: str                         # the plan's: fp32, bf16 or fp16
     autocast: str | None                   # the dtype the forward autocasts to (None: FSDP2's policy, or fp32)
     schedule: str | None                   # the pipeline schedule (None without a pipeline)
@@ -153,6 +154,7 @@ def apply_plan(module: nn.Module, plan: Plan, doc: dict, *, device: torch.device
     zero, notes = c.zero, ()
     dims = ParallelDims.from_config(c, world)
     mesh, dp_mesh, dp_cp_mesh = dims.build_mesh(device.type)     # no context parallelism here: dp x cp is dp
+    expert_mesh = dims.build_expert_mesh(dp_cp_mesh)               # (efsdp, ep) under expert parallelism, or None
     tied, tied_group = {}, None
     if c.pp > 1:
         indices = stage_indices(len(plan.stages), c.pp, mesh["pp"].get_local_rank(), c.schedule)
@@ -167,10 +169,10 @@ def apply_plan(module: nn.Module, plan: Plan, doc: dict, *, device: torch.device
     trained, optimizers, units = [], [], []
     for part in parts:
         units += dp_units(part, plan)
-        model, part_notes = parallelize(part, plan, dims, mesh, dp_cp_mesh, device)
+        model, part_notes = parallelize(part, plan, dims, mesh, dp_cp_mesh, device, expert_mesh=expert_mesh)
         notes += tuple(part_notes)
         trained.append(model)
-        optimizers.append(make_optimizer(model, lr=lr, zero=zero, dp_mesh=dp_mesh))
+        optimizers.append(make_optimizer(model, lr=lr, zero=zero, dp_mesh=dp_mesh, expert_mesh=expert_mesh))
     autocast = autocast_dtype(plan, dims, device)
     if precision != "fp32" and device.type == "cpu":
         notes += (f"precision {precision} runs in fp32 on the CPU (mixed precision where the device has it, as "
@@ -178,7 +180,7 @@ def apply_plan(module: nn.Module, plan: Plan, doc: dict, *, device: torch.device
     if schedule is not None and schedule != c.schedule:
         notes += (f"the {c.schedule} schedule with {c.num_microbatches} micro-batch(es) for {c.pp} stages runs "
                   f"as {schedule} (the same order)",)
-    auto = AutoPlan(doc=doc, dp=c.dp, tp=c.tp, pp=c.pp, zero=zero, precision=precision,
+    auto = AutoPlan(doc=doc, dp=c.dp, tp=c.tp, pp=c.pp, zero=zero, ep=c.ep, precision=precision,
                     autocast=str(autocast).removeprefix("torch.") if autocast is not None else None, schedule=schedule,
                     num_microbatches=c.num_microbatches, stages=plan.stages, tp_plan=dict(plan.tp_plan),
                     layers=tuple(units), notes=notes)

@@ -24,6 +24,8 @@ all-to-all is the reverse all-to-all).
 """
 from __future__ import annotations
 
+import types
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -31,6 +33,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from planner.model import GPT_OSS_SWIGLU_ALPHA, ModelSpec
+from planner.trace.experts import grouped_experts
 
 
 def route(logits: torch.Tensor, k: int, *, scores: str = "softmax", renormalize: bool = True, groups: int = 0,
@@ -240,7 +243,7 @@ class MoE(nn.Module):
             # waits for the GPU (the loop splits rows on the host, so it reads them back once)
             out = self.experts(routed, counts if _runs_grouped_mm(routed) else counts.tolist())
         else:
-            out = self._experts_elsewhere(routed, counts)
+            out = exchange(routed, counts, self.ep, self.ep_group, self.experts)
         out = out * weights.flatten()[order].unsqueeze(-1)                # (T k, h)
         # in the experts' dtype (bf16 under autocast, as a dense MLP's output is)
         y = out.new_zeros(tokens.shape).index_add(0, order // self.top_k, out)  # (T, h)
@@ -248,24 +251,66 @@ class MoE(nn.Module):
             y = y + self.shared(tokens)
         return y.view(shape)
 
-    def _experts_elsewhere(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Send each (token, expert) row to the rank holding its expert, run the local experts on what
-        arrives, send the outputs back (torchtitan's dispatch and combine). routed: (N, h) sorted by
-        expert; counts: (E,) rows per expert. -> (N, h)"""
-        ep, local = self.ep, self.num_experts // self.ep
-        with torch.no_grad():
-            sent = counts.view(ep, local)                                 # (ep, e): rows to each rank's experts
-            got = torch.empty_like(sent)                                  # (ep, e): rows from each rank
-            dist.all_to_all_single(got, sent, group=self.ep_group)
-        in_splits, out_splits = sent.sum(1).tolist(), got.sum(1).tolist()
-        arrived = AllToAll.apply(routed, out_splits, in_splits, self.ep_group)   # (R, h), by source rank
-        # rows arrive by source rank, then local expert; the experts take them grouped by expert
-        expert_of = torch.arange(local, device=routed.device).repeat(ep).repeat_interleave(got.flatten())
-        by_expert = expert_of.argsort(stable=True)                        # (R,)
-        out = self.experts(arrived[by_expert], got.sum(0).tolist())      # (R, h)
-        back = torch.empty_like(by_expert)
-        back[by_expert] = torch.arange(by_expert.numel(), device=by_expert.device)
-        return AllToAll.apply(out[back], in_splits, out_splits, self.ep_group)   # (N, h)
+
+def exchange(routed: torch.Tensor, counts: torch.Tensor, ep: int, group, experts) -> torch.Tensor:
+    """Send each (token, expert) row to the rank holding its expert, run the local experts on what arrives, send
+    the outputs back (torchtitan's dispatch and combine). routed: (N, h) sorted by expert; counts: (E,) rows per
+    expert; ``experts(rows, counts)``: this rank's E / ep experts on rows grouped by local expert, ``counts[e]``
+    rows for expert e (a list). -> (N, h)"""
+    local = counts.numel() // ep
+    with torch.no_grad():
+        sent = counts.view(ep, local)                                     # (ep, e): rows to each rank's experts
+        got = torch.empty_like(sent)                                      # (ep, e): rows from each rank
+        dist.all_to_all_single(got, sent, group=group)
+    in_splits, out_splits = sent.sum(1).tolist(), got.sum(1).tolist()
+    arrived = AllToAll.apply(routed, out_splits, in_splits, group)       # (R, h), by source rank
+    # rows arrive by source rank, then local expert; the experts take them grouped by expert
+    expert_of = torch.arange(local, device=routed.device).repeat(ep).repeat_interleave(got.flatten())
+    by_expert = expert_of.argsort(stable=True)                            # (R,)
+    out = experts(arrived[by_expert], got.sum(0).tolist())                # (R, h)
+    back = torch.empty_like(by_expert)
+    back[by_expert] = torch.arange(by_expert.numel(), device=by_expert.device)
+    return AllToAll.apply(out[back], in_splits, out_splits, group)       # (N, h)
+
+
+class _LocalExperts:
+    """A transformers grouped-experts module as its own forward sees it on one rank under expert parallelism: its
+    parameters this rank's experts (each DTensor's local rows, through which the gradients flow back), its
+    ``num_experts`` their count, anything else the module's."""
+
+    def __init__(self, module: nn.Module, count: int):
+        self.__dict__.update({name: _local(p) for name, p in module.named_parameters(recurse=False)},
+                             num_experts=count, _module=module)
+
+    def __getattr__(self, name: str):
+        return getattr(self.__dict__["_module"], name)
+
+
+def _grouped_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                             top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The forward of a transformers grouped-experts module (planner/trace/experts.py) under expert parallelism
+    (``apply_ep``): its (token, expert) pairs sorted by expert and exchanged as meshplan's own blocks exchange them
+    (``exchange``), each rank running the module's own forward (``_meshplan_forward``, whichever experts
+    implementation its config chose) on the rows that arrive, every row routed to one local expert with weight one;
+    the outputs, back on their tokens' ranks, weighted and summed per token. hidden_states: (T, h), top_k_index and
+    top_k_weights: (T, k) -> (T, h)"""
+    forward, ep, group = self._meshplan_forward, self._meshplan_ep, self._meshplan_ep_group
+    k = top_k_index.shape[-1]
+    flat = top_k_index.flatten()
+    order = flat.argsort(stable=True)                                     # (T k,): pairs sorted by expert
+    counts = torch.zeros(self.num_experts, dtype=torch.long, device=flat.device).scatter_add_(
+        0, flat, torch.ones_like(flat))                                   # (E,)
+    routed = hidden_states[order // k]                                    # (T k, h)
+
+    def local_experts(rows: torch.Tensor, local_counts: list[int]) -> torch.Tensor:
+        ids = torch.arange(len(local_counts), device=rows.device).repeat_interleave(
+            torch.tensor(local_counts, device=rows.device), output_size=rows.shape[0]).unsqueeze(-1)   # (R, 1)
+        ones = torch.ones(ids.shape, dtype=top_k_weights.dtype, device=rows.device)
+        return forward(_LocalExperts(self, len(local_counts)), rows, ids, ones)
+
+    out = exchange(routed, counts, ep, group, local_experts)              # (T k, h)
+    out = out * top_k_weights.flatten()[order].unsqueeze(-1).to(out.dtype)
+    return out.new_zeros(hidden_states.shape).index_add(0, order // k, out).to(hidden_states.dtype)
 
 
 def update_expert_bias(models, group=None) -> None:
@@ -295,18 +340,33 @@ def expert_modules(moe: MoE) -> list[nn.Module]:
     return [moe.gate_proj, moe.up_proj, moe.down_proj]
 
 
+def expert_units(model: nn.Module) -> list[tuple[int, int, list[nn.Module]]]:
+    """(routed experts, ep, the modules holding them) of each mixture-of-experts layer ``model`` (or a stage of it)
+    holds: meshplan's own blocks' three grouped linears (``expert_modules``), a traced module's transformers
+    grouped-experts module (planner/trace/experts.py). Their data-parallel unit under expert parallelism."""
+    own = [(moe.num_experts, moe.ep, expert_modules(moe)) for moe in moe_blocks(model).values()]
+    return own + [(m.num_experts, getattr(m, "_meshplan_ep", 1), [m]) for m in grouped_experts(model).values()]
+
+
 def expert_parallel_params(model: nn.Module) -> set[int]:
     """ids of the routed experts' weights that expert parallelism splits (``apply_ep``): their replicas
     are the efsdp ranks, not all the data-parallel ones."""
-    return {id(p) for moe in moe_blocks(model).values() if moe.ep > 1 for linear in expert_modules(moe)
-            for p in linear.parameters()}
+    return {id(p) for _, ep, units in expert_units(model) if ep > 1 for unit in units for p in unit.parameters()}
 
 
 def apply_ep(model: nn.Module, ep_mesh) -> None:
-    """Expert parallelism: each MoE block's routed experts sharded on dim 0 over ``ep_mesh`` (DTensor
-    ``Shard(0)``: rank r holds experts [r E/ep, (r+1) E/ep)), tokens exchanged with all-to-alls."""
+    """Expert parallelism: each MoE layer's routed experts sharded on dim 0 over ``ep_mesh`` (DTensor
+    ``Shard(0)``: rank r holds experts [r E/ep, (r+1) E/ep)), tokens exchanged with all-to-alls: meshplan's own
+    blocks' (``MoE``), and a traced module's transformers grouped experts, whose forward becomes
+    ``_grouped_experts_forward`` around their own."""
+    for _, _, units in expert_units(model):
+        for unit in units:
+            for name, p in list(unit.named_parameters(recurse=False)):     # the weight, and a bias
+                setattr(unit, name, nn.Parameter(distribute_tensor(p.data, ep_mesh, [Shard(0)], src_data_rank=None),
+                                                 requires_grad=p.requires_grad))
     for moe in moe_blocks(model).values():
-        for linear in expert_modules(moe):
-            for name, p in list(linear.named_parameters(recurse=False)):     # the weight, and a bias
-                setattr(linear, name, nn.Parameter(distribute_tensor(p.data, ep_mesh, [Shard(0)], src_data_rank=None)))
         moe.ep_group, moe.ep = ep_mesh.get_group(), ep_mesh.size()
+    for experts in grouped_experts(model).values():
+        experts._meshplan_forward = type(experts).forward
+        experts._meshplan_ep, experts._meshplan_ep_group = ep_mesh.size(), ep_mesh.get_group()
+        experts.forward = types.MethodType(_grouped_experts_forward, experts)

@@ -61,7 +61,7 @@ from .context import apply_cp
 from .lora import LoraConfig, apply_lora
 from .mesh import ParallelDims
 from .models import Attention, LatentAttention, SinkAttention, materialize, sdpa
-from .moe import apply_ep, expert_modules, moe_blocks
+from .moe import apply_ep, expert_units
 from .qlora import quantize_base
 from .activations import apply_policy
 from .selective import selective_forward
@@ -222,9 +222,8 @@ def apply_expert_dp(model: nn.Module, expert_mesh: DeviceMesh, *, sharded: bool,
     experts as efsdp ranks, else along dim 1 (torchtitan's ``shard_placement_fn`` for experts)."""
     from torch.distributed._composable.replicate_with_fsdp import replicate
     efsdp = expert_mesh["efsdp"]
-    for moe in moe_blocks(model).values():
-        local = moe.num_experts // moe.ep
-        units = expert_modules(moe)
+    for experts, ep, units in expert_units(model):
+        local = experts // ep
         if sharded:
             dim = 0 if local % efsdp.size() == 0 else 1
             fully_shard(units, mesh=efsdp, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy,

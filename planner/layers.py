@@ -172,8 +172,8 @@ class LayerGraph:
                                     # the head's copy has no gradient to sum with the embedding's
     num_experts: int = 0            # routed experts per MoE layer (0: a dense model); ep must divide it
     latent_attention: bool = False  # multi-head latent attention (ModelSpec.is_mla): some runtimes refuse SP with it
-    # whether meshplan's executor can split the experts over ranks (its own reference models: executor/moe.py), and
-    # why not (a traced module's experts are its own code)
+    # whether meshplan's executor can split the experts over ranks (its own reference models, and a traced module's
+    # transformers grouped experts: executor/moe.py, planner/trace/experts.py), and why not
     splits_experts: bool = True
     experts_why: str = ""
     # whether the executor can cut the model into pipeline stages (a traced module: planner/trace/cut.py),

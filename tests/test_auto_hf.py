@@ -19,23 +19,11 @@ from executor_support import assert_losses
 STEPS = 3
 FAMILIES = ("llama", "qwen2", "gpt2")
 
-MODELS = '''
+# what every job's script and the reference run share: the wrapper users write, the batches, the loss
+HARNESS = '''
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-
-def decoder(family):
-    if family == "llama":
-        return LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32))
-    if family == "qwen2":
-        return Qwen2ForCausalLM(Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32))
-    return GPT2LMHeadModel(GPT2Config(vocab_size=96, n_embd=32, n_layer=4, n_head=4, n_positions=32,
-                                      resid_pdrop=0.0, attn_pdrop=0.0, embd_pdrop=0.0, bos_token_id=0,
-                                      eos_token_id=0))
 
 
 class Logits(nn.Module):
@@ -62,6 +50,31 @@ def loss_fn(logits, targets):
 EXAMPLE = (torch.randint(0, 96, (2, 16)),)
 '''
 
+MODELS = HARNESS + '''
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+
+def decoder(family):
+    if family == "llama":
+        return LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32))
+    if family == "qwen2":
+        return Qwen2ForCausalLM(Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32))
+    return GPT2LMHeadModel(GPT2Config(vocab_size=96, n_embd=32, n_layer=4, n_head=4, n_positions=32,
+                                      resid_pdrop=0.0, attn_pdrop=0.0, embd_pdrop=0.0, bos_token_id=0,
+                                      eos_token_id=0))
+'''
+
+# how every job's script ends: rank 0 writes the results, the ranks leave together
+SCRIPT_END = '''
+if rank == 0:
+    json.dump(results, open(out, "w"))
+dist.barrier()
+dist.destroy_process_group()
+exit_now(0)     # no interpreter finalization: gloo's threads releasing tensors in it can abort a finished rank
+'''
+
 SCRIPT = '''
 import json, os, sys
 import torch.distributed as dist
@@ -81,23 +94,19 @@ for family in sys.argv[2:]:
     p = train.plan
     results[family] = {"losses": losses, "dp": p.dp, "tp": p.tp, "pp": p.pp, "zero": p.zero,
                        "stages": [list(s) for s in p.stages], "tp_plan": p.tp_plan, "notes": list(p.notes)}
-if rank == 0:
-    json.dump(results, open(out, "w"))
-dist.barrier()
-dist.destroy_process_group()
-exit_now(0)     # no interpreter finalization: gloo's threads releasing tensors in it can abort a finished rank
-'''
+''' + SCRIPT_END
 
 
-def _scope() -> dict:
+def scope_of(models: str = MODELS) -> dict:
+    """The names a job's script defines before its own lines (``models``: the decoders and ``HARNESS``)."""
     scope: dict = {}
-    exec(MODELS, scope)
+    exec(models, scope)
     return scope
 
 
 def _reference(family: str) -> list[float]:
     """One process, the whole batch, AdamW lr 1e-3 (auto_parallelize's optimizer)."""
-    scope = _scope()
+    scope = scope_of()
     torch.manual_seed(0)
     net = scope["Logits"](scope["decoder"](family))
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3, foreach=False)
@@ -112,13 +121,15 @@ def _reference(family: str) -> list[float]:
     return losses
 
 
-def _torchrun(tmp_path, world: int) -> dict:
-    script = tmp_path / "train.py"
-    script.write_text(MODELS + SCRIPT)
+def torchrun(tmp_path, script: str, world: int, *args: str) -> dict:
+    """``script`` run by ``world`` torchrun processes with arguments (the results file, then ``args``): the results
+    rank 0 wrote."""
+    path = tmp_path / "train.py"
+    path.write_text(script)
     out = tmp_path / "out.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                           str(world), str(script), str(out), *FAMILIES], env=env, capture_output=True, text=True,
+                           str(world), str(path), str(out), *args], env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text())
@@ -127,7 +138,7 @@ def _torchrun(tmp_path, world: int) -> dict:
 @pytest.mark.distributed                  # auto_parallelize inside torchrun jobs
 @pytest.mark.parametrize("world", [2, 4])
 def test_auto_parallelize_trains_transformers_decoders_as_planned(tmp_path, world):
-    results = _torchrun(tmp_path, world)
+    results = torchrun(tmp_path, MODELS + SCRIPT, world, *FAMILIES)
     for family in FAMILIES:
         got = results[family]
         assert got["dp"] * got["tp"] * got["pp"] == world, (family, got)

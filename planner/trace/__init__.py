@@ -18,6 +18,7 @@ Modules:
   build.py      per-token Ops, Layers and the LayerGraph
   opgraph.py    the networkx operator graph
   tracer.py     trace / trace_module / TraceResult
+  experts.py    which routed experts the executor can split over ep ranks (transformers' grouped experts)
   load.py       --model file.py:factory / package.module:factory and --example-input
   measured.py   per-op measured times (meshplan profile --ops): storage and attachment (no torch);
                 the timing itself is the profiler's (executor/profile/ops.py)

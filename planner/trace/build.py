@@ -397,13 +397,14 @@ def _names(b: Builder) -> dict[tuple, str]:
 
 def _layer(b: Builder, span: LayerSpan, groups: list[_Group], saved: dict, names: dict,
            unused: list[tuple[str, tuple[int, bool]]], has_backward: bool) -> Layer:
-    ops, fwd_elems, column_inputs, expert_elems = [], 0.0, {}, 0.0
+    ops, fwd_elems, column_inputs, expert_elems, experts = [], 0.0, {}, 0.0, set()
     for g in groups:
         mine = saved.get(g.key, [])
         if g.kind == "linear":
             op, ar, cols = _linear_op(b, g, names[g.key], mine)
             fwd_elems += ar
             expert_elems += ar if op.expert else 0.0
+            experts |= {g.module} if op.expert else set()
             for storage, elems in cols:
                 column_inputs[storage] = max(column_inputs.get(storage, 0.0), elems)
         elif g.kind == "attention":
@@ -420,7 +421,7 @@ def _layer(b: Builder, span: LayerSpan, groups: list[_Group], saved: dict, names
     bwd_elems = sum(column_inputs.values())
     call = b.cap.modules.get(span.path)
     out = call.output.numel / b.t.tokens if call and call.output else 0.0
-    ops = _mark_routed(ops)
+    ops = _mark_routed(ops, experts)
     # the routed experts' share of the TP collectives (their row-parallel output, one width per token each way):
     # under expert parallelism an all-to-all moves their tokens instead (Layer.tp_allreduce_expert_elems), unless
     # the layer also has dense (shared) experts, which keep the pair
@@ -433,12 +434,11 @@ def _layer(b: Builder, span: LayerSpan, groups: list[_Group], saved: dict, names
     return replace(layer, signature=signature(layer))
 
 
-def _mark_routed(ops: list[Op]) -> list[Op]:
-    """Grouped expert GEMMs (``num_gemms`` > 1: a MoE layer's routed experts, one weight of E matrices) run on the
-    tokens routed to experts, and so does the elementwise work recorded inside their module (the activation between
-    them): each is ``Op.expert``."""
+def _mark_routed(ops: list[Op], modules: set[str]) -> list[Op]:
+    """Grouped expert GEMMs (``num_gemms`` > 1: a MoE layer's routed experts, one weight of E matrices, held by
+    ``modules``) run on the tokens routed to experts, and so does the elementwise work recorded inside their module
+    (the activation between them): each is ``Op.expert``."""
     from dataclasses import replace
-    modules = {op.name.rsplit(".", 1)[0] for op in ops if op.expert}
     if not modules:
         return ops
     inside = tuple(m + sep for m in modules for sep in (".", ":"))
@@ -502,7 +502,5 @@ def build_graph(cap: Capture, cls: Classified, spans: list[LayerSpan], layer_of:
                        tied_params=b.tied_params if b.tied_layers else 0, source=source,
                        tied_frozen=bool(b.tied_weights) and b.tied_weights <= cap.frozen_params,
                        warnings=tuple(cap.warnings) + _mixed_warning(b),
-                       num_experts=max((op.num_gemms for op in all_ops if op.expert), default=0),
-                       splits_experts=False, experts_why="meshplan's executor splits the experts of its own reference "
-                       "models (executor/moe.py), not a traced module's")
+                       num_experts=max((op.num_gemms for op in all_ops if op.expert), default=0))
     return graph, b

@@ -55,6 +55,7 @@ def trace_module(module, example_inputs, *, name: str | None = None, loss_fn=Non
     from .build import build_graph, count_tokens
     from .capture import capture
     from .cut import pipeline_cuts
+    from .experts import expert_split
     from .classify import classify, is_norm_class
     from .opgraph import build_op_graph
     from .structure import assign_ops, layer_spans
@@ -77,6 +78,10 @@ def trace_module(module, example_inputs, *, name: str | None = None, loss_fn=Non
         can, why = pipeline_cuts(module, [layer.name for layer in graph.layers],
                                  [layer.is_block for layer in graph.layers])
         graph = replace(graph, pipelines=can, pipeline_why=why)
+    if graph.num_experts:
+        can, why = expert_split(module, [op.name for layer in graph.layers for op in layer.ops
+                                         if op.expert and op.kind == "linear" and op.num_gemms > 1])
+        graph = replace(graph, splits_experts=can, experts_why=why)
     layer_names = {i: spans[li].path for i, li in layer_of.items()}
     group_names = {i: builder.names[key] for i, key in builder.group_of.items()}
     op_graph = build_op_graph(cap, cls.kind, layer_names, group_names)
