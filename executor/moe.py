@@ -317,17 +317,17 @@ def update_expert_bias(models, group=None) -> None:
     """DeepSeek-V3's auxiliary-loss-free balancing (arXiv:2412.19437, Sec 2.1.2), after each optimizer step: each
     MoE block's bias moves by its rate toward balance, up for the experts that got fewer tokens than the mean over
     the step and down for those that got more (torchtitan's and Megatron-Core's update, on the tokens of the global
-    batch: the counts summed over ``group``, the ranks holding other tokens of the same layers, dp x cp); the
-    counts start again."""
-    for model in models:
-        for moe in moe_blocks(model).values():
-            if not moe.bias_rate:
-                continue
-            counts = moe.tokens_per_expert
-            if group is not None:
-                dist.all_reduce(counts, group=group)
-            moe.expert_bias += moe.bias_rate * torch.sign(counts.mean() - counts)
-            counts.zero_()
+    batch: the counts summed over ``group``, the ranks holding other tokens of the same layers, dp x cp, in one
+    all-reduce of every block's counts stacked, as torchtitan's optimizer hook sums them); the counts start again."""
+    blocks = [moe for model in models for moe in moe_blocks(model).values() if moe.bias_rate]
+    if not blocks:
+        return
+    counts = torch.stack([moe.tokens_per_expert for moe in blocks])       # (blocks, E)
+    if group is not None:
+        dist.all_reduce(counts, group=group)
+    for moe, got in zip(blocks, counts):
+        moe.expert_bias += moe.bias_rate * torch.sign(got.mean() - got)
+        moe.tokens_per_expert.zero_()
 
 
 def moe_blocks(model: nn.Module) -> dict[str, MoE]:

@@ -132,7 +132,7 @@ def test_auto_parallelize_splits_transformers_experts(tmp_path, world, ep, zero,
         losses, grads, params = _reference(family)
         assert_losses(got["losses"], losses, against=f"single process ({family}, {world} processes)")
         for rank in range(world):
-            saved = torch.load(tmp_path / f"out.json.{family}.{rank}.pt")
+            saved = torch.load(tmp_path / f"out.json.{family}.{rank}.pt", weights_only=True)
             _assert_close(saved["grads"], grads, f"{family} rank {rank} gradient of", atol=1e-6)
             _assert_close(saved["params"], params, f"{family} rank {rank} parameter", atol=1e-5)
 
