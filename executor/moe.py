@@ -11,8 +11,10 @@ logits in fp32, the top-k experts, their weights renormalised to sum to one, and
 ``sum_k w_k expert_k(x) + shared(x)`` (the shared part times ``sigmoid(gate(x))`` with a shared-expert gate:
 Qwen2-MoE, whose weights are not renormalised). DeepSeek-V3's (arXiv:2412.19437, Sec 2.1.2): sigmoid affinities,
 the top-k within the best expert groups, renormalised and scaled, with its per-expert bias for auxiliary-loss-free
-balancing, which chooses experts but weights none (``update_expert_bias``). Every token reaches its k experts: no
-capacity factor, no token dropped.
+balancing, which chooses experts but weights none (``update_expert_bias``), which the executor applies to every
+mixture of experts as torchtitan does (at DeepSeek-V3's rate where the spec has one, else ``LOAD_BALANCE_RATE``):
+the cost model prices balanced routing, and without it a softmax router's choices drift to a few experts. Every token
+reaches its k experts: no capacity factor, no token dropped.
 
 Expert parallelism as torchtitan runs it (``torchtitan/models/common/token_dispatcher.py``,
 ``AllToAllTokenDispatcher``): the experts of each MoE block are split over the ``ep`` ranks (rank r holds
@@ -24,6 +26,7 @@ all-to-all is the reverse all-to-all).
 """
 from __future__ import annotations
 
+import contextlib
 import types
 
 import torch
@@ -34,6 +37,13 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from planner.model import GPT_OSS_SWIGLU_ALPHA, ModelSpec
 from planner.trace.experts import grouped_experts
+
+
+# torchtitan's MoE.Config.load_balance_coeff default (torchtitan/models/common/moe.py at b5bcd76c6, also set by its
+# GPT-OSS, Qwen3 and DeepSeek-V3 flavours): the bias of auxiliary-loss-free balancing (Wang et al. 2024,
+# arXiv:2408.15664) moves by this much a step for every MoE, softmax-scored ones included (Megatron-Core refuses the
+# bias on softmax scores: a Megatron export of such a model has none, ModelSpec.router_bias_rate 0)
+LOAD_BALANCE_RATE = 1e-3
 
 
 def route(logits: torch.Tensor, k: int, *, scores: str = "softmax", renormalize: bool = True, groups: int = 0,
@@ -206,10 +216,11 @@ class MoE(nn.Module):
         self.limit = spec.swiglu_limit      # GPT-OSS's clamped SwiGLU where > 0
         self.routing = dict(scores=spec.router_scores, renormalize=spec.router_renormalize, groups=spec.router_groups,
                             groups_used=spec.router_groups_used, scale=spec.router_scale)     # ``route``'s
-        self.bias_rate = spec.router_bias_rate
-        if self.bias_rate:      # DeepSeek-V3's balancing bias, and the tokens each expert got since its last update
-            self.register_buffer("expert_bias", torch.zeros(e))
-            self.register_buffer("tokens_per_expert", torch.zeros(e), persistent=False)
+        # the balancing bias and the tokens each expert got since its last update: at the spec's rate (DeepSeek-V3's),
+        # else at torchtitan's for every mixture of experts, softmax routers' too (``LOAD_BALANCE_RATE``)
+        self.bias_rate = spec.router_bias_rate or LOAD_BALANCE_RATE
+        self.register_buffer("expert_bias", torch.zeros(e))
+        self.register_buffer("tokens_per_expert", torch.zeros(e), persistent=False)
         self.shared = SharedExperts(spec) if spec.shared_experts else None
         self.ep_group = None        # the ranks the experts are split over (``apply_ep``); None: all here
         self.ep = 1
@@ -226,16 +237,14 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape                                                   # (B, S, h)
         tokens = x.reshape(-1, shape[-1])                                 # (T, h)
-        weights, chosen = route(self.router(tokens), self.top_k, **self.routing,
-                                bias=self.expert_bias if self.bias_rate else None)     # (T, k), (T, k)
+        weights, chosen = route(self.router(tokens), self.top_k, **self.routing, bias=self.expert_bias)  # (T, k) x 2
         order = chosen.flatten().argsort(stable=True)                     # (T k,): pairs sorted by expert
         # rows per expert without a copy to the host (torch.bincount reads the largest index back on a GPU)
         flat = chosen.flatten()
         counts = torch.zeros(self.num_experts, dtype=torch.long, device=flat.device).scatter_add_(
             0, flat, torch.ones_like(flat))                               # (E,)
-        if self.bias_rate:      # a recomputed forward counts its layer's tokens twice: the update's signs stay
-            with torch.no_grad():
-                self.tokens_per_expert += counts
+        with torch.no_grad():   # a recomputed forward counts its layer's tokens twice: the update's signs stay
+            self.tokens_per_expert += counts
         # in the experts' compute dtype from here (autocast's): what the dispatch sends, as torchtitan's does
         routed = tokens[order // self.top_k].to(compute_dtype(tokens))   # (T k, h)
         if self.ep_group is None:
@@ -319,7 +328,7 @@ def update_expert_bias(models, group=None) -> None:
     the step and down for those that got more (torchtitan's and Megatron-Core's update, on the tokens of the global
     batch: the counts summed over ``group``, the ranks holding other tokens of the same layers, dp x cp, in one
     all-reduce of every block's counts stacked, as torchtitan's optimizer hook sums them); the counts start again."""
-    blocks = [moe for model in models for moe in moe_blocks(model).values() if moe.bias_rate]
+    blocks = list(moe for model in models for moe in moe_blocks(model).values())
     if not blocks:
         return
     counts = torch.stack([moe.tokens_per_expert for moe in blocks])       # (blocks, E)
@@ -328,6 +337,19 @@ def update_expert_bias(models, group=None) -> None:
     for moe, got in zip(blocks, counts):
         moe.expert_bias += moe.bias_rate * torch.sign(got.mean() - got)
         moe.tokens_per_expert.zero_()
+
+
+@contextlib.contextmanager
+def kept_counts(model: nn.Module):
+    """The tokens each MoE block of ``model`` counted for its balancing bias, as they were before the block of code
+    this wraps (a forward that is not training's)."""
+    blocks = list(moe_blocks(model).values())
+    saved = [moe.tokens_per_expert.clone() for moe in blocks]
+    try:
+        yield
+    finally:
+        for moe, counts in zip(blocks, saved):
+            moe.tokens_per_expert.copy_(counts)
 
 
 def moe_blocks(model: nn.Module) -> dict[str, MoE]:

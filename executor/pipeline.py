@@ -33,6 +33,7 @@ from planner.trace.cut import fx_cut, how_to_cut
 
 from .hf_stages import decoder_stages
 from .models import Transformer, build_model
+from .moe import kept_counts
 from .support import runnable_schedule
 
 
@@ -105,11 +106,23 @@ def build_schedule(stage_models: list[tuple[int, torch.nn.Module]], *, num_stage
     for index, module in stage_models:
         if index < num_stages - 1 and not any(p.requires_grad for p in module.parameters()):
             module.register_forward_hook(_output_needs_grad)
-    stages = [PipelineStage(module, index, num_stages, device, group=group) for index, module in stage_models]
+    stages = [_Stage(module, index, num_stages, device, group=group) for index, module in stage_models]
     record = SCHEDULES[runnable_schedule(schedule, num_microbatches, pp_mesh.size())]
     cls = get_schedule_class(record.torch_name)
     return cls(stages if record.virtual_stages else stages[0], n_microbatches=num_microbatches, loss_fn=loss_fn,
                scale_grads=False)
+
+
+class _Stage(PipelineStage):
+    """torch's stage, but its shape inference leaves no count behind: torch 2.13 infers a stage's shapes by running
+    its forward once on the first step's inputs (the first stage) or on empty tensors of the received shapes (the
+    others: torch/distributed/pipelining/stage.py ``_forward_metadata_inference``), and that run's routing would add
+    to the tokens each expert got this step, which the balancing bias follows (executor/moe.py
+    ``update_expert_bias``): the counts are put back as they were."""
+
+    def _forward_metadata_inference(self, *args, **kwargs):
+        with kept_counts(self.submod):
+            return super()._forward_metadata_inference(*args, **kwargs)
 
 
 def _output_needs_grad(module: nn.Module, args, output):
