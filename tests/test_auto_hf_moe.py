@@ -142,12 +142,11 @@ def test_the_trace_says_whose_experts_the_executor_splits():
     module of the user's own holding its experts as one stacked weight (a grouped GEMM over a fixed share of the
     rows each) but called its own way: not split, the reason given, a fixed ep refused naming it; and only the
     experts' own work counted as routed, not the block's norm beside them."""
-    from torch import nn
-
     from planner.api import Knobs, plan_graph
     from planner.config import Workload
     from planner.errors import UserError
     from planner.trace import trace
+    from trace_models import stacked_experts
 
     scope = scope_of(MODELS)
     graph = trace(scope["Logits"](scope["decoder"]("mixtral")), scope["EXAMPLE"], runnable=True)
@@ -156,38 +155,11 @@ def test_the_trace_says_whose_experts_the_executor_splits():
                       knobs=Knobs(ep=2))
     assert plan.best.config.ep == 2
 
-    class Experts(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.weight = nn.Parameter(torch.randn(4, 32, 32) / 32)
-
-        def forward(self, x):
-            offs = torch.arange(1, 5, dtype=torch.int32) * (x.shape[0] // 4)    # a quarter of the rows each
-            return torch._grouped_mm(x, self.weight, offs=offs)
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.norm, self.experts = nn.LayerNorm(32), Experts()
-
-        def forward(self, x):
-            return x + self.experts(self.norm(x))
-
-    class Mine(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.blocks = nn.ModuleList(Block() for _ in range(2))
-
-        def forward(self, x):
-            for block in self.blocks:
-                x = block(x)
-            return x
-
-    graph = trace(Mine(), (torch.randn(8, 32),), runnable=True)
+    graph = trace(*stacked_experts(), runnable=True)
     assert graph.num_experts == 4 and not graph.splits_experts, (graph.num_experts, graph.splits_experts)
-    assert "'blocks.0.experts' are not in a transformers grouped-experts module" in graph.experts_why
+    assert "'0.experts' are not in a transformers grouped-experts module" in graph.experts_why
     routed = {op.name for layer in graph.layers for op in layer.ops if op.expert}
-    assert routed == {"blocks.0.experts", "blocks.1.experts"}, routed
+    assert routed == {"0.experts", "1.experts"}, routed
     with pytest.raises(UserError, match="grouped-experts module"):
         plan_graph(graph, "cpu-gloo", Workload(global_batch=8, seq_len=graph.seq_len, precision="fp32"), gpus=2,
                    knobs=Knobs(ep=2))

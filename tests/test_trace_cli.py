@@ -33,6 +33,22 @@ def test_trace_a_zoo_model_against_its_analytical_graph(capsys):
     assert "analytical graph: 1.652B parameters; traced/analytical model FLOPs 1.0000" in out
 
 
+def test_trace_says_whether_the_executor_splits_the_experts(capsys):
+    """transformers' grouped experts split over expert-parallel ranks; a stacked weight called another way stays
+    whole on every rank, the reason named; --json carries both."""
+    pytest.importorskip("transformers")
+    assert main(["trace", f"{MODELS}:tiny_mixtral"]) == 0
+    assert ("mixture of experts: 4 routed experts a layer, 2 a token; meshplan's executor splits them over "
+            "expert-parallel ranks (ep)") in capsys.readouterr().out
+    assert main(["trace", f"{MODELS}:stacked_experts"]) == 0
+    out = capsys.readouterr().out
+    assert ("mixture of experts: 4 routed experts a layer, 1 a token; meshplan's executor keeps them whole on every "
+            "rank (ep 1): the experts of '0.experts' are not in a transformers grouped-experts module") in out
+    assert main(["trace", f"{MODELS}:stacked_experts", "--json"]) == 0
+    experts = json.loads(capsys.readouterr().out)["experts"]
+    assert (experts["routed"], experts["splits"], experts["per_token"]) == (4, False, 1)
+
+
 def test_plan_a_module_with_an_untraceable_part(capsys):
     rc = main(["plan", "--model", f"{MODELS}:untraceable", "--cluster", "cpu-gloo", "--gpus", "2",
                "--global-batch", "8", "--json"])

@@ -189,6 +189,39 @@ def custom_moe():
     return TinyTransformer(layers=2, block=MoEBlock), ids()
 
 
+def tiny_mixtral():
+    """transformers' Mixtral at ``tiny_hf_config`` widths: 4 grouped experts a layer, top 2."""
+    import transformers
+    return transformers.MixtralForCausalLM(tiny_hf_config("mixtral")), ids()
+
+
+class StackedExperts(nn.Module):
+    """Four experts as one stacked weight, a grouped GEMM over a fixed quarter of the rows each: experts, but called
+    the module's own way (no router, no top-k ids)."""
+
+    def __init__(self, width=WIDTH, experts=4):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(experts, width, width) / width)
+
+    def forward(self, x):                       # x: (N, C), N divisible by the experts
+        experts = self.weight.shape[0]
+        offs = torch.arange(1, experts + 1, dtype=torch.int32) * (x.shape[0] // experts)
+        return torch._grouped_mm(x, self.weight, offs=offs)
+
+
+class StackedExpertsBlock(nn.Module):
+    def __init__(self, width=WIDTH):
+        super().__init__()
+        self.norm, self.experts = nn.LayerNorm(width), StackedExperts(width)
+
+    def forward(self, x):
+        return x + self.experts(self.norm(x))
+
+
+def stacked_experts():
+    return nn.Sequential(StackedExpertsBlock(), StackedExpertsBlock()), torch.randn(8, WIDTH)
+
+
 def not_a_module():
     return 42
 

@@ -69,6 +69,10 @@ def run(args) -> int:
                "model_flops_per_token": graph.model_flops_per_token(graph.seq_len),
                "saved_activation_bytes": result.saved_activation_bytes,
                "operators": result.op_graph.number_of_nodes(), "warnings": list(result.warnings)}
+    if graph.num_experts:
+        summary["experts"] = {"routed": graph.num_experts, "splits": graph.splits_experts, "why": graph.experts_why,
+                              "per_token": max(op.tokens_factor for layer in graph.layers for op in layer.ops
+                                               if op.expert and op.num_gemms > 1)}
     if spec is not None:
         analytical = build_layer_graph(spec)
         summary["analytical"] = {"params": analytical.num_params,
@@ -102,6 +106,11 @@ def format_trace(s: dict, rows: list[dict]) -> str:
              f"  forward {s['fwd_flops'] / 1e12:.3f} TFLOP, backward {s['bwd_flops'] / 1e12:.3f} TFLOP, "
              f"saved activations {s['saved_activation_bytes'] / 2**20:.1f} MiB (this runtime, trace dtype)",
              f"  {s['blocks']} blocks, {s['distinct_layers']} distinct layers costed"]
+    if "experts" in s:
+        e = s["experts"]
+        lines.append(f"  mixture of experts: {e['routed']} routed experts a layer, {e['per_token']:g} a token; "
+                     + ("meshplan's executor splits them over expert-parallel ranks (ep)" if e["splits"] else
+                        f"meshplan's executor keeps them whole on every rank (ep 1): {e['why']}"))
     if "analytical" in s:
         a = s["analytical"]
         lines.append(f"  analytical graph: {_count(a['params'])} parameters; traced/analytical model FLOPs "
