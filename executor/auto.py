@@ -155,7 +155,7 @@ def apply_plan(module: nn.Module, plan: Plan, doc: dict, *, device: torch.device
     zero, notes = c.zero, ()
     dims = ParallelDims.from_config(c, world)
     mesh, dp_mesh, dp_cp_mesh = dims.build_mesh(device.type)     # no context parallelism here: dp x cp is dp
-    expert_mesh = dims.build_expert_mesh(dp_cp_mesh)               # (efsdp, ep) under expert parallelism, or None
+    expert_mesh = dims.build_expert_mesh(mesh)               # (efsdp, ep) under expert parallelism, or None
     tied, tied_group = {}, None
     if c.pp > 1:
         indices = stage_indices(len(plan.stages), c.pp, mesh["pp"].get_local_rank(), c.schedule)

@@ -158,14 +158,14 @@ def _check_params(model: nn.Module, plan: Plan, dims: ParallelDims, coords: dict
     return problems
 
 
-def _check_zero1(optimizer: ShardedAdamW, coords: dict[str, int], n: int) -> list[str]:
+def _check_zero1(optimizer: ShardedAdamW, coords: dict[str, int], n: int, efsdp: int) -> list[str]:
     """The AdamW rows each ZeRO-1 rank owns: its chunk of the local tensor's rows over the ``n``
-    dp_cp ranks, a split expert's over the efsdp ranks."""
+    dp_cp ranks, a split expert's over the ``efsdp`` ranks."""
     problems = []
     for s in optimizer.shards:
         local = s.param.to_local() if isinstance(s.param, DTensor) else s.param
         experts = optimizer.replicas_of(s.param).mesh is not optimizer.dp_mesh
-        where, among = (coords["efsdp"], n // coords["ep_size"]) if experts else (coords["dp_cp"], n)
+        where, among = (coords["efsdp"], efsdp) if experts else (coords["dp_cp"], n)
         dim = expert_shard_dim(s.param, among) if experts else 0
         rows = _chunk(local.shape[dim] if local.dim() else 1, among, where)
         got = optimizer.state[s.param]["exp_avg"].shape
@@ -249,7 +249,7 @@ def _build_rank(plan: Plan, dims: ParallelDims, meshes, pp_rank: int, own: bool)
         optimizer = make_optimizer(part, lr=1e-3, zero=c.zero, dp_mesh=dp_cp_mesh, optimizer_offload=c.optimizer_offload,
                                    expert_mesh=expert_mesh)
         if isinstance(optimizer, ShardedAdamW):
-            report.problems += _check_zero1(optimizer, {**coords, "ep_size": dims.ep}, dp_cp_mesh.size())
+            report.problems += _check_zero1(optimizer, coords, dp_cp_mesh.size(), dims.efsdp)
         device, host = _state_bytes(part, optimizer, deferred=c.pp > 1 and c.zero >= 2)
         report.params_bytes += device["params"]
         report.grads_bytes += device["grads"]
@@ -269,7 +269,7 @@ def _fake_world(plan: Plan, dims: ParallelDims, rank: int) -> list[RankReport]:
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=dims.world_size)
     try:
         meshes = dims.build_mesh("cpu")
-        meshes = (*meshes, dims.build_expert_mesh(meshes[2]))
+        meshes = (*meshes, dims.build_expert_mesh(meshes[0]))
         own = meshes[0]["pp"].get_local_rank()
         return [_build_rank(plan, dims, meshes, r, own=r == own) for r in range(plan.config.pp)]
     finally:

@@ -84,7 +84,7 @@ class ParallelDims:
     cp: int
     tp: int
     world_size: int
-    ep: int = 1             # expert parallel: routed experts split over ep of the dp x cp ranks
+    ep: int = 1             # expert parallel: routed experts split over ep of the dp x cp x tp ranks
 
     def __post_init__(self):
         for name in MESH_DIM_NAMES:
@@ -96,8 +96,8 @@ class ParallelDims:
             raise UserError(f"pp x dp x cp x tp = {self.pp} x {self.dp} x {self.cp} x {self.tp} = {product} but "
                             f"the job has {self.world_size} processes; launch with --nproc {product} or plan for "
                             f"{self.world_size} GPUs", field="config")
-        if not isinstance(self.ep, int) or self.ep < 1 or (self.dp * self.cp) % self.ep:
-            raise UserError(f"ep {self.ep} must divide dp x cp = {self.dp * self.cp}", field="config.ep")
+        if not isinstance(self.ep, int) or self.ep < 1 or (self.dp * self.cp * self.tp) % self.ep:
+            raise UserError(f"ep {self.ep} must divide dp x cp x tp = {self.dp * self.cp * self.tp}", field="config.ep")
 
     @classmethod
     def from_config(cls, config: ParallelConfig, world_size: int) -> "ParallelDims":
@@ -112,8 +112,9 @@ class ParallelDims:
 
     @property
     def efsdp(self) -> int:
-        """Ranks holding the same experts: dp x cp / ep."""
-        return self.dp * self.cp // self.ep
+        """Ranks holding the same experts: dp x cp x tp / ep (torchtitan's expert region: the routed experts are
+        not tensor parallel, each tp rank routes its own share of the sequence)."""
+        return self.dp * self.cp * self.tp // self.ep
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -129,9 +130,12 @@ class ParallelDims:
         dp_cp = mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
         return mesh, mesh["dp_replicate", "dp_shard"]._flatten("dp"), dp_cp
 
-    def build_expert_mesh(self, dp_cp_mesh):
-        """The experts' mesh (``efsdp``, ``ep``): the ``dp_cp`` ranks unflattened, ep innermost; None
-        without expert parallelism. Built once per job (it creates process groups)."""
+    def build_expert_mesh(self, mesh):
+        """The experts' mesh (``efsdp``, ``ep``) of a pipeline stage's ranks: the data-parallel, context-parallel and
+        tensor-parallel ranks of the world ``mesh`` (``build_mesh``'s) flattened and unflattened again, ep innermost
+        (torchtitan's sparse mesh); None without expert parallelism. Built once per job (it creates process
+        groups)."""
         if self.ep == 1:
             return None
-        return dp_cp_mesh._unflatten(0, (self.efsdp, self.ep), ("efsdp", "ep"))
+        region = mesh["dp_replicate", "dp_shard", "cp", "tp"]._flatten("experts")
+        return region._unflatten(0, (self.efsdp, self.ep), ("efsdp", "ep"))

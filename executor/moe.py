@@ -256,8 +256,8 @@ class MoE(nn.Module):
         out = out * weights.flatten()[order].unsqueeze(-1)                # (T k, h)
         # in the experts' dtype (bf16 under autocast, as a dense MLP's output is)
         y = out.new_zeros(tokens.shape).index_add(0, order // self.top_k, out)  # (T, h)
-        if self.shared is not None:
-            y = y + self.shared(tokens)
+        if self.shared is not None:     # on (B, S, h): under TP its styles take the sequence as dim 1
+            y = y + self.shared(x).reshape(y.shape)
         return y.view(shape)
 
 
@@ -322,17 +322,18 @@ def _grouped_experts_forward(self, hidden_states: torch.Tensor, top_k_index: tor
     return out.new_zeros(hidden_states.shape).index_add(0, order // k, out).to(hidden_states.dtype)
 
 
-def update_expert_bias(models, group=None) -> None:
+def update_expert_bias(models, groups=()) -> None:
     """DeepSeek-V3's auxiliary-loss-free balancing (arXiv:2412.19437, Sec 2.1.2), after each optimizer step: each
     MoE block's bias moves by its rate toward balance, up for the experts that got fewer tokens than the mean over
     the step and down for those that got more (torchtitan's and Megatron-Core's update, on the tokens of the global
-    batch: the counts summed over ``group``, the ranks holding other tokens of the same layers, dp x cp, in one
-    all-reduce of every block's counts stacked, as torchtitan's optimizer hook sums them); the counts start again."""
+    batch: the counts summed over ``groups``, whose ranks together hold the other tokens of the same layers, dp x cp
+    x tp under tensor parallelism's sequence split, each an all-reduce of every block's counts stacked, as
+    torchtitan's optimizer hook sums them); the counts start again."""
     blocks = list(moe for model in models for moe in moe_blocks(model).values())
     if not blocks:
         return
     counts = torch.stack([moe.tokens_per_expert for moe in blocks])       # (blocks, E)
-    if group is not None:
+    for group in groups:
         dist.all_reduce(counts, group=group)
     for moe, got in zip(blocks, counts):
         moe.expert_bias += moe.bias_rate * torch.sign(got.mean() - got)

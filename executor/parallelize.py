@@ -51,8 +51,9 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
-                                               RowwiseParallel, SequenceParallel, parallelize_module)
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput,
+                                               PrepareModuleOutput, RowwiseParallel, SequenceParallel,
+                                               parallelize_module)
 
 from planner.errors import UserError
 from planner.plan import Plan
@@ -61,7 +62,7 @@ from .context import apply_cp
 from .lora import LoraConfig, apply_lora
 from .mesh import ParallelDims
 from .models import Attention, LatentAttention, SinkAttention, materialize, sdpa
-from .moe import apply_ep, expert_units
+from .moe import MoE, apply_ep, expert_units
 from .qlora import quantize_base
 from .activations import apply_policy
 from .selective import selective_forward
@@ -132,6 +133,8 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, tp_plan: dict[str, str], *, 
     for path, module in modules.items():
         if isinstance(module, Attention) and module.qk_norm is not None:
             _norm_heads(styles, path, tp_plan)
+        if isinstance(module, MoE):
+            _moe_styles(styles, path, module, tp_plan)
     parallelize_module(model, tp_mesh, styles)
     for path, module in modules.items():
         if isinstance(module, LatentAttention) and tp_plan.get(f"{path}.kv_up") == "colwise":
@@ -152,6 +155,31 @@ def _norm_heads(styles: dict, path: str, tp_plan: dict[str, str]) -> None:
     for norm, proj in (("q", "q_proj"), ("k", "k_proj")):
         if tp_plan.get(f"{path}.{proj}") == "colwise":
             styles[f"{path}.qk_norm.{norm}"] = SequenceParallel(sequence_dim=2, use_local_output=True)
+
+
+def _moe_styles(styles: dict, path: str, moe: MoE, tp_plan: dict[str, str]) -> None:
+    """The styles of MoE block ``path`` under tensor parallelism, as torchtitan runs one (the runtime table makes it
+    sequence parallel and its experts split over ep ranks): the block takes and gives back its rank's share of the
+    sequence as a plain tensor, which it routes itself; its routed experts are not tensor parallel (expert
+    parallelism splits them; the plan's column and row entries for them are dropped); the router and, where the
+    plan replicates them, the shared experts run on the rank's tokens with their weights replicated, their
+    gradients, partial on each rank, summed over the tp ranks (DTensor's SequenceParallel, as for a norm); shared
+    experts the plan splits run as a dense MLP does (their input gathered, their output reduce-scattered), and
+    Qwen2-MoE's gate beside them as a row-parallel linear of that gathered input, reduce-scattered the same way."""
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        styles.pop(f"{path}.{name}", None)
+    styles[path] = PrepareModuleInputOutput(
+        input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_input=True,
+        output_layouts=(Shard(1),), desired_output_layouts=(Shard(1),), use_local_output=True)
+    styles[f"{path}.router"] = SequenceParallel(sequence_dim=0, use_local_output=True)    # on (tokens, h)
+    if moe.shared is None:
+        return
+    if tp_plan.get(f"{path}.shared.gate_proj") == "colwise":
+        if moe.shared.gate is not None:
+            styles[f"{path}.shared.gate"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+    else:       # each linear its own (SequenceParallel replicates the parameters of a leaf module)
+        for name, _ in moe.shared.named_children():
+            styles[f"{path}.shared.{name}"] = SequenceParallel(use_local_output=True)
 
 
 def shard_embedding_grads(model: nn.Module, tp_plan: dict[str, str]) -> None:

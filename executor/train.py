@@ -80,7 +80,12 @@ class Job:
         self.plan, self.options, self.device = plan, options, device
         self.dims = ParallelDims.from_config(c, dist.get_world_size())
         self.mesh, self.dp_mesh, self.grad_mesh = self.dims.build_mesh(device.type)   # grad: dp x cp
-        self.expert_mesh = self.dims.build_expert_mesh(self.grad_mesh)                # (efsdp, ep) or None
+        self.expert_mesh = self.dims.build_expert_mesh(self.mesh)                # (efsdp, ep) or None
+        # the groups whose ranks together hold every token of a stage's layers: dp x cp, and tp too where the MoE
+        # blocks route the tp ranks' shares of the sequence (the expert region's two dimensions)
+        regions = ([self.expert_mesh["efsdp"], self.expert_mesh["ep"]] if self.expert_mesh is not None
+                   else [self.grad_mesh])
+        self.token_groups = [m.get_group() for m in regions if m.size() > 1]
         self.pp_rank = self.mesh["pp"].get_local_rank()
         self.dp_rank = self.dp_mesh.get_local_rank()
         mine = stage_indices(len(plan.stages), c.pp, self.pp_rank, c.schedule)
@@ -236,7 +241,7 @@ def train_step(job: Job, step: int, meter: SavedTensorMeter | None = None, dump_
     if dump_grads:
         write_grads(job, dump_grads)
     optimizer_step(job.optimizers, job.trained)
-    update_expert_bias(job.trained, job.grad_mesh.get_group() if job.grad_mesh.size() > 1 else None)
+    update_expert_bias(job.trained, job.token_groups)
     return global_loss(local, mesh=job.mesh, dp_mesh=job.grad_mesh, dp=job.grad_mesh.size())
 
 

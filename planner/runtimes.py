@@ -62,6 +62,8 @@ class Combinations:
     #   ep_size, which must divide the data-parallel size: deepspeed/utils/groups.py); "none": ep 1 only
     expert_dispatchers: tuple[str, ...] = ("alltoall",)     # how tokens reach their experts (Workload.expert_dispatcher)
     experts_with_tp: bool = True            # a mixture of experts runs with tp > 1 (its dense layers tensor parallel)
+    experts_split_by_tp: bool = True        # ... and at ep 1 its routed experts split over the tp ranks (expert tensor
+                                            # parallelism); False: with tp > 1 the experts go over ep > 1 ranks whole
     sp_with_latent_attention: bool = True   # sequence parallelism runs with multi-head latent attention
     recomputes_with_ep: tuple[str, ...] | None = None   # the recompute policies that run with ep > 1 (None: all)
     grouped_experts: bool = False           # a rank's routed experts run as one grouped GEMM (one launch, their tiles
@@ -254,9 +256,9 @@ class Runtime:
 # meshplan's executor (executor/). What it cannot run yet is left out, so no plan asks for it.
 # Optimizer offload: ZeRO-1's sharded AdamW with its states in host memory (executor/zero1.py),
 # FSDP2's CPUOffloadPolicy at ZeRO-2/3 (executor/parallelize.py offload_policy)
-# Mixtures of experts (executor/moe.py): experts split over ep of the dp x cp ranks (ep divides dp x cp, folded as
-# torchtitan folds them), no tensor parallelism in a MoE model (executor/moe.py splits no expert); under ep > 1 no
-# operator-level recompute ("op": the experts' data-parallel unit inside the checkpointed block runs other hook ops
+# Mixtures of experts (executor/moe.py): experts split over ep of the dp x cp x tp ranks (ep divides dp x cp x tp,
+# folded as torchtitan folds them), tensor parallelism in a MoE model only with ep > 1 and sequence parallelism
+# (executor/moe.py splits no expert over tp ranks); under ep > 1 no operator-level recompute ("op": the experts' data-parallel unit inside the checkpointed block runs other hook ops
 # in the recompute, which torch's selective checkpointing refuses)
 # Training modes (planner/finetune.py). LoRA: PEFT's adapters on a torch model (peft/tuners/lora), which meshplan's
 # executor is to apply (the planner prices what PEFT runs: the base frozen, adapters sharded as their linear);
@@ -304,7 +306,12 @@ _TORCH_RUNS = Combinations(
     sp_with_split_backward=False,
     sequence_parallel=True,
     context_parallel=True, offload_zero_stages=(1, 2, 3), replicates_kv_heads=False, stages_without_blocks=True,
-    expert_parallel="folded", experts_with_tp=False, recomputes_with_ep=tuple(p for p in ALL_RECOMPUTES if p != "op"),
+    # a mixture of experts with tp > 1 as torchtitan runs it (torchtitan/distributed/parallel_dims.py: the sparse
+    # region dp_shard x cp x tp = efsdp x ep): each tp rank routes its own share of the sequence (so sequence
+    # parallelism), the experts whole over ep ranks that may include the tp ranks; meshplan's executor does not
+    # split an expert over the tp ranks (torchtitan's expert tensor parallelism), so ep > 1 there
+    expert_parallel="folded", experts_split_by_tp=False, ep_needs_sp=True,
+    recomputes_with_ep=tuple(p for p in ALL_RECOMPUTES if p != "op"),
     # latent attention splits its heads over the tp ranks with its down-projections on the whole sequence
     # (executor/models.py LatentAttention); under SP the plan runs those on sequence shards, which it does not arrange
     sp_with_latent_attention=False)
@@ -687,6 +694,17 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
         out.append(("tp", f"{fp8} with tp {tp} does not run on {who}; allowed: tp 1"))
     if num_experts and tp is not None and tp > 1 and not can.experts_with_tp:
         out.append(("tp", f"a mixture of experts with tp {tp} does not run on {who}; allowed: tp 1"))
+    elif (num_experts and tp is not None and tp > 1 and not can.experts_split_by_tp and can.ep_needs_sp
+          and latent_attention and not can.sp_with_latent_attention):
+        out.append(("tp", f"a mixture of experts with tp {tp} needs ep > 1 on {who}, and with it sequence parallelism, "
+                          "which does not run with multi-head latent attention there; allowed: tp 1"))
+    elif (num_experts and tp is not None and tp > 1 and not can.experts_split_by_tp and can.ep_needs_sp
+          and sequence_parallel is False):
+        out.append(("sequence_parallel", f"a mixture of experts with tp {tp} needs ep > 1 on {who}, and with it "
+                                         "sequence parallelism; allowed with tp > 1: sequence parallelism on"))
+    elif num_experts and tp is not None and tp > 1 and not can.experts_split_by_tp and ep == 1:
+        out.append(("ep", f"a mixture of experts with tp {tp} needs ep > 1 on {who}: its routed experts are not split "
+                          "over the tensor-parallel ranks but spread whole over ep ranks, which may include them"))
     if tp is not None and num_kv_heads is not None and num_kv_heads % tp and not can.replicates_kv_heads:
         out.append(("tp", f"tp {tp} must divide the {num_kv_heads} key/value heads on {who} (it does not "
                           "replicate key/value heads)"))

@@ -44,10 +44,11 @@ def built_as_planned(spec: ModelSpec):
 
 
 def moe_plan_doc(spec: ModelSpec, *, gpus: int, ep: int = 1, global_batch: int = GLOBAL_BATCH,
-                 cluster: str = "cpu-gloo", **knobs) -> dict:
+                 cluster: str = "cpu-gloo", whole_shared: bool = False, **knobs) -> dict:
     """plan.json of ``spec`` with fixed knobs (dp = gpus / (pp cp) unless given, tp 1, ZeRO-0, one
     micro-batch per replica unless given, no recompute), as the planner's own API makes it for them
-    (``meshplan plan`` with every knob given)."""
+    (``meshplan plan`` with every knob given); ``whole_shared``: its tp_plan leaving the shared experts whole on
+    every tp rank (the planner splits them as a dense MLP: a plan.json edited so)."""
     from planner import api
     from planner.cluster import load_cluster
     from planner.config import ParallelConfig, Workload
@@ -60,7 +61,10 @@ def moe_plan_doc(spec: ModelSpec, *, gpus: int, ep: int = 1, global_batch: int =
     job = api.Job(model_source=spec.name, spec=spec, graph=build_layer_graph(spec),
                   cluster=load_cluster(cluster, gpus),
                   workload=Workload(global_batch=global_batch, seq_len=spec.seq_len, precision="fp32"))
-    return api.fixed_plan(job, config).to_json()
+    doc = api.fixed_plan(job, config).to_json()
+    if whole_shared:
+        doc["tp_plan"] = {path: style for path, style in doc["tp_plan"].items() if ".mlp.shared." not in path}
+    return doc
 
 
 def write_moe_plan(path, spec: ModelSpec, **kwargs) -> str:

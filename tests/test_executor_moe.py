@@ -302,9 +302,9 @@ def test_a_moe_model_trains_under_bf16_autocast_on_the_grouped_path(spec, monkey
 # -- what the executor refuses with experts (exit 2, naming the plan.json field) --------------------
 
 @pytest.mark.parametrize("knobs,field", [
-    ({"dp": 2, "tp": 2, "ep": 2}, "config.tp"),                 # experts are not tensor-parallel
-    ({"dp": 4, "tp": 2}, "config.tp"),                          # not even at ep 1
-    ({"dp": 2, "ep": 4}, "config.ep"),                          # ep divides dp x cp
+    ({"dp": 2, "tp": 2, "ep": 2}, "config.sequence_parallel"),  # beside tp each tp rank routes its share of the sequence
+    ({"dp": 4, "tp": 2, "sequence_parallel": True}, "config.ep"),   # experts are not split over the tp ranks: ep > 1
+    ({"dp": 2, "ep": 4}, "config.ep"),                          # ep divides dp x cp x tp
     ({"dp": 6, "ep": 3}, "config.ep"),                          # ep divides the experts
     ({"dp": 2, "ep": 2, "recompute": "op"}, "config.recompute"),
 ])
@@ -340,6 +340,14 @@ PLANS = {
     "ep4": (4, {"ep": 4}),
     "pp2-ep2-zero2": (4, {"ep": 2, "pp": 2, "zero": 2, "schedule": "1f1b", "micro_batch": 2}),
     "cp2-ep2-zero3": (4, {"ep": 2, "cp": 2, "dp": 2, "zero": 3}),     # experts folded over dp x cp
+    # tensor parallelism as torchtitan runs it beside experts: each tp rank routes its share of the sequence, the
+    # experts whole over ep ranks that include the tp ranks (dp x tp = efsdp x ep), the router replicated
+    "tp2-ep2": (2, {"ep": 2, "tp": 2, "dp": 1, "sequence_parallel": True}),
+    "dp2-tp2-ep4-zero3": (4, {"ep": 4, "tp": 2, "dp": 2, "zero": 3, "sequence_parallel": True}),
+    "dp2-tp2-ep2-zero1": (4, {"ep": 2, "tp": 2, "dp": 2, "zero": 1, "sequence_parallel": True}),
+    # the shared experts whole on each tp rank, as a plan.json edited to leave them so (the planner splits them as a
+    # dense MLP, Qwen2-MoE's gate beside them row-parallel)
+    "tp2-ep2-whole-shared": (2, {"ep": 2, "tp": 2, "dp": 1, "sequence_parallel": True, "whole_shared": True}),
 }
 
 
@@ -347,11 +355,16 @@ PLANS = {
 ONE_EXPERT_PER_RANK = ["dp4-ep2-zero1", "dp4-ep2-zero3"]
 # variations of a path both models take already run on one model (the file stays near a minute on 2 cores)
 ONE_MODEL = {"ep2-zero3-full-recompute": "deepseek", "dp4-ep2": "deepseek", "dp4-ep2-zero2": "mixtral",
-             "cp2-ep2-zero3": "deepseek"}
-BOTH = [(model, plan) for plan in PLANS for model in MODELS if ONE_MODEL.get(plan, model) == model]
-# and Qwen3-MoE's per-head q/k norms beside experts split over two ranks
-CASES = BOTH + [("two-experts", p) for p in ONE_EXPERT_PER_RANK] + [("qwen3-moe", "dp4-ep2-zero3")]
-SPECS = {**MODELS, "two-experts": TINY_TWO_EXPERTS, "qwen3-moe": TINY_QWEN3_MOE}
+             "cp2-ep2-zero3": "deepseek", "dp2-tp2-ep4-zero3": "mixtral", "dp2-tp2-ep2-zero1": "deepseek"}
+OTHERS = {"tp2-ep2-whole-shared"}      # Qwen2-MoE's alone (below; its states are not the plan's estimate's)
+BOTH = [(model, plan) for plan in PLANS for model in MODELS
+        if ONE_MODEL.get(plan, model) == model and plan not in OTHERS]
+# and Qwen3-MoE's per-head q/k norms beside experts split over two ranks (and beside tp), Qwen2-MoE's gated shared
+# expert beside tp
+CASES = BOTH + [("two-experts", p) for p in ONE_EXPERT_PER_RANK] + [
+    ("qwen3-moe", "dp4-ep2-zero3"), ("qwen3-moe", "tp2-ep2"), ("qwen2-moe", "tp2-ep2"),
+    ("qwen2-moe", "tp2-ep2-whole-shared")]
+SPECS = {**MODELS, "two-experts": TINY_TWO_EXPERTS, "qwen3-moe": TINY_QWEN3_MOE, "qwen2-moe": TINY_QWEN2_MOE}
 
 
 @pytest.fixture(scope="module")
@@ -409,7 +422,8 @@ def _closed_form(spec, knobs: dict, world: int) -> dict[str, int]:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("model,plan", [(model, plan) for model, plan in BOTH if "pp" not in PLANS[plan][1]])
+@pytest.mark.parametrize("model,plan", [(model, plan) for model, plan in BOTH
+                                        if "pp" not in PLANS[plan][1] and "tp" not in PLANS[plan][1]])
 def test_model_state_bytes_per_rank_are_the_closed_form(results, model, plan):
     """Each rank's parameters, gradients and optimizer states as executor/measure.py counts them equal
     the closed form exactly (the tiny models' tensors divide evenly: no padding)."""
@@ -454,7 +468,7 @@ def test_model_state_bytes_per_rank_match_the_cost_model(results, model, plan):
 
 # -- Mixtral 8x7B with ep 8 at 64 ranks, built on the fake process group ----------------------------
 
-def _mixtral_plan(ep: int = 8, zero: int = 3):
+def _mixtral_plan(ep: int = 8, zero: int = 3, tp: int = 1):
     from planner import api
     from planner.cluster import load_cluster
     from planner.config import ParallelConfig, Workload
@@ -464,8 +478,8 @@ def _mixtral_plan(ep: int = 8, zero: int = 3):
     spec = ZOO["mixtral-8x7b"]
     job = api.Job(model_source="mixtral-8x7b", spec=spec, graph=build_layer_graph(spec),
                   cluster=load_cluster("h100-80g", 64), workload=Workload(global_batch=64, seq_len=4096))
-    config = ParallelConfig(dp=32, tp=1, pp=2, zero=zero, micro_batch=1, num_microbatches=2, schedule="1f1b",
-                            recompute="full", ep=ep)
+    config = ParallelConfig(dp=32 // tp, tp=tp, pp=2, zero=zero, micro_batch=1, num_microbatches=2 * tp,
+                            schedule="1f1b", recompute="full", ep=ep, sequence_parallel=tp > 1)
     return Plan.from_json(api.fixed_plan(job, config).to_json(), "mixtral-8x7b-ep8.json")
 
 
@@ -517,6 +531,25 @@ def test_zero1_shards_the_experts_adamw_states_over_their_efsdp_ranks_at_64_rank
     first = next(r for r in reports if r.pp_rank == 0 and r.coordinates["dp_cp"] == 0)
     assert first.params_bytes == 4 * (dense + experts // 8)
     assert first.optimizer_bytes == pytest.approx(8 * (dense / 32 + experts / 32), rel=1e-3)
+
+
+@pytest.mark.distributed
+def test_with_tp_2_the_experts_fold_over_the_tensor_parallel_ranks_at_64_ranks():
+    """pp 2 x dp 16 x tp 2 with sequence parallelism, ep 8, ZeRO-1: the expert region of a stage is its dp x tp = 32
+    ranks, efsdp = 32 / 8 = 4; the two tp ranks of a pair hold different experts (ep ranks innermost, the tp ranks
+    among them), each expert whole (not split over tp), and own a quarter of its AdamW rows."""
+    from executor.dryrun import dry_run, expected_shards
+    from executor.mesh import ParallelDims
+    plan = _mixtral_plan(zero=1, tp=2)
+    reports, _ = dry_run(plan)
+    assert all(r.problems == [] for r in reports), [r.problems[:3] for r in reports]
+    dims = ParallelDims.from_config(plan.config, 64)
+    assert (dims.efsdp, dims.ep) == (4, 8)
+    h, f = 4096, 14336
+    for coords in ({"dp_cp": 0, "tp": 0, "efsdp": 0, "ep": 0}, {"dp_cp": 0, "tp": 1, "efsdp": 0, "ep": 1}):
+        assert expected_shards("layers.3.mlp.gate_proj.weight", torch.Size([8, f, h]), plan, dims, coords) == \
+            ({"ep": 0}, (1, f, h))
+    assert {(r.coordinates["tp"], r.coordinates["ep"] % 2) for r in reports} == {(0, 0), (1, 1)}
 
 
 @pytest.mark.distributed

@@ -240,8 +240,9 @@ def test_torchtitan_expresses_neither_zero1_nor_replication_beside_context_paral
                                                 ("cpu-gloo", 8, None)])
 def test_every_moe_plan_for_meshplans_runtime_is_one_its_executor_runs(write_json, cluster, gpus, model):
     """The recommendation and every runner-up the search offers a mixture of experts for runtime torch pass the
-    executor's own pre-launch check (executor/support.py check_supported: its mixtures of experts run without
-    tensor parallelism, ep over the data and context-parallel ranks, no 'op' recompute with ep)."""
+    executor's own pre-launch check (executor/support.py check_supported: its mixtures of experts run tensor
+    parallelism only with ep > 1 and sequence parallelism, ep over the data, context and tensor-parallel ranks, no
+    'op' recompute with ep)."""
     from executor.support import check_supported
     from planner import api
     if model is None:       # a tiny Mixtral-style config.json the CPU can train

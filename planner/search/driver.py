@@ -115,10 +115,13 @@ def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs
             and not any(c.config.ep == 1 for c in alternatives):
         # what expert parallelism gains: the best plan without it among the runners-up (its own search; without
         # the all-to-alls to overlap, --ep-comm-overlap has nothing to do there)
-        dense = search(graph, cluster, replace(workload, ep_comm_overlap=False), replace(knobs, ep=1), top_k=0,
-                       solver=solver, prune=prune,
-                       time_limit_s=time_limit_s, simulate=simulate, prefer="fastest", least_memory=False)
-        if dense.best is not None:
+        try:
+            dense = search(graph, cluster, replace(workload, ep_comm_overlap=False), replace(knobs, ep=1), top_k=0,
+                           solver=solver, prune=prune,
+                           time_limit_s=time_limit_s, simulate=simulate, prefer="fastest", least_memory=False)
+        except UserError:       # the fixed knobs need expert parallelism (a runtime whose experts need it beside tp)
+            dense = None
+        if dense is not None and dense.best is not None:
             alternatives = tuple(sorted(alternatives[:top_k - 1] + (dense.best,), key=lambda c: c.estimate.step_time_s))
     return SearchResult(best=best, alternatives=alternatives, choice=choice,
                         candidates=max(stats.covered, stage.space), evaluated=stats.evaluated + stage.solved,

@@ -101,8 +101,9 @@ def block_shardings(graph: LayerGraph, config: ParallelConfig, cluster: Cluster,
 
 def tp_plan(graph: LayerGraph, config: ParallelConfig, shardings: dict | None = None) -> dict[str, str]:
     """Module path -> TP style for every module that holds parameters (empty without TP): blocks as
-    their sharding ILP chose, the embedding vocabulary-parallel, the head column-parallel with a
-    vocabulary-parallel loss."""
+    their sharding ILP chose (a linear its dataflow graph does not hold, as a mixture of experts' shared experts
+    and router: its own role, as the cost model prices it), the embedding vocabulary-parallel, the head
+    column-parallel with a vocabulary-parallel loss."""
     if config.tp == 1:
         return {}
     styles = {"column": "colwise", "row": "rowwise", "sequence": "sequence"}
@@ -111,7 +112,8 @@ def tp_plan(graph: LayerGraph, config: ParallelConfig, shardings: dict | None = 
         if layer.is_block and shardings and layer.signature in shardings:
             model, sharding = shardings[layer.signature]
             for op, ref in zip(layer.ops, model.ops):
-                style = styles.get(sharding.strategies.get(ref.name, "replicate"))
+                own = op.tp if op.kind == "linear" else "replicate"
+                style = styles.get(sharding.strategies.get(ref.name, own))
                 if style and (op.params or style != "sequence"):
                     plan[op.name] = style
             continue

@@ -215,7 +215,12 @@ class Space:
         experts = self.graph.num_experts
         if not experts or (not self.graph.splits_experts and self.w.framework == EXECUTOR_RUNTIME):
             return self._allowed("ep", [1])
-        out = [ep for ep in divisors(experts) if not [
+        # where ep > 1 with tp > 1 needs sequence parallelism, which the plan cannot have (fixed off, or latent
+        # attention on a runtime that runs it without SP), only ep 1 is left beside that tp
+        no_sp = tp > 1 and self.can.ep_needs_sp and (
+            self.k.sequence_parallel is False or not self.can.sequence_parallel
+            or (self.graph.latent_attention and not self.can.sp_with_latent_attention))
+        out = [ep for ep in divisors(experts) if not (no_sp and ep > 1) and not [
             knob for knob, _ in refusals(self.w.framework, self.device_kind, ep=ep, dp=dp, tp=tp, cp=cp,
                                          num_experts=experts, ep_comm_overlap=self.w.ep_comm_overlap)
             if knob == "ep"]]
@@ -284,13 +289,15 @@ class Space:
 
     def sequence_parallel(self, layout: Layout, schedule: str | None = None) -> list[bool]:
         """Sequence parallelism off and on where the layout and the runtime allow it (with ``schedule``: under it)."""
+        needs = layout.tp > 1 and ((layout.ep > 1 and self.can.ep_needs_sp)
+                                   or (self.w.compile and self.can.compile_with_tp_needs_sp))
         if (schedule is not None and layout.pp > 1 and not self.can.sp_with_split_backward
                 and SCHEDULES[schedule].backward == "split"):
-            return self._allowed("sequence_parallel", [False])
+            # the layout needs SP, which this schedule cannot run: none under it (the layout's other schedules may)
+            return [] if needs else self._allowed("sequence_parallel", [False])
         if self.graph.latent_attention and not self.can.sp_with_latent_attention:
-            return self._allowed("sequence_parallel", [False])
-        if layout.tp > 1 and ((layout.ep > 1 and self.can.ep_needs_sp)
-                              or (self.w.compile and self.can.compile_with_tp_needs_sp)):
+            return self._allowed("sequence_parallel", [False])      # ``eps`` keeps out a layout that needs SP here
+        if needs:
             return self._allowed("sequence_parallel", [True])
         return self._allowed("sequence_parallel", [False, True] if layout.tp > 1 and self.can.sequence_parallel
                              else [False])
