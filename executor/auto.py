@@ -8,9 +8,9 @@ What it does, in order:
    module can be cut into pipeline stages, by torch.fx or by a ``transformers`` decoder's module paths:
    planner/trace/cut.py; where it cannot, the search keeps pp at 1) and plans it with the planner as a library call
    (``planner.api.plan_graph``: the same search as ``meshplan plan``, over dp, tp, pp, ZeRO,
-   micro-batch, schedule and recompute, and ep for a transformers mixture of experts: planner/trace/experts.py), for ``cluster`` (a profile name or TOML; default
-   cpu-gloo) with as many GPUs as the job has processes. The plan.json document is broadcast,
-   so every rank applies the same plan (or raises the same error);
+   micro-batch, schedule and recompute, and ep for a transformers mixture of experts: planner/trace/experts.py),
+   for ``cluster`` (a profile name or TOML; default cpu-gloo) with as many GPUs as the job has processes. The
+   plan.json document is broadcast, so every rank applies the same plan (or raises the same error);
 3. applies it with the functions that apply meshplan's own models' plans (executor/parallelize.py,
    in its order): the pipeline stages of this rank (executor/pipeline.py ``split_pipeline``; a parameter
    the first and last stage share, as a tied embedding and head, has its gradient summed by the pair), TP

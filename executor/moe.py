@@ -329,7 +329,7 @@ def update_expert_bias(models, groups=()) -> None:
     batch: the counts summed over ``groups``, whose ranks together hold the other tokens of the same layers, dp x cp
     x tp under tensor parallelism's sequence split, each an all-reduce of every block's counts stacked, as
     torchtitan's optimizer hook sums them); the counts start again."""
-    blocks = list(moe for model in models for moe in moe_blocks(model).values())
+    blocks = [moe for model in models for moe in moe_blocks(model).values()]
     if not blocks:
         return
     counts = torch.stack([moe.tokens_per_expert for moe in blocks])       # (blocks, E)

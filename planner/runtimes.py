@@ -258,8 +258,9 @@ class Runtime:
 # FSDP2's CPUOffloadPolicy at ZeRO-2/3 (executor/parallelize.py offload_policy)
 # Mixtures of experts (executor/moe.py): experts split over ep of the dp x cp x tp ranks (ep divides dp x cp x tp,
 # folded as torchtitan folds them), tensor parallelism in a MoE model only with ep > 1 and sequence parallelism
-# (executor/moe.py splits no expert over tp ranks); under ep > 1 no operator-level recompute ("op": the experts' data-parallel unit inside the checkpointed block runs other hook ops
-# in the recompute, which torch's selective checkpointing refuses)
+# (executor/moe.py splits no expert over tp ranks); under ep > 1 no operator-level recompute ("op": the experts'
+# data-parallel unit inside the checkpointed block runs other hook ops in the recompute, which torch's selective
+# checkpointing refuses)
 # Training modes (planner/finetune.py). LoRA: PEFT's adapters on a torch model (peft/tuners/lora), which meshplan's
 # executor is to apply (the planner prices what PEFT runs: the base frozen, adapters sharded as their linear);
 # Hugging Face Trainer + PEFT under DeepSpeed; Megatron-Bridge's PEFT LoRA (megatron/bridge/peft/lora.py) for

@@ -302,7 +302,7 @@ def test_a_moe_model_trains_under_bf16_autocast_on_the_grouped_path(spec, monkey
 # -- what the executor refuses with experts (exit 2, naming the plan.json field) --------------------
 
 @pytest.mark.parametrize("knobs,field", [
-    ({"dp": 2, "tp": 2, "ep": 2}, "config.sequence_parallel"),  # beside tp each tp rank routes its share of the sequence
+    ({"dp": 2, "tp": 2, "ep": 2}, "config.sequence_parallel"),  # beside tp each rank routes its share of the sequence
     ({"dp": 4, "tp": 2, "sequence_parallel": True}, "config.ep"),   # experts are not split over the tp ranks: ep > 1
     ({"dp": 2, "ep": 4}, "config.ep"),                          # ep divides dp x cp x tp
     ({"dp": 6, "ep": 3}, "config.ep"),                          # ep divides the experts
