@@ -152,6 +152,8 @@ class Cluster:
     gpus_per_host_uplink: int = 1         # GPUs behind one PCIe switch that share its one link to the CPU
     host_memory_bytes: float              # per node
     host_dram: Link                       # host DRAM bandwidth per node (CPU optimizer step)
+    gpus_per_host: int = 0                # GPUs of one host (its CPUs, memory and drives) where a node holds several
+                                          # (a GB200 NVL72 rack: 18 trays of 4); 0: the node is one host
     nvme_bytes: float = 0.0               # local NVMe capacity per node (ZeRO-Infinity's offload; 0: none described)
     nvme_read_bytes_per_s: float = 0.0    # its sequential read and write rates per node, all drives together
     nvme_write_bytes_per_s: float = 0.0
@@ -187,6 +189,34 @@ class Cluster:
         """The job's GPUs that share one node's host (its memory, links and drives): a node's, or all of them
         where the job is smaller than a node."""
         return min(self.gpus_per_node, self.num_gpus)
+
+    @property
+    def host_share(self) -> float:
+        """The share of a node's hosts the job's GPUs on that node use: 1 where the node is one host or the job
+        fills it; where a node holds several hosts ([host] gpus_per_host: a GB200 NVL72 rack is one NVLink domain of
+        18 compute trays, each with its own Grace CPUs, memory and drives), the hosts of the job's GPUs over the
+        node's. The profile's [host] memory, DRAM bandwidth and drives and [power] host_W are the node's: a job on
+        8 GPUs of a rack has 2 trays' worth of them, not the rack's."""
+        if not self.gpus_per_host or self.gpus_per_host >= self.gpus_per_node:
+            return 1.0
+        used = math.ceil(self.gpus_on_a_node / self.gpus_per_host)
+        return used / (self.gpus_per_node // self.gpus_per_host)
+
+    @property
+    def job_host_memory_bytes(self) -> float:
+        """Host memory for the job's GPUs of one node (``host_memory_bytes`` times ``host_share``)."""
+        return self.host_memory_bytes * self.host_share
+
+    @property
+    def job_host_dram_bytes_per_s(self) -> float:
+        """Achievable host DRAM bandwidth for the job's GPUs of one node (the node's times ``host_share``)."""
+        return self.host_dram.effective_bytes_per_s * self.host_share
+
+    @property
+    def job_nvme(self) -> tuple[float, float, float]:
+        """(capacity, read, write bytes per second) of the NVMe drives of the hosts of the job's GPUs on one node."""
+        k = self.host_share
+        return self.nvme_bytes * k, self.nvme_read_bytes_per_s * k, self.nvme_write_bytes_per_s * k
 
     def peak_flops(self, precision: str) -> float:
         return self.device.peak(precision)
@@ -589,6 +619,7 @@ def parse_cluster(data: dict, source: str) -> Cluster:
         host_memory_bytes=host.number("memory_GiB") * GiB,
         host_dram=Link(bytes_per_s=host.number("memory_GBps") * 1e9, efficiency=host.fraction("memory_efficiency"),
                        latency_s=0.0),
+        gpus_per_host=_gpus_per_host(host, root.integer("gpus_per_node")),
         **_nvme(host),
         oversubscription=net.number("oversubscription", default=1.0),
         collnet=net.boolean("collnet", default=False),
@@ -602,6 +633,19 @@ def parse_cluster(data: dict, source: str) -> Cluster:
         cores_per_node=host.integer("cores", default=0, allow_zero=True),
         threads_per_process=gpu.integer("threads", default=1),
         source=source, measured_by=root.string("source", default=""), **_pricing(root), **_power(root))
+
+
+def _gpus_per_host(host: _Table, per_node: int) -> int:
+    """[host] gpus_per_host: the GPUs of one host where a node (an NVLink domain) holds several, dividing
+    gpus_per_node; absent: the node is one host (0)."""
+    if "gpus_per_host" not in host.data:
+        return 0
+    k = host.integer("gpus_per_host")
+    if per_node % k:
+        raise UserError(f"{k} does not divide gpus_per_node {per_node}; allowed: a divisor of gpus_per_node (the "
+                        "GPUs of one host where a node holds several)", source=host.source,
+                        field=host._name("gpus_per_host"))
+    return k
 
 
 def _nvme(host: _Table) -> dict:

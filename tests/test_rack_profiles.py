@@ -93,3 +93,57 @@ def test_a_variant_profile_says_only_what_differs_from_its_base(tmp_path):
     (tmp_path / "d.toml").write_text('base = "h100-80g"\ndrop = ["prices"]\n')
     with pytest.raises(UserError, match="pricing"):
         load_cluster(str(tmp_path / "d.toml"))
+
+
+def _offloaded_70b(cluster):
+    """Llama 3 70B on ``cluster``'s GPUs under FSDP (ZeRO-3), its optimizer in host memory."""
+    spec = load_model("llama3-70b")
+    job = api.Job(model_source="llama3-70b", spec=spec, graph=build_layer_graph(spec), cluster=cluster,
+                  workload=Workload(global_batch=cluster.num_gpus, seq_len=4096, framework="torch"))
+    config = ParallelConfig(dp=cluster.num_gpus, tp=1, pp=1, zero=3, micro_batch=1, num_microbatches=1,
+                            recompute="full", optimizer_offload=True)
+    return api.fixed_plan(job, config).best
+
+
+def test_a_job_on_part_of_an_nvl72_rack_has_its_trays_host_memory_bandwidth_and_power():
+    """The rack is one node (its NVLink domain) of 18 compute trays, each a host of its own (two Grace CPUs with
+    480 GB LPDDR5X at 512 GB/s each, 4 GPUs: [host] gpus_per_host = 4); the profile's [host] and [power] are the
+    rack's. A job on 8 of its GPUs runs on 2 trays: 2/18 of the rack's host memory, DRAM bandwidth and host power,
+    not all of it (before, 8 GPUs offloading DeepSeek-V3's 10.7 TB of states were given the rack's 15.8 TiB)."""
+    rack = load_cluster("gb200-nvl72", 8)
+    assert rack.host_share == pytest.approx(2 / 18)
+    assert load_cluster("gb200-nvl72", 6).host_share == pytest.approx(2 / 18)      # 6 GPUs still take 2 trays
+    assert load_cluster("gb200-nvl72", 72).host_share == load_cluster("gb200-nvl72", 144).host_share == 1.0
+    assert load_cluster("h100-80g", 4).host_share == 1.0       # a DGX node is one host: a job on half of it has all
+    best = _offloaded_70b(rack)
+    assert best.estimate.host_capacity_bytes == pytest.approx(15827 * 2**30 * 2 / 18)
+    # CPU Adam (28 bytes a parameter) of the 8 GPUs' shards over 2 trays' DRAM (4 x 512 GB/s at the profile's 0.5)
+    # against the whole rack's (36 x 512 GB/s): the same plan's optimizer step differs by exactly that
+    whole = _offloaded_70b(replace(rack, gpus_per_host=0))
+    cpu_s = lambda dram_GBps: 8 * 70.55e9 / 8 * 28 / (dram_GBps * 1e9 * 0.5)    # noqa: E731
+    assert best.estimate.time.optimizer - whole.estimate.time.optimizer == pytest.approx(
+        cpu_s(4 * 512) - cpu_s(36 * 512), rel=2e-3)
+    # the rack's 33.6 kW besides the GPUs, 2 trays' share of it
+    from planner.energy import energy
+    assert energy(best.estimate, rack, Workload(global_batch=8, seq_len=4096)).host_w == pytest.approx(33600 * 2 / 18)
+
+
+def test_deepseek_v3_offloaded_on_8_gpus_of_a_rack_no_longer_fits_in_host_memory():
+    """671B parameters' fp32 master weights, gradients and Adam moments (16 bytes each: 10.7 TB) do not fit in 2
+    trays' 1.92 TB; the search says no plan fits at 8 GPUs of the rack, as it does on 8 GPUs of DGX B200."""
+    from planner.errors import NoFeasiblePlan
+    spec = load_model("deepseek-v3")
+    for name in ("gb200-nvl72", "b200"):
+        job = api.Job(model_source="deepseek-v3", spec=spec, graph=build_layer_graph(spec),
+                      cluster=load_cluster(name, 8), workload=Workload(global_batch=64, seq_len=4096,
+                                                                      framework="torch"))
+        with pytest.raises(NoFeasiblePlan):
+            api.plan(job, api.Knobs())
+
+
+def test_gpus_per_host_must_divide_the_node(tmp_path):
+    from planner.errors import UserError
+    (tmp_path / "rack.toml").write_text('base = "gb200-nvl72"\nname = "rack"\n[host]\ngpus_per_host = 5\n')
+    with pytest.raises(UserError, match="divide gpus_per_node 72") as err:
+        load_cluster(str(tmp_path / "rack.toml"))
+    assert "host.gpus_per_host" in str(err.value)

@@ -760,8 +760,8 @@ def _optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float, s
         read = param_copies + (NVME_OPTIMIZER_BYTES if config.optimizer_offload else 0.0)
         write = (DTYPE_BYTES[w.precision] if config.param_offload else 0.0) \
             + (NVME_OPTIMIZER_BYTES if config.optimizer_offload else 0.0)
-        casts_s += cluster.gpus_on_a_node * local * (read / cluster.nvme_read_bytes_per_s
-                                                      + write / cluster.nvme_write_bytes_per_s)
+        _, read_rate, write_rate = cluster.job_nvme
+        casts_s += cluster.gpus_on_a_node * local * (read / read_rate + write / write_rate)
     if not config.optimizer_offload:
         # at the rate measured for the executor's own AdamW on this device where the profile has one
         # ([gpu.kernels] optimizer_GBps: the CPU's per-parameter loop is far from a memory stream),
@@ -770,8 +770,8 @@ def _optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float, s
         return casts_s + local * ADAM_BYTES_PER_PARAM / rate
     # ZeRO-Offload (Ren et al. 2021): gradients down, Adam on the CPU, parameters up, as the
     # runtime copies them (planner/runtimes.py Timing.offload_*_copy_bytes).
-    # All GPUs of a node share the host's DRAM bandwidth.
-    cpu_s = cluster.gpus_on_a_node * local * ADAM_BYTES_PER_PARAM / (cluster.host_dram.effective_bytes_per_s)
+    # All GPUs of a node share their hosts' DRAM bandwidth.
+    cpu_s = cluster.gpus_on_a_node * local * ADAM_BYTES_PER_PARAM / cluster.job_host_dram_bytes_per_s
     once = timing.offload_step_copy_bytes
     # (the updated parameters stay on the host where they are offloaded: nothing goes up after the step)
     up = 0.0 if config.param_offload else DTYPE_BYTES[w.precision]
@@ -970,7 +970,7 @@ def usable_bytes(cluster: Cluster, workload: Workload) -> float:
 
 def fits(cache: CostCache, config: ParallelConfig) -> bool:
     device, host = peak_memory(cache, config)
-    return device <= cache.usable_bytes and host <= cache.cluster.host_memory_bytes
+    return device <= cache.usable_bytes and host <= cache.cluster.job_host_memory_bytes
 
 
 def estimate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: ParallelConfig,
@@ -1005,13 +1005,13 @@ def estimate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: Pa
     model_flops = cache.model_flops_per_token * tokens
     hw_flops = sum(r.matmul_flops for r in ranks) * m * config.dp * config.cp * config.tp
     capacity, usable = cluster.device.memory_bytes, cache.usable_bytes
-    host_capacity = cluster.host_memory_bytes
+    host_capacity, nvme_capacity = cluster.job_host_memory_bytes, cluster.job_nvme[0]
     nvme = nvme_bytes_per_node(cache, config, ranks)
-    fits = peak.total <= usable and host_bytes <= host_capacity and nvme <= cluster.nvme_bytes
+    fits = peak.total <= usable and host_bytes <= host_capacity and nvme <= nvme_capacity
     est = Estimate(step_time_s=step, tokens_per_s=tokens / step, model_tflops_per_gpu=model_flops / step / n / 1e12,
                    mfu=model_flops / step / n / cluster.peak_flops(workload.precision),
                    hardware_tflops_per_gpu=hw_flops / step / n / 1e12, memory=peak, memory_per_stage=memories,
                    time=time, capacity_bytes=capacity, usable_bytes=usable, host_bytes_per_node=host_bytes,
-                   host_capacity_bytes=host_capacity, nvme_bytes_per_node=nvme, nvme_capacity_bytes=cluster.nvme_bytes,
+                   host_capacity_bytes=host_capacity, nvme_bytes_per_node=nvme, nvme_capacity_bytes=nvme_capacity,
                    fits=fits)
     return host_bound(est, host_s(cache, config))

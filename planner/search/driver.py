@@ -236,7 +236,7 @@ def least_recompute(cache: CostCache, config: ParallelConfig, allowed) -> Parall
     if config.recompute_layers is None:
         return config
     policies = list(config.recompute_layers)
-    capacity, host_capacity = cache.usable_bytes, cache.cluster.host_memory_bytes
+    capacity, host_capacity = cache.usable_bytes, cache.cluster.job_host_memory_bytes
     ctx = cache.context(config)
     for i, policy in enumerate(policies):
         if policy == "none":

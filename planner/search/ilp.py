@@ -82,7 +82,7 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
     pr, cache = problem, problem.cache
     block, L, p, v, m = pr.block, pr.num_blocks, pr.p, pr.v, pr.m
     gib = 2.0**30                                      # memory rows in GiB: well-scaled coefficients
-    cap, host_cap = cache.usable_bytes / gib, cache.cluster.host_memory_bytes / gib
+    cap, host_cap = cache.usable_bytes / gib, cache.cluster.job_host_memory_bytes / gib
     prob = pulp.LpProblem("stages", pulp.LpMinimize)
     n = {(r, c): pulp.LpVariable(f"n_{r}_{c}", 0, L, cat="Integer") for r in range(p) for c in pr.policies}
     z = {k: pulp.LpVariable(f"z_{k}", cat="Binary") for k in range(len(pr.options))}

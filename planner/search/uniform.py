@@ -162,7 +162,7 @@ def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bo
     those of more offload and a policy no faster (``policies.no_slower``); of the others memory is
     checked next: a candidate that does not fit is yielded as ``_Unfit`` (for the no-fit message),
     one that fits is estimated (and those of more offload and a policy no faster are skipped)."""
-    capacity, host_capacity = cache.usable_bytes, cache.cluster.host_memory_bytes
+    capacity, host_capacity = cache.usable_bytes, cache.cluster.job_host_memory_bytes
     for schedule, vpp in space.schedules(layout):
         if prune and SCHEDULES[schedule].dominated_by and space.k.schedule is None:
             continue      # no faster than another schedule, more activations in flight: never better
