@@ -60,6 +60,9 @@ class Combinations:
     #   --expert-tensor-parallel-size 1, Liu et al. 2025, arXiv:2504.14960, Sec 3; torchtitan's expert parallelism,
     #   which borrows its ranks from dp_shard, cp and tp); "data" over the data-parallel ranks only (DeepSpeed-MoE's
     #   ep_size, which must divide the data-parallel size: deepspeed/utils/groups.py); "none": ep 1 only
+    ep_from_replicas: bool = True           # "folded": ep may take ranks of replicated (ZeRO-0) data parallelism;
+                                            # False: it folds onto the sharded ranks only (torchtitan's sparse
+                                            # region is dp_shard x cp x tp: parallel_dims.py, ``_validate``)
     expert_dispatchers: tuple[str, ...] = ("alltoall",)     # how tokens reach their experts (Workload.expert_dispatcher)
     experts_with_tp: bool = True            # a mixture of experts runs with tp > 1 (its dense layers tensor parallel)
     experts_split_by_tp: bool = True        # ... and at ep 1 its routed experts split over the tp ranks (expert tensor
@@ -509,6 +512,9 @@ _TORCHTITAN_RUNS = Combinations(
     recomputes=runs_in("torchtitan"),
     sequence_parallel=True, context_parallel=True, offload_zero_stages=(2, 3), replicates_kv_heads=False,
     stages_without_blocks=True, unequal_stages=True, recompute_per_layer=False, expert_parallel="folded",
+    # ep divides dp_shard x cp x tp (torchtitan/distributed/parallel_dims.py ``_validate``: its sparse mesh is
+    # (pp, dp_replicate, efsdp, ep)), so under ZeRO-0, whose data-parallel ranks are dp_replicate, only cp x tp
+    ep_from_replicas=False,
     grouped_experts=True,       # torchtitan's MoE: use_grouped_mm (torch._grouped_mm), its default
     compiles_blocks=True)       # [compile] enable, components = ["model"]: apply_compile per transformer block
 # torchao's float8 and MX linears ([quantize.linear.float8] recipe_name, [quantize.linear.mx]; torchtitan/components/
@@ -685,7 +691,7 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
                                         "neither is on"))
     if ep is not None and ep > 1:
         out += _ep_refusals(can, who, ep=ep, dp=dp, tp=tp, cp=cp, sequence_parallel=sequence_parallel,
-                            num_experts=num_experts)
+                            num_experts=num_experts, zero=zero)
         if recompute is not None and can.recomputes_with_ep is not None and recompute not in can.recomputes_with_ep:
             out.append(("recompute", f"{recompute!r} with expert parallelism does not run on {who}; allowed with "
                                      f"ep > 1: {one_of(can.recomputes_with_ep)}"))
@@ -772,7 +778,7 @@ def expert_data_parallel(runtime: str, *, ep: int, dp: int, cp: int, tp: int) ->
     return max(1, expert_ranks(runtime, dp=dp, cp=cp, tp=tp) // max(1, ep))
 
 
-def _ep_refusals(can: Combinations, who: str, *, ep: int, dp, tp, cp, sequence_parallel, num_experts
+def _ep_refusals(can: Combinations, who: str, *, ep: int, dp, tp, cp, sequence_parallel, num_experts, zero=None
                  ) -> list[tuple[str, str]]:
     if can.expert_parallel == "none":
         return [("ep", f"expert parallelism (ep {ep}) does not run on {who}; allowed: 1")]
@@ -792,6 +798,12 @@ def _ep_refusals(can: Combinations, who: str, *, ep: int, dp, tp, cp, sequence_p
     elif None not in (dp, tp, cp) and (dp * cp * tp) % ep:
         out.append(("ep", f"ep {ep} must divide dp x cp x tp = {dp} x {cp} x {tp} = {dp * cp * tp} on {who} (experts "
                           "fold onto the data, context and tensor-parallel ranks)"))
+    elif zero == 0 and not can.ep_from_replicas and tp is not None and ((cp or 1) * tp) % ep:
+        region = (cp or 1) * tp
+        out.append(("zero", f"ep {ep} with ZeRO-0 on {who}: its experts fold onto the sharded data-parallel ranks, "
+                            f"the context and the tensor-parallel ones, and ZeRO-0 replicates the data-parallel ranks, "
+                            f"leaving cp x tp = {region}; allowed with ep {ep}: a sharded ZeRO stage, or an ep "
+                            f"dividing {region}"))
     if can.ep_needs_sp and tp is not None and tp > 1 and sequence_parallel is False:
         out.append(("sequence_parallel", f"ep {ep} with tp {tp} needs sequence parallelism on {who}"))
     return out

@@ -63,11 +63,32 @@ def test_deepseek_v3_plans_with_experts_split(gpus):
     ("megatron", ParallelConfig(dp=2, tp=1, pp=2, ep=4), "ep", "must divide dp x cp x tp"),
     ("deepspeed", ParallelConfig(dp=4, tp=2, pp=1, ep=2), "ep", "allowed with ep > 1: tp 1"),
     ("deepspeed", ParallelConfig(dp=2, tp=1, pp=1, ep=4), "ep", "must divide the data-parallel size"),
+    # torchtitan folds experts onto dp_shard x cp x tp: ZeRO-0's data-parallel ranks are replicas, not shards
+    ("torchtitan", ParallelConfig(dp=4, tp=2, pp=1, ep=8, zero=0, sequence_parallel=True), "zero",
+     "leaving cp x tp = 2"),
 ])
 def test_each_runtime_refuses_the_expert_layouts_it_does_not_run(framework, config, knob, words):
     from planner.runtimes import config_refusals
     found = config_refusals(config, framework, "cuda", 8, num_experts=8)
     assert any(k == knob and words in why for k, why in found), found
+
+
+def test_torchtitan_takes_expert_ranks_from_sharded_data_parallelism_only(cli):
+    """torchtitan's sparse region is dp_shard x cp x tp (parallel_dims.py ``_validate`` raises otherwise): under ZeRO-0
+    its data-parallel ranks are dp_replicate and lend none, while meshplan's executor folds experts onto replicas too.
+    The search keeps to that, and the same layout fixed is refused naming --zero."""
+    from planner.runtimes import config_refusals
+    for zero, framework, refused in ((0, "torchtitan", True), (2, "torchtitan", False), (0, "torch", False)):
+        config = ParallelConfig(dp=4, tp=2, pp=1, ep=8, zero=zero, sequence_parallel=True)
+        assert bool(config_refusals(config, framework, "cuda", 8, num_experts=8)) == refused, (zero, framework)
+    assert not config_refusals(ParallelConfig(dp=4, tp=2, pp=1, ep=2, zero=0, sequence_parallel=True), "torchtitan",
+                               "cuda", 8, num_experts=8)
+    plan = api.plan(api.load_job("gpt-oss-120b", "b200", gpus=64, framework="torchtitan"), top_k=8)
+    for c in (plan.best.config, *(a.config for a in plan.alternatives)):
+        assert c.zero > 0 or (c.cp * c.tp) % c.ep == 0, c
+    out = cli("plan", "--model", "gpt-oss-120b", "--cluster", "b200", "--gpus", "64", "--framework", "torchtitan",
+              "--zero", "0", "--tp", "2", "--ep", "8")
+    assert out.returncode == 2 and "--zero" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_ep_on_a_dense_model_is_refused_naming_the_flag(cli):

@@ -270,7 +270,8 @@ class Space:
 
     def zeros(self, layout: Layout, schedule: str | None = None) -> list[int]:
         """ZeRO stages the runtime runs with this layout (and schedule, when known)."""
-        key = (layout.tp > 1, layout.pp > 1, layout.cp > 1, layout.dp * layout.cp == 1, schedule)
+        key = (layout.tp > 1, layout.pp > 1, layout.cp > 1, layout.dp * layout.cp == 1, schedule,
+               layout.ep, layout.cp * layout.tp)
         memo = self.__dict__.setdefault("_zeros_memo", {})
         if key not in memo:
             memo[key] = self._zeros(layout, schedule)
