@@ -42,7 +42,7 @@ from .lora import ADAPTER_LEAVES, adapter_shapes, finetune_of
 from .parallelize import shard_model
 from .pipeline import build_schedule, build_stage_model, stage_indices
 from .support import check_stages, check_supported
-from .zero1 import ShardedAdamW, expert_shard_dim
+from .zero1 import ShardedAdamW, expert_dim, expert_shard_dim
 
 # The tensor dimension each TP style shards (torch.distributed.tensor.parallel: ColwiseParallel
 # splits a linear's output features, RowwiseParallel its input features, and an embedding's rows);
@@ -95,13 +95,13 @@ def is_expert_param(name: str, plan: Plan) -> bool:
 def expected_expert_shards(shape: torch.Size, plan: Plan, dims: ParallelDims,
                            coords: dict[str, int]) -> tuple[dict[str, int], tuple[int, ...]]:
     """Under expert parallelism a routed experts' weight (E, out, in): dim 0 over ``ep`` (rank r holds
-    experts [r E/ep, (r+1) E/ep)), then ZeRO-2/3 over ``efsdp``, along dim 0 where the local experts
-    divide over it, else dim 1 (executor/parallelize.py ``apply_expert_dp``)."""
+    experts [r E/ep, (r+1) E/ep)), then ZeRO-2/3 over ``efsdp`` along ``expert_dim`` of the local stack
+    (executor/parallelize.py ``apply_expert_dp``)."""
     local = list(shape)
     local[0] = _chunk(shape[0], dims.ep, coords["ep"])
     sharded = {"ep": 0}
     if plan.config.zero >= 2:
-        dim = 0 if local[0] % dims.efsdp == 0 else 1
+        dim = expert_dim(local, dims.efsdp)
         sharded["efsdp"] = dim
         local[dim] = _chunk(local[dim], dims.efsdp, coords["efsdp"])
     return sharded, tuple(local)
@@ -110,8 +110,9 @@ def expected_expert_shards(shape: torch.Size, plan: Plan, dims: ParallelDims,
 def expected_shards(name: str, shape: torch.Size, plan: Plan, dims: ParallelDims,
                     coords: dict[str, int]) -> tuple[dict[str, int], tuple[int, ...]]:
     """({mesh dimension: tensor dimension it shards}, local shape) of parameter ``name`` under the
-    plan: its TP style's dimension over ``tp``, then ZeRO-2/3's dim 0 over ``dp_cp``; a routed
-    experts' weight under expert parallelism ``expected_expert_shards``'."""
+    plan: its TP style's dimension over ``tp``, then ZeRO-2/3's dim 0 over ``dp_cp`` (a stack of routed experts:
+    ``expert_dim``, executor/parallelize.py ``apply_fsdp``); a routed experts' weight under expert parallelism
+    ``expected_expert_shards``'."""
     if dims.ep > 1 and is_expert_param(name, plan):
         return expected_expert_shards(shape, plan, dims, coords)
     module, _, leaf = name.rpartition(".")
@@ -122,8 +123,9 @@ def expected_shards(name: str, shape: torch.Size, plan: Plan, dims: ParallelDims
         sharded["tp"] = tp_dim
         local[tp_dim] = _chunk(local[tp_dim], dims.tp, coords["tp"])
     if plan.config.zero >= 2:
-        sharded["dp_cp"] = 0
-        local[0] = _chunk(local[0], dims.dp * dims.cp, coords["dp_cp"])
+        dim = expert_dim(local, dims.dp * dims.cp) if is_expert_param(name, plan) else 0
+        sharded["dp_cp"] = dim
+        local[dim] = _chunk(local[dim], dims.dp * dims.cp, coords["dp_cp"])
     return sharded, tuple(local)
 
 
@@ -158,15 +160,15 @@ def _check_params(model: nn.Module, plan: Plan, dims: ParallelDims, coords: dict
     return problems
 
 
-def _check_zero1(optimizer: ShardedAdamW, coords: dict[str, int], n: int, efsdp: int) -> list[str]:
+def _check_zero1(optimizer: ShardedAdamW, coords: dict[str, int], n: int, efsdp: int, plan: Plan) -> list[str]:
     """The AdamW rows each ZeRO-1 rank owns: its chunk of the local tensor's rows over the ``n``
-    dp_cp ranks, a split expert's over the ``efsdp`` ranks."""
+    dp_cp ranks, a split expert's over the ``efsdp`` ranks (a stack of routed experts' along ``expert_dim``)."""
     problems = []
     for s in optimizer.shards:
         local = s.param.to_local() if isinstance(s.param, DTensor) else s.param
         experts = optimizer.replicas_of(s.param).mesh is not optimizer.dp_mesh
         where, among = (coords["efsdp"], efsdp) if experts else (coords["dp_cp"], n)
-        dim = expert_shard_dim(s.param, among) if experts else 0
+        dim = expert_shard_dim(s.param, among) if experts or is_expert_param(s.name, plan) else 0
         rows = _chunk(local.shape[dim] if local.dim() else 1, among, where)
         got = optimizer.state[s.param]["exp_avg"].shape
         if got[0] != rows or s.dim != dim:
@@ -249,7 +251,7 @@ def _build_rank(plan: Plan, dims: ParallelDims, meshes, pp_rank: int, own: bool)
         optimizer = make_optimizer(part, lr=1e-3, zero=c.zero, dp_mesh=dp_cp_mesh, optimizer_offload=c.optimizer_offload,
                                    expert_mesh=expert_mesh)
         if isinstance(optimizer, ShardedAdamW):
-            report.problems += _check_zero1(optimizer, coords, dp_cp_mesh.size(), dims.efsdp)
+            report.problems += _check_zero1(optimizer, coords, dp_cp_mesh.size(), dims.efsdp, plan)
         device, host = _state_bytes(part, optimizer, deferred=c.pp > 1 and c.zero >= 2)
         report.params_bytes += device["params"]
         report.grads_bytes += device["grads"]

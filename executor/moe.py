@@ -371,6 +371,12 @@ def expert_units(model: nn.Module) -> list[tuple[int, int, list[nn.Module]]]:
     return own + [(m.num_experts, getattr(m, "_meshplan_ep", 1), [m]) for m in grouped_experts(model).values()]
 
 
+def routed_expert_params(model: nn.Module) -> frozenset[int]:
+    """ids of every routed experts' parameter ``model`` holds, split by expert parallelism or not: stacks of
+    experts that data parallelism shards along ``executor.zero1.expert_dim``."""
+    return frozenset(id(p) for _, _, units in expert_units(model) for unit in units for p in unit.parameters())
+
+
 def expert_parallel_params(model: nn.Module) -> set[int]:
     """ids of the routed experts' weights that expert parallelism splits (``apply_ep``): their replicas
     are the efsdp ranks, not all the data-parallel ones."""

@@ -50,7 +50,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput,
                                                PrepareModuleOutput, RowwiseParallel, SequenceParallel,
                                                parallelize_module)
@@ -62,10 +62,11 @@ from .context import apply_cp
 from .lora import LoraConfig, apply_lora
 from .mesh import ParallelDims
 from .models import Attention, LatentAttention, SinkAttention, materialize, sdpa
-from .moe import MoE, apply_ep, expert_units
+from .moe import MoE, apply_ep, expert_units, routed_expert_params
 from .qlora import quantize_base
 from .activations import apply_policy
 from .selective import selective_forward
+from .zero1 import expert_dim
 
 
 def tp_style(style: str, sequence_parallel: bool, *, loss_parallel: bool = True, gather_output: bool = False):
@@ -246,16 +247,15 @@ def apply_expert_dp(model: nn.Module, expert_mesh: DeviceMesh, *, sharded: bool,
     ZeRO-2/3) or replicate (ZeRO-0). Their gradients are divided by ``divide_factor`` (the dp x cp
     ranks), not by efsdp: an expert's gradient on its rank already sums the tokens of the ep ranks,
     so over efsdp it sums all dp x cp ranks' (torchtitan sets FSDP's gradient divide factor for its
-    experts the same way). Each expert's tensor is sharded along dim 0 where there are as many local
-    experts as efsdp ranks, else along dim 1 (torchtitan's ``shard_placement_fn`` for experts)."""
+    experts the same way). Each expert tensor is sharded along ``expert_dim`` of its local stack: the
+    experts where the efsdp ranks divide them, else the output features where they divide those, else the
+    experts unevenly (FSDP2 pads dim 0 only)."""
     from torch.distributed._composable.replicate_with_fsdp import replicate
     efsdp = expert_mesh["efsdp"]
-    for experts, ep, units in expert_units(model):
-        local = experts // ep
+    for _, _, units in expert_units(model):
         if sharded:
-            dim = 0 if local % efsdp.size() == 0 else 1
             fully_shard(units, mesh=efsdp, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy,
-                        offload_policy=offload_policy, shard_placement_fn=lambda p, dim=dim: Shard(dim))
+                        offload_policy=offload_policy, shard_placement_fn=_expert_placement(efsdp.size()))
         else:
             replicate(units, mesh=efsdp, mp_policy=mp_policy)
         units[0].set_gradient_divide_factor(float(divide_factor))
@@ -266,14 +266,28 @@ def apply_expert_dp(model: nn.Module, expert_mesh: DeviceMesh, *, sharded: bool,
             units[0].set_force_sum_reduction_for_comms(True)
 
 
+def _expert_placement(n: int, stacks: frozenset[int] | None = None):
+    """FSDP2's ``shard_placement_fn`` for stacks of routed experts over ``n`` ranks: ``expert_dim`` of the local
+    tensor (where ``stacks`` is given, for those parameters only; FSDP2's dim 0 for the others)."""
+    def placement(p: nn.Parameter) -> Shard | None:
+        if stacks is not None and id(p) not in stacks:
+            return None
+        local = p.to_local() if isinstance(p, DTensor) else p
+        return Shard(expert_dim(local.shape, n))
+    return placement
+
+
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, units: Iterable[nn.Module], reshard_after_forward: bool,
                mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy(),
                offload_policy: OffloadPolicy = OffloadPolicy()) -> None:
     """FSDP2 (ZeRO-2/3): one unit per module of ``units`` (``dp_units``: the blocks), the root unit holds
-    the rest (embedding, final norm and head)."""
+    the rest (embedding, final norm and head). Routed experts that expert parallelism does not split are
+    stacks of all E experts, which dim 0 would shard unevenly over more ranks than E (Mixtral's 8 over 64: each
+    rank would hold a padded eighth): they go along ``expert_dim``, as the split experts' do."""
+    placement = _expert_placement(dp_mesh.size(), routed_expert_params(model))
     for unit in [*units, model]:
         fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy,
-                    offload_policy=offload_policy)
+                    offload_policy=offload_policy, shard_placement_fn=placement)
 
 
 def apply_replicate(model: nn.Module, dp_mesh: DeviceMesh, *, units: Iterable[nn.Module],

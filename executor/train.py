@@ -42,7 +42,7 @@ from .measure import (AllocationPeak, SavedTensorMeter, gathered_param_bytes, gr
 from .mesh import ParallelDims, init_process_group, local_device
 from .context import shard_sequence
 from .models import SequenceLayout, build_model, canonical_name
-from .moe import expert_parallel_params, update_expert_bias
+from .moe import expert_parallel_params, routed_expert_params, update_expert_bias
 from .parallelize import autocast_dtype, grads_are_bucket_views, parallelize
 from .pipeline import build_schedule, build_stage_model, stage_indices, sync_tied_grads, tied_pairs
 from .plan_file import load_plan
@@ -152,7 +152,8 @@ def make_optimizer(model: nn.Module, *, lr: float, zero: int, dp_mesh, optimizer
         named = [(canonical_name(name), p) for name, p in model.named_parameters() if p.requires_grad]
         return ShardedAdamW([(n, p) for n, p in named if id(p) not in experts], lr=lr, dp_mesh=dp_mesh,
                             offload=optimizer_offload, expert_params=[(n, p) for n, p in named if id(p) in experts],
-                            expert_mesh=expert_mesh["efsdp"] if experts else None)
+                            expert_mesh=expert_mesh["efsdp"] if experts else None,
+                            stacks=routed_expert_params(model) - experts)
     params = [p for p in model.parameters() if p.requires_grad]
     # on CUDA one fused kernel per step (torchtitan's default implementation): it streams 28 bytes per
     # parameter where the multi-tensor (foreach) path runs eight passes and keeps a temporary copy of

@@ -121,35 +121,49 @@ class _Replicas:
         return self.mesh.size()
 
 
+def expert_dim(shape, n: int) -> int:
+    """The dimension a stack of routed experts ((e, out, in) weights, (e, out) biases: a rank's local experts) is
+    sharded along over ``n`` data-parallel ranks: the experts where ``n`` divides them, else the output features
+    where it divides those, else the experts unevenly (FSDP2 pads the last ranks' shards along dim 0, and refuses an
+    uneven shard along any other; these chunks leave the last ranks short): each rank holds ceil(e / n) experts.
+    On one dimension FSDP2 (executor/parallelize.py) and ZeRO-1 agree; planner/cost/step.py
+    ``routed_state_shard`` prices what each rank then holds."""
+    if shape[0] % n == 0:
+        return 0
+    return 1 if len(shape) > 1 and shape[1] % n == 0 else 0
+
+
 def expert_shard_dim(param: nn.Parameter, n: int) -> int:
-    """The dimension an expert weight's (e, out, in) local tensor is chunked along over ``n`` replicas:
-    the experts where they divide, else the output features (FSDP2's choice for them,
-    executor/parallelize.py ``apply_expert_dp``)."""
-    return 0 if _local(param).shape[0] % n == 0 else 1
+    """``expert_dim`` of a routed experts' parameter's local tensor over ``n`` replicas."""
+    return expert_dim(_local(param).shape, n)
 
 
 def _replicas(named_params: list[tuple[str, nn.Parameter]], mesh: DeviceMesh, divide: float,
-              bucket_bytes: int, experts: bool = False) -> _Replicas:
+              bucket_bytes: int, stacks: frozenset[int] = frozenset()) -> _Replicas:
+    """``stacks``: ids of routed experts' parameters among ``named_params`` (sharded along ``expert_dim``)."""
     n, rank = mesh.size(), mesh.get_local_rank()
-    shards = [_shard_of(name, p, n, rank, expert_shard_dim(p, n) if experts else 0) for name, p in named_params]
+    shards = [_shard_of(name, p, n, rank, expert_shard_dim(p, n) if id(p) in stacks else 0)
+              for name, p in named_params]
     return _Replicas(mesh=mesh, divide=divide, shards=shards, buckets=_buckets(shards, n, bucket_bytes))
 
 
 class ShardedAdamW:
     """AdamW over ``named_params`` with its states sharded over ``dp_mesh`` (see the module
     docstring); ``expert_params`` (expert parallelism) over ``expert_mesh``, their gradients divided by
-    ``dp_mesh``'s size. ``step`` and ``zero_grad`` as torch's optimizers; ``state`` maps each
-    parameter to its owned states (what executor/measure.py counts)."""
+    ``dp_mesh``'s size; ``stacks``: ids of routed experts' parameters without expert parallelism, among
+    ``named_params`` (sharded along ``expert_dim``, as the split experts are). ``step`` and ``zero_grad`` as
+    torch's optimizers; ``state`` maps each parameter to its owned states (what executor/measure.py counts)."""
 
     def __init__(self, named_params: list[tuple[str, nn.Parameter]], *, lr: float, dp_mesh: DeviceMesh,
                  bucket_bytes: int = BUCKET_BYTES, offload: bool = False,
-                 expert_params: list[tuple[str, nn.Parameter]] = (), expert_mesh: DeviceMesh | None = None):
+                 expert_params: list[tuple[str, nn.Parameter]] = (), expert_mesh: DeviceMesh | None = None,
+                 stacks: frozenset[int] = frozenset()):
         self.dp_mesh = dp_mesh
         self.offload = offload      # states in host memory, AdamW stepped there (module docstring)
-        self.replicas = [_replicas(named_params, dp_mesh, dp_mesh.size(), bucket_bytes)]
+        self.replicas = [_replicas(named_params, dp_mesh, dp_mesh.size(), bucket_bytes, stacks)]
         if expert_params:
             self.replicas.append(_replicas(list(expert_params), expert_mesh, dp_mesh.size(), bucket_bytes,
-                                           experts=True))
+                                           frozenset(id(p) for _, p in expert_params)))
         self.shards = [s for r in self.replicas for s in r.shards]
         self._replicas_of = {id(s.param): r for r in self.replicas for s in r.shards}
         # one fused kernel on CUDA (as executor/train.py's make_optimizer), whose step counts live there too,

@@ -545,7 +545,7 @@ def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
                     sends_share_nics=shares_nics and pipeline_sends_busy_s(cache, config) > 0,
                     overlap_param_gather=RUNTIMES[w.framework].timing.overlaps_param_gather,
                     embedding_allreduce_s=tied_embedding_sync_s(cache, config),
-                    optimizer_s=tuple(optimizer_time_s(cache, config, r.params, r.expert_params) for r in ranks))
+                    optimizer_s=tuple(optimizer_time_s(cache, config, r.params, r.routed_params) for r in ranks))
 
 
 def simulate(graph: LayerGraph, cluster: Cluster, workload: Workload, config: ParallelConfig,

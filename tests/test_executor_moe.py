@@ -348,6 +348,10 @@ PLANS = {
     # the shared experts whole on each tp rank, as a plan.json edited to leave them so (the planner splits them as a
     # dense MLP, Qwen2-MoE's gate beside them row-parallel)
     "tp2-ep2-whole-shared": (2, {"ep": 2, "tp": 2, "dp": 1, "sequence_parallel": True, "whole_shared": True}),
+    # without expert parallelism: the stack of all experts sharded over the data-parallel ranks (two experts over
+    # four: along their rows, dim 1, as FSDP2 and ZeRO-1 do for split experts; along dim 0 two ranks held none)
+    "dp4-zero3": (4, {"zero": 3}),
+    "dp4-zero1": (4, {"zero": 1}),
 }
 
 
@@ -358,10 +362,11 @@ ONE_MODEL = {"ep2-zero3-full-recompute": "deepseek", "dp4-ep2": "deepseek", "dp4
              "cp2-ep2-zero3": "deepseek", "dp2-tp2-ep4-zero3": "mixtral", "dp2-tp2-ep2-zero1": "deepseek"}
 OTHERS = {"tp2-ep2-whole-shared"}      # Qwen2-MoE's alone (below; its states are not the plan's estimate's)
 BOTH = [(model, plan) for plan in PLANS for model in MODELS
-        if ONE_MODEL.get(plan, model) == model and plan not in OTHERS]
+        if ONE_MODEL.get(plan, model) == model and plan not in OTHERS and plan not in ("dp4-zero3", "dp4-zero1")]
 # and Qwen3-MoE's per-head q/k norms beside experts split over two ranks (and beside tp), Qwen2-MoE's gated shared
 # expert beside tp
-CASES = BOTH + [("two-experts", p) for p in ONE_EXPERT_PER_RANK] + [
+STACKS = [("two-experts", "dp4-zero3"), ("two-experts", "dp4-zero1")]
+CASES = BOTH + [("two-experts", p) for p in ONE_EXPERT_PER_RANK] + STACKS + [
     ("qwen3-moe", "dp4-ep2-zero3"), ("qwen3-moe", "tp2-ep2"), ("qwen2-moe", "tp2-ep2"),
     ("qwen2-moe", "tp2-ep2-whole-shared")]
 SPECS = {**MODELS, "two-experts": TINY_TWO_EXPERTS, "qwen3-moe": TINY_QWEN3_MOE, "qwen2-moe": TINY_QWEN2_MOE}
@@ -446,11 +451,12 @@ DEFERRED_GRADS_TOLERANCE = 0.10
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("model,plan", BOTH)
+@pytest.mark.parametrize("model,plan", BOTH + STACKS)
 def test_model_state_bytes_per_rank_match_the_cost_model(results, model, plan):
     """The same bytes against the plan's prediction for the rank's pipeline stage (planner/cost: the
     experts' states over efsdp), within 2% (AdamW's step counts are not predicted); ZeRO-2's gathered
-    parameters counted with the parameters, as the cost model does."""
+    parameters counted with the parameters, as the cost model does. Without expert parallelism, two experts
+    over four ranks: each rank a quarter of each expert (along dim 0 the first two ranks held half each)."""
     measured, _ = results[model, plan]
     _, knobs = PLANS[plan]
     zero, deferred = knobs.get("zero", 0), knobs.get("pp", 1) > 1
@@ -558,6 +564,31 @@ def test_without_ep_a_mixtral_plan_replicates_its_experts_over_the_data_parallel
     reports, _ = dry_run(_mixtral_plan(ep=1))
     assert all(r.problems == [] for r in reports)
     assert all("ep" not in r.coordinates for r in reports)
+
+
+@pytest.mark.distributed
+def test_qwen3_30b_a3b_on_a_whole_nvl72_rack_builds_with_its_uneven_expert_shards_priced():
+    """dp 72, ep 8, ZeRO-2 (the plan `meshplan plan --model qwen3-30b-a3b --cluster gb200-nvl72 --gpus 72` recommends):
+    16 experts a rank over efsdp 9, whose 768 and 2048 output features do not split 9 ways either. FSDP2 refuses an
+    uneven shard but along dim 0 (this plan failed to build when the stacks went along dim 1), so each rank holds
+    ceil(16 / 9) = 2 of them; the first rank's gradients and AdamW states are the cost model's within 1%."""
+    from planner import api
+    from planner.cluster import load_cluster
+    from planner.config import ParallelConfig, Workload
+    from planner.layers import build_layer_graph
+    from planner.model import ZOO
+    from planner.plan import Plan
+    from executor.dryrun import dry_run
+    spec = ZOO["qwen3-30b-a3b"]
+    job = api.Job(model_source="qwen3-30b-a3b", spec=spec, graph=build_layer_graph(spec),
+                  cluster=load_cluster("gb200-nvl72", 72), workload=Workload(global_batch=288, seq_len=4096))
+    config = ParallelConfig(dp=72, tp=1, pp=1, zero=2, micro_batch=2, num_microbatches=2, recompute="none", ep=8)
+    plan = Plan.from_json(api.fixed_plan(job, config).to_json(), "qwen3-30b-a3b-nvl72.json")
+    reports, _ = dry_run(plan)
+    assert all(r.problems == [] for r in reports), [r.problems[:3] for r in reports]
+    first = next(r for r in reports if r.coordinates["dp_cp"] == 0)
+    assert first.grads_bytes == pytest.approx(first.predicted["grads"], rel=0.01)
+    assert first.optimizer_bytes == pytest.approx(first.predicted["optimizer"], rel=0.01)
 
 
 

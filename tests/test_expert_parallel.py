@@ -375,3 +375,29 @@ def test_megatron_keeps_the_experts_input_as_fp8_and_its_fused_swiglu_keeps_its_
     # besides the experts' input, the linears that keep their own inputs keep them in FP8 too (TE's Linear): q's
     # (h per token) and down_proj's (f per copy)
     assert megatron - fp8 == pytest.approx(tokens * k * h * 1 + tokens * h * 1 + tokens * k * f * 1)
+
+
+@pytest.mark.parametrize("model,gpus,ep,framework,want,dim", [
+    # 128 experts / ep 8 = 16 a rank over efsdp 72 / 8 = 9: neither 16 nor an expert's 768 or 2048 output features
+    # split 9 ways, so each rank holds ceil(16 / 9) = 2 of the 16 (FSDP2 pads the rest): 16 / 2 = 8, not 9
+    ("qwen3-30b-a3b", 72, 8, "torch", 8.0, 0),
+    ("qwen3-30b-a3b", 72, 8, "megatron", 9.0, 0),       # the distributed optimizer shards a flat buffer evenly
+    ("qwen3-30b-a3b", 64, 8, "torch", 8.0, 0),          # 16 experts over 8 ranks: two each
+    # without ep the stack of Mixtral's 8 experts over 64 ranks goes along its 14,336 and 4,096 output features
+    ("mixtral-8x7b", 64, 1, "torch", 64.0, 1),
+    # over 72 neither the 8 experts nor those features divide: a rank holds one whole expert of 8, as if over 8
+    ("mixtral-8x7b", 72, 1, "torch", 8.0, 0),
+])
+def test_routed_states_are_divided_as_the_executor_shards_the_expert_stacks(model, gpus, ep, framework, want, dim):
+    """What routed experts' ZeRO-2/3 states are divided by on the most loaded rank (planner/cost/step.py
+    ``routed_state_shard``), and the dimension executor/zero1.py ``expert_dim`` shards a rank's stack of gate
+    projections (local experts, ffn, hidden) along: hand-counted from the models' shapes."""
+    from planner.cost.step import routed_state_shard
+    from planner.model import load_model
+    from executor.zero1 import expert_dim
+    spec = load_model(model)
+    cache = CostCache(build_layer_graph(spec), load_cluster("gb200-nvl72" if gpus == 72 else "h100-80g", gpus),
+                      Workload(global_batch=gpus, seq_len=4096, framework=framework))
+    config = ParallelConfig(dp=gpus, tp=1, pp=1, ep=ep, zero=2, micro_batch=1, num_microbatches=1)
+    assert routed_state_shard(cache, config) == pytest.approx(want)
+    assert expert_dim((spec.num_experts // ep, spec.expert_ffn, spec.hidden), gpus // ep) == dim

@@ -69,6 +69,9 @@ class LayerCost:
     matmul_flops_fwd: float               # matmul FLOPs of one forward on one rank (hardware FLOPs)
     expert_params: float = 0.0            # of ``params``, the routed experts' where ep > 1: reduced and sharded
                                           # over the expert data-parallel ranks, not the dense ones
+    routed_params: float = 0.0            # of ``params``, the trained routed experts' at any ep (``expert_params``
+                                          # where ep > 1): stacks whose states ZeRO shards along their own
+                                          # dimension (planner/cost/step.py ``routed_state_shard``)
     ep_comm_s: float = 0.0                # the all-to-alls of expert parallelism, forward + backward (exposed)
     work_floor_s: float = 0.0             # a lower bound on fwd_s + bwd_s that is linear in the tokens
                                           # (GEMMs at their ideal rate, no quantization, no communication):
@@ -586,6 +589,8 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
         fwd_s=fwd_total, bwd_s=bwd_total, by_policy={p.name: p.cost(facts) for p in POLICY_RECORDS},
         tp_comm_s=tp_fwd + tp_bwd, cp_comm_s=cp_fwd + cp_bwd + (0.0 if tp_fwd_all else wait_fwd + wait_bwd),
         params=params, matmul_flops_fwd=flops, expert_params=expert_params, ep_comm_s=exchange_fwd + exchange_bwd,
+        routed_params=expert_params if ctx.ep > 1 else sum(
+            _rank_params(op, ctx) for op in layer.ops if op.routed and op.params and ft.trains(op)),
         work_floor_s=floor, wgrad_s=wgrad, frozen_bytes=frozen_bytes, frozen_params=frozen_params,
         matmul_flops_bwd=bwd_flops if dgrad_only or not ft.full else None)
 

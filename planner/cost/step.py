@@ -236,6 +236,7 @@ class RankCost:
     expert_params: float = 0.0   # of ``params``, routed experts' under expert parallelism (their own data-parallel
                                  # group: ``expert_shard``)
     expert_buckets: tuple[tuple[float, int], ...] = ()      # (a layer's expert parameters, layers like it)
+    routed_params: float = 0.0   # of ``params``, the trained routed experts' at any ep (``LayerCost.routed_params``)
     ep_comm_s: float = 0.0       # expert all-to-alls per micro-batch (in fwd_s + bwd_s)
     wgrad_s: float = 0.0         # of ``bwd_s``, the weight-gradient GEMMs (W; ``LayerCost.wgrad_s``) that
                                  # split-backward schedules run apart from the input gradient
@@ -267,7 +268,7 @@ def _rank_costs(cache: CostCache, config: ParallelConfig, ctx: Context) -> list[
             continue
         counts, chunks, layers, first = group
         (fwd, bwd, rec, tp, cp, act, extra, params, flops, buckets, host, experts, expert_buckets,
-         ep_comm, wgrad, frozen) = _rank_sums(cache, ctx, counts, tied, config.tp)
+         ep_comm, wgrad, frozen, routed) = _rank_sums(cache, ctx, counts, tied, config.tp)
         # per micro-batch each chunk receives/sends once forward and once backward. 1F1B and
         # GPipe wait for them; the interleaved schedule posts them asynchronously and runs
         # another chunk meanwhile (Megatron-LM overlap_p2p_comm; torch's interleaved
@@ -281,7 +282,8 @@ def _rank_costs(cache: CostCache, config: ParallelConfig, ctx: Context) -> list[
                             matmul_flops=flops, num_layers=max(1, layers), buckets=buckets,
                             first_bucket=_dense(cache.signature_cost(first, ctx)) if first else (0.0, 0.0),
                             host_act_bytes=host, layers=counts, expert_params=experts,
-                            expert_buckets=expert_buckets, ep_comm_s=ep_comm, wgrad_s=wgrad, frozen_bytes=frozen))
+                            expert_buckets=expert_buckets, ep_comm_s=ep_comm, wgrad_s=wgrad, frozen_bytes=frozen,
+                            routed_params=routed))
         if not tied:
             same[group] = out[-1]
     return out
@@ -296,7 +298,7 @@ def _rank_sums(cache: CostCache, ctx: Context, counts: tuple, tied: bool, tp_deg
     out = cache._rank_sums.get(key)
     if out is not None:
         return out
-    fwd = bwd = rec = tp = cp = act = extra = params = flops = host = experts = ep_comm = wgrad = frozen = 0.0
+    fwd = bwd = rec = tp = cp = act = extra = params = flops = host = experts = ep_comm = wgrad = frozen = routed = 0.0
     buckets: dict[tuple[float, float], int] = {}
     expert_buckets: dict[float, int] = {}
     for (sig, policy), n in counts:
@@ -316,6 +318,7 @@ def _rank_sums(cache: CostCache, ctx: Context, counts: tuple, tied: bool, tp_deg
         act += n * p.act_bytes
         extra = max(extra, p.peak_extra_bytes)
         params += n * cost.params
+        routed += n * cost.routed_params
         frozen += n * cost.frozen_bytes
         bwd_flops = 2 * cost.matmul_flops_fwd if cost.matmul_flops_bwd is None else cost.matmul_flops_bwd
         flops += n * (cost.matmul_flops_fwd + bwd_flops + p.recompute_flops)
@@ -326,7 +329,8 @@ def _rank_sums(cache: CostCache, ctx: Context, counts: tuple, tied: bool, tp_deg
         params, frozen = params + bucket[0], frozen + bucket[1]
         buckets[bucket] = buckets.get(bucket, 0) + 1
     out = cache._rank_sums[key] = (fwd, bwd, rec, tp, cp, act, extra, params, flops, tuple(sorted(buckets.items())),
-                                   host, experts, tuple(sorted(expert_buckets.items())), ep_comm, wgrad, frozen)
+                                   host, experts, tuple(sorted(expert_buckets.items())), ep_comm, wgrad, frozen,
+                                   routed)
     return out
 
 
@@ -351,6 +355,25 @@ def expert_shard(config: ParallelConfig, framework: str) -> int:
     if config.ep == 1:
         return config.dp * config.cp
     return expert_data_parallel(framework, ep=config.ep, dp=config.dp, cp=config.cp, tp=config.tp)
+
+
+def routed_state_shard(cache: CostCache, config: ParallelConfig) -> float:
+    """What routed experts' ZeRO-sharded states are divided by on the most loaded rank: ``expert_shard`` (n ranks),
+    but where the runtime shards each tensor by itself (FSDP2, and meshplan's ZeRO-1 likewise: the torch runtime's)
+    a stack of e = E / ep local experts goes along ``expert_dim`` (executor/zero1.py): the experts where n divides
+    them, else an expert's output features where n divides those, else the experts unevenly, each rank holding
+    ceil(e / n) of the stack's e experts (FSDP2 pads the last ranks' shards to as many): more than 1 / n (16 local
+    experts over 9 ranks: 2 each, 1/8). Averaged over a MoE block's routed linears by their parameters. Runtimes
+    that shard flat buffers (Megatron-LM's distributed optimizer, DeepSpeed) divide evenly: ``expert_shard``."""
+    n = expert_shard(config, cache.workload.framework)
+    if n <= 1 or config.zero == 0 or priced_as(cache.workload.framework) != "torch" or not cache.graph.num_experts:
+        return float(n)
+    e = cache.graph.num_experts // config.ep
+    block = next((layer for layer in cache.graph.layers if any(op.routed for op in layer.ops)), None)
+    stacks = [op for op in block.ops if op.routed and op.params] if block is not None else []
+    held = sum(op.params * (1 / n if e % n == 0 or op.out_features % n == 0 else math.ceil(e / n) / e)
+               for op in stacks)
+    return sum(op.params for op in stacks) / held if held else float(n)
 
 
 def sends_overlap(schedule: str, framework: str) -> bool:
@@ -724,14 +747,14 @@ def optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float, ex
     the step's parameter-sized casts and gradient accumulation under torch eager mixed precision
     (planner.cost.eager.step_param_bytes; zero for the fused runtimes). Every term is bytes per
     parameter over a bandwidth: linear in ``params``, one rate per configuration (memoised on what
-    it depends on). ``expert_params``: of ``params``, routed experts' under expert parallelism, whose ZeRO
-    share is over their expert data-parallel ranks (``expert_shard``)."""
+    it depends on). ``expert_params``: of ``params``, routed experts', whose ZeRO share is over their expert
+    data-parallel ranks as each rank holds them (``routed_state_shard``)."""
     if params <= 0:
         return 0.0
     dense = _optimizer_rate(cache, config, config.dp * config.cp) * (params - expert_params)
     if not expert_params:
         return dense
-    return dense + _optimizer_rate(cache, config, expert_shard(config, cache.workload.framework)) * expert_params
+    return dense + _optimizer_rate(cache, config, routed_state_shard(cache, config)) * expert_params
 
 
 def _optimizer_rate(cache: CostCache, config: ParallelConfig, shard: int) -> float:
@@ -782,7 +805,7 @@ def _optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float, s
 
 def _optimizer_s(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[float, float]:
     """(seconds, host bytes per node) of the optimizer step of one rank."""
-    return optimizer_time_s(cache, config, rank.params, rank.expert_params), _host_bytes(cache, config, rank)
+    return optimizer_time_s(cache, config, rank.params, rank.routed_params), _host_bytes(cache, config, rank)
 
 
 def _host_bytes(cache: CostCache, config: ParallelConfig, rank: RankCost) -> float:
@@ -808,8 +831,8 @@ def nvme_bytes_per_node(cache: CostCache, config: ParallelConfig, ranks: list[Ra
 def _offloaded_bytes(cache: CostCache, config: ParallelConfig, rank: RankCost) -> float:
     """The offloaded states of one rank, times the node's ranks."""
     states, experts = state_rates(cache, config)
-    return cache.cluster.gpus_on_a_node * ((rank.params - rank.expert_params) * states.host
-                                           + rank.expert_params * experts.host
+    return cache.cluster.gpus_on_a_node * ((rank.params - rank.routed_params) * states.host
+                                           + rank.routed_params * experts.host
                                            + rank.frozen_bytes * frozen_rates(cache, config)[1])
 
 
@@ -895,15 +918,15 @@ def grads_follow_activations_at(framework: str, *, pp: int, num_microbatches: in
 
 
 def state_rates(cache: CostCache, config: ParallelConfig):
-    """(StateBytes of the dense parameters, of routed experts' under expert parallelism): sharded over dp x cp and
-    over the expert data-parallel ranks (``expert_shard``)."""
+    """(StateBytes of the dense parameters, of routed experts'): sharded over dp x cp and, the experts, over the
+    expert data-parallel ranks as each rank holds them (``routed_state_shard``)."""
     w = cache.workload
 
     def at(shard: int):
         return state_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero, shard=shard,
                                      optimizer_offload=config.optimizer_offload, pp=config.pp,
                                      param_offload=config.param_offload, grads_16bit=w.grad_reduce_in_bf16)
-    return at(config.dp * config.cp), at(expert_shard(config, w.framework))
+    return at(config.dp * config.cp), at(routed_state_shard(cache, config))
 
 
 def frozen_rates(cache: CostCache, config: ParallelConfig) -> tuple[float, float]:
@@ -914,15 +937,15 @@ def frozen_rates(cache: CostCache, config: ParallelConfig) -> tuple[float, float
 
 
 def resident_rates(cache: CostCache, config: ParallelConfig) -> tuple[float, float]:
-    """(device bytes per dense parameter, per routed-expert parameter under expert parallelism) that scale with the
-    parameters (``resident_bytes_per_param`` at dp x cp and at the expert data-parallel size)."""
+    """(device bytes per dense parameter, per routed-expert parameter) that scale with the parameters
+    (``resident_bytes_per_param`` at dp x cp and at ``routed_state_shard``)."""
     w = cache.workload
 
     def at(shard: int) -> float:
         return resident_bytes_per_param(framework=w.framework, precision=w.precision, zero=config.zero, shard=shard,
                                         optimizer_offload=config.optimizer_offload, tp=config.tp, pp=config.pp,
                                         param_offload=config.param_offload, grads_16bit=w.grad_reduce_in_bf16)
-    return at(config.dp * config.cp), at(expert_shard(config, w.framework))
+    return at(config.dp * config.cp), at(routed_state_shard(cache, config))
 
 
 def _memories(cache: CostCache, config: ParallelConfig, ranks: list[RankCost]) -> list[Memory]:
@@ -935,7 +958,7 @@ def _memories(cache: CostCache, config: ParallelConfig, ranks: list[RankCost]) -
     out = []
     for r, rank in enumerate(ranks):
         inflight = inflight_microbatches(config, r, cache.workload)
-        dense, routed = rank.params - rank.expert_params, rank.expert_params
+        dense, routed = rank.params - rank.routed_params, rank.routed_params
         out.append(Memory(params=dense * states.params + routed * experts.params + rank.frozen_bytes * frozen,
                           grads=dense * states.grads + routed * experts.grads,
                           optimizer=dense * states.optimizer + routed * experts.optimizer,
@@ -955,7 +978,7 @@ def peak_memory(cache: CostCache, config: ParallelConfig) -> tuple[float, float]
         device = max(m.total for m in _memories(cache, config, ranks))
     else:
         device = other_bytes(cache, config) + max(
-            rank.params * per_param + rank.expert_params * (per_expert - per_param) + rank.peak_extra_bytes
+            rank.params * per_param + rank.routed_params * (per_expert - per_param) + rank.peak_extra_bytes
             + rank.frozen_bytes * frozen
             + rank.act_bytes * inflight_microbatches(config, r, cache.workload) for r, rank in enumerate(ranks))
     return device, _host_bytes_per_node(cache, config, ranks)

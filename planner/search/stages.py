@@ -223,7 +223,7 @@ class GroupProblem:
         block = self.block
         dense, expert_resident = resident_rates(cache, config)
         expert_host = state_rates(cache, config)[1].host
-        routed = block.expert_params
+        routed = block.routed_params        # routed experts' states: their own shard (``routed_state_shard``)
         frozen, frozen_host = frozen_rates(cache, config)
         if config.nvme_offload:     # the offloaded states on NVMe: the host holds swap buffers (the estimate's check)
             states, expert_host, frozen_host = replace(states, host_optimizer=0.0, host_params=0.0, host_grads=0.0), \
