@@ -54,6 +54,10 @@ TP_SHARD_DIM = {("colwise", "weight"): 0, ("colwise", "bias"): 0, ("rowwise", "w
                 ("colwise", "lora_B"): 0, ("rowwise", "lora_A"): 1}
 ADAMW_STATE_BYTES_PER_ELEMENT = 8       # exp_avg and exp_avg_sq in fp32 (torch.optim.AdamW)
 ADAMW_STEP_BYTES = 4                    # one float32 step count per parameter tensor
+# a rank's built gradients or optimizer states above the plan's by more than this share (and 64 KiB: the step counts
+# and a tiny model's rounding) mean the plan underestimates what the rank holds: the dry run fails
+STATE_TOLERANCE = 0.05
+STATE_SLACK_BYTES = 64 * 1024
 
 
 @dataclass(kw_only=True)
@@ -70,12 +74,24 @@ class RankReport:
     predicted: dict = field(default_factory=dict)     # the plan's bytes for its pipeline stage
     problems: list[str] = field(default_factory=list)
 
+    def over_plan(self) -> list[str]:
+        """The gradient and optimizer bytes this rank holds beyond the plan's (``STATE_TOLERANCE``): the plan would
+        put more on the GPU than it says. Parameters are not compared: the plan's include the working copies a
+        step holds, which a dry run does not build."""
+        out = []
+        for key, got in (("grads", self.grads_bytes), ("optimizer", self.optimizer_bytes)):
+            want = self.predicted.get(key) or 0
+            if got > (1 + STATE_TOLERANCE) * want + STATE_SLACK_BYTES:
+                share = f" ({100 * (got / want - 1):+.0f}%)" if want else ""
+                out.append(f"{key}: {got} B built against {want} B predicted{share}")
+        return out
+
     def to_json(self) -> dict:
         return {"rank": self.rank, "pp_rank": self.pp_rank, "coordinates": self.coordinates,
                 "params": self.params_bytes, "grads": self.grads_bytes, "optimizer": self.optimizer_bytes,
                 "host": self.host_bytes,
                 "predicted": {k: self.predicted.get(k) for k in ("params", "grads", "optimizer")},
-                "problems": self.problems}
+                "problems": self.problems, "over_plan": self.over_plan()}
 
 
 def _chunk(size: int, parts: int, index: int) -> int:
@@ -119,6 +135,8 @@ def expected_shards(name: str, shape: torch.Size, plan: Plan, dims: ParallelDims
     local = list(shape)
     sharded: dict[str, int] = {}
     tp_dim = TP_SHARD_DIM.get((plan.tp_plan.get(module), leaf)) if dims.tp > 1 else None
+    if leaf == "sinks" and dims.tp > 1 and plan.tp_plan.get(f"{module.rpartition('.')[0]}.q_proj") == "colwise":
+        tp_dim = 0      # GPT-OSS's sinks, one per head: split with the heads (executor/parallelize.py apply_tp)
     if tp_dim is not None:
         sharded["tp"] = tp_dim
         local[tp_dim] = _chunk(local[tp_dim], dims.tp, coords["tp"])
@@ -314,6 +332,10 @@ def format_dry_run(plan: Plan, reports: list[RankReport], seconds: float) -> str
     lines.append("placements and shard shapes: " + ("every parameter as the plan says" if not problems else
                                                     f"{len(problems)} differ from the plan:"))
     lines += [f"  rank {r.rank} stage {r.pp_rank}: {p}" for r in reports for p in r.problems[:20]]
+    over = [(r, p) for r in reports for p in r.over_plan()]
+    lines.append("model states: " + ("no rank holds more than the plan predicts" if not over else
+                                     f"{len(over)} above the plan's (more than {100 * STATE_TOLERANCE:.0f}%):"))
+    lines += [f"  rank {r.rank} stage {r.pp_rank}: {p}" for r, p in over]
     lines.append("predicted params include the working copies a step holds (autocast's 16-bit copy, ZeRO-2's "
                  "gathered parameters), which a dry run does not build")
     if plan.workload.finetune == "qlora":

@@ -123,3 +123,28 @@ def test_a_lora_plan_builds_with_its_base_frozen_in_bf16_as_planned(knobs):
         for key, got in (("params", r.params_bytes), ("grads", r.grads_bytes), ("optimizer", r.optimizer_bytes)):
             assert got == pytest.approx(r.predicted[key], rel=0.01), (r.rank, key, got, r.predicted[key])
         assert r.grads_bytes < r.params_bytes / 100        # the adapters alone hold gradients
+
+
+def test_a_dry_run_fails_where_a_rank_holds_more_states_than_the_plan_says():
+    """The bytes a dry run of Mixtral 8x7B without ep at dp 64, ZeRO-3, built on rank 0 while FSDP2 sharded the stack
+    of 8 experts along dim 0 (a padded eighth of each on every rank; executor/zero1.py expert_dim since): gradients
+    and AdamW states 7.8 times the plan's. Such a rank is reported and `meshplan run --dry-run` exits 1; within 5%
+    (AdamW's step counts, rounding) it is not."""
+    from executor.dryrun import RankReport
+    predicted = {"params": 2_918_924_544, "grads": 2_918_924_544, "optimizer": 5_837_849_088}
+    padded = RankReport(rank=0, pp_rank=0, coordinates={"dp_cp": 0, "tp": 0}, grads_bytes=22_649_389_312,
+                        optimizer_bytes=45_298_779_916, predicted=predicted)
+    over = padded.over_plan()
+    assert [line.split(":")[0] for line in over] == ["grads", "optimizer"] and "(+676%)" in over[0]
+    close = RankReport(rank=0, pp_rank=0, coordinates={"dp_cp": 0, "tp": 0}, grads_bytes=int(1.04 * 2_918_924_544),
+                       optimizer_bytes=5_838_767_884, predicted=predicted)
+    assert close.over_plan() == []
+
+
+def test_mixtral_without_ep_over_64_ranks_builds_within_its_plan(cli, tmp_path):
+    plan = tmp_path / "plan.json"
+    made = cli("plan", "--model", "mixtral-8x7b", "--cluster", "h100-80g", "--gpus", "64", "--ep", "1", "--zero", "3",
+               "--tp", "1", "--pp", "1", "--out", str(plan))
+    assert made.returncode == 0, made.stderr
+    out = cli("run", "--plan", str(plan), "--model", "mixtral-8x7b", "--dry-run")
+    assert out.returncode == 0 and "no rank holds more than the plan predicts" in out.stdout, out.stdout[-1500:]

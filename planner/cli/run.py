@@ -52,7 +52,8 @@ def add_parser(sub) -> None:
                    help="build the job at its full world size in this process (fake process group, meta device), "
                         "one representative rank per pipeline stage, check every parameter's placement and shard "
                         "shape against the plan and print per-rank parameter, gradient and optimizer bytes against "
-                        "the prediction; no training, no torchrun")
+                        "the prediction (exit 1 where a placement differs or a rank holds more than 5%% above the "
+                        "predicted gradients or optimizer states); no training, no torchrun")
     p.add_argument("--nproc", type=positive_int,
                    help="processes on this machine (default: the plan's GPUs / --nnodes, or / MAX with --elastic)")
     p.add_argument("--nnodes", type=positive_int, default=1)
@@ -135,7 +136,7 @@ def _dry_run(args, plan) -> int:
         sys.stdout.write("\n")
     else:
         sys.stdout.write(format_dry_run(plan, reports, seconds))
-    return 1 if any(r.problems for r in reports) else 0
+    return 1 if any(r.problems or r.over_plan() for r in reports) else 0
 
 
 def summary(measured: dict) -> dict:
