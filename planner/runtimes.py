@@ -839,6 +839,6 @@ def config_refusals(config, runtime: str, device_kind: str, num_kv_heads: int | 
                    ep_comm_overlap=ep_comm_overlap)
     for policy in dict.fromkeys(c.recompute_layers or (c.recompute,)):
         out += [(k, why) for k, why in refusals(runtime, device_kind, recompute=policy, ep=c.ep,
-                                                ep_comm_overlap=ep_comm_overlap, compile=compile, tp=c.tp)
+                                                ep_comm_overlap=ep_comm_overlap, compile=compile, tp=c.tp, fp8=fp8)
                 if k == "recompute" and (k, why) not in out]
     return out

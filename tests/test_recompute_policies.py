@@ -247,3 +247,11 @@ def test_discard_under_delayed_scaling_is_refused_and_never_searched():
     current = api.load_job("qwen3-30b-a3b", cluster="h100-80g", gpus=8, framework="megatron",
                            precision="fp8-tensorwise")
     assert "discard" in Space(current.graph, 8, current.workload, api.Knobs()).recomputes()
+    # nor is a whole config taken with it (the bf16 plan's configs seed the FP8 recipes' searches: DeepSeek-V3 on
+    # 1152 GB200 came out fp8-delayed with discard, from the bf16 plan's)
+    from planner.config import ParallelConfig
+    config = ParallelConfig(dp=8, tp=1, pp=1, zero=1, micro_batch=1, num_microbatches=job.workload.global_batch // 8,
+                            recompute="discard")
+    with pytest.raises(UserError, match="delayed scaling"):
+        Space(job.graph, 8, job.workload, api.Knobs()).check(config)
+    Space(current.graph, 8, current.workload, api.Knobs()).check(config)
