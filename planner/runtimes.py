@@ -60,6 +60,7 @@ class Combinations:
     #   --expert-tensor-parallel-size 1, Liu et al. 2025, arXiv:2504.14960, Sec 3; torchtitan's expert parallelism,
     #   which borrows its ranks from dp_shard, cp and tp); "data" over the data-parallel ranks only (DeepSpeed-MoE's
     #   ep_size, which must divide the data-parallel size: deepspeed/utils/groups.py); "none": ep 1 only
+    zero_stages_with_ep: tuple[int, ...] | None = None  # the ZeRO stages that run with ep > 1 (None: all of them)
     ep_from_replicas: bool = True           # "folded": ep may take ranks of replicated (ZeRO-0) data parallelism;
                                             # False: it folds onto the sharded ranks only (torchtitan's sparse
                                             # region is dp_shard x cp x tp: parallel_dims.py, ``_validate``)
@@ -455,6 +456,10 @@ _DEEPSPEED_RUNS = Combinations(
     sequence_parallel=False, context_parallel=False,
     offload_zero_stages=(1, 2, 3), replicates_kv_heads=True, stages_without_blocks=False,
     unequal_stages=False, recompute_per_layer=False, expert_parallel="data",
+    # its expert parallelism is deepspeed.moe.layer.MoE(ep_size=...), and the engine refuses any such layer at stage 3
+    # (deepspeed/runtime/engine.py at 38327e07f, February 2025: assert not self.has_moe_layers, "MoE not supported
+    # with Stage 3")
+    zero_stages_with_ep=(0, 1, 2),
     param_offload_zero_stages=(3,),     # zero_optimization.offload_param: stage 3 only (ZeRO-Infinity)
     finetune_modes=_LORA)
 # ZeRO-Infinity's NVMe offload (device "nvme" of offload_optimizer and offload_param): stage 3 only (DeepSpeed's
@@ -806,6 +811,9 @@ def _ep_refusals(can: Combinations, who: str, *, ep: int, dp, tp, cp, sequence_p
                             f"dividing {region}"))
     if can.ep_needs_sp and tp is not None and tp > 1 and sequence_parallel is False:
         out.append(("sequence_parallel", f"ep {ep} with tp {tp} needs sequence parallelism on {who}"))
+    if zero is not None and can.zero_stages_with_ep is not None and zero not in can.zero_stages_with_ep:
+        out.append(("zero", f"ZeRO-{zero} with expert parallelism (ep {ep}) does not run on {who}; allowed with ep > 1: "
+                            f"ZeRO {one_of(can.zero_stages_with_ep)}"))
     return out
 
 

@@ -63,6 +63,8 @@ def test_deepseek_v3_plans_with_experts_split(gpus):
     ("megatron", ParallelConfig(dp=2, tp=1, pp=2, ep=4), "ep", "must divide dp x cp x tp"),
     ("deepspeed", ParallelConfig(dp=4, tp=2, pp=1, ep=2), "ep", "allowed with ep > 1: tp 1"),
     ("deepspeed", ParallelConfig(dp=2, tp=1, pp=1, ep=4), "ep", "must divide the data-parallel size"),
+    # DeepSpeed's engine asserts "MoE not supported with Stage 3" for its MoE layers (engine.py at 38327e07f)
+    ("deepspeed", ParallelConfig(dp=4, tp=1, pp=1, ep=2, zero=3), "zero", "ZeRO-3 with expert parallelism"),
     # torchtitan folds experts onto dp_shard x cp x tp: ZeRO-0's data-parallel ranks are replicas, not shards
     ("torchtitan", ParallelConfig(dp=4, tp=2, pp=1, ep=8, zero=0, sequence_parallel=True), "zero",
      "leaving cp x tp = 2"),
