@@ -6,9 +6,8 @@ the step its SMs run the model's kernels on the critical path, (compute + recomp
 communication, the pipeline bubble and the optimizer step count at idle power. Each node adds its host
 (CPUs, memory, NVSwitches, NICs, fans) and its share of the network fabric at a constant power; a job on part
 of a node made of several hosts (``Cluster.host_share``: 2 of a GB200 NVL72 rack's 18 trays) the share its hosts
-draw. Every
-number comes from the cluster profile's [power] table, which names its sources; the model itself is not
-validated against measured power (no power measurements are recorded in benchmarks/results).
+draw. Every number comes from the cluster profile's [power] table, which names its sources; the model itself is
+not validated against measured power (no power measurements are recorded in benchmarks/results).
 """
 from __future__ import annotations
 
@@ -86,7 +85,7 @@ def energy(estimate, cluster, workload) -> Energy | None:
     t = estimate.time
     busy = min(1.0, max(0.0, (t.compute + t.recompute) / estimate.step_time_s))
     gpu_w = power.gpu_idle_w + (power.gpu_tdp_w - power.gpu_idle_w) * busy
-    # a job on part of a node of several hosts (8 GPUs of a GB200 NVL72 rack) draws its hosts' share of the node's
+    # a job on part of a node of several hosts (8 GPUs of a GB200 NVL72 rack) draws its hosts' share of the node's power
     share = cluster.host_share
     return Energy(gpus=cluster.num_gpus, nodes=cluster.num_nodes, gpu_w=gpu_w, utilisation=busy,
                   host_w=power.host_w * share, network_w=power.network_w * share, step_s=estimate.step_time_s,

@@ -812,8 +812,8 @@ def _ep_refusals(can: Combinations, who: str, *, ep: int, dp, tp, cp, sequence_p
     if can.ep_needs_sp and tp is not None and tp > 1 and sequence_parallel is False:
         out.append(("sequence_parallel", f"ep {ep} with tp {tp} needs sequence parallelism on {who}"))
     if zero is not None and can.zero_stages_with_ep is not None and zero not in can.zero_stages_with_ep:
-        out.append(("zero", f"ZeRO-{zero} with expert parallelism (ep {ep}) does not run on {who}; allowed with ep > 1: "
-                            f"ZeRO {one_of(can.zero_stages_with_ep)}"))
+        out.append(("zero", f"ZeRO-{zero} with expert parallelism (ep {ep}) does not run on {who}; allowed with "
+                            f"ep > 1: ZeRO {one_of(can.zero_stages_with_ep)}"))
     return out
 
 

@@ -805,9 +805,9 @@ def _host_copy_s(nbytes: float, cluster: Cluster) -> float:
     On a GPU: over its host link ([host] pcie_GBps of the cluster profile, per direction) or its share of a
     PCIe switch's uplink ([host] gpus_per_uplink; network.host_bytes_per_s), or its share of the node's host
     DRAM bandwidth where that is less: every GPU of the node offloads at once ([host] memory_GBps at its
-    memory_efficiency, of the hosts the job's GPUs of the node use: ``Cluster.host_share``, over those GPUs). Not modelled: a PCIe link shared with the GPU's NIC
-    traffic (GPUDirect RDMA). In a CPU process: the clone of the saved storages, read and written at the
-    measured copy rate (hbm_GBps counts read + write bytes)."""
+    memory_efficiency, of the hosts the job's GPUs of the node use: ``Cluster.host_share``, over those GPUs). Not
+    modelled: a PCIe link shared with the GPU's NIC traffic (GPUDirect RDMA). In a CPU process: the clone of the
+    saved storages, read and written at the measured copy rate (hbm_GBps counts read + write bytes)."""
     if nbytes <= 0:
         return 0.0
     if cluster.device_kind == "cpu":
