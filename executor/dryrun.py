@@ -35,7 +35,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from planner.errors import UserError
 from planner.plan import Plan
 
-from .measure import offloaded_params
+from .measure import offloaded_params, padded_shards
 from .mesh import ParallelDims
 from .models import canonical_name
 from .lora import ADAPTER_LEAVES, adapter_shapes, finetune_of
@@ -215,24 +215,27 @@ def _unsharded_over_dp_bytes(p: torch.Tensor) -> int:
 
 def _state_bytes(model: nn.Module, optimizer, deferred: bool = False) -> tuple[dict[str, int], dict[str, int]]:
     """({category: bytes on the device}, {category: bytes in host memory}) of the parameters, their
-    gradients (fp32, shaped as the shard; ``deferred``: gathered over the data-parallel ranks, as a
-    pipeline accumulates them under FSDP before its one reduce-scatter, on the device also where
-    the shards are offloaded) and the states the optimizer holds after its first step:
+    gradients (fp32, shaped as the shard, FSDP2's padded as it allocates them: ``padded_shards``; ``deferred``:
+    gathered over the data-parallel ranks, as a pipeline accumulates them under FSDP before its one
+    reduce-scatter, on the device also where the shards are offloaded) and the states the optimizer holds after
+    its first step:
     ZeRO-1's (built now, on meta), or AdamW's two fp32 moments of every local parameter and its step
     count; the frozen parameters' alone. In host memory: FSDP2's offloaded parameters with their gradients and
     states, and an offloaded ZeRO-1 optimizer's states (executor/measure.py tells them apart the same way)."""
     device, host = dict.fromkeys(("params", "grads", "optimizer"), 0), dict.fromkeys(("params", "grads", "optimizer"), 0)
-    offloaded = offloaded_params([model])
+    offloaded, padded = offloaded_params([model]), padded_shards([model])
     for p in model.parameters():
         where = host if id(p) in offloaded else device
-        where["params"] += _local_bytes(p)
+        # FSDP2's shard and reduced gradient as allocated, padded to the first rank's; AdamW's moments as the shard
+        held = padded[id(p)] * p.element_size() if id(p) in padded else _local_bytes(p)
+        where["params"] += held
         if not p.requires_grad:     # frozen (a LoRA run's base): no gradient, no optimizer state
             continue
         if deferred:       # the unsharded accumulator on the device; an offloaded shard's reduced copy on the host
             device["grads"] += _unsharded_over_dp_bytes(p)
-            host["grads"] += _local_bytes(p) if where is host else 0
+            host["grads"] += held if where is host else 0
         else:
-            where["grads"] += _local_bytes(p)
+            where["grads"] += held
         if not isinstance(optimizer, ShardedAdamW):
             where["optimizer"] += _local_bytes(p) // p.element_size() * ADAMW_STATE_BYTES_PER_ELEMENT + ADAMW_STEP_BYTES
     if isinstance(optimizer, ShardedAdamW):

@@ -48,16 +48,25 @@ def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     return sum(seen.values())
 
 
-def offloaded_params(modules: Iterable[nn.Module]) -> set[int]:
-    """ids of the parameters FSDP2 keeps in host memory (``CPUOffloadPolicy``)."""
+def _fsdp_params(modules: Iterable[nn.Module]):
+    """FSDP2's record (FSDPParam) of every parameter it manages under ``modules``."""
     from torch.distributed.fsdp import FSDPModule
-    out = set()
     for root in modules:
         for module in root.modules():
             group = module._get_fsdp_state()._fsdp_param_group if isinstance(module, FSDPModule) else None
-            out.update(id(fp.sharded_param) for fp in (group.fsdp_params if group is not None else ())
-                       if fp.offload_to_cpu)
-    return out
+            yield from (group.fsdp_params if group is not None else ())
+
+
+def offloaded_params(modules: Iterable[nn.Module]) -> set[int]:
+    """ids of the parameters FSDP2 keeps in host memory (``CPUOffloadPolicy``)."""
+    return {id(fp.sharded_param) for fp in _fsdp_params(modules) if fp.offload_to_cpu}
+
+
+def padded_shards(modules: Iterable[nn.Module]) -> dict[int, int]:
+    """{id of a parameter FSDP2 shards: the elements of its padded shard}: FSDP2 allocates every rank's shard, and the
+    reduce-scattered gradient, as large as the first rank's (torch.chunk's piece), padding the last ranks' where the
+    sharded dimension does not divide (torch/distributed/fsdp/_fully_shard/_fsdp_param.py ``_init_sharded_param``)."""
+    return {id(fp.sharded_param): fp.padded_sharded_param_size.numel() for fp in _fsdp_params(modules)}
 
 
 def param_bytes(modules: Iterable[nn.Module], host: bool = False) -> int:
