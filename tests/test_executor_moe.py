@@ -608,17 +608,24 @@ def _train(plan_path: str, steps: int, load: str | None, save: str | None, out: 
 
 
 @pytest.mark.distributed
-def test_a_zero1_checkpoint_of_ep_2_resumes_without_expert_parallelism(tmp_path):
-    """Save after 2 steps with the experts split over 2 ep ranks and their ZeRO-1 states over 2 efsdp
-    ranks along the expert's rows (one expert per rank: DTensors Shard(1) x Shard(0) on the (efsdp, ep)
-    mesh), resume 2 steps with every expert on every rank (ep 1, ZeRO-2 over dp 2, FSDP2's Shard(0)):
-    the 4 losses equal an uninterrupted single-process run within 1e-4."""
+@pytest.mark.parametrize("saved,resumed", [
+    # the experts split over 2 ep ranks and their ZeRO-1 states over 2 efsdp ranks along the expert's rows (one expert
+    # per rank: DTensors Shard(1) x Shard(0) on the (efsdp, ep) mesh), resumed with every expert on every rank (ep 1,
+    # ZeRO-2 over dp 2, FSDP2's Shard(0))
+    ({"gpus": 4, "ep": 2, "zero": 1}, {"gpus": 2, "zero": 2}),
+    # without expert parallelism at ZeRO-3 over 4 ranks, the stack of two experts sharded along an expert's rows
+    # (FSDP2's Shard(1): two experts do not split four ways), resumed under ZeRO-1 over 2 (AdamW rows along the experts)
+    ({"gpus": 4, "zero": 3}, {"gpus": 2, "zero": 1}),
+], ids=["ep2-zero1-to-zero2", "stack-rows-zero3-to-zero1"])
+def test_an_expert_checkpoint_resumes_under_another_sharding(tmp_path, saved, resumed):
+    """Save after 2 steps under one sharding of the experts, resume 2 steps under another: the 4 losses equal an
+    uninterrupted single-process run within 1e-4."""
     spec = TINY_TWO_EXPERTS
-    plan_a = write_moe_plan(tmp_path / "a.plan.json", spec, gpus=4, ep=2, zero=1)
-    plan_b = write_moe_plan(tmp_path / "b.plan.json", spec, gpus=2, zero=2)
+    plan_a = write_moe_plan(tmp_path / "a.plan.json", spec, **saved)
+    plan_b = write_moe_plan(tmp_path / "b.plan.json", spec, **resumed)
     ckpt = str(tmp_path / "ckpt")
-    spawn(_train, 4, plan_a, 2, None, ckpt, str(tmp_path / "a.json"))
-    spawn(_train, 2, plan_b, 2, ckpt, None, str(tmp_path / "b.json"))
+    spawn(_train, saved["gpus"], plan_a, 2, None, ckpt, str(tmp_path / "a.json"))
+    spawn(_train, resumed["gpus"], plan_b, 2, ckpt, None, str(tmp_path / "b.json"))
     first = json.loads((tmp_path / "a.json").read_text())
     second = json.loads((tmp_path / "b.json").read_text())
     assert second["first_step"] == 2
