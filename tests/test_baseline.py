@@ -446,3 +446,18 @@ def test_published_layouts_read_as_their_sources_say(name):
     # Llama 3's one layer fewer on the first and last stage (126 blocks on 32 virtual stages: 3, 4 x 30, 3)
     # is also meshplan's balanced split, which keeps the extra blocks in the middle
     assert c.stage_layers is None
+
+
+def test_megatron_expert_tensor_parallelism_defaults_to_the_tensor_parallel_size(tmp_path):
+    """Unset, --expert-tensor-parallel-size is the tensor-parallel size in Megatron-LM, with or without expert
+    parallelism (arguments.py at core_r0.14.0): Mixtral's args with tp 2 and ep 8 and no such flag run its experts
+    split over the tp ranks, which meshplan does not model, so they are refused naming the flag and why (they were
+    read as expert tensor parallel 1); given as 1, they read as ep 8."""
+    from planner.errors import UserError
+    line = ("torchrun pretrain_gpt.py --tensor-model-parallel-size 2 --expert-model-parallel-size 8 --sequence-parallel "
+            "--num-experts 8 --moe-router-topk 2 --micro-batch-size 1 --global-batch-size 64 --seq-length 4096 --bf16")
+    with pytest.raises(UserError) as caught:
+        read(tmp_path, "mixtral.sh", line, gpus=64, model="mixtral-8x7b")
+    assert caught.value.field == "--expert-tensor-parallel-size" and "Megatron-LM's default" in str(caught.value)
+    b, _, _ = read(tmp_path, "mixtral.sh", line + " --expert-tensor-parallel-size 1", gpus=64, model="mixtral-8x7b")
+    assert (b.config.tp, b.config.ep) == (2, 8)

@@ -390,10 +390,14 @@ def _expert_parallel(args: dict, source: str, tp: int, graph: LayerGraph) -> tup
     folding): meshplan models experts whole on each of ep ranks (expert tensor parallel 1) or, with ep 1, split over
     the tensor-parallel ranks (the expert tensor-parallel size's default, tp)."""
     ep = _int(args, "--expert-model-parallel-size", source, 1)
-    etp = _int(args, "--expert-tensor-parallel-size", source, tp if ep == 1 else 1)
+    # unset, Megatron-LM takes the tensor-parallel size, with or without expert parallelism (megatron/training/
+    # arguments.py at core_r0.14.0: "if args.expert_tensor_parallel_size is None: ... = args.tensor_model_parallel_size")
+    given = "--expert-tensor-parallel-size" in args
+    etp = _int(args, "--expert-tensor-parallel-size", source, tp)
     if ep > 1 and etp != 1:
-        raise UserError(f"{etp} with --expert-model-parallel-size {ep}: meshplan models experts whole on their rank "
-                        "(expert tensor parallel 1) under expert parallelism; allowed: 1", source=source,
+        unset = "" if given else " (not given: Megatron-LM's default, the tensor-parallel size)"
+        raise UserError(f"{etp}{unset} with --expert-model-parallel-size {ep}: meshplan models experts whole on their "
+                        "rank (expert tensor parallel 1) under expert parallelism; allowed: 1", source=source,
                         field="--expert-tensor-parallel-size")
     if ep == 1 and etp != tp:
         raise UserError(f"{etp} without expert parallelism: meshplan splits the experts as the dense layers (over "
