@@ -246,15 +246,10 @@ def test_gpt_oss_20b_with_its_heads_split_builds_as_planned_at_24_ranks():
     parallelism, ep 8, ZeRO-1): each tp rank holds the sinks of its 16 of the 64 heads, as the dry run expects
     (it expected every head's until 2026-11-28 and failed every such plan)."""
     from planner import api
-    from planner.cluster import load_cluster
-    from planner.config import ParallelConfig, Workload
-    from planner.layers import build_layer_graph
-    from planner.model import ZOO
+    from planner.config import ParallelConfig
     from planner.plan import Plan
     from executor.dryrun import dry_run
-    spec = ZOO["gpt-oss-20b"]
-    job = api.Job(model_source="gpt-oss-20b", spec=spec, graph=build_layer_graph(spec),
-                  cluster=load_cluster("h100-80g", 24), workload=Workload(global_batch=24, seq_len=4096))
+    job = api.load_job("gpt-oss-20b", "h100-80g", gpus=24, global_batch=24, seq_len=4096)
     config = ParallelConfig(dp=6, tp=4, pp=1, zero=1, micro_batch=1, num_microbatches=4, recompute="none", ep=8,
                             sequence_parallel=True)
     plan = Plan.from_json(api.fixed_plan(job, config).to_json(), "gpt-oss-20b-tp4.json")

@@ -573,15 +573,10 @@ def test_qwen3_30b_a3b_on_a_whole_nvl72_rack_builds_with_its_uneven_expert_shard
     uneven shard but along dim 0 (this plan failed to build when the stacks went along dim 1), so each rank holds
     ceil(16 / 9) = 2 of them; the first rank's gradients and AdamW states are the cost model's within 1%."""
     from planner import api
-    from planner.cluster import load_cluster
-    from planner.config import ParallelConfig, Workload
-    from planner.layers import build_layer_graph
-    from planner.model import ZOO
+    from planner.config import ParallelConfig
     from planner.plan import Plan
     from executor.dryrun import dry_run
-    spec = ZOO["qwen3-30b-a3b"]
-    job = api.Job(model_source="qwen3-30b-a3b", spec=spec, graph=build_layer_graph(spec),
-                  cluster=load_cluster("gb200-nvl72", 72), workload=Workload(global_batch=288, seq_len=4096))
+    job = api.load_job("qwen3-30b-a3b", "gb200-nvl72", gpus=72, global_batch=288, seq_len=4096)
     config = ParallelConfig(dp=72, tp=1, pp=1, zero=2, micro_batch=2, num_microbatches=2, recompute="none", ep=8)
     plan = Plan.from_json(api.fixed_plan(job, config).to_json(), "qwen3-30b-a3b-nvl72.json")
     reports, _ = dry_run(plan)

@@ -132,11 +132,8 @@ def test_deepseek_v3_offloaded_on_8_gpus_of_a_rack_no_longer_fits_in_host_memory
     """671B parameters' fp32 master weights, gradients and Adam moments (16 bytes each: 10.7 TB) do not fit in 2
     trays' 1.92 TB; the search says no plan fits at 8 GPUs of the rack, as it does on 8 GPUs of DGX B200."""
     from planner.errors import NoFeasiblePlan
-    spec = load_model("deepseek-v3")
     for name in ("gb200-nvl72", "b200"):
-        job = api.Job(model_source="deepseek-v3", spec=spec, graph=build_layer_graph(spec),
-                      cluster=load_cluster(name, 8), workload=Workload(global_batch=64, seq_len=4096,
-                                                                      framework="torch"))
+        job = api.load_job("deepseek-v3", name, gpus=8, global_batch=64, seq_len=4096)
         with pytest.raises(NoFeasiblePlan):
             api.plan(job, api.Knobs())
 
