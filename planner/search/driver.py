@@ -32,6 +32,7 @@ from ..estimate import Candidate
 from ..layers import LayerGraph
 from ..recompute import POLICIES, every_k, summary_policy
 from ..schedules import SCHEDULES
+from ..simulate import played_candidate
 from .bounds import LayoutBounds, layout_order, optimizer_floor
 from .result import OPTIMALITY_GAP, SearchResult, TopK, choose, error_bands, sort_key
 from .space import Knobs, Layout, Space
@@ -83,7 +84,9 @@ def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs
     space = Space(graph, cluster.num_gpus, workload, knobs, cluster.device.dtypes, cluster.device_kind)
     check_nvme(bool(knobs.nvme_offload), cluster)
     cache = CostCache(graph, cluster, workload)
-    top = TopK(top_k + 1, cap=bound_s)
+    # ranked by simulation at the end, the candidates whose closed form does not hold are ranked by their played
+    # pipeline as they come (simulate.played_candidate); without, by the closed form alone (what the ILP solves)
+    top = TopK(top_k + 1, cap=bound_s, played=(lambda c: played_candidate(cache, c)) if simulate else None)
     for config in seeds:
         try:
             space.check(config)

@@ -67,12 +67,15 @@ class TopK:
     layout, a plan with more offload or recompute must be faster by more than the optimality gap
     to displace a simpler one (a 0.02% gain is not worth moving the optimizer to the host)."""
 
-    def __init__(self, k: int, cap: float = float("inf")):
+    def __init__(self, k: int, cap: float = float("inf"), played=None):
         """``cap``: a step time no plan worth keeping reaches (a bound from outside the search: another precision's
-        plan to beat); what is slower is pruned as if k faster ones were held."""
-        self.k, self.items, self.cap = k, [], cap
+        plan to beat); what is slower is pruned as if k faster ones were held. ``played``: what a candidate is
+        ranked as, where not its closed form (planner/simulate.py ``played_candidate``)."""
+        self.k, self.items, self.cap, self.played = k, [], cap, played
 
     def add(self, c: Candidate) -> None:
+        if self.played is not None:
+            c = self.played(c)
         if c.estimate.step_time_s >= self.cap:
             return
         key = layout_key(c.config)

@@ -1,0 +1,153 @@
+"""A pipeline played pass by pass: each rank's passes in its schedule's order, each once its input has arrived,
+the sends between the ranks (what ``planner/simulate.py`` plays with the data-parallel collectives, the optimizer
+and the layer-by-layer detail besides, and what the search plays alone where the closed form does not hold:
+``planner/cost/step.py played_pipeline_s``). It needs only the schedules, so the cost model can call it."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from .pipeline_orders import schedule_order
+from .schedules import SCHEDULES, rank_chunk, stage_of
+
+SEND_NEXT, SEND_PREV = "send-next", "send-prev"     # a rank's send streams
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What ``_needs`` and ``_send_target`` read of a StepWork: its stages and where they sit
+    (``PipelineSchedule.placement``)."""
+    pp: int
+    vpp: int
+    placement: str = "loop"
+
+    def stage_of(self, rank: int, chunk: int) -> int:
+        return stage_of(self.placement, rank, chunk, self.pp)
+
+    def rank_of(self, stage: int) -> int:
+        return rank_chunk(self.placement, stage, self.pp)[0]
+
+
+def _needs(work: _Shape, rank: int, op: tuple[str, int, int]) -> tuple | None:
+    """The arrival a pass waits for (None: its input is local; the weight gradient's always is, after its
+    input gradient, which every order runs first)."""
+    kind, mb, chunk = op
+    if kind == "W":
+        return None
+    stage = work.stage_of(rank, chunk)
+    if kind == "F":
+        return ("F", mb, stage) if stage > 0 else None
+    return ("B", mb, stage) if stage < work.pp * work.vpp - 1 else None
+
+
+def _send_target(work: _Shape, rank: int, op: tuple[str, int, int]) -> tuple | None:
+    """(stream, arrival key) of a pass's output: the next virtual stage (forward) or the previous
+    (backward: whole or input gradient); None at the ends and for the weight gradient, which sends
+    nothing. The stream is None where the target stage is on the same rank (the turn of a V): the
+    output is there when the pass ends."""
+    kind, mb, chunk = op
+    if kind == "W":
+        return None
+    stage = work.stage_of(rank, chunk)
+    target = stage + 1 if kind == "F" else stage - 1
+    if not 0 <= target < work.pp * work.vpp:
+        return None
+    key = ("F" if kind == "F" else "B", mb, target)
+    if work.rank_of(target) == rank:
+        return None, key
+    return SEND_NEXT if kind == "F" else SEND_PREV, key
+
+
+@functools.lru_cache(maxsize=64)
+def schedule_programs(schedule: str, pp: int, vpp: int, num_microbatches: int) -> tuple[tuple, tuple, tuple]:
+    """Per rank: its passes in order (``schedule_order``), the arrival each waits for (``_needs``) and where
+    its output goes (``_send_target``). They depend on the schedule's shape only, so the finalists of a
+    search, which mostly share it, build them once (read-only tuples)."""
+    shape = _Shape(pp, vpp, SCHEDULES[schedule].placement if pp > 1 else "loop")
+    programs = tuple(tuple(schedule_order(schedule, pp=pp, vpp=vpp, num_microbatches=num_microbatches, rank=r))
+                     for r in range(pp))
+    needs = tuple(tuple(_needs(shape, r, op) for op in prog) for r, prog in enumerate(programs))
+    targets = tuple(tuple(_send_target(shape, r, op) for op in prog) for r, prog in enumerate(programs))
+    return programs, needs, targets
+
+
+def repeats(schedule: str) -> bool:
+    """Whether the schedule's steady state repeats itself every group of micro-batches, so that a step can be
+    extrapolated from shorter ones (``play_pipeline``, planner/simulate.py ``step_time``): not under the V placement (zbv, DualPipeV), whose steps of
+    unequal stages grew alike over three lengths and then differently (played on 80 random pipelines of 4 to 16
+    ranks: extrapolated 0.2-3.0% short in 7 to 9 of them)."""
+    return SCHEDULES[schedule].placement != "v"
+
+
+def play_pipeline(schedule: str, passes: tuple, num_microbatches: int, *, hop_s: float = 0.0,
+                  blocking_sends: bool = True) -> float:
+    """``_play_pipeline`` for ``num_microbatches``, extrapolated from three shorter runs a group of micro-batches
+    apart where every rank's streams end alike later in each (planner/simulate.py ``step_time``'s rule, with each rank's streams for
+    its parts), as the search plays the pipelines of hundreds of micro-batches too."""
+    m, p = num_microbatches, len(passes)
+    group = p if SCHEDULES[schedule].virtual_stages else 1
+    m1 = group * max(2, -(-4 * p // group))
+    if not repeats(schedule) or p == 1 or m < m1 + 4 * group or (m - m1) % group or 3 * (m1 + group) >= m:
+        return _play_pipeline(schedule, passes, m, hop_s=hop_s, blocking_sends=blocking_sends)
+    runs = [_play_pipeline(schedule, passes, n, hop_s=hop_s, blocking_sends=blocking_sends, ends=True)
+            for n in (m1, m1 + group, m1 + 2 * group)]
+    first, second = ([b - a for a, b in zip(runs[i], runs[i + 1])] for i in (0, 1))
+    if any(abs(x - y) > 1e-9 * max(1.0, max(runs[2])) for x, y in zip(first, second)):
+        return _play_pipeline(schedule, passes, m, hop_s=hop_s, blocking_sends=blocking_sends)
+    return max(a + (m - m1) // group * d for a, d in zip(runs[0], first))
+
+
+def _play_pipeline(schedule: str, passes: tuple, num_microbatches: int, *, hop_s: float = 0.0,
+                   blocking_sends: bool = True, ends: bool = False):
+    """The step time ``simulate_work`` gives a pipeline of chunks with no data-parallel collective, no optimizer
+    and no layer-by-layer detail, played without its bookkeeping (what the search calls thousands of times):
+    ``passes[rank][chunk]`` = (forward, backward, of it the weight gradient) seconds per micro-batch. Each rank
+    runs its passes in the schedule's order, each once its input has arrived and its own last blocking send is
+    done; a send leaves on its stream when the pass ends and the stream is free."""
+    p, v = len(passes), len(passes[0])
+    programs, needs, targets = schedule_programs(schedule, p, v, num_microbatches)
+    kinds = {"F": 0, "B": 1, "I": 2, "W": 3}
+    seconds = [[(f, b, b - w, w) for f, b, w in rank] for rank in passes]
+    durations = [[own[chunk][kinds[kind]] for kind, _, chunk in prog] for own, prog in zip(seconds, programs)]
+    free, block = [0.0] * p, [0.0] * p
+    send = [{SEND_NEXT: 0.0, SEND_PREV: 0.0} for _ in range(p)]
+    arrivals: dict[tuple, float] = {}
+    position = [0] * p
+    remaining = sum(len(prog) for prog in programs)
+    while remaining:
+        progressed = False
+        for r in range(p):
+            need_of, target_of, took, sends = needs[r], targets[r], durations[r], send[r]
+            n = len(took)
+            i, t, until = position[r], free[r], block[r]
+            while i < n:
+                need = need_of[i]
+                if need is not None:
+                    ready = arrivals.get(need)
+                    if ready is None:
+                        break
+                    if ready > t:
+                        t = ready
+                if until > t:
+                    t = until
+                t += took[i]
+                target = target_of[i]
+                if target is not None:
+                    stream, key = target
+                    if stream is None:          # the next stage is on this rank
+                        arrivals[key] = t
+                    else:
+                        end = (t if t > sends[stream] else sends[stream]) + hop_s
+                        sends[stream] = arrivals[key] = end
+                        if blocking_sends:
+                            until = end
+                i += 1
+            if i != position[r]:
+                remaining -= i - position[r]
+                position[r], free[r], block[r] = i, t, until
+                progressed = True
+        if not progressed:
+            raise RuntimeError(f"pipeline schedule {schedule} deadlocked (a bug in schedule_order)")
+    if ends:        # each rank's compute and send streams when they are done
+        return [*free, *block, *(x for sends in send for x in sends.values())]
+    return max(max(t, until) for t, until in zip(free, block))
