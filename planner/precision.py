@@ -76,6 +76,8 @@ class Recipe:
                                     # the casts (MXFP8: the operand's scales swizzled), at CAST_KERNEL_MIN_S each at
                                     # least, moving ``te_operand_bytes`` per element of the operand
     te_operand_bytes: float = 0.0
+    scale_bytes: float = 0.0        # bytes of scales TransformerEngine writes and keeps per element of an activation or
+                                    # gradient operand, for each layout it writes (0: one scale per tensor)
     torchao_name: str = ""          # torchao's Float8LinearRecipeName / MX recipe
     megatron_flags: tuple[str, ...] = ()    # Megatron-LM's arguments for it
 
@@ -83,7 +85,12 @@ class Recipe:
 # TransformerEngine's fused casts: (2 read + 1 + 1 written) per element; current scaling reads for its amax first
 _TE_FUSED = 4.0
 _TE_AMAX = 2.0
-_MX_SCALES = 2 / 32         # MXFP8: one 1-byte scale per 32 values, for each of the two layouts written
+_MX_SCALE = 1 / 32          # MXFP8: one 1-byte (e8m0) scale per 32 values
+# blockwise: a 4-byte (fp32) scale per 1 x 128 block of an activation or gradient and per 128 x 128 block of a weight
+# (TransformerEngine v2.9 transformer_engine/pytorch/tensor/float8_blockwise_tensor.py: Float8BlockQuantizer's
+# make_empty allocates float32 scale_inv tensors of ceil(K / 128) x M per layout, 1D, and ceil(M / 128) x
+# ceil(K / 128), 2D)
+_BLOCK_SCALE, _BLOCK_SCALE_2D = 4 / 128, 4 / (128 * 128)
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
     Recipe(name="fp8-tensorwise", what="FP8 linears, one scale per tensor from its current amax",
@@ -117,16 +124,18 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            megatron_flags=("--fp8-format", "hybrid", "--fp8-recipe", "delayed")),
     Recipe(name="fp8-blockwise", what="FP8 linears, 1x128 activation and 128x128 weight blocks (DeepSeek-V3)",
            scaling="1x128 blocks (activations, gradients), 128x128 blocks (weights)",
-           te={"input": (_TE_FUSED, 0.0), "weight": (_TE_FUSED, 0.0), "grad_output": (0.0, _TE_FUSED)},
-           te_kernels={"input": (1, 0), "weight": (1, 0), "grad_output": (0, 1)},
+           # both layouts written, each with its scales
+           te={"input": (_TE_FUSED + 2 * _BLOCK_SCALE, 0.0), "weight": (_TE_FUSED + 2 * _BLOCK_SCALE_2D, 0.0),
+               "grad_output": (0.0, _TE_FUSED + 2 * _BLOCK_SCALE)},
+           te_kernels={"input": (1, 0), "weight": (1, 0), "grad_output": (0, 1)}, scale_bytes=_BLOCK_SCALE,
            megatron_flags=("--fp8-format", "e4m3", "--fp8-recipe", "blockwise")),
     Recipe(name="mxfp8", what="MXFP8 linears, an 8-bit exponent scale per 32 values (Blackwell)",
            scaling="1x32 blocks, e8m0 scales", gemm_dtype="mxfp8",
            torchao={"input": (3.0, 3.0), "weight": (3.0, 3.0), "grad_output": (0.0, 6.0)},
            amax={"input": (2.0, 2.0), "weight": (2.0, 2.0), "grad_output": (0.0, 4.0)},
            # TE's MXFP8 quantizer writes both layouts and, with each, an e8m0 scale per 32 values (1/32 byte apiece)
-           te={"input": (_TE_FUSED + _MX_SCALES, 0.0), "weight": (_TE_FUSED + _MX_SCALES, 0.0),
-               "grad_output": (0.0, _TE_FUSED + _MX_SCALES)},
+           te={"input": (_TE_FUSED + 2 * _MX_SCALE, 0.0), "weight": (_TE_FUSED + 2 * _MX_SCALE, 0.0),
+               "grad_output": (0.0, _TE_FUSED + 2 * _MX_SCALE)}, scale_bytes=_MX_SCALE,
            torchao_kernels={"input": (1, 1), "weight": (1, 1), "grad_output": (0, 2)},
            te_kernels={"input": (1, 0), "weight": (1, 0), "grad_output": (0, 1)},
            # before every MXFP8 GEMM TransformerEngine swizzles both operands' scales into the layout cuBLAS reads

@@ -213,6 +213,23 @@ def test_transformer_engine_keeps_the_fp8_copy_of_a_linears_input():
     assert kept("", cluster=b200) - kept("mxfp8", cluster=b200) == pytest.approx((2 * h + f) * tokens * (1 - 1 / 32),
                                                                                  rel=1e-9)
     assert kept("", "torchtitan") == kept("fp8-rowwise", "torchtitan")
+    # blockwise keeps an fp32 scale per 128 values beside its FP8 copy (TE v2.9 Float8BlockQuantizer)
+    assert kept("") - kept("fp8-blockwise") == pytest.approx((2 * h + f) * tokens * (1 - 4 / 128), rel=1e-9)
+
+
+def test_blockwise_casts_write_a_scale_per_128_values_in_each_layout():
+    # TE v2.9 float8_blockwise_tensor.py: an fp32 scale_inv per 1 x 128 block of the input and of the output gradient
+    # (4 / 128 bytes a value) and per 128 x 128 block of the weight, for each of the two layouts the fused cast writes;
+    # delayed scaling writes the same FP8 data with one scale per tensor
+    cluster = load_cluster("h100-80g", 8)
+    dev = cluster.device
+    hbm = dev.hbm_bytes_per_s * dev.hbm_efficiency
+    m, n, k = 16384.0, 14336.0, 4096.0
+    op = _linear("layers.0.mlp.gate_proj", int(k), int(n))
+    fwd, bwd = fp8_linear_s(op, 1, m, n, k, cluster, "fp8-blockwise", "megatron", 1)
+    f_d, b_d = fp8_linear_s(op, 1, m, n, k, cluster, "fp8-delayed", "megatron", 1)
+    assert fwd - f_d == pytest.approx(2 * 4 / 128 * m * k / hbm, rel=1e-9)
+    assert bwd - b_d == pytest.approx(2 * 4 / 128 * m * n / hbm, rel=1e-9)
 
 
 def test_fp8_param_gather_gathers_the_converted_parameters_in_one_byte():

@@ -112,9 +112,10 @@ def _routed_share(op: Op, ctx: Context) -> float:
 
 def _fp8_saved_share(op: Op, ctx: Context) -> float:
     """What a linear keeps of its input for the weight gradient, over the compute dtype's bytes: TransformerEngine's
-    FP8 linears keep the FP8 (column-wise) copy their cast made, one byte per element (and MXFP8 an e8m0 scale per
-    32; TE's Linear and GroupedLinear save their quantized input under fp8_autocast), where torchao keeps the bf16
-    input and casts it again (its rowwise and MX casts of the input in backward); 1 elsewhere."""
+    FP8 linears keep the FP8 (column-wise) copy their cast made, one byte per element and its scales (MXFP8 an e8m0
+    per 32, blockwise an fp32 per 128: ``Recipe.scale_bytes``; TE's Linear and GroupedLinear save their quantized
+    input under fp8_autocast), where torchao keeps the bf16 input and casts it again (its rowwise and MX casts of the
+    input in backward); 1 elsewhere."""
     return _fp8_input_share(op, ctx) if op.saved else 1.0
 
 
@@ -124,7 +125,7 @@ def _fp8_input_share(op: Op, ctx: Context) -> float:
     if not ctx.fp8 or op.kind != "linear" or fp8_recipes.library(ctx.framework) != "te" \
             or not fp8_converts(op, ctx.fp8, ctx.framework):
         return 1.0
-    fp8 = 1.0 + (1.0 / 32 if fp8_recipes.RECIPES[ctx.fp8].gemm_dtype == "mxfp8" else 0.0)
+    fp8 = 1.0 + fp8_recipes.RECIPES[ctx.fp8].scale_bytes
     return fp8 / DTYPE_BYTES[ctx.precision]
 
 
