@@ -27,7 +27,7 @@ from .errors import NoFeasiblePlan, UserError, one_of
 from .estimate import Candidate
 from .explain import no_fit
 from .layers import LayerGraph, build_layer_graph
-from .model import ModelSpec, load_model
+from .model import ModelSpec, is_zoo_model, load_model
 from .plan import Plan
 from .precision import DTYPES, RECIPES, library, split as split_precision
 from .recompute import expand_recompute
@@ -94,6 +94,13 @@ class JobInputs:
         else:
             spec = load_model(self.model, seq_len=self.seq_len)
             graph = build_layer_graph(spec)
+            if self.seq_len is None and not is_zoo_model(self.model):
+                # a config.json says how long a context the model takes, not how long it trains at (Llama 3.1's
+                # 131072 after pretraining at 8192: Dubey et al. 2024, Sec 3.4.2); the zoo entries carry their pretraining's
+                (warn or (lambda _: None))(
+                    f"--seq-len left out: {spec.seq_len}-token sequences, {self.model}'s longest context (its "
+                    "max_position_embeddings or n_positions), which may be longer than it trains at; "
+                    "pass --seq-len to plan another")
         cluster = load_cluster(self.cluster, self.gpus)
         precision, fp8 = split_precision(self.precision or default_precision(cluster))
         if precision not in cluster.device.dtypes:

@@ -409,11 +409,15 @@ def zoo_names() -> list[str]:
     return list(ZOO)
 
 
+def is_zoo_model(source: str) -> bool:
+    """Whether ``source`` names a zoo model (else it is a config.json or a folder holding one)."""
+    return ALIASES.get(source.lower(), source.lower()) in ZOO
+
+
 def load_model(source: str, *, seq_len: int | None = None) -> ModelSpec:
     """A zoo name or a path to a Hugging Face config.json (or a folder holding one)."""
-    name = ALIASES.get(source.lower(), source.lower())
-    if name in ZOO:
-        spec = ZOO[name]
+    if is_zoo_model(source):
+        spec = ZOO[ALIASES.get(source.lower(), source.lower())]
     else:
         path = Path(source)
         if path.is_dir():

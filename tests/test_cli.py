@@ -309,3 +309,20 @@ def test_the_plan_never_says_a_negative_saving():
     assert gain_sentences(recompute) == ["recomputing 3 of 32 blocks saves 5.93 s per step (30.5%) against "
                                          "recomputing every block"]
     assert not any("-" in s for s in gain_sentences({**stages, **recompute}))
+
+
+def test_a_configs_context_length_as_the_sequence_is_said(cli, tmp_path):
+    """A config.json gives the longest context the model takes (Llama 3.1: 131072), not its training sequence: left
+    to it, the plan says so; with --seq-len, or a zoo model (its pretraining's length), nothing is said."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 512, "intermediate_size": 1024,
+                                  "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 8,
+                                  "vocab_size": 1000, "max_position_embeddings": 131072}))
+    out = cli("plan", "--model", str(config), "--cluster", "h100-80g", "--gpus", "8")
+    assert out.returncode == 0, out.stderr
+    assert "8 sequences x 131072 tokens" in out.stdout
+    assert "--seq-len left out: 131072-token sequences" in out.stderr and "max_position_embeddings" in out.stderr
+    out = cli("plan", "--model", str(config), "--cluster", "h100-80g", "--gpus", "8", "--seq-len", "4096")
+    assert out.returncode == 0 and "--seq-len" not in out.stderr, out.stderr
+    out = cli("plan", *SMALL)
+    assert out.returncode == 0 and "--seq-len" not in out.stderr, out.stderr
