@@ -54,9 +54,10 @@ from dataclasses import dataclass, fields, replace
 from .cluster import Cluster
 from .config import ParallelConfig, Workload
 from .cost.step import (CostCache, data_parallel_spans_nodes, dp_overlaps, dp_phases, estimate, fetches_per_tensor,
-                        gathers_every_microbatch, layer_network_busy_s, network_crossing, optimizer_time_s,
-                        per_tensor_phases, pipeline_sends_busy_s, played_pipeline_s, rank_costs, rank_pipeline_s,
-                        reduces_every_microbatch, sends_overlap, tied_bucket, tied_embedding_sync_s)
+                        gathers_every_microbatch, gathers_forward_every_microbatch, layer_network_busy_s,
+                        network_crossing, optimizer_time_s, per_tensor_phases, pipeline_sends_busy_s,
+                        played_pipeline_s, rank_costs, rank_pipeline_s, reduces_every_microbatch, sends_overlap,
+                        tied_bucket, tied_embedding_sync_s)
 from .cost.host import host_bound, host_s
 from .estimate import Candidate, Estimate, StepTime
 from .layers import LayerGraph
@@ -133,8 +134,12 @@ class StepWork:
     hop_s: float = 0.0                                    # one stage-boundary transfer
     blocking_sends: bool = True                           # the sender waits for its send
     gather_every_microbatch: bool = False                 # else before each layer's first forward only
+    gather_forward_once: bool = False                     # of those, the forward's only before the first forward
+                                                          # (cost.step.gathers_forward_every_microbatch)
     reduce_every_microbatch: bool = False                 # else after each layer's last backward only
     overlap_dp: bool = True                               # collectives overlap compute
+    defer_reduce: bool = False                            # but the once-per-step gradient reduction runs after the
+                                                          # last backward (cost.step.dp_overlaps)
     overlap_param_gather: bool = True                     # ZeRO-1/2's step gather beside the next forward
     contention: float = 0.0                               # compute slowdown beside a collective
     sends_share_nics: bool = False                        # stage-boundary sends hold the data-parallel NICs
@@ -239,6 +244,8 @@ def _gather_plan(work: StepWork, st: _Rank, op: tuple[str, int, int], start: flo
             return None
         _param_sync(work, st, chunk, start)
         return [lw.gather_fwd_s for lw in layers], list(st.param_ready[chunk])
+    if kind == "F" and mb and work.gather_forward_once:      # still gathered from the last backward
+        return None
     sizes = [lw.gather_fwd_s for lw in layers] if kind == "F" else [lw.gather_bwd_s for lw in layers][::-1]
     return (sizes, [None] * len(sizes)) if any(sizes) else None
 
@@ -299,7 +306,7 @@ def _run_pass(work: StepWork, st: _Rank, op: tuple[str, int, int], ready_s: floa
             base += stretch
         t += base
         if reduce and lw.reduce_s:
-            if work.overlap_dp:
+            if work.overlap_dp and not (work.defer_reduce and not work.reduce_every_microbatch):
                 st.collective(t, lw.reduce_s, mb, chunk)
             elif work.reduce_every_microbatch:
                 end = st.collective(t, lw.reduce_s, mb, chunk)
@@ -477,16 +484,18 @@ def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
             out.append(tuple(layers))
         chunks.append(tuple(out))
     ranks = rank_costs(cache, config)
+    overlaps = dp_overlaps(framework=w.framework, device_kind=cluster.device_kind,
+                           overlap_grad_reduce=w.overlap_grad_reduce, zero=config.zero, dp=config.dp * config.cp,
+                           tp=config.tp, pp=config.pp)
     return StepWork(schedule=config.schedule if config.pp > 1 else DEFAULT_SCHEDULE,
                     num_microbatches=config.num_microbatches, chunks=tuple(chunks), hop_s=cache.hop_s(config),
                     blocking_sends=not sends_overlap(config.schedule, w.framework),
                     gather_every_microbatch=gathers_every_microbatch(config, w.framework),
+                    gather_forward_once=not gathers_forward_every_microbatch(config, w.framework),
                     reduce_every_microbatch=reduces_every_microbatch(config, w.framework),
                     # torch pipelining runs the deferred ZeRO-2/3 sync after the last backward, the torch
                     # ZeRO-1 one in its optimizer step; FSDP2 on gloo blocks (cost.step.dp_overlaps)
-                    overlap_dp=not per_tensor and all(dp_overlaps(framework=w.framework, device_kind=cluster.device_kind,
-                                               overlap_grad_reduce=w.overlap_grad_reduce, zero=config.zero,
-                                               dp=config.dp * config.cp, tp=config.tp, pp=config.pp)),
+                    overlap_dp=not per_tensor and overlaps[0], defer_reduce=not overlaps[1],
                     contention=cluster.comm_sm_fraction,
                     sends_share_nics=shares_nics and pipeline_sends_busy_s(cache, config) > 0,
                     overlap_param_gather=RUNTIMES[w.framework].timing.overlaps_param_gather,

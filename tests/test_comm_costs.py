@@ -229,19 +229,21 @@ def test_offloaded_optimizer_runs_on_the_host():
 
 
 def test_torch_pipeline_defers_the_sharded_reduction_to_after_the_last_backward():
-    """torch pipelining with FSDP ZeRO-3: the parameters are gathered every micro-batch (forward and
-    backward), the gradients reduce-scattered once after the last backward, with nothing beside it:
-    exposed whole, where without a pipeline each micro-batch's reduce-scatter overlaps backward."""
+    """torch pipelining with FSDP ZeRO-3: the parameters are gathered before every micro-batch's backward and stay
+    gathered into the next forward (reshard_after_backward False: counted on gloo in
+    tests/test_pipeline_fsdp_calls.py), the first forward's gather priced once a step; the gradients
+    reduce-scattered once after the last backward, with nothing beside it: exposed whole, where without a pipeline
+    each micro-batch's reduce-scatter overlaps backward."""
     from planner.cost.step import dp_collectives
     cache = CostCache(GRAPH, A100, replace(WORK, framework="torch", precision="bf16"))
     config = ParallelConfig(dp=4, tp=8, pp=2, zero=3, micro_batch=1, num_microbatches=4)
     grp, params = Group(4, 1), 1e8                # tp 8 fills the node: DP peers one per node
     ag = all_gather_s(A100, params * 2, grp)      # bf16 parameters
     rs = reduce_scatter_s(A100, params * 4, grp)  # torch reduces in fp32
-    assert dp_collectives(cache, config, params) == pytest.approx((2 * ag, rs, 0.0))
+    assert dp_collectives(cache, config, params) == pytest.approx((ag, rs, ag))
     assert dp_collectives(cache, replace(config, pp=1), params) == pytest.approx((2 * ag + rs, 0.0, 0.0))
     total, exposed = _dp_comm(cache, config, fake_rank(params=params, layers=1))
-    assert total == pytest.approx(4 * 2 * ag + rs)
+    assert total == pytest.approx(4 * ag + rs + ag)
     assert exposed >= rs                          # the deferred reduction hides behind nothing
 
 

@@ -436,9 +436,21 @@ def _dp_comm(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[
 
 
 def gathers_every_microbatch(config: ParallelConfig, framework: str) -> bool:
-    """Whether a layer's parameters are all-gathered before every micro-batch's forward (ZeRO-3,
-    and FSDP2's ZeRO-2, which re-gathers them every forward) rather than once per step."""
+    """Whether a layer's parameters are all-gathered for every micro-batch (ZeRO-3, and FSDP2's ZeRO-2, which
+    re-gathers them every forward) rather than once per step. Under a pipeline that defers the sharded sync
+    (``deferred_sharded_sync``: torch.distributed.pipelining sets reshard_after_backward False on every FSDP
+    module, stage.py backward_maybe_with_nosync, torch 2.13) the parameters stay gathered after each backward:
+    ZeRO-2's, which no forward reshards, once per step; ZeRO-3's, resharded after each forward, again before
+    each backward (``gathers_forward_every_microbatch``: not before each forward)."""
+    if deferred_sharded_sync(config, framework):
+        return config.zero == 3
     return config.zero in RUNTIMES[framework].timing.params_gathered_every_microbatch
+
+
+def gathers_forward_every_microbatch(config: ParallelConfig, framework: str) -> bool:
+    """Whether a layer's parameters are all-gathered before every micro-batch's forward (``gathers_every_microbatch``
+    but where a pipeline keeps them gathered from each backward into the next forward)."""
+    return gathers_every_microbatch(config, framework) and not deferred_sharded_sync(config, framework)
 
 
 def reduces_every_microbatch(config: ParallelConfig, framework: str) -> bool:
@@ -569,14 +581,19 @@ def dp_collectives(cache: CostCache, config: ParallelConfig, params: float, expe
     parameters after the optimizer; ZeRO-2 reduce-scatters every micro-batch (FSDP2 also
     re-gathers the parameters every forward); ZeRO-3 gathers for forward and again for
     backward and reduce-scatters every micro-batch. Which stage does what every micro-batch
-    is the runtime's ``Timing`` (planner/runtimes.py).
+    is the runtime's ``Timing`` (planner/runtimes.py), and under torch's pipelining
+    (``deferred_sharded_sync``) one reduction after the last backward and the gathers of
+    ``gathers_every_microbatch``; a forward gather not made every micro-batch is priced once after the
+    optimizer (FSDP2 under a pipeline makes it in the first forward, beside its compute: priced longer).
     """
     gather_fwd, gather_bwd, reduce = dp_phases(cache, config, params, expert, frozen_bytes)
     framework = cache.workload.framework
-    every_gather = gathers_every_microbatch(config, framework)
+    every_fwd = gathers_forward_every_microbatch(config, framework)
+    every_bwd = gathers_every_microbatch(config, framework)
     every_reduce = reduces_every_microbatch(config, framework)
-    per_micro = (reduce if every_reduce else 0.0) + (gather_fwd + gather_bwd if every_gather else 0.0)
-    return per_micro, 0.0 if every_reduce else reduce, 0.0 if every_gather else gather_fwd
+    per_micro = (reduce if every_reduce else 0.0) + (gather_fwd if every_fwd else 0.0) + \
+        (gather_bwd if every_bwd else 0.0)
+    return per_micro, 0.0 if every_reduce else reduce, 0.0 if every_fwd else gather_fwd
 
 
 def _dp_comm_uncached(cache: CostCache, config: ParallelConfig, rank: RankCost) -> tuple[float, float]:
