@@ -58,6 +58,17 @@ class SearchStats:
     solver: str                     # the stage ILPs' solver, "exhaustive" or "uniform"
     global_choices: int = 0         # groups of global choices the stage search looked at
     ilp_solves: int = 0             # stage ILPs run (the others were bounded out)
+    ilp_unproven: int = 0           # of which stopped at their time limit (--time-limit): the plan is the best
+                                    # found, not proven the cost model's best
+
+    def line(self) -> str:
+        """What the search covered, in one line (`meshplan plan`'s last, the report's)."""
+        out = (f"{self.candidates:.3g} candidates ({self.global_choices:,} global choices, {self.ilp_solves} stage "
+               f"ILPs, {self.evaluated:,} estimated in full) in {self.seconds:.2f} s")
+        if self.ilp_unproven:
+            out += (f"; {self.ilp_unproven} stage ILP(s) stopped at the time limit, the best plans of their groups "
+                    "not proven found (raise --time-limit)")
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,7 +154,8 @@ class Plan:
             **({"precisions": self.precisions} if self.precisions else {}),
             "search": {"seconds": self.search.seconds, "candidates": self.search.candidates,
                        "evaluated": self.search.evaluated, "solver": self.search.solver,
-                       "global_choices": self.search.global_choices, "ilp_solves": self.search.ilp_solves},
+                       "global_choices": self.search.global_choices, "ilp_solves": self.search.ilp_solves,
+                       **({"ilp_unproven": self.search.ilp_unproven} if self.search.ilp_unproven else {})},
         }
 
     def write(self, path: str | Path) -> None:
@@ -191,7 +203,8 @@ class Plan:
             search=SearchStats(seconds=float(search.get("seconds", 0.0)), candidates=_int(search.get("candidates", 0)),
                                evaluated=_int(search.get("evaluated", 0)), solver=str(search.get("solver", "")),
                                global_choices=_int(search.get("global_choices", 0)),
-                               ilp_solves=_int(search.get("ilp_solves", 0))),
+                               ilp_solves=_int(search.get("ilp_solves", 0)),
+                               ilp_unproven=_int(search.get("ilp_unproven", 0))),
             meshplan_version=written_by or "", source=source)
 
     @classmethod

@@ -3,6 +3,7 @@ import json
 import random
 from dataclasses import replace
 
+import pulp
 import pytest
 
 from planner.cluster import load_cluster
@@ -325,3 +326,28 @@ def estimate_fits(pr, found) -> bool:
     from planner.cost.step import estimate
     est = estimate(pr.cache.graph, pr.cache.cluster, pr.cache.workload, pr.config(found[0], found[1]))
     return est.fits and est.step_time_s == pytest.approx(found[2], rel=1e-6)
+
+
+def test_a_stage_ilp_stopped_at_its_time_limit_is_said_not_proven(monkeypatch):
+    """PuLP reports HiGHS's and CBC's time limit, a solution in hand, as status Optimal (its solution status
+    LpSolutionIntegerFeasible): such a stage ILP's plan is the best found, not the proven optimum, and the plan says
+    so where the search relied on one (plan.json search.ilp_unproven, the last line of `meshplan plan`)."""
+    from planner import api
+    from planner.plan import Plan
+    job = api.JobInputs(model="llama3-8b", cluster="h100-80g", gpus=16, framework="torch").load()
+    knobs = api.Knobs(pp=4, tp=1)
+    proven = api.plan(job, knobs, top_k=1)
+    assert proven.search.ilp_solves > 0 and proven.search.ilp_unproven == 0
+    assert "time limit" not in proven.search.line()
+    real = pulp.LpProblem.solve
+
+    def stopped(self, *args, **kwargs):
+        status = real(self, *args, **kwargs)
+        if self.sol_status == pulp.LpSolutionOptimal:
+            self.sol_status = pulp.LpSolutionIntegerFeasible        # what a time limit leaves
+        return status
+    monkeypatch.setattr(pulp.LpProblem, "solve", stopped)
+    unproven = api.plan(job, knobs, top_k=1)
+    assert 0 < unproven.search.ilp_unproven <= unproven.search.ilp_solves     # those that held a plan
+    assert "stopped at the time limit" in unproven.search.line()
+    assert Plan.from_json(unproven.to_json()).search.ilp_unproven == unproven.search.ilp_unproven

@@ -233,6 +233,5 @@ def format_plan(plan: Plan, tokens: float | None = None) -> str:
             lines.append(f"  {describe_config(alt.config)}")
             lines.append(f"      lost on: {alt.lost_on}")
     s = plan.search
-    lines += ["", f"searched {s.candidates:.3g} candidates ({s.global_choices:,} global choices, "
-                  f"{s.ilp_solves} stage ILPs, {s.evaluated:,} estimated in full) in {s.seconds:.2f} s"]
+    lines += ["", f"searched {s.line()}"]
     return "\n".join(lines) + "\n"

@@ -188,9 +188,7 @@ def build(plan, *, timeline: Timeline, knobs: list[Knob], exports: tuple[Export,
     """The report's sections; ``extra`` ones (a comparison with the user's own plan) follow the summary,
     ``failures`` (``resilience``) the stages."""
     s = plan.search
-    search = (f"Searched {s.candidates:.3g} candidates ({s.global_choices:,} global choices, {s.ilp_solves} stage "
-              f"ILPs, {s.evaluated:,} estimated in full) in {s.seconds:.2f} s; the finalists were "
-              "ranked by their simulated step.")
+    search = f"Searched {s.line()}; the finalists were ranked by their simulated step."
     sections = (_summary(plan), *extra, _time(plan, timeline), _memory(plan), _why(plan, knobs),
                 _stages(plan), *([failures] if failures else []), _exports(exports),
                 Section(title="Search", paragraphs=(search,)))

@@ -58,6 +58,7 @@ class StageStats:
     groups: int = 0           # global choices (layout x schedule x vpp x sp)
     solved: int = 0           # stage ILPs (or exhaustive enumerations) run
     improved: int = 0         # of which found a better plan than the uniform ones
+    unproven: int = 0         # of which the solver stopped at its time limit, its solution not proven optimal
     space: int = 0            # candidates of the full space (closed form), all groups
 
 
@@ -129,7 +130,8 @@ def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs
     return SearchResult(best=best, alternatives=alternatives, choice=choice,
                         candidates=max(stats.covered, stage.space), evaluated=stats.evaluated + stage.solved,
                         memory_checked=stats.checked, seconds=time.perf_counter() - t0, least_memory=least,
-                        groups=stage.groups, ilp_solves=stage.solved, ilp_improved=stage.improved)
+                        groups=stage.groups, ilp_solves=stage.solved, ilp_improved=stage.improved,
+                        ilp_unproven=stage.unproven)
 
 
 def _rank_by_simulation(finalists: list[Candidate], cache: CostCache) -> list[Candidate]:
@@ -212,7 +214,11 @@ def _stage_phase(space: Space, cache: CostCache, top: TopK, order: list[Layout],
                         found = solve_group(problem, solver, time_limit_s, cutoff_s=cutoff)
                     if found is None:
                         continue
-                    counts, option, _ = found
+                    counts, option = found[:2]
+                    if len(found) > 3 and not found[3]:
+                        stats.unproven += 1
+                    if counts is None:          # stopped at its time limit with no plan in hand
+                        continue
                     config = problem.config(counts, option)
                     est = estimate(space.graph, cache.cluster, space.w, config, cache)
                     if space.k.recompute is None and space.can.recompute_per_layer:

@@ -57,7 +57,7 @@ def finish(result: SearchResult, *, graph: LayerGraph, cluster: Cluster, workloa
         gains=gains(graph, cluster, workload, config, closed_form),
         search=SearchStats(seconds=result.seconds if seconds is None else seconds, candidates=result.candidates,
                            evaluated=result.evaluated, solver=solver, global_choices=result.groups,
-                           ilp_solves=result.ilp_solves),
+                           ilp_solves=result.ilp_solves, ilp_unproven=result.ilp_unproven),
         graph=graph, cluster=cluster)
 
 

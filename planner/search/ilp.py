@@ -74,8 +74,10 @@ def make_solver(name: str, time_limit_s: float):
 
 def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float = 20.0,
                 cutoff_s: float | None = None):
-    """(counts per virtual stage by policy, option, objective seconds), or None when
-    nothing fits (or nothing beats ``cutoff_s``).
+    """(counts per virtual stage by policy, option, objective seconds, whether the solver proved it optimal), or
+    None when nothing fits (or nothing beats ``cutoff_s``). A solver stopped by ``time_limit_s`` returns the
+    solution it holds, unproven (PuLP reports HiGHS's kTimeLimit as LpStatusOptimal with the solution status
+    LpSolutionIntegerFeasible: pulp/apis/highs_api.py), or (None, None, inf, False) where it holds none.
 
     Variables are per rank: the cost model is indifferent to how a rank spreads its
     blocks over its virtual stages (each gets at least one, the rest evenly)."""
@@ -175,11 +177,14 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
     if cutoff_s is not None:
         prob += objective * (1.0 / unit) <= cutoff_s / unit, "l_beats_the_best_so_far"
     status = prob.solve(make_solver(solver, time_limit_s))
+    if pulp.LpStatus[status] == "Not Solved":       # stopped before it found any solution
+        return None, None, math.inf, False
     if pulp.LpStatus[status] != "Optimal":
         return None
     per_rank = [{c: int(round(n[r, c].value() or 0)) for c in pr.policies} for r in range(p)]
     chosen = max(z, key=lambda k: z[k].value() or 0)
-    return pr.spread_counts(per_rank), pr.options[chosen], pulp.value(prob.objective) * unit
+    proven = prob.sol_status == pulp.LpSolutionOptimal
+    return pr.spread_counts(per_rank), pr.options[chosen], pulp.value(prob.objective) * unit, proven
 
 
 def _most_blocks(pr: GroupProblem, r: int, cap_gib: float, act_gib: dict[str, float]) -> int:

@@ -21,6 +21,7 @@ class SearchResult:
     groups: int = 0                        # global choices the stage search looked at
     ilp_solves: int = 0                    # stage ILPs run (the others were bounded out)
     ilp_improved: int = 0                  # of which beat every balanced-stage candidate
+    ilp_unproven: int = 0                  # of which stopped at their time limit: the best found, not proven best
     choice: "Choice | None" = None         # how ``best`` was chosen among the near-ties (``choose``)
 
 
