@@ -195,8 +195,7 @@ class CostCache:
 
     def groups(self, config: ParallelConfig) -> list:
         """Per rank: {(signature, policy): count}, chunks, layers (placement and policies only)."""
-        policies_key = config.recompute_layers if config.recompute_layers is not None else config.recompute
-        key = (config.pp, config.vpp, placement_of(config), config.stage_layers, policies_key)
+        key = (config.pp, config.vpp, placement_of(config), config.stage_layers, policies_key(config))
         out = self._groups.get(key)
         if out is None:
             policies = layer_policies(self.graph, config)
@@ -211,6 +210,11 @@ class CostCache:
                 out.append((tuple(counts.items()), len(chunks), sum(len(c) for c in chunks), first))
             self._groups[key] = out
         return out
+
+
+def policies_key(config: ParallelConfig):
+    """What of ``config`` says each layer's recompute policy (the ILP's per-layer choice, else the one for all)."""
+    return config.recompute_layers if config.recompute_layers is not None else config.recompute
 
 
 @dataclass(frozen=True)
@@ -246,10 +250,9 @@ class RankCost:
 
 def rank_costs(cache: CostCache, config: ParallelConfig) -> list[RankCost]:
     ctx = cache.context(config)
-    policies_key = config.recompute_layers if config.recompute_layers is not None else config.recompute
     # the schedule matters through where stages sit and whether sends overlap compute (``_rank_costs``)
     key = (ctx, config.dp, config.pp, config.vpp, placement_of(config), SCHEDULES[config.schedule].overlaps_sends,
-           config.stage_layers, policies_key)
+           config.stage_layers, policies_key(config))
     out = cache._ranks.get(key)
     if out is None:
         out = cache._ranks[key] = _rank_costs(cache, config, ctx)
@@ -919,7 +922,8 @@ def played_pipeline_s(cache: CostCache, config: ParallelConfig) -> float | None:
     keep the closed form, which equals the simulation there."""
     if not uneven_virtual_stages(cache, config):
         return None
-    key = _passes_key(cache, config)
+    key = (cache.context(config), config.pp, config.vpp, config.schedule, config.num_microbatches,
+           config.stage_layers, policies_key(config))
     memo = cache.__dict__.setdefault("_played", {})
     if key not in memo:
         memo[key] = play_pipeline(config.schedule, chunk_passes(cache, config), config.num_microbatches,
@@ -928,17 +932,11 @@ def played_pipeline_s(cache: CostCache, config: ParallelConfig) -> float | None:
     return memo[key]
 
 
-def _passes_key(cache: CostCache, config: ParallelConfig) -> tuple:
-    policies_key = config.recompute_layers if config.recompute_layers is not None else config.recompute
-    return (cache.context(config), config.pp, config.vpp, config.schedule, config.num_microbatches,
-            config.stage_layers, policies_key)
-
-
 def chunk_passes(cache: CostCache, config: ParallelConfig) -> tuple[tuple[tuple[float, float, float], ...], ...]:
     """Per rank, per chunk: (forward, backward with its recompute, of it the weight gradient) seconds of one
     micro-batch, exposed TP, CP and expert communication included."""
-    policies_key = config.recompute_layers if config.recompute_layers is not None else config.recompute
-    key = (cache.context(config), config.pp, config.vpp, placement_of(config), config.stage_layers, policies_key)
+    key = (cache.context(config), config.pp, config.vpp, placement_of(config), config.stage_layers,
+           policies_key(config))
     memo = cache.__dict__.setdefault("_chunk_passes", {})
     if key not in memo:
         ctx = cache.context(config)

@@ -214,9 +214,8 @@ def _stage_phase(space: Space, cache: CostCache, top: TopK, order: list[Layout],
                         found = solve_group(problem, solver, time_limit_s, cutoff_s=cutoff)
                     if found is None:
                         continue
-                    counts, option = found[:2]
-                    if len(found) > 3 and not found[3]:
-                        stats.unproven += 1
+                    counts, option, _, proven = found
+                    stats.unproven += not proven
                     if counts is None:          # stopped at its time limit with no plan in hand
                         continue
                     config = problem.config(counts, option)

@@ -15,8 +15,8 @@ from .stages import GroupProblem, compositions
 
 
 def solve_group_exhaustively(pr: GroupProblem):
-    """(counts per virtual stage by policy, option, step time) of the best candidate that
-    fits, or None."""
+    """(counts per virtual stage by policy, option, step time, proven: True) of the best candidate that
+    fits, or None (``ilp.solve_group``'s shape)."""
     cache = pr.cache
     best = None
     for per_rank_blocks in compositions(pr.num_blocks, pr.p, pr.v):
@@ -29,5 +29,5 @@ def solve_group_exhaustively(pr: GroupProblem):
                 config = pr.config(counts, option)
                 est = estimate(cache.graph, cache.cluster, cache.workload, config, cache)
                 if est.fits and (best is None or est.step_time_s < best[2]):
-                    best = (counts, option, est.step_time_s)
+                    best = (counts, option, est.step_time_s, True)
     return best
