@@ -43,7 +43,8 @@ is the schedule's own formula (planner/schedules.py ``PipelineSchedule.pipeline_
 2 (p v - 1) hop for interleaved 1F1B, less 2 (p - 1)/v W for the split-backward ones, which the
 objective's negative coefficient drives up to the least rank's), linear in all three. Every term is the cost model's
 own (planner/cost/step.py), linear in the decisions, so the optimum here is the cost
-model's optimum over this space.
+model's optimum over this space, to within the search's optimality gap (result.py OPTIMALITY_GAP, 0.1%: the
+solvers stop there, as the search's bounds prune there).
 """
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ import numpy as np
 import pulp
 
 from ..errors import UserError
+from .result import OPTIMALITY_GAP
 from .stages import GroupProblem, Option, least_slowest_rank
 
 SOLVERS = ("cbc", "highs")
@@ -61,14 +63,14 @@ SOLVERS = ("cbc", "highs")
 
 def make_solver(name: str, time_limit_s: float):
     if name == "cbc":
-        return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=1e-6)
+        return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=OPTIMALITY_GAP)
     if name == "highs":
         try:
             import highspy  # noqa: F401
         except ImportError:
             raise UserError("HiGHS is not installed; pip install highspy, or use --solver cbc",
                             field="--solver") from None
-        return pulp.HiGHS(msg=False, timeLimit=time_limit_s, gapRel=1e-6)
+        return pulp.HiGHS(msg=False, timeLimit=time_limit_s, gapRel=OPTIMALITY_GAP)
     raise UserError(f"unknown solver {name!r}; allowed: cbc or highs", field="--solver")
 
 
