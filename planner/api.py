@@ -96,7 +96,8 @@ class JobInputs:
             graph = build_layer_graph(spec)
             if self.seq_len is None and not is_zoo_model(self.model):
                 # a config.json says how long a context the model takes, not how long it trains at (Llama 3.1's
-                # 131072 after pretraining at 8192: Dubey et al. 2024, Sec 3.4.2); the zoo entries carry their pretraining's
+                # 131072 after pretraining at 8192: Dubey et al. 2024, Sec 3.4.2); the zoo entries carry their
+                # pretraining's
                 (warn or (lambda _: None))(
                     f"--seq-len left out: {spec.seq_len}-token sequences, {self.model}'s longest context (its "
                     "max_position_embeddings or n_positions), which may be longer than it trains at; "

@@ -409,15 +409,19 @@ def zoo_names() -> list[str]:
     return list(ZOO)
 
 
+def _zoo_name(source: str) -> str:
+    return ALIASES.get(source.lower(), source.lower())
+
+
 def is_zoo_model(source: str) -> bool:
     """Whether ``source`` names a zoo model (else it is a config.json or a folder holding one)."""
-    return ALIASES.get(source.lower(), source.lower()) in ZOO
+    return _zoo_name(source) in ZOO
 
 
 def load_model(source: str, *, seq_len: int | None = None) -> ModelSpec:
     """A zoo name or a path to a Hugging Face config.json (or a folder holding one)."""
     if is_zoo_model(source):
-        spec = ZOO[ALIASES.get(source.lower(), source.lower())]
+        spec = ZOO[_zoo_name(source)]
     else:
         path = Path(source)
         if path.is_dir():

@@ -71,24 +71,31 @@ def schedule_programs(schedule: str, pp: int, vpp: int, num_microbatches: int) -
     return programs, needs, targets
 
 
-def repeats(schedule: str) -> bool:
-    """Whether the schedule's steady state repeats itself every group of micro-batches, so that a step can be
-    extrapolated from shorter ones (``play_pipeline``, planner/simulate.py ``step_time``): not under the V placement (zbv, DualPipeV), whose steps of
-    unequal stages grew alike over three lengths and then differently (played on 80 random pipelines of 4 to 16
-    ranks: extrapolated 0.2-3.0% short in 7 to 9 of them)."""
-    return SCHEDULES[schedule].placement != "v"
+def shorter_runs(schedule: str, pp: int, num_microbatches: int) -> tuple[int, int] | None:
+    """(m1, group): a step of ``num_microbatches`` is extrapolated from runs of m1, m1 + group and m1 + 2 group
+    micro-batches (a group: one micro-batch in GPipe and 1F1B, pp of them with virtual stages), where those are
+    less work than the step and the schedule repeats itself so; None where it is played whole. Not under the V
+    placement (zbv, DualPipeV), whose steps of unequal stages grew alike over three lengths and then differently
+    (played on 80 random pipelines of 4 to 16 ranks: extrapolated 0.2-3.0% short in 7 to 9 of them)."""
+    m = num_microbatches
+    group = pp if SCHEDULES[schedule].virtual_stages else 1
+    m1 = group * max(2, -(-4 * pp // group))
+    if SCHEDULES[schedule].placement == "v" or pp == 1 or m < m1 + 4 * group or (m - m1) % group \
+            or 3 * (m1 + group) >= m:
+        return None
+    return m1, group
 
 
 def play_pipeline(schedule: str, passes: tuple, num_microbatches: int, *, hop_s: float = 0.0,
                   blocking_sends: bool = True) -> float:
-    """``_play_pipeline`` for ``num_microbatches``, extrapolated from three shorter runs a group of micro-batches
-    apart where every rank's streams end alike later in each (planner/simulate.py ``step_time``'s rule, with each rank's streams for
-    its parts), as the search plays the pipelines of hundreds of micro-batches too."""
-    m, p = num_microbatches, len(passes)
-    group = p if SCHEDULES[schedule].virtual_stages else 1
-    m1 = group * max(2, -(-4 * p // group))
-    if not repeats(schedule) or p == 1 or m < m1 + 4 * group or (m - m1) % group or 3 * (m1 + group) >= m:
+    """``_play_pipeline`` for ``num_microbatches``, extrapolated from ``shorter_runs`` where every rank's streams
+    end alike later in each (planner/simulate.py ``step_time``'s rule, with each rank's streams for its parts), as
+    the search plays the pipelines of hundreds of micro-batches too."""
+    m = num_microbatches
+    shorter = shorter_runs(schedule, len(passes), m)
+    if shorter is None:
         return _play_pipeline(schedule, passes, m, hop_s=hop_s, blocking_sends=blocking_sends)
+    m1, group = shorter
     runs = [_play_pipeline(schedule, passes, n, hop_s=hop_s, blocking_sends=blocking_sends, ends=True)
             for n in (m1, m1 + group, m1 + 2 * group)]
     first, second = ([b - a for a, b in zip(runs[i], runs[i + 1])] for i in (0, 1))

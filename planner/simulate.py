@@ -64,8 +64,8 @@ from .layers import LayerGraph
 from .placement import assign_layers, layer_policies
 from .runtimes import RUNTIMES
 from .pipeline_orders import SCHEDULE_ORDERS, schedule_order  # noqa: F401  (re-exported)
-from .pipeline_play import SEND_NEXT, SEND_PREV, repeats, schedule_programs
-from .schedules import DEFAULT as DEFAULT_SCHEDULE, SCHEDULES
+from .pipeline_play import SEND_NEXT, SEND_PREV, schedule_programs, shorter_runs
+from .schedules import DEFAULT as DEFAULT_SCHEDULE
 
 COMPUTE, DP = "compute", "dp"     # a rank's compute and data-parallel streams (its sends: SEND_NEXT, SEND_PREV)
 STEP_PARTS = tuple(f.name for f in fields(StepTime))
@@ -355,9 +355,6 @@ def _sync_ahead(work: StepWork, st: _Rank, k: int, ready_s: float) -> None:
         _param_sync(work, st, vid // p + 1, max(st.compute_free, ready_s, st.block_until))
 
 
-
-
-
 def simulate_work(work: StepWork, *, record: bool = True) -> Timeline:
     """Run every rank's schedule against the others: a discrete-event simulation of one step.
     ``record=False`` keeps no events (the step time and its parts only)."""
@@ -548,15 +545,15 @@ def step_time(work: StepWork) -> tuple[float, StepTime]:
     short runs (3 m1 + 3 groups micro-batches) are only taken when they are less work
     than the m micro-batches. That test is not a proof: on 600 random pipelines of unequal stages
     (2 to 16 ranks, 1F1B, GPipe, interleaved 1F1B and ZB) three came out 0.05-1.2% short of the whole
-    simulation; the V schedules, which do not repeat so, are always simulated whole (``pipeline_play.repeats``).
+    simulation; the V schedules, which do not repeat so, are always simulated whole
+    (planner/pipeline_play.py ``shorter_runs``).
     """
     m = work.num_microbatches
-    group = work.pp if SCHEDULES[work.schedule].virtual_stages else 1
-    m1 = group * max(2, -(-4 * work.pp // group))
-    if not repeats(work.schedule) or work.pp == 1 or m < m1 + 4 * group or (m - m1) % group \
-            or 3 * (m1 + group) >= m:
+    shorter = shorter_runs(work.schedule, work.pp, m)
+    if shorter is None:
         t = simulate_work(work, record=False)
         return t.step_time_s, t.breakdown
+    m1, group = shorter
     runs = [simulate_work(replace(work, num_microbatches=n), record=False) for n in (m1, m1 + group, m1 + 2 * group)]
     parts = [[t.step_time_s] + [getattr(t.breakdown, f) for f in STEP_PARTS] for t in runs]
     first, second = ([b - a for a, b in zip(parts[i], parts[i + 1])] for i in (0, 1))
