@@ -28,6 +28,9 @@ SCENARIOS = [
       "--global-batch", "2048"]),
     ("Mixtral 8x7B on 64 H100 (ep searched)",
      ["--model", "mixtral-8x7b", "--cluster", "h100-80g", "--gpus", "64"]),
+    # 94 blocks that divide into no virtual stages evenly: the played pipelines, and ZB-V's stage ILPs
+    ("Qwen3-235B-A22B on 256 B200 (ep searched)",
+     ["--model", "qwen3-235b-a22b", "--cluster", "b200", "--gpus", "256"]),
     # bf16 fixed: one search. Left out, Megatron-LM on H100 also searches its fastest FP8 recipe (planner/api.py
     # plan_precisions): two searches, the last scenario
     ("DeepSeek-V3 on 256 H100, Megatron-LM",

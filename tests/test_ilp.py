@@ -351,3 +351,36 @@ def test_a_stage_ilp_stopped_at_its_time_limit_is_said_not_proven(monkeypatch):
     assert 0 < unproven.search.ilp_unproven <= unproven.search.ilp_solves     # those that held a plan
     assert "stopped at the time limit" in unproven.search.line()
     assert Plan.from_json(unproven.to_json()).search.ilp_unproven == unproven.search.ilp_unproven
+
+
+def _splits(ranks: int, v: int, blocks: int):
+    """Every split of ``blocks`` over ``ranks`` ranks with at least v each."""
+    if ranks == 1:
+        if blocks >= v:
+            yield (blocks,)
+        return
+    for first in range(v, blocks - v * (ranks - 1) + 1):
+        for rest in _splits(ranks - 1, v, blocks - first):
+            yield (first,) + rest
+
+
+@pytest.mark.parametrize("block_s, fixed_s, v, blocks", [
+    (1.0, [1.0, 0.0, 0.0], 1, 7),
+    (0.5, [0.0, 0.0, 0.0, 2.0], 2, 11),
+    (2.0, [0.3, 0.0, 0.7, 0.0, 0.0], 1, 13),
+    (0.0, [0.4, 0.1, 0.2], 1, 5),
+])
+def test_most_least_weight_gradients_is_the_best_integer_split(block_s, fixed_s, v, blocks):
+    """The cut (o) of the stage ILP: the least rank's weight-gradient time is at most the best any integer split
+    reaches, found here by enumerating every split."""
+    from planner.search.stages import most_least_wgrad
+    best = max(min(f + block_s * n for f, n in zip(fixed_s, split)) for split in _splits(len(fixed_s), v, blocks))
+    assert most_least_wgrad(block_s, fixed_s, v, blocks) == pytest.approx(best)
+
+
+def test_most_least_weight_gradients_below_the_mean_where_blocks_do_not_divide():
+    """94 blocks over 32 ranks of two virtual stages (Qwen3-235B's under ZB-V on 32 stages), the head and the
+    embedding's weight gradients on rank 0: some other rank keeps 2 blocks whatever the split, so at most 2 blocks'
+    time, where the relaxation's mean is 94/32 blocks and rank 0's share."""
+    from planner.search.stages import most_least_wgrad
+    assert most_least_wgrad(0.0025, [0.0043] + [0.0] * 31, 2, 94) == pytest.approx(2 * 0.0025)
