@@ -1,4 +1,5 @@
 """The stage ILP against the exhaustive reference, and what its choices buy."""
+import math
 import json
 import random
 from dataclasses import replace
@@ -143,19 +144,26 @@ GROUPS = [  # (model, cluster, gpus, layout, schedule, vpp, memory squeeze)
 ]
 
 
+def _group_setting(case, **spec_changes):
+    """(graph, cluster, workload, cost cache, space) of a GROUPS case: a small GPT or Llama of 6 blocks."""
+    kind, cluster_name, gpus = case[:3]
+    base = ZOO["gpt-1.7b" if kind == "gpt" else "llama3-8b"]
+    spec = replace(base, **{**dict(num_layers=6, hidden=512, num_heads=4, num_kv_heads=4, head_dim=128,
+                                   ffn_hidden=2048, seq_len=1024, max_positions=1024 if kind == "gpt" else 0),
+                            **spec_changes})
+    graph = build_layer_graph(spec)
+    cluster = load_cluster(cluster_name, gpus)
+    workload = Workload(global_batch=8, seq_len=1024, precision="fp16" if cluster_name == "v100-32g" else "bf16")
+    return graph, cluster, workload, CostCache(graph, cluster, workload), Space(graph, gpus, workload, Knobs(),
+                                                                                 cluster.device.dtypes)
+
+
 @pytest.mark.parametrize("case", GROUPS)
 def test_group_ilp_equals_group_enumeration(case):
     """One group at a time: the ILP's optimum is the best of every stage split, recompute
     assignment and ZeRO/offload option, under tight memory."""
-    kind, cluster_name, gpus, layout, schedule, vpp, squeeze = case
-    base = ZOO["gpt-1.7b" if kind == "gpt" else "llama3-8b"]
-    spec = replace(base, num_layers=6, hidden=512, num_heads=4, num_kv_heads=4, head_dim=128, ffn_hidden=2048,
-                   seq_len=1024, max_positions=1024 if kind == "gpt" else 0)
-    graph = build_layer_graph(spec)
-    cluster = load_cluster(cluster_name, gpus)
-    workload = Workload(global_batch=8, seq_len=1024, precision="fp16" if cluster_name == "v100-32g" else "bf16")
-    cache = CostCache(graph, cluster, workload)
-    space = Space(graph, gpus, workload, Knobs(), cluster.device.dtypes)
+    layout, schedule, vpp, squeeze = case[3:]
+    graph, cluster, workload, cache, space = _group_setting(case)
     loose = GroupProblem(space, cache, layout, schedule, vpp, False, graph_shape(cache))
     found = solve_group_exhaustively(loose)
     assert found is not None
@@ -384,3 +392,26 @@ def test_most_least_weight_gradients_below_the_mean_where_blocks_do_not_divide()
     time, where the relaxation's mean is 94/32 blocks and rank 0's share."""
     from planner.search.stages import most_least_wgrad
     assert most_least_wgrad(0.0025, [0.0043] + [0.0] * 31, 2, 94) == pytest.approx(2 * 0.0025)
+
+
+@pytest.mark.parametrize("case", GROUPS)
+def test_least_slowest_with_its_optimizer_is_the_best_integer_split(case):
+    """The cut (p) of the stage ILP and the groups' bound: the least of a T_max + O over the integer splits (each rank
+    at least v blocks, g_r its fixed layers, blocks and least recompute; o_r its optimizer step), found here by
+    enumerating every split of the blocks over the ranks. The embedding and the head's optimizer step on the end
+    ranks pull them towards fewer blocks, the pipeline towards balance."""
+    from planner.search.stages import _least_recompute_s, least_slowest_and_optimizer
+    layout, schedule, vpp = case[3:6]
+    _, _, _, cache, space = _group_setting(case, num_layers=10, vocab_size=128000)
+    pr = GroupProblem(space, cache, layout, schedule, vpp, False, graph_shape(cache))
+    t_block = pr.block.fwd_s + pr.block.bwd_s
+    for opt in pr.options:
+        for a in (0.0, 1.0, float(pr.m), 50.0 * pr.m):
+            best = math.inf
+            for split in _splits(pr.p, pr.v, pr.num_blocks):
+                slowest = max(f.fwd_s + f.bwd_s + b * t_block + _least_recompute_s(pr, opt, r, b)
+                              for r, (f, b) in enumerate(zip(pr.fixed, split)))
+                optimizer = max(opt.block_optimizer_s * b + opt.optimizer_s_per_param * f.params
+                                for f, b in zip(pr.fixed, split))
+                best = min(best, a * slowest + optimizer)
+            assert least_slowest_and_optimizer(pr, opt, a) == pytest.approx(best, rel=1e-9)

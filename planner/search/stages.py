@@ -152,7 +152,7 @@ class GroupProblem:
         self.wgrad_bound = most_least_wgrad(self.block.wgrad_s, [f.wgrad_s for f in self.fixed], self.v,
                                             self.num_blocks) if self.split_backward else 0.0
         self.param_gather_overlaps = RUNTIMES[space.w.framework].timing.overlaps_param_gather
-        self.least_slowest: dict[Option, float] = {}     # least_slowest_rank per option (shared by the copies)
+        self.frontiers: dict[Option, tuple] = {}     # optimizer_frontier per option (shared by the copies)
 
     def block_busy_s(self, policy: str) -> tuple[float, float]:
         """(forward, backward) seconds of one block's inter-node traffic on the data-parallel NICs under
@@ -452,12 +452,13 @@ def option_lower_bounds(pr: GroupProblem, stop_at: float = math.inf) -> tuple[li
             continue
         bound = max(pipe, _rank0_scan(pr, opt, recompute)) + optimizer + pr.tied_s
         if bound < stop_at:
-            # the slowest rank at least as in the best integer split with each rank's least recompute that fits
-            # (``least_slowest_rank``, the ILP's cut (m)): the relaxation above lets the cheapest policy per byte
-            # free any number of bytes, this one frees at most what each block's policies can
-            least = least_slowest_rank(pr, opt)
-            bound = math.inf if least == math.inf else max(
-                bound, _pipeline(pr, least, max(total, least)) + optimizer + pr.tied_s)
+            # the slowest rank at least as in the best integer split with each rank's least recompute that fits,
+            # with the slowest rank's optimizer step that split leaves (``optimizer_frontier``, the ILP's cuts (m)
+            # and (p)): the relaxation above lets the cheapest policy per byte free any number of bytes, this one
+            # frees at most what each block's policies can
+            frontier = optimizer_frontier(pr, opt)
+            bound = max(bound, min((_pipeline(pr, least, max(total, least)) + max(level, optimizer) + pr.tied_s
+                                    for level, least in frontier), default=math.inf))
         out.append(bound)
     return out, split
 
@@ -589,15 +590,66 @@ def least_slowest_rank(pr: GroupProblem, opt: Option) -> float:
     rank r holding b blocks takes at least g_r(b) = its fixed layers, b blocks and the least recompute
     that fits its device memory with fractions of blocks per policy allowed (``_least_recompute_s``); g_r
     grows with b, so giving each next block to the rank whose g grows least minimises the largest
-    (greedy is exact for nondecreasing per-rank costs under a max). Infinite where a rank cannot fit. Memoised per
-    option on the group (``with_options`` copies share it): the search's bounds and the ILP's cut (m) both ask."""
-    found = pr.least_slowest.get(opt)
+    (greedy is exact for nondecreasing per-rank costs under a max, with a cap on each rank too). Infinite where a
+    rank cannot fit. The search's bounds and the ILP's cut (m) both ask."""
+    frontier = optimizer_frontier(pr, opt)
+    return frontier[-1][1] if frontier else math.inf
+
+
+def least_slowest_and_optimizer(pr: GroupProblem, opt: Option, a: float) -> float:
+    """A lower bound on ``a`` T_max + O over the integer splits under option ``opt``, O the slowest rank's
+    optimizer step (row (k)): the least over ``optimizer_frontier``. The two pull apart where the ranks holding
+    the embedding or the head have the largest optimizer step: fewer blocks there lower O and raise T_max, which
+    the LP relaxation settles with fractions of blocks (Qwen3-235B on 256 H100 under ZB-V, 94 blocks over 16
+    ranks: the relaxation's O is 15% under the integer optimum's)."""
+    return min((a * t + o for o, t in optimizer_frontier(pr, opt)), default=math.inf)
+
+
+def optimizer_frontier(pr: GroupProblem, opt: Option) -> tuple[tuple[float, float], ...]:
+    """(O, least T_max) pairs, O ascending and T_max descending: for each level O that the slowest rank's optimizer
+    step o_r(b) = (block's) b + (fixed layers') can take, the least slowest rank (``least_slowest_rank``'s greedy)
+    of the splits whose every rank stays within it, each rank capped at the blocks whose optimizer step fits
+    under O. Every integer split lies under the level of its own largest o_r, so for it T_max >= T(that level);
+    levels above the unconstrained split's own largest need no cap. Memoised per option on the group (the
+    ``with_options`` copies share it). Empty where no split fits."""
+    found = pr.frontiers.get(opt)
     if found is None:
-        found = pr.least_slowest[opt] = _least_slowest_rank(pr, opt)
+        found = pr.frontiers[opt] = _optimizer_frontier(pr, opt)
     return found
 
 
-def _least_slowest_rank(pr: GroupProblem, opt: Option) -> float:
+def _optimizer_frontier(pr: GroupProblem, opt: Option) -> tuple[tuple[float, float], ...]:
+    p, v, L = pr.p, pr.v, pr.num_blocks
+    g = _slowest_costs(pr, opt)
+    fixed_o = [opt.optimizer_s_per_param * f.params for f in pr.fixed]
+    per_block = opt.block_optimizer_s
+
+    def o(r: int, b: int) -> float:
+        return fixed_o[r] + per_block * b
+
+    least, held = _least_slowest_split(pr, g, None)
+    if least == math.inf:
+        return ()
+    top = max(o(r, held[r]) for r in range(p))
+    if per_block <= 0:
+        return ((top, least),)
+    # the lowest level any split reaches: the same greedy on o (nondecreasing, no cap), the largest it leaves
+    _, spread = _least_slowest_split(pr, o, None)
+    bottom = max(o(r, spread[r]) for r in range(p))
+    levels = sorted({o(r, b) for r in range(p) for b in range(v, L - v * (p - 1) + 1) if bottom <= o(r, b) < top})
+    out = []
+    for level in levels:
+        caps = [math.floor((level - fixed_o[r]) / per_block + 1e-9) for r in range(p)]
+        slowest, _ = _least_slowest_split(pr, g, caps)
+        if slowest < math.inf and (not out or slowest < out[-1][1]):
+            out.append((level, slowest))
+    if not out or least < out[-1][1]:
+        out.append((top, least))
+    return tuple(out)
+
+
+def _slowest_costs(pr: GroupProblem, opt: Option):
+    """g_r(b) of ``least_slowest_rank``: rank r's fixed layers, b blocks and the least recompute its memory needs."""
     t_block = pr.block.fwd_s + pr.block.bwd_s
     memo: dict[tuple, float] = {}
     kind = [(pr.fixed[r], pr.inflight[r]) for r in range(pr.p)]    # ranks alike in these have the same g
@@ -608,15 +660,23 @@ def _least_slowest_rank(pr: GroupProblem, opt: Option) -> float:
             fixed = pr.fixed[r]
             memo[key] = fixed.fwd_s + fixed.bwd_s + b * t_block + _least_recompute_s(pr, opt, r, b)
         return memo[key]
+    return g
 
+
+def _least_slowest_split(pr: GroupProblem, cost, caps: list[int] | None) -> tuple[float, list[int]]:
+    """(the least largest ``cost(r, b_r)``, the split b) over the integer splits with v <= b_r <= caps[r]: each
+    next block to the rank whose cost grows least (exact for nondecreasing costs); infinite where none is."""
     held = [pr.v] * pr.p
-    heap = [(g(r, pr.v + 1), r) for r in range(pr.p)]        # each rank's cost with one block more
+    if caps is not None and (min(caps) < pr.v or sum(caps) < pr.num_blocks):
+        return math.inf, held
+    heap = [(cost(r, pr.v + 1), r) for r in range(pr.p) if caps is None or caps[r] > pr.v]
     heapq.heapify(heap)
     for _ in range(pr.num_blocks - pr.p * pr.v):
         _, r = heapq.heappop(heap)
         held[r] += 1
-        heapq.heappush(heap, (g(r, held[r] + 1), r))
-    return max(g(r, held[r]) for r in range(pr.p))
+        if caps is None or held[r] < caps[r]:
+            heapq.heappush(heap, (cost(r, held[r] + 1), r))
+    return max(cost(r, held[r]) for r in range(pr.p)), held
 
 
 def _least_recompute_s(pr: GroupProblem, opt: Option, r: int, b: int) -> float:
