@@ -104,6 +104,36 @@ def play_pipeline(schedule: str, passes: tuple, num_microbatches: int, *, hop_s:
     return max(a + (m - m1) // group * d for a, d in zip(runs[0], first))
 
 
+def pipeline_floor(schedule: str, passes: tuple, num_microbatches: int, *, hop_s: float = 0.0) -> float:
+    """A lower bound on ``play_pipeline``'s time, at the cost of a few sums (what the search asks before it plays
+    a candidate that may not need playing: ``simulate.played_candidate``). Rank r's first stage is r, under
+    either placement. Its first pass is a forward, at stage r or later: it waits for the first micro-batch's
+    forward through every stage before r and the sends between them (each at least ``hop_s`` where it crosses
+    ranks). Its last backward pass (a whole backward, or an input gradient under a split backward; only weight
+    gradients may follow it) is at stage r or later, and its gradient then goes back through every stage before
+    r. In between the rank runs its passes one after another, all of them but the weight gradients that may follow
+    the last backward. And one micro-batch goes through every stage and back (a step of few micro-batches)."""
+    p, v, m = len(passes), len(passes[0]), num_microbatches
+    shape = _Shape(p, v, SCHEDULES[schedule].placement if p > 1 else "loop")
+    split = SCHEDULES[schedule].backward == "split"
+    forward, backward, crossing = [0.0] * (p * v), [0.0] * (p * v), [0.0] * (p * v)
+    for r in range(p):
+        for c, (f, b, w) in enumerate(passes[r]):
+            stage = shape.stage_of(r, c)
+            forward[stage], backward[stage] = f, (b - w if split else b)
+    for stage in range(p * v - 1):      # the send from each stage to the next, and back
+        crossing[stage] = hop_s if shape.rank_of(stage) != shape.rank_of(stage + 1) else 0.0
+    most = sum(forward) + sum(backward) + 2 * sum(crossing)     # one micro-batch there and back
+    fill = drain = 0.0
+    for r in range(p):
+        work = m * sum(f + b for f, b, _ in passes[r])
+        trailing = m * sum(w for _, _, w in passes[r]) if split else 0.0
+        most = max(most, fill + work, fill + work - trailing + drain)
+        fill += forward[r] + crossing[r]
+        drain += backward[r] + crossing[r]
+    return most
+
+
 def _play_pipeline(schedule: str, passes: tuple, num_microbatches: int, *, hop_s: float = 0.0,
                    blocking_sends: bool = True, ends: bool = False):
     """The step time ``simulate_work`` gives a pipeline of chunks with no data-parallel collective, no optimizer

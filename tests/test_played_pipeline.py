@@ -8,7 +8,7 @@ import pytest
 from planner import api
 from planner.config import ParallelConfig
 from planner.cost.step import CostCache, played_pipeline_s, rank_pipeline_s, uneven_virtual_stages
-from planner.pipeline_play import _play_pipeline, play_pipeline
+from planner.pipeline_play import _play_pipeline, pipeline_floor, play_pipeline
 from planner.schedules import SCHEDULES
 from planner.simulate import LayerWork, StepWork, simulate_work, simulated_estimate, step_time
 
@@ -40,6 +40,34 @@ def test_play_is_the_simulation(schedule):
         simulated = simulate_work(work, record=False).step_time_s
         assert _play_pipeline(schedule, passes, m, hop_s=hop, blocking_sends=blocking) == pytest.approx(simulated,
                                                                                                         rel=1e-12)
+
+
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+def test_pipeline_floor_is_at_most_the_played_pipeline(schedule):
+    """The floor the search checks before it plays a candidate never exceeds the played step, for every schedule,
+    unequal chunks, sends blocking or not; and is the step where nothing overlaps: one micro-batch through two
+    ranks, and one rank alone."""
+    rng = random.Random("floor" + schedule)
+    for _ in range(24):
+        p, v, m, layers = _random_pipeline(rng, schedule)
+        if SCHEDULES[schedule].refusal(pp=p, vpp=v, m=m):
+            continue
+        hop, blocking = rng.choice([0.0, 0.1, 0.7]), rng.choice([True, False])
+        passes = tuple(tuple((sum(x.fwd_s for x in chunk), sum(x.bwd_s for x in chunk), sum(x.wgrad_s for x in chunk))
+                             for chunk in rank) for rank in layers)
+        played = play_pipeline(schedule, passes, m, hop_s=hop, blocking_sends=blocking)
+        assert pipeline_floor(schedule, passes, m, hop_s=hop) <= played * (1 + 1e-12)
+
+
+def test_pipeline_floor_by_hand():
+    # 1F1B, one micro-batch over two ranks: F0, send, F1, B1, send, B0 = 1 + 0.5 + 2 + 3 + 0.5 + 4
+    passes = (((1.0, 4.0, 1.0),), ((2.0, 3.0, 1.0),))
+    assert pipeline_floor("1f1b", passes, 1, hop_s=0.5) == pytest.approx(11.0)
+    assert play_pipeline("1f1b", passes, 1, hop_s=0.5) == pytest.approx(11.0)
+    # four micro-batches: rank 1 waits for the first forward (1 + 0.5), runs 4 x (2 + 3), and its last backward's
+    # gradient goes back through rank 0 (0.5 + 4): 26; rank 0 alone is 4 x 5 = 20
+    assert pipeline_floor("1f1b", passes, 4, hop_s=0.5) == pytest.approx(26.0)
+    assert play_pipeline("1f1b", passes, 4, hop_s=0.5) >= 26.0
 
 
 @pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
@@ -133,3 +161,32 @@ def test_the_simulation_gathers_forward_once_where_the_parameters_stay_gathered(
     every = simulate_work(work, record=False)
     once = simulate_work(replace(work, gather_forward_once=True), record=False)
     assert every.step_time_s - once.step_time_s == pytest.approx(3.0, rel=1e-9)
+
+
+def test_candidates_turned_away_by_their_floor_change_nothing(monkeypatch):
+    """The search plays a candidate of uneven virtual stages only where its pipeline's floor leaves it a chance
+    to be kept: the same recommendation, runners-up and step times as playing every one, with fewer plays
+    (Qwen3-235B-A22B on 64 H100, whose 94 blocks divide into no virtual stages evenly)."""
+    import planner.search.driver as driver
+    from planner import pipeline_play
+    from planner.simulate import played_candidate
+    job = api.JobInputs(model="qwen3-235b-a22b", cluster="h100-80g", gpus=64).load()
+    plays = []
+    real = pipeline_play.play_pipeline
+
+    def counted(*args, **kwargs):
+        plays.append(1)
+        return real(*args, **kwargs)
+
+    def summary(result):
+        return [(c.config, c.estimate.step_time_s) for c in (result.best, *result.alternatives)]
+
+    import planner.cost.step as step
+    monkeypatch.setattr(step, "play_pipeline", counted)
+    floored = api.plan(job)
+    n_floored = len(plays)
+    plays.clear()
+    monkeypatch.setattr(driver, "played_candidate", lambda cache, cand, bar: played_candidate(cache, cand))
+    every = api.plan(job)
+    assert summary(floored) == summary(every)
+    assert n_floored < len(plays)

@@ -15,7 +15,7 @@ from ..cluster import DTYPE_BYTES, Cluster
 from ..config import RECOMPUTES, ParallelConfig, Workload
 from ..estimate import Estimate, Memory, StepTime
 from ..layers import LayerGraph
-from ..pipeline_play import play_pipeline
+from ..pipeline_play import pipeline_floor, play_pipeline
 from ..placement import assign_layers, holds_head_copy, last_stage_rank, layer_policies, placement_of
 from .. import finetune, network
 from .. import precision as fp8_recipes
@@ -930,6 +930,12 @@ def played_pipeline_s(cache: CostCache, config: ParallelConfig) -> float | None:
                                   hop_s=cache.hop_s(config),
                                   blocking_sends=not sends_overlap(config.schedule, cache.workload.framework))
     return memo[key]
+
+
+def played_pipeline_floor_s(cache: CostCache, config: ParallelConfig) -> float:
+    """At most ``played_pipeline_s`` (planner/pipeline_play.py ``pipeline_floor``), for a tenth of its cost or less."""
+    return pipeline_floor(config.schedule, chunk_passes(cache, config), config.num_microbatches,
+                          hop_s=cache.hop_s(config))
 
 
 def chunk_passes(cache: CostCache, config: ParallelConfig) -> tuple[tuple[tuple[float, float, float], ...], ...]:

@@ -87,7 +87,7 @@ def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs
     cache = CostCache(graph, cluster, workload)
     # ranked by simulation at the end, the candidates whose closed form does not hold are ranked by their played
     # pipeline as they come (simulate.played_candidate); without, by the closed form alone (what the ILP solves)
-    top = TopK(top_k + 1, cap=bound_s, played=(lambda c: played_candidate(cache, c)) if simulate else None)
+    top = TopK(top_k + 1, cap=bound_s, played=(lambda c, bar: played_candidate(cache, c, bar)) if simulate else None)
     for config in seeds:
         try:
             space.check(config)

@@ -70,13 +70,16 @@ class TopK:
 
     def __init__(self, k: int, cap: float = float("inf"), played=None):
         """``cap``: a step time no plan worth keeping reaches (a bound from outside the search: another precision's
-        plan to beat); what is slower is pruned as if k faster ones were held. ``played``: what a candidate is
-        ranked as, where not its closed form (planner/simulate.py ``played_candidate``)."""
+        plan to beat); what is slower is pruned as if k faster ones were held. ``played``: (candidate, bar) -> what
+        the candidate is ranked as, where not its closed form, or None where that cannot come under the bar
+        (planner/simulate.py ``played_candidate``)."""
         self.k, self.items, self.cap, self.played = k, [], cap, played
 
     def add(self, c: Candidate) -> None:
         if self.played is not None:
-            c = self.played(c)
+            c = self.played(c, self._bar())
+            if c is None:
+                return
         if c.estimate.step_time_s >= self.cap:
             return
         key = layout_key(c.config)
@@ -86,6 +89,13 @@ class TopK:
         self.items = [x for x in self.items if layout_key(x.config) != key] + [c]
         self.items.sort(key=sort_key)
         del self.items[self.k:]
+
+    def _bar(self) -> float:
+        """A step time from which a candidate is turned away whatever its layout: at the cap, or beyond the k-th
+        kept by more than the gap within which a simpler plan displaces one of its layout (``_better``)."""
+        if len(self.items) < self.k:
+            return self.cap
+        return min(self.cap, self.items[-1].estimate.step_time_s * (1 + 2 * OPTIMALITY_GAP))
 
     @property
     def threshold(self) -> float:
