@@ -361,6 +361,27 @@ def test_a_stage_ilp_stopped_at_its_time_limit_is_said_not_proven(monkeypatch):
     assert Plan.from_json(unproven.to_json()).search.ilp_unproven == unproven.search.ilp_unproven
 
 
+def test_unproven_stage_ilps_of_the_runner_up_without_experts_are_counted(monkeypatch):
+    """The best plan without expert parallelism, shown among the runners-up, comes from a search of its own: its
+    stage ILPs stopped at the time limit are the plan's too (Qwen3-30B-A3B on 32 H100, those without experts made
+    to stop)."""
+    from planner import api
+    from planner.search import ilp
+    real = ilp.solve_group
+    stopped = []
+
+    def dense_stopped(problem, *args, **kwargs):
+        found = real(problem, *args, **kwargs)
+        if found is not None and found[0] is not None and problem.layout.ep == 1:
+            stopped.append(problem)
+            return found[:3] + (False,)
+        return found
+    monkeypatch.setattr(ilp, "solve_group", dense_stopped)
+    result = api.plan(api.JobInputs(model="qwen3-30b-a3b", cluster="h100-80g", gpus=32).load())
+    assert result.best.config.ep > 1 and any(c.config.ep == 1 for c in result.alternatives)
+    assert stopped and result.search.ilp_unproven == len(stopped)
+
+
 def _splits(ranks: int, v: int, blocks: int):
     """Every split of ``blocks`` over ``ranks`` ranks with at least v each."""
     if ranks == 1:

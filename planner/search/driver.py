@@ -127,6 +127,8 @@ def search(graph: LayerGraph, cluster: Cluster, workload: Workload, knobs: Knobs
             dense = None
         if dense is not None and dense.best is not None:
             alternatives = tuple(sorted(alternatives[:top_k - 1] + (dense.best,), key=lambda c: c.estimate.step_time_s))
+        if dense is not None:       # its stage ILPs are the search's too: run, and stopped unproven
+            stage = replace(stage, solved=stage.solved + dense.ilp_solves, unproven=stage.unproven + dense.ilp_unproven)
     return SearchResult(best=best, alternatives=alternatives, choice=choice,
                         candidates=max(stats.covered, stage.space), evaluated=stats.evaluated + stage.solved,
                         memory_checked=stats.checked, seconds=time.perf_counter() - t0, least_memory=least,
