@@ -240,17 +240,27 @@ def _data_parallel(prob, pr: GroupProblem, opt: Option, k: int, r: int, nb, F, B
     if not overlap:
         exposed = m * totals[0] + totals[1] + totals[2]
     else:
-        windows = (F + B - busy[0] - busy[1], B - busy[1], F - busy[0])
+        # (comm, window, last, weight) of each term as cost.step._dp_comm_uncached prices it: each micro-batch's
+        # forward collectives and backward ones beside their pass, the reduction once, the gather after the optimizer
+        blk_p = pr.block_passes(opt)
+        fixed_p = [pr.passes(opt, bucket) for bucket in pr.fixed[r].buckets]
+        first_p = pr.passes(opt, pr.first_layer_params(r))
+        terms = []
+        for i, window in enumerate((F - busy[0], B - busy[1])):
+            if blk_p[i] or any(f[i] for f in fixed_p):
+                terms.append((f"m{i}", blk_p[i] * nb + sum(f[i] for f in fixed_p), window, first_p[i], m))
         exposed = 0
-        for i, weight in enumerate((m, 1, 1)):
+        for i, window in ((1, B - busy[1]), (2, F - busy[0])):
             if blk[i] == 0 and all(f[i] == 0 for f in fixed):
                 continue
             if (i == 2 and not pr.param_gather_overlaps) or (i == 1 and not once_overlaps):
                 exposed += totals[i]        # the step's all-gather ends the optimizer step; the reduction
                 continue                    # runs after the last backward (cost.step.dp_overlaps)
-            x = pulp.LpVariable(f"x{i}_{k}_{r}", 0)
-            prob += x >= totals[i] - windows[i], f"i_rank_{r}_opt_{k}_term_{i}_exceeds_window"
-            prob += x >= first[i], f"i_rank_{r}_opt_{k}_term_{i}_first_layer"
-            exposed += weight * (x + kappa * totals[i])
+            terms.append((str(i), totals[i], window, first[i], 1))
+        for name, comm, window, last, weight in terms:      # cost.step.exposed_s, a maximum of two lines
+            x = pulp.LpVariable(f"x{name}_{k}_{r}", 0)
+            prob += x >= comm - window, f"i_rank_{r}_opt_{k}_term_{name}_exceeds_window"
+            prob += x >= last + kappa * comm, f"i_rank_{r}_opt_{k}_term_{name}_last_and_contention"
+            exposed += weight * x
     slack = r * B if pr.p > 1 else 0
     prob += D >= exposed - slack - big * (1 - z), f"j_rank_{r}_data_parallel_{k}"

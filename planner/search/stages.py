@@ -26,7 +26,8 @@ import numpy as np
 from ..config import ParallelConfig
 from ..cost.layer import LayerCost
 from ..cost.memory import resident_bytes_per_param, state_bytes_per_param
-from ..cost.step import (CostCache, other_bytes, data_parallel_spans_nodes, dp_collectives, dp_overlaps, expert_shard,
+from ..cost.step import (CostCache, other_bytes, data_parallel_spans_nodes, dp_collectives, dp_micro_passes, dp_overlaps,
+                         expert_shard,
                          frozen_rates, inflight_microbatches, layer_network_busy_s, network_crossing,
                          optimizer_time_s, pipeline_sends_busy_s, resident_rates, sends_overlap, tied_bucket,
                          tied_embedding_sync_s, state_rates)
@@ -258,13 +259,27 @@ class GroupProblem:
     def block_collectives(self, option: Option) -> tuple[float, float, float]:
         """One block's data-parallel collectives: its dense parameters over dp x cp, its routed experts (under
         expert parallelism) over their expert data-parallel ranks."""
+        return self._block(option, dp_collectives)
+
+    def passes(self, option: Option, bucket: tuple[float, float]) -> tuple[float, float]:
+        """One layer's data-parallel collectives per micro-batch by the pass they run beside
+        (``cost.step.dp_micro_passes``): (forward, backward)."""
+        config = self._with(option.zero, option.optimizer_offload)
+        return dp_micro_passes(self.cache, config, bucket[0], frozen_bytes=bucket[1])
+
+    def block_passes(self, option: Option) -> tuple[float, float]:
+        """``passes`` of one block, its routed experts' over their expert data-parallel ranks."""
+        return self._block(option, dp_micro_passes)
+
+    def _block(self, option: Option, seconds) -> tuple[float, ...]:
+        """``seconds`` (``dp_collectives`` or ``dp_micro_passes``) of one block's dense parameters plus its routed
+        experts'."""
         config = self._with(option.zero, option.optimizer_offload)
         routed = self.block.expert_params
-        dense = dp_collectives(self.cache, config, self.block.params - routed, frozen_bytes=self.block.frozen_bytes)
+        dense = seconds(self.cache, config, self.block.params - routed, frozen_bytes=self.block.frozen_bytes)
         if not routed:
             return dense
-        experts = dp_collectives(self.cache, config, routed, expert=True)
-        return tuple(a + b for a, b in zip(dense, experts))
+        return tuple(a + b for a, b in zip(dense, seconds(self.cache, config, routed, expert=True)))
 
     @property
     def has_dp(self) -> bool:
@@ -553,21 +568,30 @@ class _Rank0Collectives:
         self.param_gather_overlaps = pr.param_gather_overlaps
         self.first = pr.collectives(opt, pr.first_layer_params(0))
         self.kappa = pr.cache.cluster.comm_sm_fraction
+        self.blk_passes = pr.block_passes(opt)
+        fixed_passes = [pr.passes(opt, bucket) for bucket in pr.fixed[0].buckets]
+        self.fixed_passes = [sum(f[i] for f in fixed_passes) for i in range(2)]
+        self.first_passes = pr.passes(opt, pr.first_layer_params(0))
 
     def floor(self, blocks: int, fwd_s: float, bwd_s: float) -> float:
-        """Exposed seconds with ``blocks`` blocks and the given compute windows."""
+        """Exposed seconds with ``blocks`` blocks and the given compute windows (``cost.step.exposed_s`` per term:
+        each micro-batch's forward and backward collectives, the reduction once, the gather after the optimizer)."""
         if not self.active:
             return 0.0
         totals = [self.blk[i] * blocks + self.fixed[i] for i in range(3)]
         if not self.overlap:
             return self.m * totals[0] + totals[1] + totals[2]
-        windows = (fwd_s + bwd_s, bwd_s, fwd_s)
+        terms = [(self.m, self.blk_passes[i] * blocks + self.fixed_passes[i], window, self.first_passes[i])
+                 for i, window in enumerate((fwd_s, bwd_s))]
         out = 0.0
-        for i, weight in enumerate((self.m, 1, 1)):
+        for i, window in ((1, bwd_s), (2, fwd_s)):
             if (i == 2 and not self.param_gather_overlaps) or (i == 1 and not self.once_overlaps):
                 out += totals[i]            # the step's all-gather ends the optimizer step (cost.step.dp_overlaps)
-            elif totals[i]:
-                out += weight * (max(totals[i] - windows[i], self.first[i]) + self.kappa * totals[i])
+            else:
+                terms.append((1, totals[i], window, self.first[i]))
+        for weight, comm, window, last in terms:
+            if comm:
+                out += weight * max(comm - window, last + self.kappa * comm)
         return out
 
 
