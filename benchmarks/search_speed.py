@@ -31,6 +31,9 @@ SCENARIOS = [
     # 94 blocks that divide into no virtual stages evenly: the played pipelines, and ZB-V's stage ILPs
     ("Qwen3-235B-A22B on 256 B200 (ep searched)",
      ["--model", "qwen3-235b-a22b", "--cluster", "b200", "--gpus", "256"]),
+    # and the runner-up without expert parallelism: 1F1B over 32 stages, 94 blocks
+    ("Qwen3-235B-A22B on 1024 H100 (ep searched)",
+     ["--model", "qwen3-235b-a22b", "--cluster", "h100-80g", "--gpus", "1024"]),
     # bf16 fixed: one search. Left out, Megatron-LM on H100 also searches its fastest FP8 recipe (planner/api.py
     # plan_precisions): two searches, the last scenario
     ("DeepSeek-V3 on 256 H100, Megatron-LM",
