@@ -508,7 +508,7 @@ def played_candidate(cache: CostCache, cand: Candidate, bar: float = math.inf) -
     ranks its candidates by as it goes, when it ranks its finalists by simulation: a closed form that is short by a
     fifth would fill the finalists with plans the simulation then finds slow, and push out the fastest. None, not
     played, where the pipeline's floor (``pipeline_play.pipeline_floor``) already puts the step at ``bar`` or
-    beyond: Qwen3-235B on 256 B200 plays 40% of the candidates it did."""
+    beyond: Qwen3-235B on 256 B200 plays 283 pipelines where it played 833."""
     config = cand.config
     if not uneven_virtual_stages(cache, config):
         return cand

@@ -955,7 +955,8 @@ def played_pipeline_s(cache: CostCache, config: ParallelConfig) -> float | None:
 
 
 def played_pipeline_floor_s(cache: CostCache, config: ParallelConfig) -> float:
-    """At most ``played_pipeline_s`` (planner/pipeline_play.py ``pipeline_floor``), for a tenth of its cost or less."""
+    """At most ``played_pipeline_s``, from sums over the chunks instead of a play (planner/pipeline_play.py
+    ``pipeline_floor``)."""
     return pipeline_floor(config.schedule, chunk_passes(cache, config), config.num_microbatches,
                           hop_s=cache.hop_s(config))
 

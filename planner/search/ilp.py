@@ -182,8 +182,7 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
     if pr.split_backward:
         wgrad = pulp.LpVariable("W", 0)
         for r in range(p):
-            prob += wgrad <= pr.fixed[r].wgrad_s + block.wgrad_s * pulp.lpSum(n[r, c] for c in pr.policies), \
-                f"n_rank_{r}_weight_gradients"
+            prob += wgrad <= pr.fixed[r].wgrad_s + block.wgrad_s * blocks[r], f"n_rank_{r}_weight_gradients"
         # (o) a cut implied by (a), (b) and (n): the least rank's weight gradients in the best integer split for them
         # (``stages.most_least_wgrad``); the relaxation's W reaches the mean over the ranks, and the branch and
         # bound otherwise proves the integer balance rank by rank (Qwen3-235B on 256 B200, ZB-V over 32 stages:

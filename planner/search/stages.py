@@ -26,11 +26,10 @@ import numpy as np
 from ..config import ParallelConfig
 from ..cost.layer import LayerCost
 from ..cost.memory import resident_bytes_per_param, state_bytes_per_param
-from ..cost.step import (CostCache, other_bytes, data_parallel_spans_nodes, dp_collectives, dp_micro_passes, dp_overlaps,
-                         expert_shard,
-                         frozen_rates, inflight_microbatches, layer_network_busy_s, network_crossing,
-                         optimizer_time_s, pipeline_sends_busy_s, resident_rates, sends_overlap, tied_bucket,
-                         tied_embedding_sync_s, state_rates)
+from ..cost.step import (CostCache, other_bytes, data_parallel_spans_nodes, dp_collectives, dp_micro_passes,
+                         dp_overlaps, expert_shard, frozen_rates, inflight_microbatches, layer_network_busy_s,
+                         network_crossing, optimizer_time_s, pipeline_sends_busy_s, resident_rates, sends_overlap,
+                         tied_bucket, tied_embedding_sync_s, state_rates)
 from ..runtimes import RUNTIMES
 from ..placement import holds_head_copy, last_stage_rank, placement_of, rank_stages
 from ..recompute import POLICIES, summary_policy
