@@ -589,14 +589,11 @@ def dp_collectives(cache: CostCache, config: ParallelConfig, params: float, expe
     ``gathers_every_microbatch``; a forward gather not made every micro-batch is priced once after the
     optimizer (FSDP2 under a pipeline makes it in the first forward, beside its compute: priced longer).
     """
-    gather_fwd, gather_bwd, reduce = dp_phases(cache, config, params, expert, frozen_bytes)
+    gather_fwd, _, reduce = dp_phases(cache, config, params, expert, frozen_bytes)
+    forward, backward = dp_micro_passes(cache, config, params, expert, frozen_bytes)
     framework = cache.workload.framework
-    every_fwd = gathers_forward_every_microbatch(config, framework)
-    every_bwd = gathers_every_microbatch(config, framework)
-    every_reduce = reduces_every_microbatch(config, framework)
-    per_micro = (reduce if every_reduce else 0.0) + (gather_fwd if every_fwd else 0.0) + \
-        (gather_bwd if every_bwd else 0.0)
-    return per_micro, 0.0 if every_reduce else reduce, 0.0 if every_fwd else gather_fwd
+    return (forward + backward, 0.0 if reduces_every_microbatch(config, framework) else reduce,
+            0.0 if gathers_forward_every_microbatch(config, framework) else gather_fwd)
 
 
 def dp_micro_passes(cache: CostCache, config: ParallelConfig, params: float, expert: bool = False,
