@@ -58,28 +58,54 @@ class PipelineSchedule:
     # ^ the schedule torch runs instead when a step has fewer micro-batches than stages (the same order)
 
     # -- time and memory ------------------------------------------------------------------------
-    def pipeline_s(self, *, slowest, total, m: int, p: int, v: int, hop_s: float = 0.0, wgrad_s=0.0):
+    def pipeline_s(self, *, slowest, total, m: int, p: int, v: int, hop_s: float = 0.0, wgrad_s: float = 0.0) -> float:
         """The pipeline's time for ``m`` micro-batches from the slowest rank's forward + backward time
-        per micro-batch and their sum over the ranks (each with its own sends). Linear in both, so it
-        serves plain numbers and the stage ILP's expressions alike.
+        per micro-batch and their sum over the ranks (each with its own sends): the largest of
+        ``pipeline_terms``."""
+        return max(self.pipeline_terms(slowest=slowest, total=total, m=m, p=p, v=v, hop_s=hop_s, wgrad_s=wgrad_s))
+
+    def pipeline_terms(self, *, slowest, total, m: int, p: int, v: int, hop_s: float = 0.0, wgrad_s=0.0) -> tuple:
+        """The pipeline's time as the largest of these terms, each linear in ``slowest``, ``total`` and ``wgrad_s``,
+        so that they serve plain numbers and the stage ILP's expressions alike (a row per term). The first is the
+        steady schedule's.
 
         One stage per rank (GPipe, 1F1B): (m - 1) slowest + sum, exact for the fill and drain of a
         linear pipeline (Narayanan et al. 2021, Sec 2.2: bubble (p - 1) t for equal stages); without a
-        pipeline that is m times the one rank. Interleaved with v chunks: (m + (p - 1)/v) slowest (bubble
-        fraction (p - 1)/(v m), ibid. Sec 2.2.2), plus one stage-boundary transfer (``hop_s``) per hop
-        of the fill and of the drain, 2 (p v - 1) hops that wait for their data and cannot overlap.
+        pipeline that is m times the one rank. Interleaved with v chunks: m slowest + (sum - slowest)/v, the
+        slowest rank's m micro-batches and the fill and drain through the other ranks at 1/v of their time per
+        micro-batch each (1F1B's form at v = 1; on equal stages (m + (p - 1)/v) slowest, the bubble fraction
+        (p - 1)/(v m) of ibid. Sec 2.2.2), plus one stage-boundary transfer (``hop_s``) per hop of the fill and
+        of the drain, 2 (p v - 1) hops that wait for their data and cannot overlap. Where one rank is slower
+        (the embedding's or the head's), its bubble is the others' chunks, not its own: with one stage 1.8 times
+        the others, (m + (p - 1)/v) slowest was up to 20% above the played interleaved 1F1B, this form 14%, and
+        over the four interleaved schedules about half as far from the play on average (random stages played in
+        each schedule's order, tests/test_split_backward.py).
 
-        Split backward (``wgrad_s``: the slowest rank's weight-gradient time per micro-batch, of ``slowest``):
+        Split backward (``wgrad_s``: the least rank's weight-gradient time per micro-batch, of ``slowest``):
         ZB-H1's bubble (p - 1)(T_F + T_I - T_W) on each chunk (Qi et al., ICLR 2024, Sec 3.1; the DualPipe README's
-        ZB1P row (PP - 1)(F + B - 2W), B = I + W), (p - 1)/v (slowest - 2 W) per rank. The simulation plays each
+        ZB1P row (PP - 1)(F + B - 2W), B = I + W), less 2 (p - 1)/v W per rank. The simulation plays each
         schedule's own order (planner/simulate.py) and ranks the finalists; this closed form is its check (equal to
         it on equal stages for interleaved-zb and zbv; DualPipeV's paired order differs where T_I > T_F).
-        ``wgrad_s`` 0 gives the interleaved 1F1B bound."""
+        ``wgrad_s`` 0 gives the interleaved 1F1B form.
+
+        A V (zbv) with fewer micro-batches than its p v stages has no steady state for its weight gradients to
+        fill: the first micro-batch's forward and input gradient through every stage is on the path (the sum over
+        the ranks less their weight gradients), each further micro-batch adds one chunk's forward and input
+        gradient behind it, and the last rank to finish runs its m weight gradients after its last input
+        gradient: total - p W + (m - 1)(slowest - W)/v + m W, the second term. Played in torch's ZBV order
+        (planner/pipeline_orders.py) on equal stages it is exact where T_F >= T_I, and (m - 1)(T_I - T_F) short
+        where the input gradient is the longer; the steady term alone was 12% short at m = p and a third short at
+        m = p/2 (tests/test_split_backward.py). It falls with W where it applies (m < 2p), as the steady term
+        does, so a bound on the least rank's W bounds both."""
         if self.backward == "split" and p > 1:
-            return (m + (p - 1) / v) * slowest - 2 * (p - 1) / v * wgrad_s + 2 * (p * v - 1) * hop_s
+            steady = m * slowest + (total - slowest) / v - 2 * (p - 1) / v * wgrad_s + 2 * (p * v - 1) * hop_s
+            if self.placement == "v" and m < p * v:
+                few = total - p * wgrad_s + (m - 1) / v * (slowest - wgrad_s) + m * wgrad_s + 2 * (p * v - 1) * hop_s
+                return steady, few
+            return (steady,)
         if self.virtual_stages and p > 1:
-            return (m + (p - 1) / v) * slowest + 2 * (p * v - 1) * hop_s
-        return (m - 1) * slowest + total
+            return (m * slowest + (total - slowest) / v + 2 * (p * v - 1) * hop_s,)
+        return ((m - 1) * slowest + total,)
 
     def inflight(self, *, rank: int, pp: int, vpp: int, m: int) -> float:
         """Micro-batches whose activations pipeline rank ``rank`` holds at its peak, in units of the

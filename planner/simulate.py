@@ -1,8 +1,8 @@
 """One training step, event by event: the Timeline.
 
 The analytical estimate (``cost/step.py``) prices a pipeline in closed form:
-``(m - 1) * slowest + sum`` for GPipe and 1F1B, ``(m + (p - 1) / v) * slowest``
-for interleaved 1F1B. Both are exact only when the stages are equal and the
+``(m - 1) * slowest + sum`` for GPipe and 1F1B, ``m * slowest + (sum - slowest) / v``
+for interleaved 1F1B. The latter is exact only when the stages are equal, both only where the
 communication hides where the formula assumes. This module runs the schedule
 instead: every pipeline rank executes its own ordered list of forward and
 backward passes, each waiting for the data it needs; sends, receives and

@@ -141,6 +141,10 @@ GROUPS = [  # (model, cluster, gpus, layout, schedule, vpp, memory squeeze)
     ("llama", "a100-40g", 4, Layout(tp=1, pp=2, cp=1, dp=2, micro_batch=1), "dualpipev", 2, 0.85),
     ("gpt", "a100-40g", 4, Layout(tp=1, pp=2, cp=1, dp=2, micro_batch=1), "interleaved-zb", 2, 0.9),
     ("llama", "h100-80g", 2, Layout(tp=1, pp=2, cp=1, dp=1, micro_batch=2), "interleaved-zb", 2, 1.0),
+    # a V with fewer micro-batches than its stages (m = 2 and 1 on 4 stages): the schedule's time is the larger of
+    # two terms (PipelineSchedule.pipeline_terms, the ILP's row (q))
+    ("gpt", "h100-80g", 4, Layout(tp=1, pp=2, cp=1, dp=2, micro_batch=2), "zbv", 2, 0.9),
+    ("llama", "a100-40g", 4, Layout(tp=1, pp=2, cp=1, dp=2, micro_batch=4), "zbv", 2, 0.85),
 ]
 
 

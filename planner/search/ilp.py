@@ -35,13 +35,16 @@ Constraints
     (m) T_max >= the least slowest rank of any integer split that fits    (a cut: implied by the rest)
     (n) W <= W_fixed[r] + w sum_c n[r,c]                   split-backward schedules: W, the least weight-
                                                            gradient time of any rank (cost.step.pipeline_s)
+    (q) P >= each of the schedule's terms                  where it has more than one (a V with fewer
+                                                           micro-batches than stages: pipeline_terms)
 
 Objective: pipeline(T_max, sum of rank times) + D + O + tied-embedding sync (+ a
 millionth of the summed rank times to break ties toward less work), where pipeline
 is the schedule's own formula (planner/schedules.py ``PipelineSchedule.pipeline_s``:
-(m - 1) T_max + sum_r (F + B + sends) for 1F1B and GPipe, (m + (p - 1)/v) T_max +
+(m - 1) T_max + sum_r (F + B + sends) for 1F1B and GPipe, m T_max + (sum_r (F + B + sends) - T_max)/v +
 2 (p v - 1) hop for interleaved 1F1B, less 2 (p - 1)/v W for the split-backward ones, which the
-objective's negative coefficient drives up to the least rank's), linear in all three. Every term is the cost model's
+objective's negative coefficient drives up to the least rank's), linear in all three; where the schedule's time is
+the largest of several such terms (``PipelineSchedule.pipeline_terms``), P of (q). Every term is the cost model's
 own (planner/cost/step.py), linear in the decisions, so the optimum here is the cost
 model's optimum over this space, to within the search's optimality gap (result.py OPTIMALITY_GAP, 0.1%: the
 solvers stop there, as the search's bounds prune there).
@@ -174,8 +177,8 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
     # point): elsewhere the row added little and slowed HiGHS, one group of Llama 3 405B on 16,384 H100 from 0.09
     # to 1.3 s
     if any(len(optimizer_frontier(pr, opt)) > 1 for opt in pr.options):
-        a = (pr.schedule.pipeline_s(slowest=1.0, total=0.0, m=m, p=p, v=v)
-             - pr.schedule.pipeline_s(slowest=0.0, total=0.0, m=m, p=p, v=v))
+        a = (pr.schedule.pipeline_terms(slowest=1.0, total=0.0, m=m, p=p, v=v)[0]
+             - pr.schedule.pipeline_terms(slowest=0.0, total=0.0, m=m, p=p, v=v)[0])
         joint = min(least_slowest_and_optimizer(pr, opt, a) for opt in pr.options)
         prob += a * t_max + O >= joint, "p_least_slowest_with_its_optimizer"
     wgrad = 0.0
@@ -188,8 +191,14 @@ def solve_group(problem: GroupProblem, solver: str = "cbc", time_limit_s: float 
         # bound otherwise proves the integer balance rank by rank (Qwen3-235B on 256 B200, ZB-V over 32 stages:
         # 1.7 s to rule a group out against the best so far)
         prob += wgrad <= pr.wgrad_bound, "o_most_least_weight_gradients"
-    pipeline = pr.schedule.pipeline_s(slowest=t_max, total=pulp.lpSum(rank_time), m=m, p=p, v=v,
-                                      hop_s=pr.hop_s if pr.sends_overlap else 0.0, wgrad_s=wgrad)
+    terms = pr.schedule.pipeline_terms(slowest=t_max, total=pulp.lpSum(rank_time), m=m, p=p, v=v,
+                                       hop_s=pr.hop_s if pr.sends_overlap else 0.0, wgrad_s=wgrad)
+    if len(terms) == 1:
+        pipeline = terms[0]
+    else:       # the largest of the schedule's terms (a V with fewer micro-batches than stages)
+        pipeline = pulp.LpVariable("P", 0)
+        for j, term in enumerate(terms):
+            prob += pipeline >= term, f"q_pipeline_term_{j}"
     # tie-break (a millionth of the work of every rank): among plans the closed form prices
     # the same (only the slowest rank counts in the interleaved schedule), no useless recompute
     objective = pipeline + D + O + pr.tied_s + 1e-6 * pulp.lpSum(rank_time)

@@ -487,10 +487,11 @@ def _blocks_that_fit(room: float, per_block: float) -> float:
 
 def _pipeline(pr: GroupProblem, slowest: float, total: float) -> float:
     """The schedule's pipeline (``PipelineSchedule.pipeline_s``) from the slowest rank's time and the
-    sum over ranks, both without the stage-boundary sends: each rank's 2 v sends per micro-batch are
-    added to the sum (and so bound the sends from below where the schedule waits for them). Split-backward
-    schedules take ``GroupProblem.wgrad_bound``, at least the weight-gradient time they subtract."""
-    sends = pr.p * 2 * pr.v * pr.hop_s if pr.p > 1 else 0.0
+    sum over ranks, both without the stage-boundary sends: where the schedule waits for them, each rank's 2 v
+    sends per micro-batch are added to the sum (and so bound them from below); where it runs them beside
+    compute, the exposed part (the ILP's y[r]) is at least none. Split-backward schedules take
+    ``GroupProblem.wgrad_bound``, at least the weight-gradient time they subtract."""
+    sends = pr.p * 2 * pr.v * pr.hop_s if pr.p > 1 and not pr.sends_overlap else 0.0
     return pr.schedule.pipeline_s(slowest=slowest, total=total + sends, m=pr.m, p=pr.p, v=pr.v,
                                   hop_s=pr.hop_s if pr.sends_overlap else 0.0, wgrad_s=pr.wgrad_bound)
 
