@@ -217,6 +217,10 @@ def _schedule_sentence(found: dict) -> str:
         else:
             out += (f"; {name(best)} is as fast ({100 * gain:+.1f}%): its bubble is already {bubble}, so deferring "
                     "the weight gradients has little to fill")
+    if chosen.backward == "split" and chosen.placement == "v" and m < p * found["vpp"]:
+        out += (f"; with {m} micro-batches for its {p * found['vpp']} stages the V has no steady state for the weight "
+                "gradients to fill: the first micro-batch's way through every stage and back, and the last rank's "
+                f"{m} weight gradients after it, are on the path (more micro-batches per step would shrink its bubble)")
     faster_too_big = [o for o in found["others"] if o["step_time_s"] < t0 and not o["fits"]]
     if faster_too_big:
         o = min(faster_too_big, key=lambda o: o["step_time_s"])

@@ -313,6 +313,24 @@ def test_the_plan_says_when_interleaved_1f1b_is_as_good():
     assert "7/(4 x 24) = 7.3%" in sentence and "interleaved-1f1b (vpp 4) is as fast" in sentence
 
 
+def test_the_plan_says_when_a_v_has_fewer_microbatches_than_stages():
+    """ZB-V with 3 micro-batches of 3 on the sail-sg model over 8 ranks (16 stages): the plan says its weight
+    gradients have no steady state to fill; at 24 micro-batches (above) it does not."""
+    from planner import api
+    from planner.explain import schedule_sentence
+    from pathlib import Path
+    model = Path(__file__).resolve().parent.parent / "benchmarks" / "configs" / "zb-6.2b.json"
+    job = api.load_job(str(model), cluster="h800", gpus=8, global_batch=9, seq_len=1024, framework="torchtitan",
+                       precision="bf16")
+    plan = api.plan(job, api.Knobs(pp=8, tp=1, dp=1, cp=1, micro_batch=3, schedule="zbv"), top_k=1)
+    sentence = schedule_sentence(plan.gains)
+    assert "with 3 micro-batches for its 16 stages the V has no steady state" in sentence
+    job = api.load_job(str(model), cluster="h800", gpus=8, global_batch=72, seq_len=1024, framework="torchtitan",
+                       precision="bf16")
+    plan = api.plan(job, api.Knobs(pp=8, tp=1, dp=1, cp=1, micro_batch=3, schedule="zbv"), top_k=1)
+    assert "no steady state" not in schedule_sentence(plan.gains)
+
+
 def test_inflight_closed_forms_are_the_orders_peaks():
     """The closed forms of ``_SplitBackward.held`` against each schedule's own order played in full
     (``schedules.peak_held``), every m the schedule allows up to 6 pp, every rank."""
