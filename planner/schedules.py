@@ -77,9 +77,9 @@ class PipelineSchedule:
         (p - 1)/(v m) of ibid. Sec 2.2.2), plus one stage-boundary transfer (``hop_s``) per hop of the fill and
         of the drain, 2 (p v - 1) hops that wait for their data and cannot overlap. Where one rank is slower
         (the embedding's or the head's), its bubble is the others' chunks, not its own: with one stage 1.8 times
-        the others, (m + (p - 1)/v) slowest was up to 20% above the played interleaved 1F1B, this form 14%, and
+        the others, (m + (p - 1)/v) slowest was up to 23% above the played interleaved 1F1B, this form 16%, and
         over the four interleaved schedules about half as far from the play on average (random stages played in
-        each schedule's order, tests/test_split_backward.py).
+        each schedule's order: python benchmarks/pipeline_closed_form.py; tests/test_split_backward.py).
 
         Split backward (``wgrad_s``: the least rank's weight-gradient time per micro-batch, of ``slowest``):
         ZB-H1's bubble (p - 1)(T_F + T_I - T_W) on each chunk (Qi et al., ICLR 2024, Sec 3.1; the DualPipe README's
