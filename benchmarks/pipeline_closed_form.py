@@ -41,14 +41,20 @@ def _passes(rng: random.Random, record, p: int, v: int, shape: str, f: float, i:
     return tuple(out)
 
 
-def _forms(record, passes: tuple, m: int) -> tuple[float, float]:
-    """(the closed form, the form before 2026-11-29) of ``passes`` over ``m`` micro-batches."""
-    p, v = len(passes), len(passes[0])
+def rank_sums(record, passes: tuple) -> tuple[float, float, float]:
+    """(the slowest rank's time per micro-batch, the sum over the ranks, the least rank's weight gradients; 0 where
+    the schedule runs whole backwards) of ``passes[rank][chunk]`` = (forward, backward, of it the weight gradient)."""
     per = [sum(f + b for f, b, _ in chunks) for chunks in passes]
     least_w = min(sum(w for _, _, w in chunks) for chunks in passes) if record.backward == "split" else 0.0
-    closed = record.pipeline_s(slowest=max(per), total=sum(per), m=m, p=p, v=v, wgrad_s=least_w)
-    old = (m + (p - 1) / v) * max(per) - 2 * (p - 1) / v * least_w
-    return closed, old
+    return max(per), sum(per), least_w
+
+
+def closed_and_before(record, passes: tuple, m: int) -> tuple[float, float]:
+    """(the closed form, the form before 2026-11-29) of ``passes`` over ``m`` micro-batches."""
+    p, v = len(passes), len(passes[0])
+    slowest, total, least_w = rank_sums(record, passes)
+    closed = record.pipeline_s(slowest=slowest, total=total, m=m, p=p, v=v, wgrad_s=least_w)
+    return closed, (m + (p - 1) / v) * slowest - 2 * (p - 1) / v * least_w
 
 
 def _row(errors: list[float]) -> str:
@@ -74,7 +80,7 @@ def main() -> int:
                 f = rng.uniform(0.5, 2.0)
                 passes = _passes(rng, record, p, v, shape, f, f * rng.uniform(0.8, 1.4), f * rng.uniform(0.3, 1.0))
                 played = play_pipeline(name, passes, m)
-                closed, before = _forms(record, passes, m)
+                closed, before = closed_and_before(record, passes, m)
                 ours.append(closed / played - 1)
                 old.append(before / played - 1)
             print(f"{name:17} {shape:12} {_row(ours):27} {_row(old):27}")
@@ -89,9 +95,8 @@ def main() -> int:
             f = rng.uniform(0.5, 2.0)
             passes = _passes(rng, record, p, 2, "alike", f, f * rng.uniform(*ratio), f * rng.uniform(0.2, 1.2))
             played = play_pipeline("zbv", passes, m)
-            per = [sum(a + b for a, b, _ in chunks) for chunks in passes]
-            least_w = min(sum(w for _, _, w in chunks) for chunks in passes)
-            terms = record.pipeline_terms(slowest=max(per), total=sum(per), m=m, p=p, v=2, wgrad_s=least_w)
+            slowest, total, least_w = rank_sums(record, passes)
+            terms = record.pipeline_terms(slowest=slowest, total=total, m=m, p=p, v=2, wgrad_s=least_w)
             ours.append(max(terms) / played - 1)
             steady.append(terms[0] / played - 1)
         print(f"  {label:11} closed form {_row(ours)}   steady term alone {_row(steady)}")

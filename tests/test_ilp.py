@@ -13,7 +13,7 @@ from planner.layers import build_layer_graph
 from planner.model import ModelSpec, ZOO
 from planner.search import search
 from planner.search.space import Knobs, Layout, Space
-from planner.search.stages import GroupProblem, graph_shape
+from planner.search.stages import GroupProblem, compositions, graph_shape
 from planner.search.ilp import solve_group
 from planner.search.exhaustive import solve_group_exhaustively
 from planner.cost.step import CostCache
@@ -386,17 +386,6 @@ def test_unproven_stage_ilps_of_the_runner_up_without_experts_are_counted(monkey
     assert stopped and result.search.ilp_unproven == len(stopped)
 
 
-def _splits(ranks: int, v: int, blocks: int):
-    """Every split of ``blocks`` over ``ranks`` ranks with at least v each."""
-    if ranks == 1:
-        if blocks >= v:
-            yield (blocks,)
-        return
-    for first in range(v, blocks - v * (ranks - 1) + 1):
-        for rest in _splits(ranks - 1, v, blocks - first):
-            yield (first,) + rest
-
-
 @pytest.mark.parametrize("block_s, fixed_s, v, blocks", [
     (1.0, [1.0, 0.0, 0.0], 1, 7),
     (0.5, [0.0, 0.0, 0.0, 2.0], 2, 11),
@@ -407,7 +396,7 @@ def test_most_least_weight_gradients_is_the_best_integer_split(block_s, fixed_s,
     """The cut (o) of the stage ILP: the least rank's weight-gradient time is at most the best any integer split
     reaches, found here by enumerating every split."""
     from planner.search.stages import most_least_wgrad
-    best = max(min(f + block_s * n for f, n in zip(fixed_s, split)) for split in _splits(len(fixed_s), v, blocks))
+    best = max(min(f + block_s * n for f, n in zip(fixed_s, split)) for split in compositions(blocks, len(fixed_s), v))
     assert most_least_wgrad(block_s, fixed_s, v, blocks) == pytest.approx(best)
 
 
@@ -433,7 +422,7 @@ def test_least_slowest_with_its_optimizer_is_the_best_integer_split(case):
     for opt in pr.options:
         for a in (0.0, 1.0, float(pr.m), 50.0 * pr.m):
             best = math.inf
-            for split in _splits(pr.p, pr.v, pr.num_blocks):
+            for split in compositions(pr.num_blocks, pr.p, pr.v):
                 slowest = max(f.fwd_s + f.bwd_s + b * t_block + _least_recompute_s(pr, opt, r, b)
                               for r, (f, b) in enumerate(zip(pr.fixed, split)))
                 optimizer = max(opt.block_optimizer_s * b + opt.optimizer_s_per_param * f.params

@@ -5,11 +5,10 @@ import pytest
 
 from planner.cluster import load_cluster
 from planner.config import ParallelConfig, Workload
-from planner.cost.step import (CostCache, _optimizer_s, chunk_passes, dp_collectives, dp_phases, estimate, rank_costs,
-                                rank_pipeline_s, sends_overlap)
+from planner.cost.step import (CostCache, _optimizer_s, dp_collectives, dp_phases, estimate, play_config_pipeline,
+                                rank_costs, rank_pipeline_s)
 from planner.layers import build_layer_graph
 from planner.model import ZOO, ModelSpec
-from planner.pipeline_play import play_pipeline
 from planner.search import search
 from planner.search.space import Knobs
 from planner.simulate import LayerWork, StepWork, schedule_order, simulate, simulate_work, step_time
@@ -270,10 +269,7 @@ def test_simulation_agrees_with_the_closed_form_on_the_public_cases(row):
     simulated = simulate(graph, cluster, work, config, cache).step_time_s
     # the pipeline alone: the closed form against the same passes played in the schedule's order (stage sends
     # included; no data-parallel stream, no optimizer)
-    played = play_pipeline(config.schedule, chunk_passes(cache, config), config.num_microbatches,
-                           hop_s=cache.hop_s(config),
-                           blocking_sends=not sends_overlap(config.schedule, cache.workload.framework))
-    assert rank_pipeline_s(cache, config) == pytest.approx(played, rel=0.005)
+    assert rank_pipeline_s(cache, config) == pytest.approx(play_config_pipeline(cache, config), rel=0.005)
     # the step: the closed form sums the data-parallel stream's exposure past the backward window, the simulation
     # places it layer by layer: they part most where latency-bound collectives cross many nodes (MLM24-70B: dp 48
     # over 48 nodes at NCCL's ring latency: 2.2%, and 2.9% with Megatron's buckets each a call of their own until

@@ -188,7 +188,11 @@ def test_interleaved_fill_and_drain_run_through_the_other_ranks(schedule):
     # m slowest + (sum - slowest)/v; (m + (p - 1)/v) slowest, which lets the slow rank's chunks fill them too, is
     # further from the play on every schedule
     import random
+    import sys
+    from pathlib import Path
     from planner.pipeline_play import play_pipeline
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from pipeline_closed_form import closed_and_before
     record = SCHEDULES[schedule]
     rng = random.Random(11)
     ours, theirs = [], []
@@ -207,11 +211,8 @@ def test_interleaved_fill_and_drain_run_through_the_other_ranks(schedule):
                 chunks.append((k * f, k * (i + w), k * w if record.backward == "split" else 0.0))
             passes.append(tuple(chunks))
         played = play_pipeline(schedule, tuple(passes), m)
-        per = [sum(x + y for x, y, _ in chunks) for chunks in passes]
-        least_w = min(sum(z for _, _, z in chunks) for chunks in passes)
-        ours.append(abs(record.pipeline_s(slowest=max(per), total=sum(per), m=m, p=p, v=v, wgrad_s=least_w) / played
-                        - 1))
-        old = (m + (p - 1) / v) * max(per) - (2 * (p - 1) / v * least_w if record.backward == "split" else 0.0)
+        closed, old = closed_and_before(record, tuple(passes), m)
+        ours.append(abs(closed / played - 1))
         theirs.append(abs(old / played - 1))
     assert sum(ours) / len(ours) < 0.06
     assert sum(ours) < 0.8 * sum(theirs)

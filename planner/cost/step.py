@@ -939,8 +939,12 @@ def played_pipeline_s(cache: CostCache, config: ParallelConfig) -> float | None:
     show: 61 blocks of DeepSeek-V3 over 16 x 3 stages played in 4.2 s where the closed form gave 3.7 s, and the
     search recommended that layout over a 1F1B one of 3.7 s (both as the simulation plays them). Even stages
     keep the closed form, which equals the simulation there."""
-    if not uneven_virtual_stages(cache, config):
-        return None
+    return play_config_pipeline(cache, config) if uneven_virtual_stages(cache, config) else None
+
+
+def play_config_pipeline(cache: CostCache, config: ParallelConfig) -> float:
+    """The plan's pipeline played pass by pass (``play_pipeline`` on its ``chunk_passes``, its stage sends blocking
+    or not as the schedule and runtime run them), whether or not its closed form holds; memoised on the cache."""
     key = (cache.context(config), config.pp, config.vpp, config.schedule, config.num_microbatches,
            config.stage_layers, policies_key(config))
     memo = cache.__dict__.setdefault("_played", {})
