@@ -4,21 +4,22 @@
 
 For every throughput case, planned as `meshplan plan` plans it (planner.api.plan; the case's
 model written as a GPT-2 config.json, ``case_flags`` for the command): the published degrees (tp,
-pp, dp) and what the source states about its runtime are fixed; what it does not
-publish (micro-batch, virtual stages, and for Megatron-Core also recompute and
-sequence parallelism) is searched. It prints the error by model size, pipeline depth and
+pp, dp), what the source states about its runtime and the micro-batch and virtual stages where a source
+gives them are fixed; what none publishes (Table 2's PTD-P virtual stages; Megatron-Core's micro-batch,
+virtual stages, recompute and sequence parallelism) is searched. It prints the error by model size, pipeline depth and
 data-parallel size, each with a least-squares trend. The prediction is converted to
 the source's own FLOP convention (see ../shared/validation/README.md):
 
 - NAR21-T1 (Narayanan et al. SC'21, Table 1): F = 96 B s l h^2 (1 + s/6h + V/16lh)
   per step, full recompute counted; TFLOP/s = F / (t n). Runtime: Megatron-LM of
   2021: fp16, full recompute, materialised attention scores (no FlashAttention yet),
-  gradient all-reduce after backward (no overlap; local DDP), interleaved 1F1B.
+  gradient all-reduce after backward (no overlap; local DDP), the micro-batch and the virtual stages
+  of the authors' script (``NAR21_T1_SCRIPT``: interleaved 1F1B where it sets them, else 1F1B).
 - NAR21-T2 (the same paper, Table 2: fixed global batch, 174.6B and 529.6B on 384 to 2240 GPUs), in
   Table 1's convention. ZeRO-3 rows: DeepSpeed of 2021 (``--framework deepspeed-2021``: v0.3.13-v0.4.2) with no
   model parallelism, ZeRO-3, the published micro-batch, full recompute, fp16, materialised attention,
   overlap_comm on (DeepSpeed's default at stage 3). PTD-P rows: as Table 1's runs (the TP x PP split of
-  the published model-parallel size inferred as 8 x 12 and 8 x 35). The published orderings are
+  the published model-parallel size inferred as 8 x 12 and 8 x 35), Table 2's micro-batch (1). The published orderings are
   checked too: PTD-P faster than ZeRO-3 at every GPU count both ran, and ZeRO-3's per-GPU throughput
   falling as its GPUs double.
 - MLM24-H100 (Megatron-Core r0.8 README table): model FLOPs without recompute,
@@ -75,11 +76,25 @@ def case_config_json(case: dict) -> dict:
             "embd_pdrop": drop}
 
 
+# The runs of NAR21 Table 1 as the authors' reproduction script sets them (Megatron-LM examples/sc21/run_table_1.sh,
+# commit 6985e58938, 2021-08-18: "some of the scripts that were used to produce the results" of the paper):
+# (--micro-batch-size, --num-layers-per-virtual-pipeline-stage or None where the script sets none: the
+# non-interleaved 1F1B schedule). The paper says Table 1 used the interleaved schedule (Sec 5.1), which its 39.1B
+# row on 2 stages could not (Megatron-LM of 2021 interleaves at pp > 2 only); the script is the more specific of the
+# two and is followed for the 1T row too. Its rows of 1.7B to 18.4B set --DDP-impl torch (torch's DDP, whose
+# bucketed all-reduce overlaps the backward); meshplan prices Megatron-LM of 2021 with its local DDP (one all-reduce
+# after the backward), so those four rows carry their exposed all-reduce in full (0.04-0.40 s of 3.3-9.5 s steps)
+NAR21_T1_SCRIPT = {"1.7B": (16, None), "3.6B": (16, None), "7.5B": (16, None), "18.4B": (8, None),
+                   "39.1B": (4, None), "76.1B": (2, 5), "145.6B": (2, 5), "310.1B": (1, 3), "529.6B": (1, 1),
+                   "1008.0B": (1, None)}
+
+
 def case_settings(case: dict) -> tuple[dict, dict]:
     """(the job's settings besides the model: planner.api.JobInputs fields, the fixed knobs: Knobs fields)
-    of a case: the published degrees and what the source states about its runtime, fixed; what it does
-    not publish (micro-batch, virtual stages; for Megatron-Core also recompute and sequence parallelism)
-    searched."""
+    of a case: the published degrees and what the source states about its runtime, fixed, with the micro-batch
+    where the source gives it (Table 2's column, the script of Table 1: ``NAR21_T1_SCRIPT``, which gives Table 1's
+    virtual stages too); what it does not publish (the virtual stages of Table 2's PTD-P rows; for Megatron-Core
+    the micro-batch, virtual stages, recompute and sequence parallelism) searched."""
     cfg, m = case["config"], case["model"]
     job = {"gpus": case["hardware"]["num_gpus"], "global_batch": cfg["global_batch"], "seq_len": m["seq_len"],
            "framework": "megatron"}
@@ -91,10 +106,22 @@ def case_settings(case: dict) -> tuple[dict, dict]:
     elif case["id"].startswith("NAR21"):
         job.update(cluster="a100-80g", precision="fp16", attention="unfused", overlap_grad_reduce=False,
                    framework="megatron-2021")
-        # the interleaved schedule where Megatron-LM of 2021 ran it (pp > 2), else 1F1B
-        interleaves = cfg["pp"] >= RUNTIMES["megatron-2021"].on("cuda").virtual_stages_min_pp
-        knobs.update(zero=0, recompute="full", **({"sequence_parallel": False} if cfg["tp"] > 1 else {}),
-                     **({"schedule": "interleaved-1f1b" if interleaves else "1f1b"} if cfg["pp"] > 1 else {}))
+        knobs.update(zero=0, recompute="full", **({"sequence_parallel": False} if cfg["tp"] > 1 else {}))
+        script = NAR21_T1_SCRIPT.get(case["id"].removeprefix("NAR21-T1-")) if case["id"].startswith("NAR21-T1") \
+            else None
+        if script is not None:
+            micro_batch, layers_per_chunk = script
+            knobs["micro_batch"] = micro_batch
+            if cfg["pp"] > 1:
+                knobs.update(schedule="interleaved-1f1b", vpp=m["layers"] // cfg["pp"] // layers_per_chunk) \
+                    if layers_per_chunk else knobs.update(schedule="1f1b", vpp=1)
+        else:
+            if cfg.get("micro_batch"):
+                knobs["micro_batch"] = cfg["micro_batch"]
+            # the interleaved schedule where Megatron-LM of 2021 ran it (pp > 2), else 1F1B
+            interleaves = cfg["pp"] >= RUNTIMES["megatron-2021"].on("cuda").virtual_stages_min_pp
+            if cfg["pp"] > 1:
+                knobs["schedule"] = "interleaved-1f1b" if interleaves else "1f1b"
     else:
         job.update(cluster="h100-80g", precision="bf16", attention="flash", tp_comm_overlap=True)
         knobs.update(zero=1)
@@ -322,11 +349,29 @@ def trend(rows: list[dict], key) -> tuple[float, float]:
     return sxy / sxx, sxy / math.sqrt(sxx * syy) if sxx and syy else 0.0
 
 
+def paper_schedule(case: dict) -> tuple[int, float] | None:
+    """(virtual stages, error) of a Table 1 row whose script runs the non-interleaved schedule where Megatron-LM of
+    2021 could interleave (pp > 2), planned as the paper's Sec 5.1 says Table 1 ran (interleaved, the virtual
+    stages searched); None for the other cases."""
+    script = NAR21_T1_SCRIPT.get(case["id"].removeprefix("NAR21-T1-")) if case["id"].startswith("NAR21-T1") else None
+    if script is None or script[1] is not None \
+            or case["config"]["pp"] < RUNTIMES["megatron-2021"].on("cuda").virtual_stages_min_pp:
+        return None
+    from dataclasses import replace
+    graph, cluster, workload, knobs = case_inputs(case)
+    result = search(graph, cluster, workload, replace(knobs, schedule="interleaved-1f1b", vpp=None), top_k=1,
+                    solver="uniform")
+    best = result.best
+    predicted = published_convention_tflops(case, best.estimate.step_time_s)
+    return best.config.vpp, predicted / case["published"]["tflops_per_gpu"] - 1
+
+
 def vpp_sensitivity(case: dict) -> list[tuple[int, float]]:
     """(virtual stages, error) of ``case`` at every number of virtual stages its runtime allows with its published
-    degrees, the rest searched as ``run_case_api`` searches it; none where the source fixes the schedule (pp 1)."""
+    degrees, the rest searched as ``run_case_api`` searches it; none where the source fixes the schedule (pp 1, or
+    the script of Table 1: ``NAR21_T1_SCRIPT``)."""
     from dataclasses import replace
-    if case["config"]["pp"] <= 1:
+    if case["config"]["pp"] <= 1 or case["id"].removeprefix("NAR21-T1-") in NAR21_T1_SCRIPT:
         return []
     graph, cluster, workload, knobs = case_inputs(case)
     per_stage = case["model"]["layers"] // case["config"]["pp"]
@@ -379,10 +424,16 @@ def main() -> int:
             row["as_configured"] = {**run_moe_case(case, override), "where": where}
         moe_rows.append(row)
     unpriced = [c["id"] for c in moe if c["hardware"]["system"] not in MOE_CLUSTERS]
-    print(f"{'case':<30} {'published':>9} {'predicted':>9} {'error':>7}  {'step s':>7} {'GiB':>5}  searched knobs")
+    print(f"{'case':<30} {'published':>9} {'predicted':>9} {'error':>7}  {'step s':>7} {'GiB':>5}  "
+          f"knobs (published, or searched)")
     for r in rows:
         print(f"{r['id']:<30} {r['published']:>9.1f} {r['predicted']:>9.1f} {100 * r['error']:>+6.1f}%  "
               f"{r['step_s']:>7.2f} {r['mem_gib']:>5.1f}  {r['config']}")
+    for case in throughput_cases(args.cases):
+        alt = paper_schedule(case)
+        if alt is not None:
+            print(f"  {case['id']} as the paper says Table 1 ran (Sec 5.1: the interleaved schedule; the script sets "
+                  f"no virtual stages): {100 * alt[1]:+.1f}% at {alt[0]} virtual stages (searched)")
     errors = [abs(r["error"]) for r in rows]
     print(f"\nmean absolute error {100 * statistics.mean(errors):.1f}%   max {100 * max(errors):.1f}%   "
           f"({len(rows)} cases through `meshplan plan`; TFLOP/s per GPU in each source's own convention)")

@@ -406,14 +406,16 @@ def fully_fixed(knobs: Knobs, workload: Workload, num_gpus: int, graph: LayerGra
     k = knobs
     if None in (k.tp, k.pp, k.micro_batch, k.zero, k.recompute) or (graph.num_experts and k.ep is None):
         return None
-    if k.pp > 1 and k.schedule is None and k.vpp is None:
-        return None
+    record = schedules.SCHEDULES.get(k.schedule) if k.schedule else None
+    if k.pp > 1 and k.vpp is None and (record is None or (record.virtual_stages and not record.stages_per_rank)):
+        return None     # the virtual stages are left to the search (a V schedule's are its own: stages_per_rank)
+    vpp = k.vpp or (record.stages_per_rank if k.pp > 1 and record is not None and record.virtual_stages else None)
     cp = k.cp or 1
     dp = k.dp if k.dp is not None else num_gpus // max(1, k.tp * k.pp * cp)
     m = workload.global_batch // max(1, dp * k.micro_batch)
     config = ParallelConfig(dp=dp, tp=k.tp, pp=k.pp, cp=cp, ep=k.ep or 1, zero=k.zero, micro_batch=k.micro_batch,
-                            num_microbatches=max(1, m), vpp=k.vpp or 1,
-                            schedule=k.schedule or schedules.default_for(k.vpp),
+                            num_microbatches=max(1, m), vpp=vpp or 1,
+                            schedule=k.schedule or schedules.default_for(vpp),
                             sequence_parallel=bool(k.sequence_parallel), optimizer_offload=bool(k.optimizer_offload),
                             param_offload=bool(k.param_offload))
     return expand_recompute(config, k.recompute, graph)

@@ -64,6 +64,22 @@ def test_fully_fixed_plan_that_does_not_fit_is_reported(cli):
     assert doc["estimate"]["memory_per_gpu_bytes"]["total"] > 80 * 2**30
 
 
+def test_a_schedule_with_virtual_stages_fixed_without_vpp_searches_them(cli):
+    """Every knob fixed but --vpp, the schedule an interleaved one: the virtual stages are searched (it refused
+    "interleaved 1F1B needs --vpp >= 2", the fixed plan's default being 1); a V schedule has its own 2."""
+    fixed = ["--model", "gpt3-175b", "--cluster", "a100-80g", "--gpus", "384", "--global-batch", "1536", "--tp", "8",
+             "--pp", "12", "--dp", "4", "--zero", "0", "--micro-batch", "1", "--recompute", "full", "--top-k", "1",
+             "--json"]
+    out = cli("plan", *fixed, "--schedule", "interleaved-1f1b")
+    assert out.returncode == 0, out.stderr
+    config = json.loads(out.stdout)["config"]
+    assert config["schedule"] == "interleaved-1f1b" and config["vpp"] >= 2 and 96 // 12 % config["vpp"] == 0
+    out = cli("plan", *fixed, "--schedule", "zbv")
+    assert out.returncode == 0, out.stderr
+    config = json.loads(out.stdout)["config"]
+    assert config["schedule"] == "zbv" and config["vpp"] == 2
+
+
 def test_defaults_just_work(cli):
     out = cli("plan")
     assert out.returncode == 0, out.stderr
@@ -178,11 +194,11 @@ BAD_PROFILES = [
     (lambda t: t.replace("[network]", "[networks]"), ["network", "missing table"]),
     (lambda t: t.replace("hbm_GBps = 2039", 'hbm_GBps = "fast"'), ["gpu.hbm_GBps", "must be a number"]),
     (lambda t: t.replace("hbm_GBps = 2039", "hbm_GBps = -5"), ["gpu.hbm_GBps", "> 0"]),
-    (lambda t: t.replace("gemm_efficiency = 0.66", "gemm_efficiency = 1.7"), ["gpu.kernels.gemm_efficiency",
+    (lambda t: t.replace("gemm_efficiency = 0.67", "gemm_efficiency = 1.7"), ["gpu.kernels.gemm_efficiency",
                                                                               "fraction"]),
-    (lambda t: t.replace("gemm_efficiency = 0.66", "gemm_efficiency = 0.66\ngemm_shapes = [[1024, 512, 0.9]]"),
+    (lambda t: t.replace("gemm_efficiency = 0.67", "gemm_efficiency = 0.67\ngemm_shapes = [[1024, 512, 0.9]]"),
      ["gpu.kernels.gemm_shapes", "[m, n, k, efficiency]"]),
-    (lambda t: t.replace("gemm_efficiency = 0.66", "gemm_efficiency = 0.66\ntp_block_overhead_us = [5.0, -1.0]"),
+    (lambda t: t.replace("gemm_efficiency = 0.67", "gemm_efficiency = 0.67\ntp_block_overhead_us = [5.0, -1.0]"),
      ["gpu.kernels.tp_block_overhead_us", "[forward, backward]"]),
     (lambda t: t.replace("bf16 = 312.0", "bf17 = 312.0"), ["gpu.peak_tflops.bf17", "unknown dtype"]),
     (lambda t: t.replace('fabric = "nvswitch"', 'fabric = "ethernet"'), ["intra_node.fabric", "nvswitch"]),

@@ -6,7 +6,7 @@ import pytest
 from planner.cluster import load_cluster
 from planner.cost.compute import attention_flops, flash_attention_s, gemm_s, memory_bound_s, unfused_attention_s
 
-A100 = load_cluster("a100-80g").device        # 312 TFLOP/s bf16, 108 SMs, efficiency 0.66,
+A100 = load_cluster("a100-80g").device        # 312 TFLOP/s bf16, 108 SMs, efficiency 0.67,
                                               # tiles 256x128, 128x256, 128x128
 
 
@@ -15,7 +15,7 @@ def test_gemm_tile_and_wave_quantization():
     # 256x128 or 128x256: 512 tiles in ceil(512/108) = 5 waves of 108; 128x128: 1024 in 10 waves
     useful_big = 512 / (5 * 108)
     useful_small = 1024 / (10 * 108)
-    expected = 2 * m * n * k / (312e12 * 0.66 * max(useful_big, useful_small))
+    expected = 2 * m * n * k / (312e12 * 0.67 * max(useful_big, useful_small))
     assert gemm_s(m, n, k, A100, "bf16") == pytest.approx(expected, rel=1e-12)
 
 
@@ -29,14 +29,14 @@ def test_gemm_partial_tiles_cost_full_tiles():
 def test_gemm_picks_the_least_wasteful_tile():
     # n = 128 fits a 128x128 tile exactly; a 128x256 tile would waste half its columns.
     # 108 tiles of 128 x 128: one full wave on the A100's 108 SMs
-    one_wave = 2 * 128 * 128 * 4096 / (312e12 * 0.66 * (1 / 108))
+    one_wave = 2 * 128 * 128 * 4096 / (312e12 * 0.67 * (1 / 108))
     assert gemm_s(128 * 108, 128, 4096, A100, "bf16") == pytest.approx(one_wave, rel=1e-12)
 
 
 def test_gemm_with_fewer_tiles_than_sms_splits_k():
     # one 128 x 128 output tile: the inner 4096 is cut into 16 slices of 256 (SPLIT_K_MIN_K), one
     # wave of 16 tiles, plus the fp32 partial sums written and read back (8 bytes x 16 slices)
-    math_s = 2 * 256 * 128 * 128 / (312e12 * 0.66 * (1 / 108))
+    math_s = 2 * 256 * 128 * 128 / (312e12 * 0.67 * (1 / 108))
     reduce_s = 8 * 128 * 128 * 16 / (2039e9 * 0.90)
     assert gemm_s(128, 128, 4096, A100, "bf16") == pytest.approx(math_s + reduce_s, rel=1e-12)
 
