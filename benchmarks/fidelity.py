@@ -89,6 +89,11 @@ NAR21_T1_SCRIPT = {"1.7B": (16, None), "3.6B": (16, None), "7.5B": (16, None), "
                    "1008.0B": (1, None)}
 
 
+def t1_script(case: dict) -> tuple[int, int | None] | None:
+    """``NAR21_T1_SCRIPT``'s (micro-batch, layers per virtual stage) of a Table 1 row; None for other cases."""
+    return NAR21_T1_SCRIPT.get(case["id"].removeprefix("NAR21-T1-")) if case["id"].startswith("NAR21-T1") else None
+
+
 def case_settings(case: dict) -> tuple[dict, dict]:
     """(the job's settings besides the model: planner.api.JobInputs fields, the fixed knobs: Knobs fields)
     of a case: the published degrees and what the source states about its runtime, fixed, with the micro-batch
@@ -107,8 +112,7 @@ def case_settings(case: dict) -> tuple[dict, dict]:
         job.update(cluster="a100-80g", precision="fp16", attention="unfused", overlap_grad_reduce=False,
                    framework="megatron-2021")
         knobs.update(zero=0, recompute="full", **({"sequence_parallel": False} if cfg["tp"] > 1 else {}))
-        script = NAR21_T1_SCRIPT.get(case["id"].removeprefix("NAR21-T1-")) if case["id"].startswith("NAR21-T1") \
-            else None
+        script = t1_script(case)
         if script is not None:
             micro_batch, layers_per_chunk = script
             knobs["micro_batch"] = micro_batch
@@ -353,7 +357,7 @@ def paper_schedule(case: dict) -> tuple[int, float] | None:
     """(virtual stages, error) of a Table 1 row whose script runs the non-interleaved schedule where Megatron-LM of
     2021 could interleave (pp > 2), planned as the paper's Sec 5.1 says Table 1 ran (interleaved, the virtual
     stages searched); None for the other cases."""
-    script = NAR21_T1_SCRIPT.get(case["id"].removeprefix("NAR21-T1-")) if case["id"].startswith("NAR21-T1") else None
+    script = t1_script(case)
     if script is None or script[1] is not None \
             or case["config"]["pp"] < RUNTIMES["megatron-2021"].on("cuda").virtual_stages_min_pp:
         return None
@@ -371,7 +375,7 @@ def vpp_sensitivity(case: dict) -> list[tuple[int, float]]:
     degrees, the rest searched as ``run_case_api`` searches it; none where the source fixes the schedule (pp 1, or
     the script of Table 1: ``NAR21_T1_SCRIPT``)."""
     from dataclasses import replace
-    if case["config"]["pp"] <= 1 or case["id"].removeprefix("NAR21-T1-") in NAR21_T1_SCRIPT:
+    if case["config"]["pp"] <= 1 or t1_script(case) is not None:
         return []
     graph, cluster, workload, knobs = case_inputs(case)
     per_stage = case["model"]["layers"] // case["config"]["pp"]
