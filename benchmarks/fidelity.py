@@ -13,8 +13,10 @@ the source's own FLOP convention (see ../shared/validation/README.md):
 - NAR21-T1 (Narayanan et al. SC'21, Table 1): F = 96 B s l h^2 (1 + s/6h + V/16lh)
   per step, full recompute counted; TFLOP/s = F / (t n). Runtime: Megatron-LM of
   2021: fp16, full recompute, materialised attention scores (no FlashAttention yet),
-  gradient all-reduce after backward (no overlap; local DDP), the micro-batch and the virtual stages
-  of the authors' script (``NAR21_T1_SCRIPT``: interleaved 1F1B where it sets them, else 1F1B).
+  the micro-batch, the virtual stages and the data-parallel implementation of the authors' script
+  (``NAR21_T1_SCRIPT``: interleaved 1F1B where it sets virtual stages, else 1F1B; torch's DDP, its all-reduce
+  beside the backward, without a pipeline, else the local one, after the backward). Table 2's PTD-P rows: the
+  local one.
 - NAR21-T2 (the same paper, Table 2: fixed global batch, 174.6B and 529.6B on 384 to 2240 GPUs), in
   Table 1's convention. ZeRO-3 rows: DeepSpeed of 2021 (``--framework deepspeed-2021``: v0.3.13-v0.4.2) with no
   model parallelism, ZeRO-3, the published micro-batch, full recompute, fp16, materialised attention,
@@ -79,18 +81,20 @@ def case_config_json(case: dict) -> dict:
 # The runs of NAR21 Table 1 as the authors' reproduction script sets them (Megatron-LM examples/sc21/run_table_1.sh,
 # commit 6985e58938, 2021-08-18: "some of the scripts that were used to produce the results" of the paper):
 # (--micro-batch-size, --num-layers-per-virtual-pipeline-stage or None where the script sets none: the
-# non-interleaved 1F1B schedule). The paper says Table 1 used the interleaved schedule (Sec 5.1), which its 39.1B
-# row on 2 stages could not (Megatron-LM of 2021 interleaves at pp > 2 only); the script is the more specific of the
-# two and is followed for the 1T row too. Its rows of 1.7B to 18.4B set --DDP-impl torch (torch's DDP, whose
-# bucketed all-reduce overlaps the backward); meshplan prices Megatron-LM of 2021 with its local DDP (one all-reduce
-# after the backward), so those four rows carry their exposed all-reduce in full (0.04-0.40 s of 3.3-9.5 s steps)
-NAR21_T1_SCRIPT = {"1.7B": (16, None), "3.6B": (16, None), "7.5B": (16, None), "18.4B": (8, None),
-                   "39.1B": (4, None), "76.1B": (2, 5), "145.6B": (2, 5), "310.1B": (1, 3), "529.6B": (1, 1),
-                   "1008.0B": (1, None)}
+# non-interleaved 1F1B schedule, --DDP-impl: torch's DDP, whose buckets all-reduce beside the backward, on the rows
+# without a pipeline, the local one, one all-reduce after it, on the others: runtimes.py MEGATRON_2021_DDP). The
+# paper says Table 1 used the interleaved schedule (Sec 5.1), which its 39.1B row on 2 stages could not
+# (Megatron-LM of 2021 interleaves at pp > 2 only); the script is the more specific of the two and is followed for
+# the 1T row too
+NAR21_T1_SCRIPT = {"1.7B": (16, None, "torch"), "3.6B": (16, None, "torch"), "7.5B": (16, None, "torch"),
+                   "18.4B": (8, None, "torch"), "39.1B": (4, None, "local"), "76.1B": (2, 5, "local"),
+                   "145.6B": (2, 5, "local"), "310.1B": (1, 3, "local"), "529.6B": (1, 1, "local"),
+                   "1008.0B": (1, None, "local")}
 
 
-def t1_script(case: dict) -> tuple[int, int | None] | None:
-    """``NAR21_T1_SCRIPT``'s (micro-batch, layers per virtual stage) of a Table 1 row; None for other cases."""
+def t1_script(case: dict) -> tuple[int, int | None, str] | None:
+    """``NAR21_T1_SCRIPT``'s (micro-batch, layers per virtual stage, DDP implementation) of a Table 1 row; None
+    for other cases."""
     return NAR21_T1_SCRIPT.get(case["id"].removeprefix("NAR21-T1-")) if case["id"].startswith("NAR21-T1") else None
 
 
@@ -114,8 +118,9 @@ def case_settings(case: dict) -> tuple[dict, dict]:
         knobs.update(zero=0, recompute="full", **({"sequence_parallel": False} if cfg["tp"] > 1 else {}))
         script = t1_script(case)
         if script is not None:
-            micro_batch, layers_per_chunk = script
+            micro_batch, layers_per_chunk, ddp = script
             knobs["micro_batch"] = micro_batch
+            job["overlap_grad_reduce"] = ddp == "torch"
             if cfg["pp"] > 1:
                 knobs.update(schedule="interleaved-1f1b", vpp=m["layers"] // cfg["pp"] // layers_per_chunk) \
                     if layers_per_chunk else knobs.update(schedule="1f1b", vpp=1)

@@ -136,19 +136,20 @@ class PerTensorFetch:
 class GradBuckets:
     """How a runtime groups a rank's gradients into collectives (and, where parameters are held whole and its
     optimizer is sharded, the updated parameters it gathers back: the same buckets) at some ZeRO stages: a bucket
-    of ``elements`` parameters, at least ``per_dp_rank`` per data-parallel rank, or ``nbytes`` of gradients, or
-    (``whole_buffer``) a model chunk's whole gradient buffer.
+    of ``elements`` parameters, at least ``per_dp_rank`` per data-parallel rank, or ``nbytes`` of gradients; with
+    ``overlapped_only``, only where the reduction overlaps the backward, else a model chunk's whole gradient buffer
+    in one call.
     ``closes``: "reaching" (a parameter joins the bucket, which closes once it holds at least the size:
-    Megatron-LM) or "before-exceeding" (a parameter that would take the bucket past the size closes it first and
-    opens the next: DeepSpeed, torch DDP). Elsewhere the runtime issues a layer's collectives together (an FSDP2
-    unit, a ZeRO-3 sub-module's gathers)."""
+    Megatron-LM, torch DDP: reducer.cpp ``compute_bucket_assignment_by_size``, which
+    ``torch.distributed._compute_bucket_assignment_by_size`` runs) or "before-exceeding" (a parameter that would
+    take the bucket past the size closes it first and opens the next: DeepSpeed, meshplan's ZeRO-1). Elsewhere the
+    runtime issues a layer's collectives together (an FSDP2 unit, a ZeRO-3 sub-module's gathers)."""
 
     elements: float = 0.0
     per_dp_rank: float = 0.0
     nbytes: float = 0.0
     closes: Literal["reaching", "before-exceeding"]
     overlapped_only: bool = False   # buckets only where the reduction overlaps backward (else one for all)
-    whole_buffer: bool = False      # no buckets: each model chunk's gradient buffer reduced in one call
     zero_stages: tuple[int, ...]
     source: str
 
@@ -419,13 +420,17 @@ MEGATRON_BUCKETS = GradBuckets(
     elements=4e7, per_dp_rank=1e6, closes="reaching", zero_stages=(0, 1), overlapped_only=True,
     source="Megatron-LM core_r0.8.0 distributed_data_parallel.py and param_and_grad_buffer.py")
 
-# Megatron-LM of 2021's local DDP (megatron/model/distributed.py at 1c3a1e6a09, ``allreduce_gradients``, which
-# megatron/training.py calls for each model chunk after the last backward): a chunk's gradients, in its contiguous
-# buffer (--use-contiguous-buffers-in-ddp) or flattened into one, divided and all-reduced in one call (the
-# distributed optimizer came later)
-MEGATRON_2021_BUFFER = GradBuckets(
-    whole_buffer=True, closes="reaching", zero_stages=(0, 1),
-    source="Megatron-LM 1c3a1e6a09 megatron/model/distributed.py DistributedDataParallel.allreduce_gradients")
+# Megatron-LM of 2021 had two data-parallel implementations (megatron/arguments.py at 1c3a1e6a09, --DDP-impl):
+# ``local``, its default (megatron/model/distributed.py ``allreduce_gradients``, which megatron/training.py calls
+# for each model chunk after the last backward: a chunk's gradients, in its contiguous buffer or flattened into
+# one, divided and all-reduced in one call), and ``torch`` (training.py wraps each chunk in torch's
+# DistributedDataParallel, whose buckets of bucket_cap_mb = 25 MiB, the first 1 MiB, not modelled, all-reduce
+# beside the backward; no_sync on all but the last micro-batch). meshplan's --overlap-grad-reduce is the torch one
+# there, --no-overlap-grad-reduce the local one (the distributed optimizer came later)
+MEGATRON_2021_DDP = GradBuckets(
+    nbytes=25 * 2**20, closes="reaching", overlapped_only=True, zero_stages=(0, 1),
+    source="Megatron-LM 1c3a1e6a09 megatron/training.py (--DDP-impl torch: torch DDP, bucket_cap_mb 25) and "
+           "megatron/model/distributed.py DistributedDataParallel.allreduce_gradients (--DDP-impl local)")
 
 MEGATRON = Runtime(
     name="megatron",
@@ -572,9 +577,8 @@ MEGATRON_2021 = replace(
           for kind, can in MEGATRON.runs.items()},
     # ^ no FP8 (TransformerEngine came to Megatron-LM in 2022), no LoRA (Megatron-Bridge's PEFT is of 2025), no
     #   Megatron-FSDP (2025)
-    # ^ and no buckets: its local DDP all-reduces each model chunk's contiguous gradient buffer in one call
-    #   (MEGATRON_2021_BUFFER)
-    timing=replace(MEGATRON.timing, pp_sends_block=True, grad_buckets=MEGATRON_2021_BUFFER),
+    # ^ and its DDP: torch's buckets beside the backward, or its local one call per chunk after it (MEGATRON_2021_DDP)
+    timing=replace(MEGATRON.timing, pp_sends_block=True, grad_buckets=MEGATRON_2021_DDP),
     attention_kernel="flash")   # ^ nor TransformerEngine (2022): no fused cuDNN attention
 
 RUNTIMES: dict[str, Runtime] = {r.name: r for r in (TORCH, MEGATRON, DEEPSPEED, TORCHTITAN, DEEPSPEED_2021,

@@ -110,15 +110,29 @@ def test_data_parallel_comm_per_zero_stage(zero):
     assert exposed == pytest.approx(expected)        # this workload does not overlap
 
 
-def test_megatron_of_2021_all_reduces_each_chunks_buffer_in_one_call():
-    """Megatron-LM of 2021 (megatron/model/distributed.py allreduce_gradients, for each model chunk) all-reduces a
-    chunk's contiguous buffer at once, overlap or not: on 2 stages of 2 chunks each, a chunk holds a quarter of
-    the model's parameters per TP rank (the stages priced as even), and a layer pays its share of that call."""
-    cache = CostCache(GRAPH, A100, replace(WORK, framework="megatron-2021", overlap_grad_reduce=True))
+def test_megatron_of_2021_all_reduces_each_chunks_buffer_in_one_call_with_its_local_ddp():
+    """Megatron-LM of 2021's local DDP (--DDP-impl local, its default; megatron/model/distributed.py
+    allreduce_gradients, for each model chunk after the backward), --no-overlap-grad-reduce here, all-reduces a
+    chunk's contiguous buffer at once: on 2 stages of 2 chunks each, a chunk holds a quarter of the model's
+    parameters per TP rank (the stages priced as even), and a layer pays its share of that call."""
+    cache = CostCache(GRAPH, A100, replace(WORK, framework="megatron-2021", overlap_grad_reduce=False))
     config = ParallelConfig(dp=8, tp=8, pp=2, vpp=2, zero=0, micro_batch=1, num_microbatches=4,
                             schedule="interleaved-1f1b")
     chunk = buffer_per_tp_rank(GRAPH, 8) / 4
     expected = 10 * 1e8 / chunk * all_reduce_s(A100, chunk * 4, Group(8, 1))
+    assert _dp_comm(cache, config, fake_rank())[0] == pytest.approx(expected)
+
+
+def test_megatron_of_2021_overlapping_its_reduction_is_torch_ddp_in_25_mib_buckets():
+    """--DDP-impl torch (training.py wraps each chunk in torch's DistributedDataParallel), --overlap-grad-reduce
+    here: buckets of bucket_cap_mb = 25 MiB of gradients, each closed once a gradient takes it to the size
+    (reducer.cpp compute_bucket_assignment_by_size): 4-byte gradients make buckets of 6,553,600 parameters, so a
+    layer of 1e8 parameters is 15 buckets (15 x 6,553,600 = 98,304,000 <= 1e8 < 16 x), all-reduced one by one."""
+    cache = CostCache(GRAPH, A100, replace(WORK, framework="megatron-2021", overlap_grad_reduce=True))
+    config = ParallelConfig(dp=8, tp=8, pp=1, zero=0, micro_batch=1, num_microbatches=4)
+    bucket = 25 * 2**20 / 4
+    assert 15 * bucket <= 1e8 < 16 * bucket
+    expected = 10 * 15 * all_reduce_s(A100, 1e8 / 15 * 4, Group(8, 1))
     assert _dp_comm(cache, config, fake_rank())[0] == pytest.approx(expected)
 
 

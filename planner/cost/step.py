@@ -514,16 +514,17 @@ def dp_phases(cache: CostCache, config: ParallelConfig, params: float, expert: b
 
 def grad_bucket(cache: CostCache, config: ParallelConfig, expert: bool = False) -> float | None:
     """Parameters per data-parallel collective where the runtime issues them in buckets at this ZeRO stage
-    (``Timing.grad_buckets``), else None (a layer's at once). A runtime that reduces each model chunk's whole
-    gradient buffer in one call (``GradBuckets.whole_buffer``; Megatron-LM without --overlap-grad-reduce, its
-    buckets being for overlap only) has one bucket of a chunk's parameters: a rank's dense (or ``expert``) ones
+    (``Timing.grad_buckets``), else None (a layer's at once). A runtime whose buckets are for overlap only
+    (``GradBuckets.overlapped_only``: Megatron-LM, and Megatron-LM of 2021's torch DDP against its local one), run
+    without --overlap-grad-reduce, reduces each model chunk's whole gradient buffer in one call: one bucket of a
+    chunk's parameters: a rank's dense (or ``expert``) ones
     over the pipeline's ``pp x vpp`` chunks, as if the stages were even, so that the closed form, the stage ILP
     and the simulation price the same call."""
     w = cache.workload
     rule = RUNTIMES[w.framework].timing.grad_buckets
     if rule is None or config.zero not in rule.zero_stages:
         return None
-    if rule.whole_buffer or (rule.overlapped_only and not w.overlap_grad_reduce):
+    if rule.overlapped_only and not w.overlap_grad_reduce:
         dense, experts = cache.buffer_params(cache.context(config))
         return max((experts if expert else dense) / (config.pp * max(config.vpp, 1)), 1.0)
     return rule.size(config.dp, grad_comm_bytes_per_param(w.framework, w.precision, w.grad_reduce_in_bf16))
