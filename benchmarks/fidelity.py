@@ -21,9 +21,9 @@ the source's own FLOP convention (see ../shared/validation/README.md):
   Table 1's convention. ZeRO-3 rows: DeepSpeed of 2021 (``--framework deepspeed-2021``: v0.3.13-v0.4.2) with no
   model parallelism, ZeRO-3, the published micro-batch, full recompute, fp16, materialised attention,
   overlap_comm on (DeepSpeed's default at stage 3). PTD-P rows: as Table 1's runs (the TP x PP split of
-  the published model-parallel size inferred as 8 x 12 and 8 x 35), Table 2's micro-batch (1). The published orderings are
-  checked too: PTD-P faster than ZeRO-3 at every GPU count both ran, and ZeRO-3's per-GPU throughput
-  falling as its GPUs double.
+  the published model-parallel size inferred as 8 x 12 and 8 x 35), Table 2's micro-batch (1). The
+  published orderings are checked too: PTD-P faster than ZeRO-3 at every GPU count both ran, and ZeRO-3's
+  per-GPU throughput falling as its GPUs double.
 - MLM24-H100 (Megatron-Core r0.8 README table): model FLOPs without recompute,
   72 B s l h^2 (1 + s/6h + V/12lh) (Megatron's num_floating_point_operations),
   TFLOP/s per GPU. Runtime flags published: --overlap-grad-reduce,

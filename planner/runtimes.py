@@ -425,8 +425,8 @@ MEGATRON_BUCKETS = GradBuckets(
 # for each model chunk after the last backward: a chunk's gradients, in its contiguous buffer or flattened into
 # one, divided and all-reduced in one call), and ``torch`` (training.py wraps each chunk in torch's
 # DistributedDataParallel, whose buckets of bucket_cap_mb = 25 MiB, the first 1 MiB, not modelled, all-reduce
-# beside the backward; no_sync on all but the last micro-batch). meshplan's --overlap-grad-reduce is the torch one
-# there, --no-overlap-grad-reduce the local one (the distributed optimizer came later)
+# beside the backward; no_sync on all but the last micro-batch). meshplan's overlapped reduction (its default) is
+# the torch one there, --no-overlap-grad-reduce the local one (the distributed optimizer came later)
 MEGATRON_2021_DDP = GradBuckets(
     nbytes=25 * 2**20, closes="reaching", overlapped_only=True, zero_stages=(0, 1),
     source="Megatron-LM 1c3a1e6a09 megatron/training.py (--DDP-impl torch: torch DDP, bucket_cap_mb 25) and "

@@ -166,8 +166,8 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
                         "paper's 2+2+12 B/param (no SP or CP, balanced stages), torchtitan = FSDP2 as torch, without "
                         "ZeRO-1 or a recompute policy per layer, deepspeed-2021 = DeepSpeed v0.3.13-v0.4.2, whose "
                         "ZeRO-3 gathers one tensor at a time, megatron-2021 = Megatron-LM of 2021, whose pipeline sends block "
-                        "and which interleaves only at pp > 2 (its --DDP-impl torch with --overlap-grad-reduce, the "
-                        "default; local with --no-overlap-grad-reduce) (default torch)")
+                        "and which interleaves only at pp > 2: an overlapped gradient reduction (the default) is its "
+                        "--DDP-impl torch, --no-overlap-grad-reduce its local DDP (default torch)")
     p.add_argument("--attention", choices=("flash", "unfused"), default="flash",
                    help="attention kernels: fused (FlashAttention; cuDNN's where the runtime runs it and the profile "
                         "characterises it: megatron and torch on h100-80g, h200, b200 and gb200-nvl72) or materialised scores (default "
