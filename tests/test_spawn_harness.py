@@ -1,5 +1,6 @@
 """The distributed test harness (tests/executor_support.spawn) fails a run whose ranks did not all
-finish, and only tolerates a rank killed by a signal after the final barrier (gloo's teardown abort)."""
+finish, and only tolerates a rank killed by a signal after the final barrier (gloo's teardown abort); a rank that
+crashes mid-run with no Python error is run again, and fails the run when the crash repeats."""
 import os
 
 import pytest
@@ -35,6 +36,21 @@ def _raise_on_rank_0(path: str) -> None:
 def test_rank_killed_before_finishing_fails_the_run(tmp_path):
     with pytest.raises(AssertionError, match="SIGABRT"):
         spawn(_abort_before_barrier, 2, str(tmp_path / "ranks"))
+
+
+def _abort_on_the_first_run(path: str) -> None:
+    crashed = path + ".crashed"
+    if dist.get_rank() == 1 and not os.path.exists(crashed):
+        open(crashed, "w").close()
+        os.abort()                                  # as glibc aborted a rank on a corrupted heap in a CI run
+    _write_rank(path)
+
+
+def test_rank_crashing_once_mid_run_is_run_again(tmp_path):
+    with pytest.warns(UserWarning, match="crashed"):
+        spawn(_abort_on_the_first_run, 2, str(tmp_path / "ranks"))
+    assert sorted((tmp_path / "ranks").read_text().split())[-2:] == ["0", "1"]
+    assert (tmp_path / "ranks.crashed").exists()
 
 
 def test_rank_aborting_in_teardown_after_the_barrier_is_tolerated(tmp_path):
