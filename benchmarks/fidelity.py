@@ -92,6 +92,11 @@ NAR21_T1_SCRIPT = {"1.7B": (16, None, "torch"), "3.6B": (16, None, "torch"), "7.
                    "1008.0B": (1, None, "local")}
 
 
+def interleaves_in_2021(pp: int) -> bool:
+    """Whether Megatron-LM of 2021 could run the interleaved schedule on ``pp`` stages (pp > 2: runtimes.py)."""
+    return pp >= RUNTIMES["megatron-2021"].on("cuda").virtual_stages_min_pp
+
+
 def t1_script(case: dict) -> tuple[int, int | None, str] | None:
     """``NAR21_T1_SCRIPT``'s (micro-batch, layers per virtual stage, DDP implementation) of a Table 1 row; None
     for other cases."""
@@ -128,9 +133,8 @@ def case_settings(case: dict) -> tuple[dict, dict]:
             if cfg.get("micro_batch"):
                 knobs["micro_batch"] = cfg["micro_batch"]
             # the interleaved schedule where Megatron-LM of 2021 ran it (pp > 2), else 1F1B
-            interleaves = cfg["pp"] >= RUNTIMES["megatron-2021"].on("cuda").virtual_stages_min_pp
             if cfg["pp"] > 1:
-                knobs["schedule"] = "interleaved-1f1b" if interleaves else "1f1b"
+                knobs["schedule"] = "interleaved-1f1b" if interleaves_in_2021(cfg["pp"]) else "1f1b"
     else:
         job.update(cluster="h100-80g", precision="bf16", attention="flash", tp_comm_overlap=True)
         knobs.update(zero=1)
@@ -363,8 +367,7 @@ def paper_schedule(case: dict) -> tuple[int, float] | None:
     2021 could interleave (pp > 2), planned as the paper's Sec 5.1 says Table 1 ran (interleaved, the virtual
     stages searched); None for the other cases."""
     script = t1_script(case)
-    if script is None or script[1] is not None \
-            or case["config"]["pp"] < RUNTIMES["megatron-2021"].on("cuda").virtual_stages_min_pp:
+    if script is None or script[1] is not None or not interleaves_in_2021(case["config"]["pp"]):
         return None
     from dataclasses import replace
     graph, cluster, workload, knobs = case_inputs(case)
