@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -128,9 +130,17 @@ def torchrun(tmp_path, script: str, world: int, *args: str) -> dict:
     path.write_text(script)
     out = tmp_path / "out.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                           str(world), str(path), str(out), *args], env=env, capture_output=True, text=True,
-                          timeout=600)
+    for attempt in range(3):
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                               str(world), str(path), str(out), *args], env=env, capture_output=True, text=True,
+                              timeout=600)
+        # a rank aborted or segfaulted under the job (torchrun logs its exit code as -6 or -11: a fresh CI run of
+        # 73c99cd lost rank 0 to SIGABRT mid-run, rank 1 then failing on the closed connection), not a Python
+        # error of the script (exit code 1): the job is run again, at most three times in all
+        if done.returncode != 0 and re.search(r"exitcode\s*:\s*-(6|11)\b", done.stderr) and attempt < 2:
+            warnings.warn(f"torchrun job: a rank crashed; running it again\n{done.stderr[-1000:]}")
+            continue
+        break
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text())
 
