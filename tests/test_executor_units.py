@@ -108,6 +108,38 @@ def test_data_parallel_wrapper_by_zero_stage(own):
     assert wrapper(1, dp=2) is wrapper(0, dp=1, tp=2) is None
 
 
+def test_cost_model_prices_layers_in_the_precision_the_wrapper_runs_them_in():
+    """bf16 layers (FSDP2's MixedPrecisionPolicy, no autocast) exactly where the executor's FSDP2 or replicate
+    manages a plan's mixed precision, autocast's where DDP or no wrapper does (ZeRO-1 under a pipeline included):
+    planner/cost/step.py ``CostCache.regime`` against executor/parallelize.py ``uses_fsdp``, on meshplan's own
+    model."""
+    from types import SimpleNamespace
+
+    from executor.mesh import ParallelDims
+    from executor.parallelize import uses_fsdp
+    from planner.cluster import load_cluster
+    from planner.config import ParallelConfig, Workload
+    from planner.cost.step import CostCache
+    from planner.layers import build_layer_graph
+
+    cache = CostCache(build_layer_graph(TINY_LLAMA), load_cluster("h100-80g", 8),
+                      Workload(global_batch=8, seq_len=TINY_LLAMA.seq_len, precision="bf16"))
+    seen = set()
+    for zero in (0, 1, 2, 3):
+        for dp, tp, pp in ((1, 1, 1), (2, 1, 1), (8, 1, 1), (2, 2, 1), (2, 1, 2), (1, 2, 2), (4, 2, 1)):
+            plan = SimpleNamespace(config=SimpleNamespace(zero=zero, pp=pp), spec=TINY_LLAMA)
+            sharded = zero >= 2
+            dims = ParallelDims(pp=pp, dp_replicate=1 if sharded else dp, dp_shard=dp if sharded else 1, cp=1,
+                                tp=tp, world_size=pp * dp * tp)
+            config = ParallelConfig(dp=dp, tp=tp, pp=pp, zero=zero)
+            regime = cache.regime(config)
+            assert regime == ("bf16" if uses_fsdp(plan, dims) else "autocast"), (zero, dp, tp, pp)
+            assert cache.context(config).eager_regime == regime
+            seen.add((zero, regime))
+    assert {(1, "autocast"), (1, "bf16")} & seen == {(1, "autocast")}      # ZeRO-1: the executor's own, no wrapper
+    assert {(0, "autocast"), (0, "bf16"), (3, "bf16")} <= seen
+
+
 def test_tp_styles_for_a_vocabulary_parallel_loss_or_whole_tensors():
     from torch.distributed.tensor import Replicate, Shard
 

@@ -8,12 +8,12 @@ import pulp
 import pytest
 
 from planner.cluster import load_cluster
-from planner.config import Workload
+from planner.config import ParallelConfig, Workload
 from planner.layers import build_layer_graph
 from planner.model import ModelSpec, ZOO
 from planner.search import search
 from planner.search.space import Knobs, Layout, Space
-from planner.search.stages import GroupProblem, compositions, graph_shape
+from planner.search.stages import GroupProblem, compositions, graph_shape, regime_problems
 from planner.search.ilp import solve_group
 from planner.search.exhaustive import solve_group_exhaustively
 from planner.cost.step import CostCache
@@ -168,29 +168,33 @@ def _group_setting(case, **spec_changes):
 @pytest.mark.parametrize("case", GROUPS)
 def test_group_ilp_equals_group_enumeration(case):
     """One group at a time: the ILP's optimum is the best of every stage split, recompute
-    assignment and ZeRO/offload option, under tight memory."""
+    assignment and ZeRO/offload option, under tight memory (one problem per eager regime of the ZeRO
+    stages: stages.regime_problems)."""
     layout, schedule, vpp, squeeze = case[3:]
     graph, cluster, workload, cache, space = _group_setting(case)
-    loose = GroupProblem(space, cache, layout, schedule, vpp, False, graph_shape(cache))
-    found = solve_group_exhaustively(loose)
-    assert found is not None
-    # squeeze memory to the exhaustive optimum's need: recompute and ZeRO choices must bind
     from planner.cost.step import estimate
-    need = estimate(graph, cluster, workload, loose.config(found[0], found[1])).memory.total
-    cluster = replace(cluster, device=replace(cluster.device, memory_bytes=need * squeeze))
-    cache = CostCache(graph, cluster, workload)
-    pr = GroupProblem(space, cache, layout, schedule, vpp, False, graph_shape(cache))
-    reference = solve_group_exhaustively(pr)
-    ilp = solve_group(pr, "cbc")
-    if reference is None:
-        assert ilp is None
-        return
-    assert ilp is not None
-    config = pr.config(ilp[0], ilp[1])
-    est = estimate(graph, cluster, workload, config)
-    assert est.fits
-    assert est.step_time_s == pytest.approx(reference[2], rel=1e-6)
-    assert ilp[2] == pytest.approx(est.step_time_s, rel=1e-6)      # the ILP prices it as the cost model does
+    looses = regime_problems(space, cache, layout, schedule, vpp, False, graph_shape(cache))
+    assert looses
+    for k, loose in enumerate(looses):
+        found = solve_group_exhaustively(loose)
+        assert found is not None
+        # squeeze memory to the exhaustive optimum's need: recompute and ZeRO choices must bind
+        need = estimate(graph, cluster, workload, loose.config(found[0], found[1])).memory.total
+        tight = replace(cluster, device=replace(cluster.device, memory_bytes=need * squeeze))
+        cache_k = CostCache(graph, tight, workload)
+        pr = regime_problems(space, cache_k, layout, schedule, vpp, False, graph_shape(cache_k))[k]
+        assert [o.zero for o in pr.options] == [o.zero for o in loose.options]
+        reference = solve_group_exhaustively(pr)
+        ilp = solve_group(pr, "cbc")
+        if reference is None:
+            assert ilp is None
+            continue
+        assert ilp is not None
+        config = pr.config(ilp[0], ilp[1])
+        est = estimate(graph, tight, workload, config)
+        assert est.fits
+        assert est.step_time_s == pytest.approx(reference[2], rel=1e-6)
+        assert ilp[2] == pytest.approx(est.step_time_s, rel=1e-6)      # the ILP prices it as the cost model does
 
 
 @pytest.mark.parametrize("schedule,vpp,zero", [("interleaved-1f1b", 2, 0), ("interleaved-1f1b", 2, 3), ("1f1b", 1, 0)])
@@ -420,15 +424,34 @@ def test_least_slowest_with_its_optimizer_is_the_best_integer_split(case):
     from planner.search.stages import _least_recompute_s, least_slowest_and_optimizer
     layout, schedule, vpp = case[3:6]
     _, _, _, cache, space = _group_setting(case, num_layers=10, vocab_size=128000)
-    pr = GroupProblem(space, cache, layout, schedule, vpp, False, graph_shape(cache))
-    t_block = pr.block.fwd_s + pr.block.bwd_s
-    for opt in pr.options:
-        for a in (0.0, 1.0, float(pr.m), 50.0 * pr.m):
-            best = math.inf
-            for split in compositions(pr.num_blocks, pr.p, pr.v):
-                slowest = max(f.fwd_s + f.bwd_s + b * t_block + _least_recompute_s(pr, opt, r, b)
-                              for r, (f, b) in enumerate(zip(pr.fixed, split)))
-                optimizer = max(opt.block_optimizer_s * b + opt.optimizer_s_per_param * f.params
-                                for f, b in zip(pr.fixed, split))
-                best = min(best, a * slowest + optimizer)
-            assert least_slowest_and_optimizer(pr, opt, a) == pytest.approx(best, rel=1e-9)
+    for pr in regime_problems(space, cache, layout, schedule, vpp, False, graph_shape(cache)):
+        t_block = pr.block.fwd_s + pr.block.bwd_s
+        for opt in pr.options:
+            for a in (0.0, 1.0, float(pr.m), 50.0 * pr.m):
+                best = math.inf
+                for split in compositions(pr.num_blocks, pr.p, pr.v):
+                    slowest = max(f.fwd_s + f.bwd_s + b * t_block + _least_recompute_s(pr, opt, r, b)
+                                  for r, (f, b) in enumerate(zip(pr.fixed, split)))
+                    optimizer = max(opt.block_optimizer_s * b + opt.optimizer_s_per_param * f.params
+                                    for f, b in zip(pr.fixed, split))
+                    best = min(best, a * slowest + optimizer)
+                assert least_slowest_and_optimizer(pr, opt, a) == pytest.approx(best, rel=1e-9)
+
+
+def test_zero_stages_split_by_the_regime_their_layers_run_in():
+    """torch: FSDP2 or replicate (bf16 layers) against DDP or no wrapper (autocast), as executor/parallelize.py
+    ``dp_wrapper`` decides: one stage problem per regime, its layers priced in it; bounds in the cheaper one."""
+    case = ("llama", "h100-80g", 4, Layout(tp=1, pp=1, cp=1, dp=4, micro_batch=1), "1f1b", 1, 1.0)
+    graph, cluster, workload, cache, space = _group_setting(case)
+    plain = regime_problems(space, cache, case[3], "1f1b", 1, False, graph_shape(cache))
+    assert [sorted({o.zero for o in pr.options}) for pr in plain] == [[0, 1], [2, 3]]   # DDP, ZeRO-1; FSDP2
+    assert [pr.ctx.eager_regime for pr in plain] == ["autocast", "bf16"]
+    autocast, bf16 = (pr.block for pr in plain)
+    assert bf16.fwd_s + bf16.bwd_s < autocast.fwd_s + autocast.bwd_s      # no input casts, a bf16 residual stream
+    piped = Layout(tp=1, pp=2, cp=1, dp=2, micro_batch=1)
+    assert [sorted({o.zero for o in pr.options})
+            for pr in regime_problems(space, cache, piped, "1f1b", 1, False, graph_shape(cache))] == [[0, 2, 3], [1]]
+    config = ParallelConfig(dp=4, tp=1, pp=1, micro_batch=1, num_microbatches=2)
+    assert cache.regime(cache.bound_config(config, [0, 1, 2, 3])) == "bf16"
+    assert cache.bound_config(config, [0, 1]).zero == 0            # one regime: itself
+    assert not cache._no_dearer(cache.context(config.but(zero=0)), cache.context(config.but(zero=3)))

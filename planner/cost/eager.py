@@ -49,18 +49,14 @@ def eager_regime(*, framework: str, precision: str, zero: int, dp: int, tp: int,
     return "bf16" if fsdp else "autocast"
 
 
-def layer_eager_regime(*, framework: str, precision: str, dp: int, tp: int, pp: int) -> str:
-    """The regime a layer's own elementwise work is priced in. It depends on the layout only, not
-    on the ZeRO stage, because the stage ILP (planner.search.stages) prices layers once per layout
-    and chooses ZeRO per stage afterwards: under TP or PP with data parallelism the executor wraps
-    every ZeRO stage in FSDP2 or replicate ('bf16'); otherwise the layers are priced as autocast
-    runs them, also for ZeRO-2/3, whose FSDP bf16 compute skips the input casts (an over-estimate
-    of about those casts; measured on one H100: benchmarks/results/gpu_validate.json, fsdp row)."""
-    if priced_as(framework) != "torch":
-        return ""
-    if precision == "fp32":
-        return "fp32"
-    return "bf16" if dp > 1 and (tp > 1 or pp > 1) else "autocast"
+def layer_eager_regime(*, framework: str, precision: str, zero: int, dp: int, tp: int, pp: int) -> str:
+    """The regime a layer's own elementwise work is priced in: ``eager_regime``'s, with fp32 under FSDP2 as
+    fp32 (its unshard copies are the step's, ``step_param_bytes``). Under FSDP2 (ZeRO-2/3, or replicate beside
+    TP or PP) the layers run in bf16 and skip autocast's input casts; with DDP or no wrapper, as autocast runs
+    them. Where the layout alone does not settle it (no TP, no PP), the ZeRO stage does: the stage ILP then
+    prices the ZeRO stages of each regime apart (planner/search/driver.py, ``CostCache.regime_zeros``)."""
+    regime = eager_regime(framework=framework, precision=precision, zero=zero, dp=dp, tp=tp, pp=pp)
+    return "fp32" if regime == "fp32-fsdp" else regime
 
 
 def step_param_bytes(regime: str, *, zero: int, num_microbatches: int) -> dict[str, float]:

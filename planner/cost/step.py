@@ -93,15 +93,88 @@ class CostCache:
         self._dp: dict[tuple, tuple[float, float]] = {}
         self._totals: dict[Context, tuple[float, float, float, float]] = {}
         self._contexts: dict[tuple, Context] = {}
+        self._regimes: dict[tuple, str] = {}
+        self._regime_zeros: dict[tuple, list] = {}
         self._rank_sums: dict[tuple, tuple] = {}
         self._optimizer_rates: dict[tuple, float] = {}
 
     def context(self, config: ParallelConfig) -> Context:
-        key = (config.micro_batch, config.tp, config.cp, config.sequence_parallel, config.dp, config.pp, config.ep)
+        key = (config.micro_batch, config.tp, config.cp, config.sequence_parallel, config.dp, config.pp, config.ep,
+               config.zero)     # the stage sets the eager regime (``regime``); those of one regime share a Context
         ctx = self._contexts.get(key)
         if ctx is None:
             ctx = self._contexts[key] = self._context(config)
         return ctx
+
+    def regime(self, config: ParallelConfig) -> str:
+        """The torch eager regime ``config``'s layers run in (``cost.eager.layer_eager_regime``; '' for the other
+        runtimes)."""
+        key = (config.zero, config.dp * config.cp, config.tp, config.pp)
+        out = self._regimes.get(key)
+        if out is None:
+            w = self.workload
+            out = self._regimes[key] = layer_eager_regime(framework=w.framework, precision=w.precision,
+                                                          zero=config.zero, dp=key[1], tp=config.tp, pp=config.pp)
+        return out
+
+    def regime_zeros(self, config: ParallelConfig, zeros) -> list[tuple[int, ...]]:
+        """``zeros`` (ZeRO stages) grouped by the eager regime ``config`` at each runs its layers in, in their
+        order: one group where the regime does not depend on the stage (every runtime but torch's), else the stages
+        FSDP2 or its replicate wraps (bf16 layers) apart from those it does not (autocast): executor/parallelize.py
+        ``dp_wrapper``."""
+        key = (config.dp * config.cp, config.tp, config.pp, tuple(zeros))
+        out = self._regime_zeros.get(key)
+        if out is None:
+            groups: dict[str, list[int]] = {}
+            for zero in zeros:
+                groups.setdefault(self.regime(config.but(zero=zero)), []).append(zero)
+            out = self._regime_zeros[key] = [tuple(g) for g in groups.values()]
+        return out
+
+    def contexts(self, config: ParallelConfig, zeros) -> list[Context]:
+        """The contexts of ``config`` at each of the ZeRO stages ``zeros`` (one per regime): a bound over those
+        stages takes the least over these (``config``'s own where ``zeros`` is empty)."""
+        return [self.context(config.but(zero=group[0])) for group in self.regime_zeros(config, zeros)] \
+            or [self.context(config)]
+
+    def bound_config(self, config: ParallelConfig, zeros) -> ParallelConfig | None:
+        """``config`` at the first of ``zeros`` whose eager regime prices every layer no dearer than the others of
+        ``zeros`` do (``_no_dearer``): bounds on rank costs priced there hold at every one of ``zeros``, so a search
+        bounds them once. None where no regime is the cheapest in all of these."""
+        groups = self.regime_zeros(config, zeros)
+        if len(groups) <= 1:
+            return config.but(zero=groups[0][0]) if groups else config
+        key = (config.micro_batch, config.tp, config.cp, config.sequence_parallel, config.dp, config.pp, config.ep,
+               tuple(groups))
+        memo = self.__dict__.setdefault("_bound_configs", {})
+        if key not in memo:
+            configs = [config.but(zero=g[0]) for g in groups]
+            contexts = [self.context(c) for c in configs]
+            memo[key] = next((c for c, ctx in zip(configs, contexts)
+                              if all(self._no_dearer(ctx, other) for other in contexts if other is not ctx)), None)
+        found = memo[key]
+        return None if found is None else config.but(zero=found.zero)
+
+    def _no_dearer(self, ctx: Context, other: Context) -> bool:
+        """Whether every layer costs no more in ``ctx`` than in ``other`` as rank costs add them up (``_rank_sums``:
+        a rank's time is its forward plus backward, with each policy's recompute; its sends only fill what those
+        leave): forward + backward, the linear floor, and for each recompute policy that sum with its recompute and
+        its device and host bytes; parameters and weight gradients alike."""
+        def within(a: float, b: float) -> bool:
+            return a <= b * (1 + 1e-12) + 1e-15
+        for sig in self.representative:
+            a, b = self.signature_cost(sig, ctx), self.signature_cost(sig, other)
+            work_a, work_b = a.fwd_s + a.bwd_s, b.fwd_s + b.bwd_s
+            if not (within(work_a, work_b) and within(a.work_floor_s, b.work_floor_s) and a.params == b.params
+                    and within(a.wgrad_s, b.wgrad_s) and within(b.wgrad_s, a.wgrad_s)
+                    and set(a.by_policy) == set(b.by_policy)):
+                return False
+            for name, pa in a.by_policy.items():
+                pb = b.by_policy[name]
+                if not (within(work_a + pa.recompute_s, work_b + pb.recompute_s) and pa.act_bytes <= pb.act_bytes
+                        and pa.peak_extra_bytes <= pb.peak_extra_bytes and pa.host_bytes <= pb.host_bytes):
+                    return False
+        return True
 
     def _context(self, config: ParallelConfig) -> Context:
         w = self.workload
@@ -109,8 +182,7 @@ class CostCache:
                        sequence_parallel=config.sequence_parallel, precision=w.precision, attention=w.attention,
                        framework=w.framework, tp_comm_overlap=w.tp_comm_overlap,
                        ep_comm_overlap=w.ep_comm_overlap and config.ep > 1,
-                       eager_regime=layer_eager_regime(framework=w.framework, precision=w.precision,
-                                                       dp=config.dp * config.cp, tp=config.tp, pp=config.pp),
+                       eager_regime=self.regime(config),
                        ep=config.ep, expert_imbalance=w.expert_imbalance, expert_dispatcher=w.expert_dispatcher,
                        fp8=w.fp8, finetune=w.finetune, lora_rank=w.lora_rank, lora_targets=w.lora_targets,
                        compiled=w.compile)

@@ -88,9 +88,10 @@ class LayoutBounds:
         if found is None:
             found = memo[key] = []
             for sp in space.sequence_parallel(layout):
-                ctx = self.cache.context(ParallelConfig(dp=layout.dp, tp=layout.tp, pp=pp, cp=layout.cp, ep=layout.ep,
-                                                        micro_batch=1, num_microbatches=m, sequence_parallel=sp))
-                found.append((self.cache.totals(ctx)[3] / pp, self._wgrad(ctx) / pp))
+                one = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=pp, cp=layout.cp, ep=layout.ep, micro_batch=1,
+                                     num_microbatches=m, sequence_parallel=sp)
+                for ctx in self.cache.contexts(one, space.zeros(layout)):     # each eager regime of its ZeRO stages
+                    found.append((self.cache.totals(ctx)[3] / pp, self._wgrad(ctx) / pp))
         return min(self._pipeline_bound(layout, m, floor * layout.micro_batch, wgrad * layout.micro_batch)
                    for floor, wgrad in found)
 
@@ -111,11 +112,11 @@ class LayoutBounds:
         for sp in space.sequence_parallel(layout):
             cfg = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep,
                                  micro_batch=layout.micro_batch, num_microbatches=m, sequence_parallel=sp)
-            ctx = cache.context(cfg)
-            work, _, params, _ = cache.totals(ctx)
-            pipe = self._pipeline_bound(layout, m, work / layout.pp, self._wgrad(ctx) / layout.pp)   # the mean rank
-            # the step adds the slowest rank's optimizer to the pipeline
-            best = min(best, pipe + optimizer_floor(space, layout, cache, cfg, params / layout.pp))
+            for ctx in cache.contexts(cfg, space.zeros(layout)):     # each eager regime of its ZeRO stages
+                work, _, params, _ = cache.totals(ctx)
+                pipe = self._pipeline_bound(layout, m, work / layout.pp, self._wgrad(ctx) / layout.pp)  # the mean rank
+                # the step adds the slowest rank's optimizer to the pipeline
+                best = min(best, pipe + optimizer_floor(space, layout, cache, cfg, params / layout.pp))
         return best
 
     def _memory_bound(self, layout: Layout) -> float:
@@ -125,8 +126,9 @@ class LayoutBounds:
         for sp in space.sequence_parallel(layout):
             one = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep, micro_batch=1,
                                  num_microbatches=1, sequence_parallel=sp)
-            _, act, params, _ = cache.totals(cache.context(one))
-            best_act = min(best_act, layout.micro_batch * act / layout.pp)
+            for ctx in cache.contexts(one, space.zeros(layout)):     # each eager regime of its ZeRO stages
+                _, act, params, _ = cache.totals(ctx)
+                best_act = min(best_act, layout.micro_batch * act / layout.pp)
         params /= layout.pp
         base = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep,
                               micro_batch=layout.micro_batch,

@@ -36,7 +36,7 @@ from ..simulate import played_candidate
 from .bounds import LayoutBounds, layout_order, optimizer_floor
 from .result import OPTIMALITY_GAP, SearchResult, TopK, choose, error_bands, sort_key
 from .space import Knobs, Layout, Space
-from .stages import GroupProblem, graph_shape, option_lower_bounds
+from .stages import graph_shape, option_lower_bounds, regime_problems
 from .uniform import least_memory_candidate, uniform_phase
 
 SOLVER_CHOICES = ("cbc", "highs", "exhaustive", "uniform")
@@ -145,13 +145,14 @@ def _rank_by_simulation(finalists: list[Candidate], cache: CostCache) -> list[Ca
     return sorted(out, key=sort_key)
 
 
-def _group_cheap_bound(space: Space, cache: CostCache, layout: Layout, schedule: str, vpp: int, sp: bool) -> float:
-    """Any split, any recompute: the pipeline with the average rank's work (Tmax >= mean), plus
-    the least optimizer step of the average rank's parameters (the slowest rank's is on the path).
-    The total work does not depend on where layers go: summed per layer signature."""
+def _group_cheap_bound(space: Space, cache: CostCache, layout: Layout, schedule: str, vpp: int, sp: bool,
+                       zeros: tuple[int, ...]) -> float:
+    """Any split, any recompute, any of the ZeRO stages ``zeros`` (of one eager regime): the pipeline with the average
+    rank's work (Tmax >= mean), plus the least optimizer step of the average rank's parameters (the slowest rank's
+    is on the path). The total work does not depend on where layers go: summed per layer signature."""
     m = layout.num_microbatches(space.w.global_batch)
     config = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep, micro_batch=layout.micro_batch,
-                            num_microbatches=m, sequence_parallel=sp)
+                            num_microbatches=m, sequence_parallel=sp, zero=zeros[0])
     ctx = cache.context(config)
     work, _, params, _ = cache.totals(ctx)
     p = layout.pp
@@ -179,15 +180,18 @@ def _stage_phase(space: Space, cache: CostCache, top: TopK, order: list[Layout],
                 stats.groups += 1
                 if layout.pp * vpp > len(shape.blocks):
                     continue
-                if prune and (bounds.floor(layout) >= threshold() or bounds.time(layout) >= threshold()
-                              or _group_cheap_bound(space, cache, layout, schedule, vpp, sp) >= threshold()):
-                    stats.space += _group_space(space, layout, vpp, shape, schedule)
-                    continue
-                whole = GroupProblem(space, cache, layout, schedule, vpp, sp, shape)
                 stats.space += _group_space(space, layout, vpp, shape, schedule)
-                # a runtime that takes one recompute policy for every block: one group per policy
-                groups = [whole] if space.can.recompute_per_layer else [
-                    whole.with_policies((policy,)) for policy in whole.policies]
+                if prune and (bounds.floor(layout) >= threshold() or bounds.time(layout) >= threshold()):
+                    continue
+                # one problem per eager regime of the ZeRO stages (torch: FSDP2's bf16 layers, or autocast's) whose
+                # bound can still win
+                groups = []
+                def may_win(zeros: tuple[int, ...]) -> bool:
+                    return not prune or _group_cheap_bound(space, cache, layout, schedule, vpp, sp, zeros) < threshold()
+                for whole in regime_problems(space, cache, layout, schedule, vpp, sp, shape, keep=may_win):
+                    # a runtime that takes one recompute policy for every block: one group per policy
+                    groups += [whole] if space.can.recompute_per_layer else [
+                        whole.with_policies((policy,)) for policy in whole.policies]
                 problems = []
                 for pr in groups:
                     # one problem per ZeRO/optimizer-offload option whose own bound can still win, most promising

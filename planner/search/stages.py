@@ -119,7 +119,9 @@ class GroupProblem:
     """Every constant the stage decisions combine, for one group of candidates."""
 
     def __init__(self, space: Space, cache: CostCache, layout: Layout, schedule: str, vpp: int, sp: bool,
-                 shape: Shape, policies: tuple[str, ...] | None = None):
+                 shape: Shape, policies: tuple[str, ...] | None = None, zeros: tuple[int, ...] | None = None):
+        """``zeros``: the ZeRO stages this problem chooses among (default: the layout's), all of one eager regime
+        (``CostCache.regime_zeros``: the layers' costs are priced once, in it)."""
         self.space, self.cache, self.layout, self.shape = space, cache, layout, shape
         self.m = layout.num_microbatches(space.w.global_batch)
         self.p, self.v = layout.pp, vpp
@@ -130,7 +132,12 @@ class GroupProblem:
                                    nvme_offload=space.nvme_offload)
         # each rank's virtual stages, chunk by chunk (a loop, or a V: planner/placement.py)
         self.rank_stages = [rank_stages(placement_of(self.base), r, self.p, self.v) for r in range(self.p)]
-        ctx = cache.context(self.base)
+        zeros = list(zeros) if zeros is not None else space.zeros(layout, schedule)
+        groups = cache.regime_zeros(self.base, zeros)
+        if len(groups) > 1:
+            raise ValueError(f"ZeRO stages {zeros} run their layers in different eager regimes: one problem each")
+        # the layers' costs in the regime of the problem's ZeRO stages (the base itself keeps stage 0)
+        ctx = self.ctx = cache.context(self.base.but(zero=zeros[0])) if zeros else cache.context(self.base)
         self.block: LayerCost = cache.layer(shape.blocks[0], ctx)
         self.num_blocks = len(shape.blocks)
         self.policies = policies or self._useful_policies(space)
@@ -144,7 +151,7 @@ class GroupProblem:
         self.crosses = network_crossing(cache, self.base)
         self.sends_busy_s = pipeline_sends_busy_s(cache, self.base) if self.shares_nics else 0.0
         self.fixed = [self._fixed(r, ctx) for r in range(self.p)]
-        self.options = [self._option(z, o) for z in space.zeros(layout, schedule) for o in space.optimizer_offloads(z)]
+        self.options = [self._option(z, o) for z in zeros for o in space.optimizer_offloads(z)]
         self.tied_s = tied_embedding_sync_s(cache, self.base)
         # split-backward schedules: the pipeline's closed form takes the least weight-gradient time of any rank
         # (cost.step.pipeline_s); ``wgrad_bound`` is at least it for every split, for the bounds and the ILP's cut (o)
@@ -171,7 +178,7 @@ class GroupProblem:
         """Recompute policies worth deciding: a fixed --recompute, else the runtime's without those whose
         costs equal another's on every block (planner/search/policies.py: selective with fused attention
         keeps what none keeps and costs nothing extra)."""
-        return distinct_policies(self.cache, self.cache.context(self.base), space.recomputes(self.layout))
+        return distinct_policies(self.cache, self.ctx, space.recomputes(self.layout))
 
     def _fixed(self, rank: int, ctx) -> Fixed:
         """Prefix layers sit on virtual stage 0 (rank 0), suffix layers on the last stage (rank p - 1 in a
@@ -290,7 +297,7 @@ class GroupProblem:
         """(Trainable parameters, frozen bytes) of the rank's first layer: the prefix's first on rank 0, else a
         block."""
         if rank == 0 and self.shape.prefix:
-            first = self.cache.layer(self.shape.prefix[0], self.cache.context(self.base))
+            first = self.cache.layer(self.shape.prefix[0], self.ctx)
             return first.params, first.frozen_bytes
         return self.block.params - self.block.expert_params, self.block.frozen_bytes
 
@@ -390,6 +397,16 @@ class GroupProblem:
             for size, j in zip(self._spread_one(total), self.rank_stages[r]):
                 stages[j] = size
         return stages
+
+
+def regime_problems(space: Space, cache: CostCache, layout: Layout, schedule: str, vpp: int, sp: bool,
+                    shape: Shape, keep=lambda zeros: True) -> list[GroupProblem]:
+    """A group's problems, one per eager regime of its ZeRO stages (``CostCache.regime_zeros``: torch's layers run in
+    bf16 where FSDP2 or its replicate wraps them, under autocast where not), each pricing its layers once; only
+    those whose stages ``keep`` takes."""
+    at = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep)
+    return [GroupProblem(space, cache, layout, schedule, vpp, sp, shape, zeros=zeros)
+            for zeros in cache.regime_zeros(at, space.zeros(layout, schedule)) if keep(zeros)]
 
 
 def option_lower_bounds(pr: GroupProblem, stop_at: float = math.inf) -> tuple[list[float], list[int]]:

@@ -167,57 +167,77 @@ def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bo
         if prune and SCHEDULES[schedule].dominated_by and space.k.schedule is None:
             continue      # no faster than another schedule, more activations in flight: never better
         for sp in space.sequence_parallel(layout, schedule):
-            base = _group_config(space, layout, schedule, vpp, sp)
-            ctx = cache.context(base)
-            policies = distinct_policies(cache, ctx, space.recomputes(layout))     # fastest first
-            may_fit: dict[str, bool] = {}      # recompute policy -> whether its memory bound fits (lazily)
-            if prune:
-                if _group_time_bound(space, cache, layout, base) >= top.threshold:
-                    continue
-                # every candidate here recomputes all its blocks alike: the fastest policies whose memory
-                # bound fits bound the group's time (a policy no faster than one of them is not needed)
-                fitting: list[str] = []
-                for policy in policies:
-                    if any(no_slower(cache, ctx, f, policy) for f in fitting):
+            group = _group_config(space, layout, schedule, vpp, sp)
+            # the ZeRO stages by the eager regime their layers run in (torch: FSDP2 in bf16, or autocast), each
+            # priced in its own; bounded in the cheapest where one is cheapest for every layer (each bound once)
+            zeros_all = space.zeros(layout, schedule)
+            shared = cache.bound_config(group, zeros_all)
+            bounds: dict[tuple, float] = {}
+
+            def bound(kind: str, base: ParallelConfig, policy: str | None = None) -> float:
+                """The group's time bound (at ``policy`` for every block, or none) or its memory bound at ``policy``,
+                priced at ``shared`` where there is one, else at ``base``."""
+                at = base if shared is None else shared
+                key = (kind, policy, None if shared is not None else base.zero)
+                if key not in bounds:
+                    if kind == "time":
+                        bounds[key] = _group_time_bound(space, cache, layout,
+                                                        at if policy is None else space.with_recompute(at, policy))
+                    else:
+                        bounds[key] = _policy_memory_bound(space, cache, layout, at, policy)
+                return bounds[key]
+            for zeros in cache.regime_zeros(group, zeros_all):
+                base = group.but(zero=zeros[0])
+                ctx = cache.context(base)
+                policies = distinct_policies(cache, ctx, space.recomputes(layout))     # fastest first
+                may_fit: dict[str, bool] = {}      # recompute policy -> whether its memory bound fits (lazily)
+                if prune:
+                    if bound("time", base) >= top.threshold:
                         continue
-                    may_fit[policy] = _policy_memory_bound(space, cache, layout, base, policy) <= capacity
-                    if may_fit[policy]:
-                        fitting.append(policy)
-                if not fitting:
-                    yield _SkippedForMemory()
-                    continue
-                if fitting != ["none"] and min(_group_time_bound(space, cache, layout, space.with_recompute(
-                        base, policy)) for policy in fitting) >= top.threshold:
-                    continue
-            for zero in space.zeros(layout, schedule):
-                done: list[tuple[int, str]] = []     # fitting, or too slow: more offload, no faster policy, no better
-                for offload in space.optimizer_offloads(zero):
+                    # every candidate here recomputes all its blocks alike: the fastest policies whose memory
+                    # bound fits bound the group's time (a policy no faster than one of them is not needed)
+                    fitting: list[str] = []
                     for policy in policies:
-                        o = int(offload)
-                        if prune and any(fo <= o and no_slower(cache, ctx, fp, policy) for fo, fp in done):
+                        if any(no_slower(cache, ctx, f, policy) for f in fitting):
                             continue
-                        config = space.config(layout, schedule, vpp, sp, zero, offload, policy)
-                        if prune:
-                            if policy not in may_fit:
-                                may_fit[policy] = _policy_memory_bound(space, cache, layout, base, policy) <= capacity
-                            if not may_fit[policy]:
+                        may_fit[policy] = bound("memory", base, policy) <= capacity
+                        if may_fit[policy]:
+                            fitting.append(policy)
+                    if not fitting:
+                        yield _SkippedForMemory()
+                        continue
+                    if fitting != ["none"] and min(bound("time", base, policy) for policy in fitting) >= top.threshold:
+                        continue
+                for zero in zeros:
+                    # fitting, or too slow: those with more offload and a policy no faster are no better
+                    done: list[tuple[int, str]] = []
+                    for offload in space.optimizer_offloads(zero):
+                        for policy in policies:
+                            o = int(offload)
+                            if prune and any(fo <= o and no_slower(cache, ctx, fp, policy) for fo, fp in done):
                                 continue
-                            # memory first (most candidates that get this far do not fit), then its
-                            # pipeline and its optimizer step on its most loaded rank: too slow, and so is
-                            # every choice with more offload (a slower optimizer step, as this search
-                            # assumes throughout) and a policy no faster (a longer pipeline)
-                            device, host = peak_memory(cache, config)
-                            if device > capacity or host > host_capacity:
-                                yield _Unfit(config=config, memory=device, host_fits=host <= host_capacity)
-                                continue
-                            done.append((o, policy))
-                            params = max(rank.params for rank in rank_costs(cache, config))
-                            least_opt = params * least_optimizer_rate(space, layout, cache, config, schedule, zero,
-                                                                      config.optimizer_offload)
-                            if rank_pipeline_s(cache, config) + least_opt >= top.threshold:
-                                continue
-                        yield Candidate(config=config, estimate=estimate(space.graph, cache.cluster, space.w, config,
-                                                                         cache))
+                            config = space.config(layout, schedule, vpp, sp, zero, offload, policy)
+                            if prune:
+                                if policy not in may_fit:
+                                    may_fit[policy] = bound("memory", base, policy) <= capacity
+                                if not may_fit[policy]:
+                                    continue
+                                # memory first (most candidates that get this far do not fit), then its
+                                # pipeline and its optimizer step on its most loaded rank: too slow, and so is
+                                # every choice with more offload (a slower optimizer step, as this search
+                                # assumes throughout) and a policy no faster (a longer pipeline)
+                                device, host = peak_memory(cache, config)
+                                if device > capacity or host > host_capacity:
+                                    yield _Unfit(config=config, memory=device, host_fits=host <= host_capacity)
+                                    continue
+                                done.append((o, policy))
+                                params = max(rank.params for rank in rank_costs(cache, config))
+                                least_opt = params * least_optimizer_rate(space, layout, cache, config, schedule, zero,
+                                                                          config.optimizer_offload)
+                                if rank_pipeline_s(cache, config) + least_opt >= top.threshold:
+                                    continue
+                            yield Candidate(config=config,
+                                            estimate=estimate(space.graph, cache.cluster, space.w, config, cache))
 
 
 class _SkippedForMemory:
