@@ -485,7 +485,7 @@ def step_work(cache: CostCache, config: ParallelConfig) -> StepWork:
     ranks = rank_costs(cache, config)
     overlaps = dp_overlaps(framework=w.framework, device_kind=cluster.device_kind,
                            overlap_grad_reduce=w.overlap_grad_reduce, zero=config.zero, dp=config.dp * config.cp,
-                           tp=config.tp, pp=config.pp)
+                           tp=config.tp, pp=config.pp, ep=config.ep)
     return StepWork(schedule=config.schedule if config.pp > 1 else DEFAULT_SCHEDULE,
                     num_microbatches=config.num_microbatches, chunks=tuple(chunks), hop_s=cache.hop_s(config),
                     blocking_sends=not sends_overlap(config.schedule, w.framework),

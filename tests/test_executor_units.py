@@ -126,18 +126,19 @@ def test_cost_model_prices_layers_in_the_precision_the_wrapper_runs_them_in():
                       Workload(global_batch=8, seq_len=TINY_LLAMA.seq_len, precision="bf16"))
     seen = set()
     for zero in (0, 1, 2, 3):
-        for dp, tp, pp in ((1, 1, 1), (2, 1, 1), (8, 1, 1), (2, 2, 1), (2, 1, 2), (1, 2, 2), (4, 2, 1)):
+        for dp, tp, pp, ep in ((1, 1, 1, 1), (2, 1, 1, 1), (8, 1, 1, 1), (2, 2, 1, 1), (2, 1, 2, 1), (1, 2, 2, 1),
+                               (4, 2, 1, 1), (2, 1, 1, 2), (4, 1, 1, 2)):
             plan = SimpleNamespace(config=SimpleNamespace(zero=zero, pp=pp), spec=TINY_LLAMA)
             sharded = zero >= 2
             dims = ParallelDims(pp=pp, dp_replicate=1 if sharded else dp, dp_shard=dp if sharded else 1, cp=1,
-                                tp=tp, world_size=pp * dp * tp)
-            config = ParallelConfig(dp=dp, tp=tp, pp=pp, zero=zero)
+                                tp=tp, world_size=pp * dp * tp, ep=ep)
+            config = ParallelConfig(dp=dp, tp=tp, pp=pp, ep=ep, zero=zero)
             regime = cache.regime(config)
-            assert regime == ("bf16" if uses_fsdp(plan, dims) else "autocast"), (zero, dp, tp, pp)
+            assert regime == ("bf16" if uses_fsdp(plan, dims) else "autocast"), (zero, dp, tp, pp, ep)
             assert cache.context(config).eager_regime == regime
-            seen.add((zero, regime))
-    assert {(1, "autocast"), (1, "bf16")} & seen == {(1, "autocast")}      # ZeRO-1: the executor's own, no wrapper
-    assert {(0, "autocast"), (0, "bf16"), (3, "bf16")} <= seen
+            seen.add((zero, regime, ep))
+    assert {(1, "autocast", 1), (1, "bf16", 1)} & seen == {(1, "autocast", 1)}    # ZeRO-1: the executor's own
+    assert {(0, "autocast", 1), (0, "bf16", 1), (0, "bf16", 2), (3, "bf16", 1)} <= seen     # replicate beside ep
 
 
 def test_tp_styles_for_a_vocabulary_parallel_loss_or_whole_tensors():

@@ -32,30 +32,30 @@ FSDP_UNSHARD_BYTES = 10.0  # copy-in cast (6) and copy-out (4) of the all-gather
 FP32_UNSHARD_BYTES = 16.0  # fp32: copy-in (read 4, write 4) and copy-out (read 4, write 4)
 
 
-def wraps_in_fsdp(*, zero: int, dp: int, tp: int, pp: int) -> bool:
+def wraps_in_fsdp(*, zero: int, dp: int, tp: int, pp: int, ep: int = 1) -> bool:
     """Whether executor/parallelize.py wraps the model in FSDP2 (ZeRO-2/3) or FSDP2's replicate (ZeRO-0
-    with data parallelism beside TP or PP); ``dp``: data x context parallel."""
-    return zero >= 2 or (zero == 0 and dp > 1 and (tp > 1 or pp > 1))
+    with data parallelism beside TP, PP or expert parallelism: ``dp_wrapper``); ``dp``: data x context parallel."""
+    return zero >= 2 or (zero == 0 and dp > 1 and (tp > 1 or pp > 1 or ep > 1))
 
 
-def eager_regime(*, framework: str, precision: str, zero: int, dp: int, tp: int, pp: int) -> str:
+def eager_regime(*, framework: str, precision: str, zero: int, dp: int, tp: int, pp: int, ep: int = 1) -> str:
     """'autocast', 'bf16', 'fp32' or 'fp32-fsdp' (torch eager; fp32 under FSDP2 or replicate, whose
     unshards copy the parameters), or '' (not torch: priced by the fused-kernel model)."""
     if priced_as(framework) != "torch":
         return ""
-    fsdp = wraps_in_fsdp(zero=zero, dp=dp, tp=tp, pp=pp)
+    fsdp = wraps_in_fsdp(zero=zero, dp=dp, tp=tp, pp=pp, ep=ep)
     if precision == "fp32":
         return "fp32-fsdp" if fsdp else "fp32"
     return "bf16" if fsdp else "autocast"
 
 
-def layer_eager_regime(*, framework: str, precision: str, zero: int, dp: int, tp: int, pp: int) -> str:
+def layer_eager_regime(*, framework: str, precision: str, zero: int, dp: int, tp: int, pp: int, ep: int = 1) -> str:
     """The regime a layer's own elementwise work is priced in: ``eager_regime``'s, with fp32 under FSDP2 as
     fp32 (its unshard copies are the step's, ``step_param_bytes``). Under FSDP2 (ZeRO-2/3, or replicate beside
     TP or PP) the layers run in bf16 and skip autocast's input casts; with DDP or no wrapper, as autocast runs
     them. Where the layout alone does not settle it (no TP, no PP), the ZeRO stage does: the stage ILP then
-    prices the ZeRO stages of each regime apart (planner/search/driver.py, ``CostCache.regime_zeros``)."""
-    regime = eager_regime(framework=framework, precision=precision, zero=zero, dp=dp, tp=tp, pp=pp)
+    prices the ZeRO stages of each regime apart (planner/search/stages.py ``regime_problems``)."""
+    regime = eager_regime(framework=framework, precision=precision, zero=zero, dp=dp, tp=tp, pp=pp, ep=ep)
     return "fp32" if regime == "fp32-fsdp" else regime
 
 

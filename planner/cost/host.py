@@ -137,7 +137,7 @@ def host_s(cache, config) -> float:
     table = {name: tuple(x * 1e-6 for x in values) for name, *values in cache.cluster.device.host_us}
     if "eager" not in table or priced_as(cache.workload.framework) != "torch":
         return 0.0
-    fsdp = wraps_in_fsdp(zero=config.zero, dp=config.dp * config.cp, tp=config.tp, pp=config.pp)
+    fsdp = wraps_in_fsdp(zero=config.zero, dp=config.dp * config.cp, tp=config.tp, pp=config.pp, ep=config.ep)
     m = config.num_microbatches
     rest = table["fsdp" if fsdp and "fsdp" in table else "eager"]
     layers, policies = cache.graph.layers, layer_policies(cache.graph, config)

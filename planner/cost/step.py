@@ -109,12 +109,13 @@ class CostCache:
     def regime(self, config: ParallelConfig) -> str:
         """The torch eager regime ``config``'s layers run in (``cost.eager.layer_eager_regime``; '' for the other
         runtimes)."""
-        key = (config.zero, config.dp * config.cp, config.tp, config.pp)
+        key = (config.zero, config.dp * config.cp, config.tp, config.pp, config.ep)
         out = self._regimes.get(key)
         if out is None:
             w = self.workload
             out = self._regimes[key] = layer_eager_regime(framework=w.framework, precision=w.precision,
-                                                          zero=config.zero, dp=key[1], tp=config.tp, pp=config.pp)
+                                                          zero=config.zero, dp=key[1], tp=config.tp, pp=config.pp,
+                                                          ep=config.ep)
         return out
 
     def regime_zeros(self, config: ParallelConfig, zeros) -> list[tuple[int, ...]]:
@@ -122,7 +123,7 @@ class CostCache:
         order: one group where the regime does not depend on the stage (every runtime but torch's), else the stages
         FSDP2 or its replicate wraps (bf16 layers) apart from those it does not (autocast): executor/parallelize.py
         ``dp_wrapper``."""
-        key = (config.dp * config.cp, config.tp, config.pp, tuple(zeros))
+        key = (config.dp * config.cp, config.tp, config.pp, config.ep, tuple(zeros))
         out = self._regime_zeros.get(key)
         if out is None:
             groups: dict[str, list[int]] = {}
@@ -537,7 +538,7 @@ def reduces_every_microbatch(config: ParallelConfig, framework: str) -> bool:
 
 
 def dp_overlaps(*, framework: str, device_kind: str, overlap_grad_reduce: bool, zero: int, dp: int, tp: int,
-                pp: int) -> tuple[bool, bool]:
+                pp: int, ep: int = 1) -> tuple[bool, bool]:
     """(whether the data-parallel collectives run beside compute at all, whether the once-per-step
     gradient reduction runs beside backward), ``dp`` being data x context parallel.
 
@@ -548,7 +549,7 @@ def dp_overlaps(*, framework: str, device_kind: str, overlap_grad_reduce: bool, 
     beside backward: where the runtime defers it past the last backward (``deferred_sharded_sync``) or
     runs it in the optimizer step (``Timing.grads_reduced_in_optimizer``)."""
     timing = RUNTIMES[framework].timing
-    fsdp = wraps_in_fsdp(zero=zero, dp=dp, tp=tp, pp=pp)
+    fsdp = wraps_in_fsdp(zero=zero, dp=dp, tp=tp, pp=pp, ep=ep)
     if not overlap_grad_reduce or (device_kind == "cpu" and timing.fsdp_blocks_on_gloo and fsdp and dp > 1):
         return False, False
     deferred = pp > 1 and zero >= 2 and timing.pp_defers_sharded_dp_sync
@@ -709,7 +710,7 @@ def _dp_comm_uncached(cache: CostCache, config: ParallelConfig, rank: RankCost) 
     w = cache.workload
     overlap, once_overlaps = dp_overlaps(framework=w.framework, device_kind=cache.cluster.device_kind,
                                          overlap_grad_reduce=w.overlap_grad_reduce, zero=config.zero,
-                                         dp=config.dp * config.cp, tp=config.tp, pp=config.pp)
+                                         dp=config.dp * config.cp, tp=config.tp, pp=config.pp, ep=config.ep)
     if not overlap:
         return total, total
     first = dp_collectives(cache, config, rank.first_bucket[0], frozen_bytes=rank.first_bucket[1])
@@ -884,7 +885,7 @@ def _optimizer_time_s(cache: CostCache, config: ParallelConfig, params: float, s
     local = params / (shard if config.zero >= 1 else 1)
     dev = cluster.device
     regime = eager_regime(framework=w.framework, precision=w.precision, zero=config.zero,
-                          dp=config.dp * config.cp, tp=config.tp, pp=config.pp)
+                          dp=config.dp * config.cp, tp=config.tp, pp=config.pp, ep=config.ep)
     per_param = step_param_bytes(regime, zero=config.zero, num_microbatches=config.num_microbatches)
     casts_s = eager_s({c: params * b for c, b in per_param.items()}, 0, dev)
     timing = RUNTIMES[w.framework].timing

@@ -171,7 +171,7 @@ class GroupProblem:
         lay, w = self.layout, self.cache.workload
         return dp_overlaps(framework=w.framework, device_kind=self.cache.cluster.device_kind,
                            overlap_grad_reduce=w.overlap_grad_reduce, zero=opt.zero, dp=lay.dp * lay.cp, tp=lay.tp,
-                           pp=lay.pp)
+                           pp=lay.pp, ep=lay.ep)
 
     # -- constants ----------------------------------------------------------------------------
     def _useful_policies(self, space: Space) -> tuple[str, ...]:
