@@ -52,7 +52,7 @@ def eager_regime(*, framework: str, precision: str, zero: int, dp: int, tp: int,
 def layer_eager_regime(*, framework: str, precision: str, zero: int, dp: int, tp: int, pp: int, ep: int = 1) -> str:
     """The regime a layer's own elementwise work is priced in: ``eager_regime``'s, with fp32 under FSDP2 as
     fp32 (its unshard copies are the step's, ``step_param_bytes``). Under FSDP2 (ZeRO-2/3, or replicate beside
-    TP or PP) the layers run in bf16 and skip autocast's input casts; with DDP or no wrapper, as autocast runs
+    TP, PP or experts) the layers run in bf16 and skip autocast's input casts; with DDP or no wrapper, as autocast runs
     them. Where the layout alone does not settle it (no TP, no PP), the ZeRO stage does: the stage ILP then
     prices the ZeRO stages of each regime apart (planner/search/stages.py ``regime_problems``)."""
     regime = eager_regime(framework=framework, precision=precision, zero=zero, dp=dp, tp=tp, pp=pp, ep=ep)

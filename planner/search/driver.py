@@ -183,11 +183,12 @@ def _stage_phase(space: Space, cache: CostCache, top: TopK, order: list[Layout],
                 stats.space += _group_space(space, layout, vpp, shape, schedule)
                 if prune and (bounds.floor(layout) >= threshold() or bounds.time(layout) >= threshold()):
                     continue
+
+                def may_win(zeros: tuple[int, ...]) -> bool:
+                    return not prune or _group_cheap_bound(space, cache, layout, schedule, vpp, sp, zeros) < threshold()
                 # one problem per eager regime of the ZeRO stages (torch: FSDP2's bf16 layers, or autocast's) whose
                 # bound can still win
                 groups = []
-                def may_win(zeros: tuple[int, ...]) -> bool:
-                    return not prune or _group_cheap_bound(space, cache, layout, schedule, vpp, sp, zeros) < threshold()
                 for whole in regime_problems(space, cache, layout, schedule, vpp, sp, shape, keep=may_win):
                     # a runtime that takes one recompute policy for every block: one group per policy
                     groups += [whole] if space.can.recompute_per_layer else [
