@@ -159,7 +159,7 @@ class GroupProblem:
         self.wgrad_bound = most_least_wgrad(self.block.wgrad_s, [f.wgrad_s for f in self.fixed], self.v,
                                             self.num_blocks) if self.split_backward else 0.0
         self.param_gather_overlaps = RUNTIMES[space.w.framework].timing.overlaps_param_gather
-        self.frontiers: dict[Option, tuple] = {}     # optimizer_frontier per option (shared by the copies)
+        self.frontiers: dict[Option, tuple] = {}     # optimizer_frontier per option (``with_options`` copies share it)
 
     def block_busy_s(self, policy: str) -> tuple[float, float]:
         """(forward, backward) seconds of one block's inter-node traffic on the data-parallel NICs under
@@ -252,9 +252,11 @@ class GroupProblem:
         return out
 
     def with_policies(self, policies: tuple[str, ...]) -> "GroupProblem":
-        """The same group restricted to some of its recompute policies (one: every block alike)."""
+        """The same group restricted to some of its recompute policies (one: every block alike), with frontiers of
+        its own (``optimizer_frontier`` depends on the policies: a split that fits with one may not with another)."""
         out = copy.copy(self)
         out.policies = tuple(policies)
+        out.frontiers = {}
         return out
 
     def collectives(self, option: Option, bucket: tuple[float, float]) -> tuple[float, float, float]:
