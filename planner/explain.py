@@ -417,7 +417,7 @@ def _refused(graph, cluster, workload, knobs) -> str:
 
 
 def usable_line(capacity_bytes: float, usable_bytes: float, headroom: float) -> str:
-    """'66.6 GiB usable (80.0 GiB less the 21% memory headroom)', or '80.0 GiB' without a headroom."""
+    """'68.0 GiB usable (80.0 GiB less the 18% memory headroom)', or '80.0 GiB' without a headroom."""
     if headroom <= 0:
         return f"{capacity_bytes / GiB:.1f} GiB"
     return (f"{usable_bytes / GiB:.1f} GiB usable ({capacity_bytes / GiB:.1f} GiB less the {100 * headroom:.0f}% "
@@ -454,7 +454,7 @@ def ranking_sentence(choice: dict, chosen: Estimate, runners_up) -> str | None:
 
 
 def headroom_words(headroom: float, est: Estimate) -> str:
-    """'21% headroom: 66.6 GiB usable, 4.3 left' for the plan's memory line."""
+    """'18% headroom: 68.0 GiB usable, 4.3 left' for the plan's memory line."""
     if headroom <= 0:
         return f"no memory headroom: {(est.usable_bytes - est.memory.total) / GiB:.1f} GiB left"
     return (f"{100 * headroom:.0f}% memory headroom: {est.usable_bytes / GiB:.1f} GiB usable, "

@@ -35,6 +35,7 @@ class Saved:
     dtype_bytes: int = 0            # 0: the activation dtype; 1: masks; 4: fp32 statistics
     gathered_input: bool = False    # input of a column-parallel linear: with sequence parallel,
                                     # Megatron saves the shard, torch's DTensor keeps the gathered copy
+    residual: bool = False          # the residual stream (a norm's input): fp32 under torch's autocast
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -238,7 +239,7 @@ def _norm(name: str, spec: ModelSpec, width: int = 0, split: Split = "sp") -> Op
     extra = (Saved(elems=h, split=split),) if unfused else ()
     return Op(name=name, kind="elementwise", params=params, bytes_fwd=4 * h, bytes_bwd=6 * h, split=split, norm=True,
               unfused=unfused, unfused_saved=extra,
-              saved=(Saved(elems=h, split=split), Saved(elems=stats, split=split, dtype_bytes=4)))
+              saved=(Saved(elems=h, split=split, residual=True), Saved(elems=stats, split=split, dtype_bytes=4)))
 
 
 def _linear(name: str, spec: ModelSpec, k: int, n: int, tp: str, *, bias: bool, saves_input: bool = True,

@@ -228,7 +228,7 @@ def test_custom_profile_works(cli, tmp_path):
 def test_nothing_fits_exits_3_with_what_would_help(cli):
     out = cli("plan", "--model", "llama3-405b", "--cluster", "a100-40g", "--gpus", "8")
     line = one_line_error(out, code=3)
-    assert "no plan fits" in line and "(40.0 GiB less the 21% memory headroom)" in line
+    assert "no plan fits" in line and "(40.0 GiB less the 18% memory headroom)" in line
     # no candidate can need less than the model states fully sharded over the 8 GPUs:
     # 405.85e9 parameters x 16 bytes (fp32 weights, gradients, two Adam moments) / 8
     need = float(line.split("needs is ")[1].split(" GiB")[0])

@@ -141,6 +141,34 @@ def test_cost_model_prices_layers_in_the_precision_the_wrapper_runs_them_in():
     assert {(0, "autocast", 1), (0, "bf16", 1), (0, "bf16", 2), (3, "bf16", 1)} <= seen     # replicate beside ep
 
 
+@pytest.mark.parametrize("spec", [TINY_LLAMA, TINY_GPT], ids=["rmsnorm", "layernorm"])
+def test_autocast_runs_the_residual_stream_in_fp32_and_the_norms_save_it(spec):
+    """What planner/cost/layer.py RESIDUAL_AUTOCAST_BYTES prices: under autocast (fp32 parameters, the executor with
+    DDP or no wrapper) the embedding's output and every block's output stay fp32, and the block's first norm saves
+    that fp32 input for backward; with bf16 parameters (FSDP2's regime) the same tensor is bf16."""
+    import torch
+
+    from executor import models
+
+    for dtype, autocast in ((torch.float32, True), (torch.bfloat16, False)):
+        model = models.build_model(spec, device="cpu").to(dtype)
+        block = next(iter(model.layers.values()))
+        x = torch.randn(1, spec.seq_len, spec.hidden, dtype=dtype, requires_grad=True)
+        saved = []
+
+        def pack(t):
+            saved.append(t)
+            return t
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                y = block(x)
+        assert y.dtype == dtype                             # the residual stream keeps the parameters' dtype
+        # the norm keeps the block's input itself: fp32 under autocast (on the CPU, torch decomposes RMSNorm and
+        # upcasts a bf16 input inside, so the bf16 side is checked on LayerNorm, whose kernel saves it as CUDA's do)
+        if autocast or spec.norm == "layernorm":
+            assert any(t.data_ptr() == x.data_ptr() and t.dtype == dtype for t in saved)
+
+
 def test_tp_styles_for_a_vocabulary_parallel_loss_or_whole_tensors():
     from torch.distributed.tensor import Replicate, Shard
 

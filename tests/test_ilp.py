@@ -274,8 +274,14 @@ def test_why_it_won_is_in_the_json(cli):
     doc = json.loads(out.stdout)
     assert doc["alternatives"] and all("lost_on" in a and " s per step" in a["lost_on"] for a in doc["alternatives"])
     assert doc["limits"].startswith("memory: stage") and "GiB" in doc["limits"]
-    times = [doc["estimate"]["step_time_s"]] + [a["estimate"]["step_time_s"] for a in doc["alternatives"]]
-    assert times == sorted(times)
+    alternatives = [a["estimate"]["step_time_s"] for a in doc["alternatives"]]
+    assert alternatives == sorted(alternatives)
+    chosen, fastest = doc["estimate"]["step_time_s"], doc["choice"]["fastest"]["step_time_s"]
+    assert fastest == min([chosen] + alternatives)
+    if doc["choice"]["rule"] == "fastest":
+        assert chosen == fastest
+    else:           # a safer plan within the model's error of the fastest, which the runners-up then list
+        assert chosen <= fastest * (1 + doc["choice"]["band"]) and fastest in alternatives
 
 
 def test_highs_and_cbc_agree(cli):
@@ -455,3 +461,20 @@ def test_zero_stages_split_by_the_regime_their_layers_run_in():
     assert cache.regime(cache.bound_config(config, [0, 1, 2, 3])) == "bf16"
     assert cache.bound_config(config, [0, 1]).zero == 0            # one regime: itself
     assert not cache._no_dearer(cache.context(config.but(zero=0)), cache.context(config.but(zero=3)))
+
+
+def test_a_policy_s_problem_is_solved_alike_whatever_was_solved_before():
+    """A runtime with one recompute policy for every block solves one problem per policy, copies of one group
+    (``with_policies``). Each copy's optimizer frontier is its own: the frontier of a policy under which no split
+    fits (none, selective) once made the full-recompute problem infeasible too (random scenario 17 once the default
+    memory headroom was 0.18)."""
+    graph, cluster, workload, knobs = scenario(17)
+    space = Space(graph, cluster.num_gpus, workload, knobs, cluster.device.dtypes, cluster.device_kind)
+    cache = CostCache(graph, cluster, workload)
+    layout = Layout(tp=1, pp=2, cp=1, dp=1, micro_batch=1)
+    (whole,) = regime_problems(space, cache, layout, "1f1b", 1, False, graph_shape(cache))
+    alone = {policy: solve_group(GroupProblem(space, cache, layout, "1f1b", 1, False, graph_shape(cache),
+                                              policies=(policy,)), "cbc") for policy in whole.policies}
+    assert alone["full"] is not None and alone["none"] is None
+    in_turn = {policy: solve_group(whole.with_policies((policy,)), "cbc") for policy in whole.policies}
+    assert {p: r and r[:3] for p, r in in_turn.items()} == {p: r and r[:3] for p, r in alone.items()}

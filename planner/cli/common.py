@@ -85,12 +85,12 @@ def token_count(text: str) -> float:
 
 
 def headroom(text: str) -> float:
-    """A memory headroom: a fraction (0.21) or a percentage (21%), from 0 to 100%."""
+    """A memory headroom: a fraction (0.18) or a percentage (18%), from 0 to 100%."""
     raw = text.strip()
     try:
         value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a fraction (0.21) or a percentage (21%), got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a fraction (0.18) or a percentage (18%), got {text!r}") from None
     if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"must be between 0 and 100%, got {text!r}")
     return value
@@ -194,7 +194,7 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
                         "parameter, instead of Megatron-LM's fp32 main gradients (its --grad-reduce-in-bf16; "
                         "Megatron-Bridge's performance runs set grad_reduce_in_fp32 = False)")
     p.add_argument("--memory-headroom", type=headroom, default=DEFAULT_MEMORY_HEADROOM, metavar="FRACTION",
-                   help="memory a plan leaves free, over its predicted peak (0.21 or 21%%; 0: none). Default "
+                   help="memory a plan leaves free, over its predicted peak (0.18 or 18%%; 0: none). Default "
                         f"{DEFAULT_MEMORY_HEADROOM:g}: the largest gap between the predicted peak and the peak torch's "
                         "allocator reserved on meshplan's 18 H100 runs (benchmarks/results/gpu_validate.json, "
                         "gpu_holdout_validate.json)")

@@ -27,6 +27,13 @@ from ..runtimes import RUNTIMES, priced_as
 from .compute import device_memo, flash_attention_s, gemm_s, memory_bound_s, unfused_attention_s
 from .eager import CAST_UP_BYTES, eager_s
 
+# Under torch's autocast (meshplan's executor with DDP or no wrapper: planner/cost/eager.py) the parameters and the
+# embedding's output are fp32 and each block adds its bf16 outputs into that stream, so the residual stream stays fp32
+# (torch.amp: ops outside its lists run in their inputs' widest dtype): the norms save their fp32 input for backward,
+# and a checkpoint of a whole block keeps its fp32 input. Under FSDP2's MixedPrecisionPolicy everything is bf16.
+RESIDUAL_AUTOCAST_BYTES = 4
+
+
 class Context(NamedTuple):
     """The parallel context a layer runs in (everything its per-micro-batch cost depends on)."""
 
@@ -133,7 +140,8 @@ def _saved_bytes(saved: Saved, ctx: Context) -> float:
     divide = _split(saved.split, ctx)
     if saved.gathered_input and ctx.sequence_parallel and RUNTIMES[ctx.framework].timing.sp_keeps_gathered_input:
         divide = 1      # DTensor's ColwiseParallel keeps the all-gathered input for the weight gradient
-    dtype = saved.dtype_bytes or DTYPE_BYTES[ctx.precision]
+    dtype = saved.dtype_bytes or (RESIDUAL_AUTOCAST_BYTES if saved.residual and ctx.eager_regime == "autocast"
+                                  else DTYPE_BYTES[ctx.precision])
     return saved.elems * ctx.tokens * dtype / divide
 
 
@@ -572,8 +580,9 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     # what each recompute policy keeps and redoes (planner/recompute.py), from what this layer is
     if layer.kind == "embedding":
         input_bytes = 8.0 * ctx.tokens                  # the int64 token ids
-    else:
-        input_bytes = layer.output_elems * ctx.tokens * dt / (ctx.tp if ctx.sequence_parallel else 1)
+    else:       # the residual stream: fp32 under torch's autocast (``RESIDUAL_AUTOCAST_BYTES``)
+        residual = RESIDUAL_AUTOCAST_BYTES if ctx.eager_regime == "autocast" else dt
+        input_bytes = layer.output_elems * ctx.tokens * residual / (ctx.tp if ctx.sequence_parallel else 1)
     # the reduce-scatters' share of the exposed forward TP time: their outputs are kept under "op"
     rs_share = tp_fwd * tp_fwd_rs / tp_fwd_all if tp_fwd_all else 0.0
     tail_s, tail_flops = _checkpoint_tail(layer, ctx, fwd_by_op, keeps_input)
