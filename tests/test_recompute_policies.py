@@ -267,3 +267,20 @@ def test_discard_under_delayed_scaling_is_refused_and_never_searched():
     with pytest.raises(UserError, match="delayed scaling"):
         Space(job.graph, 8, job.workload, api.Knobs()).check(config)
     Space(current.graph, 8, current.workload, api.Knobs()).check(config)
+
+
+def test_autocast_pipelines_send_the_fp32_residual_stream():
+    """torch: a stage boundary carries the residual stream in its dtype, fp32 under autocast (ZeRO-1 beside a
+    pipeline: no wrapper), bf16 under FSDP2's replicate (ZeRO-0); Megatron-LM sends bf16 whatever the stage."""
+    from planner import network
+    from planner.config import ParallelConfig, Workload
+    from planner.cost.step import CostCache, stages_share_a_node
+    cluster = load_cluster("h100-80g", 16)
+    for framework, wide in (("torch", True), ("megatron", False)):
+        cache = CostCache(LLAMA, cluster, Workload(global_batch=16, seq_len=8192, framework=framework))
+        zero0, zero1 = (ParallelConfig(dp=2, tp=1, pp=8, micro_batch=1, zero=z) for z in (0, 1))
+        hidden = 8192 * H
+        same = stages_share_a_node(cluster, zero0)
+        assert cache.hop_s(zero0) == pytest.approx(network.p2p_s(cluster, 2 * hidden, same_node=same))
+        assert cache.hop_s(zero1) == pytest.approx(network.p2p_s(cluster, (4 if wide else 2) * hidden,
+                                                                  same_node=same))

@@ -24,7 +24,7 @@ from ..schedules import SCHEDULES
 from . import fetch
 from .host import host_bound, host_s
 from .eager import eager_regime, eager_s, layer_eager_regime, step_param_bytes, wraps_in_fsdp
-from .layer import Context, LayerCost, fp8_converts, layer_cost
+from .layer import RESIDUAL_AUTOCAST_BYTES, Context, LayerCost, fp8_converts, layer_cost
 from .memory import (frozen_share, grad_comm_bytes_per_param, resident_bytes_per_param, state_bytes_per_param,
                      working_copy_bytes_per_param)
 
@@ -151,8 +151,10 @@ class CostCache:
         if key not in memo:
             configs = [config.but(zero=g[0]) for g in groups]
             contexts = [self.context(c) for c in configs]
+            # and its stage-boundary sends no larger (a rank's sends fill what its compute leaves)
             memo[key] = next((c for c, ctx in zip(configs, contexts)
-                              if all(self._no_dearer(ctx, other) for other in contexts if other is not ctx)), None)
+                              if all(self._no_dearer(ctx, other) and self.hop_s(c) <= self.hop_s(o)
+                                     for o, other in zip(configs, contexts) if other is not ctx)), None)
         found = memo[key]
         return None if found is None else config.but(zero=found.zero)
 
@@ -241,14 +243,16 @@ class CostCache:
         return self.signature_cost(self.signatures[index], ctx)
 
     def hop_s(self, config: ParallelConfig) -> float:
-        """One stage-boundary transfer of a micro-batch's hidden states.
+        """One stage-boundary transfer of a micro-batch's hidden states (the residual stream, in its dtype).
 
         Megatron's scatter/gather optimisation and sequence parallelism send 1/tp of
         them per rank (Narayanan et al. 2021, Sec 4.1)."""
         if config.pp == 1:
             return 0.0
         w = self.workload
-        nbytes = config.micro_batch * w.seq_len / config.cp * self.graph.hidden * DTYPE_BYTES[w.precision]
+        # the residual stream: fp32 under torch's autocast (``layer.RESIDUAL_AUTOCAST_BYTES``)
+        width = RESIDUAL_AUTOCAST_BYTES if self.regime(config) == "autocast" else DTYPE_BYTES[w.precision]
+        nbytes = config.micro_batch * w.seq_len / config.cp * self.graph.hidden * width
         if config.sequence_parallel or RUNTIMES[w.framework].timing.pp_sends_tp_shards:
             nbytes /= config.tp
         return network.p2p_s(self.cluster, nbytes, same_node=stages_share_a_node(self.cluster, config))

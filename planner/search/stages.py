@@ -126,18 +126,17 @@ class GroupProblem:
         self.m = layout.num_microbatches(space.w.global_batch)
         self.p, self.v = layout.pp, vpp
         self.stages = self.p * self.v
+        zeros = list(zeros) if zeros is not None else space.zeros(layout, schedule)
+        # at the first of its ZeRO stages: the eager regime the layers and the stage-boundary sends are priced in
         self.base = ParallelConfig(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep,
                                    micro_batch=layout.micro_batch, num_microbatches=self.m, vpp=vpp,
                                    schedule=schedule, sequence_parallel=sp, param_offload=space.param_offload,
-                                   nvme_offload=space.nvme_offload)
+                                   nvme_offload=space.nvme_offload, zero=zeros[0] if zeros else 0)
         # each rank's virtual stages, chunk by chunk (a loop, or a V: planner/placement.py)
         self.rank_stages = [rank_stages(placement_of(self.base), r, self.p, self.v) for r in range(self.p)]
-        zeros = list(zeros) if zeros is not None else space.zeros(layout, schedule)
-        groups = cache.regime_zeros(self.base, zeros)
-        if len(groups) > 1:
+        if len(cache.regime_zeros(self.base, zeros)) > 1:
             raise ValueError(f"ZeRO stages {zeros} run their layers in different eager regimes: one problem each")
-        # the layers' costs in the regime of the problem's ZeRO stages (the base itself keeps stage 0)
-        ctx = self.ctx = cache.context(self.base.but(zero=zeros[0])) if zeros else cache.context(self.base)
+        ctx = self.ctx = cache.context(self.base)
         self.block: LayerCost = cache.layer(shape.blocks[0], ctx)
         self.num_blocks = len(shape.blocks)
         self.policies = policies or self._useful_policies(space)
