@@ -34,6 +34,12 @@ from .eager import CAST_UP_BYTES, eager_s
 RESIDUAL_AUTOCAST_BYTES = 4
 
 
+def residual_bytes(eager_regime: str, precision: str) -> int:
+    """Bytes per element of the residual stream: a norm's saved input, a block's checkpointed input, what a pipeline
+    stage sends (``RESIDUAL_AUTOCAST_BYTES`` under torch's autocast, else the compute dtype's)."""
+    return RESIDUAL_AUTOCAST_BYTES if eager_regime == "autocast" else DTYPE_BYTES[precision]
+
+
 class Context(NamedTuple):
     """The parallel context a layer runs in (everything its per-micro-batch cost depends on)."""
 
@@ -140,7 +146,7 @@ def _saved_bytes(saved: Saved, ctx: Context) -> float:
     divide = _split(saved.split, ctx)
     if saved.gathered_input and ctx.sequence_parallel and RUNTIMES[ctx.framework].timing.sp_keeps_gathered_input:
         divide = 1      # DTensor's ColwiseParallel keeps the all-gathered input for the weight gradient
-    dtype = saved.dtype_bytes or (RESIDUAL_AUTOCAST_BYTES if saved.residual and ctx.eager_regime == "autocast"
+    dtype = saved.dtype_bytes or (residual_bytes(ctx.eager_regime, ctx.precision) if saved.residual
                                   else DTYPE_BYTES[ctx.precision])
     return saved.elems * ctx.tokens * dtype / divide
 
@@ -580,9 +586,9 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     # what each recompute policy keeps and redoes (planner/recompute.py), from what this layer is
     if layer.kind == "embedding":
         input_bytes = 8.0 * ctx.tokens                  # the int64 token ids
-    else:       # the residual stream: fp32 under torch's autocast (``RESIDUAL_AUTOCAST_BYTES``)
-        residual = RESIDUAL_AUTOCAST_BYTES if ctx.eager_regime == "autocast" else dt
-        input_bytes = layer.output_elems * ctx.tokens * residual / (ctx.tp if ctx.sequence_parallel else 1)
+    else:       # the residual stream
+        input_bytes = layer.output_elems * ctx.tokens * residual_bytes(ctx.eager_regime, ctx.precision) \
+            / (ctx.tp if ctx.sequence_parallel else 1)
     # the reduce-scatters' share of the exposed forward TP time: their outputs are kept under "op"
     rs_share = tp_fwd * tp_fwd_rs / tp_fwd_all if tp_fwd_all else 0.0
     tail_s, tail_flops = _checkpoint_tail(layer, ctx, fwd_by_op, keeps_input)

@@ -24,7 +24,7 @@ from ..schedules import SCHEDULES
 from . import fetch
 from .host import host_bound, host_s
 from .eager import eager_regime, eager_s, layer_eager_regime, step_param_bytes, wraps_in_fsdp
-from .layer import RESIDUAL_AUTOCAST_BYTES, Context, LayerCost, fp8_converts, layer_cost
+from .layer import Context, LayerCost, fp8_converts, layer_cost, residual_bytes
 from .memory import (frozen_share, grad_comm_bytes_per_param, resident_bytes_per_param, state_bytes_per_param,
                      working_copy_bytes_per_param)
 
@@ -250,9 +250,8 @@ class CostCache:
         if config.pp == 1:
             return 0.0
         w = self.workload
-        # the residual stream: fp32 under torch's autocast (``layer.RESIDUAL_AUTOCAST_BYTES``)
-        width = RESIDUAL_AUTOCAST_BYTES if self.regime(config) == "autocast" else DTYPE_BYTES[w.precision]
-        nbytes = config.micro_batch * w.seq_len / config.cp * self.graph.hidden * width
+        nbytes = config.micro_batch * w.seq_len / config.cp * self.graph.hidden \
+            * residual_bytes(self.regime(config), w.precision)
         if config.sequence_parallel or RUNTIMES[w.framework].timing.pp_sends_tp_shards:
             nbytes /= config.tp
         return network.p2p_s(self.cluster, nbytes, same_node=stages_share_a_node(self.cluster, config))
