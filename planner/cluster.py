@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -179,6 +179,9 @@ class Cluster:
     cores_per_node: int = 0               # CPU cores a node's processes share (CPU profiles; 0: none shared)
     threads_per_process: int = 1          # compute threads each process runs (CPU profiles)
     time_share: float = 1.0               # the share of its threads' cores each process gets (``with_gpus``)
+    profile_node: "Cluster | None" = field(default=None, compare=False, repr=False)
+                                          # where the job uses only part of each node (``with_gpus``: a GB200 NVL72
+                                          # rack's trays), the profile's whole node; None: the job's nodes are whole
 
     @property
     def num_nodes(self) -> int:
@@ -231,9 +234,23 @@ class Cluster:
         """The topology as a networkx graph (built on first use, then shared)."""
         return _build_graph(self)
 
+    @property
+    def partial_nodes(self) -> str:
+        """How the job sits on nodes it uses in part (``with_gpus``), for the plan's header: "4 NVLink domains of
+        64 of their 72 GPUs, 16 of 18 hosts each"; "" where its nodes are whole (or it is within one)."""
+        full = self.profile_node
+        if full is None:
+            return ""
+        return (f"{self.num_nodes} NVLink domains of {self.gpus_per_node} of their {full.gpus_per_node} GPUs, "
+                f"{self.gpus_per_node // full.gpus_per_host} of {full.gpus_per_node // full.gpus_per_host} hosts each")
+
     def with_gpus(self, num_gpus: int) -> "Cluster":
         from dataclasses import replace
-        out = replace(self, num_gpus=num_gpus)
+        whole = self.profile_node or self
+        out = replace(whole, num_gpus=num_gpus)
+        used = gpus_used_per_node(whole, num_gpus)
+        if used and used != whole.gpus_per_node:
+            out = _part_of_each_node(out, used)
         if not self.cores_per_node:
             return out
         # processes beyond the cores time-share them (the OS scheduler gives each an equal share):
@@ -248,6 +265,36 @@ class Cluster:
         return replace(out, time_share=share, device=_time_shared(self.device, k),
                        intra=Link(bytes_per_s=self.intra.bytes_per_s * k, efficiency=self.intra.efficiency,
                                   latency_s=self.intra.latency_s / k))
+
+
+def gpus_used_per_node(cluster: Cluster, num_gpus: int) -> int:
+    """The GPUs a job of ``num_gpus`` uses on each node: all of them (or the job, within one node); where a node holds
+    several hosts ([host] gpus_per_host: a GB200 NVL72 rack is one NVLink domain of 18 trays of 4 GPUs) and the job
+    fills no whole number of nodes, the same number of whole hosts on each, the most that divides the job, as a
+    scheduler keeps each part of the job inside one NVLink domain (256 GPUs: 4 racks x 64, 16 of 18 trays each);
+    0 where none does with at least half of each node (the job would be spread over many small domains: refused)."""
+    per_node, host = cluster.gpus_per_node, cluster.gpus_per_host
+    if num_gpus <= per_node or num_gpus % per_node == 0:
+        return per_node
+    if not host or host >= per_node or num_gpus % host:
+        return 0
+    return next((d for d in range(per_node - host, 0, -host) if num_gpus % d == 0 and 2 * d >= per_node), 0)
+
+
+def _part_of_each_node(cluster: Cluster, used: int) -> Cluster:
+    """``cluster`` (a profile's, at the job's GPU count) as a job sees it that uses ``used`` GPUs (whole hosts) of
+    each node: its node is those GPUs, with their hosts' share of the node's NICs, host memory, DRAM bandwidth,
+    drives and host power (the profile gives them per node: a rack's, summed over its trays)."""
+    from dataclasses import replace
+    share = used / cluster.gpus_per_node
+    power = cluster.power and replace(cluster.power, host_w=cluster.power.host_w * share,
+                                      network_w=cluster.power.network_w * share)
+    return replace(cluster, gpus_per_node=used, nics_per_node=cluster.nics_per_node * used // cluster.gpus_per_node,
+                   host_memory_bytes=cluster.host_memory_bytes * share,
+                   host_dram=replace(cluster.host_dram, bytes_per_s=cluster.host_dram.bytes_per_s * share),
+                   nvme_bytes=cluster.nvme_bytes * share, nvme_read_bytes_per_s=cluster.nvme_read_bytes_per_s * share,
+                   nvme_write_bytes_per_s=cluster.nvme_write_bytes_per_s * share, power=power,
+                   profile_node=replace(cluster, num_gpus=cluster.gpus_per_node))
 
 
 def _time_shared(device: Device, k: float) -> Device:
@@ -388,14 +435,29 @@ def _merged(base: dict, over: dict) -> dict:
 def _check_gpus(cluster: Cluster, gpus) -> Cluster:
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus <= 0:
         raise UserError(f"must be a positive integer, got {gpus!r}", field="--gpus")
-    per_node = cluster.gpus_per_node
-    if gpus > per_node and gpus % per_node:
+    per_node = (cluster.profile_node or cluster).gpus_per_node
+    host = cluster.gpus_per_host
+    if not gpus_used_per_node(cluster.profile_node or cluster, gpus):
+        if host and host < per_node:
+            near = _near_counts(cluster.profile_node or cluster, gpus)
+            raise UserError(f"{gpus} GPUs on {cluster.name}: use at most {per_node}, a multiple of {per_node}, or a "
+                            f"multiple of {host} (whole hosts) that splits into equal parts of {per_node // 2} to "
+                            f"{per_node} GPUs, one a node; near it: {', '.join(map(str, near))}", field="--gpus")
         raise UserError(f"{gpus} GPUs do not fill whole nodes of {per_node} on {cluster.name}; "
                         f"use a multiple of {per_node} (or at most {per_node})", field="--gpus")
     if cluster.max_nodes and cluster.num_nodes > cluster.max_nodes:
         raise UserError(f"{cluster.name} is {cluster.max_nodes} host(s) of {per_node} processes: "
                         f"at most {cluster.max_nodes * per_node}, got {gpus}", field="--gpus")
     return cluster
+
+
+def _near_counts(cluster: Cluster, gpus: int) -> list[int]:
+    """The GPU counts nearest ``gpus`` below and above that ``gpus_used_per_node`` accepts."""
+    host = cluster.gpus_per_host
+    start = gpus - gpus % host
+    below = next((n for n in range(start, 0, -host) if n < gpus and gpus_used_per_node(cluster, n)), None)
+    above = next(n for n in range(start + host, gpus + 2 * cluster.gpus_per_node, host) if gpus_used_per_node(cluster, n))
+    return [n for n in (below, above) if n]
 
 
 class _Table:

@@ -144,3 +144,45 @@ def test_gpus_per_host_must_divide_the_node(tmp_path):
     with pytest.raises(UserError, match="divide gpus_per_node 72") as err:
         load_cluster(str(tmp_path / "rack.toml"))
     assert "host.gpus_per_host" in str(err.value)
+
+
+def test_a_job_of_256_gpus_uses_64_gpus_of_each_of_4_racks():
+    """GB200 NVL72 jobs come in powers of two (Megatron-Bridge's runs: 256 GPUs), which fill no whole number of
+    72-GPU racks. A scheduler keeps each part of the job in one NVLink domain: the same whole trays of each rack,
+    the most that divide the job (256 = 4 x 64, 16 of 18 trays). The job's node is then those 64 GPUs, with their
+    trays' share of the rack's NICs (one a GPU), host memory and host power; a group of 64 consecutive ranks
+    (expert parallelism 64) stays inside one domain, one of 128 spans two."""
+    from planner import network
+    rack = load_cluster("gb200-nvl72", 72)
+    job = load_cluster("gb200-nvl72", 256)
+    assert (job.num_gpus, job.gpus_per_node, job.num_nodes, job.nics_per_node) == (256, 64, 4, 64)
+    assert job.host_memory_bytes == pytest.approx(rack.host_memory_bytes * 16 / 18)
+    assert job.host_dram.bytes_per_s == pytest.approx(rack.host_dram.bytes_per_s * 16 / 18)
+    assert job.power.host_w == pytest.approx(33600 * 16 / 18) and job.host_share == 1.0
+    assert job.partial_nodes == "4 NVLink domains of 64 of their 72 GPUs, 16 of 18 hosts each"
+    assert network.group(job, 64, 1).nodes == 1 and network.group(job, 128, 1).nodes == 2
+    # 200 GPUs: 5 racks x 40 (10 trays each); whole racks and jobs within one rack are as before
+    assert load_cluster("gb200-nvl72", 200).gpus_per_node == 40
+    assert load_cluster("gb200-nvl72", 144).partial_nodes == load_cluster("gb200-nvl72", 8).partial_nodes == ""
+    # another count starts again from the rack: the same cluster as loading it at that count
+    assert job.with_gpus(144) == load_cluster("gb200-nvl72", 144) and job.with_gpus(144).gpus_per_node == 72
+    assert job.with_gpus(512).gpus_per_node == 64 and job.with_gpus(512).nics_per_node == 64
+
+
+def test_a_gpu_count_that_splits_racks_unevenly_or_thinly_is_refused_with_the_counts_near_it():
+    from planner.errors import UserError
+    with pytest.raises(UserError) as e:       # 76 = 19 trays: only 4 or 76 GPUs a rack divide it
+        load_cluster("gb200-nvl72", 76)
+    assert e.value.field == "--gpus" and "near it: 72, 80" in str(e.value)
+    with pytest.raises(UserError) as e:       # not whole trays
+        load_cluster("gb200-nvl72", 74)
+    assert "a multiple of 4 (whole hosts)" in str(e.value)
+    with pytest.raises(UserError) as e:       # a DGX node is one host: whole nodes only, as before
+        load_cluster("h100-80g", 12)
+    assert "do not fill whole nodes of 8" in str(e.value)
+
+
+def test_the_plan_header_says_how_the_job_sits_on_the_racks(cli):
+    out = cli("plan", "--model", "llama3-8b", "--cluster", "gb200-nvl72", "--gpus", "128", "--global-batch", "128")
+    assert out.returncode == 0, out.stderr
+    assert "on gb200-nvl72 x 128 GPUs (2 NVLink domains of 64 of their 72 GPUs, 16 of 18 hosts each)" in out.stdout

@@ -103,16 +103,17 @@ def test_a_bad_precision_for_every_point_still_fails_the_sweep_up_front(cli, tmp
 
 
 def test_a_gpu_whose_nodes_the_gpus_do_not_fill_is_reported_and_the_sweep_goes_on(cli, tmp_path):
-    # 128 GPUs are 16 nodes of 8 H100 but not whole NVL72 racks of 72: that point says so and keeps the GPUs given;
-    # its batch and sequence, left to the sweep, follow from GPUs it cannot have (empty), its capacity is the GPU's
-    out = cli("whatif", "--model", "llama3-8b", "--gpus", "128", "--sweep", "gpu=h100-80g,gb200-nvl72", "--out",
+    # 152 GPUs are 19 nodes of 8 H100 but neither whole NVL72 racks of 72 nor equal parts of 36 or more of each (152 =
+    # 4 x 38: not whole trays of 4): that point says so and keeps the GPUs given; its batch and sequence, left to the
+    # sweep, follow from GPUs it cannot have (empty), its capacity is the GPU's
+    out = cli("whatif", "--model", "llama3-8b", "--gpus", "152", "--sweep", "gpu=h100-80g,gb200-nvl72", "--out",
               str(tmp_path), timeout=300)
     assert out.returncode == 0, out.stderr
     rows = list(csv.DictReader((tmp_path / "whatif.csv").open()))
-    assert rows[0]["fits"] == "True" and rows[0]["gpus"] == "128"
+    assert rows[0]["fits"] == "True" and rows[0]["gpus"] == "152"
     nvl72 = rows[1]
-    assert nvl72["fits"] == "False" and "do not fill whole nodes of 72" in nvl72["not_run"]
-    assert (nvl72["gpus"], nvl72["global_batch"], nvl72["seq_len"]) == ("128", "", "")
+    assert nvl72["fits"] == "False" and "152 GPUs on gb200-nvl72: use at most 72" in nvl72["not_run"]
+    assert (nvl72["gpus"], nvl72["global_batch"], nvl72["seq_len"]) == ("152", "", "")
     assert float(nvl72["capacity_gib"]) > 150          # a B200-class GPU of the rack (186 GB HBM3e)
 
 

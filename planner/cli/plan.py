@@ -185,7 +185,7 @@ def format_plan(plan: Plan, tokens: float | None = None) -> str:
     mem, t = e.memory, e.time
     lines = [
         f"{plan.model_name} ({plan.model_params / 1e9:.2f}B params) on {plan.cluster_name} x {plan.world_size} "
-        f"GPUs: {w.global_batch} sequences x {w.seq_len} tokens per step, {w.precision_name}, {w.framework} runtime"
+        f"GPUs{f' ({plan.cluster.partial_nodes})' if plan.cluster.partial_nodes else ''}: {w.global_batch} sequences x {w.seq_len} tokens per step, {w.precision_name}, {w.framework} runtime"
         f"{describe_mode(w.finetune, w.lora_rank, w.lora_targets)}"
         + (f"; {COMPILE_PRICED_AS}" if w.compile else ""),
         "",

@@ -62,7 +62,7 @@ def _summary(plan) -> Section:
         rows.append(("cost per million tokens",
                      f"${usd:.3f} at ${cl.gpu_hour_usd:.3f} per GPU-hour ({cl.price_source})"))
     intro = (f"{plan.model_name} ({plan.model_params / 1e9:.2f}B parameters) on {cl.num_gpus} x {cl.name} "
-             f"({cl.device.name}): {w.global_batch} sequences of {w.seq_len} tokens per step, {w.precision_name}, "
+             f"({cl.device.name}{'; ' + cl.partial_nodes if cl.partial_nodes else ''}): {w.global_batch} sequences of {w.seq_len} tokens per step, {w.precision_name}, "
              f"{w.framework} runtime.")
     return Section(title="Summary", paragraphs=(intro,), table=Table(header=("", ""), rows=tuple(rows)))
 
