@@ -1,0 +1,194 @@
+"""Megatron-Bridge's mixture-of-experts runs release by release: what the software changed on the same GPUs, and
+where meshplan lands. Held out: none of these rows is in ../shared/validation/public_cases.json (its MBRIDGE2511-*
+cases are the 25.11 rows on DGX B200 and H100), and nothing is fitted to them.
+
+    python benchmarks/megatron_bridge_releases.py [--out benchmarks/results/megatron_bridge_releases.json]
+
+NVIDIA publishes the pre-training throughput of each NeMo container release (Megatron-Bridge
+docs/performance-summary.md, the newest, and docs/performance-summary-archive.md, the earlier ones; all benchmarks
+force-balanced and token-dropless). The same configuration (model, GPUs, precision, batch, micro-batch and every
+parallel degree) recurs over releases; its spread is what the software did on unchanged hardware. Each
+configuration on a system meshplan has a profile of (DGX H100: h100-80g, DGX B200: b200, GB200 NVL72:
+gb200-nvl72) is planned with its published knobs as benchmarks/fidelity.py plans the 25.11 rows (Megatron-LM,
+ZeRO-1 distributed optimizer, no memory headroom, bf16 gradient reduction, FP8 parameter gather under an FP8
+recipe, recompute and optimizer offload searched), once without and once with Megatron-Core's overlapped expert
+all-to-all (`--ep-comm-overlap`), which the summary does not say. Recipes: BF16 -> bf16, FP8 / FP8-CS (current
+scaling) -> fp8-tensorwise, MXFP8 / FP8-MX -> mxfp8. Left out: GB300 and B300 (no profile), NVFP4 (not priced),
+DeepSeek-V3 with multi-token prediction (not modelled).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from planner import api  # noqa: E402
+from planner.errors import NoFeasiblePlan, UserError  # noqa: E402
+
+ARCHIVE = "Megatron-Bridge docs/performance-summary-archive.md at 4ab94dfad (2026-08-11)"
+CURRENT = "Megatron-Bridge docs/performance-summary.md at 067f987df (the 26.08 container)"
+MODELS = {"DeepSeekV3": "deepseek-v3", "DeepSeekV3 (w/o MTP)": "deepseek-v3", "GPT OSS 120B": "gpt-oss-120b",
+          "Qwen3_30B_a3B": "qwen3-30b-a3b", "Qwen3_235B_a22B": "qwen3-235b-a22b"}
+SYSTEMS = {"DGX-H100": "h100-80g", "DGX-B200": "b200", "DGX-GB200": "gb200-nvl72"}
+RECIPES = {"BF16": "bf16", "FP8": "fp8-tensorwise", "FP8-CS": "fp8-tensorwise", "MXFP8": "mxfp8",
+           "FP8-MX": "mxfp8"}
+
+# (release, system, model, precision, GPUs, GBS, MBS, sequence, TP, PP, CP, VP (None: n/a or 1), EP, tokens/s/GPU,
+#  the file's line: C = CURRENT, A = ARCHIVE)
+ROWS = [
+    ("26.08", "DGX-GB200", "DeepSeekV3", "MXFP8", 256, 4096, 1, 4096, 1, 4, 1, 4, 64, 4912, "C46"),
+    ("26.08", "DGX-GB200", "GPT OSS 120B", "MXFP8", 64, 1280, 4, 4096, 1, 1, 1, None, 64, 28672, "C60"),
+    ("26.08", "DGX-GB200", "Qwen3_30B_a3B", "MXFP8", 8, 512, 4, 4096, 1, 1, 1, None, 8, 39936, "C67"),
+    ("26.08", "DGX-GB200", "Qwen3_235B_a22B", "MXFP8", 256, 8192, 1, 4096, 1, 8, 1, 3, 32, 7280, "C74"),
+    ("26.06.01", "DGX-GB200", "DeepSeekV3", "MXFP8", 256, 4096, 1, 4096, 1, 4, 1, 4, 64, 4928, "A51"),
+    ("26.06.01", "DGX-GB200", "GPT OSS 120B", "MXFP8", 64, 1280, 4, 4096, 1, 1, 1, None, 64, 18304, "A58"),
+    ("26.06.01", "DGX-GB200", "Qwen3_30B_a3B", "MXFP8", 8, 512, 4, 4096, 1, 1, 1, None, 8, 40960, "A65"),
+    ("26.06.01", "DGX-GB200", "Qwen3_235B_a22B", "MXFP8", 256, 8192, 1, 4096, 1, 8, 1, 3, 32, 7360, "A72"),
+    ("26.06", "DGX-GB200", "DeepSeekV3", "MXFP8", 256, 4096, 1, 4096, 1, 4, 1, 4, 64, 4969, "A114"),
+    ("26.06", "DGX-GB200", "GPT OSS 120B", "MXFP8", 64, 1280, 4, 4096, 1, 1, 1, None, 64, 28947, "A122"),
+    ("26.06", "DGX-GB200", "Qwen3_30B_a3B", "MXFP8", 8, 512, 4, 4096, 1, 1, 1, None, 8, 40706, "A130"),
+    ("26.06", "DGX-H100", "Qwen3_30B_a3B", "FP8", 16, 1024, 1, 4096, 1, 1, 1, None, 16, 8826, "A132"),
+    ("26.06", "DGX-GB200", "Qwen3_235B_a22B", "MXFP8", 256, 8192, 1, 4096, 1, 8, 1, 3, 32, 7376, "A139"),
+    ("26.04.01", "DGX-GB200", "DeepSeekV3", "MXFP8", 256, 4096, 1, 4096, 1, 4, 1, 4, 64, 4256, "A226"),
+    ("26.04.01", "DGX-B200", "DeepSeekV3", "MXFP8", 256, 4096, 1, 4096, 1, 8, 1, 2, 32, 3328, "A228"),
+    ("26.04.01", "DGX-GB200", "GPT OSS 120B", "BF16", 64, 1280, 4, 4096, 1, 1, 1, None, 64, 16640, "A235"),
+    ("26.04.01", "DGX-B200", "GPT OSS 120B", "BF16", 64, 1280, 4, 4096, 1, 1, 1, None, 8, 13568, "A237"),
+    ("26.04.01", "DGX-H100", "GPT OSS 120B", "BF16", 64, 1280, 1, 4096, 1, 4, 1, None, 8, 5824, "A238"),
+    ("26.04.01", "DGX-GB200", "Qwen3_30B_a3B", "MXFP8", 8, 512, 4, 4096, 1, 1, 1, None, 8, 26112, "A245"),
+    ("26.04.01", "DGX-B200", "Qwen3_30B_a3B", "MXFP8", 8, 512, 4, 4096, 1, 1, 1, None, 8, 27136, "A247"),
+    ("26.04.01", "DGX-H100", "Qwen3_30B_a3B", "FP8", 16, 1024, 1, 4096, 1, 1, 1, None, 16, 8960, "A248"),
+    ("26.04.01", "DGX-GB200", "Qwen3_235B_a22B", "MXFP8", 256, 8192, 1, 4096, 1, 8, 1, 3, 32, 5680, "A255"),
+    ("26.04.01", "DGX-B200", "Qwen3_235B_a22B", "MXFP8", 256, 8192, 1, 4096, 1, 8, 1, None, 8, 3776, "A257"),
+    ("26.04.01", "DGX-H100", "Qwen3_235B_a22B", "FP8", 256, 8192, 1, 4096, 2, 8, 1, 4, 32, 1712, "A258"),
+    ("26.04", "DGX-GB200", "DeepSeekV3", "MXFP8", 256, 4096, 1, 4096, 1, 4, 1, 4, 64, 4193, "A326"),
+    ("26.04", "DGX-B200", "DeepSeekV3", "MXFP8", 256, 4096, 1, 4096, 1, 16, 1, None, 8, 2815, "A328"),
+    ("26.04", "DGX-GB200", "GPT OSS 120B", "BF16", 64, 1280, 4, 4096, 1, 1, 1, None, 64, 15938, "A335"),
+    ("26.04", "DGX-B200", "GPT OSS 120B", "BF16", 64, 1280, 4, 4096, 1, 1, 1, None, 8, 13045, "A337"),
+    ("26.04", "DGX-H100", "GPT OSS 120B", "BF16", 64, 1280, 1, 4096, 1, 4, 1, None, 8, 5810, "A338"),
+    ("26.04", "DGX-GB200", "Qwen3_30B_a3B", "MXFP8", 8, 512, 4, 4096, 1, 1, 1, None, 8, 26032, "A345"),
+    ("26.04", "DGX-B200", "Qwen3_30B_a3B", "MXFP8", 8, 512, 4, 4096, 1, 1, 1, None, 8, 26859, "A347"),
+    ("26.04", "DGX-H100", "Qwen3_30B_a3B", "FP8", 16, 1024, 1, 4096, 1, 1, 1, None, 16, 8901, "A348"),
+    ("26.04", "DGX-GB200", "Qwen3_235B_a22B", "MXFP8", 256, 8192, 1, 4096, 1, 8, 1, 3, 32, 5672, "A355"),
+    ("26.04", "DGX-H100", "Qwen3_235B_a22B", "FP8", 256, 8192, 1, 4096, 2, 8, 1, 4, 32, 1686, "A357"),
+    ("26.02.01", "DGX-GB200", "DeepSeekV3", "MXFP8", 256, 4096, 1, 4096, 1, 4, 1, 4, 64, 4021, "A423"),
+    ("26.02.01", "DGX-B200", "DeepSeekV3", "MXFP8", 256, 4096, 1, 4096, 1, 16, 1, None, 8, 2790, "A425"),
+    ("26.02.01", "DGX-GB200", "GPT OSS 120B", "BF16", 64, 1280, 4, 4096, 1, 1, 1, None, 64, 15754, "A432"),
+    ("26.02.01", "DGX-B200", "GPT OSS 120B", "BF16", 64, 1280, 4, 4096, 1, 1, 1, None, 8, 13722, "A434"),
+    ("26.02.01", "DGX-H100", "GPT OSS 120B", "BF16", 64, 1280, 1, 4096, 1, 4, 1, None, 8, 5984, "A435"),
+    ("26.02.01", "DGX-GB200", "Qwen3_30B_a3B", "MXFP8", 8, 512, 4, 4096, 1, 1, 1, None, 8, 26373, "A442"),
+    ("26.02.01", "DGX-B200", "Qwen3_30B_a3B", "MXFP8", 8, 512, 4, 4096, 1, 1, 1, None, 8, 26695, "A444"),
+    ("26.02.01", "DGX-H100", "Qwen3_30B_a3B", "FP8", 16, 1024, 1, 4096, 1, 2, 1, 12, 8, 9058, "A445"),
+    ("26.02.01", "DGX-GB200", "Qwen3_235B_a22B", "MXFP8", 256, 8192, 1, 4096, 1, 8, 1, None, 32, 5530, "A452"),
+    ("26.02.01", "DGX-H100", "Qwen3_235B_a22B", "FP8", 256, 8192, 1, 4096, 2, 8, 1, 4, 32, 1611, "A454"),
+    ("26.02", "DGX-GB200", "DeepSeekV3", "MXFP8", 256, 4096, 1, 4096, 1, 4, 1, 4, 64, 3955, "A508"),
+    ("26.02", "DGX-B200", "DeepSeekV3", "MXFP8", 256, 4096, 1, 4096, 1, 16, 1, None, 8, 2689, "A510"),
+    ("26.02", "DGX-GB200", "GPT OSS 120B", "BF16", 64, 1280, 4, 4096, 1, 1, 1, None, 64, 15784, "A517"),
+    ("26.02", "DGX-B200", "GPT OSS 120B", "BF16", 64, 1280, 4, 4096, 1, 1, 1, None, 64, 8047, "A519"),
+    ("26.02", "DGX-H100", "GPT OSS 120B", "BF16", 64, 1280, 1, 4096, 1, 4, 1, None, 8, 5993, "A520"),
+    ("26.02", "DGX-GB200", "Qwen3_30B_a3B", "MXFP8", 8, 512, 4, 4096, 1, 1, 1, None, 8, 26084, "A527"),
+    ("26.02", "DGX-B200", "Qwen3_30B_a3B", "MXFP8", 8, 512, 1, 4096, 1, 1, 1, None, 8, 9691, "A529"),
+    ("26.02", "DGX-H100", "Qwen3_30B_a3B", "FP8", 16, 1024, 1, 4096, 1, 2, 1, 12, 8, 5113, "A530"),
+    ("26.02", "DGX-GB200", "Qwen3_235B_a22B", "MXFP8", 256, 8192, 1, 4096, 1, 8, 1, None, 32, 5448, "A537"),
+    ("26.02", "DGX-B200", "Qwen3_235B_a22B", "MXFP8", 256, 8192, 1, 4096, 1, 8, 1, None, 8, 3805, "A539"),
+    ("26.02", "DGX-H100", "Qwen3_235B_a22B", "FP8", 256, 8192, 1, 4096, 2, 8, 1, 4, 32, 1633, "A540"),
+    ("25.11", "DGX-GB200", "DeepSeekV3 (w/o MTP)", "BF16", 256, 4096, 1, 4096, 1, 4, 1, 4, 64, 3139, "A568"),
+    ("25.11", "DGX-GB200", "DeepSeekV3 (w/o MTP)", "FP8-MX", 256, 4096, 1, 4096, 1, 8, 1, 4, 32, 4018, "A569"),
+    ("25.11", "DGX-GB200", "GPT OSS 120B", "BF16", 64, 1280, 1, 8192, 1, 1, 1, None, 64, 15876, "A570"),
+    ("25.11", "DGX-GB200", "Qwen3_30B_a3B", "FP8-MX", 8, 512, 4, 4096, 1, 1, 1, None, 8, 23766, "A571"),
+    ("25.11", "DGX-GB200", "Qwen3_235B_a22B", "BF16", 256, 8192, 1, 4096, 1, 8, 1, 3, 32, 4916, "A572"),
+    ("25.11", "DGX-B200", "GPT OSS 120B", "BF16", 64, 512, 4, 4096, 1, 1, 1, None, 8, 8213, "A581"),
+    ("25.11", "DGX-B200", "Qwen3_30B_a3B", "FP8-MX", 8, 512, 1, 4096, 1, 1, 1, None, 8, 9299, "A582"),
+    ("25.11", "DGX-B200", "Qwen3_235B_a22B", "FP8-MX", 64, 1024, 1, 4096, 1, 8, 1, 2, 8, 3269, "A583"),
+    ("25.11", "DGX-H100", "GPT OSS 120B", "BF16", 64, 512, 4, 4096, 1, 4, 1, None, 8, 5630, "A592"),
+    ("25.11", "DGX-H100", "Qwen3_30B_a3B", "FP8-CS", 16, 512, 2, 4096, 1, 2, 1, 24, 8, 5275, "A593"),
+    ("25.11", "DGX-H100", "Qwen3_235B_a22B", "FP8-CS", 256, 2048, 1, 4096, 2, 8, 1, 4, 32, 1575, "A594"),
+]
+RELEASE_ORDER = ["25.11", "26.02", "26.02.01", "26.04", "26.04.01", "26.06", "26.06.01", "26.08"]
+
+
+def config_key(row: tuple) -> tuple:
+    """What makes two rows the same run: everything but the release, the throughput and the line."""
+    _, system, model, precision, *knobs = row[:13]
+    return (system, MODELS[model], RECIPES[precision], *knobs)
+
+
+def plan_row(key: tuple, ep_comm_overlap: bool) -> dict:
+    """meshplan's prediction of one configuration (tokens/s per GPU), or why it has none."""
+    system, model, recipe, gpus, gbs, mbs, seq, tp, pp, cp, vp, ep = key
+    job = {"cluster": SYSTEMS[system], "gpus": gpus, "global_batch": gbs, "seq_len": seq, "framework": "megatron",
+           "precision": recipe, "attention": "flash", "memory_headroom": 0.0, "grad_reduce_in_bf16": True,
+           "fp8_param_gather": recipe != "bf16", "ep_comm_overlap": ep_comm_overlap}
+    knobs = {"tp": tp, "pp": pp, "cp": cp, "dp": gpus // (tp * pp * cp), "ep": ep, "micro_batch": mbs, "zero": 1}
+    if pp > 1:
+        knobs["vpp"] = vp or 1
+    try:
+        plan = api.plan(api.load_job(model, **job), api.Knobs(**knobs), top_k=1, solver="uniform")
+    except NoFeasiblePlan:
+        return {"error": "no plan of these knobs fits meshplan's memory"}
+    except UserError as err:
+        return {"error": str(err)}
+    e, c = plan.best.estimate, plan.best.config
+    return {"tokens_per_s_per_gpu": e.tokens_per_s / gpus, "step_s": e.step_time_s, "ep_comm_s": e.time.ep_comm,
+            "recompute": c.recompute, "optimizer_offload": c.optimizer_offload}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, help="also write the table as JSON here")
+    args = parser.parse_args()
+    groups: dict[tuple, list[tuple]] = defaultdict(list)
+    for row in ROWS:
+        groups[config_key(row)].append(row)
+    out, t0 = [], time.perf_counter()
+    print(f"{'model':<16} {'system':<11} {'recipe':<14} {'GPUs':>4} {'GBS':>5} {'MB':>2} {'TP/PP/CP/VP/EP':<15} "
+          f"{'published by release (tokens/s per GPU)':<58} {'spread':>6} {'meshplan':>8} {'+ovl':>8} "
+          f"{'err':>7} {'+ovl':>7}")
+    for key, rows in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][3], kv[0][2])):
+        rows.sort(key=lambda r: RELEASE_ORDER.index(r[0]))
+        latest = rows[-1][13]
+        values = [r[13] for r in rows]
+        pred = {overlap: plan_row(key, overlap) for overlap in (False, True)}
+        err = {k: (p["tokens_per_s_per_gpu"] / latest - 1) if "tokens_per_s_per_gpu" in p else None
+               for k, p in pred.items()}
+        system, model, recipe, gpus, gbs, mbs, seq, tp, pp, cp, vp, ep = key
+        published = " ".join(f"{r[0]}:{r[13]}" for r in rows)
+        cell = lambda p: f"{p['tokens_per_s_per_gpu']:8.0f}" if "tokens_per_s_per_gpu" in p else f"{'-':>8}"  # noqa: E731
+        pct = lambda x: f"{100 * x:+6.1f}%" if x is not None else f"{'-':>7}"  # noqa: E731
+        print(f"{model:<16} {system:<11} {recipe:<14} {gpus:>4} {gbs:>5} {mbs:>2} "
+              f"{f'{tp}/{pp}/{cp}/{vp or 1}/{ep}':<15} {published:<58} {max(values) / min(values):6.2f} "
+              f"{cell(pred[False])} {cell(pred[True])} {pct(err[False])} {pct(err[True])}")
+        for p in pred.values():
+            if "error" in p:
+                print(f"    {p['error']}")
+        out.append({"model": model, "system": system, "recipe": recipe, "gpus": gpus, "global_batch": gbs,
+                    "micro_batch": mbs, "seq_len": seq, "tp": tp, "pp": pp, "cp": cp, "vpp": vp or 1, "ep": ep,
+                    "published": {r[0]: r[13] for r in rows},
+                    "sources": {r[0]: (CURRENT if r[14][0] == "C" else ARCHIVE) + f", line {r[14][1:]}" for r in rows},
+                    "spread": max(values) / min(values), "predicted": pred[False], "predicted_ep_comm_overlap": pred[True],
+                    "error_vs_latest": err[False], "error_vs_latest_ep_comm_overlap": err[True]})
+    repeated = [o for o in out if len(o["published"]) > 1]
+    print(f"\n{len(out)} configurations, {len(repeated)} published by more than one release; the same configuration's "
+          f"throughput varies by up to {max(o['spread'] for o in repeated):.2f}x over releases (median "
+          f"{statistics.median(o['spread'] for o in repeated):.2f}x)")
+    for overlap, name in ((False, "error_vs_latest"), (True, "error_vs_latest_ep_comm_overlap")):
+        errs = [o[name] for o in out if o[name] is not None]
+        print(f"meshplan against each configuration's latest release{' with --ep-comm-overlap' if overlap else ''}: "
+              f"mean |error| {100 * statistics.mean(abs(e) for e in errs):.1f}%, median "
+              f"{100 * statistics.median(abs(e) for e in errs):.1f}%, range {100 * min(errs):+.1f}% to "
+              f"{100 * max(errs):+.1f}% over {len(errs)}")
+    print(f"({time.perf_counter() - t0:.0f} s)")
+    if args.out:
+        args.out.write_text(json.dumps({"measured_by": "python benchmarks/megatron_bridge_releases.py --out "
+                                                       + str(args.out), "sources": [CURRENT, ARCHIVE], "rows": out},
+                                       indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
