@@ -2,7 +2,7 @@
 where meshplan lands. Held out: none of these rows is in ../shared/validation/public_cases.json (its MBRIDGE2511-*
 cases are the 25.11 rows on DGX B200 and H100), and nothing is fitted to them.
 
-    python benchmarks/megatron_bridge_releases.py [--out benchmarks/results/megatron_bridge_releases.json]
+    python benchmarks/megatron_bridge_releases.py [--dispatcher alltoall|flex] [--out FILE.json]
 
 NVIDIA publishes the pre-training throughput of each NeMo container release (Megatron-Bridge
 docs/performance-summary.md, the newest, and docs/performance-summary-archive.md, the earlier ones; all benchmarks
@@ -12,7 +12,10 @@ configuration on a system meshplan has a profile of (DGX H100: h100-80g, DGX B20
 gb200-nvl72) is planned with its published knobs as benchmarks/fidelity.py plans the 25.11 rows (Megatron-LM,
 ZeRO-1 distributed optimizer, no memory headroom, bf16 gradient reduction, FP8 parameter gather under an FP8
 recipe, recompute and optimizer offload searched), once without and once with Megatron-Core's overlapped expert
-all-to-all (`--ep-comm-overlap`), which the summary does not say. Recipes: BF16 -> bf16, FP8 / FP8-CS (current
+all-to-all (`--ep-comm-overlap`), which the summary does not say, with the all-to-all dispatcher or
+(`--dispatcher flex`) Megatron's flex dispatcher, which the later releases' recipes set for some rows
+(`moe_token_dispatcher_type` flex with HybridEP: Megatron-Bridge src/megatron/bridge/perf_recipes/) and which the
+summary does not say either. Recipes: BF16 -> bf16, FP8 / FP8-CS (current
 scaling) -> fp8-tensorwise, MXFP8 / FP8-MX -> mxfp8. Left out: GB300 and B300 (no profile), NVFP4 (not priced),
 DeepSeek-V3 with multi-token prediction (not modelled).
 """
@@ -118,12 +121,13 @@ def config_key(row: tuple) -> tuple:
     return (system, MODELS[model], RECIPES[precision], *knobs)
 
 
-def plan_row(key: tuple, ep_comm_overlap: bool) -> dict:
+def plan_row(key: tuple, ep_comm_overlap: bool, dispatcher: str = "alltoall") -> dict:
     """meshplan's prediction of one configuration (tokens/s per GPU), or why it has none."""
     system, model, recipe, gpus, gbs, mbs, seq, tp, pp, cp, vp, ep = key
     job = {"cluster": SYSTEMS[system], "gpus": gpus, "global_batch": gbs, "seq_len": seq, "framework": "megatron",
            "precision": recipe, "attention": "flash", "memory_headroom": 0.0, "grad_reduce_in_bf16": True,
-           "fp8_param_gather": recipe != "bf16", "ep_comm_overlap": ep_comm_overlap}
+           "fp8_param_gather": recipe != "bf16", "ep_comm_overlap": ep_comm_overlap,
+           "expert_dispatcher": dispatcher}
     knobs = {"tp": tp, "pp": pp, "cp": cp, "dp": gpus // (tp * pp * cp), "ep": ep, "micro_batch": mbs, "zero": 1}
     if pp > 1:
         knobs["vpp"] = vp or 1
@@ -140,6 +144,8 @@ def plan_row(key: tuple, ep_comm_overlap: bool) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dispatcher", choices=("alltoall", "flex"), default="alltoall",
+                        help="Megatron's token dispatcher to plan with (default alltoall)")
     parser.add_argument("--out", type=Path, help="also write the table as JSON here")
     args = parser.parse_args()
     groups: dict[tuple, list[tuple]] = defaultdict(list)
@@ -153,7 +159,7 @@ def main() -> int:
         rows.sort(key=lambda r: RELEASE_ORDER.index(r[0]))
         latest = rows[-1][13]
         values = [r[13] for r in rows]
-        pred = {overlap: plan_row(key, overlap) for overlap in (False, True)}
+        pred = {overlap: plan_row(key, overlap, args.dispatcher) for overlap in (False, True)}
         err = {k: (p["tokens_per_s_per_gpu"] / latest - 1) if "tokens_per_s_per_gpu" in p else None
                for k, p in pred.items()}
         system, model, recipe, gpus, gbs, mbs, seq, tp, pp, cp, vp, ep = key
@@ -184,8 +190,9 @@ def main() -> int:
               f"{100 * max(errs):+.1f}% over {len(errs)}")
     print(f"({time.perf_counter() - t0:.0f} s)")
     if args.out:
-        args.out.write_text(json.dumps({"measured_by": "python benchmarks/megatron_bridge_releases.py --out "
-                                                       + str(args.out), "sources": [CURRENT, ARCHIVE], "rows": out},
+        args.out.write_text(json.dumps({"measured_by": f"python benchmarks/megatron_bridge_releases.py --dispatcher "
+                                                       f"{args.dispatcher} --out {args.out}", "dispatcher": args.dispatcher,
+                                        "sources": [CURRENT, ARCHIVE], "rows": out},
                                        indent=1) + "\n")
     return 0
 

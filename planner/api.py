@@ -76,7 +76,7 @@ class JobInputs:
     example_input: str | None = None    # SHAPE:DTYPE[,...] for a traced module
     memory_headroom: float = DEFAULT_MEMORY_HEADROOM   # memory a plan leaves free (planner/config.py)
     expert_imbalance: float = 1.0       # the busiest expert rank's tokens over the balanced share (planner/config.py)
-    expert_dispatcher: str = "alltoall"     # "alltoall" or Megatron-LM's "allgather" (planner/config.py)
+    expert_dispatcher: str = "alltoall"     # "alltoall", or Megatron-LM's "allgather" or "flex" (planner/config.py)
     compile: bool = False               # torch: each block torch.compile'd (planner/config.py Workload.compile)
     fp8_param_gather: bool = False      # Megatron-LM's --fp8-param-gather (planner/config.py)
     grad_reduce_in_bf16: bool = False   # Megatron-LM's --grad-reduce-in-bf16 (planner/config.py)
@@ -150,9 +150,10 @@ def check_ep_comm_overlap(framework: str, cluster, num_experts: int, dispatcher:
     if not num_experts:
         raise UserError("overlaps expert parallelism's all-to-alls, and the model has no routed experts; allowed: a "
                         "mixture of experts", field="--ep-comm-overlap")
-    if dispatcher != "alltoall":
-        raise UserError(f"overlaps the all-to-all dispatcher's exchanges, not the {dispatcher} dispatcher's; allowed "
-                        "with it: --expert-dispatcher alltoall", field="--ep-comm-overlap")
+    if dispatcher not in ("alltoall", "flex"):
+        raise UserError(f"overlaps the all-to-all and flex dispatchers' exchanges, not the {dispatcher} dispatcher's "
+                        "(transformer_config.py: 'supported with alltoall/flex token dispatcher'); allowed with it: "
+                        "--expert-dispatcher alltoall or flex", field="--ep-comm-overlap")
 
 
 def finetune_fields(finetune: str, lora_rank: int | None, lora_targets: tuple[str, ...] | None) -> dict:

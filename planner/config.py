@@ -63,9 +63,10 @@ class Workload:
                                            # --delay-wgrad-compute: planner/cost/layer.py ``_overlapped_exchange_s``)
     optimizer: Literal["adamw"] = "adamw"  # Adam(W): two fp32 moments per parameter (Loshchilov & Hutter 2019)
     memory_headroom: float = DEFAULT_MEMORY_HEADROOM   # memory a plan leaves free (DEFAULT_MEMORY_HEADROOM)
-    expert_dispatcher: Literal["alltoall", "allgather"] = "alltoall"   # how tokens reach their experts under
-                                           # expert parallelism (planner/cost/layer.py _expert_exchange_s): all-to-
-                                           # alls, or Megatron-LM's all-gather and reduce-scatter
+    expert_dispatcher: Literal["alltoall", "allgather", "flex"] = "alltoall"   # how tokens reach their experts
+                                           # under expert parallelism (planner/cost/layer.py _expert_exchange_s):
+                                           # all-to-alls, Megatron-LM's all-gather and reduce-scatter, or its flex
+                                           # dispatcher (DeepEP: once per node and GPU, not per expert)
                                            # (--moe-token-dispatcher-type; Combinations.expert_dispatchers)
     compile: bool = False                  # torch: each transformer block torch.compile'd (torchtitan's per-block
                                            # compile; --compile): COMPILE_PRICED_AS, planner/cost/layer.py

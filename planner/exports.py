@@ -366,6 +366,8 @@ def megatron(plan) -> Export:
         args += [["--expert-model-parallel-size", str(c.ep)],
                  ["--expert-tensor-parallel-size", "1" if c.ep > 1 else str(c.tp)],
                  ["--moe-token-dispatcher-type", w.expert_dispatcher], ["--moe-grouped-gemm"]]
+        if w.expert_dispatcher == "flex":       # DeepEP's kernels, as priced (planner/network.py forwarded_exchange_s)
+            args.append(["--moe-flex-dispatcher-backend", "deepep"])
     if w.precision in ("bf16", "fp16"):
         args.append([f"--{w.precision}"])
     if w.grad_reduce_in_bf16:

@@ -300,6 +300,43 @@ def all_to_all_s(cluster: Cluster, nbytes: float, grp: Group) -> float:
     return max(t_intra, t_net) + (n - 1) * _step_latency(f, grp)
 
 
+def distinct_holders(experts: int, k: int, holders: int) -> float:
+    """Of ``holders`` (ranks or nodes) that hold ``experts / holders`` experts each, how many hold at least one of
+    a token's ``k`` experts, in expectation, when the k are drawn uniformly without replacement (balanced routing,
+    as the published benchmarks force it): holders x (1 - C(E - E / holders, k) / C(E, k))."""
+    if holders <= 1:
+        return float(holders)
+    per = experts / holders
+    none = 1.0
+    for i in range(k):
+        none *= max(0.0, (experts - per - i) / (experts - i))
+    return holders * (1.0 - none)
+
+
+def forwarded_exchange_s(cluster: Cluster, token_bytes: float, tokens: float, experts: int, k: int,
+                         grp: Group) -> float:
+    """One dispatch (or combine) of DeepEP's normal kernels over an expert-parallel group of consecutive ranks:
+    each token crosses the network once per remote node that holds any of its ``k`` experts, on the rail of its
+    GPU, and NVLink forwards it to each GPU there (and of its own node) that holds any of them, once per GPU
+    however many of its experts that GPU holds; the two domains run at once inside one kernel (DeepEP
+    docs/legacy.md, "Normal kernels with NVLink and RDMA forwarding"; its tests/legacy/test_internode.py counts
+    the network's tokens that way: ``rdma_idx`` made unique per token over the nodes; Megatron-Core's MoE README:
+    the flex dispatcher "removes redundant tokens during cross-node communication"). ``tokens`` each of
+    ``token_bytes``, sent by every rank; the busiest link sets the time, plus one step's latency per hop kind."""
+    n, k_node = grp.size, grp.per_node
+    if n <= 1 or tokens <= 0:
+        return 0.0
+    f = fabric(cluster)
+    ranks = distinct_holders(experts, k, n)           # the GPUs a token reaches, its own among them
+    nvl = tokens * token_bytes * ranks * (k_node - 1) / k_node if k_node > 1 else 0.0
+    t = nvl / intra_bytes_per_s(f, k_node) + f.intra_latency_s if nvl else 0.0
+    if grp.nodes > 1:
+        nodes = distinct_holders(experts, k, grp.nodes)
+        net = tokens * token_bytes * nodes * (grp.nodes - 1) / grp.nodes     # its own node's share stays on NVLink
+        t = max(t, net / f.net_bytes_per_s * cluster.oversubscription + f.net_latency_s)
+    return t
+
+
 def p2p_s(cluster: Cluster, nbytes: float, *, same_node: bool) -> float:
     """One send/recv between two GPUs (all pairs of a pipeline boundary send at once)."""
     if nbytes <= 0:

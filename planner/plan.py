@@ -28,7 +28,7 @@ PLAN_SCHEMA_VERSION = 2     # 2: config.optimizer_offload (1 said "offload": "no
 READS_SCHEMA_VERSIONS = (1, 2)
 _HEX16 = re.compile(r"^[0-9a-f]{16}$")
 _WORKLOAD_CHOICES = {"precision": PRECISIONS, "framework": FRAMEWORKS, "attention": ("flash", "unfused"),
-                     "optimizer": ("adamw",), "expert_dispatcher": ("alltoall", "allgather"),
+                     "optimizer": ("adamw",), "expert_dispatcher": ("alltoall", "allgather", "flex"),
                      "fp8": ("", *RECIPES)}
 
 

@@ -398,7 +398,10 @@ _MEGATRON_RUNS = Combinations(
     unequal_stages=True, recompute_per_layer=False, finetune_modes=_LORA)
 # FP8 by TransformerEngine (--fp8-format, --fp8-recipe: Megatron-LM's arguments.py): per-tensor current scaling
 # ("tensorwise"), delayed scaling, blockwise (1x128 / 128x128, DeepSeek-V3's) and MXFP8 (Blackwell); on GPUs only
-_MEGATRON_CUDA_RUNS = replace(_MEGATRON_RUNS, fp8_recipes=("fp8-tensorwise", "fp8-delayed", "fp8-blockwise", "mxfp8"))
+# on CUDA also the flex dispatcher (--moe-token-dispatcher-type flex, --moe-flex-dispatcher-backend deepep:
+# megatron/core/transformer/moe/token_dispatcher.py MoEFlexTokenDispatcher over DeepEP's GPU kernels)
+_MEGATRON_CUDA_RUNS = replace(_MEGATRON_RUNS, fp8_recipes=("fp8-tensorwise", "fp8-delayed", "fp8-blockwise", "mxfp8"),
+                              expert_dispatchers=("alltoall", "allgather", "flex"))
 
 # bf16 parameters 2, fp32 main gradients 4, fp32 master + Adam 12 (18 bytes; Megatron-LM docs, "distributed
 # optimizer"), which shards the 12; Megatron-FSDP shards the gradients too at ZeRO-2 (optim_grads) and the parameters

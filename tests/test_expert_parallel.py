@@ -228,6 +228,64 @@ def test_the_allgather_dispatcher_gathers_the_group_s_tokens_once_and_runs_on_me
     assert baseline.expert_dispatcher == "allgather" and baseline.config.ep == 8
 
 
+def test_expected_expert_holders_by_counting():
+    """A token's k experts drawn without replacement from E spread evenly over the holders: the expected number of
+    holders it reaches, from the count of the draws that miss a holder (math.comb), not the code's product."""
+    import math
+    from planner import network
+    assert network.distinct_holders(256, 8, 4) == pytest.approx(4 * (1 - math.comb(192, 8) / math.comb(256, 8)))
+    assert network.distinct_holders(128, 8, 8) == pytest.approx(8 * (1 - math.comb(112, 8) / math.comb(128, 8)))
+    assert network.distinct_holders(8, 2, 8) == pytest.approx(2.0)      # one expert a rank: always 2 ranks
+    assert network.distinct_holders(8, 8, 4) == 4.0 and network.distinct_holders(64, 4, 1) == 1.0
+
+
+def test_the_flex_dispatcher_sends_a_token_once_per_gpu_and_node_and_runs_on_megatron_on_cuda(tmp_path):
+    """Megatron-LM's flex dispatcher on DeepEP's normal kernels: a token crosses the network once for each remote node
+    that holds any of its experts (on its GPU's rail) and NVLink once for each other GPU that holds any, the two
+    domains at once; the all-to-all sends one copy per expert. 32 experts, top 4, ep 16 over 2 nodes of 8 H100 (2
+    experts a rank, 16 a node), 2 x 1024 tokens of 512 bf16 a rank, forward: dispatch and combine, by hand."""
+    import math
+    from dataclasses import replace
+    from planner import network
+    spec = replace(SMALL_MOE, num_experts=32, experts_per_token=4)
+    block = next(layer for layer in build_layer_graph(spec).layers if layer.is_block)
+    cluster = load_cluster("h100-80g", 16)
+    ctx = Context(micro_batch=2, seq_len=1024, tp=1, cp=1, sequence_parallel=False, precision="bf16",
+                  attention="flash", framework="megatron", tp_comm_overlap=False, ep=16)
+    f, grp = network.fabric(cluster), network.group(cluster, 16, 1)
+    token = 512 * 2
+    ranks = 16 * (1 - math.comb(30, 4) / math.comb(32, 4))
+    nodes = 2 * (1 - math.comb(16, 4) / math.comb(32, 4))
+    nvlink = 2048 * token * ranks * 7 / 8 / f.intra_bytes_per_s + f.intra_latency_s
+    network_s = 2048 * token * nodes / 2 / f.net_bytes_per_s + f.net_latency_s
+    counts = network.all_to_all_s(cluster, 32 * 8, grp)
+    flex = layer_cost(block, ctx._replace(expert_dispatcher="flex"), cluster)
+    plain = layer_cost(block, ctx, cluster)
+    assert flex.ep_comm_s == pytest.approx(2 * (2 * max(nvlink, network_s)) + counts)
+    # the network carries 4 x 8/16 = 2 copies of a token for the all-to-all, 0.77 for flex: less time here
+    assert flex.ep_comm_s < plain.ep_comm_s
+    # Megatron-LM on CUDA only (DeepEP's GPU kernels); not meshplan's executor nor Megatron on CPU
+    for bad in (dict(cluster="h100-80g"), dict(cluster="cpu-gloo", framework="megatron")):
+        with pytest.raises(UserError) as e:
+            api.plan(api.load_job("mixtral-8x7b", **{"gpus": 8, "expert_dispatcher": "flex", **bad}), top_k=1)
+        assert e.value.field == "--expert-dispatcher", bad
+    # with --ep-comm-overlap (Megatron-Core overlaps alltoall and flex), exported and read back
+    plan = api.plan(api.load_job("mixtral-8x7b", "h100-80g", gpus=32, framework="megatron", expert_dispatcher="flex",
+                                 ep_comm_overlap=True), Knobs(ep=8), top_k=1)
+    from planner.exports import megatron
+    text = megatron(plan).text
+    assert "--moe-token-dispatcher-type flex" in text and "--moe-flex-dispatcher-backend deepep" in text
+    from planner.baseline import Context as FileContext, read_baseline
+    path = tmp_path / "megatron_args.txt"
+    path.write_text(text)
+    baseline, _, _ = read_baseline(str(path), FileContext(gpus=32), "mixtral-8x7b")
+    assert baseline.expert_dispatcher == "flex" and baseline.config.ep == 8
+    path.write_text(text.replace("deepep", "ncclep"))
+    with pytest.raises(UserError) as e:
+        read_baseline(str(path), FileContext(gpus=32), "mixtral-8x7b")
+    assert e.value.field == "--moe-flex-dispatcher-backend"
+
+
 def test_the_tracer_recognises_a_modules_grouped_experts_and_router(tmp_path):
     """transformers' Mixtral (grouped expert weights, a router linear), traced: its routed experts are one grouped
     GEMM of E matrices each way on k copies of the tokens, its parameters all counted, the elementwise work inside

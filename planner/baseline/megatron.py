@@ -33,8 +33,8 @@ PARALLEL = {   # flags that set the knobs (the values they take are checked wher
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--pipeline-model-parallel-layout",
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--data-parallel-sharding-strategy",
     "--optimizer-offload-fraction", "--attention-backend", "--expert-model-parallel-size",
-    "--expert-tensor-parallel-size", "--moe-token-dispatcher-type", "--fp8-format", "--fp8-recipe",
-    "--recompute-modules",
+    "--expert-tensor-parallel-size", "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend", "--fp8-format",
+    "--fp8-recipe", "--recompute-modules",
 }
 # flags that take any number of values (argparse nargs='*'), read as one space-separated string
 MULTI = {"--recompute-modules"}
@@ -379,10 +379,16 @@ def read(args: dict, source: str, ctx: Context, graph: LayerGraph) -> Baseline:
 
 
 def _dispatcher(args: dict, source: str) -> str:
-    """--moe-token-dispatcher-type: alltoall (Megatron-LM's default) or allgather; flex (DeepEP) is not modelled."""
+    """--moe-token-dispatcher-type: alltoall (Megatron-LM's default), allgather, or flex with
+    --moe-flex-dispatcher-backend deepep (its default) or hybridep, NVIDIA's hierarchical kernels, priced as DeepEP's
+    (planner/network.py forwarded_exchange_s); ncclep is not modelled."""
     value = _value(args, "--moe-token-dispatcher-type", source)
-    return "alltoall" if value is None else choice(source, "--moe-token-dispatcher-type", value,
-                                                    ("alltoall", "allgather"))
+    kind = "alltoall" if value is None else choice(source, "--moe-token-dispatcher-type", value,
+                                                    ("alltoall", "allgather", "flex"))
+    backend = _value(args, "--moe-flex-dispatcher-backend", source)
+    if kind == "flex" and backend is not None:
+        choice(source, "--moe-flex-dispatcher-backend", backend, ("deepep", "hybridep"))
+    return kind
 
 
 def _expert_parallel(args: dict, source: str, tp: int, graph: LayerGraph) -> tuple[int, list[str]]:

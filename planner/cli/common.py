@@ -202,10 +202,12 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
                    help="mixtures of experts under expert parallelism: the tokens the busiest rank's experts receive "
                         "over the balanced share (1.3: 30%% more). Default 1: balanced routing, as published MoE "
                         "benchmarks force it")
-    p.add_argument("--expert-dispatcher", choices=("alltoall", "allgather"), default="alltoall",
+    p.add_argument("--expert-dispatcher", choices=("alltoall", "allgather", "flex"), default="alltoall",
                    help="how tokens reach their experts under expert parallelism: all-to-alls (every runtime; the "
-                        "default), or all-gather and reduce-scatter over the expert-parallel ranks (Megatron-LM's "
-                        "--moe-token-dispatcher-type allgather)")
+                        "default), all-gather and reduce-scatter over the expert-parallel ranks (Megatron-LM's "
+                        "--moe-token-dispatcher-type allgather), or Megatron-LM's flex dispatcher on DeepEP's kernels "
+                        "(--moe-token-dispatcher-type flex), which sends a token once to each GPU and, across the "
+                        "network, once to each node that holds any of its experts, not once per expert")
     p.add_argument("--finetune", choices=finetune_modes.NAMES, default=None,
                    help="training mode: " + "; ".join(f"{m.name}: {m.what}" for m in finetune_modes.MODES.values())
                         + ". Frozen parameters get no gradient, no optimizer state, no data-parallel reduction and "

@@ -316,7 +316,10 @@ def _expert_exchange_s(layer: Layer, ctx: Context, cluster: Cluster) -> tuple[fl
     ``allgather`` (Megatron's MoEAllGatherTokenDispatcher): every rank all-gathers the ep group's tokens (once each,
     not k times) with their routing probabilities (fp32) and map (a byte) over the E experts, keeps those routed to its
     experts, and reduce-scatters the combined output back; in backward the mirror (a reduce-scatter of the tokens'
-    and probabilities' gradients, an all-gather of the output's)."""
+    and probabilities' gradients, an all-gather of the output's).
+    ``flex`` (Megatron's MoEFlexTokenDispatcher on DeepEP's normal kernels): a token goes once to each GPU, and over
+    the network once to each node, that holds any of its experts, not once per expert (``network.forwarded_exchange_s``),
+    after the same exchange of counts."""
     first = next(op for op in layer.ops if op.routed)
     dt, h, k = DTYPE_BYTES[ctx.precision], first.in_features, first.tokens_factor
     tokens = ctx.tokens / ctx.tp
@@ -327,8 +330,11 @@ def _expert_exchange_s(layer: Layer, ctx: Context, cluster: Cluster) -> tuple[fl
         one = network.all_gather_s(cluster, gathered, grp) + network.reduce_scatter_s(cluster, combined, grp)
         return one, one
     # the busiest rank receives (and, combining, sends back) its share times the imbalance: the all-to-all waits for it
-    nbytes = tokens * k * h * dt * ctx.expert_imbalance
-    both = 2 * network.all_to_all_s(cluster, nbytes, grp)
+    if ctx.expert_dispatcher == "flex":
+        both = 2 * network.forwarded_exchange_s(cluster, h * dt * ctx.expert_imbalance, tokens, first.num_gemms,
+                                                round(k), grp)
+    else:
+        both = 2 * network.all_to_all_s(cluster, tokens * k * h * dt * ctx.expert_imbalance, grp)
     return both + network.all_to_all_s(cluster, first.num_gemms * 8, grp), both
 
 
