@@ -235,6 +235,17 @@ class Cluster:
         return _build_graph(self)
 
     @property
+    def launch(self) -> tuple[int, int]:
+        """(hosts, processes on each) that start the job: a node's GPUs on one host, or where a node holds several
+        hosts ([host] gpus_per_host: a GB200 NVL72 rack's trays of 4), the hosts, each with its GPUs, as torchrun and
+        Slurm count them (one agent a host, the same processes on each: a job of 6 GPUs on trays of 4 is 2 x 3)."""
+        n, host = self.num_gpus, self.gpus_per_host
+        if not host or host >= self.gpus_per_node:
+            return self.num_nodes, min(n, self.gpus_per_node)
+        per = next(d for d in range(min(n, host), 0, -1) if n % d == 0)
+        return n // per, per
+
+    @property
     def partial_nodes(self) -> str:
         """How the job sits on nodes it uses in part (``with_gpus``), for the plan's header: "4 NVLink domains of
         64 of their 72 GPUs, 16 of 18 hosts each"; "" where its nodes are whole (or it is within one)."""

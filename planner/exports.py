@@ -722,9 +722,7 @@ def _torchtitan_checkpoint(plan) -> tuple[dict, list[str]]:
 # -- meshplan run / torchrun ----------------------------------------------------------------------
 
 def meshplan_run(plan) -> Export:
-    n, per_node = plan.cluster.num_gpus, plan.cluster.gpus_per_node
-    nodes = plan.cluster.num_nodes
-    nproc = min(n, per_node)
+    nodes, nproc = plan.cluster.launch        # hosts (a GB200 rack's trays), each with its GPUs
     model = plan.model_source
     lines = ["# meshplan's executor (written by meshplan): the same plan.json on every node",
              f"meshplan run --plan plan.json --model {model} --steps 10 --nproc {nproc} --nnodes {nodes} "
@@ -744,8 +742,7 @@ def slurm(plan) -> Export:
     """An sbatch script (https://slurm.schedmd.com/sbatch.html): the plan's nodes with one task each and its
     GPUs per node; ``srun`` starts `meshplan run` once per node, torchrun's c10d rendezvous on the job's
     first node (Slurm's SLURM_JOB_NODELIST, SLURM_NNODES, SLURM_NODEID)."""
-    n, per_node = plan.cluster.num_gpus, plan.cluster.gpus_per_node
-    nodes, nproc = plan.cluster.num_nodes, min(n, per_node)
+    nodes, nproc = plan.cluster.launch        # Slurm's nodes are hosts: a GB200 rack's trays of 4 GPUs
     name = re.sub(r"[^\w.-]", "-", f"meshplan-{plan.model_name}")
     lines = ["#!/bin/bash", f"# {plan.model_name} on {nodes} node(s) x {nproc} GPUs of {plan.cluster.name} (written by "
              "meshplan); submit with: sbatch meshplan_sbatch.sh", f"#SBATCH --job-name={name}",

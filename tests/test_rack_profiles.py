@@ -186,3 +186,18 @@ def test_the_plan_header_says_how_the_job_sits_on_the_racks(cli):
     out = cli("plan", "--model", "llama3-8b", "--cluster", "gb200-nvl72", "--gpus", "128", "--global-batch", "128")
     assert out.returncode == 0, out.stderr
     assert "on gb200-nvl72 x 128 GPUs (2 NVLink domains of 64 of their 72 GPUs, 16 of 18 hosts each)" in out.stdout
+
+
+def test_a_rack_job_is_launched_per_tray():
+    """torchrun and Slurm start one agent per host, and a GB200 NVL72 host is a compute tray of 4 GPUs, not the rack:
+    256 GPUs are 64 hosts of 4 (#SBATCH --nodes=64 --gpus-per-node=4, meshplan run --nnodes 64 --nproc 4); 6 GPUs
+    of a rack take 2 trays, 3 processes on each (the same on every host); a DGX node is one host of 8."""
+    from planner.exports import meshplan_run, slurm
+    assert load_cluster("gb200-nvl72", 256).launch == (64, 4)
+    assert load_cluster("gb200-nvl72", 144).launch == (36, 4)
+    assert load_cluster("gb200-nvl72", 6).launch == (2, 3) and load_cluster("gb200-nvl72", 2).launch == (1, 2)
+    assert load_cluster("h100-80g", 16).launch == (2, 8) and load_cluster("h100-80g", 4).launch == (1, 4)
+    plan = api.plan(api.load_job("llama3-8b", "gb200-nvl72", gpus=256, global_batch=256), top_k=1)
+    script = slurm(plan).text
+    assert "#SBATCH --nodes=64" in script and "#SBATCH --gpus-per-node=4" in script
+    assert "--nproc 4 --nnodes 64" in meshplan_run(plan).text
