@@ -64,6 +64,22 @@ def test_fully_fixed_plan_that_does_not_fit_is_reported(cli):
     assert doc["estimate"]["memory_per_gpu_bytes"]["total"] > 80 * 2**30
 
 
+def test_more_model_chunks_than_blocks_names_vpp_and_the_most_it_can_be():
+    """Llama 3.1 405B's 126 blocks on 16 stages of 8 virtual stages each (Megatron-Bridge's GB200 MXFP8 recipe, which
+    counts the embedding and the loss as layers; meshplan's Megatron-LM runtime puts a block in every chunk): refused
+    naming --vpp and the most it can be, where it said only that no legal configuration exists."""
+    from planner import api
+    from planner.errors import UserError
+    job = api.load_job("llama3-405b", "gb200-nvl72", gpus=256, global_batch=1536, seq_len=8192, framework="megatron")
+    with pytest.raises(UserError) as e:
+        api.plan(job, api.Knobs(tp=4, pp=16, vpp=8), top_k=1)
+    assert e.value.field == "--vpp" and "128 model chunks" in str(e.value) and "vpp at most 7" in str(e.value)
+    # meshplan's executor lets the embedding and the head stand alone: 32 blocks + 2 stages
+    with pytest.raises(UserError) as e:
+        api.plan(api.load_job("llama3-8b", "h100-80g", gpus=8), api.Knobs(pp=8, vpp=8), top_k=1)
+    assert e.value.field == "--vpp" and "at most 34" in str(e.value)
+
+
 def test_a_schedule_with_virtual_stages_fixed_without_vpp_searches_them(cli):
     """Every knob fixed but --vpp, the schedule an interleaved one: the virtual stages are searched (it refused
     "interleaved 1F1B needs --vpp >= 2", the fixed plan's default being 1); a V schedule has its own 2."""
