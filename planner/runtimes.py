@@ -380,7 +380,9 @@ _MEGATRON_RUNS = Combinations(
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1), zero_stages_with_tp=(0, 1, 2, 3),
     schedules=tuple(name for name, s in SCHEDULES.items() if s.megatron),
     recomputes=runs_in("megatron"), sequence_parallel=True, context_parallel=True, offload_zero_stages=(1,),
-    replicates_kv_heads=True, stages_without_blocks=False,      # exports/megatron_args.txt splits blocks only
+    # the embedding or the loss may be a pipeline chunk of its own (--pipeline-model-parallel-layout 'E|...|L', which
+    # the export writes; Megatron-Bridge's Llama 3.1 405B recipes count both as layers to split 126 blocks into 16 x 8)
+    replicates_kv_heads=True, stages_without_blocks=True,
     expert_parallel="folded", ep_needs_sp=True, expert_dispatchers=("alltoall", "allgather"),
     # --moe-grouped-gemm (TransformerEngine's GroupedLinear, Megatron-Core's TEGroupedMLP), which the export sets, is
     # not one grouped kernel: GroupedLinear quantizes (tex.split_quantize: nvte_multi_tensor_quantize) and multiplies
@@ -576,10 +578,10 @@ MEGATRON_2021 = replace(
     MEGATRON, name="megatron-2021", priced_as="megatron",
     description="Megatron-LM of 2021 (Narayanan et al. SC'21): blocking pipeline sends, interleaving at pp > 2 only",
     runs={kind: replace(can, virtual_stages_min_pp=3, fp8_recipes=(), finetune_modes=("full",), zero_stages=(0, 1),
-                        zero_stages_with_tp=(0, 1))
+                        zero_stages_with_tp=(0, 1), expert_dispatchers=("alltoall",), stages_without_blocks=False)
           for kind, can in MEGATRON.runs.items()},
     # ^ no FP8 (TransformerEngine came to Megatron-LM in 2022), no LoRA (Megatron-Bridge's PEFT is of 2025), no
-    #   Megatron-FSDP (2025)
+    #   Megatron-FSDP (2025), no flex dispatcher (2025), no pipeline layouts (2025): blocks in every stage
     # ^ and its DDP: torch's buckets beside the backward, or its local one call per chunk after it (MEGATRON_2021_DDP)
     timing=replace(MEGATRON.timing, pp_sends_block=True, grad_buckets=MEGATRON_2021_DDP),
     attention_kernel="flash")   # ^ nor TransformerEngine (2022): no fused cuDNN attention

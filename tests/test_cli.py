@@ -64,17 +64,29 @@ def test_fully_fixed_plan_that_does_not_fit_is_reported(cli):
     assert doc["estimate"]["memory_per_gpu_bytes"]["total"] > 80 * 2**30
 
 
-def test_more_model_chunks_than_blocks_names_vpp_and_the_most_it_can_be():
-    """Llama 3.1 405B's 126 blocks on 16 stages of 8 virtual stages each (Megatron-Bridge's GB200 MXFP8 recipe, which
-    counts the embedding and the loss as layers; meshplan's Megatron-LM runtime puts a block in every chunk): refused
-    naming --vpp and the most it can be, where it said only that no legal configuration exists."""
+def test_megatron_chunks_may_hold_the_embedding_or_the_loss_alone_and_more_chunks_name_vpp():
+    """Llama 3.1 405B's 126 blocks on 16 stages of 8 virtual stages each, as Megatron-Bridge's GB200 MXFP8 recipe runs
+    them (its --account-for-embedding/loss-in-pipeline-split: 128 layers): Megatron-LM on GPUs expresses the
+    embedding and the loss as chunks of their own (--pipeline-model-parallel-layout 'E|t|...|t|L'), so it plans;
+    more chunks than that are refused naming --vpp and the most it can be (it said only that no legal configuration
+    exists); Megatron-LM of 2021 had no layouts."""
     from planner import api
     from planner.errors import UserError
+    from planner.exports import megatron
     job = api.load_job("llama3-405b", "gb200-nvl72", gpus=256, global_batch=1536, seq_len=8192, framework="megatron")
+    plan = api.plan(job, api.Knobs(tp=4, pp=16, vpp=8, micro_batch=1, zero=1, recompute="none"), top_k=1,
+                    solver="uniform")
+    assert plan.best.config.vpp == 8
+    layout = megatron(plan).text.split("--pipeline-model-parallel-layout")[1].split()[0].strip("'")
+    assert layout == "|".join(["E"] + ["t"] * 126 + ["L"])
     with pytest.raises(UserError) as e:
-        api.plan(job, api.Knobs(tp=4, pp=16, vpp=8), top_k=1)
-    assert e.value.field == "--vpp" and "128 model chunks" in str(e.value) and "vpp at most 7" in str(e.value)
-    # meshplan's executor lets the embedding and the head stand alone: 32 blocks + 2 stages
+        api.plan(job, api.Knobs(tp=4, pp=16, vpp=9), top_k=1)
+    assert e.value.field == "--vpp" and "144 model chunks" in str(e.value) and "vpp at most 8" in str(e.value)
+    old = api.load_job("llama3-405b", "a100-80g", gpus=512, global_batch=1536, seq_len=8192, framework="megatron-2021")
+    with pytest.raises(UserError) as e:
+        api.plan(old, api.Knobs(tp=4, pp=16, vpp=8), top_k=1)
+    assert e.value.field == "--vpp" and "at most 126" in str(e.value)
+    # meshplan's executor: 32 blocks + the embedding and the head alone
     with pytest.raises(UserError) as e:
         api.plan(api.load_job("llama3-8b", "h100-80g", gpus=8), api.Knobs(pp=8, vpp=8), top_k=1)
     assert e.value.field == "--vpp" and "at most 34" in str(e.value)

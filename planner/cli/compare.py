@@ -125,7 +125,8 @@ def format_comparison(cmp: Comparison) -> str:
     table = comparison_rows(cmp.mine, other or cmp.mine)
     widths = [max(len(r[i]) for r in table + [("", "your plan", label, "")]) for i in range(3)]
     lines = [f"{cmp.spec.name} ({cmp.graph.num_params / 1e9:.2f}B params) on {cmp.cluster.name} x "
-             f"{cmp.cluster.num_gpus} GPUs: {w.global_batch} sequences x {w.seq_len} tokens per step, "
+             f"{cmp.cluster.num_gpus} GPUs{f' ({cmp.cluster.partial_nodes})' if cmp.cluster.partial_nodes else ''}: "
+             f"{w.global_batch} sequences x {w.seq_len} tokens per step, "
              f"{w.precision_name}, {w.framework} runtime"
         f"{describe_mode(w.finetune, w.lora_rank, w.lora_targets)}",
              f"baseline  {b.source} ({FORMAT_NAMES[b.format]})", "",
