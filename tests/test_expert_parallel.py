@@ -461,3 +461,22 @@ def test_routed_states_are_divided_as_the_executor_shards_the_expert_stacks(mode
     config = ParallelConfig(dp=gpus, tp=1, pp=1, ep=ep, zero=2, micro_batch=1, num_microbatches=1)
     assert routed_state_shard(cache, config) == pytest.approx(want)
     assert expert_dim((spec.num_experts // ep, spec.expert_ffn, spec.hidden), gpus // ep) == dim
+
+
+def test_the_report_s_next_knobs_try_the_runtime_s_other_dispatchers():
+    """Under expert parallelism the report's one-step changes include each token dispatcher the runtime offers:
+    Megatron-LM on GPUs has allgather and flex beside the all-to-all; each is the same plan priced with that
+    dispatcher (the flex one no slower than the all-to-all where experts span nodes); meshplan's executor has none."""
+    from planner.report.knobs import next_knobs
+    from planner.simulate import simulated_estimate
+    plan = api.plan(api.load_job("qwen3-30b-a3b", "h100-80g", gpus=16, framework="megatron", global_batch=64,
+                                 seq_len=4096), Knobs(ep=16, tp=1, pp=1), top_k=1)
+    knobs = {k.name: k for k in next_knobs(plan)}
+    assert {"--expert-dispatcher flex", "--expert-dispatcher allgather"} <= set(knobs)
+    from dataclasses import replace
+    flex = simulated_estimate(plan.graph, plan.cluster, replace(plan.workload, expert_dispatcher="flex"),
+                              plan.best.config)
+    assert knobs["--expert-dispatcher flex"].step_time_s == pytest.approx(flex.step_time_s)
+    assert flex.step_time_s <= plan.best.estimate.step_time_s
+    torch_plan = api.plan(api.load_job("mixtral-8x7b", "h100-80g", gpus=16), Knobs(ep=8), top_k=1)
+    assert not any(k.name.startswith("--expert-dispatcher") for k in next_knobs(torch_plan))

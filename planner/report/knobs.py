@@ -70,7 +70,8 @@ def _legal(plan, config) -> bool:
 
 def next_knobs(plan, cache: CostCache | None = None) -> list[Knob]:
     """Every one-step change that is legal, best throughput first: the plan's own knobs, twice
-    the global batch (more micro-batches to fill the pipeline) and twice the inter-node bandwidth.
+    the global batch (more micro-batches to fill the pipeline), twice the inter-node bandwidth and, under expert
+    parallelism, the runtime's other token dispatchers.
     ``cache`` (the plan's graph, cluster and workload) only memoises, for the trials on the plan's
     own cluster and workload."""
     base = plan.best.estimate
@@ -84,6 +85,12 @@ def next_knobs(plan, cache: CostCache | None = None) -> list[Knob]:
     if plan.cluster.num_nodes > 1 and plan.cluster.nics_per_node:
         faster = replace(plan.cluster, nic=replace(plan.cluster.nic, bytes_per_s=2 * plan.cluster.nic.bytes_per_s))
         trials.append(("twice the inter-node bandwidth", c, faster, w))
+    # under expert parallelism, the runtime's other token dispatchers (Megatron-LM's flex: DeepEP's kernels)
+    if c.ep > 1 and w.framework in RUNTIMES:
+        for dispatcher in RUNTIMES[w.framework].on(plan.cluster.device_kind).expert_dispatchers:
+            if dispatcher != w.expert_dispatcher and not (w.ep_comm_overlap and dispatcher == "allgather"):
+                trials.append((f"--expert-dispatcher {dispatcher}", c, plan.cluster,
+                               replace(w, expert_dispatcher=dispatcher)))
     out = []
     for name, config, cluster, workload in trials:
         same = cluster is plan.cluster and workload is plan.workload
