@@ -44,7 +44,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from planner import api  # noqa: E402
-from planner.errors import UserError  # noqa: E402
+from planner.config import ParallelConfig  # noqa: E402
+from planner.errors import NoFeasiblePlan, UserError  # noqa: E402
+from planner.estimate import Estimate  # noqa: E402
 from planner.model import ModelSpec  # noqa: E402
 from planner.runtimes import RUNTIMES, priced_as  # noqa: E402
 from planner.search import search  # noqa: E402
@@ -315,6 +317,22 @@ def run_moe_case(case: dict, override: dict | None = None) -> dict:
             "step_s": plan.best.estimate.step_time_s, "mem_gib": plan.best.estimate.memory.total / 2**30,
             "ep_comm_s": t.ep_comm, "bubble_s": t.bubble,
             "command": plan_command(model, job, knobs)}
+
+
+def plan_or_closest(model: str, job: dict, knobs: dict) -> tuple[Estimate, ParallelConfig, str]:
+    """(estimate, config, note) of a published run planned with its fixed knobs on balanced stages (``plan_command``).
+    The run ran, so it fit: where meshplan's memory says no plan of those knobs does, the plan closest to fitting is
+    priced and ``note`` says by how much meshplan finds it too large (NoFeasiblePlan where there is none at all)."""
+    try:
+        plan = api.plan(api.load_job(model, **job), api.Knobs(**knobs), top_k=1, solver="uniform")
+        return plan.best.estimate, plan.best.config, ""
+    except NoFeasiblePlan as err:
+        least = err.answer.get("least_memory")
+        if not least:
+            raise
+        est = Estimate.from_json(least["estimate"])
+        return est, ParallelConfig.from_json(least["config"]), (
+            f"does not fit by meshplan's memory: {est.memory.total / 2**30:.1f} of {est.usable_bytes / 2**30:.1f} GiB")
 
 
 def plan_command(model: str, job: dict, knobs: dict) -> str:

@@ -22,10 +22,6 @@ import sys
 import time
 from pathlib import Path
 
-from planner import api
-from planner.config import ParallelConfig
-from planner.errors import NoFeasiblePlan
-from planner.estimate import Estimate
 
 HERE = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("fidelity", HERE / "fidelity.py")
@@ -123,17 +119,8 @@ def run(case: dict, recipe: str | None = None, ep_comm_overlap: bool | None = No
     command = fidelity.plan_command(model, job, knobs)
     out = {"id": case["id"], "published": published, "moe": case["config"]["ep"] > 1 or "MoE" in case["case_type"],
            "command": command}
-    try:
-        plan = api.plan(api.load_job(model, **job), api.Knobs(**knobs), top_k=1, solver="uniform")
-        est, c, fits = plan.best.estimate, plan.best.config, ""
-    except NoFeasiblePlan as err:
-        # the published run ran, so it fit: where meshplan's memory says no plan of its degrees does, the plan
-        # closest to fitting is priced, and the row says by how much meshplan finds it too large
-        least = err.answer.get("least_memory")
-        if not least:
-            raise
-        est, c = Estimate.from_json(least["estimate"]), ParallelConfig.from_json(least["config"])
-        fits = f", does not fit by meshplan's memory: {est.memory.total / 2**30:.1f} of {est.usable_bytes / 2**30:.1f} GiB"
+    est, c, note = fidelity.plan_or_closest(model, job, knobs)
+    fits = f", {note}" if note else ""
     predicted = est.tokens_per_s / job["gpus"]
     return {**out, "predicted": predicted, "error": predicted / published - 1, "seconds": time.perf_counter() - t0,
             "step_s": est.step_time_s, "mem_gib": est.memory.total / 2**30,

@@ -33,11 +33,10 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from planner import api  # noqa: E402
-from planner.config import ParallelConfig  # noqa: E402
+import fidelity  # noqa: E402  (benchmarks/fidelity.py: plan_or_closest)
 from planner.errors import NoFeasiblePlan, UserError  # noqa: E402
-from planner.estimate import Estimate  # noqa: E402
 
 ARCHIVE = "Megatron-Bridge docs/performance-summary-archive.md at 4ab94dfad (2026-08-11)"
 CURRENT = "Megatron-Bridge docs/performance-summary.md at 067f987df (the 26.08 container)"
@@ -187,16 +186,9 @@ def plan_row(key: tuple, ep_comm_overlap: bool, dispatcher: str = "alltoall") ->
     if pp > 1:
         knobs["vpp"] = vp or 1
     try:
-        plan = api.plan(api.load_job(model, **job), api.Knobs(**knobs), top_k=1, solver="uniform")
-        e, c, note = plan.best.estimate, plan.best.config, ""
-    except NoFeasiblePlan as err:
-        # the published run ran, so it fit: as benchmarks/fidelity_fp8.py does, the plan closest to fitting is
-        # priced, and the row says by how much meshplan finds it too large
-        least = err.answer.get("least_memory")
-        if not least:
-            return {"error": "no plan of these knobs fits meshplan's memory"}
-        e, c = Estimate.from_json(least["estimate"]), ParallelConfig.from_json(least["config"])
-        note = f"does not fit by meshplan's memory: {e.memory.total / 2**30:.1f} of {e.usable_bytes / 2**30:.1f} GiB"
+        e, c, note = fidelity.plan_or_closest(model, job, knobs)
+    except NoFeasiblePlan:
+        return {"error": "no plan of these knobs fits meshplan's memory"}
     except UserError as err:
         return {"error": str(err)}
     return {"tokens_per_s_per_gpu": e.tokens_per_s / gpus, "step_s": e.step_time_s, "ep_comm_s": e.time.ep_comm,

@@ -446,11 +446,11 @@ def _merged(base: dict, over: dict) -> dict:
 def _check_gpus(cluster: Cluster, gpus) -> Cluster:
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus <= 0:
         raise UserError(f"must be a positive integer, got {gpus!r}", field="--gpus")
-    per_node = (cluster.profile_node or cluster).gpus_per_node
-    host = cluster.gpus_per_host
-    if not gpus_used_per_node(cluster.profile_node or cluster, gpus):
+    whole = cluster.profile_node or cluster         # the profile's node, whatever part of it the job uses
+    per_node, host = whole.gpus_per_node, whole.gpus_per_host
+    if not gpus_used_per_node(whole, gpus):
         if host and host < per_node:
-            near = _near_counts(cluster.profile_node or cluster, gpus)
+            near = _near_counts(whole, gpus)
             raise UserError(f"{gpus} GPUs on {cluster.name}: use at most {per_node}, a multiple of {per_node}, or a "
                             f"multiple of {host} (whole hosts) that splits into equal parts of {per_node // 2} to "
                             f"{per_node} GPUs, one a node; near it: {', '.join(map(str, near))}", field="--gpus")
