@@ -105,6 +105,9 @@ class Op:
                                           # weighted_bias_swiglu_impl, megatron/core/fusions/fused_bias_swiglu.py at
                                           # 92c8482e, on by default: --no-bias-swiglu-fusion turns it off) keeps
                                           # its input alone, the gate's and up's outputs
+    route_groups: tuple[int, int] = (0, 0)    # a routed expert's router picks its top-k from the best second of
+                                          # first groups of experts (DeepSeek-V3's node-limited routing:
+                                          # ModelSpec.router_groups, router_groups_used); (0, 0): from all experts
     saves_linear_input: bool = False      # its first kept tensor is the next linear's input, kept for that linear's
                                           # weight gradient (the experts' permuted tokens): an FP8 recipe of
                                           # TransformerEngine keeps the linear's FP8 copy instead (``_fp8_saved_share``)
@@ -380,7 +383,8 @@ def _mlp_ops(prefix: str, spec: ModelSpec, moe: bool) -> list[Op]:
            saved=(Saved(elems=3 * f * k, split="tp"),), fused_saved=(Saved(elems=2 * f * k, split="tp"),)),
         _linear(f"{prefix}.down_proj", spec, f, h, "row", bias=spec.linear_bias, tokens_factor=k, num_gemms=e),
     ]
-    ops += [replace(op, expert=True) for op in routed]
+    groups = (spec.router_groups, spec.router_groups_used) if spec.router_groups else (0, 0)
+    ops += [replace(op, expert=True, route_groups=groups) for op in routed]
     # combine: each copy's output scaled by its weight and summed back into its token (Megatron-Core's unpermute with
     # probs; the executor's index_add): the k outputs at hidden width, their k weights and the int64 index are kept.
     # Reads k h twice and writes them and the token's h

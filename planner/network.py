@@ -300,21 +300,42 @@ def all_to_all_s(cluster: Cluster, nbytes: float, grp: Group) -> float:
     return max(t_intra, t_net) + (n - 1) * _step_latency(f, grp)
 
 
-def distinct_holders(experts: int, k: int, holders: int) -> float:
-    """Of ``holders`` (ranks or nodes) that hold ``experts / holders`` experts each, how many hold at least one of
-    a token's ``k`` experts, in expectation, when the k are drawn uniformly without replacement (balanced routing,
-    as the published benchmarks force it): holders x (1 - C(E - E / holders, k) / C(E, k))."""
+def _misses(pool: float, held: float, k: int) -> float:
+    """The chance that ``k`` draws without replacement from ``pool`` experts miss all ``held`` of them:
+    C(pool - held, k) / C(pool, k)."""
+    out = 1.0
+    for i in range(k):
+        out *= max(0.0, (pool - held - i) / (pool - i))
+    return out
+
+
+def distinct_holders(experts: int, k: int, holders: int, groups: int = 0, groups_used: int = 0) -> float:
+    """Of ``holders`` (ranks or nodes) that hold ``experts / holders`` consecutive experts each, how many hold at
+    least one of a token's ``k`` experts, in expectation, with balanced routing (the published benchmarks force it:
+    Megatron-Core's moe_router_force_load_balancing draws random logits before the top-k): the k drawn uniformly
+    without replacement, holders x (1 - C(E - E / holders, k) / C(E, k)). Under group-limited routing (``groups``
+    of consecutive experts, the top-k from the best ``groups_used`` of them: DeepSeek-V3's node-limited routing,
+    Megatron's --moe-router-num-groups and --moe-router-group-topk) the groups are drawn first, uniformly, then the k
+    from their experts: a holder of whole groups is reached through j of them (hypergeometric), a holder inside a
+    group when its group is drawn. Groups that neither hold whole holders nor fit in one are not modelled: drawn as
+    without groups."""
     if holders <= 1:
         return float(holders)
     per = experts / holders
-    none = 1.0
-    for i in range(k):
-        none *= max(0.0, (experts - per - i) / (experts - i))
-    return holders * (1.0 - none)
+    if groups and groups_used and groups_used < groups and experts % groups == 0:
+        size, pool = experts // groups, groups_used * experts // groups
+        if groups % holders == 0:                # each holder holds c whole groups
+            c = groups // holders
+            hit = sum(math.comb(c, j) * math.comb(groups - c, groups_used - j) / math.comb(groups, groups_used)
+                      * (1.0 - _misses(pool, j * size, k)) for j in range(1, min(c, groups_used) + 1))
+            return holders * hit
+        if holders % groups == 0:                # each holder holds part of one group
+            return holders * groups_used / groups * (1.0 - _misses(pool, per, k))
+    return holders * (1.0 - _misses(experts, per, k))
 
 
 def forwarded_exchange_s(cluster: Cluster, token_bytes: float, tokens: float, experts: int, k: int,
-                         grp: Group) -> float:
+                         grp: Group, groups: tuple[int, int] = (0, 0)) -> float:
     """One dispatch (or combine) of DeepEP's normal kernels over an expert-parallel group of consecutive ranks:
     each token crosses the network once per remote node that holds any of its ``k`` experts, on the rail of its
     GPU, and NVLink forwards it to each GPU there (and of its own node) that holds any of them, once per GPU
@@ -322,16 +343,17 @@ def forwarded_exchange_s(cluster: Cluster, token_bytes: float, tokens: float, ex
     docs/legacy.md, "Normal kernels with NVLink and RDMA forwarding"; its tests/legacy/test_internode.py counts
     the network's tokens that way: ``rdma_idx`` made unique per token over the nodes; Megatron-Core's MoE README:
     the flex dispatcher "removes redundant tokens during cross-node communication"). ``tokens`` each of
-    ``token_bytes``, sent by every rank; the busiest link sets the time, plus one step's latency per hop kind."""
+    ``token_bytes``, sent by every rank; the busiest link sets the time, plus one step's latency per hop kind.
+    ``groups``: the router's (groups, groups used), as ``distinct_holders`` takes them."""
     n, k_node = grp.size, grp.per_node
     if n <= 1 or tokens <= 0:
         return 0.0
     f = fabric(cluster)
-    ranks = distinct_holders(experts, k, n)           # the GPUs a token reaches, its own among them
+    ranks = distinct_holders(experts, k, n, *groups)      # the GPUs a token reaches, its own among them
     nvl = tokens * token_bytes * ranks * (k_node - 1) / k_node if k_node > 1 else 0.0
     t = nvl / intra_bytes_per_s(f, k_node) + f.intra_latency_s if nvl else 0.0
     if grp.nodes > 1:
-        nodes = distinct_holders(experts, k, grp.nodes)
+        nodes = distinct_holders(experts, k, grp.nodes, *groups)
         net = tokens * token_bytes * nodes * (grp.nodes - 1) / grp.nodes     # its own node's share stays on NVLink
         t = max(t, net / f.net_bytes_per_s * cluster.oversubscription + f.net_latency_s)
     return t

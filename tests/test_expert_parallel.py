@@ -237,6 +237,15 @@ def test_expected_expert_holders_by_counting():
     assert network.distinct_holders(128, 8, 8) == pytest.approx(8 * (1 - math.comb(112, 8) / math.comb(128, 8)))
     assert network.distinct_holders(8, 2, 8) == pytest.approx(2.0)      # one expert a rank: always 2 ranks
     assert network.distinct_holders(8, 8, 4) == 4.0 and network.distinct_holders(64, 4, 1) == 1.0
+    # DeepSeek-V3's node-limited routing (8 groups of 32 experts, the top 8 from the best 4 groups): over 4 nodes
+    # each holds 2 groups, j of them drawn with the hypergeometric chance, then 8 of the 4 groups' 128 experts;
+    # over 32 ranks each holds a quarter of one group, drawn with its group (4 of 8)
+    p = {j: math.comb(2, j) * math.comb(6, 4 - j) / math.comb(8, 4) for j in range(3)}
+    nodes = 4 * (p[1] * (1 - math.comb(96, 8) / math.comb(128, 8)) + p[2] * (1 - math.comb(64, 8) / math.comb(128, 8)))
+    assert network.distinct_holders(256, 8, 4, 8, 4) == pytest.approx(nodes)
+    ranks = 32 * 4 / 8 * (1 - math.comb(120, 8) / math.comb(128, 8))
+    assert network.distinct_holders(256, 8, 32, 8, 4) == pytest.approx(ranks)
+    assert network.distinct_holders(256, 8, 4, 8, 4) < network.distinct_holders(256, 8, 4)
 
 
 def test_the_flex_dispatcher_sends_a_token_once_per_gpu_and_node_and_runs_on_megatron_on_cuda(tmp_path):

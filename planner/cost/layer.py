@@ -332,7 +332,7 @@ def _expert_exchange_s(layer: Layer, ctx: Context, cluster: Cluster) -> tuple[fl
     # the busiest rank receives (and, combining, sends back) its share times the imbalance: the all-to-all waits for it
     if ctx.expert_dispatcher == "flex":
         both = 2 * network.forwarded_exchange_s(cluster, h * dt * ctx.expert_imbalance, tokens, first.num_gemms,
-                                                round(k), grp)
+                                                round(k), grp, first.route_groups)
     else:
         both = 2 * network.all_to_all_s(cluster, tokens * k * h * dt * ctx.expert_imbalance, grp)
     return both + network.all_to_all_s(cluster, first.num_gemms * 8, grp), both
