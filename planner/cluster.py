@@ -467,7 +467,8 @@ def _near_counts(cluster: Cluster, gpus: int) -> list[int]:
     host = cluster.gpus_per_host
     start = gpus - gpus % host
     below = next((n for n in range(start, 0, -host) if n < gpus and gpus_used_per_node(cluster, n)), None)
-    above = next(n for n in range(start + host, gpus + 2 * cluster.gpus_per_node, host) if gpus_used_per_node(cluster, n))
+    above = next(n for n in range(start + host, gpus + 2 * cluster.gpus_per_node, host)
+                 if gpus_used_per_node(cluster, n))
     return [n for n in (below, above) if n]
 
 

@@ -383,8 +383,7 @@ def _mlp_ops(prefix: str, spec: ModelSpec, moe: bool) -> list[Op]:
            saved=(Saved(elems=3 * f * k, split="tp"),), fused_saved=(Saved(elems=2 * f * k, split="tp"),)),
         _linear(f"{prefix}.down_proj", spec, f, h, "row", bias=spec.linear_bias, tokens_factor=k, num_gemms=e),
     ]
-    groups = (spec.router_groups, spec.router_groups_used) if spec.router_groups else (0, 0)
-    ops += [replace(op, expert=True, route_groups=groups) for op in routed]
+    ops += [replace(op, expert=True, route_groups=(spec.router_groups, spec.router_groups_used)) for op in routed]
     # combine: each copy's output scaled by its weight and summed back into its token (Megatron-Core's unpermute with
     # probs; the executor's index_add): the k outputs at hidden width, their k weights and the int64 index are kept.
     # Reads k h twice and writes them and the token's h

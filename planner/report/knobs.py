@@ -85,12 +85,20 @@ def next_knobs(plan, cache: CostCache | None = None) -> list[Knob]:
     if plan.cluster.num_nodes > 1 and plan.cluster.nics_per_node:
         faster = replace(plan.cluster, nic=replace(plan.cluster.nic, bytes_per_s=2 * plan.cluster.nic.bytes_per_s))
         trials.append(("twice the inter-node bandwidth", c, faster, w))
-    # under expert parallelism, the runtime's other token dispatchers (Megatron-LM's flex: DeepEP's kernels)
+    # under expert parallelism, the runtime's other token dispatchers (Megatron-LM's flex: DeepEP's kernels) that
+    # run with the plan's workload (--ep-comm-overlap: api.check_ep_comm_overlap)
     if c.ep > 1 and w.framework in RUNTIMES:
+        from ..api import check_ep_comm_overlap
         for dispatcher in RUNTIMES[w.framework].on(plan.cluster.device_kind).expert_dispatchers:
-            if dispatcher != w.expert_dispatcher and not (w.ep_comm_overlap and dispatcher == "allgather"):
-                trials.append((f"--expert-dispatcher {dispatcher}", c, plan.cluster,
-                               replace(w, expert_dispatcher=dispatcher)))
+            if dispatcher == w.expert_dispatcher:
+                continue
+            if w.ep_comm_overlap:
+                try:
+                    check_ep_comm_overlap(w.framework, plan.cluster, plan.graph.num_experts, dispatcher)
+                except UserError:
+                    continue
+            trials.append((f"--expert-dispatcher {dispatcher}", c, plan.cluster,
+                           replace(w, expert_dispatcher=dispatcher)))
     out = []
     for name, config, cluster, workload in trials:
         same = cluster is plan.cluster and workload is plan.workload

@@ -131,11 +131,10 @@ class Space:
                             f"{self.max_stages})", field="--pp")
         if k.pp is not None and k.vpp is not None and k.pp * k.vpp > self.max_stages:
             alone = " (the embedding and the head may stand alone)" if self.max_stages > self.blocks else ""
-            allowed = [v for v in range(1, self.max_stages // k.pp + 1) if k.pp * v <= self.max_stages]
             raise UserError(f"pp {k.pp} x vpp {k.vpp} = {k.pp * k.vpp} model chunks, more than the model's "
                             f"{self.blocks} blocks make: the {w.framework} runtime puts at least one block in every "
-                            f"chunk{alone}, so at most {self.max_stages}; allowed: vpp at most {allowed[-1]}",
-                            field="--vpp")
+                            f"chunk{alone}, so at most {self.max_stages}; allowed: vpp at most "
+                            f"{self.max_stages // k.pp}", field="--vpp")
         if k.cp is not None and k.cp > 1 and w.seq_len % (2 * k.cp):
             raise UserError(f"cp {k.cp} needs the sequence length ({w.seq_len}) to be a multiple of 2 x cp",
                             field="--cp")
