@@ -157,10 +157,15 @@ ROWS = [
     ("25.11", "DGX-H100", "LLAMA3.1_405B", "FP8-CS", 1024, 512, 1, 8192, 8, 8, 2, 8, 1, 292, "A591"),
 ]
 # the rows of the summary's "SFT Performance" (full fine-tuning: priced as training) and "LoRA Performance" sections,
-# the others being "Pre-Training Performance"; LoRA as Megatron-Bridge's default adapter (src/megatron/bridge/peft/
-# lora.py: dim 32 on linear_qkv, linear_proj, linear_fc1 and linear_fc2, meshplan's q,k,v,o,gate,up,down)
+# the others being "Pre-Training Performance"; LoRA as the performance scripts of those releases set it: Llama 3 70B's
+# PEFT recipe (src/megatron/bridge/recipes/llama/h100/llama3.py llama3_70b_peft_8gpu_h100_bf16_config: dim 16, alpha
+# 32) with ``cfg.peft.target_modules = ["linear_qkv"]`` ("Override target_modules to only apply LoRA to QKV",
+# scripts/performance/configs/llama/llama3_llm_finetune.py, every llama3_70b_lora_config_* from b9819cec5,
+# 2026-02-26, to b7b4e11b0, 2026-07-08): one adapter on the fused q, k and v (meshplan's q,k,v under --framework
+# megatron, planner/finetune.py STYLES). Not modelled: their packed SQuAD sequences (offline_packing_specs), whose
+# attention spans each packed sample, not the 4096 tokens
 FINE_TUNING = {"A177": "sft", "A178": "sft", "A179": "sft", "A189": "lora", "A190": "lora", "A191": "lora"}
-LORA = {"finetune": "lora", "lora_rank": 32, "lora_targets": ("q", "k", "v", "o", "gate", "up", "down")}
+LORA = {"finetune": "lora", "lora_rank": 16, "lora_targets": ("q", "k", "v")}
 RELEASE_ORDER = ["25.11", "26.02", "26.02.01", "26.04", "26.04.01", "26.06", "26.06.01", "26.08"]
 
 

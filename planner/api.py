@@ -31,7 +31,7 @@ from .model import ModelSpec, is_zoo_model, load_model
 from .plan import Plan
 from .precision import DTYPES, RECIPES, library, split as split_precision
 from .recompute import expand_recompute
-from .runtimes import RUNTIMES, unfused_core
+from .runtimes import RUNTIMES, lora_style, unfused_core
 from .search import Knobs, SearchResult, default_solver, evaluate, search
 from .search.finish import finish
 
@@ -81,8 +81,8 @@ class JobInputs:
     fp8_param_gather: bool = False      # Megatron-LM's --fp8-param-gather (planner/config.py)
     grad_reduce_in_bf16: bool = False   # Megatron-LM's --grad-reduce-in-bf16 (planner/config.py)
     finetune: str = "full"              # training mode: "full", "lora" or "qlora" (planner/finetune.py)
-    lora_rank: int | None = None        # the adapters' rank (None: planner/finetune.py DEFAULT_RANK)
-    lora_targets: tuple[str, ...] | None = None     # their projections (None: planner/finetune.py DEFAULT_TARGETS)
+    lora_rank: int | None = None        # the adapters' rank (None: the runtime's LoRA's, planner/finetune.py STYLES)
+    lora_targets: tuple[str, ...] | None = None     # their projections (None: the runtime's LoRA's)
 
     def load(self, warn: Callable[[str], None] | None = None) -> Job:
         """The Job: the model traced or built, the cluster loaded with its GPUs, the workload with its defaults.
@@ -120,7 +120,7 @@ class JobInputs:
                             expert_imbalance=self.expert_imbalance,
                             expert_dispatcher=self.expert_dispatcher, compile=self.compile, fp8=fp8,
                             fp8_param_gather=self.fp8_param_gather, grad_reduce_in_bf16=self.grad_reduce_in_bf16,
-                            **finetune_fields(self.finetune, self.lora_rank, self.lora_targets))
+                            **finetune_fields(self.finetune, self.lora_rank, self.lora_targets, self.framework))
         check_finetune(workload, cluster, spec)
         if self.compile and not RUNTIMES[self.framework].on(cluster.device_kind).compiles_blocks:
             raise UserError(f"the {self.framework} runtime does not compile blocks with torch.compile; allowed with "
@@ -156,17 +156,19 @@ def check_ep_comm_overlap(framework: str, cluster, num_experts: int, dispatcher:
                         "--expert-dispatcher alltoall or flex", field="--ep-comm-overlap")
 
 
-def finetune_fields(finetune: str, lora_rank: int | None, lora_targets: tuple[str, ...] | None) -> dict:
-    """The Workload's training-mode fields, the adapters' defaults filled in (planner/finetune.py), or UserError
-    naming the flag."""
+def finetune_fields(finetune: str, lora_rank: int | None, lora_targets: tuple[str, ...] | None,
+                    framework: str = "torch") -> dict:
+    """The Workload's training-mode fields, the adapters' defaults filled in as ``framework``'s LoRA has them
+    (planner/finetune.py STYLES), or UserError naming the flag."""
     mode = finetune_modes.mode(finetune)
     if not mode.adapters:
         finetune_modes.check(finetune, lora_rank or 0, tuple(lora_targets or ()))
         return {"finetune": finetune, "lora_rank": 0, "lora_targets": ()}
-    rank = finetune_modes.DEFAULT_RANK if lora_rank is None else lora_rank
+    style = finetune_modes.STYLES[lora_style(framework)]
+    rank = style.rank if lora_rank is None else lora_rank
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise UserError(f"must be a positive integer, got {rank!r}", field="--lora-rank")
-    targets = finetune_modes.DEFAULT_TARGETS if lora_targets is None else tuple(lora_targets)
+    targets = style.targets if lora_targets is None else tuple(lora_targets)
     finetune_modes.check(finetune, rank, targets)
     if not targets:
         raise UserError(f"no LoRA target; allowed: a comma-separated list of {one_of(finetune_modes.TARGETS)}",

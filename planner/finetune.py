@@ -28,6 +28,11 @@ the packed weight alone (bitsandbytes/autograd/_functions.py: ``ctx.tensors = (N
 the same input (PEFT's ``lora_dropout`` defaults to 0.0: ``nn.Identity``, the same tensor) and keeps it for
 its own weight gradient, so a target's input stays saved; B keeps the r-wide A output.
 
+How a runtime lays its adapters over the model is its LoRA style (``STYLES``; ``Runtime.lora_style``): PEFT's, one
+adapter per target projection, or Megatron-Bridge's, one adapter per fused Megatron-Core module (linear_qkv: q, k and
+v; linear_fc1: gate and up) whose projections are all targets, A reading the module's input once and B writing all
+of its outputs (``Adapters.adapters``), each with its defaults.
+
 Under tensor parallelism the adapters are sharded as the base linear is (Megatron-Bridge's LoRA,
 megatron/bridge/peft/lora.py with utils.py ``ParallelLinearAdapter``, NeMo's before it): a column-parallel
 base splits B's output features (A whole on every rank), a row-parallel base splits A's input features (B
@@ -67,6 +72,33 @@ _OP_NAMES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_p
 # linear, ``match_all_linear``)
 DEFAULT_RANK = 8
 DEFAULT_TARGETS = ("q", "v")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Style:
+    """How a runtime's LoRA lays its adapters over the model, and its defaults (``Runtime.lora_style``)."""
+
+    name: str
+    rank: int                   # --lora-rank left out
+    targets: tuple[str, ...]    # --lora-targets left out
+    fuses_modules: bool         # one adapter over each fused module whose projections are all targets
+    source: str
+
+
+# PEFT (meshplan's executor, Hugging Face Trainer under DeepSpeed): one adapter per target projection, the defaults
+# above. Megatron-Bridge's LoRA (src/megatron/bridge/peft/lora.py ``LoRA``, and its PEFT guide, "Canonical LoRA:
+# Performant vs Canonical Variants", at 067f987df): dim 32 on target_modules linear_qkv, linear_proj, linear_fc1 and
+# linear_fc2 by default, and, being the "performant" variant, one adapter on each of Megatron-Core's fused linears,
+# linear_qkv (q, k and v) and linear_fc1 (gate and up), not one per projection: A reads the module's input once and B
+# writes all of its outputs. Its CanonicalLoRA adapts linear_q, linear_k, linear_v, linear_fc1_gate and linear_fc1_up
+# apart, which is what targets naming only some projections of a fused module need.
+STYLES: dict[str, Style] = {s.name: s for s in (
+    Style(name="peft", rank=DEFAULT_RANK, targets=DEFAULT_TARGETS, fuses_modules=False,
+          source="peft/tuners/lora/config.py (r = 8); peft/utils/constants.py (q_proj, v_proj for Llama)"),
+    Style(name="megatron-bridge", rank=32, targets=TARGETS, fuses_modules=True,
+          source="Megatron-Bridge src/megatron/bridge/peft/lora.py LoRA (dim 32; linear_qkv, linear_proj, linear_fc1, "
+                 "linear_fc2) and docs/training/peft.md (performant LoRA: one adapter per fused module)"),
+)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,6 +168,7 @@ class Adapters:
     mode: Mode
     rank: int                           # r of every adapter (0 without adapters)
     targets: frozenset[str]             # TARGETS names
+    fuses_modules: bool = False         # the runtime's LoRA adapts a fused module as one (``Style``)
 
     @property
     def full(self) -> bool:
@@ -157,17 +190,43 @@ class Adapters:
         """Whether the linear named ``op_name`` (a path; its last part decides) carries an adapter."""
         return self.mode.adapters and _OP_NAMES.get(op_name.rsplit(".", 1)[-1]) in self.targets
 
+    def adapters(self, ops: tuple[Op, ...] | list[Op]) -> dict[int, tuple[float, float]]:
+        """The adapters on a layer's linears: {index in ``ops`` of the linear carrying one: (in, out) features of
+        the adapter}, split over TP as that linear is. Each target carries its own (in, out); where the runtime
+        fuses modules (``Style.fuses_modules``), a run of linears reading one input (the first, then those with
+        ``Op.reads_previous_input``: q, k, v; gate, up), every one a target, carries one adapter on its first
+        linear, as wide as their outputs together."""
+        out: dict[int, tuple[float, float]] = {}
+        group: list[int] = []
+
+        def close() -> None:
+            if self.fuses_modules and len(group) > 1 and all(self.target(ops[i].name) for i in group):
+                out[group[0]] = (ops[group[0]].in_features, sum(ops[i].out_features for i in group))
+            else:
+                out.update({i: (ops[i].in_features, ops[i].out_features) for i in group if self.target(ops[i].name)})
+            group.clear()
+
+        for i, op in enumerate(ops):
+            if op.kind != "linear":
+                continue
+            if not op.reads_previous_input:
+                close()
+            group.append(i)
+        close()
+        return out
+
     def quantized(self, op_kind: str, op_name: str) -> bool:
         """Whether a frozen parameter is stored as NF4: QLoRA's base linears, not the head (module docstring)."""
         return self.mode.quantized_base and op_kind == "linear" and op_name.rsplit(".", 1)[-1] != "lm_head"
 
 
-def of(finetune: str, lora_rank: int = 0, lora_targets: tuple[str, ...] = ()) -> Adapters:
-    """The mode's record with its rank and targets, defaults filled in."""
-    m = MODES[finetune]
+def of(finetune: str, lora_rank: int = 0, lora_targets: tuple[str, ...] = (), style: str = "peft") -> Adapters:
+    """The mode's record with its rank and targets, the runtime's LoRA ``style``'s defaults filled in."""
+    m, st = MODES[finetune], STYLES[style]
     if not m.adapters:
         return Adapters(mode=m, rank=0, targets=frozenset())
-    return Adapters(mode=m, rank=lora_rank or DEFAULT_RANK, targets=frozenset(lora_targets or DEFAULT_TARGETS))
+    return Adapters(mode=m, rank=lora_rank or st.rank, targets=frozenset(lora_targets or st.targets),
+                    fuses_modules=st.fuses_modules)
 
 
 def adapter_params(in_features: float, out_features: float, rank: int, split: str, tp: int) -> float:
@@ -190,16 +249,17 @@ def model_flops_per_token(graph: LayerGraph, seq_len: int, adapters: Adapters) -
     model_flops_per_token``'s convention: matmuls, attention scores in full). Full training: 3x the forward. A
     frozen linear (the base under LoRA, a traced module's ``Op.frozen``) runs its forward and its input gradient
     (2x), attention its forward and backward (3x: the gradient flows through it to what trains below), each adapter
-    its three passes (3 x 2 r (in + out))."""
+    its three passes (3 x 2 r (in + out), ``Adapters.adapters``)."""
     if adapters.full and not any(op.frozen for layer in graph.layers for op in layer.ops):
         return graph.model_flops_per_token(seq_len)
     out = 0.0
     for layer in graph.layers:
-        for op in layer.ops:
+        on = adapters.adapters(layer.ops)
+        for i, op in enumerate(layer.ops):
             if op.kind == "linear":
                 out += (3.0 if adapters.trains(op) else 2.0) * op.fwd_flops_per_token
-                if adapters.target(op.name):
-                    out += 3.0 * 2.0 * adapters.rank * (op.in_features + op.out_features) * op.tokens_factor
+                if i in on:
+                    out += 3.0 * 2.0 * adapters.rank * sum(on[i]) * op.tokens_factor
             elif op.kind == "attention":
                 kv = min(seq_len, op.window) if op.window else seq_len
                 out += 3.0 * 4.0 * op.heads * op.head_dim * kv

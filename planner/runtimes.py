@@ -246,6 +246,10 @@ class Runtime:
     #   attention/dot_product_attention/utils.py get_attention_backend, "FusedAttention preference on Hopper+"), and
     #   torch's SDPA from 2.11 (TORCH below)
 
+    lora_style: str = "peft"
+    # ^ how its LoRA lays adapters over the model and its defaults (planner/finetune.py STYLES): PEFT's, one per
+    #   target projection, or Megatron-Bridge's, one per fused module (MEGATRON below)
+
     def layout(self, precision: str, grads_16bit: bool = False) -> StateLayout:
         """The state layout at ``precision``; ``grads_16bit``: gradients accumulated and reduced in the 16-bit
         dtype (Megatron-LM's --grad-reduce-in-bf16, ``Workload.grad_reduce_in_bf16``), 2 bytes each."""
@@ -452,6 +456,7 @@ MEGATRON = Runtime(
                   overlaps_param_gather=True, pp_sends_tp_shards=True, sp_keeps_gathered_input=False,
                   fuses_swiglu=True, grad_buckets=MEGATRON_BUCKETS),
     attention_kernel="fused",
+    lora_style="megatron-bridge",       # Megatron-Bridge's LoRA on Megatron-Core models (planner/finetune.py)
 )
 
 # What a DeepSpeed config and its engine express (deepspeed/runtime/config.py's keys; deepspeed.pipe): ZeRO 0-3
@@ -589,6 +594,11 @@ MEGATRON_2021 = replace(
 RUNTIMES: dict[str, Runtime] = {r.name: r for r in (TORCH, MEGATRON, DEEPSPEED, TORCHTITAN, DEEPSPEED_2021,
                                                     MEGATRON_2021)}
 EXECUTOR_RUNTIME = "torch"      # the runtime `meshplan run` is
+
+
+def lora_style(framework: str) -> str:
+    """The LoRA style (planner/finetune.py STYLES) of ``framework``'s runtime; PEFT's for a name not in the table."""
+    return RUNTIMES[framework].lora_style if framework in RUNTIMES else "peft"
 
 
 def priced_as(framework: str) -> str:

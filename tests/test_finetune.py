@@ -254,9 +254,48 @@ def test_runtime_table_says_who_runs_which_mode():
     assert e.value.field == "--lora-rank"
 
 
-def test_defaults_are_pefts():
+def test_defaults_are_the_runtimes_lora():
     job = api.load_job("llama3-8b", "h100-80g", gpus=8, finetune="lora")
-    assert (job.workload.lora_rank, job.workload.lora_targets) == (8, ("q", "v"))
+    assert (job.workload.lora_rank, job.workload.lora_targets) == (8, ("q", "v"))            # PEFT's
+    job = api.load_job("llama3-8b", "h100-80g", gpus=8, finetune="lora", framework="megatron")
+    assert (job.workload.lora_rank, job.workload.lora_targets) == \
+        (32, ("q", "k", "v", "o", "gate", "up", "down"))                                       # Megatron-Bridge's
+    job = api.load_job("llama3-8b", "h100-80g", gpus=8, finetune="lora", framework="megatron", lora_rank=16,
+                       lora_targets=("q", "k", "v"))
+    assert (job.workload.lora_rank, job.workload.lora_targets) == (16, ("q", "k", "v"))
+
+
+EVERY_LINEAR = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+def test_megatron_bridge_lora_puts_one_adapter_on_each_fused_module():
+    # SPEC's block: q, k, v 256 -> 256 (Megatron-Core's linear_qkv), o 256 -> 256, gate and up 256 -> 512
+    # (linear_fc1), down 512 -> 256. Megatron-Bridge's performant LoRA: one adapter a module, B as wide as its outputs
+    ops = build_layer_graph(SPEC).layers[1].ops
+    at = {op.name.rsplit(".", 1)[-1]: i for i, op in enumerate(ops) if op.kind == "linear"}
+    assert finetune.of("lora", 8, EVERY_LINEAR, "megatron-bridge").adapters(ops) == {
+        at["q_proj"]: (256, 768), at["o_proj"]: (256, 256), at["gate_proj"]: (256, 1024), at["down_proj"]: (512, 256)}
+    # PEFT: one a projection
+    assert finetune.of("lora", 8, EVERY_LINEAR).adapters(ops) == {
+        i: (ops[i].in_features, ops[i].out_features) for i in at.values()}
+    # a module named in part is adapted projection by projection, as Megatron-Bridge's CanonicalLoRA does
+    assert finetune.of("lora", 8, ("q", "v", "gate", "up"), "megatron-bridge").adapters(ops) == {
+        at["q_proj"]: (256, 256), at["v_proj"]: (256, 256), at["gate_proj"]: (256, 1024)}
+
+
+def test_fused_adapters_in_the_layer_cost():
+    layer = build_layer_graph(SPEC).layers[1]
+    cluster = load_cluster("h100-80g", 1)
+    ctx = context("lora", EVERY_LINEAR)
+    bridge, peft = layer_cost(layer, ctx, cluster), layer_cost(layer, ctx._replace(framework="torch"), cluster)
+    # rank 8 x (in + out): PEFT 4 x 512 + 2 x 768 + 768 = 4,352; Megatron-Bridge 1,024 + 512 + 1,280 + 768 = 3,584
+    assert (peft.params, bridge.params) == (8 * 4_352, 8 * 3_584)
+    # the adapters' forward matmuls, 2 x 512 tokens x r x (in + out), the base's the same under both
+    assert peft.matmul_flops_fwd - bridge.matmul_flops_fwd == 2 * 512 * 8 * (4_352 - 3_584)
+    assert finetune.model_flops_per_token(build_layer_graph(SPEC), 512, finetune.of("lora", 8, EVERY_LINEAR)) - \
+        finetune.model_flops_per_token(build_layer_graph(SPEC), 512, finetune.of("lora", 8, EVERY_LINEAR,
+                                                                                  "megatron-bridge")) == \
+        3 * 2 * 8 * (4_352 - 3_584) * 2         # 3 passes, 2 blocks
 
 
 def run_cli(*args):

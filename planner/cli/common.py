@@ -213,12 +213,15 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
                         + ". Frozen parameters get no gradient, no optimizer state, no data-parallel reduction and "
                         "no weight-gradient GEMM (default: full; with plan --fit-min, each mode the runtime runs)")
     p.add_argument("--lora-rank", type=positive_int, metavar="R",
-                   help=f"--finetune lora|qlora: the adapters' rank r (default {finetune_modes.DEFAULT_RANK}, PEFT's "
-                        "LoraConfig)")
+                   help="--finetune lora|qlora: the adapters' rank r (default: the runtime's LoRA's, "
+                        f"{finetune_modes.STYLES['peft'].rank} as PEFT's LoraConfig, "
+                        f"{finetune_modes.STYLES['megatron-bridge'].rank} under --framework megatron as "
+                        "Megatron-Bridge's)")
     p.add_argument("--lora-targets", type=lora_targets, metavar="LIST",
                    help="--finetune lora|qlora: the projections with adapters, comma separated, of "
                         f"{','.join(finetune_modes.TARGETS)} (default {','.join(finetune_modes.DEFAULT_TARGETS)}, "
-                        "PEFT's for Llama; every linear: q,k,v,o,gate,up,down)")
+                        "PEFT's for Llama; under --framework megatron every linear, Megatron-Bridge's, whose LoRA "
+                        "puts one adapter on q,k,v together and one on gate,up where all of them are targets)")
     add_example_input_arg(p)
 
 

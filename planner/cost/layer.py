@@ -23,7 +23,7 @@ from .. import network
 from .. import finetune as modes
 from .. import precision as fp8_recipes
 from ..recompute import POLICY_RECORDS, BlockFacts, PolicyCost, discarded_ops
-from ..runtimes import RUNTIMES, priced_as
+from ..runtimes import RUNTIMES, lora_style, priced_as
 from .compute import device_memo, flash_attention_s, gemm_s, memory_bound_s, unfused_attention_s
 from .eager import CAST_UP_BYTES, eager_s
 
@@ -449,7 +449,8 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
     routed = sum(op.params for op in layer.ops if op.routed) if ctx.ep > 1 else 0.0
     expert_params = routed / ctx.ep
     params = layer.params_replicated + (layer.params - layer.params_replicated - routed) / ctx.tp + expert_params
-    ft = modes.of(ctx.finetune, ctx.lora_rank, ctx.lora_targets)
+    ft = modes.of(ctx.finetune, ctx.lora_rank, ctx.lora_targets, lora_style(ctx.framework))
+    adapters = ft.adapters(layer.ops)
     keeps_input = _kept_linear_inputs(layer, ft)
     bwd_flops = 0.0
     dgrad_only = False          # some linear runs its input gradient alone (``matmul_flops_bwd``)
@@ -494,8 +495,8 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
                 if ft.quantized(op.kind, op.name):      # QLoRA: the NF4 weight dequantized for each GEMM that
                     dq = nf4_dequantize_s(op, ctx, cluster)     # reads it (forward, input gradient); not in the
                     f, b = f + dq, b + dq                # floor: it does not grow with the tokens
-                if ft.target(op.name):
-                    af, ab, aw, afl = lora_adapter_s(op, ctx, cluster, ft.rank)
+                if i in adapters:
+                    af, ab, aw, afl = lora_adapter_s(op, *adapters[i], ctx, cluster, ft.rank)
                     f, b, wgrad, fl = f + af, b + ab, wgrad + aw, fl + afl
                     floor += 3 * afl / gemm_rate
                     bwd_flops += 2 * afl
@@ -543,7 +544,7 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
             saved += sum(kept_bytes)
             if op.name in discard_freed and kept_bytes:     # what it keeps of a discarded output: the attention
                 discard += kept_bytes[0] if op.kind == "attention" else sum(kept_bytes)     # core's q, k and v
-        if op.kind == "linear" and ft.target(op.name):  # LoRA's B keeps its r-wide input, whole on every TP rank
+        if i in adapters:           # LoRA's B keeps its r-wide input, whole on every TP rank
             saved += ft.rank * op.tokens_factor * ctx.tokens * dt
         if op.unfused and op.unfused not in dev.fused_kernels and not compiled:
             saved += sum(_saved_bytes(s, ctx) for s in op.unfused_saved)
@@ -563,8 +564,7 @@ def layer_cost(layer: Layer, ctx: Context, cluster: Cluster) -> LayerCost:
         tensors = sum(op.num_gemms for op in nf4 if not op.fused_with_previous)       # one weight per GEMM
         frozen_bytes = ((frozen_params - quantized) * dt + quantized * modes.NF4_BYTES_PER_WEIGHT
                         + tensors * modes.NF4_TABLE_BYTES_PER_TENSOR)
-    params += sum(modes.adapter_params(op.in_features, op.out_features, ft.rank, op.tp, ctx.tp)
-                  for op in layer.ops if op.kind == "linear" and ft.target(op.name))
+    params += sum(modes.adapter_params(*adapters[i], ft.rank, layer.ops[i].tp, ctx.tp) for i in adapters)
     if eager is not None:
         f, b = _eager_s(eager, params, ctx, cluster)
         fwd, bwd, floor = fwd + f, bwd + b, floor + f + b
@@ -725,10 +725,13 @@ def _rank_params(op: Op, ctx: Context) -> float:
     return whole + (op.params - whole) / ctx.tp
 
 
-def lora_adapter_s(op: Op, ctx: Context, cluster: Cluster, rank: int) -> tuple[float, float, float, float]:
-    """(forward, backward, of which weight gradients, forward matmul FLOPs) of a LoRA adapter on linear ``op`` for
+def lora_adapter_s(op: Op, in_features: float, out_features: float, ctx: Context, cluster: Cluster,
+                   rank: int) -> tuple[float, float, float, float]:
+    """(forward, backward, of which weight gradients, forward matmul FLOPs) of a LoRA adapter of ``in_features`` x
+    ``out_features`` on linear ``op`` (``Adapters.adapters``: the linear's own, or its fused module's) for
     one micro-batch on one rank (Hu et al. 2021, Sec 4.1: h = x W + s (x A) B), as PEFT's lora.Linear runs it
-    (peft/tuners/lora/layer.py ``Linear.forward``: ``result + lora_B(lora_A(dropout(x))) * scaling``). A is
+    (peft/tuners/lora/layer.py ``Linear.forward``: ``result + lora_B(lora_A(dropout(x))) * scaling``; Megatron-Bridge's
+    LoRALinear the same: ``linear_output + adapter_output``, the scaling on B's output). A is
     (in x r) and B (r x out), B's output split by a column-parallel base and A's input by a row-parallel one
     (planner/finetune.py). Two thin GEMMs each way (``gemm_s``, whose memory floor prices them): forward x A and
     (x A) B; input gradient dy B^T and (dy B^T) A^T; weight gradients x^T (dy B^T) and (x A)^T dy. Elementwise, at
@@ -737,8 +740,8 @@ def lora_adapter_s(op: Op, ctx: Context, cluster: Cluster, rank: int) -> tuple[f
     input's two gradients, base and adapter (read two, write one over the input)."""
     dev, dt, p = cluster.device, DTYPE_BYTES[ctx.precision], ctx.precision
     m = ctx.tokens * op.tokens_factor
-    a_in = op.in_features / (ctx.tp if op.tp == "row" else 1)
-    b_out = op.out_features / (ctx.tp if op.tp == "column" else 1)
+    a_in = in_features / (ctx.tp if op.tp == "row" else 1)
+    b_out = out_features / (ctx.tp if op.tp == "column" else 1)
     fwd = gemm_s(m, rank, a_in, dev, p) + gemm_s(m, b_out, rank, dev, p) + memory_bound_s(5 * m * b_out * dt, dev)
     dgrad = gemm_s(m, rank, b_out, dev, p) + gemm_s(m, a_in, rank, dev, p) \
         + memory_bound_s((2 * b_out + 3 * a_in) * m * dt, dev)

@@ -19,7 +19,7 @@ from ..pipeline_play import pipeline_floor, play_pipeline
 from ..placement import assign_layers, holds_head_copy, last_stage_rank, layer_policies, placement_of
 from .. import finetune, network
 from .. import precision as fp8_recipes
-from ..runtimes import RUNTIMES, expert_data_parallel, priced_as
+from ..runtimes import RUNTIMES, expert_data_parallel, lora_style, priced_as
 from ..schedules import SCHEDULES
 from . import fetch
 from .host import host_bound, host_s
@@ -69,7 +69,8 @@ class CostCache:
             self.representative.setdefault(sig, i)
             self.signature_counts[sig] = self.signature_counts.get(sig, 0) + 1
         # which parameters train (planner/finetune.py: the mode, and a traced module's own frozen ones)
-        self.adapters = finetune.of(workload.finetune, workload.lora_rank, workload.lora_targets)
+        self.adapters = finetune.of(workload.finetune, workload.lora_rank, workload.lora_targets,
+                                    lora_style(workload.framework))
         self.model_flops_per_token = finetune.model_flops_per_token(graph, workload.seq_len, self.adapters)
         # bytes per parameter of the distributed optimizer's parameter all-gather: the compute dtype's, or with
         # Megatron-LM's --fp8-param-gather the recipe's (one byte; MXFP8's bf16) for the parameters of the linears
