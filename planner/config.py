@@ -297,7 +297,7 @@ def check_config(config: ParallelConfig, *, num_gpus: int, global_batch: int, se
         raise UserError(f"the cluster's devices have no {precision} peak; allowed: {one_of(dtypes)}",
                         field="--precision")
     for knob, why in config_refusals(c, framework, device_kind, num_kv_heads, num_experts, latent_attention, fp8,
-                                     compile, finetune, ep_comm_overlap):
+                                     compile, finetune, ep_comm_overlap, num_blocks):
         raise UserError(why, field=knob_flag(knob))
 
 

@@ -241,6 +241,8 @@ def gain_sentences(won: dict) -> list[str]:
             continue
         g = won[key]
         subject = what.format(**g)
+        if key == "partial_recompute" and set(g.get("by_policy", ())) == {"activation-offload"}:
+            subject = "offloading the activations of {recomputed_layers} of {blocks} blocks".format(**g)
         if g["saved_s"] >= 0:
             out.append(f"{subject} save{s} {g['saved_s']:.3g} s per step ({g['saved_pct']:.1f}%) against {against}"
                        + ("" if g.get("balanced_fits", True) else ", which would not even fit"))

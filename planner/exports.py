@@ -294,6 +294,18 @@ def _megatron_recompute(plan) -> tuple[list[list[str]], list[str]]:
     uniform = _uniform_recompute(plan)
     if uniform == "none":
         return [], []
+    used = {p for stage in rec for p, n in stage.items() if n}
+    if "activation-offload" in used and used <= {"none", "activation-offload"} and len(rec) == 1:
+        # the activations of the first N layers to host memory (Megatron-Core's cpu_offloading_num_layers, which
+        # sets cpu_offloading; TransformerEngine's cpu_offload offloads layers 0 to N - 1): what the search plans
+        # (planner/search/space.py ``offloads_first_blocks``), with no pipeline and no recompute; N below the layers
+        n, blocks = rec[0]["activation-offload"], sum(rec[0].values())
+        if n < blocks:
+            return [["--cpu-offloading-num-layers", str(n)]], []
+        return [["--cpu-offloading-num-layers", str(blocks - 1)]], [
+            f"Megatron-LM offloads the activations of at most {blocks - 1} of the {blocks} layers "
+            "(--cpu-offloading-num-layers below --num-layers): the last layer's stay on the device, one layer's "
+            "more than meshplan planned"]
     if uniform == "selective":
         return [["--recompute-granularity", "selective"]], []
     if uniform == "discard":        # the output-discarding modules this model has (recompute.discard_modules)

@@ -278,6 +278,16 @@ def every_k_layers(graph, k: int) -> tuple[str, ...]:
     return tuple(out)
 
 
+def first_blocks_offloaded(graph, n: int) -> tuple[str, ...]:
+    """The per-layer policies of activation offload on the first ``n`` transformer blocks, none elsewhere
+    (Megatron-Core's --cpu-offloading-num-layers n: TransformerEngine's cpu_offload.py offloads layers 0 to n - 1)."""
+    out, k = [], 0
+    for layer in graph.layers:
+        out.append("activation-offload" if layer.is_block and k < n else "none")
+        k += layer.is_block
+    return tuple(out)
+
+
 def policy_rank(name: str) -> int:
     """The order of ``POLICIES`` (simplest first), an ``every-K`` pattern ranked with full recompute."""
     return POLICIES.index("full" if every_k(name) else name)

@@ -95,6 +95,10 @@ class Combinations:
     nf4_base_zero_stages_with_pp: tuple[int, ...] = (0, 1, 2, 3)    # of those, the ones under pp > 1 with more
                                                                     # than one data-parallel replica
     nf4_base_with_tp: bool = True           # QLoRA's NF4 base with tp > 1
+    offloads_first_blocks: bool = False
+    # ^ beside its recompute policies: activation offload on the first N blocks (N below the model's), none on the
+    #   others, with no pipeline (Megatron-Core's --cpu-offloading-num-layers N, on TransformerEngine's cpu_offload:
+    #   _MEGATRON_CUDA_RUNS), which a search without a fixed --recompute tries
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -406,8 +410,14 @@ _MEGATRON_RUNS = Combinations(
 # ("tensorwise"), delayed scaling, blockwise (1x128 / 128x128, DeepSeek-V3's) and MXFP8 (Blackwell); on GPUs only
 # on CUDA also the flex dispatcher (--moe-token-dispatcher-type flex, --moe-flex-dispatcher-backend deepep:
 # megatron/core/transformer/moe/token_dispatcher.py MoEFlexTokenDispatcher over DeepEP's GPU kernels)
+# and the activations of the first N layers offloaded to host memory (--cpu-offloading-num-layers N: Megatron-Core's
+# model_parallel_config.py cpu_offloading_num_layers, transformer_block.py get_cpu_offload_context, TransformerEngine's
+# transformer_engine/pytorch/cpu_offload.py DefaultOffloadSynchronizer: layers 0..N-1 copied out on a stream of their
+# own beside the forward and back beside the backward), N below the layers, refused with pipeline parallelism and with
+# any recompute (transformer_config.py __post_init__; at Megatron-LM d98e8a64dd): Megatron-Bridge's Llama 3 70B recipes
+# on 64 GB200 offload 20 (BF16) or 40 (FP8) of its 80 layers under Megatron-FSDP
 _MEGATRON_CUDA_RUNS = replace(_MEGATRON_RUNS, fp8_recipes=("fp8-tensorwise", "fp8-delayed", "fp8-blockwise", "mxfp8"),
-                              expert_dispatchers=("alltoall", "allgather", "flex"))
+                              expert_dispatchers=("alltoall", "allgather", "flex"), offloads_first_blocks=True)
 
 # bf16 parameters 2, fp32 main gradients 4, fp32 master + Adam 12 (18 bytes; Megatron-LM docs, "distributed
 # optimizer"), which shards the 12; Megatron-FSDP shards the gradients too at ZeRO-2 (optim_grads) and the parameters
@@ -684,7 +694,12 @@ def refusals(runtime: str, device_kind: str, *, zero: int | None = None, tp: int
             and SCHEDULES[schedule].backward == "split"):
         out.append(("sequence_parallel", f"sequence parallelism with the {schedule} schedule (input and weight "
                                          f"gradients as separate passes) does not run on {who}; allowed with it: off"))
-    if recompute is not None and recompute not in can.recomputes:
+    if recompute == "activation-offload" and can.offloads_first_blocks:
+        out.append(("recompute", f"{recompute!r} on every block does not run on {who}, which offloads the activations "
+                                 "of its first N blocks, N below the model's, with no pipeline and no recompute "
+                                 "(--cpu-offloading-num-layers); leave --recompute out and the search tries that; "
+                                 f"allowed: {one_of(can.recomputes)}"))
+    elif recompute is not None and recompute not in can.recomputes:
         out.append(("recompute", f"{recompute!r} does not run on {who}; allowed: {one_of(can.recomputes)}"))
     elif recompute == "discard" and fp8 == "fp8-delayed":
         # Megatron-Core (transformer_config.py at core_v0.15.0): "Delayed scaling does not support moe_act and
@@ -854,18 +869,54 @@ def _compile_with_tp_refusals(can, who: str, *, tp: int, sequence_parallel: bool
 def config_refusals(config, runtime: str, device_kind: str, num_kv_heads: int | None = None,
                     num_experts: int | None = None, latent_attention: bool | None = None,
                     fp8: str = "", compile: bool = False, finetune: str = "full",
-                    ep_comm_overlap: bool = False) -> list[tuple[str, str]]:
+                    ep_comm_overlap: bool = False, num_blocks: int | None = None) -> list[tuple[str, str]]:
     """``refusals`` for every knob of a ParallelConfig (planner/config.py), the recompute policy of each
-    layer included (an every-K pattern is its layers' policies)."""
+    layer included (an every-K pattern is its layers' policies; activation offload on some blocks where the
+    runtime offloads its first blocks, ``offloads_first_blocks``)."""
     c = config
+    layers = c.recompute_layers or (c.recompute,)
+    can = RUNTIMES[runtime].on(device_kind) if runtime in RUNTIMES else None
+    first_blocks = can is not None and can.offloads_first_blocks and "activation-offload" in layers
     out = refusals(runtime, device_kind, zero=c.zero, tp=c.tp, pp=c.pp, cp=c.cp, schedule=c.schedule,
                    optimizer_offload=c.optimizer_offload, param_offload=c.param_offload,
                    nvme_offload=c.nvme_offload, sequence_parallel=c.sequence_parallel,
                    num_kv_heads=num_kv_heads, ep=c.ep, dp=c.dp, num_experts=num_experts,
                    latent_attention=latent_attention, fp8=fp8, compile=compile, finetune=finetune,
                    ep_comm_overlap=ep_comm_overlap)
-    for policy in dict.fromkeys(c.recompute_layers or (c.recompute,)):
+    if first_blocks:
+        out += _first_blocks_offload_refusals(c, f"the {runtime} runtime on {device_kind}", num_blocks, ep_comm_overlap)
+    for policy in dict.fromkeys(p for p in layers if not (first_blocks and p == "activation-offload")):
         out += [(k, why) for k, why in refusals(runtime, device_kind, recompute=policy, ep=c.ep,
                                                 ep_comm_overlap=ep_comm_overlap, compile=compile, tp=c.tp, fp8=fp8)
                 if k == "recompute" and (k, why) not in out]
+    return out
+
+
+def _first_blocks_offload_refusals(c, who: str, num_blocks: int | None,
+                                   ep_comm_overlap: bool = False) -> list[tuple[str, str]]:
+    """What Megatron-Core refuses of activation offload on some blocks (``Combinations.offloads_first_blocks``;
+    transformer_config.py __post_init__): pipeline parallelism, any recompute beside it, every block offloaded; and
+    what meshplan does not plan with it: --ep-comm-overlap, whose schedule (combined_1f1b) runs one micro-batch's
+    forward layers between another's backward layers, where TransformerEngine's offload synchronizer
+    (cpu_offload.py DefaultOffloadSynchronizer) counts one micro-batch's layers forward, then backward."""
+    layers = c.recompute_layers or (c.recompute,)
+    offloaded = sum(p == "activation-offload" for p in layers)
+    others = sorted(set(layers) - {"none", "activation-offload"})
+    out = []
+    if c.pp > 1:
+        out.append(("pp", f"activation offload (--cpu-offloading-num-layers) with pipeline parallelism (pp {c.pp}) "
+                          f"does not run on {who}; allowed with it: pp 1"))
+    if others:
+        out.append(("recompute", f"activation offload with recompute ({', '.join(others)}) does not run on {who}, "
+                                 "which refuses any recompute granularity beside --cpu-offloading-num-layers; "
+                                 "allowed with it: none on the other blocks"))
+    if ep_comm_overlap:
+        out.append(("recompute", f"activation offload (--cpu-offloading-num-layers) with --ep-comm-overlap is not "
+                                 f"planned on {who}: its schedule interleaves micro-batches layer by layer, which "
+                                 "TransformerEngine's offload synchronizer does not count; allowed with it: the "
+                                 "recompute policies"))
+    if c.recompute_layers is None or (num_blocks is not None and offloaded >= num_blocks):
+        out.append(("recompute", f"activation offload on every block does not run on {who}, which offloads "
+                                 "its first N blocks, N below the model's (--cpu-offloading-num-layers); allowed: "
+                                 f"at most {num_blocks - 1 if num_blocks else 'all but one'}"))
     return out

@@ -200,7 +200,9 @@ def test_the_torch_runtime_plans_per_layer_choices_on_this_job(llama70b_on_32):
 
 
 # What each framework's own files can say (not read from the runtime table): Megatron-LM one
-# --recompute-granularity for every layer, any blocks per stage (--pipeline-model-parallel-layout); DeepSpeed
+# --recompute-granularity for every layer, or with no pipeline the activations of its first N layers offloaded
+# and no recompute (--cpu-offloading-num-layers N, N below the layers), any blocks per stage
+# (--pipeline-model-parallel-layout); DeepSpeed
 # activation checkpointing of every layer alike and PipelineModule's uniform partition; torchtitan one
 # activation_checkpoint mode, any modules per stage (module_fqns_per_model_part)
 ONE_POLICY_BALANCED = {"megatron": (True, False), "deepspeed": (True, True), "torchtitan": (True, False)}
@@ -219,9 +221,14 @@ def test_a_runtimes_plans_stay_inside_what_it_expresses(llama70b_on_32, framewor
     plan = llama70b_on_32(framework)
     for cand in (plan.best, *plan.alternatives):
         c = cand.config
-        assert config_refusals(c, framework, "cuda", plan.graph.num_kv_heads) == [], c
-        if one_policy:
-            assert len(_block_policies(plan.graph, c)) == 1, c
+        assert config_refusals(c, framework, "cuda", plan.graph.num_kv_heads, num_blocks=plan.graph.num_blocks) == [], c
+        policies = _block_policies(plan.graph, c)
+        if framework == "megatron" and policies == {"none", "activation-offload"}:
+            blocks = [p for p, layer in zip(c.recompute_layers, plan.graph.layers) if layer.kind == "block"]
+            n = blocks.count("activation-offload")
+            assert c.pp == 1 and blocks == ["activation-offload"] * n + ["none"] * (len(blocks) - n), c
+        elif one_policy:
+            assert len(policies) == 1, c
         if balanced and c.stage_layers is not None:
             assert tuple(c.stage_layers) == balanced_stage_layers(plan.graph, c.pp * c.vpp), c
 

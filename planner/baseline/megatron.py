@@ -34,7 +34,7 @@ PARALLEL = {   # flags that set the knobs (the values they take are checked wher
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--data-parallel-sharding-strategy",
     "--optimizer-offload-fraction", "--attention-backend", "--expert-model-parallel-size",
     "--expert-tensor-parallel-size", "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend", "--fp8-format",
-    "--fp8-recipe", "--recompute-modules",
+    "--fp8-recipe", "--recompute-modules", "--cpu-offloading-num-layers",
 }
 # flags that take any number of values (argparse nargs='*'), read as one space-separated string
 MULTI = {"--recompute-modules"}
@@ -491,6 +491,22 @@ def _recompute(args: dict, source: str, blocks: list[int], graph: LayerGraph) ->
     if modules is not None and granularity != "selective":
         notes.append("--recompute-modules without --recompute-granularity selective: Megatron-LM reads it only "
                      "under selective granularity")
+    offloaded = _int(args, "--cpu-offloading-num-layers", source, 0, minimum=0)
+    if offloaded:   # the activations of the first N layers to host memory (Megatron-Core's transformer_config.py
+        # refuses N >= the layers, a pipeline and any recompute beside it)
+        if offloaded >= sum(blocks):
+            raise UserError(f"{offloaded} layers of the model's {sum(blocks)} (Megatron-Core raises: only layers less "
+                            f"than {sum(blocks)}); allowed: 0 to {sum(blocks) - 1}", source=source,
+                            field="--cpu-offloading-num-layers")
+        if len(blocks) > 1:
+            raise UserError("CPU offloading with pipeline parallelism (Megatron-Core raises: 'no support for "
+                            "Pipeline parallelism with CPU offloading'); allowed with it: "
+                            "--pipeline-model-parallel-size 1", source=source, field="--cpu-offloading-num-layers")
+        if granularity is not None:
+            raise UserError("CPU offloading with --recompute-granularity (Megatron-Core raises: 'CPU offloading does "
+                            "not work when activation recomputation is enabled'); allowed with it: no recompute",
+                            source=source, field="--cpu-offloading-num-layers")
+        return [("activation-offload" if i < offloaded else "none") for i in range(sum(blocks))], notes
     if granularity is None:
         return ["none"] * sum(blocks), notes
     choice(source, "--recompute-granularity", granularity, ("full", "selective"))

@@ -30,7 +30,7 @@ from ..cost.step import CostCache, estimate, peak_memory
 from ..errors import UserError
 from ..estimate import Candidate
 from ..layers import LayerGraph
-from ..recompute import POLICIES, every_k, summary_policy
+from ..recompute import POLICIES, every_k, first_blocks_offloaded, summary_policy
 from ..schedules import SCHEDULES
 from ..simulate import played_candidate
 from .bounds import LayoutBounds, layout_order, optimizer_floor
@@ -193,6 +193,8 @@ def _stage_phase(space: Space, cache: CostCache, top: TopK, order: list[Layout],
                     # a runtime that takes one recompute policy for every block: one group per policy
                     groups += [whole] if space.can.recompute_per_layer else [
                         whole.with_policies((policy,)) for policy in whole.policies]
+                    if space.offloads_first_blocks(layout):
+                        groups.append(whole.with_policies(FIRST_BLOCKS_OFFLOAD))
                 problems = []
                 for pr in groups:
                     # one problem per ZeRO/optimizer-offload option whose own bound can still win, most promising
@@ -227,19 +229,31 @@ def _stage_phase(space: Space, cache: CostCache, top: TopK, order: list[Layout],
                         continue
                     config = problem.config(counts, option)
                     est = estimate(space.graph, cache.cluster, space.w, config, cache)
-                    if space.k.recompute is None and space.can.recompute_per_layer:
+                    first_blocks = problem.policies == FIRST_BLOCKS_OFFLOAD
+                    if space.k.recompute is None and (space.can.recompute_per_layer or first_blocks):
                         # a fixed --recompute is the user's, not lightened; nor is one policy for every block
                         lighter = least_recompute(cache, config, problem.policies)
                         lighter_est = estimate(space.graph, cache.cluster, space.w, lighter, cache)
                         # less recompute can expose more data-parallel time (a shorter backward hides less)
                         if lighter_est.step_time_s <= est.step_time_s:
                             config, est = lighter, lighter_est
+                    if first_blocks:            # the runtime offloads its first N blocks, N below the model's
+                        offloaded = config.recompute_layers.count("activation-offload")
+                        if not 0 < offloaded < len(shape.blocks):
+                            continue
+                        layers = first_blocks_offloaded(space.graph, offloaded)
+                        config = config.but(recompute=summary_policy(layers), recompute_layers=layers)
+                        est = estimate(space.graph, cache.cluster, space.w, config, cache)
                     if est.fits:
                         before = top.items[0].estimate.step_time_s if top.items else math.inf
                         top.add(Candidate(config=config, estimate=est))
                         if est.step_time_s < before * (1 - 1e-9):
                             stats.improved += 1
     return stats
+
+
+# activation offload on some blocks and none on the others (``Space.offloads_first_blocks``)
+FIRST_BLOCKS_OFFLOAD = ("none", "activation-offload")
 
 
 def least_recompute(cache: CostCache, config: ParallelConfig, allowed) -> ParallelConfig:
@@ -286,8 +300,10 @@ def _group_space(space: Space, layout: Layout, vpp: int, shape, schedule: str | 
         elif space.can.recompute_per_layer:
             cells = p * policies
             memo[key] = math.comb(free + cells - 1, cells - 1) * options
-        else:       # one policy for every block: the splits of each policy
-            memo[key] = math.comb(free + p - 1, p - 1) * policies * options
+        else:       # one policy for every block: the splits of each policy (and activation offload on the
+            # first 1 to L - 1 blocks where the runtime offloads its first blocks: pp 1, one split)
+            first_blocks = blocks - 1 if space.offloads_first_blocks(layout) else 0
+            memo[key] = (math.comb(free + p - 1, p - 1) * policies + first_blocks) * options
     return memo[key]
 
 

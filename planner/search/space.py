@@ -331,6 +331,14 @@ class Space:
             return [fixed] if (every_k(fixed) and "full" in allowed) or fixed in allowed else []
         return self._options("recompute", allowed)
 
+    def offloads_first_blocks(self, layout: Layout) -> bool:
+        """Whether ``layout`` is also searched with activation offload on its first blocks and none on the others,
+        the one mix of policies a runtime with one policy for every block may run (``Combinations.
+        offloads_first_blocks``: Megatron-Core's --cpu-offloading-num-layers): with no pipeline, nor
+        --ep-comm-overlap, and the recompute the search's to pick."""
+        return (self.can.offloads_first_blocks and not self.can.recompute_per_layer and layout.pp == 1
+                and not self.w.ep_comm_overlap and self.k.recompute is None and "none" in self.recomputes(layout))
+
     def with_recompute(self, config: ParallelConfig, policy: str) -> ParallelConfig:
         """``config`` recomputing every block with ``policy``, or in the ``every-K`` pattern (full on every
         K-th block, planner/recompute.py), per layer."""

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from ..config import ParallelConfig
 from ..cost.step import CostCache, estimate, inflight_microbatches, peak_memory, rank_costs, rank_pipeline_s
 from ..estimate import Candidate
+from ..recompute import first_blocks_offloaded
 from ..schedules import SCHEDULES
 from .bounds import LayoutBounds, least_optimizer_rate, least_state_and_activation_bytes, optimizer_floor
 from .policies import distinct_policies, no_slower
@@ -119,7 +120,11 @@ def _count_layout(space: Space, layout: Layout) -> int:
     for schedule, _ in space.schedules(layout):
         for _ in space.sequence_parallel(layout, schedule):
             for zero in space.zeros(layout, schedule):
-                n += len(space.optimizer_offloads(zero)) * len(space.recomputes(layout))
+                # each recompute policy on every block; activation offload on the first 1 to L - 1 blocks
+                # where the runtime offloads its first blocks (the fewest that fit are estimated)
+                policies = len(space.recomputes(layout)) + (
+                    space.blocks - 1 if space.offloads_first_blocks(layout) else 0)
+                n += len(space.optimizer_offloads(zero)) * policies
     return n
 
 
@@ -189,6 +194,13 @@ def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bo
             for zeros in cache.regime_zeros(group, zeros_all):
                 base = group.but(zero=zeros[0])
                 ctx = cache.context(base)
+                if space.offloads_first_blocks(layout):
+                    for zero in zeros:
+                        for offload in space.optimizer_offloads(zero):
+                            found = _first_blocks_candidate(space, cache, space.config(layout, schedule, vpp, sp,
+                                                                                        zero, offload, "none"))
+                            if found is not None:
+                                yield found
                 policies = distinct_policies(cache, ctx, space.recomputes(layout))     # fastest first
                 may_fit: dict[str, bool] = {}      # recompute policy -> whether its memory bound fits (lazily)
                 if prune:
@@ -238,6 +250,38 @@ def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bo
                                     continue
                             yield Candidate(config=config,
                                             estimate=estimate(space.graph, cache.cluster, space.w, config, cache))
+
+
+def _first_blocks_candidate(space: Space, cache: CostCache, none: ParallelConfig) -> Candidate | _Unfit | None:
+    """Where ``none`` (no recompute on any block) does not fit: activation offload on the fewest first blocks that
+    fit, the others none (``Space.offloads_first_blocks``); more offloaded blocks hold less on the device and add
+    copies, never time saved (and more host memory). An ``_Unfit`` where even all blocks but the last leave too much
+    on the device, or the fewest that fit too much on the host; None where ``none`` fits."""
+    capacity, host_capacity = cache.usable_bytes, cache.cluster.job_host_memory_bytes
+    blocks = sum(layer.is_block for layer in space.graph.layers)
+
+    def offloading(n: int) -> tuple[ParallelConfig, float, float]:
+        layers = first_blocks_offloaded(space.graph, n)
+        config = none.but(recompute="activation-offload" if n else "none", recompute_layers=layers if n else None)
+        return (config, *peak_memory(cache, config))
+
+    _, device, host = offloading(0)
+    if device <= capacity or blocks < 2:
+        return None
+    config, device, host = offloading(blocks - 1)
+    if device > capacity:
+        return _Unfit(config=config, memory=device, host_fits=host <= host_capacity)
+    low, high = 1, blocks - 1             # the device's share falls as blocks go to the host: the fewest that fit
+    while low < high:
+        mid = (low + high) // 2
+        if offloading(mid)[1] <= capacity:
+            high = mid
+        else:
+            low = mid + 1
+    config, device, host = offloading(high)
+    if host > host_capacity:
+        return _Unfit(config=config, memory=device, host_fits=False)
+    return Candidate(config=config, estimate=estimate(space.graph, cache.cluster, space.w, config, cache))
 
 
 class _SkippedForMemory:
