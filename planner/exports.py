@@ -722,6 +722,10 @@ def _torchtitan_checkpoint(plan) -> tuple[dict, list[str]]:
             f"meshplan recomputes {done} of {total} blocks operator by operator ({per_stage} per stage); "
             "torchtitan applies one policy to every block: 'op' on all of them (more recompute than planned)"]
     every = max(1, round(total / done))
+    if every == 1 and done < total:     # most blocks recomputed: the nearest that holds no more is full on all
+        return {"mode": "full"}, [
+            f"meshplan recomputes {done} of {total} blocks ({per_stage} per stage); torchtitan's nearest that holds "
+            "no more memory is full on every block (more recompute than planned)"] + _recomputed_as_full(rec)
     if every == 1:      # every block recomputed, some of them by another policy: full on all of them
         return {"mode": "full"}, [
             f"meshplan recomputes every block ({per_stage} per stage), not all of them in full; torchtitan applies "

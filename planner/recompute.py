@@ -278,14 +278,21 @@ def every_k_layers(graph, k: int) -> tuple[str, ...]:
     return tuple(out)
 
 
-def first_blocks_offloaded(graph, n: int) -> tuple[str, ...]:
-    """The per-layer policies of activation offload on the first ``n`` transformer blocks, none elsewhere
-    (Megatron-Core's --cpu-offloading-num-layers n: TransformerEngine's cpu_offload.py offloads layers 0 to n - 1)."""
-    out, k = [], 0
-    for layer in graph.layers:
-        out.append("activation-offload" if layer.is_block and k < n else "none")
-        k += layer.is_block
+def first_blocks(graph, n: int, policy: str, stage_layers: tuple[int, ...] | None = None) -> tuple[str, ...]:
+    """The per-layer policies of ``policy`` on the first ``n`` transformer blocks of each (virtual) stage
+    (``stage_layers``: layers per stage in order; None: the model as one), none elsewhere: Megatron-Core's
+    --cpu-offloading-num-layers n (activation offload: TransformerEngine's cpu_offload.py offloads layers 0 to
+    n - 1) and --recompute-method block --recompute-num-layers n (full recompute of the first n layers of each
+    model chunk: transformer_block.py ``_checkpointed_forward``)."""
+    out, start = [], 0
+    for count in stage_layers or (len(graph.layers),):
+        seen = 0
+        for layer in graph.layers[start:start + count]:
+            out.append(policy if layer.is_block and seen < n else "none")
+            seen += layer.is_block
+        start += count
     return tuple(out)
+
 
 
 def policy_rank(name: str) -> int:

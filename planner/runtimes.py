@@ -95,6 +95,11 @@ class Combinations:
     nf4_base_zero_stages_with_pp: tuple[int, ...] = (0, 1, 2, 3)    # of those, the ones under pp > 1 with more
                                                                     # than one data-parallel replica
     nf4_base_with_tp: bool = True           # QLoRA's NF4 base with tp > 1
+    recomputes_first_blocks: bool = False
+    # ^ beside its recompute policies: full recompute on the first N blocks of every (virtual) stage, none on the
+    #   others (Megatron-LM's --recompute-granularity full --recompute-method block --recompute-num-layers N:
+    #   transformer_block.py _checkpointed_forward checkpoints layers 0 to N - 1 of each model chunk), which a search
+    #   without a fixed --recompute tries on balanced stages
     offloads_first_blocks: bool = False
     # ^ beside its recompute policies: activation offload on the first N blocks (N below the model's), none on the
     #   others, with no pipeline (Megatron-Core's --cpu-offloading-num-layers N, on TransformerEngine's cpu_offload:
@@ -403,9 +408,9 @@ _MEGATRON_RUNS = Combinations(
     ep_comm_overlap=True,       # --overlap-moe-expert-parallel-comm (Megatron-Core 0.14+, MoE README 'Batch-level
                                 # overlapping to hide EP-A2A communication'), with --delay-wgrad-compute
     # any blocks per stage (--pipeline-model-parallel-layout; --decoder-first/last-pipeline-num-layers); one
-    # --recompute-granularity for every layer (its --recompute-method block, the same count of blocks on every
-    # stage, is not searched)
-    unequal_stages=True, recompute_per_layer=False, finetune_modes=_LORA)
+    # --recompute-granularity for every layer, or full recompute of the first N blocks of every stage
+    # (--recompute-method block)
+    unequal_stages=True, recompute_per_layer=False, recomputes_first_blocks=True, finetune_modes=_LORA)
 # FP8 by TransformerEngine (--fp8-format, --fp8-recipe: Megatron-LM's arguments.py): per-tensor current scaling
 # ("tensorwise"), delayed scaling, blockwise (1x128 / 128x128, DeepSeek-V3's) and MXFP8 (Blackwell); on GPUs only
 # on CUDA also the flex dispatcher (--moe-token-dispatcher-type flex, --moe-flex-dispatcher-backend deepep:

@@ -200,7 +200,8 @@ def test_the_torch_runtime_plans_per_layer_choices_on_this_job(llama70b_on_32):
 
 
 # What each framework's own files can say (not read from the runtime table): Megatron-LM one
-# --recompute-granularity for every layer, or with no pipeline the activations of its first N layers offloaded
+# --recompute-granularity for every layer, or full recompute of the first N blocks of every stage
+# (--recompute-method block), or with no pipeline the activations of its first N layers offloaded
 # and no recompute (--cpu-offloading-num-layers N, N below the layers), any blocks per stage
 # (--pipeline-model-parallel-layout); DeepSpeed
 # activation checkpointing of every layer alike and PipelineModule's uniform partition; torchtitan one
@@ -227,6 +228,15 @@ def test_a_runtimes_plans_stay_inside_what_it_expresses(llama70b_on_32, framewor
             blocks = [p for p, layer in zip(c.recompute_layers, plan.graph.layers) if layer.kind == "block"]
             n = blocks.count("activation-offload")
             assert c.pp == 1 and blocks == ["activation-offload"] * n + ["none"] * (len(blocks) - n), c
+        elif framework == "megatron" and policies == {"none", "full"}:     # the first n of every stage
+            stages, start, counts = c.stage_layers or balanced_stage_layers(plan.graph, c.pp * c.vpp), 0, set()
+            for count in stages:
+                blocks = [p for p, layer in zip(c.recompute_layers[start:start + count],
+                                                plan.graph.layers[start:start + count]) if layer.kind == "block"]
+                counts.add(blocks.count("full"))
+                assert blocks == sorted(blocks, key=lambda p: p != "full"), c
+                start += count
+            assert len(counts) == 1, c
         elif one_policy:
             assert len(policies) == 1, c
         if balanced and c.stage_layers is not None:

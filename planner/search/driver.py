@@ -30,7 +30,7 @@ from ..cost.step import CostCache, estimate, peak_memory
 from ..errors import UserError
 from ..estimate import Candidate
 from ..layers import LayerGraph
-from ..recompute import POLICIES, every_k, first_blocks_offloaded, summary_policy
+from ..recompute import POLICIES, every_k, first_blocks, summary_policy
 from ..schedules import SCHEDULES
 from ..simulate import played_candidate
 from .bounds import LayoutBounds, layout_order, optimizer_floor
@@ -229,19 +229,19 @@ def _stage_phase(space: Space, cache: CostCache, top: TopK, order: list[Layout],
                         continue
                     config = problem.config(counts, option)
                     est = estimate(space.graph, cache.cluster, space.w, config, cache)
-                    first_blocks = problem.policies == FIRST_BLOCKS_OFFLOAD
-                    if space.k.recompute is None and (space.can.recompute_per_layer or first_blocks):
+                    offload_group = problem.policies == FIRST_BLOCKS_OFFLOAD
+                    if space.k.recompute is None and (space.can.recompute_per_layer or offload_group):
                         # a fixed --recompute is the user's, not lightened; nor is one policy for every block
                         lighter = least_recompute(cache, config, problem.policies)
                         lighter_est = estimate(space.graph, cache.cluster, space.w, lighter, cache)
                         # less recompute can expose more data-parallel time (a shorter backward hides less)
                         if lighter_est.step_time_s <= est.step_time_s:
                             config, est = lighter, lighter_est
-                    if first_blocks:            # the runtime offloads its first N blocks, N below the model's
+                    if offload_group:           # the runtime offloads its first N blocks, N below the model's
                         offloaded = config.recompute_layers.count("activation-offload")
                         if not 0 < offloaded < len(shape.blocks):
                             continue
-                        layers = first_blocks_offloaded(space.graph, offloaded)
+                        layers = first_blocks(space.graph, offloaded, "activation-offload")
                         config = config.but(recompute=summary_policy(layers), recompute_layers=layers)
                         est = estimate(space.graph, cache.cluster, space.w, config, cache)
                     if est.fits:
@@ -302,8 +302,8 @@ def _group_space(space: Space, layout: Layout, vpp: int, shape, schedule: str | 
             memo[key] = math.comb(free + cells - 1, cells - 1) * options
         else:       # one policy for every block: the splits of each policy (and activation offload on the
             # first 1 to L - 1 blocks where the runtime offloads its first blocks: pp 1, one split)
-            first_blocks = blocks - 1 if space.offloads_first_blocks(layout) else 0
-            memo[key] = (math.comb(free + p - 1, p - 1) * policies + first_blocks) * options
+            offloads = blocks - 1 if space.offloads_first_blocks(layout) else 0
+            memo[key] = (math.comb(free + p - 1, p - 1) * policies + offloads) * options
     return memo[key]
 
 

@@ -339,6 +339,14 @@ class Space:
         return (self.can.offloads_first_blocks and not self.can.recompute_per_layer and layout.pp == 1
                 and not self.w.ep_comm_overlap and self.k.recompute is None and "none" in self.recomputes(layout))
 
+    def recomputes_first_blocks(self, layout: Layout) -> bool:
+        """Whether ``layout`` is also searched with full recompute on the same first blocks of every (virtual) stage
+        and none on the others, on balanced stages (``Combinations.recomputes_first_blocks``: Megatron-LM's
+        --recompute-method block --recompute-num-layers N), the recompute the search's to pick."""
+        allowed = self.recomputes(layout)
+        return (self.can.recomputes_first_blocks and not self.can.recompute_per_layer and self.k.recompute is None
+                and "none" in allowed and "full" in allowed)
+
     def with_recompute(self, config: ParallelConfig, policy: str) -> ParallelConfig:
         """``config`` recomputing every block with ``policy``, or in the ``every-K`` pattern (full on every
         K-th block, planner/recompute.py), per layer."""

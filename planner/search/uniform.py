@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from ..config import ParallelConfig
 from ..cost.step import CostCache, estimate, inflight_microbatches, peak_memory, rank_costs, rank_pipeline_s
 from ..estimate import Candidate
-from ..recompute import first_blocks_offloaded
+from ..placement import balanced_stage_layers
+from ..recompute import first_blocks
 from ..schedules import SCHEDULES
 from .bounds import LayoutBounds, least_optimizer_rate, least_state_and_activation_bytes, optimizer_floor
 from .policies import distinct_policies, no_slower
@@ -117,13 +118,16 @@ def _layout_size(space: Space, layout: Layout) -> int:
 
 def _count_layout(space: Space, layout: Layout) -> int:
     n = 0
-    for schedule, _ in space.schedules(layout):
+    for schedule, vpp in space.schedules(layout):
         for _ in space.sequence_parallel(layout, schedule):
             for zero in space.zeros(layout, schedule):
                 # each recompute policy on every block; activation offload on the first 1 to L - 1 blocks
-                # where the runtime offloads its first blocks (the fewest that fit are estimated)
+                # where the runtime offloads its first blocks, full recompute on the first 1 to S - 1 of each
+                # stage of S blocks where it recomputes those (the fewest that fit are estimated)
+                per_stage = -(-space.blocks // (layout.pp * vpp))
                 policies = len(space.recomputes(layout)) + (
-                    space.blocks - 1 if space.offloads_first_blocks(layout) else 0)
+                    space.blocks - 1 if space.offloads_first_blocks(layout) else 0) + (
+                    per_stage - 1 if space.recomputes_first_blocks(layout) else 0)
                 n += len(space.optimizer_offloads(zero)) * policies
     return n
 
@@ -194,13 +198,10 @@ def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bo
             for zeros in cache.regime_zeros(group, zeros_all):
                 base = group.but(zero=zeros[0])
                 ctx = cache.context(base)
+                threshold = top.threshold if prune else float("inf")
                 if space.offloads_first_blocks(layout):
-                    for zero in zeros:
-                        for offload in space.optimizer_offloads(zero):
-                            found = _first_blocks_candidate(space, cache, space.config(layout, schedule, vpp, sp,
-                                                                                        zero, offload, "none"))
-                            if found is not None:
-                                yield found
+                    yield from _first_blocks_candidates(space, cache, layout, schedule, vpp, sp, zeros,
+                                                        "activation-offload", False, threshold)
                 policies = distinct_policies(cache, ctx, space.recomputes(layout))     # fastest first
                 may_fit: dict[str, bool] = {}      # recompute policy -> whether its memory bound fits (lazily)
                 if prune:
@@ -220,6 +221,11 @@ def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bo
                         continue
                     if fitting != ["none"] and min(bound("time", base, policy) for policy in fitting) >= top.threshold:
                         continue
+                # full recompute on the first blocks of each stage holds more than on every block: not where that
+                # cannot fit
+                if space.recomputes_first_blocks(layout) and (not prune or bound("memory", base, "full") <= capacity):
+                    yield from _first_blocks_candidates(space, cache, layout, schedule, vpp, sp, zeros, "full", True,
+                                                        threshold)
                 for zero in zeros:
                     # fitting, or too slow: those with more offload and a policy no faster are no better
                     done: list[tuple[int, str]] = []
@@ -252,35 +258,54 @@ def _layout_candidates(space: Space, cache: CostCache, layout: Layout, prune: bo
                                             estimate=estimate(space.graph, cache.cluster, space.w, config, cache))
 
 
-def _first_blocks_candidate(space: Space, cache: CostCache, none: ParallelConfig) -> Candidate | _Unfit | None:
-    """Where ``none`` (no recompute on any block) does not fit: activation offload on the fewest first blocks that
-    fit, the others none (``Space.offloads_first_blocks``); more offloaded blocks hold less on the device and add
-    copies, never time saved (and more host memory). An ``_Unfit`` where even all blocks but the last leave too much
-    on the device, or the fewest that fit too much on the host; None where ``none`` fits."""
-    capacity, host_capacity = cache.usable_bytes, cache.cluster.job_host_memory_bytes
-    blocks = sum(layer.is_block for layer in space.graph.layers)
+def _first_blocks_candidates(space: Space, cache: CostCache, layout: Layout, schedule: str, vpp: int, sp: bool,
+                             zeros: tuple[int, ...], policy: str, per_stage: bool, threshold: float):
+    """``_first_blocks_candidate`` of each ZeRO stage and optimizer offload of a group, those there are."""
+    for zero in zeros:
+        for offload in space.optimizer_offloads(zero):
+            found = _first_blocks_candidate(space, cache, space.config(layout, schedule, vpp, sp, zero, offload, "none"),
+                                            policy, per_stage, threshold)
+            if found is not None:
+                yield found
 
-    def offloading(n: int) -> tuple[ParallelConfig, float, float]:
-        layers = first_blocks_offloaded(space.graph, n)
-        config = none.but(recompute="activation-offload" if n else "none", recompute_layers=layers if n else None)
+
+def _first_blocks_candidate(space: Space, cache: CostCache, none: ParallelConfig, policy: str,
+                            per_stage: bool, threshold: float = float("inf")) -> Candidate | _Unfit | None:
+    """Where ``none`` (no recompute on any block) does not fit: ``policy`` on the fewest first blocks that fit, of
+    the model (activation offload: ``Space.offloads_first_blocks``) or of each (virtual) stage alike (full recompute:
+    ``Space.recomputes_first_blocks``), none on the others (``recompute.first_blocks``); more such blocks hold less
+    on the device and add time (offload also host memory). An ``_Unfit`` where even all blocks but the last of a
+    stage leave too much on the device, or the fewest that fit too much on the host; None where ``none`` fits, or a
+    stage has a single block (all of it is one policy on every block, which the uniform candidates cover), or its
+    pipeline alone reaches ``threshold``."""
+    capacity, host_capacity = cache.usable_bytes, cache.cluster.job_host_memory_bytes
+    graph = space.graph
+    stages = (none.stage_layers or balanced_stage_layers(graph, none.pp * none.vpp)) if per_stage else None
+    bounds = [sum(stages[:j]) for j in range(len(stages) + 1)] if stages else [0, len(graph.layers)]
+    most = max(sum(layer.is_block for layer in graph.layers[a:b]) for a, b in zip(bounds, bounds[1:]))
+
+    def with_first(n: int) -> tuple[ParallelConfig, float, float]:
+        config = none.but(recompute=policy, recompute_layers=first_blocks(graph, n, policy, stages)) if n else none
         return (config, *peak_memory(cache, config))
 
-    _, device, host = offloading(0)
-    if device <= capacity or blocks < 2:
+    _, device, host = with_first(0)
+    if device <= capacity or most < 2:
         return None
-    config, device, host = offloading(blocks - 1)
+    config, device, host = with_first(most - 1)
     if device > capacity:
         return _Unfit(config=config, memory=device, host_fits=host <= host_capacity)
-    low, high = 1, blocks - 1             # the device's share falls as blocks go to the host: the fewest that fit
+    low, high = 1, most - 1             # the device's share falls as more blocks take the policy: the fewest that fit
     while low < high:
         mid = (low + high) // 2
-        if offloading(mid)[1] <= capacity:
+        if with_first(mid)[1] <= capacity:
             high = mid
         else:
             low = mid + 1
-    config, device, host = offloading(high)
+    config, device, host = with_first(high)
     if host > host_capacity:
         return _Unfit(config=config, memory=device, host_fits=False)
+    if rank_pipeline_s(cache, config) >= threshold:
+        return None
     return Candidate(config=config, estimate=estimate(space.graph, cache.cluster, space.w, config, cache))
 
 
