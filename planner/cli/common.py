@@ -253,7 +253,10 @@ def add_knob_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recompute", type=recompute, metavar="POLICY",
                    help="activation recompute policy of every block: none, selective, discard (Megatron-LM), op, full, "
                         "activation-offload, "
-                        "or every-K (one line on each below); left out, the search picks one per block")
+                        "or every-K (one line on each below); left out, the search picks one per block where the "
+                        "runtime takes one per block, else one for all of them (under --framework megatron also full on "
+                        "the first N blocks of every stage, its --recompute-method block, and with no pipeline "
+                        "activation offload of the first N, its --cpu-offloading-num-layers)")
     g.add_argument("--sequence-parallel", type=on_off, metavar="on|off", help="sequence parallelism (tp >= 2)")
     g.add_argument("--optimizer-offload", type=on_off, metavar="on|off",
                    help="optimizer states (and fp32 master weights) in host memory: ZeRO-Offload, ZeRO >= 1")
