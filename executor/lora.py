@@ -79,7 +79,7 @@ class LoraConfig:
 
 
 # the update's scale alpha / r: PEFT's LoraConfig default lora_alpha = 8 (peft/tuners/lora/config.py), which the
-# planner's default rank 8 (planner/finetune.py DEFAULT_RANK, PEFT's) makes 1; the plan does not carry alpha (it
+# planner's default rank 8 (planner/finetune.py STYLES, PEFT's) makes 1; the plan does not carry alpha (it
 # changes no cost)
 DEFAULT_ALPHA = 8.0
 

@@ -65,14 +65,6 @@ TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 _OP_NAMES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_proj": "gate", "up_proj": "up",
              "down_proj": "down"}
 
-# Defaults: PEFT's LoraConfig (peft/tuners/lora/config.py: r = 8) with its target modules for Llama
-# (peft/utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING["llama"] = ["q_proj", "v_proj"]),
-# which Hugging Face's Trainer and DeepSpeed runs use; torchtune's lora_llama3 recipes also default to rank 8 on
-# q and v. --lora-rank and --lora-targets override them (NeMo AutoModel's Llama 3 70B benchmark: rank 16 on every
-# linear, ``match_all_linear``)
-DEFAULT_RANK = 8
-DEFAULT_TARGETS = ("q", "v")
-
 
 @dataclass(frozen=True, kw_only=True)
 class Style:
@@ -85,15 +77,19 @@ class Style:
     source: str
 
 
-# PEFT (meshplan's executor, Hugging Face Trainer under DeepSpeed): one adapter per target projection, the defaults
-# above. Megatron-Bridge's LoRA (src/megatron/bridge/peft/lora.py ``LoRA``, and its PEFT guide, "Canonical LoRA:
+# PEFT (meshplan's executor, Hugging Face Trainer under DeepSpeed): one adapter per target projection; defaults: its
+# LoraConfig (peft/tuners/lora/config.py: r = 8) with its target modules for Llama (peft/utils/constants.py
+# TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING["llama"] = ["q_proj", "v_proj"]), which Hugging Face's Trainer
+# and DeepSpeed runs use; torchtune's lora_llama3 recipes also default to rank 8 on q and v (NeMo AutoModel's
+# Llama 3 70B benchmark: rank 16 on every linear, ``match_all_linear``, given by --lora-rank and --lora-targets).
+# Megatron-Bridge's LoRA (src/megatron/bridge/peft/lora.py ``LoRA``, and its PEFT guide, "Canonical LoRA:
 # Performant vs Canonical Variants", at 067f987df): dim 32 on target_modules linear_qkv, linear_proj, linear_fc1 and
 # linear_fc2 by default, and, being the "performant" variant, one adapter on each of Megatron-Core's fused linears,
 # linear_qkv (q, k and v) and linear_fc1 (gate and up), not one per projection: A reads the module's input once and B
 # writes all of its outputs. Its CanonicalLoRA adapts linear_q, linear_k, linear_v, linear_fc1_gate and linear_fc1_up
 # apart, which is what targets naming only some projections of a fused module need.
 STYLES: dict[str, Style] = {s.name: s for s in (
-    Style(name="peft", rank=DEFAULT_RANK, targets=DEFAULT_TARGETS, fuses_modules=False,
+    Style(name="peft", rank=8, targets=("q", "v"), fuses_modules=False,
           source="peft/tuners/lora/config.py (r = 8); peft/utils/constants.py (q_proj, v_proj for Llama)"),
     Style(name="megatron-bridge", rank=32, targets=TARGETS, fuses_modules=True,
           source="Megatron-Bridge src/megatron/bridge/peft/lora.py LoRA (dim 32; linear_qkv, linear_proj, linear_fc1, "

@@ -881,16 +881,16 @@ def config_refusals(config, runtime: str, device_kind: str, num_kv_heads: int | 
     c = config
     layers = c.recompute_layers or (c.recompute,)
     can = RUNTIMES[runtime].on(device_kind) if runtime in RUNTIMES else None
-    first_blocks = can is not None and can.offloads_first_blocks and "activation-offload" in layers
+    offloads_some = can is not None and can.offloads_first_blocks and "activation-offload" in layers
     out = refusals(runtime, device_kind, zero=c.zero, tp=c.tp, pp=c.pp, cp=c.cp, schedule=c.schedule,
                    optimizer_offload=c.optimizer_offload, param_offload=c.param_offload,
                    nvme_offload=c.nvme_offload, sequence_parallel=c.sequence_parallel,
                    num_kv_heads=num_kv_heads, ep=c.ep, dp=c.dp, num_experts=num_experts,
                    latent_attention=latent_attention, fp8=fp8, compile=compile, finetune=finetune,
                    ep_comm_overlap=ep_comm_overlap)
-    if first_blocks:
+    if offloads_some:
         out += _first_blocks_offload_refusals(c, f"the {runtime} runtime on {device_kind}", num_blocks, ep_comm_overlap)
-    for policy in dict.fromkeys(p for p in layers if not (first_blocks and p == "activation-offload")):
+    for policy in dict.fromkeys(p for p in layers if not (offloads_some and p == "activation-offload")):
         out += [(k, why) for k, why in refusals(runtime, device_kind, recompute=policy, ep=c.ep,
                                                 ep_comm_overlap=ep_comm_overlap, compile=compile, tp=c.tp, fp8=fp8)
                 if k == "recompute" and (k, why) not in out]

@@ -12,6 +12,7 @@ from planner.errors import UserError
 from planner.exports import megatron
 from planner.placement import balanced_stage_layers
 from planner.recompute import first_blocks
+from planner.runtimes import config_refusals
 
 # Megatron-Bridge's Llama 3 70B FP8 run on 64 GB200 (Megatron-FSDP, micro-batch 2 of 8192 tokens), whose recipe
 # offloads 40 of the 80 layers: with no recompute its activations need about 320 GiB a GPU, with all of them
@@ -74,7 +75,6 @@ def test_offload_on_every_block_or_with_a_pipeline_is_refused(job):
         api.plan(job, api.Knobs(**KNOBS, recompute="activation-offload"), top_k=1)
     assert e.value.field == "--recompute"
     # the per-layer form: a pipeline beside it (ZeRO-1: Megatron-FSDP runs no pipeline either)
-    from planner.runtimes import config_refusals
     c = api.plan(job, api.Knobs(**KNOBS), top_k=1, solver="uniform").best.config
     piped = c.but(pp=2, dp=32, zero=1)
     assert [k for k, _ in config_refusals(piped, "megatron", "cuda", num_blocks=80)] == ["pp"]

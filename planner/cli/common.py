@@ -219,7 +219,7 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
                         "Megatron-Bridge's)")
     p.add_argument("--lora-targets", type=lora_targets, metavar="LIST",
                    help="--finetune lora|qlora: the projections with adapters, comma separated, of "
-                        f"{','.join(finetune_modes.TARGETS)} (default {','.join(finetune_modes.DEFAULT_TARGETS)}, "
+                        f"{','.join(finetune_modes.TARGETS)} (default {','.join(finetune_modes.STYLES['peft'].targets)}, "
                         "PEFT's for Llama; under --framework megatron every linear, Megatron-Bridge's, whose LoRA "
                         "puts one adapter on q,k,v together and one on gate,up where all of them are targets)")
     add_example_input_arg(p)
